@@ -1,0 +1,84 @@
+#!/usr/bin/env python3
+"""Counts test cases for tools/test from Bazel's build events and test logs.
+
+usage: count_tests.py BEP_JSON TESTLOGS_DIR TARGET...
+
+Every expected test target gets counted: a target whose tests ran counts its
+GoogleTest cases from test.xml (passed, failed, skipped); a target that did
+not run (failed to build, cancelled) counts as one failure. Prints the
+failing targets and then one line: "N passed, N failed[, N skipped]".
+Exits 1 if anything failed.
+"""
+import json
+import os
+import sys
+import xml.etree.ElementTree as ET
+
+
+def label_dir(label):
+    # //libs/base:status_test -> libs/base/status_test
+    pkg, _, name = label.lstrip("/").partition(":")
+    return os.path.join(pkg, name)
+
+
+def count_xml(path):
+    passed = failed = skipped = 0
+    root = ET.parse(path).getroot()
+    for case in root.iter("testcase"):
+        if case.find("failure") is not None or case.find("error") is not None:
+            failed += 1
+        elif case.get("result") == "skipped" or case.find("skipped") is not None \
+                or case.get("status") == "notrun":
+            skipped += 1
+        else:
+            passed += 1
+    return passed, failed, skipped
+
+
+def main():
+    bep, testlogs, targets = sys.argv[1], sys.argv[2], sys.argv[3:]
+    status = {}
+    if os.path.exists(bep):
+        with open(bep) as f:
+            for line in f:
+                try:
+                    ev = json.loads(line)
+                except ValueError:
+                    continue
+                summary = ev.get("id", {}).get("testSummary")
+                if summary:
+                    status[summary["label"]] = ev.get("testSummary", {}).get("overallStatus", "NO_STATUS")
+    passed = failed = skipped = 0
+    bad = []
+    for t in targets:
+        st = status.get(t)
+        xml = os.path.join(testlogs, label_dir(t), "test.xml")
+        if st is None:
+            failed += 1
+            bad.append("%s (did not run: failed to build or was cancelled)" % t)
+            continue
+        if not os.path.exists(xml):
+            if st in ("PASSED", "FLAKY"):
+                passed += 1
+            else:
+                failed += 1
+                bad.append("%s (%s)" % (t, st))
+            continue
+        p, f, s = count_xml(xml)
+        if st not in ("PASSED", "FLAKY") and f == 0:
+            # Crashed or timed out after the last case it recorded.
+            f = 1
+        passed, failed, skipped = passed + p, failed + f, skipped + s
+        if f:
+            bad.append("%s (%s)" % (t, st))
+    for b in bad:
+        print("FAILED: " + b)
+    line = "%d passed, %d failed" % (passed, failed)
+    if skipped:
+        line += ", %d skipped" % skipped
+    print(line)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
