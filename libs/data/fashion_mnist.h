@@ -1,0 +1,67 @@
+// Fashion-MNIST (Xiao, Rasul and Vollgraf, 2017): 70000 grayscale 28x28
+// images of clothing in 10 classes, 60000 for training and 10000 for test.
+//
+//   DT_ASSIGN_OR_RETURN(Dataset train, LoadFashionMnist(kDefaultFashionMnistDir, Split::kTrain));
+//   // train.size == 60000, train.labels[0] == 9 ("ankle boot")
+//
+// The Debian package dataset-fashion-mnist installs the four files of the
+// original distribution into kDefaultFashionMnistDir:
+//
+//   train-images-idx3-ubyte.gz  train-labels-idx1-ubyte.gz
+//   t10k-images-idx3-ubyte.gz   t10k-labels-idx1-ubyte.gz
+//
+// A directory holding the uncompressed files (the same names without ".gz",
+// as torchvision leaves them) works too.
+//
+// The data are plain host bytes; nothing here knows about tensors.
+// Thread-safe: the functions have no shared state.
+#ifndef DTRAIN_LIBS_DATA_FASHION_MNIST_H_
+#define DTRAIN_LIBS_DATA_FASHION_MNIST_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace dtrain::data {
+
+inline constexpr const char* kDefaultFashionMnistDir = "/usr/share/datasets/fashion-mnist";
+inline constexpr int kFashionMnistClasses = 10;
+inline constexpr int kFashionMnistRows = 28;
+inline constexpr int kFashionMnistCols = 28;
+
+// An image-classification dataset held in memory.
+struct Dataset {
+  int64_t size = 0;             // number of samples
+  int rows = 0;                 // image height in pixels
+  int cols = 0;                 // image width in pixels
+  std::vector<uint8_t> images;  // size * rows * cols pixels, sample-major, row-major,
+                                // 0 = background, 255 = full intensity
+  std::vector<uint8_t> labels;  // size class indices
+};
+
+enum class Split { kTrain, kTest };
+
+// "train" or "test".
+const char* SplitName(Split split);
+
+// Loads one split from `dir` (see the top of this file for the file names).
+// Checks that the images are 28x28, that there are as many labels as images
+// and that every label is below 10. Errors name the file and the defect; when
+// a file is missing the message says to install dataset-fashion-mnist or to
+// pass --data_dir.
+absl::StatusOr<Dataset> LoadFashionMnist(const std::string& dir, Split split);
+
+// Returns the name of class `label`: "t-shirt", "trouser", "pullover",
+// "dress", "coat", "sandal", "shirt", "sneaker", "bag", "ankle boot" for
+// 0..9, and "unknown" for anything else.
+const char* FashionMnistClassName(int label);
+
+// Returns a copy of the first min(n, data.size) samples of `data` (none when
+// n <= 0), for quick experiments and tests.
+Dataset Subset(const Dataset& data, int64_t n);
+
+}  // namespace dtrain::data
+
+#endif  // DTRAIN_LIBS_DATA_FASHION_MNIST_H_
