@@ -1,0 +1,164 @@
+#include "libs/train/train.h"
+
+#include <fstream>
+#include <iterator>
+#include <string>
+
+#include "gtest/gtest.h"
+#include "libs/checkpoint/checkpoint.h"
+#include "libs/nn/models.h"
+#include "libs/train/state_io.h"
+
+namespace dtrain {
+namespace train {
+namespace {
+
+std::string TmpPath(const std::string& name) {
+  const char* dir = std::getenv("TEST_TMPDIR");
+  return std::string(dir ? dir : "/tmp") + "/" + name;
+}
+
+TrainOptions Small(const std::string& model) {
+  TrainOptions o;
+  o.model = model;
+  o.train_limit = 4096;
+  o.test_limit = 1000;
+  o.batch_size = 128;
+  o.epochs = 2;
+  o.threads = 1;
+  o.lr = 0.2f;
+  return o;
+}
+
+TEST(TrainTest, MlpLearnsOnASubset) {
+  TrainOptions o = Small("mlp");
+  o.init = "kaiming";
+  o.lr = 0.1f;
+  int calls = 0;
+  absl::StatusOr<TrainResult> r = Train(o, [&](const Progress& p) {
+    ++calls;
+    EXPECT_EQ(p.steps_per_epoch, 32);
+    EXPECT_LE(p.step, p.steps_per_epoch);
+  });
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_EQ(r->epochs.size(), 2u);
+  EXPECT_EQ(calls, 64);
+  EXPECT_EQ(r->steps, 64);
+  EXPECT_LT(r->epochs[1].loss, r->epochs[0].loss);
+  EXPECT_GT(r->epochs[1].test_accuracy, 0.70);
+  EXPECT_GT(r->epochs[1].samples_per_second, 0);
+  EXPECT_GT(r->peak_bytes, 0);
+  EXPECT_EQ(r->parameters, 784 * 256 + 256 + 256 * 10 + 10);
+}
+
+TEST(TrainTest, ResumeFromCheckpointGivesTheSameModelAsOneRun) {
+  TrainOptions o = Small("lenet");
+  o.train_limit = 1024;
+  o.evaluate = false;
+  o.momentum = 0.9f;
+  o.lr = 0.05f;
+  o.checkpoint_path = TmpPath("straight.ckpt");
+  ASSERT_TRUE(Train(o).ok());
+
+  TrainOptions first = o;
+  first.checkpoint_path = TmpPath("resumed.ckpt");
+  first.epochs = 1;
+  ASSERT_TRUE(Train(first).ok());
+  TrainOptions second = first;
+  second.epochs = 2;
+  second.resume = true;
+  absl::StatusOr<TrainResult> r = Train(second);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->epochs.size(), 1u);  // only epoch 2 ran
+  EXPECT_EQ(r->epochs[0].epoch, 2);
+
+  auto a = checkpoint::ReadCheckpoint(o.checkpoint_path);
+  auto b = checkpoint::ReadCheckpoint(second.checkpoint_path);
+  ASSERT_TRUE(a.ok() && b.ok());
+  ASSERT_EQ(a->tensors.size(), b->tensors.size());
+  // 8 parameters + 8 momentum buffers.
+  EXPECT_EQ(a->tensors.size(), 16u);
+  for (size_t i = 0; i < a->tensors.size(); ++i) {
+    EXPECT_EQ(a->tensors[i].name, b->tensors[i].name);
+    EXPECT_TRUE(a->tensors[i].data == b->tensors[i].data) << a->tensors[i].name;
+  }
+  EXPECT_EQ(a->metadata.at("epochs_done"), "2");
+}
+
+TEST(TrainTest, BadOptionsNameTheOption) {
+  struct Case {
+    void (*mutate)(TrainOptions*);
+    const char* needle;
+  } cases[] = {
+      {[](TrainOptions* o) { o->model = "alexnet"; }, "unknown model 'alexnet'"},
+      {[](TrainOptions* o) { o->batch_size = 0; }, "batch_size"},
+      {[](TrainOptions* o) { o->lr = -1; }, "lr"},
+      {[](TrainOptions* o) { o->epochs = 0; }, "epochs"},
+      {[](TrainOptions* o) { o->momentum = 1.5f; }, "momentum"},
+      {[](TrainOptions* o) { o->init = "xavier"; }, "init"},
+      {[](TrainOptions* o) { o->resume = true; }, "checkpoint_path"},
+      {[](TrainOptions* o) { o->model = "mlp_chapter"; }, "hybridize"},
+  };
+  for (const Case& c : cases) {
+    TrainOptions o;
+    c.mutate(&o);
+    absl::Status s = ValidateOptions(o);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << c.needle;
+    EXPECT_NE(s.message().find(c.needle), std::string::npos) << s.message();
+    EXPECT_EQ(Train(o).status().code(), absl::StatusCode::kInvalidArgument);
+  }
+}
+
+TEST(TrainTest, MissingDataIsAClearError) {
+  TrainOptions o = Small("mlp");
+  o.data_dir = TmpPath("no-such-dir");
+  absl::StatusOr<TrainResult> r = Train(o);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("no-such-dir"), std::string::npos) << r.status();
+}
+
+TEST(TrainTest, CorruptOrForeignCheckpointIsRejectedAndModelUnchanged) {
+  auto model = *nn::MakeModel("mlp");
+  nn::InitParameters(model.get(), nn::Init::kNormal, 1);
+  std::string path = TmpPath("mlp.ckpt");
+  ASSERT_TRUE(SaveTrainingState(path, "mlp", model.get(), nullptr, {{"epochs_done", "1"}}).ok());
+
+  auto other = *nn::MakeModel("lenet");
+  auto s = LoadTrainingState(path, "lenet", other.get(), nullptr);
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(s.status().message().find("of model 'mlp', not 'lenet'"), std::string::npos);
+
+  // Flip a byte in the middle: checksum error, target model untouched.
+  std::string bytes;
+  {
+    std::ifstream in(path, std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  bytes[bytes.size() / 2] ^= 0x5a;
+  std::string bad = TmpPath("bad.ckpt");
+  {
+    std::ofstream out(bad, std::ios::binary);
+    out << bytes;
+  }
+  auto fresh = *nn::MakeModel("mlp");
+  nn::InitParameters(fresh.get(), nn::Init::kNormal, 2);
+  std::vector<float> before = fresh->NamedParameters()[0].second.value().ToVector<float>();
+  auto r = LoadTrainingState(bad, "mlp", fresh.get(), nullptr);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find(bad), std::string::npos) << r.status();
+  EXPECT_EQ(before, fresh->NamedParameters()[0].second.value().ToVector<float>());
+
+  // And the good file restores exactly.
+  ASSERT_TRUE(LoadTrainingState(path, "mlp", fresh.get(), nullptr).ok());
+  EXPECT_EQ(model->NamedParameters()[0].second.value().ToVector<float>(),
+            fresh->NamedParameters()[0].second.value().ToVector<float>());
+
+  TrainOptions o = Small("mlp");
+  o.checkpoint_path = bad;
+  o.resume = true;
+  EXPECT_FALSE(Train(o).ok());
+}
+
+}  // namespace
+}  // namespace train
+}  // namespace dtrain

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Training throughput of dtrain vs PyTorch 1.13 (Debian's python3-torch) on
+# this machine, same models, batch size and thread count, run back to back.
+# Prints each side's key=value lines and one summary line per model:
+#   compare model=lenet threads=2 dtrain_sps=... pytorch_sps=... ratio=... \
+#     dtrain_rss_mb=... pytorch_rss_mb=...
+#
+#   tests/bench/compare_train.sh [--threads N] [--models "mlp lenet resnet18"]
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+threads=2
+models="mlp lenet resnet18"
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --threads) threads=$2; shift 2 ;;
+    --models) models=$2; shift 2 ;;
+    *) echo "compare_train.sh: unknown argument $1" >&2; exit 2 ;;
+  esac
+done
+tools/setup --bench
+bazel build --noshow_progress //tests/bench:train_bench 2>&1 | grep -E '^(ERROR|FAILED)' >&2 || true
+bin=$(bazel info bazel-bin 2>/dev/null)/tests/bench/train_bench
+for m in $models; do
+  case "$m" in
+    resnet18) steps=5; warmup=1 ;;
+    lenet) steps=40; warmup=5 ;;
+    *) steps=100; warmup=5 ;;
+  esac
+  ours=$("$bin" --model="$m" --batch_size=256 --steps=$steps --warmup=$warmup --threads="$threads")
+  theirs=$(/usr/bin/python3 tests/bench/torch_train_bench.py --model "$m" --batch_size 256 \
+             --steps $steps --warmup $warmup --threads "$threads")
+  echo "$ours"
+  echo "$theirs"
+  get() { sed -n "s/.*$2=\([0-9.]*\).*/\1/p" <<<"$1" | tail -1; }
+  a=$(get "$ours" samples_per_second); b=$(get "$theirs" samples_per_second)
+  ra=$(get "$ours" peak_rss_mb); rb=$(get "$theirs" peak_rss_mb)
+  echo "compare model=$m threads=$threads dtrain_sps=$a pytorch_sps=$b ratio=$(awk "BEGIN{printf \"%.2f\", $a/$b}") dtrain_rss_mb=$ra pytorch_rss_mb=$rb"
+done
