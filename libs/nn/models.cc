@@ -110,12 +110,10 @@ void InitParameters(Module* module, Init init, uint64_t seed, float normal_std) 
   uint64_t index = 0;
   for (auto& [name, p] : module->NamedParameters()) {
     Tensor& t = p.mutable_value();
-    bool is_bn = false;
-    // Batch-norm parameters are recognizable by rank 1 under a batch-norm
-    // parent; here: rank-1 weights are batch-norm scales.
     if (t.ndim() == 1) {
-      is_bn = absl::EndsWith(name, ".weight") || name == "weight";
-      ops::Fill(&t, is_bn ? 1.0f : 0.0f);
+      // Rank-1 parameters are biases (zero) and batch-norm scales, which
+      // PyTorch names "weight" (one).
+      ops::Fill(&t, absl::EndsWith(name, "weight") ? 1.0f : 0.0f);
       ++index;
       continue;
     }

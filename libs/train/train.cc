@@ -28,7 +28,8 @@ double Seconds(Clock::time_point a, Clock::time_point b) {
 }
 
 // Test accuracy in evaluation mode (batch norm uses running statistics).
-double Evaluate(nn::Module* model, const data::Dataset& test, const Shape& sample_shape) {
+double Evaluate(nn::Module* model, const data::Dataset& test, const Shape& sample_shape,
+                const Device& device) {
   autograd::NoGradGuard no_grad;
   model->Eval();
   absl::StatusOr<std::unique_ptr<data::DataLoader>> loader =
@@ -40,8 +41,8 @@ double Evaluate(nn::Module* model, const data::Dataset& test, const Shape& sampl
   while ((*loader)->Next(&b)) {
     Shape shape = {b.size};
     shape.insert(shape.end(), sample_shape.begin(), sample_shape.end());
-    Tensor x = Tensor::FromHost(b.images.data(), b.images.size(), shape, DType::kF32);
-    Tensor y = Tensor::FromHost(b.labels.data(), b.labels.size(), {b.size}, DType::kI32);
+    Tensor x = Tensor::FromHost(b.images.data(), b.images.size(), shape, DType::kF32, device);
+    Tensor y = Tensor::FromHost(b.labels.data(), b.labels.size(), {b.size}, DType::kI32, device);
     autograd::Variable logits = model->Forward(autograd::Variable(x));
     correct += ops::CountCorrect(logits.value(), y);
     total += b.size;
@@ -94,7 +95,8 @@ absl::Status ValidateOptions(const TrainOptions& o) {
   if (o.resume && o.checkpoint_path.empty()) {
     return absl::InvalidArgumentError("resume needs checkpoint_path");
   }
-  return nn::ParseInit(o.init).status();
+  DT_RETURN_IF_ERROR(nn::ParseInit(o.init).status());
+  return Device::Parse(o.device).status();
 }
 
 absl::StatusOr<TrainResult> Train(const TrainOptions& o, const ProgressFn& on_progress,
@@ -116,7 +118,9 @@ absl::StatusOr<TrainResult> Train(const TrainOptions& o, const ProgressFn& on_pr
   DT_ASSIGN_OR_RETURN(std::shared_ptr<nn::Module> model, nn::MakeModel(o.model));
   DT_ASSIGN_OR_RETURN(Shape sample_shape, nn::ModelInputShape(o.model));
   DT_ASSIGN_OR_RETURN(nn::Init init, nn::ParseInit(o.init));
+  DT_ASSIGN_OR_RETURN(Device device, Device::Parse(o.device));
   nn::InitParameters(model.get(), init, o.seed, o.init_std);
+  DT_RETURN_IF_ERROR(Annotate(model->To(device), absl::StrCat("moving the model to ", o.device)));
   nn::Sgd optimizer(model->NamedParameters(),
                     {.lr = o.lr, .momentum = o.momentum, .weight_decay = o.weight_decay});
 
@@ -142,7 +146,7 @@ absl::StatusOr<TrainResult> Train(const TrainOptions& o, const ProgressFn& on_pr
       data::DataLoader::Create(
           &train_set,
           {.batch_size = o.batch_size, .shuffle = true, .seed = o.seed, .prefetch = 2}));
-  Allocator* alloc = *GetAllocator(Device::Cpu());
+  Allocator* alloc = *GetAllocator(device);
   alloc->ResetPeak();
 
   TrainResult result;
@@ -157,8 +161,8 @@ absl::StatusOr<TrainResult> Train(const TrainOptions& o, const ProgressFn& on_pr
     while (loader->Next(&b)) {
       Shape shape = {b.size};
       shape.insert(shape.end(), sample_shape.begin(), sample_shape.end());
-      Tensor x = Tensor::FromHost(b.images.data(), b.images.size(), shape, DType::kF32);
-      Tensor y = Tensor::FromHost(b.labels.data(), b.labels.size(), {b.size}, DType::kI32);
+      Tensor x = Tensor::FromHost(b.images.data(), b.images.size(), shape, DType::kF32, device);
+      Tensor y = Tensor::FromHost(b.labels.data(), b.labels.size(), {b.size}, DType::kI32, device);
       autograd::Variable logits = model->Forward(autograd::Variable(x));
       autograd::Variable loss = autograd::SoftmaxCrossEntropy(logits, y);
       optimizer.ZeroGrad();
@@ -187,7 +191,7 @@ absl::StatusOr<TrainResult> Train(const TrainOptions& o, const ProgressFn& on_pr
     stats.loss = seen ? loss_sum / seen : 0;
     stats.train_accuracy = seen ? static_cast<double>(correct) / seen : 0;
     stats.samples_per_second = train_seconds > 0 ? seen / train_seconds : 0;
-    if (o.evaluate) stats.test_accuracy = Evaluate(model.get(), test_set, sample_shape);
+    if (o.evaluate) stats.test_accuracy = Evaluate(model.get(), test_set, sample_shape, device);
     stats.seconds = Seconds(start, Clock::now());
     result.epochs.push_back(stats);
     if (on_epoch) on_epoch(stats);

@@ -32,6 +32,8 @@ struct TrainOptions {
   uint64_t seed = 0;            // data order and initialization
   std::string init = "normal";  // "normal" (std init_std) or "kaiming"
   float init_std = 0.01f;
+  std::string device = "cpu";     // "cpu", "cuda:0", ... (the caller chooses; libs/cuda/devices.h
+                                  // turns "auto" into a device)
   std::string data_dir;           // empty: the Debian package's directory
   int64_t train_limit = 0;        // use only the first N training images (0 = all)
   int64_t test_limit = 0;         // ... test images

@@ -18,6 +18,7 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/str_format.h"
 #include "libs/base/logging.h"
+#include "libs/cuda/devices.h"
 #include "libs/train/train.h"
 
 ABSL_FLAG(std::string, model, "lenet", "model: mlp, lenet or resnet18");
@@ -30,6 +31,8 @@ ABSL_FLAG(int, threads, 0, "CPU threads for kernels (0 = all cores)");
 ABSL_FLAG(uint64_t, seed, 0, "seed for initialization and data order");
 ABSL_FLAG(std::string, init, "normal", "initialization: normal (std --init_std) or kaiming");
 ABSL_FLAG(double, init_std, 0.01, "standard deviation of --init=normal");
+ABSL_FLAG(std::string, device, "auto",
+          "device: auto (a CUDA device if there is one, else cpu), cpu, cuda, cuda:N");
 ABSL_FLAG(std::string, data_dir, "", "Fashion-MNIST directory (default: Debian's)");
 ABSL_FLAG(int64_t, train_limit, 0, "use only the first N training images (0 = all)");
 ABSL_FLAG(int64_t, test_limit, 0, "use only the first N test images (0 = all)");
@@ -75,6 +78,15 @@ int main(int argc, char** argv) {
   o.init = absl::GetFlag(FLAGS_init);
   o.init_std = static_cast<float>(absl::GetFlag(FLAGS_init_std));
   o.data_dir = absl::GetFlag(FLAGS_data_dir);
+  absl::StatusOr<std::vector<dtrain::Device>> devices =
+      dtrain::cuda::ChooseDevices(absl::GetFlag(FLAGS_device));
+  if (!devices.ok()) {
+    std::cerr << "train_local: --device: " << devices.status().message() << "\n";
+    return 2;
+  }
+  // One process trains on one device; data parallelism across devices is
+  // the trainer service's job (libs/train/data_parallel.h).
+  o.device = devices->front().ToString();
   o.train_limit = absl::GetFlag(FLAGS_train_limit);
   o.test_limit = absl::GetFlag(FLAGS_test_limit);
   o.checkpoint_path = absl::GetFlag(FLAGS_checkpoint);

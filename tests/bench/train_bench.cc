@@ -16,10 +16,13 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "absl/strings/str_split.h"
 #include "libs/autograd/functions.h"
+#include "libs/graph/hybridize.h"
 #include "libs/nn/models.h"
 #include "libs/nn/optim.h"
 #include "libs/ops/ops.h"
+#include "libs/train/data_parallel.h"
 
 ABSL_FLAG(std::string, model, "lenet", "mlp, lenet or resnet18");
 ABSL_FLAG(int64_t, batch_size, 256, "minibatch size");
@@ -28,6 +31,11 @@ ABSL_FLAG(int, warmup, 5, "untimed steps first");
 ABSL_FLAG(int, threads, 2, "CPU threads for kernels");
 ABSL_FLAG(double, lr, 0.1, "learning rate");
 ABSL_FLAG(uint64_t, seed, 0, "seed");
+ABSL_FLAG(bool, hybridize, false,
+          "compile the whole training step (forward, backward, SGD) into one planned graph");
+ABSL_FLAG(std::string, devices, "",
+          "data-parallel over these devices, e.g. cpu:0,cpu:1 (each replica uses --threads "
+          "threads); empty: one device, no data-parallel machinery");
 
 namespace {
 
@@ -74,7 +82,59 @@ int main(int argc, char** argv) {
     ys.push_back(Tensor::FromVector(labels, {batch}));
   }
   float last_loss = 0;
+  std::unique_ptr<train::DataParallelTrainer> dp;
+  std::string devices = absl::GetFlag(FLAGS_devices);
+  if (!devices.empty()) {
+    train::DataParallelOptions o;
+    o.model = model_name;
+    o.devices.clear();
+    for (absl::string_view d : absl::StrSplit(devices, ',')) {
+      absl::StatusOr<Device> dev = Device::Parse(d);
+      if (!dev.ok()) {
+        std::fprintf(stderr, "train_bench: %s\n", std::string(dev.status().message()).c_str());
+        return 2;
+      }
+      o.devices.push_back(*dev);
+    }
+    o.threads_per_device = absl::GetFlag(FLAGS_threads);
+    o.sgd = {.lr = static_cast<float>(absl::GetFlag(FLAGS_lr))};
+    o.seed = seed;
+    absl::StatusOr<std::unique_ptr<train::DataParallelTrainer>> t =
+        train::DataParallelTrainer::Create(o);
+    if (!t.ok()) {
+      std::fprintf(stderr, "train_bench: %s\n", std::string(t.status().message()).c_str());
+      return 2;
+    }
+    dp = std::move(*t);
+  }
+  std::unique_ptr<graph::TrainStep> hybrid;
+  if (absl::GetFlag(FLAGS_hybridize)) {
+    if (dp) {
+      std::fprintf(stderr, "train_bench: --hybridize and --devices cannot be combined yet\n");
+      return 2;
+    }
+    absl::StatusOr<std::unique_ptr<graph::TrainStep>> h = graph::HybridizeTrainingStep(
+        model->get(), shape, classes, {.lr = static_cast<float>(absl::GetFlag(FLAGS_lr))});
+    if (!h.ok()) {
+      std::fprintf(stderr, "train_bench: %s\n", std::string(h.status().message()).c_str());
+      return 2;
+    }
+    hybrid = std::move(*h);
+  }
   auto step = [&](int i) {
+    if (hybrid) {
+      last_loss = hybrid->Run(xs[i % 8], ys[i % 8]);
+      return;
+    }
+    if (dp) {
+      absl::StatusOr<float> l = dp->Step(xs[i % 8], ys[i % 8]);
+      if (!l.ok()) {
+        std::fprintf(stderr, "train_bench: %s\n", std::string(l.status().message()).c_str());
+        std::exit(1);
+      }
+      last_loss = *l;
+      return;
+    }
     autograd::Variable logits = (*model)->Forward(autograd::Variable(xs[i % 8]));
     autograd::Variable loss = autograd::SoftmaxCrossEntropy(logits, ys[i % 8]);
     opt.ZeroGrad();
@@ -90,8 +150,9 @@ int main(int argc, char** argv) {
   double warm_s = std::chrono::duration<double>(t1 - t0).count();
   double secs = std::chrono::duration<double>(t2 - t1).count();
   AllocatorStats stats = (*GetAllocator(Device::Cpu()))->stats();
-  std::printf("framework=dtrain model=%s batch_size=%lld threads=%d\n", model_name.c_str(),
-              static_cast<long long>(batch), absl::GetFlag(FLAGS_threads));
+  std::printf("framework=dtrain model=%s batch_size=%lld threads=%d devices=%s hybridize=%d\n",
+              model_name.c_str(), static_cast<long long>(batch), absl::GetFlag(FLAGS_threads),
+              devices.empty() ? "cpu" : devices.c_str(), hybrid ? 1 : 0);
   std::printf("params=%lld\n", static_cast<long long>((*model)->NumParameters()));
   std::printf("warmup_steps=%d warmup_seconds=%.3f\n", warmup, warm_s);
   std::printf("steps=%d seconds=%.3f ms_per_step=%.3f last_loss=%.4f\n", steps, secs,

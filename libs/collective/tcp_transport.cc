@@ -1,0 +1,353 @@
+#include "libs/collective/tcp_transport.h"
+
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "libs/base/status.h"
+#include "libs/collective/engine.h"
+#include "libs/collective/socket_util.h"
+
+namespace dtrain {
+namespace collective {
+namespace {
+
+using internal::EnginePair;
+using internal::EngineTransport;
+
+constexpr uint32_t kHandshakeMagic = 0x4454434c;  // "DTCL"
+
+// Sent by the connecting side right after connect.
+struct Handshake {
+  uint32_t magic;
+  uint32_t rank;
+  uint32_t channel;
+  uint32_t job_id_length;  // followed by the job id bytes
+};
+
+std::string Describe(int err) {
+  char buf[128];
+  return strerror_r(err, buf, sizeof(buf));
+}
+
+class TcpTransport;
+
+class TcpPair final : public EnginePair {
+ public:
+  TcpPair(EngineTransport* transport, int peer, int channel, int fd, std::vector<char>* bounce)
+      : EnginePair(transport, peer, channel), fd_(fd), bounce_(bounce) {}
+  ~TcpPair() override { Close(); }
+
+  int fd() const { return fd_; }
+
+  void Close() {
+    if (fd_ >= 0) {
+      ::close(fd_);
+      fd_ = -1;
+    }
+  }
+
+  void ShutdownAndClose() {
+    if (fd_ >= 0) ::shutdown(fd_, SHUT_RDWR);
+    Close();
+  }
+
+  // Alternates between the two directions in slices of at most kSliceBytes,
+  // so that both flow at once: a rank that spent a long time in one big
+  // send() would leave its peer blocked on a full receive buffer.
+  bool Progress() override {
+    if (fd_ < 0) {
+      Fail(absl::UnavailableError(
+          absl::StrCat("connection to rank ", peer(), " (channel ", channel(), ") is closed")));
+      return false;
+    }
+    bool moved = false;
+    bool send_blocked = sends_.empty();
+    bool recv_blocked = recvs_.empty();
+    while (!send_blocked || !recv_blocked) {
+      if (!send_blocked) {
+        if (!SendSlice(&send_blocked, &moved)) return moved;
+        send_blocked = send_blocked || sends_.empty();
+      }
+      if (!recv_blocked) {
+        if (!RecvSlice(&recv_blocked, &moved)) return moved;
+        recv_blocked = recv_blocked || recvs_.empty();
+      }
+    }
+    return moved;
+  }
+
+ private:
+  static constexpr size_t kSliceBytes = 256 << 10;
+
+  // One send() of up to kSliceBytes of the oldest send. Sets *blocked when
+  // the socket takes nothing more now and *moved when bytes went out. False
+  // after a failure.
+  bool SendSlice(bool* blocked, bool* moved) {
+    internal::SendOp& op = sends_.front();
+    const size_t want = std::min(op.bytes - op.done, kSliceBytes);
+    ssize_t n = ::send(fd_, op.data + op.done, want, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n > 0) {
+      *moved = true;
+      op.done += static_cast<size_t>(n);
+      if (op.done == op.bytes) CompleteFrontSend();
+      *blocked = static_cast<size_t>(n) < want;  // the socket buffer is full
+      return true;
+    }
+    if (n < 0 && (errno == EINTR)) return true;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      *blocked = true;
+      return true;
+    }
+    int err = errno;
+    Fail(absl::UnavailableError(absl::StrCat("sending to rank ", peer(), " (channel ", channel(),
+                                             ") failed: ", Describe(err),
+                                             "; the peer probably exited")));
+    return false;
+  }
+
+  // One recv() of up to kSliceBytes (or the bounce buffer) into the oldest
+  // receive. Sets *blocked when nothing more is there and *moved when bytes
+  // came in. False after a failure.
+  bool RecvSlice(bool* blocked, bool* moved) {
+    internal::RecvOp& op = recvs_.front();
+    size_t want = std::min(op.bytes - op.done - op.carry_len, kSliceBytes);
+    ssize_t n;
+    if (op.combiner == nullptr) {
+      n = ::recv(fd_, op.data + op.done, want, MSG_DONTWAIT);
+      if (n > 0) op.done += static_cast<size_t>(n);
+    } else {
+      want = std::min(want, bounce_->size());
+      n = ::recv(fd_, bounce_->data(), want, MSG_DONTWAIT);
+      if (n > 0) internal::Deliver(op, bounce_->data(), static_cast<size_t>(n));
+    }
+    if (n > 0) {
+      *moved = true;
+      if (op.done == op.bytes) CompleteFrontRecv();
+      *blocked = static_cast<size_t>(n) < want;  // drained the socket
+      return true;
+    }
+    if (n < 0 && errno == EINTR) return true;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      *blocked = true;
+      return true;
+    }
+    int err = n == 0 ? 0 : errno;
+    Fail(absl::UnavailableError(
+        absl::StrCat("connection to rank ", peer(), " (channel ", channel(), ") ",
+                     err == 0 ? "closed by the peer" : absl::StrCat("failed: ", Describe(err)),
+                     " with ", op.bytes - op.done, " of ", op.bytes,
+                     " bytes of a receive outstanding; the peer probably exited or aborted")));
+    return false;
+  }
+
+  int fd_;
+  std::vector<char>* bounce_;
+};
+
+class TcpTransport final : public EngineTransport {
+ public:
+  TcpTransport(const TransportOptions& options, const TcpOptions& tcp)
+      : rank_(options.rank),
+        size_(options.size),
+        channels_(options.channels),
+        by_peer_(options.size),
+        bounce_(std::max<size_t>(tcp.bounce_bytes, 64)) {
+    for (auto& row : by_peer_) row.resize(channels_);
+  }
+
+  ~TcpTransport() override {
+    // Pairs close their sockets as they are destroyed.
+  }
+
+  absl::Status Connect(const TransportOptions& options, const TcpOptions& tcp);
+
+  const char* name() const override { return "tcp"; }
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  int num_channels() const override { return channels_; }
+
+  Pair* GetPair(int peer, int channel) override {
+    if (peer < 0 || peer >= size_ || channel < 0 || channel >= channels_) return nullptr;
+    return by_peer_[peer][channel].get();
+  }
+
+ protected:
+  void Block(uint64_t token, absl::Time deadline) override {
+    fds_.clear();
+    for (EnginePair* p : pairs()) {
+      if (!p->has_pending()) continue;
+      auto* tp = static_cast<TcpPair*>(p);
+      if (tp->fd() < 0) return;  // Progress reports it
+      short events = 0;
+      if (tp->has_pending_recvs()) events |= POLLIN;
+      if (tp->has_pending_sends()) events |= POLLOUT;
+      fds_.push_back(pollfd{tp->fd(), events, 0});
+    }
+    if (fds_.empty()) return;
+    ::poll(fds_.data(), fds_.size(), internal::PollTimeoutMs(deadline, 1000));
+  }
+
+  void OnAbort(const absl::Status& reason) override {
+    for (auto& row : by_peer_) {
+      for (auto& pair : row) {
+        if (pair) pair->ShutdownAndClose();
+      }
+    }
+  }
+
+ private:
+  const int rank_;
+  const int size_;
+  const int channels_;
+  std::vector<std::vector<std::unique_ptr<TcpPair>>> by_peer_;
+  std::vector<char> bounce_;
+  std::vector<pollfd> fds_;
+};
+
+absl::Status ConfigureSocket(int fd, const TcpOptions& tcp) {
+  int one = 1;
+  if (::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one)) != 0) {
+    return ErrnoToStatus(errno, "setsockopt(TCP_NODELAY)");
+  }
+  if (tcp.socket_buffer_bytes > 0) {
+    int size = tcp.socket_buffer_bytes;
+    ::setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &size, sizeof(size));
+    ::setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &size, sizeof(size));
+  }
+  return internal::SetNonBlocking(fd, true);
+}
+
+absl::Status TcpTransport::Connect(const TransportOptions& options, const TcpOptions& tcp) {
+  const absl::Time deadline = options.deadline;
+  const std::string key_prefix = absl::StrCat("tcp/", options.job_id, "/");
+
+  // Listen on an ephemeral port of the chosen address.
+  DT_ASSIGN_OR_RETURN(internal::SocketAddress local, internal::ResolveAddress(tcp.host, 0));
+  int listener = ::socket(local.family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  if (listener < 0) return ErrnoToStatus(errno, "socket");
+  struct ListenerCloser {
+    int fd;
+    ~ListenerCloser() { ::close(fd); }
+  } closer{listener};
+  int one = 1;
+  ::setsockopt(listener, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  if (tcp.socket_buffer_bytes > 0) {  // accepted sockets inherit; set before listen
+    int size = tcp.socket_buffer_bytes;
+    ::setsockopt(listener, SOL_SOCKET, SO_SNDBUF, &size, sizeof(size));
+    ::setsockopt(listener, SOL_SOCKET, SO_RCVBUF, &size, sizeof(size));
+  }
+  if (::bind(listener, reinterpret_cast<const sockaddr*>(&local.storage), local.length) != 0) {
+    return ErrnoToStatus(errno, absl::StrCat("bind to ", internal::FormatAddress(local, 0)));
+  }
+  if (::listen(listener, SOMAXCONN) != 0) return ErrnoToStatus(errno, "listen");
+  sockaddr_storage bound;
+  socklen_t bound_len = sizeof(bound);
+  ::getsockname(listener, reinterpret_cast<sockaddr*>(&bound), &bound_len);
+  int port = bound.ss_family == AF_INET6 ? ntohs(reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port)
+                                         : ntohs(reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
+  DT_RETURN_IF_ERROR(
+      options.store->Set(absl::StrCat(key_prefix, rank_), internal::FormatAddress(local, port)));
+
+  auto add_pair = [&](int peer, int channel, int fd) {
+    by_peer_[peer][channel] = std::make_unique<TcpPair>(this, peer, channel, fd, &bounce_);
+    AddPair(by_peer_[peer][channel].get());
+  };
+
+  // Connect to lower-ranked peers.
+  int expected_incoming = 0;
+  for (int peer : options.peers) {
+    if (peer > rank_) {
+      expected_incoming += channels_;
+      continue;
+    }
+    absl::Duration left = deadline - absl::Now();
+    absl::StatusOr<std::string> address =
+        options.store->Get(absl::StrCat(key_prefix, peer), std::max(left, absl::ZeroDuration()));
+    if (!address.ok()) {
+      return Annotate(address.status(), absl::StrCat("waiting for the address of rank ", peer));
+    }
+    DT_ASSIGN_OR_RETURN(internal::SocketAddress remote, internal::ParseAddress(*address));
+    for (int channel = 0; channel < channels_; ++channel) {
+      absl::StatusOr<int> fd = internal::ConnectWithDeadline(remote, deadline);
+      if (!fd.ok()) {
+        return Annotate(fd.status(), absl::StrCat("connecting to rank ", peer, " at ", *address));
+      }
+      add_pair(peer, channel, *fd);  // owns fd from here on
+      DT_RETURN_IF_ERROR(ConfigureSocket(*fd, tcp));
+      Handshake hs{kHandshakeMagic, static_cast<uint32_t>(rank_), static_cast<uint32_t>(channel),
+                   static_cast<uint32_t>(options.job_id.size())};
+      std::string message(reinterpret_cast<const char*>(&hs), sizeof(hs));
+      message += options.job_id;
+      DT_RETURN_IF_ERROR(
+          Annotate(internal::WriteFull(*fd, message.data(), message.size(), deadline),
+                   absl::StrCat("handshake with rank ", peer)));
+    }
+  }
+
+  // Accept the higher-ranked peers.
+  while (expected_incoming > 0) {
+    pollfd pfd{listener, POLLIN, 0};
+    int timeout = internal::PollTimeoutMs(deadline, 1000);
+    if (::poll(&pfd, 1, timeout) <= 0) {
+      if (timeout == 0) {
+        std::string missing;
+        for (int peer : options.peers) {
+          if (peer <= rank_) continue;
+          for (int c = 0; c < channels_; ++c) {
+            if (!by_peer_[peer][c]) {
+              absl::StrAppend(&missing, missing.empty() ? "" : ", ", peer);
+              break;
+            }
+          }
+        }
+        return absl::DeadlineExceededError(
+            absl::StrCat("rank ", rank_, " timed out waiting for ranks ", missing, " to connect"));
+      }
+      continue;
+    }
+    int fd = ::accept4(listener, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+    if (fd < 0) {
+      if (errno == EAGAIN || errno == EINTR || errno == ECONNABORTED) continue;
+      return ErrnoToStatus(errno, "accept");
+    }
+    Handshake hs;
+    absl::Status read = internal::ReadFull(fd, &hs, sizeof(hs), deadline);
+    std::string job_id;
+    if (read.ok() && hs.magic == kHandshakeMagic && hs.job_id_length < 4096) {
+      job_id.resize(hs.job_id_length);
+      read = internal::ReadFull(fd, job_id.data(), job_id.size(), deadline);
+    }
+    const bool valid = read.ok() && hs.magic == kHandshakeMagic && job_id == options.job_id &&
+                       static_cast<int>(hs.rank) > rank_ && static_cast<int>(hs.rank) < size_ &&
+                       static_cast<int>(hs.channel) < channels_ && !by_peer_[hs.rank][hs.channel];
+    if (!valid) {  // a stray or stale connection; not ours
+      ::close(fd);
+      continue;
+    }
+    add_pair(static_cast<int>(hs.rank), static_cast<int>(hs.channel), fd);
+    DT_RETURN_IF_ERROR(ConfigureSocket(fd, tcp));
+    --expected_incoming;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Transport>> CreateTcpTransport(const TransportOptions& options,
+                                                              const TcpOptions& tcp) {
+  if (options.store == nullptr) return absl::InvalidArgumentError("TCP transport needs a store");
+  auto transport = std::make_unique<TcpTransport>(options, tcp);
+  DT_RETURN_IF_ERROR(transport->Connect(options, tcp));
+  return std::unique_ptr<Transport>(std::move(transport));
+}
+
+}  // namespace collective
+}  // namespace dtrain

@@ -1,0 +1,308 @@
+#include "libs/train/data_parallel.h"
+
+#include <chrono>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "libs/autograd/functions.h"
+#include "libs/base/logging.h"
+#include "libs/base/status.h"
+#include "libs/engine/engine.h"
+#include "libs/ops/ops.h"
+
+namespace dtrain {
+namespace train {
+
+using autograd::Variable;
+
+ScaledHyperparameters ScaleForDevices(int64_t batch_per_device, float base_lr, int devices) {
+  return {batch_per_device * devices, base_lr * static_cast<float>(devices)};
+}
+
+struct DataParallelTrainer::Impl {
+  struct Bucket {
+    std::vector<int> params;  // indices into the parameter list
+    int64_t numel = 0;
+    std::vector<float> flat;
+  };
+
+  DataParallelOptions options;
+  int k = 0;
+  std::unique_ptr<engine::Engine> engine;
+  std::vector<engine::QueueId> device_queues;
+  engine::QueueId comm_queue;
+  std::vector<engine::VarHandle> replica_vars;
+  std::vector<engine::VarHandle> bucket_vars;
+  std::vector<std::shared_ptr<nn::Module>> replicas;
+  std::vector<std::vector<Variable>> params;  // [replica][param]
+  std::vector<std::unique_ptr<nn::Sgd>> optimizers;
+  std::vector<Bucket> buckets;
+  std::vector<int> bucket_of;
+
+  // Per-step state, shared by the device workers (hooks) and the
+  // communication worker.
+  absl::Mutex mu;
+  std::vector<int> pending ABSL_GUARDED_BY(mu);              // gradients still to come, per bucket
+  std::vector<std::vector<char>> ready ABSL_GUARDED_BY(mu);  // [replica][param]
+  bool aborted ABSL_GUARDED_BY(mu) = false;
+  std::vector<double> weights;  // slice size / global batch, per replica
+  std::vector<float> losses;
+  double comm_wait = 0, comm_work = 0;
+
+  void MarkReady(int r, int p) {
+    absl::MutexLock lock(&mu);
+    if (ready[r][p]) return;
+    ready[r][p] = 1;
+    --pending[bucket_of[p]];
+  }
+
+  void Abort() {
+    absl::MutexLock lock(&mu);
+    aborted = true;
+  }
+
+  absl::Status ForwardBackward(int r, const Tensor& x, const Tensor& labels) {
+    DT_ASSIGN_OR_RETURN(Tensor xr, x.To(options.devices[r]));
+    DT_ASSIGN_OR_RETURN(Tensor yr, labels.To(options.devices[r]));
+    optimizers[r]->ZeroGrad();
+    Variable logits = replicas[r]->Forward(Variable(xr));
+    Variable loss = autograd::SoftmaxCrossEntropy(logits, yr);
+    loss.Backward();
+    losses[r] = ops::ScalarValue(loss.value());
+    // Parameters that got no gradient (unused in this forward) count as zero.
+    for (size_t p = 0; p < params[r].size(); ++p) {
+      Variable& v = params[r][p];
+      bool done;
+      {
+        absl::MutexLock lock(&mu);
+        done = ready[r][p];
+      }
+      if (!done) {
+        v.mutable_grad() = Tensor::Zeros(v.value().shape(), v.value().dtype(), v.value().device());
+        MarkReady(r, static_cast<int>(p));
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status ReduceBucket(int b) {
+    auto t0 = std::chrono::steady_clock::now();
+    {
+      absl::MutexLock lock(&mu);
+      auto done = [this, b]() ABSL_SHARED_LOCKS_REQUIRED(mu) { return pending[b] == 0 || aborted; };
+      if (!mu.AwaitWithTimeout(absl::Condition(&done), absl::Minutes(10))) {
+        return absl::DeadlineExceededError(
+            absl::StrCat("bucket ", b, ": gradients not ready after 10 minutes"));
+      }
+      if (aborted) return absl::AbortedError(absl::StrCat("bucket ", b, ": a replica failed"));
+    }
+    auto t1 = std::chrono::steady_clock::now();
+    Bucket& bucket = buckets[b];
+    float* flat = bucket.flat.data();
+    // Weighted sum over replicas: the gradient of the mean loss over the
+    // trainer's whole batch.
+    int64_t off = 0;
+    for (int p : bucket.params) {
+      int64_t n = params[0][p].value().numel();
+      float* dst = flat + off;
+      const float* g0 = params[0][p].grad().data<float>();
+      float w0 = static_cast<float>(weights[0]);
+      for (int64_t j = 0; j < n; ++j) dst[j] = w0 * g0[j];
+      for (int r = 1; r < k; ++r) {
+        const float* g = params[r][p].grad().data<float>();
+        float w = static_cast<float>(weights[r]);
+        for (int64_t j = 0; j < n; ++j) dst[j] += w * g[j];
+      }
+      off += n;
+    }
+    if (options.communicator != nullptr) {
+      DT_RETURN_IF_ERROR(
+          Annotate(options.communicator->Allreduce(flat, static_cast<size_t>(bucket.numel),
+                                                   DType::kF32, collective::ReduceOp::kAverage),
+                   absl::StrCat("allreduce of gradient bucket ", b)));
+    }
+    off = 0;
+    for (int p : bucket.params) {
+      int64_t n = params[0][p].value().numel();
+      for (int r = 0; r < k; ++r) {
+        std::memcpy(params[r][p].mutable_grad().data<float>(), flat + off, n * sizeof(float));
+      }
+      off += n;
+    }
+    auto t2 = std::chrono::steady_clock::now();
+    comm_wait += std::chrono::duration<double>(t1 - t0).count();
+    comm_work += std::chrono::duration<double>(t2 - t1).count();
+    return absl::OkStatus();
+  }
+};
+
+DataParallelTrainer::DataParallelTrainer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+DataParallelTrainer::~DataParallelTrainer() {
+  if (impl_ && impl_->engine) {
+    impl_->Abort();
+    absl::Status s = impl_->engine->WaitAll();
+    (void)s;
+  }
+}
+
+absl::StatusOr<std::unique_ptr<DataParallelTrainer>> DataParallelTrainer::Create(
+    const DataParallelOptions& o) {
+  if (o.devices.empty()) return absl::InvalidArgumentError("data-parallel training needs devices");
+  for (const Device& d : o.devices) {
+    if (!d.is_cpu()) {
+      return absl::UnimplementedError(
+          absl::StrCat("data-parallel training on ", d.ToString(),
+                       " needs the CUDA backend and NCCL; this trainer supports CPU devices"));
+    }
+  }
+  if (o.threads_per_device <= 0) {
+    return absl::InvalidArgumentError("threads_per_device must be positive");
+  }
+  if (o.bucket_bytes == 0) return absl::InvalidArgumentError("bucket_bytes must be positive");
+  auto impl = std::make_unique<Impl>();
+  impl->options = o;
+  impl->k = static_cast<int>(o.devices.size());
+  impl->engine = engine::Engine::Create({.max_pending = 4096});
+  for (int r = 0; r < impl->k; ++r) {
+    int threads = o.threads_per_device;
+    impl->device_queues.push_back(impl->engine->AddQueue(
+        o.devices[r].ToString(), 1, [threads] { ops::SetCpuThreads(threads); }));
+    impl->replica_vars.push_back(impl->engine->NewVar(absl::StrCat("replica", r)));
+  }
+  impl->comm_queue = impl->engine->AddQueue("comm", 1, [] { ops::SetCpuThreads(1); });
+
+  for (int r = 0; r < impl->k; ++r) {
+    DT_ASSIGN_OR_RETURN(std::shared_ptr<nn::Module> m, nn::MakeModel(o.model));
+    if (r == 0) nn::InitParameters(m.get(), o.init, o.seed, o.init_std);
+    DT_RETURN_IF_ERROR(m->To(o.devices[r]));
+    m->Train();
+    impl->replicas.push_back(m);
+    std::vector<Variable> ps;
+    for (auto& [name, v] : m->NamedParameters()) ps.push_back(v);
+    impl->params.push_back(ps);
+    impl->optimizers.push_back(std::make_unique<nn::Sgd>(m->NamedParameters(), o.sgd));
+  }
+  size_t np = impl->params[0].size();
+  // Same initial weights everywhere: replica 0 of rank 0 is the source.
+  if (o.communicator != nullptr) {
+    for (size_t p = 0; p < np; ++p) {
+      Tensor& t = impl->params[0][p].mutable_value();
+      DT_RETURN_IF_ERROR(Annotate(
+          o.communicator->Broadcast(t.raw_data(), static_cast<size_t>(t.numel()), DType::kF32, 0),
+          "broadcast of initial weights"));
+    }
+  }
+  for (int r = 1; r < impl->k; ++r) {
+    for (size_t p = 0; p < np; ++p) {
+      DT_RETURN_IF_ERROR(impl->params[r][p].mutable_value().CopyFrom(impl->params[0][p].value()));
+    }
+  }
+  // Buckets in reverse registration order.
+  impl->bucket_of.assign(np, -1);
+  Impl::Bucket current;
+  for (int p = static_cast<int>(np) - 1; p >= 0; --p) {
+    int64_t n = impl->params[0][p].value().numel();
+    if (!current.params.empty() &&
+        static_cast<size_t>((current.numel + n) * sizeof(float)) > o.bucket_bytes) {
+      impl->buckets.push_back(std::move(current));
+      current = Impl::Bucket();
+    }
+    current.params.push_back(p);
+    current.numel += n;
+  }
+  if (!current.params.empty()) impl->buckets.push_back(std::move(current));
+  for (size_t b = 0; b < impl->buckets.size(); ++b) {
+    impl->buckets[b].flat.resize(static_cast<size_t>(impl->buckets[b].numel));
+    for (int p : impl->buckets[b].params) impl->bucket_of[p] = static_cast<int>(b);
+    impl->bucket_vars.push_back(impl->engine->NewVar(absl::StrCat("bucket", b)));
+  }
+  impl->pending.assign(impl->buckets.size(), 0);
+  impl->ready.assign(impl->k, std::vector<char>(np, 0));
+  Impl* raw = impl.get();
+  for (int r = 0; r < impl->k; ++r) {
+    for (size_t p = 0; p < np; ++p) {
+      impl->params[r][p].AddGradHook(
+          [raw, r, p](Tensor&) { raw->MarkReady(r, static_cast<int>(p)); });
+    }
+  }
+  return std::unique_ptr<DataParallelTrainer>(new DataParallelTrainer(std::move(impl)));
+}
+
+absl::StatusOr<float> DataParallelTrainer::Step(const Tensor& x, const Tensor& labels) {
+  Impl& s = *impl_;
+  int64_t n = x.dim(0);
+  if (n < s.k || labels.dim(0) != n) {
+    return absl::InvalidArgumentError(absl::StrCat("a step needs at least one sample per device (",
+                                                   s.k, "), got ", n, " samples and ",
+                                                   labels.dim(0), " labels"));
+  }
+  {
+    absl::MutexLock lock(&s.mu);
+    for (size_t b = 0; b < s.buckets.size(); ++b) {
+      s.pending[b] = s.k * static_cast<int>(s.buckets[b].params.size());
+    }
+    for (auto& row : s.ready) std::fill(row.begin(), row.end(), 0);
+    s.aborted = false;
+  }
+  s.weights.assign(s.k, 0.0);
+  s.losses.assign(s.k, 0.0f);
+  s.comm_wait = s.comm_work = 0;
+  int64_t begin = 0;
+  for (int r = 0; r < s.k; ++r) {
+    int64_t rows = n / s.k + (r < n % s.k ? 1 : 0);
+    s.weights[r] = static_cast<double>(rows) / n;
+    Tensor xr = x.Slice(begin, begin + rows), yr = labels.Slice(begin, begin + rows);
+    begin += rows;
+    Impl* raw = impl_.get();
+    s.engine->Push(
+        [raw, r, xr, yr]() {
+          absl::Status st = raw->ForwardBackward(r, xr, yr);
+          if (!st.ok()) raw->Abort();
+          return st;
+        },
+        {}, {s.replica_vars[r]}, s.device_queues[r], absl::StrCat("forward_backward/replica", r));
+  }
+  for (size_t b = 0; b < s.buckets.size(); ++b) {
+    Impl* raw = impl_.get();
+    int bi = static_cast<int>(b);
+    s.engine->Push([raw, bi]() { return raw->ReduceBucket(bi); }, {}, {s.bucket_vars[b]},
+                   s.comm_queue, absl::StrCat("reduce/bucket", b));
+  }
+  for (int r = 0; r < s.k; ++r) {
+    Impl* raw = impl_.get();
+    s.engine->Push(
+        [raw, r]() {
+          raw->optimizers[r]->Step();
+          return absl::OkStatus();
+        },
+        s.bucket_vars, {s.replica_vars[r]}, s.device_queues[r], absl::StrCat("sgd/replica", r));
+  }
+  DT_RETURN_IF_ERROR(s.engine->WaitAll());
+  double loss = 0;
+  for (int r = 0; r < s.k; ++r) loss += s.weights[r] * s.losses[r];
+  return static_cast<float>(loss);
+}
+
+int64_t DataParallelTrainer::CountCorrect(const Tensor& x, const Tensor& labels) {
+  Impl& s = *impl_;
+  autograd::NoGradGuard no_grad;
+  nn::Module* m = s.replicas[0].get();
+  m->Eval();
+  absl::StatusOr<Tensor> xr = x.To(s.options.devices[0]);
+  absl::StatusOr<Tensor> yr = labels.To(s.options.devices[0]);
+  DT_CHECK(xr.ok() && yr.ok()) << "copy to " << s.options.devices[0].ToString();
+  int64_t correct = ops::CountCorrect(m->Forward(Variable(*xr)).value(), *yr);
+  m->Train();
+  return correct;
+}
+
+nn::Module* DataParallelTrainer::replica(int i) { return impl_->replicas[i].get(); }
+int DataParallelTrainer::num_devices() const { return impl_->k; }
+int DataParallelTrainer::num_buckets() const { return static_cast<int>(impl_->buckets.size()); }
+double DataParallelTrainer::last_comm_wait_seconds() const { return impl_->comm_wait; }
+double DataParallelTrainer::last_comm_work_seconds() const { return impl_->comm_work; }
+
+}  // namespace train
+}  // namespace dtrain

@@ -1,0 +1,103 @@
+// Data-parallel training over the devices of one trainer and, optionally,
+// across trainers: the multi-GPU sections of the chapter, with gradient
+// communication overlapped with backward as PyTorch DDP and Horovod do.
+//
+// Each step:
+//  1. The global minibatch is split across the trainer's K devices (rows in
+//     proportion; sizes may differ by one).
+//  2. Every replica runs forward and backward on its slice, each on its own
+//     worker queue of the dependency engine.
+//  3. Parameters are grouped into buckets in reverse registration order
+//     (roughly the order backward produces their gradients). As soon as a
+//     bucket's gradients are final on every replica (autograd gradient hooks),
+//     the communication queue sums them within the trainer (weighted by
+//     slice size, so the result is the gradient of the mean loss over the
+//     global batch), allreduces the bucket across trainers (when a
+//     communicator is given), and writes the result back to every replica
+//     while the rest of backward still runs.
+//  4. Every replica applies the same SGD update, so replicas stay identical.
+//
+// Batch norm keeps per-device statistics (each replica normalizes over its
+// own slice, as the chapter's implementation does).
+//
+// Thread-safety: one thread drives a DataParallelTrainer.
+#ifndef DTRAIN_LIBS_TRAIN_DATA_PARALLEL_H_
+#define DTRAIN_LIBS_TRAIN_DATA_PARALLEL_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "libs/collective/communicator.h"
+#include "libs/nn/models.h"
+#include "libs/nn/optim.h"
+#include "libs/tensor/tensor.h"
+
+namespace dtrain {
+namespace train {
+
+struct DataParallelOptions {
+  std::string model = "lenet";
+  // The trainer's devices, one model replica each (cpu:0, cpu:1, ...).
+  std::vector<Device> devices = {Device::Cpu(0)};
+  // CPU threads for the kernels of each device's replica.
+  int threads_per_device = 1;
+  // Gradient bucket size. Smaller buckets start communication earlier;
+  // larger ones amortize per-message costs.
+  size_t bucket_bytes = size_t{1} << 20;
+  ops::SgdParams sgd;
+  nn::Init init = nn::Init::kNormal;
+  float init_std = 0.01f;
+  uint64_t seed = 0;
+  // Across trainers (not owned; null for a single trainer). Every trainer
+  // must use the same options and the same global batch size per step.
+  collective::Communicator* communicator = nullptr;
+};
+
+// The chapter's advice for k devices: keep the per-device batch, so the
+// global batch grows k-fold, and scale the learning rate with it (the linear
+// scaling rule).
+struct ScaledHyperparameters {
+  int64_t batch_size;
+  float lr;
+};
+ScaledHyperparameters ScaleForDevices(int64_t batch_per_device, float base_lr, int devices);
+
+class DataParallelTrainer {
+ public:
+  static absl::StatusOr<std::unique_ptr<DataParallelTrainer>> Create(
+      const DataParallelOptions& options);
+  ~DataParallelTrainer();
+
+  // One training step on this trainer's share of the global batch: `x` is
+  // [N, ...] and `labels` i32 [N] on the host. N must be at least the number
+  // of devices. Returns the mean loss over the N samples.
+  absl::StatusOr<float> Step(const Tensor& x, const Tensor& labels);
+
+  // Counts correct predictions of replica 0's model in evaluation mode.
+  int64_t CountCorrect(const Tensor& x, const Tensor& labels);
+
+  // Replica `i`'s model (all replicas hold the same parameters after a step).
+  nn::Module* replica(int i);
+  int num_devices() const;
+  int num_buckets() const;
+  // Seconds the last step's communication queue spent waiting for buckets,
+  // and doing reductions: their ratio shows how much communication overlaps
+  // backward.
+  double last_comm_wait_seconds() const;
+  double last_comm_work_seconds() const;
+
+  DataParallelTrainer(const DataParallelTrainer&) = delete;
+  DataParallelTrainer& operator=(const DataParallelTrainer&) = delete;
+
+ private:
+  struct Impl;
+  explicit DataParallelTrainer(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace train
+}  // namespace dtrain
+
+#endif  // DTRAIN_LIBS_TRAIN_DATA_PARALLEL_H_
