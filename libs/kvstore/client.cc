@@ -1,0 +1,944 @@
+#include "libs/kvstore/client.h"
+
+#include <grpcpp/channel.h>
+#include <grpcpp/client_context.h>
+#include <grpcpp/create_channel.h>
+#include <grpcpp/impl/client_unary_call.h>
+#include <grpcpp/impl/rpc_method.h>
+#include <grpcpp/security/credentials.h>
+#include <grpcpp/support/channel_arguments.h>
+#include <grpcpp/support/sync_stream.h>
+
+#include <algorithm>
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <map>
+#include <set>
+#include <thread>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "libs/base/grpc_status.h"
+#include "libs/base/logging.h"
+#include "libs/base/status.h"
+#include "libs/kvstore/codec.h"
+#include "libs/kvstore/proto_convert.h"
+#include "libs/kvstore/wire.h"
+#include "protos/kvstore.grpc.pb.h"
+
+namespace dtrain {
+namespace kvstore {
+
+// ---------------------------------------------------------------------------
+// Pending
+
+struct Pending::State {
+  absl::Mutex mu;
+  int remaining ABSL_GUARDED_BY(mu) = 0;  // server tasks still running
+  int pins ABSL_GUARDED_BY(mu) = 0;       // PinTokens gRPC may still hold
+  absl::Status status ABSL_GUARDED_BY(mu);
+
+  void Finish(const absl::Status& s) {
+    absl::MutexLock lock(&mu);
+    if (status.ok() && !s.ok()) status = s;
+    --remaining;
+  }
+  // Waits for the tasks only (not the pins): what a later operation on the
+  // same keys needs.
+  void WaitTasks() {
+    absl::MutexLock lock(&mu);
+    mu.Await(absl::Condition(
+        +[](State* s) ABSL_NO_THREAD_SAFETY_ANALYSIS { return s->remaining == 0; }, this));
+  }
+};
+
+namespace {
+
+// Keeps the caller's buffers pinned while gRPC holds slices that point into
+// them: every such slice owns a reference to one token, and the token's
+// destructor (when gRPC dropped the last slice) unpins.
+class PinToken {
+ public:
+  explicit PinToken(std::shared_ptr<Pending::State> state) : state_(std::move(state)) {
+    absl::MutexLock lock(&state_->mu);
+    ++state_->pins;
+  }
+  ~PinToken() {
+    absl::MutexLock lock(&state_->mu);
+    --state_->pins;
+  }
+  PinToken(const PinToken&) = delete;
+  PinToken& operator=(const PinToken&) = delete;
+
+ private:
+  std::shared_ptr<Pending::State> state_;
+};
+
+}  // namespace
+
+Pending& Pending::operator=(Pending&& other) noexcept {
+  if (this != &other) {
+    if (state_) (void)Wait();
+    state_ = std::move(other.state_);
+  }
+  return *this;
+}
+
+Pending::~Pending() {
+  if (state_) (void)Wait();
+}
+
+absl::Status Pending::Wait() {
+  if (!state_) return absl::OkStatus();
+  absl::MutexLock lock(&state_->mu);
+  state_->mu.Await(absl::Condition(
+      +[](State* s) ABSL_NO_THREAD_SAFETY_ANALYSIS { return s->remaining == 0 && s->pins == 0; },
+      state_.get()));
+  return state_->status;
+}
+
+bool Pending::done() const {
+  if (!state_) return true;
+  absl::MutexLock lock(&state_->mu);
+  return state_->remaining == 0 && state_->pins == 0;
+}
+
+namespace {
+
+Pending Failed(absl::Status status) {
+  auto state = std::make_shared<Pending::State>();
+  absl::MutexLock lock(&state->mu);
+  state->status = std::move(status);
+  return Pending(state);
+}
+
+bool Retryable(const absl::Status& s) {
+  return absl::IsUnavailable(s) || absl::IsDeadlineExceeded(s) || absl::IsAborted(s);
+}
+
+std::chrono::system_clock::time_point Deadline(absl::Duration timeout) {
+  return absl::ToChronoTime(absl::Now() + timeout);
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------
+// Thread pool: runs every task at once on an idle thread or a new one, so a
+// task that waits (a pull waiting for its round) never delays another.
+
+class KVClient::ThreadPool {
+ public:
+  ThreadPool() = default;
+  ~ThreadPool() {
+    {
+      absl::MutexLock lock(&mu_);
+      stop_ = true;
+    }
+    for (std::thread& t : threads_) t.join();
+  }
+
+  void Schedule(std::function<void()> fn) {
+    absl::MutexLock lock(&mu_);
+    tasks_.push_back(std::move(fn));
+    if (tasks_.size() > static_cast<size_t>(idle_)) {
+      threads_.emplace_back([this] { Loop(); });
+    }
+  }
+
+ private:
+  void Loop() {
+    absl::MutexLock lock(&mu_);
+    for (;;) {
+      ++idle_;
+      mu_.Await(absl::Condition(
+          +[](ThreadPool* p)
+               ABSL_NO_THREAD_SAFETY_ANALYSIS { return !p->tasks_.empty() || p->stop_; },
+          this));
+      --idle_;
+      if (tasks_.empty()) return;  // stopping
+      std::function<void()> fn = std::move(tasks_.front());
+      tasks_.pop_front();
+      mu_.Unlock();
+      fn();
+      fn = nullptr;
+      mu_.Lock();
+    }
+  }
+
+  absl::Mutex mu_;
+  std::deque<std::function<void()>> tasks_ ABSL_GUARDED_BY(mu_);
+  int idle_ ABSL_GUARDED_BY(mu_) = 0;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<std::thread> threads_;  // touched under mu_ or after stop
+};
+
+// ---------------------------------------------------------------------------
+// KVClient
+
+struct KVClient::Key {
+  KeySpec spec;  // `initial` cleared
+  std::vector<PlacedSlice> slices;
+  std::vector<int64_t> pushed;           // per slice: the last round pushed
+  std::shared_ptr<Pending::State> last;  // the latest operation on this key
+};
+
+// One slice's part of an operation.
+struct KVClient::Work {
+  const Key* key = nullptr;
+  const PlacedSlice* slice = nullptr;
+  int64_t round = 0;
+  const char* src = nullptr;  // the slice's first element in the caller's buffer
+  char* dst = nullptr;
+};
+
+namespace {
+
+const std::string& PushMethod() {
+  static const std::string* name =
+      new std::string(absl::StrCat("/", v1::KVStoreData::service_full_name(), "/Push"));
+  return *name;
+}
+const std::string& PullMethod() {
+  static const std::string* name =
+      new std::string(absl::StrCat("/", v1::KVStoreData::service_full_name(), "/Pull"));
+  return *name;
+}
+const std::string& PushPullMethod() {
+  static const std::string* name =
+      new std::string(absl::StrCat("/", v1::KVStoreData::service_full_name(), "/PushPull"));
+  return *name;
+}
+const std::string& UnaryMethod(const char* which) {
+  static const auto* names = new std::map<std::string, std::string>{
+      {"Push", absl::StrCat("/", v1::KVStoreData::service_full_name(), "/PushUnary")},
+      {"Pull", absl::StrCat("/", v1::KVStoreData::service_full_name(), "/PullUnary")},
+      {"PushPull", absl::StrCat("/", v1::KVStoreData::service_full_name(), "/PushPullUnary")}};
+  return names->at(which);
+}
+
+// Yields `buffer` once, as a one-message stream.
+std::function<bool(grpc::ByteBuffer*)> Once(const grpc::ByteBuffer& buffer) {
+  auto done = std::make_shared<bool>(false);
+  return [&buffer, done](grpc::ByteBuffer* b) {
+    if (*done) return false;
+    *done = true;
+    *b = buffer;
+    return true;
+  };
+}
+
+}  // namespace
+
+KVClient::KVClient(ClientOptions options)
+    : options_(std::move(options)), pool_(std::make_unique<ThreadPool>()) {}
+
+KVClient::~KVClient() {
+  pool_.reset();  // finishes operations in flight while keys_ and channels_ exist
+}
+
+absl::StatusOr<std::unique_ptr<KVClient>> KVClient::Connect(ClientOptions options) {
+  if (options.servers.empty()) {
+    return absl::InvalidArgumentError("kvstore client needs at least one server");
+  }
+  if (options.job.empty() || options.job.size() > kMaxJobNameLength) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("kvstore client: job name must have 1 to ", kMaxJobNameLength, " bytes"));
+  }
+  if (options.worker < 0 || options.worker >= kMaxWorkers) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("kvstore client: worker ", options.worker, " is out of range"));
+  }
+  if (options.chunk_bytes < 1024 || options.chunk_bytes > options.max_message_bytes - (64 << 10)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "kvstore client: chunk_bytes=", options.chunk_bytes,
+        " must be at least 1024 and leave 64 KiB of max_message_bytes=", options.max_message_bytes,
+        " for headers"));
+  }
+  if (options.max_attempts < 1) options.max_attempts = 1;
+  std::unique_ptr<KVClient> client(new KVClient(options));
+  for (const std::string& server : options.servers) {
+    grpc::ChannelArguments args;
+    args.SetMaxReceiveMessageSize(static_cast<int>(options.max_message_bytes));
+    args.SetMaxSendMessageSize(static_cast<int>(options.max_message_bytes));
+    // A connection of our own per server (not shared with other clients in
+    // the process), and quick reconnection after a shard restarts.
+    args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+    args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+    args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+    args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+    client->channels_.push_back(
+        grpc::CreateCustomChannel(server, grpc::InsecureChannelCredentials(), args));
+  }
+  return client;
+}
+
+absl::Status KVClient::WithRetries(const std::function<absl::Status()>& attempt) {
+  absl::Status status;
+  for (int n = 1;; ++n) {
+    status = attempt();
+    if (status.ok() || !Retryable(status) || n >= options_.max_attempts) return status;
+    DT_LOG(DEBUG) << "retrying after: " << status;
+    absl::SleepFor(options_.retry_backoff * n);
+  }
+}
+
+absl::Status KVClient::ForEachServer(const std::function<absl::Status(int)>& fn) {
+  const int n = static_cast<int>(channels_.size());
+  std::vector<absl::Status> results(static_cast<size_t>(n));
+  std::vector<std::thread> threads;
+  for (int i = 1; i < n; ++i) {
+    threads.emplace_back([&, i] { results[static_cast<size_t>(i)] = fn(i); });
+  }
+  results[0] = fn(0);
+  for (std::thread& t : threads) t.join();
+  for (const absl::Status& s : results) DT_RETURN_IF_ERROR(s);
+  return absl::OkStatus();
+}
+
+absl::Status KVClient::CreateJob(const JobConfig& config) {
+  if (config.job != options_.job) {
+    return absl::InvalidArgumentError(absl::StrCat("CreateJob of job '", config.job,
+                                                   "' from a client of job '", options_.job, "'"));
+  }
+  DT_RETURN_IF_ERROR(ValidateJobConfig(config));
+  v1::CreateJobRequest request;
+  *request.mutable_config() = ToProto(config);
+  return ForEachServer([&](int i) {
+    return WithRetries([&] {
+      auto stub = v1::KVStore::NewStub(channels_[static_cast<size_t>(i)]);
+      grpc::ClientContext ctx;
+      ctx.set_deadline(Deadline(options_.rpc_timeout));
+      ctx.set_wait_for_ready(true);
+      v1::CreateJobResponse response;
+      return FromGrpcStatus(stub->CreateJob(&ctx, request, &response),
+                            absl::StrCat("KVStore.CreateJob to ", options_.servers[i]));
+    });
+  });
+}
+
+absl::Status KVClient::DeleteJob() {
+  v1::DeleteJobRequest request;
+  request.set_job(options_.job);
+  return ForEachServer([&](int i) {
+    auto stub = v1::KVStore::NewStub(channels_[static_cast<size_t>(i)]);
+    grpc::ClientContext ctx;
+    ctx.set_deadline(Deadline(options_.rpc_timeout));
+    v1::DeleteJobResponse response;
+    return FromGrpcStatus(stub->DeleteJob(&ctx, request, &response),
+                          absl::StrCat("KVStore.DeleteJob to ", options_.servers[i]));
+  });
+}
+
+absl::Status KVClient::Init(const std::vector<KeySpec>& keys) {
+  // Place every key and check it against what this client knows.
+  std::vector<std::unique_ptr<Key>> placed;
+  std::set<std::string> names;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const KeySpec& spec : keys) {
+      if (!names.insert(spec.key).second) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("key '", spec.key, "' appears twice in one Init"));
+      }
+      DT_ASSIGN_OR_RETURN(std::vector<PlacedSlice> slices,
+                          PlaceKey(spec.key, spec.shape, spec.dtype,
+                                   static_cast<int>(channels_.size()), options_.placement));
+      auto it = keys_.find(spec.key);
+      if (it != keys_.end() &&
+          (it->second->spec.shape != spec.shape || it->second->spec.dtype != spec.dtype)) {
+        return absl::AlreadyExistsError(
+            absl::StrCat("key '", spec.key, "' was initialized as ",
+                         DTypeName(it->second->spec.dtype), ShapeString(it->second->spec.shape),
+                         "; this Init says ", DTypeName(spec.dtype), ShapeString(spec.shape)));
+      }
+      auto key = std::make_unique<Key>();
+      key->spec = spec;
+      key->spec.initial = nullptr;
+      key->slices = std::move(slices);
+      key->pushed.assign(key->slices.size(), 0);
+      placed.push_back(std::move(key));
+    }
+  }
+  // Send each server its slices, with initial values in chunks.
+  std::vector<std::vector<std::pair<const PlacedSlice*, const char*>>> per_server(channels_.size());
+  for (size_t k = 0; k < keys.size(); ++k) {
+    const size_t esize = DTypeSize(keys[k].dtype);
+    for (const PlacedSlice& s : placed[k]->slices) {
+      const char* data = keys[k].initial == nullptr
+                             ? nullptr
+                             : static_cast<const char*>(keys[k].initial) + s.spec.offset * esize;
+      per_server[static_cast<size_t>(s.server)].push_back({&s, data});
+    }
+  }
+  DT_RETURN_IF_ERROR(ForEachServer([&](int i) -> absl::Status {
+    const auto& slices = per_server[static_cast<size_t>(i)];
+    if (slices.empty()) return absl::OkStatus();
+    return WithRetries([&]() -> absl::Status {
+      auto stub = v1::KVStore::NewStub(channels_[static_cast<size_t>(i)]);
+      grpc::ClientContext ctx;
+      ctx.set_deadline(Deadline(options_.rpc_timeout));
+      ctx.set_wait_for_ready(true);
+      v1::InitResponse response;
+      std::unique_ptr<grpc::ClientWriter<v1::InitRequest>> writer(stub->Init(&ctx, &response));
+      v1::InitRequest message;
+      message.set_job(options_.job);
+      for (const auto& [slice, data] : slices) *message.add_slices() = ToProto(slice->spec);
+      int64_t budget = options_.chunk_bytes;
+      bool ok = true;
+      for (size_t item = 0; item < slices.size() && ok; ++item) {
+        const auto& [slice, data] = slices[item];
+        if (data == nullptr) continue;
+        const int64_t bytes =
+            slice->spec.count * static_cast<int64_t>(DTypeSize(slice->spec.dtype));
+        for (int64_t off = 0; off < bytes && ok;) {
+          int64_t take = std::min(bytes - off, budget);
+          v1::Chunk* chunk = message.add_chunks();
+          chunk->set_item(static_cast<int32_t>(item));
+          chunk->set_offset(off);
+          chunk->set_data(data + off, static_cast<size_t>(take));
+          off += take;
+          budget -= take;
+          if (budget == 0) {
+            ok = writer->Write(message);
+            message.Clear();
+            budget = options_.chunk_bytes;
+          }
+        }
+      }
+      if (ok) writer->WriteLast(message, grpc::WriteOptions());
+      return FromGrpcStatus(writer->Finish(),
+                            absl::StrCat("KVStore.Init to ", options_.servers[i]));
+    });
+  }));
+  absl::MutexLock lock(&mu_);
+  for (auto& key : placed) {
+    auto it = keys_.find(key->spec.key);
+    if (it == keys_.end()) keys_.emplace(key->spec.key, std::move(key));
+  }
+  return absl::OkStatus();
+}
+
+Pending KVClient::PushAsync(std::vector<PushSource> items) {
+  return PushImpl(std::move(items), /*run_one_inline=*/false);
+}
+
+absl::Status KVClient::Push(std::vector<PushSource> items) {
+  return PushImpl(std::move(items), /*run_one_inline=*/true).Wait();
+}
+
+Pending KVClient::PushImpl(std::vector<PushSource> items, bool run_one_inline) {
+  std::vector<Work> work;
+  std::vector<std::shared_ptr<Pending::State>> deps;
+  auto state = std::make_shared<Pending::State>();
+  {
+    absl::MutexLock lock(&mu_);
+    std::set<std::string> names;
+    std::vector<Key*> keys;
+    for (const PushSource& item : items) {
+      auto it = keys_.find(item.key);
+      if (it == keys_.end()) {
+        return Failed(absl::NotFoundError(
+            absl::StrCat("push of key '", item.key, "': not Init'ed by this client")));
+      }
+      if (item.data == nullptr) {
+        return Failed(
+            absl::InvalidArgumentError(absl::StrCat("push of key '", item.key, "': no data")));
+      }
+      if (!names.insert(item.key).second) {
+        return Failed(absl::InvalidArgumentError(
+            absl::StrCat("key '", item.key, "' appears twice in one push")));
+      }
+      keys.push_back(it->second.get());
+    }
+    for (size_t k = 0; k < items.size(); ++k) {
+      Key* key = keys[k];
+      const size_t esize = DTypeSize(key->spec.dtype);
+      for (size_t i = 0; i < key->slices.size(); ++i) {
+        Work w;
+        w.key = key;
+        w.slice = &key->slices[i];
+        w.round = ++key->pushed[i];
+        w.src = static_cast<const char*>(items[k].data) + w.slice->spec.offset * esize;
+        work.push_back(w);
+      }
+      if (key->last) deps.push_back(key->last);
+      key->last = state;
+    }
+  }
+  return Start(Op::kPush, std::move(work), std::move(deps), std::move(state), run_one_inline);
+}
+
+Pending KVClient::PullAsync(std::vector<PullTarget> items) {
+  return PullImpl(std::move(items), /*run_one_inline=*/false);
+}
+
+absl::Status KVClient::Pull(std::vector<PullTarget> items) {
+  return PullImpl(std::move(items), /*run_one_inline=*/true).Wait();
+}
+
+Pending KVClient::PullImpl(std::vector<PullTarget> items, bool run_one_inline) {
+  std::vector<Work> work;
+  std::vector<std::shared_ptr<Pending::State>> deps;
+  auto state = std::make_shared<Pending::State>();
+  {
+    absl::MutexLock lock(&mu_);
+    std::vector<Key*> keys;
+    for (const PullTarget& item : items) {
+      auto it = keys_.find(item.key);
+      if (it == keys_.end()) {
+        return Failed(absl::NotFoundError(
+            absl::StrCat("pull of key '", item.key, "': not Init'ed by this client")));
+      }
+      if (item.data == nullptr) {
+        return Failed(absl::InvalidArgumentError(
+            absl::StrCat("pull of key '", item.key, "': no destination buffer")));
+      }
+      if (item.round < kLastPushedRound) {
+        return Failed(absl::InvalidArgumentError(
+            absl::StrCat("pull of key '", item.key, "': round ", item.round, " is invalid")));
+      }
+      keys.push_back(it->second.get());
+    }
+    for (size_t k = 0; k < items.size(); ++k) {
+      Key* key = keys[k];
+      const size_t esize = DTypeSize(key->spec.dtype);
+      for (size_t i = 0; i < key->slices.size(); ++i) {
+        Work w;
+        w.key = key;
+        w.slice = &key->slices[i];
+        w.round = items[k].round == kLastPushedRound ? key->pushed[i] : items[k].round;
+        w.dst = static_cast<char*>(items[k].data) + w.slice->spec.offset * esize;
+        work.push_back(w);
+      }
+      if (key->last && (deps.empty() || deps.back() != key->last)) deps.push_back(key->last);
+      key->last = state;
+    }
+  }
+  return Start(Op::kPull, std::move(work), std::move(deps), std::move(state), run_one_inline);
+}
+
+Pending KVClient::PushPullAsync(std::vector<PushPullItem> items) {
+  return PushPullImpl(std::move(items), /*run_one_inline=*/false);
+}
+
+absl::Status KVClient::PushPull(std::vector<PushPullItem> items) {
+  return PushPullImpl(std::move(items), /*run_one_inline=*/true).Wait();
+}
+
+Pending KVClient::PushPullImpl(std::vector<PushPullItem> items, bool run_one_inline) {
+  std::vector<Work> work;
+  std::vector<std::shared_ptr<Pending::State>> deps;
+  auto state = std::make_shared<Pending::State>();
+  {
+    absl::MutexLock lock(&mu_);
+    std::set<std::string> names;
+    std::vector<Key*> keys;
+    for (const PushPullItem& item : items) {
+      auto it = keys_.find(item.key);
+      if (it == keys_.end()) {
+        return Failed(absl::NotFoundError(
+            absl::StrCat("push-pull of key '", item.key, "': not Init'ed by this client")));
+      }
+      if (item.src == nullptr || item.dst == nullptr) {
+        return Failed(absl::InvalidArgumentError(
+            absl::StrCat("push-pull of key '", item.key, "': missing source or destination")));
+      }
+      if (!names.insert(item.key).second) {
+        return Failed(absl::InvalidArgumentError(
+            absl::StrCat("key '", item.key, "' appears twice in one push-pull")));
+      }
+      keys.push_back(it->second.get());
+    }
+    for (size_t k = 0; k < items.size(); ++k) {
+      Key* key = keys[k];
+      const size_t esize = DTypeSize(key->spec.dtype);
+      for (size_t i = 0; i < key->slices.size(); ++i) {
+        Work w;
+        w.key = key;
+        w.slice = &key->slices[i];
+        w.round = ++key->pushed[i];
+        w.src = static_cast<const char*>(items[k].src) + w.slice->spec.offset * esize;
+        w.dst = static_cast<char*>(items[k].dst) + w.slice->spec.offset * esize;
+        work.push_back(w);
+      }
+      if (key->last) deps.push_back(key->last);
+      key->last = state;
+    }
+  }
+  return Start(Op::kPushPull, std::move(work), std::move(deps), std::move(state), run_one_inline);
+}
+
+Pending KVClient::Start(Op op, std::vector<Work> work,
+                        std::vector<std::shared_ptr<Pending::State>> deps,
+                        std::shared_ptr<Pending::State> state, bool run_one_inline) {
+  std::map<int, std::vector<Work>> by_server;
+  for (const Work& w : work) by_server[w.slice->server].push_back(w);
+  {
+    absl::MutexLock lock(&state->mu);
+    state->remaining = static_cast<int>(by_server.size());
+  }
+  auto shared_deps =
+      std::make_shared<std::vector<std::shared_ptr<Pending::State>>>(std::move(deps));
+  std::function<void()> inline_task;
+  for (auto& [server, server_work] : by_server) {
+    std::function<void()> task = [this, op, server = server, w = std::move(server_work), state,
+                                  shared_deps]() {
+      // Operations on the same keys run in the order they were issued.
+      for (const auto& dep : *shared_deps) {
+        if (dep != state) dep->WaitTasks();
+      }
+      state->Finish(RunOnServer(op, server, w, state));
+    };
+    if (run_one_inline && !inline_task) {
+      inline_task = std::move(task);
+    } else {
+      pool_->Schedule(std::move(task));
+    }
+  }
+  if (inline_task) inline_task();
+  return Pending(std::move(state));
+}
+
+absl::Status KVClient::RunOnServer(Op op, int server, const std::vector<Work>& work,
+                                   const std::shared_ptr<Pending::State>& state) {
+  return WithRetries([&] {
+    return op == Op::kPull ? PullOnce(server, work)
+                           : PushOnce(server, work, op == Op::kPushPull, state);
+  });
+}
+
+namespace {
+
+// Value bytes of a slice in its key's dtype.
+int64_t SliceBytes(const SliceSpec& spec) {
+  return spec.count * static_cast<int64_t>(DTypeSize(spec.dtype));
+}
+
+// The slice's source values as they go on the wire: the caller's memory
+// itself (pinned by `token`), or a converted copy.
+grpc::Slice WireSlice(const SliceSpec& spec, const char* src, Compression compression,
+                      const std::shared_ptr<PinToken>& token) {
+  const DType wire = WireDType(spec.dtype, compression);
+  if (wire == spec.dtype) {
+    return wire::SharedSlice(token, src, static_cast<size_t>(SliceBytes(spec)));
+  }
+  std::vector<float> values(static_cast<size_t>(spec.count));
+  absl::string_view whole(src, static_cast<size_t>(SliceBytes(spec)));
+  absl::Status decoded = DecodeValue({whole}, spec.dtype, spec.count, values.data(), false);
+  DT_CHECK(decoded.ok()) << decoded;
+  auto encoded = std::make_shared<std::string>(EncodeToString(values.data(), spec.count, wire));
+  const char* data = encoded->data();
+  size_t size = encoded->size();
+  return wire::SharedSlice(std::move(encoded), data, size);
+}
+
+// Where a pulled item goes.
+struct Target {
+  const SliceSpec* spec;
+  char* dst;
+};
+
+// Reads a pull reply (a stream of PullResponse messages, through `read`)
+// into the targets; checks that the reply covers every item exactly.
+absl::Status ReadPullReply(const std::function<bool(grpc::ByteBuffer*)>& read,
+                           const std::vector<Target>& targets, const std::string& server) {
+  auto bad = [&](auto&&... parts) {
+    return absl::DataLossError(absl::StrCat("pull reply from ", server, ": ", parts...));
+  };
+  std::vector<int64_t> expected(targets.size(), -1);
+  std::vector<int64_t> received(targets.size(), 0);
+  bool first = true;
+  grpc::ByteBuffer buffer;
+  while (read(&buffer)) {
+    v1::PullResponse header;
+    wire::Decoded decoded;
+    absl::Status parsed = wire::Decode(buffer, wire::kPullChunksField, &header, &decoded);
+    if (!parsed.ok()) return bad(parsed.message());
+    if (first) {
+      if (header.items_size() != static_cast<int>(targets.size())) {
+        return bad(header.items_size(), " items for ", targets.size(), " requested");
+      }
+      for (const v1::PulledItem& item : header.items()) {
+        if (item.item() < 0 || item.item() >= static_cast<int>(targets.size())) {
+          return bad("item index ", item.item());
+        }
+        const SliceSpec& spec = *targets[static_cast<size_t>(item.item())].spec;
+        if (item.dtype() != static_cast<int>(spec.dtype) || item.bytes() != SliceBytes(spec)) {
+          return bad("key '", spec.key, "' slice ", spec.slice, " came as ", item.bytes(),
+                     " bytes of dtype ", item.dtype(), ", expected ", SliceBytes(spec));
+        }
+        expected[static_cast<size_t>(item.item())] = item.bytes();
+      }
+      first = false;
+    } else if (header.items_size() != 0) {
+      return bad("items repeated in a later message");
+    }
+    for (const wire::InChunk& chunk : decoded.chunks) {
+      if (chunk.item < 0 || chunk.item >= static_cast<int>(targets.size())) {
+        return bad("chunk for item ", chunk.item);
+      }
+      const size_t i = static_cast<size_t>(chunk.item);
+      if (chunk.offset != received[i] ||
+          received[i] + static_cast<int64_t>(chunk.size) > expected[i]) {
+        return bad("chunk [", chunk.offset, ", +", chunk.size, ") of item ", i,
+                   " is out of order or too long");
+      }
+      char* out = targets[i].dst + chunk.offset;
+      for (absl::string_view piece : chunk.data) {
+        std::memcpy(out, piece.data(), piece.size());
+        out += piece.size();
+      }
+      received[i] += static_cast<int64_t>(chunk.size);
+    }
+  }
+  if (first) return absl::OkStatus();  // no reply: the call's status says why
+  for (size_t i = 0; i < targets.size(); ++i) {
+    if (received[i] != expected[i]) {
+      return bad("key '", targets[i].spec->key, "' slice ", targets[i].spec->slice, ": got ",
+                 received[i], " of ", expected[i], " bytes");
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status KVClient::PushOnce(int server, const std::vector<Work>& work, bool pull_back,
+                                const std::shared_ptr<Pending::State>& state) {
+  const std::string& address = options_.servers[static_cast<size_t>(server)];
+  v1::PushRequest header;
+  header.set_job(options_.job);
+  header.set_worker(options_.worker);
+  header.set_compression(ToProto(options_.compression));
+  auto token = std::make_shared<PinToken>(state);
+  std::vector<grpc::Slice> values;
+  for (const Work& w : work) {
+    v1::PushItem* item = header.add_items();
+    item->set_key(w.slice->spec.key);
+    item->set_slice(w.slice->spec.slice);
+    item->set_round(w.round);
+    item->set_dtype(static_cast<int>(w.slice->spec.dtype));
+    for (int64_t d : w.slice->spec.shape) item->add_shape(d);
+    values.push_back(WireSlice(w.slice->spec, w.src, options_.compression, token));
+  }
+  // Chunk the values into messages of chunk_bytes; the first carries the header.
+  std::vector<grpc::ByteBuffer> messages;
+  std::vector<wire::OutChunk> chunks;
+  int64_t budget = options_.chunk_bytes;
+  auto flush = [&] {
+    messages.push_back(wire::Encode(messages.empty() ? header : v1::PushRequest(),
+                                    wire::kPushChunksField, chunks));
+    chunks.clear();
+    budget = options_.chunk_bytes;
+  };
+  for (size_t i = 0; i < values.size(); ++i) {
+    const int64_t size = static_cast<int64_t>(values[i].size());
+    for (int64_t off = 0; off < size;) {
+      int64_t take = std::min(size - off, budget);
+      chunks.push_back({static_cast<int32_t>(i), off,
+                        values[i].sub(static_cast<size_t>(off), static_cast<size_t>(off + take))});
+      off += take;
+      budget -= take;
+      if (budget == 0) flush();
+    }
+  }
+  if (!chunks.empty() || messages.empty()) flush();
+  values.clear();
+  token.reset();  // the slices in `messages` hold the pin now
+
+  grpc::ClientContext ctx;
+  ctx.set_deadline(Deadline(pull_back ? options_.pull_timeout : options_.rpc_timeout));
+  ctx.set_wait_for_ready(true);
+  int64_t reply_bytes = 0;
+  for (const Work& w : work) reply_bytes += SliceBytes(w.slice->spec);
+  if (messages.size() == 1 && (!pull_back || reply_bytes <= options_.chunk_bytes)) {
+    // Everything fits in one message each way: a unary call is cheaper.
+    const char* which = pull_back ? "PushPull" : "Push";
+    grpc::internal::RpcMethod method(UnaryMethod(which).c_str(),
+                                     grpc::internal::RpcMethod::NORMAL_RPC);
+    grpc::ByteBuffer response;
+    grpc::Status status = grpc::internal::BlockingUnaryCall<grpc::ByteBuffer, grpc::ByteBuffer>(
+        channels_[static_cast<size_t>(server)].get(), method, &ctx, messages[0], &response);
+    messages.clear();
+    DT_RETURN_IF_ERROR(
+        FromGrpcStatus(status, absl::StrCat("KVStoreData.", which, "Unary to ", address)));
+    if (!pull_back) {
+      v1::PushResponse reply;
+      return wire::ParseSmall(response, &reply, "PushResponse");
+    }
+    std::vector<Target> targets;
+    for (const Work& w : work) targets.push_back({&w.slice->spec, w.dst});
+    DT_RETURN_IF_ERROR(ReadPullReply(Once(response), targets, address));
+    return absl::OkStatus();
+  }
+  if (!pull_back) {
+    grpc::internal::RpcMethod method(PushMethod().c_str(),
+                                     grpc::internal::RpcMethod::CLIENT_STREAMING);
+    grpc::ByteBuffer response;
+    std::unique_ptr<grpc::ClientWriter<grpc::ByteBuffer>> writer(
+        grpc::internal::ClientWriterFactory<grpc::ByteBuffer>::Create(
+            channels_[static_cast<size_t>(server)].get(), method, &ctx, &response));
+    for (size_t m = 0; m < messages.size(); ++m) {
+      bool ok = m + 1 < messages.size()
+                    ? writer->Write(messages[m])
+                    : writer->Write(messages[m], grpc::WriteOptions().set_last_message());
+      if (!ok) break;  // the server ended the call; Finish says why
+    }
+    messages.clear();
+    DT_RETURN_IF_ERROR(
+        FromGrpcStatus(writer->Finish(), absl::StrCat("KVStoreData.Push to ", address)));
+    v1::PushResponse reply;
+    return wire::ParseSmall(response, &reply, "PushResponse");
+  }
+  grpc::internal::RpcMethod method(PushPullMethod().c_str(),
+                                   grpc::internal::RpcMethod::BIDI_STREAMING);
+  std::unique_ptr<grpc::ClientReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer>> stream(
+      grpc::internal::ClientReaderWriterFactory<grpc::ByteBuffer, grpc::ByteBuffer>::Create(
+          channels_[static_cast<size_t>(server)].get(), method, &ctx));
+  for (size_t m = 0; m < messages.size(); ++m) {
+    bool ok = m + 1 < messages.size()
+                  ? stream->Write(messages[m])
+                  : stream->Write(messages[m], grpc::WriteOptions().set_last_message());
+    if (!ok) break;
+  }
+  messages.clear();
+  std::vector<Target> targets;
+  for (const Work& w : work) targets.push_back({&w.slice->spec, w.dst});
+  absl::Status read =
+      ReadPullReply([&](grpc::ByteBuffer* b) { return stream->Read(b); }, targets, address);
+  if (!read.ok()) ctx.TryCancel();
+  absl::Status finished =
+      FromGrpcStatus(stream->Finish(), absl::StrCat("KVStoreData.PushPull to ", address));
+  DT_RETURN_IF_ERROR(finished);
+  return read;
+}
+
+absl::Status KVClient::PullOnce(int server, const std::vector<Work>& work) {
+  const std::string& address = options_.servers[static_cast<size_t>(server)];
+  v1::PullRequest request;
+  request.set_job(options_.job);
+  request.set_worker(options_.worker);
+  std::vector<Target> targets;
+  for (const Work& w : work) {
+    v1::PullItem* item = request.add_items();
+    item->set_key(w.slice->spec.key);
+    item->set_slice(w.slice->spec.slice);
+    item->set_round(w.round);
+    targets.push_back({&w.slice->spec, w.dst});
+  }
+  grpc::ClientContext ctx;
+  ctx.set_deadline(Deadline(options_.pull_timeout));
+  ctx.set_wait_for_ready(true);
+  int64_t reply_bytes = 0;
+  for (const Work& w : work) reply_bytes += SliceBytes(w.slice->spec);
+  if (reply_bytes <= options_.chunk_bytes) {
+    grpc::internal::RpcMethod method(UnaryMethod("Pull").c_str(),
+                                     grpc::internal::RpcMethod::NORMAL_RPC);
+    grpc::ByteBuffer response;
+    grpc::Status status = grpc::internal::BlockingUnaryCall<grpc::ByteBuffer, grpc::ByteBuffer>(
+        channels_[static_cast<size_t>(server)].get(), method, &ctx, wire::SerializeSmall(request),
+        &response);
+    DT_RETURN_IF_ERROR(FromGrpcStatus(status, absl::StrCat("KVStoreData.PullUnary to ", address)));
+    return ReadPullReply(Once(response), targets, address);
+  }
+  grpc::internal::RpcMethod method(PullMethod().c_str(),
+                                   grpc::internal::RpcMethod::SERVER_STREAMING);
+  std::unique_ptr<grpc::ClientReader<grpc::ByteBuffer>> reader(
+      grpc::internal::ClientReaderFactory<grpc::ByteBuffer>::Create(
+          channels_[static_cast<size_t>(server)].get(), method, &ctx,
+          wire::SerializeSmall(request)));
+  absl::Status read =
+      ReadPullReply([&](grpc::ByteBuffer* b) { return reader->Read(b); }, targets, address);
+  if (!read.ok()) ctx.TryCancel();
+  DT_RETURN_IF_ERROR(
+      FromGrpcStatus(reader->Finish(), absl::StrCat("KVStoreData.Pull to ", address)));
+  return read;
+}
+
+absl::StatusOr<JobStatus> KVClient::GetJob(int server, bool include_slices) {
+  if (server < 0 || server >= static_cast<int>(channels_.size())) {
+    return absl::InvalidArgumentError(absl::StrCat("no server ", server));
+  }
+  auto stub = v1::KVStore::NewStub(channels_[static_cast<size_t>(server)]);
+  v1::GetJobRequest request;
+  request.set_job(options_.job);
+  request.set_worker(options_.worker);
+  request.set_include_slices(include_slices);
+  v1::GetJobResponse response;
+  DT_RETURN_IF_ERROR(WithRetries([&] {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(Deadline(options_.rpc_timeout));
+    ctx.set_wait_for_ready(true);
+    return FromGrpcStatus(
+        stub->GetJob(&ctx, request, &response),
+        absl::StrCat("KVStore.GetJob to ", options_.servers[static_cast<size_t>(server)]));
+  }));
+  return FromProto(response);
+}
+
+absl::Status KVClient::Resync() {
+  std::vector<JobStatus> states(channels_.size());
+  DT_RETURN_IF_ERROR(ForEachServer([&](int i) -> absl::Status {
+    DT_ASSIGN_OR_RETURN(states[static_cast<size_t>(i)], GetJob(i, /*include_slices=*/true));
+    return absl::OkStatus();
+  }));
+  absl::MutexLock lock(&mu_);
+  for (const auto& [name, key] : keys_) {
+    if (key->last) key->last->WaitTasks();
+  }
+  for (size_t server = 0; server < states.size(); ++server) {
+    for (const SliceStatus& s : states[server].slices) {
+      auto it = keys_.find(s.spec.key);
+      if (it == keys_.end()) continue;
+      Key& key = *it->second;
+      for (size_t i = 0; i < key.slices.size(); ++i) {
+        if (key.slices[i].server == static_cast<int>(server) &&
+            key.slices[i].spec.slice == s.spec.slice) {
+          key.pushed[i] = s.pushed_round;
+        }
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<std::string>> KVClient::Snapshot() {
+  std::vector<std::string> paths(channels_.size());
+  DT_RETURN_IF_ERROR(ForEachServer([&](int i) -> absl::Status {
+    auto stub = v1::KVStore::NewStub(channels_[static_cast<size_t>(i)]);
+    v1::SnapshotRequest request;
+    v1::SnapshotResponse response;
+    DT_RETURN_IF_ERROR(WithRetries([&] {
+      grpc::ClientContext ctx;
+      ctx.set_deadline(Deadline(options_.rpc_timeout));
+      ctx.set_wait_for_ready(true);
+      return FromGrpcStatus(stub->Snapshot(&ctx, request, &response),
+                            absl::StrCat("KVStore.Snapshot to ", options_.servers[i]));
+    }));
+    paths[static_cast<size_t>(i)] = response.path();
+    return absl::OkStatus();
+  }));
+  return paths;
+}
+
+absl::StatusOr<int64_t> KVClient::PushedRound(const std::string& key) const {
+  absl::MutexLock lock(&mu_);
+  auto it = keys_.find(key);
+  if (it == keys_.end()) {
+    return absl::NotFoundError(absl::StrCat("key '", key, "' not Init'ed by this client"));
+  }
+  return *std::min_element(it->second->pushed.begin(), it->second->pushed.end());
+}
+
+absl::StatusOr<std::vector<PlacedSlice>> KVClient::Placement(const std::string& key) const {
+  absl::MutexLock lock(&mu_);
+  auto it = keys_.find(key);
+  if (it == keys_.end()) {
+    return absl::NotFoundError(absl::StrCat("key '", key, "' not Init'ed by this client"));
+  }
+  return it->second->slices;
+}
+
+}  // namespace kvstore
+}  // namespace dtrain

@@ -1,0 +1,237 @@
+// KVClient: a worker's connection to a sharded kvstore (protos/kvstore.proto).
+//
+//   ClientOptions options;
+//   options.servers = {"10.0.0.1:7000", "10.0.0.2:7000"};   // shard i at servers[i]
+//   options.job = "resnet";
+//   options.worker = rank;
+//   DT_ASSIGN_OR_RETURN(std::unique_ptr<KVClient> kv, KVClient::Connect(options));
+//   DT_RETURN_IF_ERROR(kv->CreateJob(config));              // every worker may call it
+//   DT_RETURN_IF_ERROR(kv->Init({{"fc.weight", {10, 512}, DType::kF32, weights}}));
+//
+//   // Training step: push each bucket as soon as its gradients are ready...
+//   Pending bucket = kv->PushAsync({{"fc.weight", grad}, {"fc.bias", grad_b}});
+//   ... backward continues ...
+//   DT_RETURN_IF_ERROR(bucket.Wait());
+//   // ...then pull the new weights into the model's buffers.
+//   DT_RETURN_IF_ERROR(kv->Pull({{"fc.weight", weights}, {"fc.bias", bias}}));
+//
+// Placement (placement.h) is computed from the server list: small keys live
+// on one shard, large keys are sliced over all of them. An operation on a set
+// of keys sends one batched, chunked stream per shard, all shards in
+// parallel.
+//
+// Rounds. The client counts, per key, the rounds it has pushed: each push
+// of a key is the next round, and a pull (or push-pull) asks for the round
+// this worker pushed last, so under SYNC consistency it returns the result of
+// that round once every worker has pushed it. Operations on the same key run
+// in the order they were issued (a pull waits for the preceding push of its
+// key to be acknowledged). Pushes and pulls that fail with UNAVAILABLE,
+// DEADLINE_EXCEEDED or ABORTED are retried (max_attempts), as are the
+// idempotent control calls (CreateJob, Init, GetJob, Snapshot); the shard
+// applies a retried push at most once. After a shard restarted from a snapshot,
+// Resync() reloads the rounds from the shards.
+//
+// Buffers. Push sources and pull destinations are the caller's memory,
+// holding the whole key in its dtype (row-major). Pushes send it without
+// copying, so a source must stay valid and unchanged until the operation's
+// Pending is done; a destination is written until then.
+//
+// Errors are the shards' Status (see store.h), prefixed with the RPC and the
+// server ("KVStoreData.Push to 127.0.0.1:7001: ..."), or kInvalidArgument /
+// kNotFound from the client for an unknown key or a missing buffer.
+//
+// Performance: requests and replies that fit in one message go as unary
+// calls, larger ones stream in chunk_bytes messages. A process moving large
+// values should call TuneMallocForBulkTransfers() (malloc_tuning.h) at start.
+//
+// Thread-safety: a KVClient is thread-safe; operations may be issued from
+// several threads. Destroying it waits for operations in flight.
+#ifndef DTRAIN_LIBS_KVSTORE_CLIENT_H_
+#define DTRAIN_LIBS_KVSTORE_CLIENT_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/attributes.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "libs/kvstore/placement.h"
+#include "libs/kvstore/types.h"
+
+namespace grpc {
+class Channel;
+}  // namespace grpc
+
+namespace dtrain {
+namespace kvstore {
+
+struct ClientOptions {
+  // "host:port" of every shard; shard i must run with --shard_index=i.
+  std::vector<std::string> servers;
+  std::string job;
+  int worker = 0;
+  // Encoding of pushed f32 values (halves push traffic; see Compression).
+  Compression compression = Compression::kNone;
+  PlacementOptions placement;
+  // Value bytes per message. 1 MiB keeps messages far below the default
+  // 4 MiB limit while amortizing per-message costs.
+  int64_t chunk_bytes = 1 << 20;
+  // gRPC message-size limit for sending and receiving; the shards'
+  // --max_message_bytes must be at least chunk_bytes plus headers too.
+  int64_t max_message_bytes = 4 << 20;
+  // Deadline of control calls and pushes, per attempt.
+  absl::Duration rpc_timeout = absl::Seconds(60);
+  // Deadline of pulls and push-pulls, which wait for rounds, per attempt.
+  absl::Duration pull_timeout = absl::Minutes(5);
+  // Attempts of an operation that fails with a transient error.
+  int max_attempts = 3;
+  absl::Duration retry_backoff = absl::Milliseconds(50);
+};
+
+// A key to Init: `initial` (if not null) holds its value in `dtype`;
+// Init copies it before returning. Without it the key starts at zero.
+struct KeySpec {
+  std::string key;
+  std::vector<int64_t> shape;
+  DType dtype = DType::kF32;
+  const void* initial = nullptr;
+};
+
+struct PushSource {
+  std::string key;
+  const void* data = nullptr;  // the whole gradient, in the key's dtype
+};
+
+// Pull the round this worker pushed last (0, the initial value, if none).
+inline constexpr int64_t kLastPushedRound = -1;
+
+struct PullTarget {
+  std::string key;
+  void* data = nullptr;  // receives the whole key, in its dtype
+  int64_t round = kLastPushedRound;
+};
+
+struct PushPullItem {
+  std::string key;
+  const void* src = nullptr;
+  void* dst = nullptr;  // may equal src
+};
+
+// The result of an asynchronous operation, like a std::future<Status>.
+// Destroying a Pending that is not done waits for it (so buffers are never
+// used after their owner gave them up).
+class ABSL_MUST_USE_RESULT Pending {
+ public:
+  // A finished, successful operation.
+  Pending() = default;
+  Pending(Pending&&) noexcept = default;
+  Pending& operator=(Pending&& other) noexcept;
+  Pending(const Pending&) = delete;
+  Pending& operator=(const Pending&) = delete;
+  ~Pending();
+
+  // Blocks until the operation finished and gRPC released the caller's
+  // buffers; returns its first error. May be called more than once.
+  absl::Status Wait();
+  bool done() const;
+
+  struct State;
+  explicit Pending(std::shared_ptr<State> state) : state_(std::move(state)) {}
+
+ private:
+  std::shared_ptr<State> state_;
+};
+
+class KVClient {
+ public:
+  // Validates the options and opens a channel per server (connections are
+  // made lazily). kInvalidArgument for no servers, a bad worker id or chunk
+  // size.
+  static absl::StatusOr<std::unique_ptr<KVClient>> Connect(ClientOptions options);
+  ~KVClient();
+  KVClient(const KVClient&) = delete;
+  KVClient& operator=(const KVClient&) = delete;
+
+  const ClientOptions& options() const { return options_; }
+
+  // Creates the job on every shard (idempotent; see KVStore.CreateJob).
+  // config.job must equal options().job.
+  absl::Status CreateJob(const JobConfig& config);
+  absl::Status DeleteJob();
+
+  // Places the keys and creates their slices on the shards (idempotent: a
+  // key that exists with the same spec keeps its value). Every worker calls
+  // Init for the keys it uses; it is also how a client learns placement.
+  absl::Status Init(const std::vector<KeySpec>& keys);
+
+  // Pushes gradients as this worker's next round of each key.
+  Pending PushAsync(std::vector<PushSource> items);
+  absl::Status Push(std::vector<PushSource> items);
+
+  // Copies values into the caller's buffers (see Rounds above).
+  Pending PullAsync(std::vector<PullTarget> items);
+  absl::Status Pull(std::vector<PullTarget> items);
+
+  // Push then pull of the pushed round, one round trip per shard.
+  Pending PushPullAsync(std::vector<PushPullItem> items);
+  absl::Status PushPull(std::vector<PushPullItem> items);
+
+  // Sets this client's round counters to what the shards report for this
+  // worker (after a shard restarted from a snapshot, or a worker restarted).
+  absl::Status Resync();
+
+  // The job's state on shard `server`.
+  absl::StatusOr<JobStatus> GetJob(int server, bool include_slices);
+
+  // Asks every shard to write a snapshot now; returns the files.
+  absl::StatusOr<std::vector<std::string>> Snapshot();
+
+  // The round this worker last pushed for `key` (the lowest over its
+  // slices), or kNotFound for a key not Init'ed by this client.
+  absl::StatusOr<int64_t> PushedRound(const std::string& key) const;
+
+  // Where `key`'s slices live, or kNotFound.
+  absl::StatusOr<std::vector<PlacedSlice>> Placement(const std::string& key) const;
+
+ private:
+  struct Key;
+  struct Work;
+  class ThreadPool;
+  enum class Op { kPush, kPull, kPushPull };
+
+  explicit KVClient(ClientOptions options);
+  Pending PushImpl(std::vector<PushSource> items, bool run_one_inline);
+  Pending PullImpl(std::vector<PullTarget> items, bool run_one_inline);
+  Pending PushPullImpl(std::vector<PushPullItem> items, bool run_one_inline);
+  // Runs `work` grouped by server (one task each, in parallel) after `deps`
+  // finished; with run_one_inline one task runs on the calling thread.
+  Pending Start(Op op, std::vector<Work> work, std::vector<std::shared_ptr<Pending::State>> deps,
+                std::shared_ptr<Pending::State> state, bool run_one_inline);
+  absl::Status RunOnServer(Op op, int server, const std::vector<Work>& work,
+                           const std::shared_ptr<Pending::State>& state);
+  absl::Status PushOnce(int server, const std::vector<Work>& work, bool pull_back,
+                        const std::shared_ptr<Pending::State>& state);
+  absl::Status PullOnce(int server, const std::vector<Work>& work);
+  // Runs `attempt` until it succeeds, fails with a non-transient error, or
+  // max_attempts were made.
+  absl::Status WithRetries(const std::function<absl::Status()>& attempt);
+  // Runs fn(i) for every server in parallel; returns the first error.
+  absl::Status ForEachServer(const std::function<absl::Status(int)>& fn);
+
+  const ClientOptions options_;
+  std::vector<std::shared_ptr<grpc::Channel>> channels_;
+  std::unique_ptr<ThreadPool> pool_;
+  mutable absl::Mutex mu_;
+  absl::flat_hash_map<std::string, std::unique_ptr<Key>> keys_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace kvstore
+}  // namespace dtrain
+
+#endif  // DTRAIN_LIBS_KVSTORE_CLIENT_H_

@@ -1,0 +1,58 @@
+#include "libs/kvstore/placement.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "libs/base/status.h"
+
+namespace dtrain {
+namespace kvstore {
+
+uint64_t Fnv1a(absl::string_view s) {
+  uint64_t h = 14695981039346656037ull;
+  for (unsigned char c : s) {
+    h ^= c;
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+absl::StatusOr<std::vector<PlacedSlice>> PlaceKey(const std::string& key,
+                                                  const std::vector<int64_t>& shape, DType dtype,
+                                                  int num_servers,
+                                                  const PlacementOptions& options) {
+  if (num_servers < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("placement of key '", key, "' needs at least one server"));
+  }
+  SliceSpec whole;
+  whole.key = key;
+  whole.dtype = dtype;
+  whole.shape = shape;
+  DT_ASSIGN_OR_RETURN(int64_t n, CheckedNumElements(shape));
+  whole.count = n;
+  DT_RETURN_IF_ERROR(ValidateSliceSpec(whole));
+  const int home = static_cast<int>(Fnv1a(key) % static_cast<uint64_t>(num_servers));
+  const int64_t bytes = n * static_cast<int64_t>(DTypeSize(dtype));
+  int64_t slices = 1;
+  if (num_servers > 1 && bytes >= options.slice_threshold_bytes) {
+    slices = std::min<int64_t>({num_servers, n, kMaxSlicesPerKey});
+  }
+  std::vector<PlacedSlice> out;
+  for (int64_t i = 0; i < slices; ++i) {
+    PlacedSlice p;
+    p.server = static_cast<int>((home + i) % num_servers);
+    p.spec = whole;
+    p.spec.slice = static_cast<int32_t>(i);
+    p.spec.num_slices = static_cast<int32_t>(slices);
+    // 128-bit products: n * i may not fit in 64 bits for huge keys.
+    p.spec.offset = static_cast<int64_t>(static_cast<__int128>(n) * i / slices);
+    p.spec.count =
+        static_cast<int64_t>(static_cast<__int128>(n) * (i + 1) / slices) - p.spec.offset;
+    out.push_back(std::move(p));
+  }
+  return out;
+}
+
+}  // namespace kvstore
+}  // namespace dtrain

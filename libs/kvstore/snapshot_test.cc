@@ -1,0 +1,143 @@
+#include "libs/kvstore/snapshot.h"
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+
+namespace dtrain {
+namespace kvstore {
+namespace {
+
+std::string TempDir(const std::string& name) {
+  std::string dir =
+      absl::StrCat(std::getenv("TEST_TMPDIR") ? std::getenv("TEST_TMPDIR") : "/tmp", "/", name);
+  std::string cmd = absl::StrCat("rm -rf ", dir, " && mkdir -p ", dir);
+  EXPECT_EQ(std::system(cmd.c_str()), 0);
+  return dir;
+}
+
+std::string F32(const std::vector<float>& v) {
+  return std::string(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(float));
+}
+
+absl::Status Push(Store& s, int worker, int64_t round, const std::vector<float>& g) {
+  std::string bytes = F32(g);
+  return s.Push("j", worker, Compression::kNone, {{"w", 0, round, DType::kF32, {3}, {bytes}}})
+      .status();
+}
+
+std::string Value(Store& s) {
+  auto v = s.Pull("j", 0, {{"w", 0, 0}}, PullOptions());
+  EXPECT_TRUE(v.ok()) << v.status();
+  return std::string((*v)[0].bytes.view());
+}
+
+void Fill(Store& store) {
+  JobConfig c;
+  c.job = "j";
+  c.num_workers = 2;
+  c.optimizer = OptimizerKind::kSgd;
+  c.learning_rate = 0.1;
+  c.momentum = 0.9;
+  c.weight_decay = 1.0 / 3;  // needs all 17 digits to round-trip
+  ASSERT_TRUE(store.CreateJob(c).ok());
+  SliceSpec spec;
+  spec.key = "w";
+  spec.shape = {3};
+  spec.count = 3;
+  std::string init = F32({0.1f, 0.2f, 0.3f});
+  ASSERT_TRUE(store.Init("j", {{spec, {init}}}).ok());
+  ASSERT_TRUE(Push(store, 0, 1, {1, 2, 3}).ok());
+  ASSERT_TRUE(Push(store, 1, 1, {3, 2, 1}).ok());
+  ASSERT_TRUE(Push(store, 0, 2, {0.5f, 0.5f, 0.5f}).ok());  // round 2 half pushed
+}
+
+TEST(SnapshotTest, RoundTripResumesExactly) {
+  std::string dir = TempDir("roundtrip");
+  Store store{StoreOptions()};
+  Fill(store);
+  absl::StatusOr<SnapshotInfo> info = WriteSnapshot(store, dir);
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_EQ(info->path, dir + "/kvstore-shard-0.dtckpt");
+  EXPECT_EQ(info->slices, 1);
+
+  Store restored{StoreOptions()};
+  ASSERT_EQ(*LoadSnapshot(dir, &restored), true);
+  EXPECT_EQ(Value(restored), Value(store));
+  EXPECT_EQ(restored.GetJob("j", 0, false)->config, store.GetJob("j", 0, false)->config);
+  // Both finish round 2 identically (the half-pushed round survived).
+  for (Store* s : {&store, &restored}) ASSERT_TRUE(Push(*s, 1, 2, {1, 1, 1}).ok());
+  EXPECT_EQ(Value(restored), Value(store));
+  EXPECT_EQ(restored.GetJob("j", 1, true)->slices[0].pushed_round, 2);
+}
+
+TEST(SnapshotTest, MissingDamagedAndForeignSnapshots) {
+  std::string dir = TempDir("damaged");
+  Store empty{StoreOptions()};
+  EXPECT_EQ(*LoadSnapshot(dir, &empty), false);
+
+  Store store{StoreOptions()};
+  Fill(store);
+  ASSERT_TRUE(WriteSnapshot(store, dir).ok());
+  // Another shard's file name is not ours.
+  StoreOptions other;
+  other.shard_index = 1;
+  Store shard1{other};
+  EXPECT_EQ(*LoadSnapshot(dir, &shard1), false);
+  ASSERT_EQ(std::rename((dir + "/kvstore-shard-0.dtckpt").c_str(),
+                        (dir + "/kvstore-shard-1.dtckpt").c_str()),
+            0);
+  EXPECT_EQ(LoadSnapshot(dir, &shard1).status().code(), absl::StatusCode::kFailedPrecondition);
+  ASSERT_EQ(std::rename((dir + "/kvstore-shard-1.dtckpt").c_str(),
+                        (dir + "/kvstore-shard-0.dtckpt").c_str()),
+            0);
+  // Flip a byte in the middle: the checksum catches it, nothing is loaded.
+  {
+    std::fstream f(dir + "/kvstore-shard-0.dtckpt",
+                   std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(0, std::ios::end);
+    std::streamoff size = f.tellg();
+    f.seekp(size / 2);
+    char c = 0;
+    f.seekg(size / 2);
+    f.read(&c, 1);
+    c ^= 0x10;
+    f.seekp(size / 2);
+    f.write(&c, 1);
+  }
+  Store damaged{StoreOptions()};
+  EXPECT_EQ(LoadSnapshot(dir, &damaged).status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_TRUE(damaged.JobNames().empty());
+}
+
+TEST(SnapshotTest, SnapshotterWritesWhenChanged) {
+  std::string dir = TempDir("snapshotter");
+  Store store{StoreOptions()};
+  Fill(store);
+  Snapshotter snapshotter(&store, dir, absl::Milliseconds(20));
+  absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (snapshotter.snapshots_written() == 0 && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  ASSERT_GE(snapshotter.snapshots_written(), 1);
+  snapshotter.Stop();
+  int64_t written = snapshotter.snapshots_written();
+  EXPECT_EQ(*snapshotter.SnapshotIfChanged(), false);
+  ASSERT_TRUE(Push(store, 1, 2, {1, 1, 1}).ok());
+  EXPECT_EQ(*snapshotter.SnapshotIfChanged(), true);
+  EXPECT_EQ(snapshotter.snapshots_written(), written + 1);
+  Store restored{StoreOptions()};
+  ASSERT_TRUE(*LoadSnapshot(dir, &restored));
+  EXPECT_EQ(Value(restored), Value(store));
+  // No data directory: nothing written.
+  Snapshotter none(&store, "", absl::Milliseconds(1));
+  EXPECT_TRUE(none.SnapshotNow()->path.empty());
+}
+
+}  // namespace
+}  // namespace kvstore
+}  // namespace dtrain

@@ -1,0 +1,172 @@
+#include "libs/kvstore/types.h"
+
+#include <cmath>
+#include <limits>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace dtrain {
+namespace kvstore {
+
+const char* ConsistencyName(Consistency c) {
+  switch (c) {
+    case Consistency::kSync:
+      return "sync";
+    case Consistency::kAsync:
+      return "async";
+    case Consistency::kBoundedDelay:
+      return "bounded_delay";
+  }
+  return "?";
+}
+
+const char* OptimizerName(OptimizerKind o) {
+  switch (o) {
+    case OptimizerKind::kNone:
+      return "none";
+    case OptimizerKind::kSgd:
+      return "sgd";
+  }
+  return "?";
+}
+
+bool JobConfig::operator==(const JobConfig& o) const {
+  return job == o.job && num_workers == o.num_workers && consistency == o.consistency &&
+         max_delay == o.max_delay && optimizer == o.optimizer && learning_rate == o.learning_rate &&
+         momentum == o.momentum && weight_decay == o.weight_decay &&
+         gradient_scale == o.gradient_scale;
+}
+
+absl::Status ValidateJobConfig(const JobConfig& c) {
+  auto bad = [&](auto&&... parts) {
+    return absl::InvalidArgumentError(absl::StrCat("job '", c.job, "': ", parts...));
+  };
+  if (c.job.empty() || c.job.size() > kMaxJobNameLength) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("job name must have 1 to ", kMaxJobNameLength, " bytes, got ", c.job.size()));
+  }
+  if (c.num_workers < 1 || c.num_workers > kMaxWorkers) {
+    return bad("num_workers must be 1 to ", kMaxWorkers, ", got ", c.num_workers);
+  }
+  if (c.consistency == Consistency::kBoundedDelay) {
+    if (c.max_delay < 0) return bad("max_delay must be >= 0, got ", c.max_delay);
+  } else if (c.max_delay != 0) {
+    return bad("max_delay=", c.max_delay, " is only meaningful with bounded_delay consistency");
+  }
+  if (!(c.gradient_scale > 0) || !std::isfinite(c.gradient_scale)) {
+    return bad("gradient_scale must be positive and finite, got ", c.gradient_scale);
+  }
+  if (c.optimizer == OptimizerKind::kNone) {
+    if (c.learning_rate != 0 || c.momentum != 0 || c.weight_decay != 0) {
+      return bad("learning_rate, momentum and weight_decay need optimizer=sgd");
+    }
+  } else {
+    if (!(c.learning_rate > 0) || !std::isfinite(c.learning_rate)) {
+      return bad("learning_rate must be positive and finite, got ", c.learning_rate);
+    }
+    if (!(c.momentum >= 0 && c.momentum < 1)) {
+      return bad("momentum must be in [0, 1), got ", c.momentum);
+    }
+    if (!(c.weight_decay >= 0) || !std::isfinite(c.weight_decay)) {
+      return bad("weight_decay must be >= 0 and finite, got ", c.weight_decay);
+    }
+  }
+  return absl::OkStatus();
+}
+
+std::string DescribeJobConfig(const JobConfig& c) {
+  std::string s = absl::StrCat("job=", c.job, " workers=", c.num_workers,
+                               " consistency=", ConsistencyName(c.consistency));
+  if (c.consistency == Consistency::kBoundedDelay) absl::StrAppend(&s, " max_delay=", c.max_delay);
+  absl::StrAppend(&s, " optimizer=", OptimizerName(c.optimizer));
+  if (c.optimizer == OptimizerKind::kSgd) {
+    absl::StrAppend(&s, " lr=", c.learning_rate, " momentum=", c.momentum,
+                    " weight_decay=", c.weight_decay);
+  }
+  if (c.gradient_scale != 1) absl::StrAppend(&s, " gradient_scale=", c.gradient_scale);
+  return s;
+}
+
+bool SliceSpec::operator==(const SliceSpec& o) const {
+  return key == o.key && slice == o.slice && num_slices == o.num_slices && dtype == o.dtype &&
+         shape == o.shape && offset == o.offset && count == o.count;
+}
+
+std::string ShapeString(const std::vector<int64_t>& shape) {
+  return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
+}
+
+std::string DescribeSlice(const SliceSpec& s) {
+  return absl::StrCat("key '", s.key, "' slice ", s.slice, "/", s.num_slices, " ",
+                      DTypeName(s.dtype), ShapeString(s.shape), " elements [", s.offset, ", ",
+                      s.offset + s.count, ")");
+}
+
+absl::StatusOr<int64_t> CheckedNumElements(const std::vector<int64_t>& shape) {
+  if (shape.size() > static_cast<size_t>(kMaxRank)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("shape ", ShapeString(shape), " has rank ", shape.size(), " > ", kMaxRank));
+  }
+  int64_t n = 1;
+  for (int64_t d : shape) {
+    if (d < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("shape ", ShapeString(shape), " has a negative dimension"));
+    }
+    if (d != 0 && n > std::numeric_limits<int64_t>::max() / 8 / d) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("shape ", ShapeString(shape), " has too many elements"));
+    }
+    n *= d;
+  }
+  return n;
+}
+
+absl::Status CheckFloatDType(DType dtype) {
+  if (dtype == DType::kF32 || dtype == DType::kF16 || dtype == DType::kBF16) {
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "dtype ", DTypeName(dtype), " is not supported: the kvstore holds f32, f16 or bf16 keys"));
+}
+
+absl::Status ValidateSliceSpec(const SliceSpec& s) {
+  if (s.key.empty() || s.key.size() > kMaxKeyLength) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("key name must have 1 to ", kMaxKeyLength, " bytes, got ", s.key.size()));
+  }
+  auto bad = [&](auto&&... parts) {
+    return absl::InvalidArgumentError(absl::StrCat("key '", s.key, "': ", parts...));
+  };
+  if (s.num_slices < 1 || s.num_slices > kMaxSlicesPerKey) {
+    return bad("num_slices must be 1 to ", kMaxSlicesPerKey, ", got ", s.num_slices);
+  }
+  if (s.slice < 0 || s.slice >= s.num_slices) {
+    return bad("slice ", s.slice, " is outside 0..", s.num_slices - 1);
+  }
+  absl::Status dtype_ok = CheckFloatDType(s.dtype);
+  if (!dtype_ok.ok()) return bad(dtype_ok.message());
+  absl::StatusOr<int64_t> n = CheckedNumElements(s.shape);
+  if (!n.ok()) return bad(n.status().message());
+  if (s.offset < 0 || s.count < 0 || s.offset > *n || s.count > *n - s.offset) {
+    return bad("slice elements [", s.offset, ", ", s.offset + s.count, ") are outside the key's ",
+               *n, " elements");
+  }
+  return absl::OkStatus();
+}
+
+DType WireDType(DType key_dtype, Compression compression) {
+  switch (compression) {
+    case Compression::kNone:
+      return key_dtype;
+    case Compression::kF16:
+      return DType::kF16;
+    case Compression::kBF16:
+      return DType::kBF16;
+  }
+  return key_dtype;
+}
+
+}  // namespace kvstore
+}  // namespace dtrain

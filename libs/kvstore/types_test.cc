@@ -1,0 +1,75 @@
+#include "libs/kvstore/types.h"
+
+#include "absl/strings/match.h"
+#include "gtest/gtest.h"
+
+namespace dtrain {
+namespace kvstore {
+namespace {
+
+TEST(TypesTest, JobConfigValidation) {
+  JobConfig c;
+  c.job = "j";
+  c.num_workers = 2;
+  EXPECT_TRUE(ValidateJobConfig(c).ok());
+  struct Case {
+    const char* what;
+    void (*mutate)(JobConfig&);
+  } cases[] = {
+      {"num_workers", [](JobConfig& c) { c.num_workers = 0; }},
+      {"max_delay", [](JobConfig& c) { c.max_delay = 2; }},
+      {"sgd", [](JobConfig& c) { c.momentum = 0.9; }},
+      {"learning_rate", [](JobConfig& c) { c.optimizer = OptimizerKind::kSgd; }},
+      {"momentum",
+       [](JobConfig& c) {
+         c.optimizer = OptimizerKind::kSgd;
+         c.learning_rate = 0.1;
+         c.momentum = 1.0;
+       }},
+      {"gradient_scale", [](JobConfig& c) { c.gradient_scale = 0; }},
+      {"max_delay",
+       [](JobConfig& c) {
+         c.consistency = Consistency::kBoundedDelay;
+         c.max_delay = -1;
+       }},
+  };
+  for (const Case& k : cases) {
+    SCOPED_TRACE(k.what);
+    JobConfig bad = c;
+    k.mutate(bad);
+    absl::Status s = ValidateJobConfig(bad);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_TRUE(absl::StrContains(s.message(), k.what)) << s;
+  }
+  EXPECT_TRUE(absl::StrContains(DescribeJobConfig(c), "consistency=sync"));
+}
+
+TEST(TypesTest, SliceSpecValidation) {
+  SliceSpec s;
+  s.key = "w";
+  s.shape = {2, 3};
+  s.count = 6;
+  EXPECT_TRUE(ValidateSliceSpec(s).ok());
+  EXPECT_EQ(DescribeSlice(s), "key 'w' slice 0/1 f32[2, 3] elements [0, 6)");
+  SliceSpec bad = s;
+  bad.offset = 1;
+  EXPECT_FALSE(ValidateSliceSpec(bad).ok());
+  bad = s;
+  bad.slice = 1;
+  EXPECT_FALSE(ValidateSliceSpec(bad).ok());
+  bad = s;
+  bad.shape = {1, 2, 3, 4, 5, 6, 7, 8, 9};
+  EXPECT_FALSE(ValidateSliceSpec(bad).ok());
+  bad = s;
+  bad.shape = {int64_t{1} << 40, int64_t{1} << 40};
+  EXPECT_FALSE(ValidateSliceSpec(bad).ok());
+  bad = s;
+  bad.key = std::string(kMaxKeyLength + 1, 'k');
+  EXPECT_FALSE(ValidateSliceSpec(bad).ok());
+  EXPECT_EQ(WireDType(DType::kF32, Compression::kBF16), DType::kBF16);
+  EXPECT_EQ(WireDType(DType::kF16, Compression::kNone), DType::kF16);
+}
+
+}  // namespace
+}  // namespace kvstore
+}  // namespace dtrain

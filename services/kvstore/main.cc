@@ -1,0 +1,104 @@
+// kvstore_server: one shard of the kvstore (sharded parameter server).
+//
+//   kvstore_server --listen=0.0.0.0:7070 --shard_index=0 --data_dir=/var/lib/kvstore
+//                  --metrics_listen=:9100 --snapshot_interval_s=60
+//                  --quota_bytes_per_job=8589934592 --max_message_bytes=4194304
+//
+// Serves dtrain.kvstore.v1.KVStore and KVStoreData, dtrain.admin.Admin, gRPC
+// health checking and reflection (see server.h). Resumes from the snapshot
+// in --data_dir if there is one. SIGTERM or SIGINT: stops taking calls, lets
+// calls in flight finish (--shutdown_grace_s), writes a final snapshot and
+// exits 0 (1 if that snapshot failed). Exit status 2 for bad flags, 1 when
+// the server cannot start (the reason on stderr).
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <string>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "libs/base/logging.h"
+#include "libs/base/signals.h"
+#include "libs/kvstore/malloc_tuning.h"
+#include "services/kvstore/server.h"
+
+ABSL_FLAG(std::string, listen, "0.0.0.0:7070", "gRPC address (port 0: any free port)");
+ABSL_FLAG(std::string, data_dir, "", "snapshot directory (empty: no snapshots)");
+ABSL_FLAG(int, shard_index, 0, "this shard's index in the clients' server list");
+ABSL_FLAG(std::string, metrics_listen, "",
+          "Prometheus /metrics address, e.g. :9100 (empty: no endpoint)");
+ABSL_FLAG(double, snapshot_interval_s, 60, "seconds between snapshots (<= 0: only at shutdown)");
+ABSL_FLAG(int64_t, quota_bytes_per_job, 0, "bytes a job may hold on this shard (0: no limit)");
+ABSL_FLAG(int64_t, max_message_bytes, 4 << 20, "gRPC send/receive limit per message");
+ABSL_FLAG(double, shutdown_grace_s, 10, "seconds calls in flight get to finish at shutdown");
+ABSL_FLAG(std::string, port_file, "",
+          "write the bound gRPC port here once serving (for scripts and tests)");
+
+namespace {
+
+// Writes `text` to `path` atomically (temporary file + rename).
+bool WriteFileAtomically(const std::string& path, const std::string& text) {
+  std::string tmp = absl::StrCat(path, ".tmp.", getpid());
+  {
+    std::ofstream f(tmp, std::ios::trunc);
+    f << text;
+    if (!f.good()) return false;
+  }
+  return std::rename(tmp.c_str(), path.c_str()) == 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage("One shard of the dtrain kvstore (sharded parameter server).");
+  absl::ParseCommandLine(argc, argv);
+  dtrain::kvstore::TuneMallocForBulkTransfers();
+  // Debian's Abseil is built with mutex deadlock detection on, which gRPC's
+  // many short-lived mutexes pay for on every call.
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
+  dtrain::kvstore::ServerOptions options;
+  options.listen = absl::GetFlag(FLAGS_listen);
+  options.data_dir = absl::GetFlag(FLAGS_data_dir);
+  options.shard_index = absl::GetFlag(FLAGS_shard_index);
+  options.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
+  options.snapshot_interval = absl::Seconds(absl::GetFlag(FLAGS_snapshot_interval_s));
+  options.quota_bytes_per_job = absl::GetFlag(FLAGS_quota_bytes_per_job);
+  options.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
+  if (options.shard_index < 0 || options.max_message_bytes <= 0 ||
+      options.quota_bytes_per_job < 0) {
+    std::fprintf(stderr,
+                 "kvstore_server: --shard_index, --max_message_bytes and --quota_bytes_per_job "
+                 "must not be negative\n");
+    return 2;
+  }
+
+  dtrain::ShutdownSignal& shutdown = dtrain::ShutdownSignal::Install();
+  absl::StatusOr<std::unique_ptr<dtrain::kvstore::KVStoreServer>> server =
+      dtrain::kvstore::KVStoreServer::Start(options);
+  if (!server.ok()) {
+    std::fprintf(stderr, "kvstore_server: %s\n", server.status().ToString().c_str());
+    return 1;
+  }
+  DT_LOG(INFO) << "kvstore shard " << options.shard_index << " listening on port "
+               << (*server)->port()
+               << ((*server)->metrics_port()
+                       ? absl::StrCat(", metrics on port ", (*server)->metrics_port())
+                       : std::string());
+  const std::string port_file = absl::GetFlag(FLAGS_port_file);
+  if (!port_file.empty() && !WriteFileAtomically(port_file, absl::StrCat((*server)->port()))) {
+    std::fprintf(stderr, "kvstore_server: cannot write --port_file=%s\n", port_file.c_str());
+    return 1;
+  }
+  int sig = shutdown.Wait();
+  DT_LOG(INFO) << "signal " << sig << ": shutting down";
+  absl::Status status = (*server)->Shutdown(absl::Seconds(absl::GetFlag(FLAGS_shutdown_grace_s)));
+  if (!status.ok()) {
+    std::fprintf(stderr, "kvstore_server: %s\n", status.ToString().c_str());
+    return 1;
+  }
+  return 0;
+}

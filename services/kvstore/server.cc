@@ -1,0 +1,738 @@
+#include "services/kvstore/server.h"
+
+#include <grpc/grpc.h>
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/health_check_service_interface.h>
+#include <grpcpp/impl/rpc_service_method.h>
+#include <grpcpp/security/server_credentials.h>
+#include <grpcpp/server.h>
+#include <grpcpp/server_builder.h>
+#include <grpcpp/server_context.h>
+#include <grpcpp/support/method_handler.h>
+#include <grpcpp/support/sync_stream.h>
+
+#include <atomic>
+#include <chrono>
+#include <deque>
+#include <functional>
+#include <map>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "libs/base/grpc_status.h"
+#include "libs/base/logging.h"
+#include "libs/base/status.h"
+#include "libs/kvstore/chunks.h"
+#include "libs/kvstore/proto_convert.h"
+#include "libs/kvstore/wire.h"
+#include "libs/metrics/metrics.h"
+#include "protos/admin.grpc.pb.h"
+#include "protos/kvstore.grpc.pb.h"
+
+namespace dtrain {
+namespace kvstore {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+const char* CodeName(absl::StatusCode code) {
+  switch (code) {
+    case absl::StatusCode::kOk:
+      return "OK";
+    case absl::StatusCode::kCancelled:
+      return "CANCELLED";
+    case absl::StatusCode::kUnknown:
+      return "UNKNOWN";
+    case absl::StatusCode::kInvalidArgument:
+      return "INVALID_ARGUMENT";
+    case absl::StatusCode::kDeadlineExceeded:
+      return "DEADLINE_EXCEEDED";
+    case absl::StatusCode::kNotFound:
+      return "NOT_FOUND";
+    case absl::StatusCode::kAlreadyExists:
+      return "ALREADY_EXISTS";
+    case absl::StatusCode::kPermissionDenied:
+      return "PERMISSION_DENIED";
+    case absl::StatusCode::kResourceExhausted:
+      return "RESOURCE_EXHAUSTED";
+    case absl::StatusCode::kFailedPrecondition:
+      return "FAILED_PRECONDITION";
+    case absl::StatusCode::kAborted:
+      return "ABORTED";
+    case absl::StatusCode::kOutOfRange:
+      return "OUT_OF_RANGE";
+    case absl::StatusCode::kUnimplemented:
+      return "UNIMPLEMENTED";
+    case absl::StatusCode::kInternal:
+      return "INTERNAL";
+    case absl::StatusCode::kUnavailable:
+      return "UNAVAILABLE";
+    case absl::StatusCode::kDataLoss:
+      return "DATA_LOSS";
+    case absl::StatusCode::kUnauthenticated:
+      return "UNAUTHENTICATED";
+    default:
+      return "UNKNOWN";
+  }
+}
+
+}  // namespace
+
+// Everything behind the gRPC services: handlers and their metrics.
+class KVStoreServer::Impl {
+ public:
+  Impl(const ServerOptions& options, Store* store, Snapshotter* snapshotter)
+      : options_(options),
+        store_(store),
+        snapshotter_(snapshotter),
+        registry_(std::make_shared<prometheus::Registry>()),
+        requests_(metrics::AddCounter(*registry_, "dtrain_kvstore_requests_total",
+                                      "kvstore RPCs handled, by method and status code.")),
+        latency_(metrics::AddHistogram(*registry_, "dtrain_kvstore_request_duration_seconds",
+                                       "kvstore RPC latency (pulls include waiting for rounds).")),
+        push_bytes_(metrics::AddCounter(*registry_, "dtrain_kvstore_push_bytes_total",
+                                        "Value bytes received in Push and PushPull calls.")
+                        .Add({})),
+        pull_bytes_(metrics::AddCounter(*registry_, "dtrain_kvstore_pull_bytes_total",
+                                        "Value bytes sent in Pull and PushPull replies.")
+                        .Add({})),
+        duplicates_(metrics::AddCounter(*registry_, "dtrain_kvstore_duplicate_pushes_total",
+                                        "Pushed slices already applied (retries), not applied "
+                                        "again.")
+                        .Add({})) {
+    chunk_bytes_ =
+        std::max<int64_t>(1024, std::min(options_.chunk_bytes, options_.max_message_bytes / 2));
+    // The metrics of every method, created once: building label sets and
+    // bucket lists per call costs more than a small push-pull's arithmetic.
+    for (const char* method : {"CreateJob", "DeleteJob", "GetJob", "Init", "Snapshot", "Push",
+                               "Pull", "PushPull", "PushUnary", "PullUnary", "PushPullUnary"}) {
+      MethodMetrics& m = methods_[method];
+      m.ok = &requests_.Add({{"method", method}, {"code", "OK"}});
+      m.latency = &latency_.Add({{"method", method}}, metrics::LatencyBuckets());
+    }
+    store_metrics_ = std::make_shared<metrics::CallbackCollectable>([this] { return Collect(); });
+  }
+
+  std::shared_ptr<prometheus::Registry> registry() const { return registry_; }
+  std::shared_ptr<metrics::CallbackCollectable> store_metrics() const { return store_metrics_; }
+
+  // Calls being handled (Shutdown waits for them, then closes connections).
+  int in_flight() const { return in_flight_.load(); }
+
+  // Handles one call: counts it in flight, times it, records its status,
+  // and converts the status for gRPC.
+  grpc::Status Run(const char* method, const std::function<absl::Status()>& handler) {
+    in_flight_.fetch_add(1);
+    const Clock::time_point start = Clock::now();
+    const absl::Status status = handler();
+    in_flight_.fetch_sub(1);
+    double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+    const MethodMetrics& m = methods_.at(method);
+    if (status.ok()) {
+      m.ok->Increment();
+    } else {
+      requests_.Add({{"method", method}, {"code", CodeName(status.code())}}).Increment();
+    }
+    m.latency->Observe(seconds);
+    if (!status.ok() && !absl::IsDeadlineExceeded(status) && !absl::IsCancelled(status)) {
+      DT_LOG(DEBUG) << method << ": " << status;
+    }
+    return ToGrpcStatus(status);
+  }
+
+  // ---- KVStore (control) ----
+
+  absl::Status CreateJob(const v1::CreateJobRequest& request, v1::CreateJobResponse* response) {
+    DT_ASSIGN_OR_RETURN(JobConfig config, FromProto(request.config()));
+    DT_ASSIGN_OR_RETURN(bool created, store_->CreateJob(config));
+    response->set_created(created);
+    if (created) DT_LOG(INFO) << "created " << DescribeJobConfig(config);
+    return absl::OkStatus();
+  }
+
+  absl::Status DeleteJob(const v1::DeleteJobRequest& request) {
+    DT_RETURN_IF_ERROR(store_->DeleteJob(request.job()));
+    DT_LOG(INFO) << "deleted job '" << request.job() << "'";
+    return absl::OkStatus();
+  }
+
+  absl::Status GetJob(const v1::GetJobRequest& request, v1::GetJobResponse* response) {
+    DT_ASSIGN_OR_RETURN(JobStatus status,
+                        store_->GetJob(request.job(), request.worker(), request.include_slices()));
+    *response = ToProto(status);
+    return absl::OkStatus();
+  }
+
+  absl::Status Init(grpc::ServerReader<v1::InitRequest>* reader, v1::InitResponse* response) {
+    std::deque<v1::InitRequest> messages;
+    messages.emplace_back();
+    if (!reader->Read(&messages.back())) {
+      return absl::InvalidArgumentError("Init: empty request stream");
+    }
+    const v1::InitRequest& first = messages.front();
+    std::vector<InitItem> items;
+    std::vector<std::pair<std::string, int64_t>> sizes;
+    for (const v1::SliceSpec& proto : first.slices()) {
+      InitItem item;
+      DT_ASSIGN_OR_RETURN(item.spec, FromProto(proto));
+      DT_RETURN_IF_ERROR(Annotate(ValidateSliceSpec(item.spec), "Init"));
+      sizes.emplace_back(absl::StrCat("Init of ", DescribeSlice(item.spec)),
+                         item.spec.count * static_cast<int64_t>(DTypeSize(item.spec.dtype)));
+      items.push_back(std::move(item));
+    }
+    // Refuse (unknown job, conflicting spec, over quota) before reading values.
+    std::vector<SliceSpec> specs;
+    for (const InitItem& item : items) specs.push_back(item.spec);
+    DT_RETURN_IF_ERROR(store_->CheckInit(first.job(), specs));
+    ChunkAssembler assembler(std::move(sizes));
+    for (bool more = true; more;) {
+      const v1::InitRequest& m = messages.back();
+      if (&m != &first && (!m.job().empty() || m.slices_size() > 0)) {
+        return absl::InvalidArgumentError("Init: only the first message may name job and slices");
+      }
+      for (const v1::Chunk& c : m.chunks()) {
+        DT_RETURN_IF_ERROR(Annotate(assembler.Add(c.item(), c.offset(), {c.data()}), "Init"));
+      }
+      messages.emplace_back();
+      more = reader->Read(&messages.back());
+    }
+    DT_RETURN_IF_ERROR(Annotate(assembler.Finish(/*allow_empty=*/true), "Init"));
+    for (size_t i = 0; i < items.size(); ++i) items[i].data = assembler.pieces(i);
+    DT_ASSIGN_OR_RETURN(InitResult result, store_->Init(first.job(), items));
+    response->set_created(result.created);
+    response->set_existing(result.existing);
+    return absl::OkStatus();
+  }
+
+  absl::Status Snapshot(v1::SnapshotResponse* response) {
+    DT_ASSIGN_OR_RETURN(SnapshotInfo info, snapshotter_->SnapshotNow());
+    if (info.path.empty()) {
+      return absl::FailedPreconditionError(absl::StrCat("kvstore shard ", options_.shard_index,
+                                                        " has no --data_dir to snapshot to"));
+    }
+    response->set_path(info.path);
+    response->set_bytes(info.bytes);
+    return absl::OkStatus();
+  }
+
+  // ---- KVStoreData ----
+
+  // A push as received: its header, the messages whose slices hold the
+  // values, and the store's view of it.
+  struct ReceivedPush {
+    v1::PushRequest header;
+    Compression compression = Compression::kNone;
+    std::deque<wire::Decoded> messages;
+    std::vector<PushItem> items;
+    int64_t bytes = 0;
+  };
+
+  absl::Status ReceivePush(const std::function<bool(grpc::ByteBuffer*)>& read, ReceivedPush* p) {
+    grpc::ByteBuffer buffer;
+    if (!read(&buffer)) return absl::InvalidArgumentError("push: empty request stream");
+    p->messages.emplace_back();
+    DT_RETURN_IF_ERROR(Annotate(
+        wire::Decode(buffer, wire::kPushChunksField, &p->header, &p->messages.back()), "push"));
+    const v1::PushRequest& h = p->header;
+    DT_ASSIGN_OR_RETURN(p->compression, FromProto(h.compression()));
+    // Check the items against the store before reading their values.
+    std::vector<std::pair<std::string, int64_t>> sizes;
+    for (const v1::PushItem& proto : h.items()) {
+      PushItem item;
+      item.key = proto.key();
+      item.slice = proto.slice();
+      item.round = proto.round();
+      DT_ASSIGN_OR_RETURN(item.dtype, DTypeFromWire(proto.dtype()));
+      item.shape.assign(proto.shape().begin(), proto.shape().end());
+      DT_ASSIGN_OR_RETURN(int64_t expected,
+                          store_->ExpectedPushBytes(h.job(), item.key, item.slice, p->compression));
+      sizes.emplace_back(
+          absl::StrCat("push of job '", h.job(), "' key '", item.key, "' slice ", item.slice),
+          expected);
+      p->items.push_back(std::move(item));
+    }
+    ChunkAssembler assembler(std::move(sizes));
+    for (bool more = true; more;) {
+      for (const wire::InChunk& c : p->messages.back().chunks) {
+        DT_RETURN_IF_ERROR(assembler.Add(c.item, c.offset, c.data));
+      }
+      more = read(&buffer);
+      if (more) {
+        v1::PushRequest later;
+        p->messages.emplace_back();
+        DT_RETURN_IF_ERROR(Annotate(
+            wire::Decode(buffer, wire::kPushChunksField, &later, &p->messages.back()), "push"));
+        if (!later.job().empty() || later.items_size() > 0) {
+          return absl::InvalidArgumentError("push: only the first message may name job and items");
+        }
+      }
+    }
+    DT_RETURN_IF_ERROR(assembler.Finish(/*allow_empty=*/false));
+    for (size_t i = 0; i < p->items.size(); ++i) p->items[i].data = assembler.pieces(i);
+    p->bytes = assembler.bytes();
+    push_bytes_.Increment(static_cast<double>(p->bytes));
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<PushResult> ApplyPush(const ReceivedPush& p) {
+    DT_ASSIGN_OR_RETURN(PushResult result,
+                        store_->Push(p.header.job(), p.header.worker(), p.compression, p.items));
+    if (result.duplicates > 0) duplicates_.Increment(result.duplicates);
+    return result;
+  }
+
+  PullOptions MakePullOptions(grpc::ServerContext* ctx) const {
+    PullOptions o;
+    absl::Time cap = absl::Now() + options_.max_pull_wait;
+    auto deadline = ctx->deadline();
+    o.deadline = deadline >= std::chrono::system_clock::time_point::max() - std::chrono::hours(1)
+                     ? cap
+                     : std::min(cap, absl::FromChrono(deadline));
+    o.cancelled = [ctx] { return ctx->IsCancelled(); };
+    return o;
+  }
+
+  // Streams pulled values as PullResponse messages through `write`; with
+  // `one_message`, all of them in a single message (unary replies).
+  absl::Status SendPulled(const std::vector<PulledValue>& values, bool one_message,
+                          const std::function<bool(const grpc::ByteBuffer&, bool)>& write) {
+    v1::PullResponse header;
+    std::vector<grpc::Slice> wholes;
+    for (size_t i = 0; i < values.size(); ++i) {
+      v1::PulledItem* item = header.add_items();
+      item->set_item(static_cast<int32_t>(i));
+      item->set_round(values[i].round);
+      item->set_dtype(static_cast<int32_t>(values[i].dtype));
+      item->set_bytes(static_cast<int64_t>(values[i].bytes.size));
+      wholes.push_back(
+          wire::SharedSlice(values[i].bytes.owner, values[i].bytes.data, values[i].bytes.size));
+    }
+    int64_t total = 0;
+    for (const grpc::Slice& w : wholes) total += static_cast<int64_t>(w.size());
+    if (one_message && total > options_.max_message_bytes - (64 << 10)) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "a reply of ", total, " value bytes does not fit in one message (max_message_bytes=",
+          options_.max_message_bytes, "); use the streaming call"));
+    }
+    const int64_t chunk_bytes = one_message ? std::max<int64_t>(total, 1) : chunk_bytes_;
+    std::vector<grpc::ByteBuffer> messages;
+    std::vector<wire::OutChunk> chunks;
+    int64_t budget = chunk_bytes;
+    int64_t sent = 0;
+    auto flush = [&] {
+      messages.push_back(wire::Encode(messages.empty() ? header : v1::PullResponse(),
+                                      wire::kPullChunksField, chunks));
+      chunks.clear();
+      budget = chunk_bytes;
+    };
+    for (size_t i = 0; i < wholes.size(); ++i) {
+      const int64_t size = static_cast<int64_t>(wholes[i].size());
+      for (int64_t off = 0; off < size;) {
+        int64_t take = std::min(size - off, budget);
+        chunks.push_back(
+            {static_cast<int32_t>(i), off,
+             wholes[i].sub(static_cast<size_t>(off), static_cast<size_t>(off + take))});
+        off += take;
+        budget -= take;
+        sent += take;
+        if (budget == 0) flush();
+      }
+    }
+    if (!chunks.empty() || messages.empty()) flush();
+    for (size_t m = 0; m < messages.size(); ++m) {
+      if (!write(messages[m], m + 1 == messages.size())) {
+        return absl::CancelledError("pull: the client went away");
+      }
+    }
+    pull_bytes_.Increment(static_cast<double>(sent));
+    return absl::OkStatus();
+  }
+
+  absl::Status Push(grpc::ServerContext* ctx, grpc::ServerReader<grpc::ByteBuffer>* reader,
+                    grpc::ByteBuffer* response) {
+    ReceivedPush p;
+    DT_RETURN_IF_ERROR(ReceivePush([reader](grpc::ByteBuffer* b) { return reader->Read(b); }, &p));
+    DT_ASSIGN_OR_RETURN(PushResult result, ApplyPush(p));
+    v1::PushResponse reply;
+    reply.set_applied(result.applied);
+    reply.set_duplicates(result.duplicates);
+    *response = wire::SerializeSmall(reply);
+    return absl::OkStatus();
+  }
+
+  absl::Status Pull(grpc::ServerContext* ctx, const grpc::ByteBuffer* request,
+                    grpc::ServerWriter<grpc::ByteBuffer>* writer) {
+    v1::PullRequest r;
+    DT_RETURN_IF_ERROR(wire::ParseSmall(*request, &r, "PullRequest"));
+    std::vector<PullRequestItem> items;
+    for (const v1::PullItem& p : r.items()) items.push_back({p.key(), p.slice(), p.round()});
+    DT_ASSIGN_OR_RETURN(std::vector<PulledValue> values,
+                        store_->Pull(r.job(), r.worker(), items, MakePullOptions(ctx)));
+    return SendPulled(values, false, [writer](const grpc::ByteBuffer& b, bool last) {
+      return writer->Write(b,
+                           last ? grpc::WriteOptions().set_last_message() : grpc::WriteOptions());
+    });
+  }
+
+  absl::Status PushPull(grpc::ServerContext* ctx,
+                        grpc::ServerReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer>* stream) {
+    ReceivedPush p;
+    DT_RETURN_IF_ERROR(ReceivePush([stream](grpc::ByteBuffer* b) { return stream->Read(b); }, &p));
+    DT_RETURN_IF_ERROR(ApplyPush(p).status());
+    std::vector<PullRequestItem> items;
+    for (const PushItem& item : p.items) items.push_back({item.key, item.slice, item.round});
+    p.messages.clear();  // release the pushed bytes before waiting
+    DT_ASSIGN_OR_RETURN(
+        std::vector<PulledValue> values,
+        store_->Pull(p.header.job(), p.header.worker(), items, MakePullOptions(ctx)));
+    return SendPulled(values, false, [stream](const grpc::ByteBuffer& b, bool last) {
+      return stream->Write(b,
+                           last ? grpc::WriteOptions().set_last_message() : grpc::WriteOptions());
+    });
+  }
+
+  // Unary forms: the request is one message, and so is the reply.
+  static std::function<bool(grpc::ByteBuffer*)> ReadOnce(const grpc::ByteBuffer* request) {
+    auto done = std::make_shared<bool>(false);
+    return [request, done](grpc::ByteBuffer* b) {
+      if (*done) return false;
+      *done = true;
+      *b = *request;
+      return true;
+    };
+  }
+
+  static std::function<bool(const grpc::ByteBuffer&, bool)> WriteOnce(grpc::ByteBuffer* response) {
+    return [response](const grpc::ByteBuffer& b, bool) {
+      *response = b;
+      return true;
+    };
+  }
+
+  absl::Status PushUnary(const grpc::ByteBuffer* request, grpc::ByteBuffer* response) {
+    ReceivedPush p;
+    DT_RETURN_IF_ERROR(ReceivePush(ReadOnce(request), &p));
+    DT_ASSIGN_OR_RETURN(PushResult result, ApplyPush(p));
+    v1::PushResponse reply;
+    reply.set_applied(result.applied);
+    reply.set_duplicates(result.duplicates);
+    *response = wire::SerializeSmall(reply);
+    return absl::OkStatus();
+  }
+
+  absl::Status PullUnary(grpc::ServerContext* ctx, const grpc::ByteBuffer* request,
+                         grpc::ByteBuffer* response) {
+    v1::PullRequest r;
+    DT_RETURN_IF_ERROR(wire::ParseSmall(*request, &r, "PullRequest"));
+    std::vector<PullRequestItem> items;
+    for (const v1::PullItem& p : r.items()) items.push_back({p.key(), p.slice(), p.round()});
+    DT_ASSIGN_OR_RETURN(std::vector<PulledValue> values,
+                        store_->Pull(r.job(), r.worker(), items, MakePullOptions(ctx)));
+    return SendPulled(values, true, WriteOnce(response));
+  }
+
+  absl::Status PushPullUnary(grpc::ServerContext* ctx, const grpc::ByteBuffer* request,
+                             grpc::ByteBuffer* response) {
+    ReceivedPush p;
+    DT_RETURN_IF_ERROR(ReceivePush(ReadOnce(request), &p));
+    DT_RETURN_IF_ERROR(ApplyPush(p).status());
+    std::vector<PullRequestItem> items;
+    for (const PushItem& item : p.items) items.push_back({item.key, item.slice, item.round});
+    p.messages.clear();
+    DT_ASSIGN_OR_RETURN(
+        std::vector<PulledValue> values,
+        store_->Pull(p.header.job(), p.header.worker(), items, MakePullOptions(ctx)));
+    return SendPulled(values, true, WriteOnce(response));
+  }
+
+ private:
+  std::vector<prometheus::MetricFamily> Collect() const {
+    std::vector<metrics::Sample> rounds, keys, slices, held;
+    for (const std::string& job : store_->JobNames()) {
+      absl::StatusOr<JobStatus> s = store_->GetJob(job, -1, false);
+      if (!s.ok()) continue;  // deleted meanwhile
+      std::map<std::string, std::string> labels = {{"job", job}};
+      rounds.push_back({labels, static_cast<double>(s->rounds_completed)});
+      keys.push_back({labels, static_cast<double>(s->num_keys)});
+      slices.push_back({labels, static_cast<double>(s->num_slices)});
+      held.push_back({labels, static_cast<double>(s->held_bytes)});
+    }
+    using prometheus::MetricType;
+    return {
+        metrics::MakeFamily("dtrain_kvstore_rounds_completed_total",
+                            "Slice-rounds completed on this shard since it started, per job.",
+                            MetricType::Counter, rounds),
+        metrics::MakeFamily("dtrain_kvstore_keys", "Keys with a slice on this shard, per job.",
+                            MetricType::Gauge, keys),
+        metrics::MakeFamily("dtrain_kvstore_slices", "Slices held on this shard, per job.",
+                            MetricType::Gauge, slices),
+        metrics::MakeFamily("dtrain_kvstore_held_bytes",
+                            "Bytes of values, optimizer state and accumulators, per job.",
+                            MetricType::Gauge, held),
+        metrics::MakeFamily("dtrain_kvstore_quota_bytes", "Bytes a job may hold (0: no limit).",
+                            MetricType::Gauge,
+                            {{{}, static_cast<double>(options_.quota_bytes_per_job)}}),
+        metrics::MakeFamily("dtrain_kvstore_snapshots_total", "Snapshots written.",
+                            MetricType::Counter,
+                            {{{}, static_cast<double>(snapshotter_->snapshots_written())}}),
+    };
+  }
+
+  const ServerOptions options_;
+  Store* const store_;
+  Snapshotter* const snapshotter_;
+  int64_t chunk_bytes_ = 1 << 20;
+  std::shared_ptr<prometheus::Registry> registry_;
+  prometheus::Family<prometheus::Counter>& requests_;
+  prometheus::Family<prometheus::Histogram>& latency_;
+  prometheus::Counter& push_bytes_;
+  prometheus::Counter& pull_bytes_;
+  prometheus::Counter& duplicates_;
+  std::shared_ptr<metrics::CallbackCollectable> store_metrics_;
+  struct MethodMetrics {
+    prometheus::Counter* ok = nullptr;
+    prometheus::Histogram* latency = nullptr;
+  };
+  std::map<std::string, MethodMetrics> methods_;  // filled by the constructor, then read-only
+  std::atomic<int> in_flight_{0};
+};
+
+namespace {
+
+// dtrain.kvstore.v1.KVStore
+class ControlService final : public v1::KVStore::Service {
+ public:
+  explicit ControlService(KVStoreServer::Impl* impl) : impl_(impl) {}
+
+  grpc::Status CreateJob(grpc::ServerContext*, const v1::CreateJobRequest* request,
+                         v1::CreateJobResponse* response) override {
+    return impl_->Run("CreateJob", [&] { return impl_->CreateJob(*request, response); });
+  }
+  grpc::Status DeleteJob(grpc::ServerContext*, const v1::DeleteJobRequest* request,
+                         v1::DeleteJobResponse*) override {
+    return impl_->Run("DeleteJob", [&] { return impl_->DeleteJob(*request); });
+  }
+  grpc::Status GetJob(grpc::ServerContext*, const v1::GetJobRequest* request,
+                      v1::GetJobResponse* response) override {
+    return impl_->Run("GetJob", [&] { return impl_->GetJob(*request, response); });
+  }
+  grpc::Status Init(grpc::ServerContext*, grpc::ServerReader<v1::InitRequest>* reader,
+                    v1::InitResponse* response) override {
+    return impl_->Run("Init", [&] { return impl_->Init(reader, response); });
+  }
+  grpc::Status Snapshot(grpc::ServerContext*, const v1::SnapshotRequest*,
+                        v1::SnapshotResponse* response) override {
+    return impl_->Run("Snapshot", [&] { return impl_->Snapshot(response); });
+  }
+
+ private:
+  KVStoreServer::Impl* impl_;
+};
+
+// dtrain.kvstore.v1.KVStoreData, with raw byte buffers so values are never
+// copied by protobuf (see libs/kvstore/wire.h). Methods are registered under
+// the names the generated stubs use.
+class DataService final : public grpc::Service {
+ public:
+  explicit DataService(KVStoreServer::Impl* impl) : impl_(impl) {
+    using grpc::ByteBuffer;
+    using grpc::ServerContext;
+    using grpc::internal::RpcMethod;
+    Add<grpc::internal::ClientStreamingHandler<DataService, ByteBuffer, ByteBuffer>>(
+        "Push", RpcMethod::CLIENT_STREAMING,
+        [](DataService* s, ServerContext* ctx, grpc::ServerReader<ByteBuffer>* reader,
+           ByteBuffer* response) {
+          return s->impl_->Run("Push", [&] { return s->impl_->Push(ctx, reader, response); });
+        });
+    Add<grpc::internal::ServerStreamingHandler<DataService, ByteBuffer, ByteBuffer>>(
+        "Pull", RpcMethod::SERVER_STREAMING,
+        [](DataService* s, ServerContext* ctx, const ByteBuffer* request,
+           grpc::ServerWriter<ByteBuffer>* writer) {
+          return s->impl_->Run("Pull", [&] { return s->impl_->Pull(ctx, request, writer); });
+        });
+    Add<grpc::internal::BidiStreamingHandler<DataService, ByteBuffer, ByteBuffer>>(
+        "PushPull", RpcMethod::BIDI_STREAMING,
+        [](DataService* s, ServerContext* ctx,
+           grpc::ServerReaderWriter<ByteBuffer, ByteBuffer>* stream) {
+          return s->impl_->Run("PushPull", [&] { return s->impl_->PushPull(ctx, stream); });
+        });
+    using Unary = grpc::internal::RpcMethodHandler<DataService, ByteBuffer, ByteBuffer>;
+    Add<Unary>("PushUnary", RpcMethod::NORMAL_RPC,
+               [](DataService* s, ServerContext*, const ByteBuffer* request, ByteBuffer* response) {
+                 return s->impl_->Run("PushUnary",
+                                      [&] { return s->impl_->PushUnary(request, response); });
+               });
+    Add<Unary>(
+        "PullUnary", RpcMethod::NORMAL_RPC,
+        [](DataService* s, ServerContext* ctx, const ByteBuffer* request, ByteBuffer* response) {
+          return s->impl_->Run("PullUnary",
+                               [&] { return s->impl_->PullUnary(ctx, request, response); });
+        });
+    Add<Unary>(
+        "PushPullUnary", RpcMethod::NORMAL_RPC,
+        [](DataService* s, ServerContext* ctx, const ByteBuffer* request, ByteBuffer* response) {
+          return s->impl_->Run("PushPullUnary",
+                               [&] { return s->impl_->PushPullUnary(ctx, request, response); });
+        });
+  }
+
+ private:
+  template <typename Handler, typename Fn>
+  void Add(const char* method, grpc::internal::RpcMethod::RpcType type, Fn fn) {
+    names_.push_back(std::make_unique<std::string>(
+        absl::StrCat("/", v1::KVStoreData::service_full_name(), "/", method)));
+    AddMethod(
+        new grpc::internal::RpcServiceMethod(names_.back()->c_str(), type, new Handler(fn, this)));
+  }
+
+  KVStoreServer::Impl* impl_;
+  std::vector<std::unique_ptr<std::string>> names_;  // RpcServiceMethod keeps the pointers
+};
+
+// dtrain.admin.Admin
+class AdminService final : public admin::Admin::Service {
+ public:
+  grpc::Status Ping(grpc::ServerContext*, const admin::PingRequest* request,
+                    admin::PingReply* reply) override {
+    if (request->fail_with_code() != 0) {
+      return grpc::Status(static_cast<grpc::StatusCode>(request->fail_with_code()),
+                          request->payload());
+    }
+    reply->set_payload(request->payload());
+    reply->set_service("kvstore");
+    reply->set_version("dev");
+    reply->set_uptime_ms(absl::ToInt64Milliseconds(absl::Now() - start_));
+    return grpc::Status::OK;
+  }
+
+ private:
+  const absl::Time start_ = absl::Now();
+};
+
+}  // namespace
+
+// The services live as long as the gRPC server.
+struct KVStoreServer::Services {
+  std::unique_ptr<ControlService> control;
+  std::unique_ptr<DataService> data;
+  std::unique_ptr<AdminService> admin;
+};
+
+absl::StatusOr<std::unique_ptr<KVStoreServer>> KVStoreServer::Start(const ServerOptions& options) {
+  if (options.shard_index < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("shard_index must be >= 0, got ", options.shard_index));
+  }
+  if (options.max_message_bytes < (64 << 10) || options.max_message_bytes > (1 << 30)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_message_bytes must be 64 KiB to 1 GiB, got ", options.max_message_bytes));
+  }
+  if (options.quota_bytes_per_job < 0) {
+    return absl::InvalidArgumentError("quota_bytes_per_job must be >= 0");
+  }
+  std::unique_ptr<KVStoreServer> server(new KVStoreServer());
+  server->options_ = options;
+  StoreOptions store_options;
+  store_options.shard_index = options.shard_index;
+  store_options.quota_bytes_per_job = options.quota_bytes_per_job;
+  server->store_ = std::make_unique<Store>(store_options);
+  if (!options.data_dir.empty()) {
+    DT_ASSIGN_OR_RETURN(server->resumed_, LoadSnapshot(options.data_dir, server->store_.get()));
+    if (server->resumed_) {
+      DT_LOG(INFO) << "kvstore shard " << options.shard_index << " resumed from "
+                   << SnapshotPath(options.data_dir, options.shard_index) << " ("
+                   << server->store_->JobNames().size() << " jobs)";
+    }
+  }
+  server->snapshotter_ = std::make_unique<Snapshotter>(server->store_.get(), options.data_dir,
+                                                       options.snapshot_interval);
+  server->impl_ = std::make_unique<Impl>(options, server->store_.get(), server->snapshotter_.get());
+  if (!options.metrics_listen.empty()) {
+    DT_ASSIGN_OR_RETURN(server->metrics_server_,
+                        metrics::MetricsServer::Start(options.metrics_listen));
+    server->metrics_server_->Expose(server->impl_->registry());
+    server->metrics_server_->Expose(server->impl_->store_metrics());
+  }
+
+  auto services = std::make_unique<Services>();
+  services->control = std::make_unique<ControlService>(server->impl_.get());
+  services->data = std::make_unique<DataService>(server->impl_.get());
+  services->admin = std::make_unique<AdminService>();
+
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(options.listen, grpc::InsecureServerCredentials(), &server->port_);
+  builder.SetMaxReceiveMessageSize(static_cast<int>(options.max_message_bytes));
+  builder.SetMaxSendMessageSize(static_cast<int>(options.max_message_bytes));
+  // A sync server thread blocks while its pull waits for a round. With
+  // gRPC's defaults (1 to 2 idle pollers) the pool then creates a thread
+  // for the next call and ends one after every round; keeping a few more
+  // idle threads avoids that churn (a thread start per push-pull).
+  builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::MIN_POLLERS, 2);
+  builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::MAX_POLLERS, 16);
+  builder.RegisterService(services->control.get());
+  builder.RegisterService(services->data.get());
+  builder.RegisterService(services->admin.get());
+  server->server_ = builder.BuildAndStart();
+  if (server->server_ == nullptr || server->port_ == 0) {
+    return absl::UnavailableError(absl::StrCat("kvstore: cannot listen on '", options.listen, "'"));
+  }
+  server->services_ = std::move(services);
+  if (auto* health = server->server_->GetHealthCheckService()) health->SetServingStatus(true);
+  return server;
+}
+
+KVStoreServer::~KVStoreServer() {
+  absl::Status s = Shutdown(absl::ZeroDuration());
+  if (!s.ok()) DT_LOG(ERROR) << "kvstore shutdown: " << s;
+}
+
+absl::Status KVStoreServer::Shutdown(absl::Duration grace) {
+  if (shut_down_) return absl::OkStatus();
+  shut_down_ = true;
+  if (server_) {
+    if (auto* health = server_->GetHealthCheckService()) health->SetServingStatus(false);
+    // gRPC's Shutdown refuses new calls, lets calls in flight finish, and
+    // then waits for clients to close their connections, which idle gRPC
+    // clients do not do: it would wait out the whole grace period. So once
+    // no call of ours is in flight, connections are closed from this side.
+    const absl::Time deadline = absl::Now() + grace;
+    std::atomic<bool> done{false};
+    std::thread closer([&] {
+      absl::SleepFor(absl::Milliseconds(20));  // Shutdown has begun refusing calls
+      while (!done.load() && impl_->in_flight() > 0 && absl::Now() < deadline) {
+        absl::SleepFor(absl::Milliseconds(5));
+      }
+      if (!done.load()) grpc_server_cancel_all_calls(server_->c_server());
+    });
+    server_->Shutdown(absl::ToChronoTime(deadline));
+    done = true;
+    closer.join();
+    server_->Wait();
+  }
+  metrics_server_.reset();
+  absl::Status status;
+  if (snapshotter_) {
+    snapshotter_->Stop();
+    if (!options_.data_dir.empty()) {
+      absl::StatusOr<SnapshotInfo> info = snapshotter_->SnapshotNow();
+      if (info.ok()) {
+        DT_LOG(INFO) << "final snapshot " << info->path << " (" << info->slices << " slices, "
+                     << info->bytes << " bytes)";
+      } else {
+        status = info.status();
+      }
+    }
+  }
+  return status;
+}
+
+int KVStoreServer::metrics_port() const { return metrics_server_ ? metrics_server_->port() : 0; }
+
+std::string KVStoreServer::local_address() const { return absl::StrCat("127.0.0.1:", port_); }
+
+}  // namespace kvstore
+}  // namespace dtrain

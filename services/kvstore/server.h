@@ -1,0 +1,134 @@
+// KVStoreServer: one kvstore shard as a gRPC server (protos/kvstore.proto).
+//
+//   ServerOptions options;
+//   options.listen = "127.0.0.1:0";
+//   options.data_dir = "/var/lib/kvstore";
+//   DT_ASSIGN_OR_RETURN(std::unique_ptr<KVStoreServer> server, KVStoreServer::Start(options));
+//   DT_LOG(INFO) << "listening on port " << server->port();
+//   ...
+//   DT_RETURN_IF_ERROR(server->Shutdown(absl::Seconds(10)));   // final snapshot
+//
+// The server is thin: the store (libs/kvstore/store.h) holds the state and
+// the rules; this layer reassembles chunked streams, converts messages,
+// and maps absl::Status to grpc::Status (libs/base/grpc_status.h). It
+// serves, on one port:
+//   dtrain.kvstore.v1.KVStore      jobs, Init, GetJob, Snapshot
+//   dtrain.kvstore.v1.KVStoreData  Push, Pull, PushPull and their unary forms
+//                                  (values zero-copy, libs/kvstore/wire.h)
+//   dtrain.admin.Admin             Ping
+//   grpc.health.v1.Health          SERVING until shutdown starts
+//   grpc.reflection                for grpcurl and friends
+// and, when metrics_listen is set, Prometheus metrics over HTTP:
+//   dtrain_kvstore_requests_total{method,code}
+//   dtrain_kvstore_request_duration_seconds{method}     (histogram)
+//   dtrain_kvstore_push_bytes_total, dtrain_kvstore_pull_bytes_total
+//                                     value bytes received / sent
+//   dtrain_kvstore_duplicate_pushes_total   retried pushes not applied again
+//   dtrain_kvstore_rounds_completed_total{job}
+//   dtrain_kvstore_keys{job}, dtrain_kvstore_slices{job},
+//   dtrain_kvstore_held_bytes{job}, dtrain_kvstore_quota_bytes
+//   dtrain_kvstore_snapshots_total
+//
+// Calls block a gRPC server thread while a pull waits for its round; the
+// wait ends at the call's deadline, at max_pull_wait, or when the call is
+// cancelled (also by Shutdown).
+//
+// Thread-safety: Start, Shutdown and the destructor are called by the
+// owner; the accessors are thread-safe.
+#ifndef DTRAIN_SERVICES_KVSTORE_SERVER_H_
+#define DTRAIN_SERVICES_KVSTORE_SERVER_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "libs/kvstore/snapshot.h"
+#include "libs/kvstore/store.h"
+
+namespace grpc {
+class Server;
+}  // namespace grpc
+
+namespace dtrain {
+namespace metrics {
+class MetricsServer;
+}  // namespace metrics
+
+namespace kvstore {
+
+struct ServerOptions {
+  // gRPC address, e.g. "0.0.0.0:7070"; port 0 picks a free one.
+  std::string listen = "127.0.0.1:0";
+  // Where snapshots live; empty: no snapshots. A snapshot found here at
+  // Start is loaded (a damaged one fails Start).
+  std::string data_dir;
+  int shard_index = 0;
+  // Prometheus endpoint ("127.0.0.1:0", ":9100"); empty: none.
+  std::string metrics_listen;
+  // Periodic snapshots (when the store changed); <= 0: only on request and
+  // at shutdown.
+  absl::Duration snapshot_interval = absl::Seconds(60);
+  int64_t quota_bytes_per_job = 0;
+  // gRPC send and receive limit per message.
+  int64_t max_message_bytes = 4 << 20;
+  // Value bytes per reply message (capped at max_message_bytes / 2).
+  int64_t chunk_bytes = 1 << 20;
+  // Longest a pull waits for its round when the call has a later deadline
+  // (or none).
+  absl::Duration max_pull_wait = absl::Minutes(10);
+};
+
+class KVStoreServer {
+ public:
+  // Loads the snapshot (if any), starts the gRPC server, the snapshotter
+  // and the metrics endpoint. Errors: kInvalidArgument for bad options,
+  // kUnavailable when an address cannot be bound, the snapshot's errors.
+  static absl::StatusOr<std::unique_ptr<KVStoreServer>> Start(const ServerOptions& options);
+
+  // Shuts down (with no grace) if Shutdown was not called.
+  ~KVStoreServer();
+  KVStoreServer(const KVStoreServer&) = delete;
+  KVStoreServer& operator=(const KVStoreServer&) = delete;
+
+  // Marks the server NOT_SERVING, stops accepting calls, lets calls in
+  // flight finish for up to `grace` (then cancels them), stops periodic
+  // snapshots and writes a final one. Returns the snapshot's error, if any.
+  // Later calls do nothing.
+  absl::Status Shutdown(absl::Duration grace);
+
+  int port() const { return port_; }
+  // 0 without a metrics endpoint.
+  int metrics_port() const;
+  // "127.0.0.1:<port>", for clients in tests.
+  std::string local_address() const;
+  // True if Start resumed from a snapshot.
+  bool resumed() const { return resumed_; }
+
+  Store& store() { return *store_; }
+  Snapshotter& snapshotter() { return *snapshotter_; }
+
+  class Impl;
+
+ private:
+  KVStoreServer() = default;
+
+  ServerOptions options_;
+  std::unique_ptr<Store> store_;
+  std::unique_ptr<Snapshotter> snapshotter_;
+  std::unique_ptr<metrics::MetricsServer> metrics_server_;
+  std::unique_ptr<Impl> impl_;
+  struct Services;
+  std::unique_ptr<Services> services_;  // outlives server_
+  std::unique_ptr<grpc::Server> server_;
+  int port_ = 0;
+  bool resumed_ = false;
+  bool shut_down_ = false;
+};
+
+}  // namespace kvstore
+}  // namespace dtrain
+
+#endif  // DTRAIN_SERVICES_KVSTORE_SERVER_H_

@@ -1,0 +1,132 @@
+#include "services/kvstore/testing/server_process.h"
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
+#include "libs/base/status.h"
+
+namespace dtrain {
+namespace kvstore {
+namespace {
+
+constexpr char kRunfilesPath[] = "dtrain/services/kvstore/kvstore_server";
+
+bool Executable(const std::string& path) { return access(path.c_str(), X_OK) == 0; }
+
+}  // namespace
+
+absl::StatusOr<std::string> KVStoreServerBinary(const char* argv0) {
+  std::vector<std::string> candidates;
+  for (const char* var : {"TEST_SRCDIR", "RUNFILES_DIR"}) {
+    if (const char* dir = std::getenv(var))
+      candidates.push_back(absl::StrCat(dir, "/", kRunfilesPath));
+  }
+  if (argv0 != nullptr) candidates.push_back(absl::StrCat(argv0, ".runfiles/", kRunfilesPath));
+  for (const std::string& c : candidates) {
+    if (Executable(c)) return c;
+  }
+  return absl::NotFoundError(absl::StrCat(
+      "kvstore_server not found in runfiles (looked for ", kRunfilesPath,
+      " under $TEST_SRCDIR, $RUNFILES_DIR and <argv0>.runfiles); add it as a data dependency"));
+}
+
+ServerProcess::~ServerProcess() {
+  if (pid_ > 0) {
+    kill(pid_, SIGKILL);
+    int status;
+    waitpid(pid_, &status, 0);
+  }
+  if (!port_file_.empty()) unlink(port_file_.c_str());
+}
+
+std::string ServerProcess::address() const { return absl::StrCat("127.0.0.1:", port_); }
+
+absl::Status ServerProcess::Start(const std::string& binary, std::vector<std::string> flags,
+                                  absl::Duration timeout) {
+  if (pid_ > 0) return absl::FailedPreconditionError("server process already running");
+  binary_ = binary;
+  flags_ = std::move(flags);
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  static int counter = 0;
+  port_file_ = absl::StrCat(tmp ? tmp : "/tmp", "/kvstore_port.", getpid(), ".", counter++);
+  port_ = 0;
+  return Spawn(timeout);
+}
+
+absl::Status ServerProcess::Restart(absl::Duration timeout) {
+  if (pid_ > 0) return absl::FailedPreconditionError("server process still running");
+  if (binary_.empty()) return absl::FailedPreconditionError("Restart before Start");
+  return Spawn(timeout);
+}
+
+absl::Status ServerProcess::Spawn(absl::Duration timeout) {
+  unlink(port_file_.c_str());
+  std::vector<std::string> args = {binary_, absl::StrCat("--listen=127.0.0.1:", port_),
+                                   absl::StrCat("--port_file=", port_file_)};
+  args.insert(args.end(), flags_.begin(), flags_.end());
+  std::vector<char*> argv;
+  for (std::string& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  pid_t pid = fork();
+  if (pid < 0) return ErrnoToStatus(errno, "fork");
+  if (pid == 0) {
+    execv(argv[0], argv.data());
+    _exit(127);
+  }
+  pid_ = pid;
+  absl::Time deadline = absl::Now() + timeout;
+  while (absl::Now() < deadline) {
+    std::ifstream f(port_file_);
+    std::stringstream text;
+    text << f.rdbuf();
+    int port = 0;
+    if (f && absl::SimpleAtoi(absl::StripAsciiWhitespace(text.str()), &port) && port > 0) {
+      port_ = port;
+      return absl::OkStatus();
+    }
+    int status = 0;
+    if (waitpid(pid_, &status, WNOHANG) == pid_) {
+      pid_ = -1;
+      return absl::UnavailableError(
+          absl::StrCat(binary_, " exited before serving (wait status ", status, ")"));
+    }
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  return absl::DeadlineExceededError(absl::StrCat(binary_, " did not start serving in time"));
+}
+
+absl::Status ServerProcess::Kill(int signal) {
+  if (pid_ <= 0) return absl::FailedPreconditionError("no server process");
+  if (kill(pid_, signal) != 0) return ErrnoToStatus(errno, "kill");
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int> ServerProcess::Wait(absl::Duration timeout) {
+  if (pid_ <= 0) return absl::FailedPreconditionError("no server process");
+  absl::Time deadline = absl::Now() + timeout;
+  for (;;) {
+    int status = 0;
+    pid_t r = waitpid(pid_, &status, WNOHANG);
+    if (r == pid_) {
+      pid_ = -1;
+      return status;
+    }
+    if (r < 0) return ErrnoToStatus(errno, "waitpid");
+    if (absl::Now() >= deadline) {
+      return absl::DeadlineExceededError("server process did not exit in time");
+    }
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+}
+
+}  // namespace kvstore
+}  // namespace dtrain
