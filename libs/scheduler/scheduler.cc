@@ -1,0 +1,410 @@
+#include "libs/scheduler/scheduler.h"
+
+#include <algorithm>
+#include <set>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "libs/base/logging.h"
+#include "libs/base/status.h"
+#include "libs/scheduler/spec.h"
+
+namespace dtrain {
+namespace scheduler {
+
+bool IsFinal(JobState s) { return s == v1::SUCCEEDED || s == v1::FAILED || s == v1::CANCELLED; }
+
+absl::StatusOr<std::unique_ptr<Scheduler>> Scheduler::Open(SchedulerOptions options) {
+  std::unique_ptr<Scheduler> s(new Scheduler(std::move(options)));
+  absl::MutexLock lock(&s->mu_);
+  if (!s->options_.wal_path.empty()) {
+    std::vector<std::string> records;
+    DT_ASSIGN_OR_RETURN(s->wal_, Wal::Open(s->options_.wal_path, &records));
+    DT_RETURN_IF_ERROR(s->Replay(records));
+    // Only the newest record of each job matters: keep one per job once the
+    // log holds many more.
+    if (records.size() > 2 * s->jobs_.size() + 64) {
+      std::vector<std::string> latest;
+      for (const auto& [id, job] : s->jobs_) latest.push_back(job.status.SerializeAsString());
+      s->wal_.reset();
+      DT_ASSIGN_OR_RETURN(s->wal_, Wal::Rewrite(s->options_.wal_path, latest));
+      DT_LOG(INFO) << "compacted " << s->options_.wal_path << " from " << records.size() << " to "
+                   << latest.size() << " records";
+    }
+  }
+  return s;
+}
+
+absl::Status Scheduler::Replay(const std::vector<std::string>& records) {
+  for (size_t i = 0; i < records.size(); ++i) {
+    JobStatus st;
+    if (!st.ParseFromString(records[i]) || st.id().empty()) {
+      return absl::DataLossError(
+          absl::StrCat(options_.wal_path, ": record ", i, " is not a job status"));
+    }
+    Job& job = jobs_[st.id()];
+    job.status = std::move(st);
+    int64_t n = 0;
+    if (absl::SimpleAtoi(absl::string_view(job.status.id()).substr(4), &n)) {
+      next_job_ = std::max(next_job_, n + 1);
+      job.seq = n;
+    }
+  }
+  for (auto& [id, job] : jobs_) {
+    job.status.set_version(++version_);
+    if (job.status.state() == v1::RUNNING) {
+      job.status.clear_trainers();
+      SetState(&job, v1::QUEUED, "scheduler restarted while the job was running; requeued");
+      absl::Status s = Persist(job);
+      if (!s.ok()) return s;
+    }
+  }
+  if (!records.empty()) {
+    DT_LOG(INFO) << "replayed " << records.size() << " WAL records: " << jobs_.size() << " jobs";
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Scheduler::Persist(const Job& job) {
+  if (wal_ == nullptr) return absl::OkStatus();
+  absl::Status s = wal_->Append(job.status.SerializeAsString());
+  if (!s.ok()) DT_LOG(ERROR) << "WAL append for " << job.status.id() << " failed: " << s;
+  return s;
+}
+
+void Scheduler::SetState(Job* job, JobState state, const std::string& reason) {
+  job->status.set_state(state);
+  v1::JobEvent* e = job->status.add_events();
+  e->set_time_unix_ms(absl::ToUnixMillis(options_.now()));
+  e->set_state(state);
+  e->set_reason(reason);
+  Touch(job);
+}
+
+absl::StatusOr<JobStatus> Scheduler::Submit(JobSpec spec) {
+  DT_RETURN_IF_ERROR(ValidateJobSpec(spec));
+  ApplyDefaults(&spec);
+  absl::MutexLock lock(&mu_);
+  std::string id = absl::StrFormat("job-%06d", next_job_);
+  Job job;
+  job.seq = next_job_;
+  job.status.set_id(id);
+  *job.status.mutable_spec() = std::move(spec);
+  job.status.set_test_accuracy(-1);
+  job.status.set_submit_time_unix_ms(absl::ToUnixMillis(options_.now()));
+  SetState(&job, v1::QUEUED, "submitted");
+  DT_RETURN_IF_ERROR(Annotate(Persist(job), "recording the job"));
+  ++next_job_;
+  jobs_[id] = std::move(job);
+  Schedule();
+  return jobs_[id].status;
+}
+
+absl::StatusOr<JobStatus> Scheduler::Get(const std::string& id) const {
+  absl::MutexLock lock(&mu_);
+  auto it = jobs_.find(id);
+  if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("no job '", id, "'"));
+  return it->second.status;
+}
+
+std::vector<JobStatus> Scheduler::List(JobState state) const {
+  absl::MutexLock lock(&mu_);
+  std::vector<const Job*> sorted;
+  for (const auto& [id, job] : jobs_) {
+    if (state == v1::JOB_STATE_UNSPECIFIED || job.status.state() == state) sorted.push_back(&job);
+  }
+  std::sort(sorted.begin(), sorted.end(),
+            [](const Job* a, const Job* b) { return a->seq < b->seq; });
+  std::vector<JobStatus> out;
+  for (const Job* j : sorted) out.push_back(j->status);
+  return out;
+}
+
+absl::StatusOr<JobStatus> Scheduler::Cancel(const std::string& id, const std::string& reason) {
+  absl::MutexLock lock(&mu_);
+  auto it = jobs_.find(id);
+  if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("no job '", id, "'"));
+  Job& job = it->second;
+  if (IsFinal(job.status.state())) {
+    return absl::FailedPreconditionError(absl::StrCat("job ", id, " already finished (",
+                                                      v1::JobState_Name(job.status.state()), ")"));
+  }
+  ReleaseTrainers(&job, "");
+  SetState(&job, v1::CANCELLED, reason.empty() ? "cancelled by user" : reason);
+  (void)Persist(job);
+  Schedule();
+  return job.status;
+}
+
+absl::StatusOr<JobStatus> Scheduler::WaitForChange(const std::string& id, int64_t after_version,
+                                                   absl::Time deadline) const {
+  absl::MutexLock lock(&mu_);
+  auto changed = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    auto it = jobs_.find(id);
+    return it == jobs_.end() || it->second.status.version() > after_version;
+  };
+  mu_.AwaitWithDeadline(absl::Condition(&changed), deadline);
+  auto it = jobs_.find(id);
+  if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("no job '", id, "'"));
+  return it->second.status;
+}
+
+absl::StatusOr<RegisterTrainerReply> Scheduler::RegisterTrainer(
+    const RegisterTrainerRequest& request) {
+  Trainer t;
+  if (request.devices().empty()) {
+    return absl::InvalidArgumentError("devices: a trainer needs at least one device");
+  }
+  for (const std::string& d : request.devices()) {
+    std::string kind = d.substr(0, d.find(':'));
+    if (kind != "cpu" && kind != "cuda") {
+      return absl::InvalidArgumentError(
+          absl::StrCat("devices: '", d, "' is not cpu, cpu:N, cuda or cuda:N"));
+    }
+    ++t.devices[kind];
+  }
+  absl::MutexLock lock(&mu_);
+  t.order = next_trainer_++;
+  t.id = absl::StrCat("trainer-", absl::ToUnixSeconds(options_.now()) % 1000000, "-", t.order);
+  t.name = request.name();
+  t.last_heartbeat = options_.now();
+  DT_LOG(INFO) << "trainer " << t.id << " (" << t.name << ") registered with "
+               << absl::StrJoin(request.devices(), ",");
+  std::string id = t.id;
+  trainers_[id] = std::move(t);
+  RegisterTrainerReply reply;
+  reply.set_trainer_id(id);
+  reply.set_heartbeat_interval_ms(absl::ToInt64Milliseconds(options_.heartbeat_interval));
+  Schedule();
+  return reply;
+}
+
+absl::StatusOr<HeartbeatReply> Scheduler::Heartbeat(const HeartbeatRequest& request) {
+  absl::MutexLock lock(&mu_);
+  auto it = trainers_.find(request.trainer_id());
+  if (it == trainers_.end()) {
+    return absl::NotFoundError(
+        absl::StrCat("unknown trainer '", request.trainer_id(), "'; register again"));
+  }
+  Trainer& t = it->second;
+  t.last_heartbeat = options_.now();
+  HeartbeatReply reply;
+  std::set<std::string> running(request.running_job_ids().begin(), request.running_job_ids().end());
+  // Jobs the trainer still runs but should not (cancelled, reassigned).
+  for (const std::string& id : running) {
+    if (id != t.job_id) t.cancels.push_back(id);
+  }
+  if (!t.job_id.empty() && t.delivered && running.count(t.job_id) == 0) {
+    // It dropped the job without a final report (it restarted, say).
+    auto jt = jobs_.find(t.job_id);
+    std::string job_id = t.job_id;
+    if (jt != jobs_.end() && jt->second.status.state() == v1::RUNNING) {
+      ReleaseTrainers(&jt->second, t.id);
+      SetState(&jt->second, v1::FAILED,
+               absl::StrCat("trainer ", t.id, " stopped running the job without reporting why"));
+      (void)Persist(jt->second);
+    }
+    t.job_id.clear();
+    t.rank = -1;
+    t.delivered = false;
+  }
+  if (!t.job_id.empty() && !t.delivered) {
+    auto jt = jobs_.find(t.job_id);
+    if (jt != jobs_.end()) {
+      Assignment* a = reply.add_assignments();
+      a->set_job_id(t.job_id);
+      *a->mutable_spec() = jt->second.status.spec();
+      a->set_rank(t.rank);
+      a->set_world_size(jt->second.status.trainers_size());
+      *a->mutable_trainer_ids() = jt->second.status.trainers();
+      t.delivered = true;
+    }
+  }
+  for (std::string& c : t.cancels) reply.add_cancel_job_ids(std::move(c));
+  t.cancels.clear();
+  Schedule();
+  return reply;
+}
+
+absl::StatusOr<bool> Scheduler::ReportProgress(const ProgressReport& r) {
+  absl::MutexLock lock(&mu_);
+  auto tt = trainers_.find(r.trainer_id());
+  if (tt == trainers_.end()) {
+    return absl::NotFoundError(absl::StrCat("unknown trainer '", r.trainer_id(), "'"));
+  }
+  Trainer& t = tt->second;
+  t.last_heartbeat = options_.now();
+  auto jt = jobs_.find(r.job_id());
+  if (jt == jobs_.end()) return absl::NotFoundError(absl::StrCat("no job '", r.job_id(), "'"));
+  Job& job = jt->second;
+  if (t.job_id != r.job_id() || t.rank != r.rank()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("job ", r.job_id(), " rank ", r.rank(), " is not assigned to trainer ", t.id));
+  }
+  const bool final = r.final_state() != v1::JOB_STATE_UNSPECIFIED;
+  if (job.status.state() != v1::RUNNING) {
+    // Cancelled (or failed by another rank) while this one was working.
+    if (final) {
+      t.job_id.clear();
+      t.rank = -1;
+      t.delivered = false;
+      Schedule();
+    }
+    return true;
+  }
+  if (r.rank() == 0) {
+    const bool new_epoch = r.epoch() > job.status.epoch();
+    job.status.set_epoch(r.epoch());
+    job.status.set_step(r.step());
+    job.status.set_loss(r.loss());
+    job.status.set_train_accuracy(r.train_accuracy());
+    job.status.set_test_accuracy(r.test_accuracy());
+    job.status.set_samples_per_second(r.samples_per_second());
+    Touch(&job);
+    if (new_epoch && !final) (void)Persist(job);
+  }
+  if (!final) return false;
+  t.job_id.clear();
+  t.rank = -1;
+  t.delivered = false;
+  if (r.final_state() == v1::SUCCEEDED) {
+    if (r.rank() >= 0 && r.rank() < static_cast<int>(job.rank_done.size())) {
+      job.rank_done[r.rank()] = true;
+    }
+    if (std::all_of(job.rank_done.begin(), job.rank_done.end(), [](bool b) { return b; })) {
+      SetState(&job, v1::SUCCEEDED, r.reason().empty() ? "training finished" : r.reason());
+      (void)Persist(job);
+    }
+  } else {
+    ReleaseTrainers(&job, t.id);
+    JobState state = r.final_state() == v1::CANCELLED ? v1::CANCELLED : v1::FAILED;
+    SetState(&job, state,
+             absl::StrCat("rank ", r.rank(), " on trainer ", t.id, ": ",
+                          r.reason().empty() ? "no reason given" : r.reason()));
+    (void)Persist(job);
+  }
+  Schedule();
+  return false;
+}
+
+void Scheduler::ReleaseTrainers(Job* job, const std::string& except) {
+  for (const std::string& tid : job->status.trainers()) {
+    auto it = trainers_.find(tid);
+    if (it == trainers_.end() || it->second.job_id != job->status.id()) continue;
+    Trainer& t = it->second;
+    if (tid != except && t.delivered) {
+      // It is working on the job: it stops and sends a final report, which
+      // finds the job finished. Until then it stays busy.
+      t.cancels.push_back(job->status.id());
+      continue;
+    }
+    t.job_id.clear();
+    t.rank = -1;
+    t.delivered = false;
+  }
+}
+
+bool Scheduler::Fits(const Trainer& t, const JobSpec& spec) const {
+  auto it = t.devices.find(spec.device_kind());
+  return it != t.devices.end() && it->second >= spec.devices_per_trainer();
+}
+
+void Scheduler::Schedule() {
+  std::vector<Job*> queue;
+  for (auto& [id, job] : jobs_) {
+    if (job.status.state() == v1::QUEUED) queue.push_back(&job);
+  }
+  std::sort(queue.begin(), queue.end(), [](const Job* a, const Job* b) {
+    if (a->status.spec().priority() != b->status.spec().priority()) {
+      return a->status.spec().priority() > b->status.spec().priority();
+    }
+    return a->seq < b->seq;
+  });
+  std::vector<Trainer*> free;
+  for (auto& [id, t] : trainers_) {
+    if (t.job_id.empty()) free.push_back(&t);
+  }
+  std::sort(free.begin(), free.end(),
+            [](const Trainer* a, const Trainer* b) { return a->order < b->order; });
+  std::set<const Trainer*> reserved;
+  for (Job* job : queue) {
+    const JobSpec& spec = job->status.spec();
+    std::vector<Trainer*> fit;
+    for (Trainer* t : free) {
+      if (t->job_id.empty() && reserved.count(t) == 0 && Fits(*t, spec)) fit.push_back(t);
+    }
+    if (static_cast<int>(fit.size()) < spec.num_trainers()) {
+      // Hold these for the job so lower ones cannot starve it.
+      reserved.insert(fit.begin(), fit.end());
+      continue;
+    }
+    fit.resize(spec.num_trainers());
+    job->status.clear_trainers();
+    job->rank_done.assign(fit.size(), false);
+    for (size_t rank = 0; rank < fit.size(); ++rank) {
+      fit[rank]->job_id = job->status.id();
+      fit[rank]->rank = static_cast<int>(rank);
+      fit[rank]->delivered = false;
+      job->status.add_trainers(fit[rank]->id);
+    }
+    job->status.set_epoch(0);
+    job->status.set_step(0);
+    SetState(job, v1::RUNNING,
+             absl::StrCat("placed on ", absl::StrJoin(job->status.trainers(), ", ")));
+    (void)Persist(*job);
+  }
+}
+
+void Scheduler::LoseTrainer(const std::string& trainer_id, const std::string& why) {
+  auto it = trainers_.find(trainer_id);
+  if (it == trainers_.end()) return;
+  std::string job_id = it->second.job_id;
+  DT_LOG(WARNING) << "trainer " << trainer_id << " lost: " << why;
+  trainers_.erase(it);
+  if (job_id.empty()) return;
+  auto jt = jobs_.find(job_id);
+  if (jt == jobs_.end() || jt->second.status.state() != v1::RUNNING) return;
+  Job& job = jt->second;
+  ReleaseTrainers(&job, "");
+  std::string reason = absl::StrCat("trainer ", trainer_id, " lost (", why, ")");
+  if (options_.requeue_on_trainer_loss) {
+    job.status.clear_trainers();
+    SetState(&job, v1::QUEUED, absl::StrCat(reason, "; requeued"));
+  } else {
+    SetState(&job, v1::FAILED, reason);
+  }
+  (void)Persist(job);
+}
+
+int Scheduler::CheckLiveness() {
+  absl::MutexLock lock(&mu_);
+  const absl::Time now = options_.now();
+  std::vector<std::string> lost;
+  for (const auto& [id, t] : trainers_) {
+    if (now - t.last_heartbeat > options_.heartbeat_timeout) lost.push_back(id);
+  }
+  for (const std::string& id : lost) {
+    LoseTrainer(id, absl::StrCat("no heartbeat for ",
+                                 absl::FormatDuration(now - trainers_[id].last_heartbeat)));
+  }
+  if (!lost.empty()) Schedule();
+  return static_cast<int>(lost.size());
+}
+
+SchedulerStats Scheduler::Stats() const {
+  absl::MutexLock lock(&mu_);
+  SchedulerStats s;
+  for (JobState st : {v1::QUEUED, v1::RUNNING, v1::SUCCEEDED, v1::FAILED, v1::CANCELLED}) {
+    s.jobs_by_state[st] = 0;
+  }
+  for (const auto& [id, job] : jobs_) ++s.jobs_by_state[job.status.state()];
+  s.queue_length = s.jobs_by_state[v1::QUEUED];
+  s.trainers_alive = static_cast<int64_t>(trainers_.size());
+  for (const auto& [id, t] : trainers_) s.trainers_busy += t.job_id.empty() ? 0 : 1;
+  return s;
+}
+
+}  // namespace scheduler
+}  // namespace dtrain

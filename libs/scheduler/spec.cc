@@ -1,0 +1,121 @@
+#include "libs/scheduler/spec.h"
+
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+
+namespace dtrain {
+namespace scheduler {
+namespace {
+
+absl::Status Bad(absl::string_view field, absl::string_view reason) {
+  return absl::InvalidArgumentError(absl::StrCat(field, ": ", reason));
+}
+
+bool NameChar(char c) {
+  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' ||
+         c == '_' || c == '-';
+}
+
+}  // namespace
+
+absl::Status ValidateJobSpec(const JobSpec& s) {
+  if (s.name().empty()) return Bad("name", "required");
+  if (s.name().size() > 63) {
+    return Bad("name", absl::StrCat("at most 63 characters, got ", s.name().size()));
+  }
+  for (char c : s.name()) {
+    if (!NameChar(c)) {
+      return Bad("name",
+                 absl::StrCat("only letters, digits, '.', '_' and '-', got '", s.name(), "'"));
+    }
+  }
+  if (s.model() != "mlp" && s.model() != "lenet" && s.model() != "resnet18") {
+    return Bad("model", absl::StrCat("must be mlp, lenet or resnet18, got '", s.model(), "'"));
+  }
+  if (s.epochs() < 1 || s.epochs() > 10000) {
+    return Bad("epochs", absl::StrCat("must be in 1..10000, got ", s.epochs()));
+  }
+  if (s.num_trainers() < 0 || s.num_trainers() > 1024) {
+    return Bad("num_trainers", absl::StrCat("must be in 1..1024 (0 = 1), got ", s.num_trainers()));
+  }
+  const int trainers = s.num_trainers() == 0 ? 1 : s.num_trainers();
+  if (s.devices_per_trainer() < 0 || s.devices_per_trainer() > 64) {
+    return Bad("devices_per_trainer",
+               absl::StrCat("must be in 1..64 (0 = 1), got ", s.devices_per_trainer()));
+  }
+  if (s.global_batch_size() <= 0) {
+    return Bad("global_batch_size", absl::StrCat("must be > 0, got ", s.global_batch_size()));
+  }
+  if (s.global_batch_size() % trainers != 0) {
+    return Bad("global_batch_size", absl::StrCat("must be divisible by num_trainers (", trainers,
+                                                 "), got ", s.global_batch_size()));
+  }
+  if (!(s.lr() > 0) || !std::isfinite(s.lr())) {
+    return Bad("lr", absl::StrCat("must be a finite number > 0, got ", s.lr()));
+  }
+  if (!(s.momentum() >= 0 && s.momentum() < 1)) {
+    return Bad("momentum", absl::StrCat("must be in [0, 1), got ", s.momentum()));
+  }
+  if (!(s.weight_decay() >= 0) || !std::isfinite(s.weight_decay())) {
+    return Bad("weight_decay",
+               absl::StrCat("must be a finite number >= 0, got ", s.weight_decay()));
+  }
+  if (!s.device_kind().empty() && s.device_kind() != "cpu" && s.device_kind() != "cuda") {
+    return Bad("device_kind", absl::StrCat("must be cpu or cuda, got '", s.device_kind(), "'"));
+  }
+  if (!v1::SyncMode_IsValid(s.sync().mode())) {
+    return Bad("sync.mode", absl::StrCat("unknown value ", s.sync().mode()));
+  }
+  if (!v1::Consistency_IsValid(s.sync().consistency())) {
+    return Bad("sync.consistency", absl::StrCat("unknown value ", s.sync().consistency()));
+  }
+  const bool kvstore = s.sync().mode() == v1::KVSTORE;
+  if (!kvstore &&
+      (s.sync().consistency() == v1::ASYNCHRONOUS || s.sync().consistency() == v1::BOUNDED_DELAY)) {
+    return Bad("sync.consistency",
+               absl::StrCat(v1::Consistency_Name(s.sync().consistency()),
+                            " needs sync.mode KVSTORE (allreduce is always synchronous)"));
+  }
+  if (s.sync().consistency() == v1::BOUNDED_DELAY && s.sync().max_staleness() <= 0) {
+    return Bad("sync.max_staleness",
+               absl::StrCat("must be > 0 with BOUNDED_DELAY, got ", s.sync().max_staleness()));
+  }
+  if (s.sync().consistency() != v1::BOUNDED_DELAY && s.sync().max_staleness() != 0) {
+    return Bad("sync.max_staleness", "only meaningful with consistency BOUNDED_DELAY");
+  }
+  if (s.checkpoint_interval_epochs() < 0) {
+    return Bad("checkpoint_interval_epochs",
+               absl::StrCat("must be >= 0 (0 = none), got ", s.checkpoint_interval_epochs()));
+  }
+  if (s.priority() < -1000 || s.priority() > 1000) {
+    return Bad("priority", absl::StrCat("must be in -1000..1000, got ", s.priority()));
+  }
+  if (s.train_limit() < 0) {
+    return Bad("train_limit", absl::StrCat("must be >= 0 (0 = all), got ", s.train_limit()));
+  }
+  if (s.test_limit() < 0) {
+    return Bad("test_limit", absl::StrCat("must be >= 0 (0 = all), got ", s.test_limit()));
+  }
+  if (!s.init().empty() && s.init() != "normal" && s.init() != "kaiming") {
+    return Bad("init", absl::StrCat("must be normal or kaiming, got '", s.init(), "'"));
+  }
+  if (s.threads() < 0 || s.threads() > 1024) {
+    return Bad("threads", absl::StrCat("must be in 0..1024 (0 = all cores), got ", s.threads()));
+  }
+  return absl::OkStatus();
+}
+
+void ApplyDefaults(JobSpec* s) {
+  if (s->num_trainers() == 0) s->set_num_trainers(1);
+  if (s->devices_per_trainer() == 0) s->set_devices_per_trainer(1);
+  if (s->device_kind().empty()) s->set_device_kind("cpu");
+  if (s->sync().mode() == v1::SYNC_MODE_UNSPECIFIED) s->mutable_sync()->set_mode(v1::ALLREDUCE);
+  if (s->sync().consistency() == v1::CONSISTENCY_UNSPECIFIED) {
+    s->mutable_sync()->set_consistency(v1::SYNCHRONOUS);
+  }
+  if (s->init().empty()) s->set_init("normal");
+}
+
+}  // namespace scheduler
+}  // namespace dtrain

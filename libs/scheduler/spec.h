@@ -1,0 +1,30 @@
+// Job spec validation and defaults.
+//
+//   JobSpec spec = ...;                       // from a user, over the network
+//   DT_RETURN_IF_ERROR(ValidateJobSpec(spec)); // InvalidArgument naming the field
+//   ApplyDefaults(&spec);                      // zero values -> documented defaults
+//
+// Messages read "<field>: <reason>, got <value>" so trainctl can show them
+// as they are. Thread-safe (pure functions).
+#ifndef DTRAIN_LIBS_SCHEDULER_SPEC_H_
+#define DTRAIN_LIBS_SCHEDULER_SPEC_H_
+
+#include "absl/status/status.h"
+#include "protos/scheduler.pb.h"
+
+namespace dtrain {
+namespace scheduler {
+
+using v1::JobSpec;
+
+// Checks every field; the first problem found is returned.
+absl::Status ValidateJobSpec(const JobSpec& spec);
+
+// Fills zero values with defaults: num_trainers and devices_per_trainer 1,
+// device_kind "cpu", sync ALLREDUCE/SYNCHRONOUS, init "normal".
+void ApplyDefaults(JobSpec* spec);
+
+}  // namespace scheduler
+}  // namespace dtrain
+
+#endif  // DTRAIN_LIBS_SCHEDULER_SPEC_H_

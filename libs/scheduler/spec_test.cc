@@ -1,0 +1,94 @@
+#include "libs/scheduler/spec.h"
+
+#include <functional>
+
+#include "gtest/gtest.h"
+
+namespace dtrain {
+namespace scheduler {
+namespace {
+
+JobSpec Good() {
+  JobSpec s;
+  s.set_name("mlp-test");
+  s.set_model("mlp");
+  s.set_epochs(2);
+  s.set_global_batch_size(256);
+  s.set_lr(0.1);
+  return s;
+}
+
+TEST(SpecTest, GoodSpecPassesAndGetsDefaults) {
+  JobSpec s = Good();
+  ASSERT_TRUE(ValidateJobSpec(s).ok()) << ValidateJobSpec(s);
+  ApplyDefaults(&s);
+  EXPECT_EQ(s.num_trainers(), 1);
+  EXPECT_EQ(s.devices_per_trainer(), 1);
+  EXPECT_EQ(s.device_kind(), "cpu");
+  EXPECT_EQ(s.sync().mode(), v1::ALLREDUCE);
+  EXPECT_EQ(s.sync().consistency(), v1::SYNCHRONOUS);
+  EXPECT_EQ(s.init(), "normal");
+}
+
+TEST(SpecTest, EveryBadFieldIsNamed) {
+  struct Case {
+    std::function<void(JobSpec*)> mutate;
+    std::string field;
+  };
+  const Case cases[] = {
+      {[](JobSpec* s) { s->set_name(""); }, "name: required"},
+      {[](JobSpec* s) { s->set_name("has space"); }, "name:"},
+      {[](JobSpec* s) { s->set_name(std::string(64, 'a')); }, "name:"},
+      {[](JobSpec* s) { s->set_model("vgg"); }, "model:"},
+      {[](JobSpec* s) { s->set_epochs(0); }, "epochs:"},
+      {[](JobSpec* s) { s->set_global_batch_size(0); }, "global_batch_size:"},
+      {[](JobSpec* s) {
+         s->set_num_trainers(3);
+         s->set_global_batch_size(256);
+       },
+       "global_batch_size: must be divisible"},
+      {[](JobSpec* s) { s->set_lr(0); }, "lr:"},
+      {[](JobSpec* s) { s->set_lr(-1); }, "lr:"},
+      {[](JobSpec* s) { s->set_momentum(1); }, "momentum:"},
+      {[](JobSpec* s) { s->set_weight_decay(-0.1); }, "weight_decay:"},
+      {[](JobSpec* s) { s->set_num_trainers(-1); }, "num_trainers:"},
+      {[](JobSpec* s) { s->set_num_trainers(2000); }, "num_trainers:"},
+      {[](JobSpec* s) { s->set_devices_per_trainer(-1); }, "devices_per_trainer:"},
+      {[](JobSpec* s) { s->set_device_kind("tpu"); }, "device_kind:"},
+      {[](JobSpec* s) { s->mutable_sync()->set_consistency(v1::ASYNCHRONOUS); },
+       "sync.consistency:"},
+      {[](JobSpec* s) {
+         s->mutable_sync()->set_mode(v1::KVSTORE);
+         s->mutable_sync()->set_consistency(v1::BOUNDED_DELAY);
+       },
+       "sync.max_staleness:"},
+      {[](JobSpec* s) { s->mutable_sync()->set_mode(static_cast<v1::SyncMode>(42)); },
+       "sync.mode:"},
+      {[](JobSpec* s) { s->set_checkpoint_interval_epochs(-1); }, "checkpoint_interval_epochs:"},
+      {[](JobSpec* s) { s->set_priority(5000); }, "priority:"},
+      {[](JobSpec* s) { s->set_train_limit(-1); }, "train_limit:"},
+      {[](JobSpec* s) { s->set_test_limit(-1); }, "test_limit:"},
+      {[](JobSpec* s) { s->set_init("zeros"); }, "init:"},
+      {[](JobSpec* s) { s->set_threads(-2); }, "threads:"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.field);
+    JobSpec s = Good();
+    c.mutate(&s);
+    absl::Status st = ValidateJobSpec(s);
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+    EXPECT_EQ(st.message().rfind(c.field, 0), 0u) << st.message();
+  }
+}
+
+TEST(SpecTest, KvstoreBoundedDelayIsFine) {
+  JobSpec s = Good();
+  s.mutable_sync()->set_mode(v1::KVSTORE);
+  s.mutable_sync()->set_consistency(v1::BOUNDED_DELAY);
+  s.mutable_sync()->set_max_staleness(2);
+  EXPECT_TRUE(ValidateJobSpec(s).ok()) << ValidateJobSpec(s);
+}
+
+}  // namespace
+}  // namespace scheduler
+}  // namespace dtrain

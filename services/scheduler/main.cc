@@ -1,0 +1,93 @@
+// scheduler_server: the dtrain job scheduler.
+//
+//   scheduler_server --listen=0.0.0.0:7000 --data_dir=/var/lib/dtrain-scheduler
+//                    --metrics_listen=:9101 --heartbeat_timeout_s=10
+//
+// Serves dtrain.scheduler.v1.JobService (trainctl) and ClusterService
+// (trainer daemons), gRPC health checking and reflection (see server.h).
+// Jobs survive restarts through <data_dir>/jobs.wal. SIGTERM or SIGINT:
+// stops taking calls, gives calls in flight --shutdown_grace_s and exits 0.
+// Exit status 2 for bad flags, 1 when the server cannot start (the reason
+// on stderr).
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <string>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "libs/base/logging.h"
+#include "libs/base/signals.h"
+#include "services/scheduler/server.h"
+
+ABSL_FLAG(std::string, listen, "0.0.0.0:7000", "gRPC address (port 0: any free port)");
+ABSL_FLAG(std::string, data_dir, "", "where the job log lives (empty: jobs are not kept)");
+ABSL_FLAG(std::string, metrics_listen, "",
+          "Prometheus /metrics address, e.g. :9101 (empty: no endpoint)");
+ABSL_FLAG(double, heartbeat_timeout_s, 10, "seconds without a heartbeat before a trainer is lost");
+ABSL_FLAG(double, shutdown_grace_s, 2, "seconds calls in flight get to finish at shutdown");
+ABSL_FLAG(std::string, port_file, "",
+          "write the bound gRPC port here once serving (for scripts and tests)");
+
+namespace {
+
+bool WriteFileAtomically(const std::string& path, const std::string& text) {
+  std::string tmp = absl::StrCat(path, ".tmp.", getpid());
+  {
+    std::ofstream f(tmp, std::ios::trunc);
+    f << text;
+    if (!f.good()) return false;
+  }
+  return std::rename(tmp.c_str(), path.c_str()) == 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage("The dtrain job scheduler.");
+  absl::ParseCommandLine(argc, argv);
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
+  dtrain::scheduler::ServerOptions options;
+  options.listen = absl::GetFlag(FLAGS_listen);
+  options.data_dir = absl::GetFlag(FLAGS_data_dir);
+  options.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
+  const double timeout_s = absl::GetFlag(FLAGS_heartbeat_timeout_s);
+  if (!(timeout_s > 0)) {
+    std::fprintf(stderr, "scheduler_server: --heartbeat_timeout_s must be > 0, got %g\n",
+                 timeout_s);
+    return 2;
+  }
+  options.heartbeat_timeout = absl::Seconds(timeout_s);
+
+  if (!options.data_dir.empty() && mkdir(options.data_dir.c_str(), 0755) != 0 && errno != EEXIST) {
+    std::fprintf(stderr, "scheduler_server: cannot create --data_dir=%s: %s\n",
+                 options.data_dir.c_str(), std::strerror(errno));
+    return 1;
+  }
+  dtrain::ShutdownSignal& shutdown = dtrain::ShutdownSignal::Install();
+  auto server = dtrain::scheduler::SchedulerServer::Start(options);
+  if (!server.ok()) {
+    std::fprintf(stderr, "scheduler_server: %s\n", server.status().ToString().c_str());
+    return 1;
+  }
+  DT_LOG(INFO) << "scheduler listening on port " << (*server)->port()
+               << ((*server)->metrics_port()
+                       ? absl::StrCat(", metrics on port ", (*server)->metrics_port())
+                       : std::string());
+  const std::string port_file = absl::GetFlag(FLAGS_port_file);
+  if (!port_file.empty() && !WriteFileAtomically(port_file, absl::StrCat((*server)->port()))) {
+    std::fprintf(stderr, "scheduler_server: cannot write --port_file=%s\n", port_file.c_str());
+    return 1;
+  }
+  int sig = shutdown.Wait();
+  DT_LOG(INFO) << "signal " << sig << ": shutting down";
+  (*server)->Shutdown(absl::Seconds(absl::GetFlag(FLAGS_shutdown_grace_s)));
+  return 0;
+}

@@ -1,0 +1,295 @@
+#include "services/scheduler/server.h"
+
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/health_check_service_interface.h>
+
+#include "absl/strings/str_cat.h"
+#include "libs/base/grpc_status.h"
+#include "libs/base/logging.h"
+#include "libs/base/status.h"
+#include "libs/metrics/metrics.h"
+#include "protos/admin.grpc.pb.h"
+#include "protos/scheduler.grpc.pb.h"
+
+namespace dtrain {
+namespace scheduler {
+namespace {
+
+constexpr absl::Duration kWatchPoll = absl::Milliseconds(200);
+
+// Per-RPC counters and latencies.
+class RpcMetrics {
+ public:
+  RpcMetrics()
+      : registry_(std::make_shared<prometheus::Registry>()),
+        requests_(metrics::AddCounter(*registry_, "dtrain_scheduler_requests_total",
+                                      "RPCs handled, by method and status code.")),
+        latency_(metrics::AddHistogram(*registry_, "dtrain_scheduler_request_duration_seconds",
+                                       "RPC latency (Watch: the whole stream).")) {}
+
+  // Runs `handler` and records its outcome under `method`.
+  template <typename F>
+  grpc::Status Observe(const char* method, F handler) {
+    const absl::Time start = absl::Now();
+    grpc::Status status = handler();
+    requests_
+        .Add({{"method", method},
+              {"code",
+               absl::StatusCodeToString(static_cast<absl::StatusCode>(status.error_code()))}})
+        .Increment();
+    latency_.Add({{"method", method}}, metrics::LatencyBuckets())
+        .Observe(absl::ToDoubleSeconds(absl::Now() - start));
+    return status;
+  }
+
+  std::shared_ptr<prometheus::Registry> registry() const { return registry_; }
+
+ private:
+  std::shared_ptr<prometheus::Registry> registry_;
+  prometheus::Family<prometheus::Counter>& requests_;
+  prometheus::Family<prometheus::Histogram>& latency_;
+};
+
+class AdminService final : public admin::Admin::Service {
+ public:
+  grpc::Status Ping(grpc::ServerContext*, const admin::PingRequest* request,
+                    admin::PingReply* reply) override {
+    if (request->fail_with_code() != 0) {
+      return grpc::Status(static_cast<grpc::StatusCode>(request->fail_with_code()),
+                          request->payload());
+    }
+    reply->set_payload(request->payload());
+    reply->set_service("scheduler");
+    reply->set_version("dev");
+    reply->set_uptime_ms(absl::ToInt64Milliseconds(absl::Now() - start_));
+    return grpc::Status::OK;
+  }
+
+ private:
+  const absl::Time start_ = absl::Now();
+};
+
+class JobServiceImpl final : public v1::JobService::Service {
+ public:
+  JobServiceImpl(Scheduler* s, const absl::Notification* stopping, RpcMetrics* m)
+      : s_(s), stopping_(stopping), m_(m) {}
+
+  grpc::Status Submit(grpc::ServerContext*, const v1::SubmitRequest* req,
+                      v1::JobStatus* reply) override {
+    return m_->Observe("Submit", [&] { return DoSubmit(req, reply); });
+  }
+  grpc::Status Get(grpc::ServerContext*, const v1::GetRequest* req, v1::JobStatus* reply) override {
+    return m_->Observe("Get", [&] { return DoGet(req, reply); });
+  }
+  grpc::Status List(grpc::ServerContext*, const v1::ListRequest* req,
+                    v1::ListReply* reply) override {
+    return m_->Observe("List", [&] { return DoList(req, reply); });
+  }
+  grpc::Status Cancel(grpc::ServerContext*, const v1::CancelRequest* req,
+                      v1::JobStatus* reply) override {
+    return m_->Observe("Cancel", [&] { return DoCancel(req, reply); });
+  }
+  grpc::Status Watch(grpc::ServerContext* ctx, const v1::WatchRequest* req,
+                     grpc::ServerWriter<v1::JobStatus>* writer) override {
+    return m_->Observe("Watch", [&] { return DoWatch(ctx, req, writer); });
+  }
+
+ private:
+  grpc::Status DoSubmit(const v1::SubmitRequest* req, v1::JobStatus* reply) {
+    absl::StatusOr<JobStatus> r = s_->Submit(req->spec());
+    if (!r.ok()) return ToGrpcStatus(r.status());
+    DT_LOG(INFO) << "job " << r->id() << " (" << r->spec().name() << ") submitted";
+    *reply = std::move(*r);
+    return grpc::Status::OK;
+  }
+
+  grpc::Status DoGet(const v1::GetRequest* req, v1::JobStatus* reply) {
+    absl::StatusOr<JobStatus> r = s_->Get(req->id());
+    if (!r.ok()) return ToGrpcStatus(r.status());
+    *reply = std::move(*r);
+    return grpc::Status::OK;
+  }
+
+  grpc::Status DoList(const v1::ListRequest* req, v1::ListReply* reply) {
+    if (!v1::JobState_IsValid(req->state())) {
+      return ToGrpcStatus(
+          absl::InvalidArgumentError(absl::StrCat("state: unknown value ", req->state())));
+    }
+    for (JobStatus& j : s_->List(req->state())) *reply->add_jobs() = std::move(j);
+    return grpc::Status::OK;
+  }
+
+  grpc::Status DoCancel(const v1::CancelRequest* req, v1::JobStatus* reply) {
+    absl::StatusOr<JobStatus> r = s_->Cancel(req->id(), req->reason());
+    if (!r.ok()) return ToGrpcStatus(r.status());
+    DT_LOG(INFO) << "job " << r->id() << " cancelled";
+    *reply = std::move(*r);
+    return grpc::Status::OK;
+  }
+
+  grpc::Status DoWatch(grpc::ServerContext* ctx, const v1::WatchRequest* req,
+                       grpc::ServerWriter<v1::JobStatus>* writer) {
+    int64_t version = -1;
+    while (!ctx->IsCancelled()) {
+      if (stopping_->HasBeenNotified()) {
+        return ToGrpcStatus(absl::UnavailableError("scheduler shutting down; watch again"));
+      }
+      absl::StatusOr<JobStatus> r = s_->WaitForChange(req->id(), version, absl::Now() + kWatchPoll);
+      if (!r.ok()) return ToGrpcStatus(r.status());
+      if (r->version() == version) continue;
+      version = r->version();
+      if (!writer->Write(*r)) break;  // the client went away
+      if (IsFinal(r->state())) return grpc::Status::OK;
+    }
+    return grpc::Status(grpc::StatusCode::CANCELLED, "watch cancelled");
+  }
+
+  Scheduler* s_;
+  const absl::Notification* stopping_;
+  RpcMetrics* m_;
+};
+
+class ClusterServiceImpl final : public v1::ClusterService::Service {
+ public:
+  ClusterServiceImpl(Scheduler* s, RpcMetrics* m) : s_(s), m_(m) {}
+
+  grpc::Status RegisterTrainer(grpc::ServerContext*, const v1::RegisterTrainerRequest* req,
+                               v1::RegisterTrainerReply* reply) override {
+    return m_->Observe("RegisterTrainer", [&] { return DoRegister(req, reply); });
+  }
+  grpc::Status Heartbeat(grpc::ServerContext*, const v1::HeartbeatRequest* req,
+                         v1::HeartbeatReply* reply) override {
+    return m_->Observe("Heartbeat", [&] { return DoHeartbeat(req, reply); });
+  }
+  grpc::Status ReportProgress(grpc::ServerContext*, const v1::ProgressReport* req,
+                              v1::ReportProgressReply* reply) override {
+    return m_->Observe("ReportProgress", [&] { return DoReport(req, reply); });
+  }
+
+ private:
+  grpc::Status DoRegister(const v1::RegisterTrainerRequest* req, v1::RegisterTrainerReply* reply) {
+    absl::StatusOr<RegisterTrainerReply> r = s_->RegisterTrainer(*req);
+    if (!r.ok()) return ToGrpcStatus(r.status());
+    *reply = std::move(*r);
+    return grpc::Status::OK;
+  }
+
+  grpc::Status DoHeartbeat(const v1::HeartbeatRequest* req, v1::HeartbeatReply* reply) {
+    absl::StatusOr<HeartbeatReply> r = s_->Heartbeat(*req);
+    if (!r.ok()) return ToGrpcStatus(r.status());
+    *reply = std::move(*r);
+    return grpc::Status::OK;
+  }
+
+  grpc::Status DoReport(const v1::ProgressReport* req, v1::ReportProgressReply* reply) {
+    if (req->final_state() != v1::JOB_STATE_UNSPECIFIED && !IsFinal(req->final_state())) {
+      return ToGrpcStatus(absl::InvalidArgumentError(
+          "final_state: must be SUCCEEDED, FAILED or CANCELLED when set"));
+    }
+    absl::StatusOr<bool> r = s_->ReportProgress(*req);
+    if (!r.ok()) return ToGrpcStatus(r.status());
+    reply->set_stop(*r);
+    return grpc::Status::OK;
+  }
+
+  Scheduler* s_;
+  RpcMetrics* m_;
+};
+
+std::vector<prometheus::MetricFamily> Collect(Scheduler* s) {
+  SchedulerStats st = s->Stats();
+  std::vector<metrics::Sample> by_state;
+  for (const auto& [state, n] : st.jobs_by_state) {
+    by_state.push_back({{{"state", v1::JobState_Name(state)}}, static_cast<double>(n)});
+  }
+  return {
+      metrics::MakeFamily("dtrain_scheduler_jobs", "Jobs in each state.",
+                          prometheus::MetricType::Gauge, by_state),
+      metrics::MakeFamily("dtrain_scheduler_queue_length", "Jobs waiting for trainers.",
+                          prometheus::MetricType::Gauge,
+                          {{{}, static_cast<double>(st.queue_length)}}),
+      metrics::MakeFamily("dtrain_scheduler_trainers_alive", "Registered, heartbeating trainers.",
+                          prometheus::MetricType::Gauge,
+                          {{{}, static_cast<double>(st.trainers_alive)}}),
+      metrics::MakeFamily("dtrain_scheduler_trainers_busy", "Trainers working on a job.",
+                          prometheus::MetricType::Gauge,
+                          {{{}, static_cast<double>(st.trainers_busy)}}),
+  };
+}
+
+}  // namespace
+
+class SchedulerServer::Services {
+ public:
+  Services(Scheduler* s, const absl::Notification* stopping)
+      : jobs(s, stopping, &rpc_metrics), cluster(s, &rpc_metrics) {}
+  RpcMetrics rpc_metrics;  // before the services, which use it
+  JobServiceImpl jobs;
+  ClusterServiceImpl cluster;
+  AdminService admin;
+};
+
+absl::StatusOr<std::unique_ptr<SchedulerServer>> SchedulerServer::Start(
+    const ServerOptions& options) {
+  if (options.heartbeat_timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("heartbeat_timeout must be > 0");
+  }
+  std::unique_ptr<SchedulerServer> server(new SchedulerServer());
+  SchedulerOptions so;
+  if (!options.data_dir.empty()) so.wal_path = options.data_dir + "/jobs.wal";
+  so.heartbeat_timeout = options.heartbeat_timeout;
+  so.heartbeat_interval =
+      std::max(absl::Milliseconds(100), std::min(absl::Seconds(5), options.heartbeat_timeout / 4));
+  DT_ASSIGN_OR_RETURN(server->scheduler_, Scheduler::Open(so));
+  Scheduler* sched = server->scheduler_.get();
+
+  server->services_ = std::make_unique<Services>(sched, &server->stopping_);
+  if (!options.metrics_listen.empty()) {
+    DT_ASSIGN_OR_RETURN(server->metrics_server_,
+                        metrics::MetricsServer::Start(options.metrics_listen));
+    server->metrics_server_->Expose(
+        std::make_shared<metrics::CallbackCollectable>([sched] { return Collect(sched); }));
+    server->metrics_server_->Expose(server->services_->rpc_metrics.registry());
+  }
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(options.listen, grpc::InsecureServerCredentials(), &server->port_);
+  builder.RegisterService(&server->services_->jobs);
+  builder.RegisterService(&server->services_->cluster);
+  builder.RegisterService(&server->services_->admin);
+  server->server_ = builder.BuildAndStart();
+  if (server->server_ == nullptr || server->port_ == 0) {
+    return absl::UnavailableError(
+        absl::StrCat("scheduler: cannot listen on '", options.listen, "'"));
+  }
+  if (auto* health = server->server_->GetHealthCheckService()) health->SetServingStatus(true);
+
+  const absl::Duration period = options.heartbeat_timeout / 4;
+  SchedulerServer* raw = server.get();
+  server->liveness_ = std::thread([raw, sched, period] {
+    while (!raw->stopping_.WaitForNotificationWithTimeout(period)) sched->CheckLiveness();
+  });
+  return server;
+}
+
+int SchedulerServer::metrics_port() const { return metrics_server_ ? metrics_server_->port() : 0; }
+
+void SchedulerServer::Shutdown(absl::Duration grace) {
+  if (shut_down_) return;
+  shut_down_ = true;
+  if (!stopping_.HasBeenNotified()) stopping_.Notify();
+  if (liveness_.joinable()) liveness_.join();
+  if (server_) {
+    if (auto* health = server_->GetHealthCheckService()) health->SetServingStatus(false);
+    server_->Shutdown(absl::ToChronoTime(absl::Now() + grace));
+    server_->Wait();
+  }
+  metrics_server_.reset();
+}
+
+SchedulerServer::~SchedulerServer() { Shutdown(absl::ZeroDuration()); }
+
+}  // namespace scheduler
+}  // namespace dtrain

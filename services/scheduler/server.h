@@ -1,0 +1,96 @@
+// SchedulerServer: the scheduler (libs/scheduler) as a gRPC server.
+//
+//   ServerOptions options;
+//   options.listen = "0.0.0.0:7000";
+//   options.data_dir = "/var/lib/dtrain-scheduler";   // jobs.wal lives here
+//   DT_ASSIGN_OR_RETURN(std::unique_ptr<SchedulerServer> server, SchedulerServer::Start(options));
+//   ...
+//   server->Shutdown(absl::Seconds(5));
+//
+// Serves on one port:
+//   dtrain.scheduler.v1.JobService      Submit, Get, List, Cancel, Watch (trainctl)
+//   dtrain.scheduler.v1.ClusterService  RegisterTrainer, Heartbeat, ReportProgress
+//   dtrain.admin.Admin                  Ping
+//   grpc.health.v1.Health               SERVING until shutdown starts
+//   grpc.reflection                     for grpcurl
+// and, when metrics_listen is set, Prometheus metrics over HTTP:
+//   dtrain_scheduler_jobs{state}        jobs in each state
+//   dtrain_scheduler_queue_length       jobs waiting for trainers
+//   dtrain_scheduler_trainers_alive     registered, heartbeating trainers
+//   dtrain_scheduler_trainers_busy      of those, working on a job
+//   dtrain_scheduler_requests_total{method,code}
+//   dtrain_scheduler_request_duration_seconds{method}   (histogram)
+// A thread declares silent trainers lost every heartbeat_timeout / 4.
+//
+// Thread-safety: Start, Shutdown and the destructor belong to the owner;
+// the accessors are thread-safe.
+#ifndef DTRAIN_SERVICES_SCHEDULER_SERVER_H_
+#define DTRAIN_SERVICES_SCHEDULER_SERVER_H_
+
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/time.h"
+#include "libs/scheduler/scheduler.h"
+
+namespace grpc {
+class Server;
+}  // namespace grpc
+
+namespace dtrain {
+namespace metrics {
+class MetricsServer;
+}  // namespace metrics
+
+namespace scheduler {
+
+struct ServerOptions {
+  // gRPC address; port 0 picks a free one.
+  std::string listen = "127.0.0.1:0";
+  // The write-ahead log goes to <data_dir>/jobs.wal; empty: no persistence.
+  std::string data_dir;
+  // Prometheus endpoint ("127.0.0.1:0", ":9101"); empty: none.
+  std::string metrics_listen;
+  absl::Duration heartbeat_timeout = absl::Seconds(10);
+};
+
+class SchedulerServer {
+ public:
+  // Errors: those of Scheduler::Open (a damaged log), kUnavailable when a
+  // port cannot be bound.
+  static absl::StatusOr<std::unique_ptr<SchedulerServer>> Start(const ServerOptions& options);
+  ~SchedulerServer();
+  SchedulerServer(const SchedulerServer&) = delete;
+  SchedulerServer& operator=(const SchedulerServer&) = delete;
+
+  // Reports NOT_SERVING, ends Watch streams, lets other calls finish within
+  // `grace` and stops. Idempotent.
+  void Shutdown(absl::Duration grace);
+
+  int port() const { return port_; }
+  int metrics_port() const;
+  Scheduler* scheduler() { return scheduler_.get(); }
+
+  class Services;
+
+ private:
+  SchedulerServer() = default;
+
+  std::unique_ptr<Scheduler> scheduler_;
+  std::unique_ptr<Services> services_;
+  std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<metrics::MetricsServer> metrics_server_;
+  absl::Notification stopping_;
+  std::thread liveness_;
+  int port_ = 0;
+  bool shut_down_ = false;
+};
+
+}  // namespace scheduler
+}  // namespace dtrain
+
+#endif  // DTRAIN_SERVICES_SCHEDULER_SERVER_H_

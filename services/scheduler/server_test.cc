@@ -1,0 +1,169 @@
+#include "services/scheduler/server.h"
+
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/health_check_service_interface.h>
+
+#include <thread>
+
+#include "absl/synchronization/notification.h"
+#include "gtest/gtest.h"
+#include "libs/metrics/scrape.h"
+#include "protos/admin.grpc.pb.h"
+#include "protos/scheduler.grpc.pb.h"
+
+namespace dtrain {
+namespace scheduler {
+namespace {
+
+class ServerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ServerOptions o;
+    o.metrics_listen = "127.0.0.1:0";
+    auto s = SchedulerServer::Start(o);
+    ASSERT_TRUE(s.ok()) << s.status();
+    server_ = std::move(*s);
+    channel_ = grpc::CreateChannel(absl::StrCat("127.0.0.1:", server_->port()),
+                                   grpc::InsecureChannelCredentials());
+    jobs_ = v1::JobService::NewStub(channel_);
+    cluster_ = v1::ClusterService::NewStub(channel_);
+  }
+
+  std::unique_ptr<grpc::ClientContext> Ctx() {
+    auto ctx = std::make_unique<grpc::ClientContext>();
+    ctx->set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    return ctx;
+  }
+
+  static v1::SubmitRequest Submit(const std::string& name) {
+    v1::SubmitRequest r;
+    r.mutable_spec()->set_name(name);
+    r.mutable_spec()->set_model("mlp");
+    r.mutable_spec()->set_epochs(1);
+    r.mutable_spec()->set_global_batch_size(64);
+    r.mutable_spec()->set_lr(0.1);
+    return r;
+  }
+
+  std::unique_ptr<SchedulerServer> server_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::JobService::Stub> jobs_;
+  std::unique_ptr<v1::ClusterService::Stub> cluster_;
+};
+
+TEST_F(ServerTest, BadSpecIsInvalidArgumentNamingTheField) {
+  v1::SubmitRequest r = Submit("x");
+  r.mutable_spec()->set_epochs(0);
+  v1::JobStatus reply;
+  grpc::Status s = jobs_->Submit(Ctx().get(), r, &reply);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(s.error_message().rfind("epochs:", 0), 0u) << s.error_message();
+  v1::GetRequest g;
+  g.set_id("job-424242");
+  EXPECT_EQ(jobs_->Get(Ctx().get(), g, &reply).error_code(), grpc::StatusCode::NOT_FOUND);
+}
+
+TEST_F(ServerTest, JobLifecycleOverGrpcWithWatchAndMetrics) {
+  v1::JobStatus job;
+  ASSERT_TRUE(jobs_->Submit(Ctx().get(), Submit("a"), &job).ok());
+  EXPECT_EQ(job.state(), v1::QUEUED);
+
+  // Watch in the background: it must see QUEUED, RUNNING and SUCCEEDED.
+  std::vector<v1::JobState> seen;
+  absl::Notification first;
+  std::thread watcher([&] {
+    auto ctx = Ctx();
+    v1::WatchRequest w;
+    w.set_id(job.id());
+    auto reader = jobs_->Watch(ctx.get(), w);
+    v1::JobStatus st;
+    while (reader->Read(&st)) {
+      if (seen.empty() || seen.back() != st.state()) seen.push_back(st.state());
+      if (!first.HasBeenNotified()) first.Notify();
+    }
+    EXPECT_TRUE(reader->Finish().ok());
+  });
+
+  ASSERT_TRUE(first.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  v1::RegisterTrainerRequest reg;
+  reg.set_name("t");
+  reg.add_devices("cpu");
+  v1::RegisterTrainerReply t;
+  ASSERT_TRUE(cluster_->RegisterTrainer(Ctx().get(), reg, &t).ok());
+  v1::HeartbeatRequest hb;
+  hb.set_trainer_id(t.trainer_id());
+  v1::HeartbeatReply hr;
+  ASSERT_TRUE(cluster_->Heartbeat(Ctx().get(), hb, &hr).ok());
+  ASSERT_EQ(hr.assignments_size(), 1);
+
+  auto text = metrics::Scrape(server_->metrics_port());
+  ASSERT_TRUE(text.ok()) << text.status();
+  EXPECT_EQ(*metrics::SampleValue(*text, "dtrain_scheduler_jobs{state=\"RUNNING\"}"), 1);
+  EXPECT_EQ(*metrics::SampleValue(*text, "dtrain_scheduler_trainers_alive"), 1);
+  EXPECT_EQ(*metrics::SampleValue(*text, "dtrain_scheduler_queue_length"), 0);
+  EXPECT_EQ(*metrics::SampleValue(
+                *text, "dtrain_scheduler_requests_total{code=\"OK\",method=\"Heartbeat\"}"),
+            1);
+  auto linted = metrics::PromtoolCheck(*text);
+  EXPECT_TRUE(linted.ok()) << linted.status();
+
+  v1::ProgressReport p;
+  p.set_trainer_id(t.trainer_id());
+  p.set_job_id(job.id());
+  p.set_epoch(1);
+  p.set_final_state(v1::SUCCEEDED);
+  v1::ReportProgressReply pr;
+  ASSERT_TRUE(cluster_->ReportProgress(Ctx().get(), p, &pr).ok());
+  watcher.join();
+  EXPECT_EQ(seen, (std::vector<v1::JobState>{v1::QUEUED, v1::RUNNING, v1::SUCCEEDED}));
+
+  v1::CancelRequest c;
+  c.set_id(job.id());
+  grpc::Status s = jobs_->Cancel(Ctx().get(), c, &job);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << s.error_message();
+
+  v1::ListReply list;
+  ASSERT_TRUE(jobs_->List(Ctx().get(), v1::ListRequest(), &list).ok());
+  EXPECT_EQ(list.jobs_size(), 1);
+}
+
+TEST_F(ServerTest, AdminPing) {
+  auto admin_stub = admin::Admin::NewStub(channel_);
+  admin::PingRequest req;
+  req.set_payload("hi");
+  admin::PingReply reply;
+  ASSERT_TRUE(admin_stub->Ping(Ctx().get(), req, &reply).ok());
+  EXPECT_EQ(reply.service(), "scheduler");
+  EXPECT_EQ(reply.payload(), "hi");
+}
+
+TEST_F(ServerTest, UnknownTrainerHeartbeatIsNotFound) {
+  v1::HeartbeatRequest hb;
+  hb.set_trainer_id("nobody");
+  v1::HeartbeatReply hr;
+  EXPECT_EQ(cluster_->Heartbeat(Ctx().get(), hb, &hr).error_code(), grpc::StatusCode::NOT_FOUND);
+}
+
+TEST_F(ServerTest, ShutdownEndsWatches) {
+  v1::JobStatus job;
+  ASSERT_TRUE(jobs_->Submit(Ctx().get(), Submit("w"), &job).ok());
+  std::thread watcher([&] {
+    auto ctx = Ctx();
+    v1::WatchRequest w;
+    w.set_id(job.id());
+    auto reader = jobs_->Watch(ctx.get(), w);
+    v1::JobStatus st;
+    while (reader->Read(&st)) {
+    }
+    EXPECT_FALSE(reader->Finish().ok());
+  });
+  absl::SleepFor(absl::Milliseconds(300));
+  absl::Time start = absl::Now();
+  server_->Shutdown(absl::Seconds(5));
+  watcher.join();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+}
+
+}  // namespace
+}  // namespace scheduler
+}  // namespace dtrain

@@ -1,0 +1,309 @@
+// trainctl: the command-line client of the dtrain scheduler.
+//
+//   trainctl submit --name=mlp1 --model=mlp --epochs=5 --batch_size=256 --lr=0.1 [--wait]
+//   trainctl submit -f job.json [--wait]      # a JobSpec in protobuf's JSON mapping
+//   trainctl get ID | list | cancel ID | watch ID
+//   trainctl -o json list                     # JSON instead of text
+//
+// The scheduler's address comes from --scheduler, else $DTRAIN_SCHEDULER,
+// else 127.0.0.1:7000. Every call has a deadline (--timeout_s; watch and
+// submit --wait stream without one but stop when the job finishes). Errors
+// print the gRPC status code and message. Exit status: 0 success (for
+// --wait and watch: the job SUCCEEDED), 1 a failed call or a job that did
+// not succeed, 2 bad usage.
+#include <grpcpp/grpcpp.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "google/protobuf/util/json_util.h"
+#include "libs/base/grpc_status.h"
+#include "protos/scheduler.grpc.pb.h"
+
+ABSL_FLAG(std::string, scheduler, "",
+          "scheduler address (default: $DTRAIN_SCHEDULER, else 127.0.0.1:7000)");
+ABSL_FLAG(std::string, o, "text", "output: text or json");
+ABSL_FLAG(double, timeout_s, 10, "deadline of each call in seconds");
+ABSL_FLAG(std::string, f, "", "submit: a JobSpec as JSON (flags below override its fields)");
+ABSL_FLAG(bool, wait, false, "submit: watch the job until it ends");
+ABSL_FLAG(std::string, reason, "", "cancel: why (recorded in the job's events)");
+ABSL_FLAG(std::string, state, "", "list: only jobs in this state (QUEUED, RUNNING, ...)");
+// JobSpec fields for submit. Unset flags leave the spec (or -f's) alone.
+ABSL_FLAG(std::string, name, "", "submit: job name");
+ABSL_FLAG(std::string, model, "", "submit: mlp, lenet or resnet18");
+ABSL_FLAG(std::string, data_dir, "", "submit: Fashion-MNIST directory on the trainers");
+ABSL_FLAG(int, epochs, 0, "submit: epochs");
+ABSL_FLAG(int64_t, batch_size, 0, "submit: global batch size");
+ABSL_FLAG(double, lr, 0, "submit: learning rate");
+ABSL_FLAG(double, momentum, 0, "submit: SGD momentum");
+ABSL_FLAG(double, weight_decay, 0, "submit: SGD weight decay");
+ABSL_FLAG(int, num_trainers, 0, "submit: trainers (gang-scheduled)");
+ABSL_FLAG(int, devices_per_trainer, 0, "submit: devices per trainer");
+ABSL_FLAG(std::string, device_kind, "", "submit: cpu or cuda");
+ABSL_FLAG(std::string, sync, "", "submit: ALLREDUCE or KVSTORE");
+ABSL_FLAG(std::string, consistency, "", "submit: SYNCHRONOUS, ASYNCHRONOUS or BOUNDED_DELAY");
+ABSL_FLAG(bool, hybridize, false, "submit: compile the model");
+ABSL_FLAG(uint64_t, seed, 0, "submit: seed");
+ABSL_FLAG(int, checkpoint_interval_epochs, 0, "submit: checkpoint every N epochs");
+ABSL_FLAG(int, priority, 0, "submit: priority (higher runs first)");
+ABSL_FLAG(int64_t, train_limit, 0, "submit: only the first N training images");
+ABSL_FLAG(int64_t, test_limit, 0, "submit: only the first N test images");
+ABSL_FLAG(std::string, init, "", "submit: normal or kaiming");
+ABSL_FLAG(int, threads, 0, "submit: CPU threads per trainer");
+
+namespace {
+
+namespace v1 = dtrain::scheduler::v1;
+
+constexpr char kUsage[] =
+    "trainctl: the dtrain scheduler's client.\n"
+    "  trainctl submit [--name=... --model=... ...|-f job.json] [--wait]\n"
+    "  trainctl get ID\n"
+    "  trainctl list [--state=RUNNING]\n"
+    "  trainctl cancel ID [--reason=...]\n"
+    "  trainctl watch ID\n"
+    "Common flags: --scheduler=host:port (or $DTRAIN_SCHEDULER), -o json, --timeout_s=10";
+
+bool Json() { return absl::GetFlag(FLAGS_o) == "json"; }
+
+std::string ToJson(const google::protobuf::Message& m, bool multiline) {
+  std::string out;
+  google::protobuf::util::JsonPrintOptions opts;
+  opts.add_whitespace = multiline;
+  opts.preserve_proto_field_names = true;
+  (void)google::protobuf::util::MessageToJsonString(m, &out, opts);
+  while (!out.empty() && out.back() == '\n') out.pop_back();
+  return out;
+}
+
+std::unique_ptr<grpc::ClientContext> Ctx() {
+  auto ctx = std::make_unique<grpc::ClientContext>();
+  ctx->set_deadline(
+      absl::ToChronoTime(absl::Now() + absl::Seconds(absl::GetFlag(FLAGS_timeout_s))));
+  return ctx;
+}
+
+int Fail(const absl::Status& s) {
+  std::fprintf(stderr, "trainctl: %s: %s\n", absl::StatusCodeToString(s.code()).c_str(),
+               std::string(s.message()).c_str());
+  return 1;
+}
+
+int Usage(const std::string& why) {
+  std::fprintf(stderr, "trainctl: %s\n%s\n", why.c_str(), kUsage);
+  return 2;
+}
+
+std::string Line(const v1::JobStatus& j) {
+  std::string acc =
+      j.test_accuracy() >= 0 ? absl::StrFormat("%.4f", j.test_accuracy()) : std::string("-");
+  return absl::StrFormat("%-11s %-20s %-9s epoch %d/%d  loss %.4f  test_acc %s  %.0f samples/s",
+                         j.id(), j.spec().name(), v1::JobState_Name(j.state()), j.epoch(),
+                         j.spec().epochs(), j.loss(), acc, j.samples_per_second());
+}
+
+void Print(const v1::JobStatus& j, bool detail) {
+  if (Json()) {
+    std::printf("%s\n", ToJson(j, false).c_str());
+  } else {
+    std::printf("%s\n", Line(j).c_str());
+    if (detail) {
+      for (const auto& e : j.events()) {
+        std::printf("  %s  %-9s %s\n",
+                    absl::FormatTime("%Y-%m-%d %H:%M:%S", absl::FromUnixMillis(e.time_unix_ms()),
+                                     absl::LocalTimeZone())
+                        .c_str(),
+                    v1::JobState_Name(e.state()).c_str(), e.reason().c_str());
+      }
+    }
+  }
+  std::fflush(stdout);
+}
+
+bool Final(v1::JobState s) { return s == v1::SUCCEEDED || s == v1::FAILED || s == v1::CANCELLED; }
+
+// Streams the job's changes until it ends; 0 when it SUCCEEDED.
+int Watch(v1::JobService::Stub* stub, const std::string& id) {
+  grpc::ClientContext ctx;  // no deadline: a job may train for days
+  v1::WatchRequest req;
+  req.set_id(id);
+  auto reader = stub->Watch(&ctx, req);
+  v1::JobStatus st;
+  v1::JobState last = v1::JOB_STATE_UNSPECIFIED;
+  const bool tty = isatty(STDOUT_FILENO) && !Json();
+  while (reader->Read(&st)) {
+    if (Json()) {
+      Print(st, false);
+    } else if (tty && !Final(st.state())) {
+      std::printf("\r%s ", Line(st).c_str());
+      std::fflush(stdout);
+    } else if (st.state() != last || Final(st.state())) {
+      std::printf("%s%s\n", tty ? "\r" : "", Line(st).c_str());
+      std::fflush(stdout);
+    }
+    last = st.state();
+  }
+  absl::Status s = dtrain::FromGrpcStatus(reader->Finish(), "JobService.Watch");
+  if (tty) std::printf("\n");
+  if (!s.ok()) return Fail(s);
+  if (!Final(last)) return Fail(absl::UnavailableError("watch ended before the job did"));
+  if (!Json() && last != v1::SUCCEEDED && st.events_size() > 0) {
+    std::printf("  %s\n", st.events(st.events_size() - 1).reason().c_str());
+  }
+  return last == v1::SUCCEEDED ? 0 : 1;
+}
+
+absl::Status BuildSpec(v1::JobSpec* spec) {
+  const std::string file = absl::GetFlag(FLAGS_f);
+  if (!file.empty()) {
+    std::ifstream in(file);
+    if (!in) return absl::NotFoundError(absl::StrCat("cannot read -f ", file));
+    std::stringstream ss;
+    ss << in.rdbuf();
+    auto st = google::protobuf::util::JsonStringToMessage(ss.str(), spec);
+    if (!st.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(file, ": not a JobSpec: ", st.ToString()));
+    }
+  }
+  if (!absl::GetFlag(FLAGS_name).empty()) spec->set_name(absl::GetFlag(FLAGS_name));
+  if (!absl::GetFlag(FLAGS_model).empty()) spec->set_model(absl::GetFlag(FLAGS_model));
+  if (!absl::GetFlag(FLAGS_data_dir).empty()) spec->set_data_dir(absl::GetFlag(FLAGS_data_dir));
+  if (absl::GetFlag(FLAGS_epochs)) spec->set_epochs(absl::GetFlag(FLAGS_epochs));
+  if (absl::GetFlag(FLAGS_batch_size)) spec->set_global_batch_size(absl::GetFlag(FLAGS_batch_size));
+  if (absl::GetFlag(FLAGS_lr) != 0) spec->set_lr(absl::GetFlag(FLAGS_lr));
+  if (absl::GetFlag(FLAGS_momentum) != 0) spec->set_momentum(absl::GetFlag(FLAGS_momentum));
+  if (absl::GetFlag(FLAGS_weight_decay) != 0) {
+    spec->set_weight_decay(absl::GetFlag(FLAGS_weight_decay));
+  }
+  if (absl::GetFlag(FLAGS_num_trainers)) spec->set_num_trainers(absl::GetFlag(FLAGS_num_trainers));
+  if (absl::GetFlag(FLAGS_devices_per_trainer)) {
+    spec->set_devices_per_trainer(absl::GetFlag(FLAGS_devices_per_trainer));
+  }
+  if (!absl::GetFlag(FLAGS_device_kind).empty()) {
+    spec->set_device_kind(absl::GetFlag(FLAGS_device_kind));
+  }
+  if (!absl::GetFlag(FLAGS_sync).empty()) {
+    v1::SyncMode mode;
+    if (!v1::SyncMode_Parse(absl::GetFlag(FLAGS_sync), &mode)) {
+      return absl::InvalidArgumentError("--sync must be ALLREDUCE or KVSTORE");
+    }
+    spec->mutable_sync()->set_mode(mode);
+  }
+  if (!absl::GetFlag(FLAGS_consistency).empty()) {
+    v1::Consistency c;
+    if (!v1::Consistency_Parse(absl::GetFlag(FLAGS_consistency), &c)) {
+      return absl::InvalidArgumentError(
+          "--consistency must be SYNCHRONOUS, ASYNCHRONOUS or BOUNDED_DELAY");
+    }
+    spec->mutable_sync()->set_consistency(c);
+  }
+  if (absl::GetFlag(FLAGS_hybridize)) spec->set_hybridize(true);
+  if (absl::GetFlag(FLAGS_seed)) spec->set_seed(absl::GetFlag(FLAGS_seed));
+  if (absl::GetFlag(FLAGS_checkpoint_interval_epochs)) {
+    spec->set_checkpoint_interval_epochs(absl::GetFlag(FLAGS_checkpoint_interval_epochs));
+  }
+  if (absl::GetFlag(FLAGS_priority)) spec->set_priority(absl::GetFlag(FLAGS_priority));
+  if (absl::GetFlag(FLAGS_train_limit)) spec->set_train_limit(absl::GetFlag(FLAGS_train_limit));
+  if (absl::GetFlag(FLAGS_test_limit)) spec->set_test_limit(absl::GetFlag(FLAGS_test_limit));
+  if (!absl::GetFlag(FLAGS_init).empty()) spec->set_init(absl::GetFlag(FLAGS_init));
+  if (absl::GetFlag(FLAGS_threads)) spec->set_threads(absl::GetFlag(FLAGS_threads));
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(kUsage);
+  std::vector<char*> args = absl::ParseCommandLine(argc, argv);
+  if (!Json() && absl::GetFlag(FLAGS_o) != "text") return Usage("-o must be text or json");
+  if (!(absl::GetFlag(FLAGS_timeout_s) > 0)) return Usage("--timeout_s must be > 0");
+  if (args.size() < 2) return Usage("missing subcommand");
+  const std::string cmd = args[1];
+  std::string address = absl::GetFlag(FLAGS_scheduler);
+  if (address.empty()) {
+    const char* env = std::getenv("DTRAIN_SCHEDULER");
+    address = env != nullptr && *env ? env : "127.0.0.1:7000";
+  }
+  auto stub =
+      v1::JobService::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  auto need_id = [&]() -> std::string { return args.size() == 3 ? args[2] : ""; };
+
+  if (cmd == "submit") {
+    if (args.size() != 2) return Usage("submit takes no arguments (use flags or -f)");
+    v1::SubmitRequest req;
+    absl::Status built = BuildSpec(req.mutable_spec());
+    if (!built.ok()) {
+      std::fprintf(stderr, "trainctl: %s\n", std::string(built.message()).c_str());
+      return 2;
+    }
+    v1::JobStatus job;
+    auto ctx = Ctx();
+    absl::Status s =
+        dtrain::FromGrpcStatus(stub->Submit(ctx.get(), req, &job), "JobService.Submit");
+    if (!s.ok()) return Fail(s);
+    if (Json()) {
+      Print(job, false);
+    } else {
+      std::printf("submitted %s\n", job.id().c_str());
+      std::fflush(stdout);
+    }
+    return absl::GetFlag(FLAGS_wait) ? Watch(stub.get(), job.id()) : 0;
+  }
+  if (cmd == "get" || cmd == "cancel" || cmd == "watch") {
+    std::string id = need_id();
+    if (id.empty()) return Usage(cmd + " needs one job id");
+    if (cmd == "watch") return Watch(stub.get(), id);
+    v1::JobStatus job;
+    auto ctx = Ctx();
+    absl::Status s;
+    if (cmd == "get") {
+      v1::GetRequest req;
+      req.set_id(id);
+      s = dtrain::FromGrpcStatus(stub->Get(ctx.get(), req, &job), "JobService.Get");
+    } else {
+      v1::CancelRequest req;
+      req.set_id(id);
+      req.set_reason(absl::GetFlag(FLAGS_reason));
+      s = dtrain::FromGrpcStatus(stub->Cancel(ctx.get(), req, &job), "JobService.Cancel");
+    }
+    if (!s.ok()) return Fail(s);
+    Print(job, cmd == "get");
+    return 0;
+  }
+  if (cmd == "list") {
+    if (args.size() != 2) return Usage("list takes no arguments");
+    v1::ListRequest req;
+    if (!absl::GetFlag(FLAGS_state).empty()) {
+      v1::JobState state;
+      if (!v1::JobState_Parse(absl::GetFlag(FLAGS_state), &state)) {
+        return Usage("--state must be QUEUED, RUNNING, SUCCEEDED, FAILED or CANCELLED");
+      }
+      req.set_state(state);
+    }
+    v1::ListReply reply;
+    auto ctx = Ctx();
+    absl::Status s = dtrain::FromGrpcStatus(stub->List(ctx.get(), req, &reply), "JobService.List");
+    if (!s.ok()) return Fail(s);
+    if (Json()) {
+      std::printf("%s\n", ToJson(reply, false).c_str());
+    } else {
+      for (const auto& j : reply.jobs()) Print(j, false);
+    }
+    return 0;
+  }
+  return Usage("unknown subcommand '" + cmd + "'");
+}
