@@ -10,6 +10,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
@@ -27,11 +28,11 @@ inline std::vector<size_t> Sizes(size_t min_bytes, size_t max_bytes) {
   return out;
 }
 
-// Iterations per timed round: about 128 MiB of payload, at least 5.
+// Iterations per timed round: about 32 MiB of payload, 5 to 200.
 inline int Iterations(size_t bytes) {
-  size_t iters = (size_t{128} << 20) / std::max<size_t>(bytes, 1);
+  size_t iters = (size_t{32} << 20) / std::max<size_t>(bytes, 1);
   if (iters < 5) iters = 5;
-  if (iters > 2000) iters = 2000;
+  if (iters > 200) iters = 200;
   return static_cast<int>(iters);
 }
 
