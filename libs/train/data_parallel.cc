@@ -16,6 +16,16 @@ namespace train {
 
 using autograd::Variable;
 
+kvstore::JobConfig MakeKvstoreJobConfig(const std::string& job, int workers) {
+  kvstore::JobConfig c;
+  c.job = job;
+  c.num_workers = workers;
+  c.consistency = kvstore::Consistency::kSync;
+  c.optimizer = kvstore::OptimizerKind::kNone;
+  c.gradient_scale = 1.0 / workers;
+  return c;
+}
+
 ScaledHyperparameters ScaleForDevices(int64_t batch_per_device, float base_lr, int devices) {
   return {batch_per_device * devices, base_lr * static_cast<float>(devices)};
 }
@@ -116,7 +126,13 @@ struct DataParallelTrainer::Impl {
       }
       off += n;
     }
-    if (options.communicator != nullptr) {
+    if (options.kvstore != nullptr) {
+      // One synchronous round: push this trainer's bucket, pull the mean over
+      // all trainers once every trainer has pushed it.
+      DT_RETURN_IF_ERROR(
+          Annotate(options.kvstore->PushPull({{absl::StrCat("grad/bucket", b), flat, flat}}),
+                   absl::StrCat("kvstore push-pull of gradient bucket ", b)));
+    } else if (options.communicator != nullptr) {
       DT_RETURN_IF_ERROR(
           Annotate(options.communicator->Allreduce(flat, static_cast<size_t>(bucket.numel),
                                                    DType::kF32, collective::ReduceOp::kAverage),
@@ -161,6 +177,12 @@ absl::StatusOr<std::unique_ptr<DataParallelTrainer>> DataParallelTrainer::Create
     return absl::InvalidArgumentError("threads_per_device must be positive");
   }
   if (o.bucket_bytes == 0) return absl::InvalidArgumentError("bucket_bytes must be positive");
+  if (o.kvstore != nullptr && o.communicator != nullptr) {
+    return absl::InvalidArgumentError("synchronize through a communicator or a kvstore, not both");
+  }
+  if (o.kvstore != nullptr && o.kvstore_workers < 1) {
+    return absl::InvalidArgumentError("kvstore_workers must be at least 1");
+  }
   auto impl = std::make_unique<Impl>();
   impl->options = o;
   impl->k = static_cast<int>(o.devices.size());
@@ -217,6 +239,17 @@ absl::StatusOr<std::unique_ptr<DataParallelTrainer>> DataParallelTrainer::Create
     impl->buckets[b].flat.resize(static_cast<size_t>(impl->buckets[b].numel));
     for (int p : impl->buckets[b].params) impl->bucket_of[p] = static_cast<int>(b);
     impl->bucket_vars.push_back(impl->engine->NewVar(absl::StrCat("bucket", b)));
+  }
+  if (o.kvstore != nullptr) {
+    DT_RETURN_IF_ERROR(Annotate(
+        o.kvstore->CreateJob(MakeKvstoreJobConfig(o.kvstore->options().job, o.kvstore_workers)),
+        "creating the kvstore job"));
+    std::vector<kvstore::KeySpec> keys;
+    for (size_t b = 0; b < impl->buckets.size(); ++b) {
+      keys.push_back(
+          {absl::StrCat("grad/bucket", b), {impl->buckets[b].numel}, DType::kF32, nullptr});
+    }
+    DT_RETURN_IF_ERROR(Annotate(o.kvstore->Init(keys), "initializing the kvstore keys"));
   }
   impl->pending.assign(impl->buckets.size(), 0);
   impl->ready.assign(impl->k, std::vector<char>(np, 0));

@@ -30,6 +30,7 @@
 
 #include "absl/status/statusor.h"
 #include "libs/collective/communicator.h"
+#include "libs/kvstore/client.h"
 #include "libs/nn/models.h"
 #include "libs/nn/optim.h"
 #include "libs/tensor/tensor.h"
@@ -53,7 +54,18 @@ struct DataParallelOptions {
   // Across trainers (not owned; null for a single trainer). Every trainer
   // must use the same options and the same global batch size per step.
   collective::Communicator* communicator = nullptr;
+  // Or through the parameter server (not owned; exclusive with
+  // `communicator`): each gradient bucket is a key of the client's job, which
+  // must be synchronous with no server-side optimizer and gradient_scale
+  // 1/num_workers (the pull then returns the mean gradient of the round), as
+  // MakeKvstoreJobConfig builds. Create() creates the job and its keys
+  // (idempotently, from every trainer).
+  kvstore::KVClient* kvstore = nullptr;
+  int kvstore_workers = 1;
 };
+
+// The kvstore job a data-parallel run with `workers` trainers needs.
+kvstore::JobConfig MakeKvstoreJobConfig(const std::string& job, int workers);
 
 // The chapter's advice for k devices: keep the per-device batch, so the
 // global batch grows k-fold, and scale the learning rate with it (the linear
