@@ -76,6 +76,7 @@ absl::Status Scheduler::Persist(const Job& job) {
 
 void Scheduler::SetState(Job* job, JobState state, const std::string& reason) {
   job->status.set_state(state);
+  if (state != v1::RUNNING) kv_.erase(job->status.id());
   v1::JobEvent* e = job->status.add_events();
   e->set_time_unix_ms(absl::ToUnixMillis(options_.now()));
   e->set_state(state);
@@ -218,6 +219,7 @@ absl::StatusOr<HeartbeatReply> Scheduler::Heartbeat(const HeartbeatRequest& requ
       *a->mutable_spec() = jt->second.status.spec();
       a->set_rank(t.rank);
       a->set_world_size(jt->second.status.trainers_size());
+      a->set_attempt(jt->second.status.attempts());
       *a->mutable_trainer_ids() = jt->second.status.trainers();
       t.delivered = true;
     }
@@ -351,10 +353,132 @@ void Scheduler::Schedule() {
     }
     job->status.set_epoch(0);
     job->status.set_step(0);
+    job->status.set_attempts(job->status.attempts() + 1);
+    kv_[job->status.id()] = Kv();
+    kv_[job->status.id()].attempt = job->status.attempts();
     SetState(job, v1::RUNNING,
              absl::StrCat("placed on ", absl::StrJoin(job->status.trainers(), ", ")));
     (void)Persist(*job);
   }
+}
+
+absl::StatusOr<Scheduler::Kv*> Scheduler::StoreFor(const std::string& trainer_id,
+                                                   const std::string& job_id, int attempt,
+                                                   const std::string& key) {
+  if (key.empty()) return absl::InvalidArgumentError("key: must not be empty");
+  if (key.size() > kMaxStoreKeyBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("key: ", key.size(), " bytes; the limit is ", kMaxStoreKeyBytes));
+  }
+  auto tt = trainers_.find(trainer_id);
+  if (tt == trainers_.end()) {
+    return absl::NotFoundError(absl::StrCat("unknown trainer '", trainer_id, "'"));
+  }
+  auto jt = jobs_.find(job_id);
+  if (jt == jobs_.end()) return absl::NotFoundError(absl::StrCat("no job '", job_id, "'"));
+  const Job& job = jt->second;
+  if (job.status.state() != v1::RUNNING) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "job ", job_id, " is ", v1::JobState_Name(job.status.state()), ", not RUNNING"));
+  }
+  if (attempt != job.status.attempts()) {
+    return absl::FailedPreconditionError(absl::StrCat("job ", job_id, " attempt ", attempt,
+                                                      " is over; the current attempt is ",
+                                                      job.status.attempts()));
+  }
+  if (tt->second.job_id != job_id) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("trainer ", trainer_id, " is not working on job ", job_id));
+  }
+  auto kt = kv_.find(job_id);
+  if (kt == kv_.end() || kt->second.attempt != attempt) {
+    // Not reachable while the job runs; be safe anyway.
+    return absl::FailedPreconditionError(
+        absl::StrCat("job ", job_id, " attempt ", attempt, " has no rendezvous store"));
+  }
+  return &kt->second;
+}
+
+absl::Status Scheduler::StoreSet(const StoreSetRequest& r) {
+  absl::MutexLock lock(&mu_);
+  DT_ASSIGN_OR_RETURN(Kv * kv, StoreFor(r.trainer_id(), r.job_id(), r.attempt(), r.key()));
+  if (r.value().size() > kMaxStoreValueBytes) {
+    return absl::ResourceExhaustedError(absl::StrCat("value of '", r.key(), "': ", r.value().size(),
+                                                     " bytes; the limit is ", kMaxStoreValueBytes));
+  }
+  auto it = kv->values.find(r.key());
+  const size_t old = it == kv->values.end() ? 0 : it->first.size() + it->second.size();
+  const size_t add = r.key().size() + r.value().size();
+  if (it == kv->values.end() && kv->values.size() + kv->add_results.size() >= kMaxStoreKeys) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("job ", r.job_id(), " store is full (", kMaxStoreKeys, " keys)"));
+  }
+  if (kv->bytes - old + add > kMaxStoreBytes) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("job ", r.job_id(), " store is full (", kMaxStoreBytes, " bytes)"));
+  }
+  kv->bytes = kv->bytes - old + add;
+  kv->values[r.key()] = r.value();
+  return absl::OkStatus();
+}
+
+absl::StatusOr<StoreGetReply> Scheduler::StoreGet(const StoreGetRequest& r) {
+  absl::MutexLock lock(&mu_);
+  DT_ASSIGN_OR_RETURN(Kv * kv, StoreFor(r.trainer_id(), r.job_id(), r.attempt(), r.key()));
+  if (r.wait_ms() < 0) return absl::InvalidArgumentError("wait_ms: must be >= 0");
+  if (kv->values.count(r.key()) == 0 && r.wait_ms() > 0) {
+    const absl::Time deadline =
+        absl::Now() + std::min(absl::Milliseconds(r.wait_ms()), kMaxStoreWait);
+    const std::string& job_id = r.job_id();
+    const int attempt = r.attempt();
+    // Wakes when the key appears or the attempt's table goes away.
+    auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      auto kt = kv_.find(job_id);
+      return kt == kv_.end() || kt->second.attempt != attempt ||
+             kt->second.values.count(r.key()) > 0;
+    };
+    mu_.AwaitWithDeadline(absl::Condition(&ready), deadline);
+    DT_ASSIGN_OR_RETURN(kv, StoreFor(r.trainer_id(), r.job_id(), r.attempt(), r.key()));
+  }
+  StoreGetReply reply;
+  auto it = kv->values.find(r.key());
+  if (it != kv->values.end()) {
+    reply.set_found(true);
+    reply.set_value(it->second);
+  }
+  return reply;
+}
+
+absl::StatusOr<int64_t> Scheduler::StoreAdd(const StoreAddRequest& r) {
+  absl::MutexLock lock(&mu_);
+  DT_ASSIGN_OR_RETURN(Kv * kv, StoreFor(r.trainer_id(), r.job_id(), r.attempt(), r.key()));
+  if (r.request_id() != 0) {
+    auto done = kv->add_results.find(r.request_id());
+    if (done != kv->add_results.end()) return done->second;
+  }
+  auto it = kv->values.find(r.key());
+  int64_t value = 0;
+  if (it != kv->values.end() && !absl::SimpleAtoi(it->second, &value)) {
+    return absl::InvalidArgumentError(absl::StrCat("key '", r.key(), "' does not hold an integer"));
+  }
+  const size_t entries = kv->values.size() + kv->add_results.size() +
+                         (it == kv->values.end() ? 1 : 0) + (r.request_id() != 0 ? 1 : 0);
+  if (entries > kMaxStoreKeys) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("job ", r.job_id(), " store is full (", kMaxStoreKeys, " keys)"));
+  }
+  value += r.delta();
+  std::string text = absl::StrCat(value);
+  const size_t old = it == kv->values.end() ? 0 : it->first.size() + it->second.size();
+  const size_t add = r.key().size() + text.size() + (r.request_id() != 0 ? 16 : 0);
+  if (kv->bytes - old + add > kMaxStoreBytes) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("job ", r.job_id(), " store is full (", kMaxStoreBytes, " bytes)"));
+  }
+  kv->bytes = kv->bytes - old + add;
+  kv->values[r.key()] = std::move(text);
+  if (r.request_id() != 0) kv->add_results[r.request_id()] = value;
+  return value;
 }
 
 void Scheduler::LoseTrainer(const std::string& trainer_id, const std::string& why) {

@@ -58,6 +58,18 @@ using v1::JobStatus;
 using v1::ProgressReport;
 using v1::RegisterTrainerReply;
 using v1::RegisterTrainerRequest;
+using v1::StoreAddRequest;
+using v1::StoreGetReply;
+using v1::StoreGetRequest;
+using v1::StoreSetRequest;
+
+// Limits of a job attempt's rendezvous store.
+inline constexpr size_t kMaxStoreKeyBytes = 1024;
+inline constexpr size_t kMaxStoreValueBytes = 64 << 10;
+inline constexpr size_t kMaxStoreKeys = 4096;
+inline constexpr size_t kMaxStoreBytes = 8 << 20;
+// The longest a StoreGet waits inside the scheduler.
+inline constexpr absl::Duration kMaxStoreWait = absl::Seconds(5);
 
 struct SchedulerOptions {
   // The write-ahead log; empty: nothing survives a restart (tests).
@@ -122,6 +134,15 @@ class Scheduler {
   // or job; kFailedPrecondition when the job is not this trainer's.
   absl::StatusOr<bool> ReportProgress(const ProgressReport& report);
 
+  // The rendezvous store of a running job attempt (see StoreSetRequest in
+  // protos/scheduler.proto for the errors). Each attempt's table starts
+  // empty and is dropped when the job leaves RUNNING.
+  absl::Status StoreSet(const StoreSetRequest& request);
+  // Waits up to min(wait_ms, kMaxStoreWait) for the key; found=false if it
+  // is still missing then.
+  absl::StatusOr<StoreGetReply> StoreGet(const StoreGetRequest& request);
+  absl::StatusOr<int64_t> StoreAdd(const StoreAddRequest& request);
+
   // Declares trainers lost whose last heartbeat is older than the timeout.
   // Returns how many.
   int CheckLiveness();
@@ -133,6 +154,13 @@ class Scheduler {
     JobStatus status;
     int64_t seq = 0;  // arrival order
     std::vector<bool> rank_done;
+  };
+  // One job attempt's rendezvous table.
+  struct Kv {
+    int attempt = 0;
+    std::map<std::string, std::string> values;
+    std::map<uint64_t, int64_t> add_results;  // StoreAdd request_id -> result
+    size_t bytes = 0;
   };
   struct Trainer {
     std::string id;
@@ -158,6 +186,11 @@ class Scheduler {
   void ReleaseTrainers(Job* job, const std::string& except) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Schedule() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool Fits(const Trainer& t, const JobSpec& spec) const;
+  // Checks that `trainer_id` may use the store of `job_id` attempt
+  // `attempt` and the key is valid; returns its table.
+  absl::StatusOr<Kv*> StoreFor(const std::string& trainer_id, const std::string& job_id,
+                               int attempt, const std::string& key)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void LoseTrainer(const std::string& trainer_id, const std::string& why)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
@@ -166,6 +199,7 @@ class Scheduler {
   std::unique_ptr<Wal> wal_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, Job> jobs_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, Trainer> trainers_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, Kv> kv_ ABSL_GUARDED_BY(mu_);  // by job id, RUNNING jobs only
   int64_t next_job_ = 1 ABSL_GUARDED_BY(mu_);
   int64_t next_trainer_ = 1 ABSL_GUARDED_BY(mu_);
   int64_t version_ ABSL_GUARDED_BY(mu_) = 0;

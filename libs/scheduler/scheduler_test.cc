@@ -230,6 +230,62 @@ TEST_F(SchedulerTest, LostTrainerRequeuesItsJob) {
   EXPECT_EQ(s->Stats().trainers_alive, 1);
 }
 
+// Each placement is a new attempt with an empty rendezvous store; the
+// previous attempt's keys are gone and its attempt number is refused.
+TEST_F(SchedulerTest, RequeuedJobGetsANewAttemptAndAnEmptyStore) {
+  auto s = Open(Options());
+  auto job = s->Submit(Spec("a", 2));
+  std::string t1 = AddTrainer(s.get());
+  std::string t2 = AddTrainer(s.get());
+  ASSERT_EQ(Beat(s.get(), t1).assignments(0).attempt(), 1);
+  ASSERT_EQ(Beat(s.get(), t2).assignments(0).attempt(), 1);
+  StoreSetRequest set;
+  set.set_trainer_id(t1);
+  set.set_job_id(job->id());
+  set.set_attempt(1);
+  set.set_key("addr/0");
+  set.set_value("127.0.0.1:1234");
+  ASSERT_TRUE(s->StoreSet(set).ok());
+  StoreGetRequest get;
+  get.set_trainer_id(t2);
+  get.set_job_id(job->id());
+  get.set_attempt(1);
+  get.set_key("addr/0");
+  auto got = s->StoreGet(get);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_TRUE(got->found());
+  EXPECT_EQ(got->value(), "127.0.0.1:1234");
+
+  now_ += absl::Seconds(8);
+  Beat(s.get(), t2, {job->id()});
+  now_ += absl::Seconds(5);
+  EXPECT_EQ(s->CheckLiveness(), 1);  // t1
+  EXPECT_EQ(s->StoreGet(get).status().code(), absl::StatusCode::kFailedPrecondition);
+  // The survivor reports its end; with a new trainer the job runs again.
+  ProgressReport end;
+  end.set_trainer_id(t2);
+  end.set_job_id(job->id());
+  end.set_rank(1);
+  end.set_final_state(v1::FAILED);
+  ASSERT_TRUE(s->ReportProgress(end).ok());
+  std::string t3 = AddTrainer(s.get());
+  HeartbeatReply hb = Beat(s.get(), t2);
+  ASSERT_EQ(hb.assignments_size(), 1);
+  EXPECT_EQ(hb.assignments(0).attempt(), 2);
+  EXPECT_EQ(s->Get(job->id())->attempts(), 2);
+  get.set_attempt(2);
+  got = s->StoreGet(get);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_FALSE(got->found());
+  set.set_trainer_id(t2);
+  EXPECT_EQ(s->StoreSet(set).code(), absl::StatusCode::kFailedPrecondition);  // attempt 1
+  set.set_attempt(2);
+  EXPECT_TRUE(s->StoreSet(set).ok());
+  // Cancelling drops the table.
+  ASSERT_TRUE(s->Cancel(job->id(), "").ok());
+  EXPECT_EQ(s->StoreGet(get).status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
 TEST_F(SchedulerTest, LostTrainerFailsJobWhenNotRequeueing) {
   SchedulerOptions o = Options();
   o.requeue_on_trainer_loss = false;

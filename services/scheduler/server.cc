@@ -166,6 +166,34 @@ class ClusterServiceImpl final : public v1::ClusterService::Service {
                               v1::ReportProgressReply* reply) override {
     return m_->Observe("ReportProgress", [&] { return DoReport(req, reply); });
   }
+  grpc::Status StoreSet(grpc::ServerContext*, const v1::StoreSetRequest* req,
+                        v1::StoreSetReply*) override {
+    return m_->Observe("StoreSet", [&] { return ToGrpcStatus(s_->StoreSet(*req)); });
+  }
+  grpc::Status StoreGet(grpc::ServerContext* ctx, const v1::StoreGetRequest* req,
+                        v1::StoreGetReply* reply) override {
+    return m_->Observe("StoreGet", [&] {
+      v1::StoreGetRequest r = *req;
+      // Never wait past the caller's deadline.
+      const absl::Duration left = absl::FromChrono(ctx->deadline()) - absl::Now();
+      if (left < absl::Milliseconds(r.wait_ms())) {
+        r.set_wait_ms(std::max<int64_t>(0, absl::ToInt64Milliseconds(left) - 100));
+      }
+      absl::StatusOr<v1::StoreGetReply> got = s_->StoreGet(r);
+      if (!got.ok()) return ToGrpcStatus(got.status());
+      *reply = std::move(*got);
+      return grpc::Status::OK;
+    });
+  }
+  grpc::Status StoreAdd(grpc::ServerContext*, const v1::StoreAddRequest* req,
+                        v1::StoreAddReply* reply) override {
+    return m_->Observe("StoreAdd", [&] {
+      absl::StatusOr<int64_t> v = s_->StoreAdd(*req);
+      if (!v.ok()) return ToGrpcStatus(v.status());
+      reply->set_value(*v);
+      return grpc::Status::OK;
+    });
+  }
 
  private:
   grpc::Status DoRegister(const v1::RegisterTrainerRequest* req, v1::RegisterTrainerReply* reply) {

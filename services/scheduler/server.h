@@ -9,7 +9,8 @@
 //
 // Serves on one port:
 //   dtrain.scheduler.v1.JobService      Submit, Get, List, Cancel, Watch (trainctl)
-//   dtrain.scheduler.v1.ClusterService  RegisterTrainer, Heartbeat, ReportProgress
+//   dtrain.scheduler.v1.ClusterService  RegisterTrainer, Heartbeat, ReportProgress,
+//                                       StoreSet, StoreGet, StoreAdd (rendezvous)
 //   dtrain.admin.Admin                  Ping
 //   grpc.health.v1.Health               SERVING until shutdown starts
 //   grpc.reflection                     for grpcurl

@@ -3,10 +3,11 @@
 //
 //   trainer --scheduler=scheduler:7000 --devices=cpu --work_dir=/var/lib/dtrain-trainer
 //
-// One job at a time, on a worker thread, with libs/train's Train(). Progress
-// goes to the scheduler with ReportProgress (every step, at most once a
-// second, and after every epoch with its accuracies).
+// One job at a time, on a worker thread. Progress goes to the scheduler with
+// ReportProgress (every step, at most once a second, and after every epoch
+// with its accuracies).
 //
+// Single-trainer, single-device jobs run with libs/train's Train().
 // Cancellation (from a heartbeat reply or a ReportProgress reply) takes
 // effect at the next epoch boundary, not at the next step: Train() has no
 // way to stop mid-epoch, so the daemon runs it one epoch at a time, resuming
@@ -14,20 +15,32 @@
 // cancellation in between. The checkpoint also gives
 // checkpoint_interval_epochs for free (it is written after every epoch).
 //
-// Multi-trainer jobs (world size > 1) need the data-parallel runner, which
-// is not wired into the daemon yet: such assignments are reported FAILED
-// with the reason "multi-trainer jobs need the data-parallel runner (not yet
-// wired)".
+// Multi-trainer jobs (world size > 1, ALLREDUCE mode) and multi-device jobs
+// run with libs/train's DataParallelTrainer over devices_per_trainer CPU
+// devices (cpu:0..cpu:k-1, threads/k kernel threads each). The trainers of
+// a job meet through the scheduler's rendezvous store (SchedulerStore, keyed
+// by job and attempt) and allreduce gradients over TCP (--collective_host is
+// the address peers connect to). Each rank reads its shard of the training
+// set (DataLoader rank/world_size) with global_batch_size / world_size
+// samples per step. Rank 0 reports progress (its own shard's loss), evaluates
+// test accuracy after every epoch and, every checkpoint_interval_epochs,
+// saves replica 0's parameters to <work_dir>/<job>-a<attempt>.ckpt (kept
+// after the job; without optimizer state). Every rank sends its final
+// report. Cancellation takes effect at the next step; a rank that stops
+// closes its communicator, which makes its peers' next allreduce fail at
+// once, so all ranks stop within about a step. KVSTORE mode is not
+// supported yet (FAILED with a reason), nor are CUDA devices in this path.
 //
 // When the scheduler forgets the trainer (restart, or it was declared lost)
 // the daemon registers again. SIGTERM or SIGINT: stops the job at the next
-// epoch boundary, reports it FAILED ("trainer shutting down") and exits 0.
-// Exit status 2 for bad flags.
+// epoch boundary (next step for data-parallel jobs), reports it FAILED
+// ("trainer shutting down") and exits 0. Exit status 2 for bad flags.
 #include <grpcpp/grpcpp.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
@@ -46,8 +59,17 @@
 #include "libs/base/grpc_status.h"
 #include "libs/base/logging.h"
 #include "libs/base/signals.h"
+#include "libs/base/status.h"
+#include "libs/collective/communicator.h"
+#include "libs/data/fashion_mnist.h"
+#include "libs/data/loader.h"
+#include "libs/nn/models.h"
+#include "libs/ops/ops.h"
+#include "libs/train/data_parallel.h"
+#include "libs/train/state_io.h"
 #include "libs/train/train.h"
 #include "protos/scheduler.grpc.pb.h"
+#include "services/trainer/scheduler_store.h"
 
 ABSL_FLAG(std::string, scheduler, "",
           "scheduler address host:port (default: $DTRAIN_SCHEDULER, else 127.0.0.1:7000)");
@@ -55,24 +77,30 @@ ABSL_FLAG(std::string, name, "", "this trainer's name for people (default: the h
 ABSL_FLAG(std::string, devices, "cpu", "comma-separated devices to offer: cpu, cuda:0, ...");
 ABSL_FLAG(std::string, work_dir, "", "checkpoint directory (default: /tmp/dtrain-trainer-<pid>)");
 ABSL_FLAG(double, rpc_timeout_s, 5, "deadline of each call to the scheduler");
+ABSL_FLAG(std::string, collective_host, "",
+          "address other trainers reach this one at for allreduce (default: the host name)");
+ABSL_FLAG(double, collective_timeout_s, 60,
+          "time limit of the rendezvous and of each allreduce of multi-trainer jobs");
 
 namespace dtrain {
 namespace {
 
 namespace v1 = scheduler::v1;
-
-constexpr char kMultiTrainerReason[] =
-    "multi-trainer jobs need the data-parallel runner (not yet wired)";
+using trainer::SchedulerStore;
+using trainer::SchedulerStoreOptions;
 
 class Daemon {
  public:
   Daemon(std::shared_ptr<grpc::Channel> channel, std::string name, std::vector<std::string> devices,
-         std::string work_dir, absl::Duration rpc_timeout)
+         std::string work_dir, absl::Duration rpc_timeout, std::string collective_host,
+         absl::Duration collective_timeout)
       : stub_(v1::ClusterService::NewStub(channel)),
         name_(std::move(name)),
         devices_(std::move(devices)),
         work_dir_(std::move(work_dir)),
-        rpc_timeout_(rpc_timeout) {}
+        rpc_timeout_(rpc_timeout),
+        collective_host_(std::move(collective_host)),
+        collective_timeout_(collective_timeout) {}
 
   // Runs until `shutdown` is requested.
   void Run(ShutdownSignal& shutdown) {
@@ -143,7 +171,7 @@ class Daemon {
     for (const std::string& id : reply.cancel_job_ids()) {
       absl::MutexLock lock(&mu_);
       if (running_ != nullptr && running_id_ == id) {
-        DT_LOG(INFO) << "job " << id << " cancelled; stopping after this epoch";
+        DT_LOG(INFO) << "job " << id << " cancelled; stopping";
         running_->stop_reason = "cancelled";
         running_->stop = true;
       }
@@ -152,12 +180,6 @@ class Daemon {
   }
 
   void Start(const v1::Assignment& a) {
-    if (a.world_size() > 1 || a.rank() > 0) {
-      DT_LOG(WARNING) << "job " << a.job_id() << " rank " << a.rank() << " of " << a.world_size()
-                      << ": " << kMultiTrainerReason;
-      Report(a, v1::FAILED, kMultiTrainerReason);
-      return;
-    }
     ReapFinished();
     absl::MutexLock lock(&mu_);
     if (running_ != nullptr) {
@@ -173,8 +195,13 @@ class Daemon {
     running_id_ = a.job_id();
     Job* job = running_.get();
     DT_LOG(INFO) << "starting job " << a.job_id() << " (" << a.spec().name() << ", "
-                 << a.spec().model() << ", " << a.spec().epochs() << " epochs)";
-    job->thread = std::thread([this, job] { Work(job); });
+                 << a.spec().model() << ", " << a.spec().epochs() << " epochs) as rank " << a.rank()
+                 << " of " << a.world_size() << ", attempt " << a.attempt();
+    if (a.world_size() > 1 || a.spec().devices_per_trainer() > 1) {
+      job->thread = std::thread([this, job] { WorkDataParallel(job); });
+    } else {
+      job->thread = std::thread([this, job] { Work(job); });
+    }
   }
 
   // Joins a worker that has finished (its job cleared running_id_).
@@ -301,6 +328,212 @@ class Daemon {
     running_id_.clear();
   }
 
+  // A multi-trainer (or multi-device) job with DataParallelTrainer.
+  void WorkDataParallel(Job* job) {
+    const v1::Assignment& a = job->assignment;
+    v1::ProgressReport last;
+    last.set_test_accuracy(-1);
+    absl::Status s = RunDataParallel(job, &last);
+    v1::JobState final_state = v1::SUCCEEDED;
+    std::string reason = "training finished";
+    if (job->stop) {
+      absl::MutexLock lock(&mu_);
+      final_state = job->stop_reason == "cancelled" ? v1::CANCELLED : v1::FAILED;
+      reason =
+          absl::StrCat(job->stop_reason, " at epoch ", last.epoch() + 1, " step ", last.step());
+    } else if (!s.ok()) {
+      final_state = v1::FAILED;
+      reason = std::string(s.message());
+    }
+    DT_LOG(INFO) << "job " << a.job_id() << " rank " << a.rank() << " "
+                 << v1::JobState_Name(final_state) << ": " << reason;
+    Report(a, final_state, reason, &last);
+    absl::MutexLock lock(&mu_);
+    running_id_.clear();
+  }
+
+  absl::Status RunDataParallel(Job* job, v1::ProgressReport* last) {
+    const v1::Assignment& a = job->assignment;
+    const v1::JobSpec& spec = a.spec();
+    const int world = std::max(1, a.world_size());
+    const int rank = a.rank();
+    if (spec.sync().mode() == v1::KVSTORE) {
+      return absl::UnimplementedError(
+          "sync mode KVSTORE is not supported by the trainer daemon yet; use ALLREDUCE");
+    }
+    if (spec.device_kind() == "cuda") {
+      return absl::UnimplementedError(
+          "multi-trainer and multi-device jobs run on CPU devices only for now");
+    }
+    if (rank < 0 || rank >= world) {
+      return absl::InvalidArgumentError(absl::StrCat("rank ", rank, " of ", world));
+    }
+    const int k = std::max(1, spec.devices_per_trainer());
+    if (spec.global_batch_size() % world != 0) {
+      return absl::InvalidArgumentError(absl::StrCat("global_batch_size ", spec.global_batch_size(),
+                                                     " is not divisible by ", world, " trainers"));
+    }
+    const int64_t local_batch = spec.global_batch_size() / world;
+    if (local_batch < k) {
+      return absl::InvalidArgumentError(absl::StrCat("global_batch_size ", spec.global_batch_size(),
+                                                     " leaves fewer than ", k,
+                                                     " samples per device"));
+    }
+    if (spec.threads() > 0) ops::SetCpuThreads(spec.threads());
+    const int threads = spec.threads() > 0 ? spec.threads() : ops::CpuThreads();
+
+    // Data: this rank's shard of the training set; the test set on rank 0.
+    const std::string dir =
+        spec.data_dir().empty() ? data::kDefaultFashionMnistDir : spec.data_dir();
+    DT_ASSIGN_OR_RETURN(data::Dataset train_set, data::LoadFashionMnist(dir, data::Split::kTrain));
+    if (spec.train_limit() > 0 && spec.train_limit() < train_set.size) {
+      train_set = data::Subset(train_set, spec.train_limit());
+    }
+    data::Dataset test_set;
+    if (rank == 0) {
+      DT_ASSIGN_OR_RETURN(test_set, data::LoadFashionMnist(dir, data::Split::kTest));
+      if (spec.test_limit() > 0 && spec.test_limit() < test_set.size) {
+        test_set = data::Subset(test_set, spec.test_limit());
+      }
+    }
+    DT_ASSIGN_OR_RETURN(Shape sample_shape, nn::ModelInputShape(spec.model()));
+    DT_ASSIGN_OR_RETURN(nn::Init init, nn::ParseInit(spec.init().empty() ? "normal" : spec.init()));
+    data::LoaderOptions lo;
+    lo.batch_size = local_batch;
+    lo.shuffle = true;
+    lo.seed = spec.seed();
+    lo.rank = rank;
+    lo.world_size = world;
+    const int64_t tail = (train_set.size / world) % local_batch;
+    lo.drop_last = tail != 0 && tail < k;  // a step needs a sample per device
+    lo.prefetch = 2;
+    DT_ASSIGN_OR_RETURN(std::unique_ptr<data::DataLoader> loader,
+                        data::DataLoader::Create(&train_set, lo));
+
+    // Rendezvous through the scheduler, then TCP between the trainers.
+    std::unique_ptr<SchedulerStore> store;
+    std::unique_ptr<collective::Communicator> comm;
+    if (world > 1) {
+      SchedulerStoreOptions so;
+      so.rpc_timeout = rpc_timeout_;
+      store =
+          std::make_unique<SchedulerStore>(stub_.get(), TrainerId(), a.job_id(), a.attempt(), so);
+      collective::CommunicatorOptions co;
+      co.transport = collective::TransportKind::kTcp;
+      co.timeout = collective_timeout_;
+      co.key_prefix = "allreduce";
+      co.tcp.host = collective_host_;
+      const absl::Time start = absl::Now();
+      absl::StatusOr<std::unique_ptr<collective::Communicator>> c =
+          collective::Communicator::Create(rank, world, store.get(), co);
+      if (!c.ok()) {
+        return Annotate(c.status(), absl::StrCat("rendezvous of rank ", rank, " of ", world));
+      }
+      comm = *std::move(c);
+      DT_LOG(INFO) << "job " << a.job_id() << " rank " << rank << ": connected to " << world - 1
+                   << " peers in " << absl::Now() - start;
+    }
+
+    train::DataParallelOptions o;
+    o.model = spec.model();
+    o.devices.clear();
+    for (int i = 0; i < k; ++i) o.devices.push_back(Device::Cpu(i));
+    o.threads_per_device = std::max(1, threads / k);
+    o.sgd = {.lr = static_cast<float>(spec.lr()),
+             .momentum = static_cast<float>(spec.momentum()),
+             .weight_decay = static_cast<float>(spec.weight_decay())};
+    o.init = init;
+    o.seed = spec.seed();
+    o.communicator = comm.get();
+    DT_ASSIGN_OR_RETURN(std::unique_ptr<train::DataParallelTrainer> trainer,
+                        train::DataParallelTrainer::Create(o));
+
+    const std::string ckpt = absl::StrCat(work_dir_, "/", a.job_id(), "-a", a.attempt(), ".ckpt");
+    absl::Time last_report = absl::InfinitePast();
+    for (int epoch = 0; epoch < spec.epochs(); ++epoch) {
+      loader->StartEpoch(epoch);
+      data::Batch b;
+      double loss_sum = 0;
+      int64_t seen = 0, step = 0;
+      const absl::Time start = absl::Now();
+      while (loader->Next(&b)) {
+        if (job->stop) return absl::CancelledError("stopped");
+        Shape shape = {b.size};
+        shape.insert(shape.end(), sample_shape.begin(), sample_shape.end());
+        Tensor x =
+            Tensor::FromHost(b.images.data(), b.images.size(), shape, DType::kF32, Device::Cpu(0));
+        Tensor y = Tensor::FromHost(b.labels.data(), b.labels.size(), {b.size}, DType::kI32,
+                                    Device::Cpu(0));
+        absl::StatusOr<float> stepped = trainer->Step(x, y);
+        if (!stepped.ok()) {
+          return Annotate(stepped.status(),
+                          absl::StrCat("rank ", rank, ", epoch ", epoch + 1, " step ", step + 1));
+        }
+        const float l = *stepped;
+        if (!std::isfinite(l)) {
+          return absl::FailedPreconditionError(
+              absl::StrCat("training diverged: loss is ", l, " at epoch ", epoch + 1, " step ",
+                           step + 1, "; lower the learning rate (lr=", spec.lr(), ")"));
+        }
+        loss_sum += static_cast<double>(l) * b.size;
+        seen += b.size;
+        ++step;
+        last->set_epoch(epoch);
+        last->set_step(step);
+        last->set_loss(loss_sum / seen);
+        const double secs = absl::ToDoubleSeconds(absl::Now() - start);
+        // Samples of the whole job (every rank does the same work).
+        last->set_samples_per_second(secs > 0 ? seen * world / secs : 0);
+        if (rank == 0 && absl::Now() - last_report >= absl::Seconds(1)) {
+          last_report = absl::Now();
+          if (Report(a, v1::JOB_STATE_UNSPECIFIED, "", last)) Stop(job, "cancelled");
+        }
+      }
+      last->set_epoch(epoch + 1);
+      last->set_step(0);
+      if (rank == 0) {
+        last->set_test_accuracy(Evaluate(trainer.get(), test_set, sample_shape));
+        DT_LOG(INFO) << "job " << a.job_id() << " epoch " << epoch + 1 << ": loss " << last->loss()
+                     << ", test accuracy " << last->test_accuracy();
+        const int interval = spec.checkpoint_interval_epochs();
+        if (interval > 0 && (epoch + 1) % interval == 0) {
+          DT_RETURN_IF_ERROR(train::SaveTrainingState(ckpt, spec.model(), trainer->replica(0),
+                                                      nullptr,
+                                                      {{"epochs_done", absl::StrCat(epoch + 1)},
+                                                       {"seed", absl::StrCat(spec.seed())},
+                                                       {"job_id", a.job_id()},
+                                                       {"world_size", absl::StrCat(world)}}));
+        }
+        last_report = absl::Now();
+        if (Report(a, v1::JOB_STATE_UNSPECIFIED, "", last)) Stop(job, "cancelled");
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  // Test accuracy of replica 0 (0 for an empty test set).
+  static double Evaluate(train::DataParallelTrainer* trainer, const data::Dataset& test,
+                         const Shape& sample_shape) {
+    if (test.size == 0) return 0;
+    absl::StatusOr<std::unique_ptr<data::DataLoader>> loader =
+        data::DataLoader::Create(&test, {.batch_size = 1000, .shuffle = false, .prefetch = 1});
+    if (!loader.ok()) return 0;
+    (*loader)->StartEpoch(0);
+    data::Batch b;
+    int64_t correct = 0, total = 0;
+    while ((*loader)->Next(&b)) {
+      Shape shape = {b.size};
+      shape.insert(shape.end(), sample_shape.begin(), sample_shape.end());
+      Tensor x =
+          Tensor::FromHost(b.images.data(), b.images.size(), shape, DType::kF32, Device::Cpu(0));
+      Tensor y =
+          Tensor::FromHost(b.labels.data(), b.labels.size(), {b.size}, DType::kI32, Device::Cpu(0));
+      correct += trainer->CountCorrect(x, y);
+      total += b.size;
+    }
+    return total == 0 ? 0.0 : static_cast<double>(correct) / total;
+  }
+
   void Stop(Job* job, const std::string& reason) {
     absl::MutexLock lock(&mu_);
     if (!job->stop) {
@@ -314,6 +547,8 @@ class Daemon {
   const std::vector<std::string> devices_;
   const std::string work_dir_;
   const absl::Duration rpc_timeout_;
+  const std::string collective_host_;
+  const absl::Duration collective_timeout_;
   std::string TrainerId() const {
     absl::MutexLock lock(&id_mu_);
     return trainer_id_;
@@ -370,8 +605,14 @@ int main(int argc, char** argv) {
   dtrain::ShutdownSignal& shutdown = dtrain::ShutdownSignal::Install();
   DT_LOG(INFO) << "trainer " << name << " with devices " << absl::GetFlag(FLAGS_devices)
                << "; scheduler at " << address;
+  const double collective_timeout_s = absl::GetFlag(FLAGS_collective_timeout_s);
+  if (!(collective_timeout_s > 0)) {
+    std::fprintf(stderr, "trainer: --collective_timeout_s must be > 0\n");
+    return 2;
+  }
   dtrain::Daemon daemon(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()), name,
-                        devices, work_dir, absl::Seconds(timeout_s));
+                        devices, work_dir, absl::Seconds(timeout_s),
+                        absl::GetFlag(FLAGS_collective_host), absl::Seconds(collective_timeout_s));
   daemon.Run(shutdown);
   return 0;
 }

@@ -1,0 +1,117 @@
+#include "services/trainer/scheduler_store.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <algorithm>
+#include <random>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "libs/base/grpc_status.h"
+#include "libs/base/logging.h"
+
+namespace dtrain {
+namespace trainer {
+namespace {
+
+namespace v1 = scheduler::v1;
+
+// The scheduler's cap on one StoreGet wait (scheduler::kMaxStoreWait).
+constexpr absl::Duration kWaitSlice = absl::Seconds(5);
+
+bool Transient(const absl::Status& s) {
+  return absl::IsUnavailable(s) || absl::IsDeadlineExceeded(s);
+}
+
+uint64_t RandomBase() {
+  std::random_device rd;
+  uint64_t v = (static_cast<uint64_t>(rd()) << 32) ^ rd();
+  return v & ~uint64_t{0xFFFFFFFF};  // the low half counts requests
+}
+
+}  // namespace
+
+SchedulerStore::SchedulerStore(v1::ClusterService::StubInterface* stub, std::string trainer_id,
+                               std::string job_id, int attempt, SchedulerStoreOptions options)
+    : stub_(stub),
+      trainer_id_(std::move(trainer_id)),
+      job_id_(std::move(job_id)),
+      attempt_(attempt),
+      options_(options),
+      id_base_(RandomBase() | (uint64_t{1} << 63)) {}
+
+template <typename F>
+absl::Status SchedulerStore::Retry(absl::string_view what, absl::Time until, F call) {
+  until = std::min(until, absl::Now() + options_.retry_for);
+  absl::Duration backoff = absl::Milliseconds(50);
+  while (true) {
+    absl::Status s = call();
+    if (s.ok() || !Transient(s) || absl::Now() + backoff >= until) return s;
+    DT_LOG(WARNING) << what << ": " << s << "; retrying in " << backoff;
+    absl::SleepFor(backoff);
+    backoff = std::min(backoff * 2, absl::Seconds(1));
+  }
+}
+
+absl::Status SchedulerStore::Set(absl::string_view key, absl::string_view value) {
+  v1::StoreSetRequest req;
+  req.set_trainer_id(trainer_id_);
+  req.set_job_id(job_id_);
+  req.set_attempt(attempt_);
+  req.set_key(std::string(key));
+  req.set_value(std::string(value));
+  return Retry(absl::StrCat("StoreSet ", key), absl::InfiniteFuture(), [&] {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + options_.rpc_timeout));
+    v1::StoreSetReply reply;
+    return FromGrpcStatus(stub_->StoreSet(&ctx, req, &reply), "ClusterService.StoreSet");
+  });
+}
+
+absl::StatusOr<std::string> SchedulerStore::Get(absl::string_view key, absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + std::max(timeout, absl::ZeroDuration());
+  v1::StoreGetRequest req;
+  req.set_trainer_id(trainer_id_);
+  req.set_job_id(job_id_);
+  req.set_attempt(attempt_);
+  req.set_key(std::string(key));
+  while (true) {
+    const absl::Duration wait =
+        std::clamp(deadline - absl::Now(), absl::ZeroDuration(), kWaitSlice);
+    req.set_wait_ms(absl::ToInt64Milliseconds(wait));
+    v1::StoreGetReply reply;
+    absl::Status s = Retry(absl::StrCat("StoreGet ", key), deadline + options_.rpc_timeout, [&] {
+      grpc::ClientContext ctx;
+      ctx.set_deadline(absl::ToChronoTime(absl::Now() + wait + options_.rpc_timeout));
+      return FromGrpcStatus(stub_->StoreGet(&ctx, req, &reply), "ClusterService.StoreGet");
+    });
+    if (!s.ok()) return s;
+    if (reply.found()) return std::move(*reply.mutable_value());
+    if (absl::Now() >= deadline) {
+      return absl::DeadlineExceededError(
+          absl::StrCat("rendezvous key '", key, "' of job ", job_id_, " attempt ", attempt_,
+                       " still missing after ", absl::FormatDuration(timeout)));
+    }
+  }
+}
+
+absl::StatusOr<int64_t> SchedulerStore::Add(absl::string_view key, int64_t delta) {
+  v1::StoreAddRequest req;
+  req.set_trainer_id(trainer_id_);
+  req.set_job_id(job_id_);
+  req.set_attempt(attempt_);
+  req.set_key(std::string(key));
+  req.set_delta(delta);
+  req.set_request_id(id_base_ | next_request_.fetch_add(1));
+  v1::StoreAddReply reply;
+  absl::Status s = Retry(absl::StrCat("StoreAdd ", key), absl::InfiniteFuture(), [&] {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + options_.rpc_timeout));
+    return FromGrpcStatus(stub_->StoreAdd(&ctx, req, &reply), "ClusterService.StoreAdd");
+  });
+  if (!s.ok()) return s;
+  return reply.value();
+}
+
+}  // namespace trainer
+}  // namespace dtrain
