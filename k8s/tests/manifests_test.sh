@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# Renders the overlays cpu and gpu, each also with the prometheus-operator
+# component, with `kubectl kustomize` (offline) and
+#  1. validates every rendered object against the Kubernetes API JSON schemas
+#     (schema/k8s_validate.mjs: kubernetes-models' validators generated from
+#     the Kubernetes OpenAPI spec, bundled; run with node), and checks that a
+#     deliberately broken object is rejected (the validator is live);
+#  2. checks the project's policies (policy_check.py): security contexts,
+#     requests and limits, gRPC probes, GPUs only in the gpu overlay, no
+#     Secret objects, NetworkPolicies, scrape annotations, ...;
+#  3. checks that no file under k8s/ holds a key, token or password.
+set -euo pipefail
+fail() { echo "FAIL: $*" >&2; exit 1; }
+R="${TEST_SRCDIR:-}/${TEST_WORKSPACE:-dtrain}"
+[ -d "$R/k8s" ] || R=$(cd "$(dirname "$0")/../.." && pwd)
+K="$R/k8s"
+command -v kubectl >/dev/null || fail "kubectl not installed (tools/setup)"
+command -v node >/dev/null || fail "node not installed (Debian package nodejs; tools/setup)"
+export HOME="${TEST_TMPDIR:-$(mktemp -d)}"
+out=$(mktemp -d "${TEST_TMPDIR:-/tmp}/render.XXXXXX")
+# kustomize refuses symlinked files outside its root; Bazel's runfiles are
+# symlinks, so render from a real copy.
+cp -rL "$K" "$out/k8s"
+n=0
+for ov in cpu gpu; do
+  kubectl kustomize "$out/k8s/overlays/$ov" >"$out/$ov.yaml" || fail "kustomize $ov"
+  mkdir -p "$out/k8s/overlays/$ov-operator"
+  cat >"$out/k8s/overlays/$ov-operator/kustomization.yaml" <<EOK
+apiVersion: kustomize.config.k8s.io/v1beta1
+kind: Kustomization
+resources: [../$ov]
+components: [../../components/prometheus-operator]
+EOK
+  kubectl kustomize "$out/k8s/overlays/$ov-operator" >"$out/$ov-operator.yaml" || fail "kustomize $ov + operator"
+  n=$((n+2))
+done
+node "$K/tests/schema/k8s_validate.mjs" "$out"/{cpu,gpu,cpu-operator,gpu-operator}.yaml; n=$((n+1))
+# Negative control: a wrong type and a missing required field must be rejected.
+sed -e '0,/replicas: 1/s//replicas: "one"/' "$out/cpu.yaml" >"$out/bad1.yaml"
+python3 - "$out/cpu.yaml" "$out/bad2.yaml" <<'EOP'
+import sys, yaml
+docs = list(yaml.safe_load_all(open(sys.argv[1])))
+for d in docs:
+    if d["kind"] == "StatefulSet":
+        del d["spec"]["selector"]; break
+yaml.safe_dump_all(docs, open(sys.argv[2], "w"))
+EOP
+for b in bad1 bad2; do
+  if node "$K/tests/schema/k8s_validate.mjs" "$out/$b.yaml" >"$out/$b.log" 2>&1; then
+    fail "the schema validator accepted $b.yaml"; fi
+done
+grep -q "replicas must be" "$out/bad1.log" || { cat "$out/bad1.log"; fail "unexpected error for bad1"; }
+grep -q "selector" "$out/bad2.log" || { cat "$out/bad2.log"; fail "unexpected error for bad2"; }
+n=$((n+1))
+python3 "$K/tests/policy_check.py" "$out"/{cpu,gpu,cpu-operator,gpu-operator}.yaml; n=$((n+1))
+# No credentials committed: private keys, tokens, passwords, Secrets with data.
+if grep -rIlE --exclude=k8s_validate.mjs --exclude=manifests_test.sh -e '-----BEGIN [A-Z ]*PRIVATE KEY-----|\b(ghp|gho|glpat|xox[bp])[-_][A-Za-z0-9]{10,}|AKIA[0-9A-Z]{16}|"auths"[[:space:]]*:|password[[:space:]]*[:=][[:space:]]*[^[:space:]<$]' \
+    "$K"; then
+  fail "the files above look like they hold credentials"; fi
+n=$((n+1))
+echo "$n passed, 0 failed"

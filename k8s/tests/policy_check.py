@@ -1,0 +1,97 @@
+#!/usr/bin/env python3
+"""Policy checks on rendered manifests (one file per overlay): what the schema
+cannot say. Exits 1 with one line per violation."""
+import sys
+
+import yaml
+
+errors = []
+
+
+def err(f, o, msg):
+    errors.append(f"{f}: {o['kind']}/{o['metadata']['name']}: {msg}")
+
+
+for f in sys.argv[1:]:
+    docs = [d for d in yaml.safe_load_all(open(f)) if d]
+    by = {}
+    for d in docs:
+        by.setdefault(d["kind"], {})[d["metadata"]["name"]] = d
+        if d["kind"] == "Secret":
+            err(f, d, "Secrets are created by the operator of the cluster, never committed")
+        if d["kind"] != "Namespace" and d["metadata"].get("namespace") != "dtrain":
+            err(f, d, "not in namespace dtrain")
+    gpu = "gpu" in f.rsplit("/", 1)[-1]
+    for kind in ("Deployment", "StatefulSet"):
+        for name, w in by.get(kind, {}).items():
+            pod = w["spec"]["template"]["spec"]
+            psc = pod.get("securityContext", {})
+            if not psc.get("runAsNonRoot") or psc.get("seccompProfile", {}).get("type") != "RuntimeDefault":
+                err(f, w, "pod must set runAsNonRoot and seccompProfile RuntimeDefault")
+            if pod.get("automountServiceAccountToken") is not False:
+                err(f, w, "must not mount a service account token")
+            sa = pod.get("serviceAccountName")
+            if sa not in by.get("ServiceAccount", {}):
+                err(f, w, f"service account {sa} not defined")
+            for vol in pod.get("volumes", []):
+                if "configMap" in vol and vol["configMap"]["name"] not in by.get("ConfigMap", {}):
+                    err(f, w, f"ConfigMap {vol['configMap']['name']} not defined")
+                if "persistentVolumeClaim" in vol and vol["persistentVolumeClaim"]["claimName"] not in by.get("PersistentVolumeClaim", {}):
+                    err(f, w, f"PVC {vol['persistentVolumeClaim']['claimName']} not defined")
+                if "hostPath" in vol:
+                    err(f, w, "hostPath volume")
+            for c in pod["containers"]:
+                sc = c.get("securityContext", {})
+                if (sc.get("allowPrivilegeEscalation") is not False or sc.get("readOnlyRootFilesystem") is not True
+                        or sc.get("privileged") or sc.get("capabilities", {}).get("drop") != ["ALL"]
+                        or sc.get("capabilities", {}).get("add")):
+                    err(f, w, f"container {c['name']}: needs no privilege escalation, read-only root, drop ALL")
+                res = c.get("resources", {})
+                for k in ("cpu", "memory"):
+                    if k not in res.get("requests", {}) or k not in res.get("limits", {}):
+                        err(f, w, f"container {c['name']}: {k} request and limit")
+                wants_gpu = "nvidia.com/gpu" in res.get("limits", {})
+                if name == "dtrain-trainer" and wants_gpu != gpu:
+                    err(f, w, f"nvidia.com/gpu limit {'missing' if gpu else 'in the cpu overlay'}")
+                if name != "dtrain-trainer" and wants_gpu:
+                    err(f, w, "only trainers take GPUs")
+                if not any("--flagfile=/etc/dtrain/" in a for a in c.get("args", [])):
+                    err(f, w, "flags must come from the ConfigMap flagfile")
+                if name in ("dtrain-scheduler", "dtrain-kvstore"):
+                    grpc_port = next(p["containerPort"] for p in c["ports"] if p["name"] == "grpc")
+                    for probe in ("livenessProbe", "readinessProbe", "startupProbe"):
+                        if c.get(probe, {}).get("grpc", {}).get("port") != grpc_port:
+                            err(f, w, f"{probe} must be a gRPC health check on port {grpc_port}")
+                    ann = w["spec"]["template"]["metadata"].get("annotations", {})
+                    mport = next(p["containerPort"] for p in c["ports"] if p["name"] == "metrics")
+                    if ann.get("prometheus.io/scrape") != "true" or ann.get("prometheus.io/port") != str(mport):
+                        err(f, w, "prometheus.io/scrape and prometheus.io/port annotations")
+    for name in ("dtrain-kvstore", "dtrain-trainer"):
+        s = by.get("StatefulSet", {}).get(name)
+        svc = by.get("Service", {}).get(name)
+        if not s or not svc or svc["spec"].get("clusterIP") != "None" or s["spec"]["serviceName"] != name:
+            errors.append(f"{f}: {name} needs a StatefulSet with a headless Service")
+        if name not in by.get("PodDisruptionBudget", {}):
+            errors.append(f"{f}: {name} needs a PodDisruptionBudget")
+    kv = by.get("StatefulSet", {}).get("dtrain-kvstore")
+    if kv and not kv["spec"].get("volumeClaimTemplates"):
+        errors.append(f"{f}: kvstore needs a volume per shard")
+    sched = by.get("Deployment", {}).get("dtrain-scheduler")
+    if sched and sched["spec"].get("strategy", {}).get("type") != "Recreate":
+        errors.append(f"{f}: the scheduler's RWO log volume needs strategy Recreate")
+    np = by.get("NetworkPolicy", {})
+    dd = np.get("default-deny")
+    if not dd or dd["spec"]["podSelector"] != {} or set(dd["spec"]["policyTypes"]) != {"Ingress", "Egress"}:
+        errors.append(f"{f}: a default-deny NetworkPolicy for ingress and egress")
+    for p in np.values():
+        for rule in p["spec"].get("ingress", []) + p["spec"].get("egress", []):
+            if not rule.get("from", rule.get("to")):
+                errors.append(f"{f}: NetworkPolicy {p['metadata']['name']} has a rule open to everything")
+    labels = [pm["metadata"]["name"] for pm in by.get("PodMonitor", {}).values()]
+    if "operator" in f and sorted(labels) != ["dtrain-kvstore", "dtrain-scheduler"]:
+        errors.append(f"{f}: PodMonitors for the scheduler and the kvstore")
+    print(f"policy: {f.rsplit('/', 1)[-1]}: {len(docs)} objects checked")
+
+for e in errors:
+    print("FAIL", e)
+sys.exit(1 if errors else 0)
