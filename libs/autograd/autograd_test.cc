@@ -115,6 +115,43 @@ TEST(AutogradTest, DeepChainDoesNotOverflowTheStack) {
   EXPECT_EQ(x.grad().ToVector<float>()[0], 1.0f);
 }
 
+TEST(AutogradTest, UnitSeedIsRecognizedOnlyDuringItsBackward) {
+  Variable x(Tensor::FromVector<float>({1, 2, 3}, {3}), true);
+  bool seen_unit = false;
+  Tensor scaled_seed = Tensor::Full({}, 2.0f);
+  // A custom node that records whether it received the unit seed.
+  Variable y =
+      MakeResult(ops::Sum(x.value()), "probe", {x}, [&](const Tensor& dy, std::vector<Tensor>* g) {
+        seen_unit = IsUnitSeed(dy);
+        (*g)[0] = Tensor::Full({3}, ops::ScalarValue(dy));
+      });
+  y.Backward();
+  EXPECT_TRUE(seen_unit);
+  EXPECT_EQ(x.grad().ToVector<float>(), (std::vector<float>{1, 1, 1}));
+  EXPECT_FALSE(IsUnitSeed(scaled_seed));
+  x.ZeroGrad();
+  Variable y2 =
+      MakeResult(ops::Sum(x.value()), "probe", {x}, [&](const Tensor& dy, std::vector<Tensor>* g) {
+        seen_unit = IsUnitSeed(dy);
+        (*g)[0] = Tensor::Full({3}, ops::ScalarValue(dy));
+      });
+  y2.Backward(scaled_seed);  // an explicit seed is never "unit"
+  EXPECT_FALSE(seen_unit);
+  EXPECT_EQ(x.grad().ToVector<float>(), (std::vector<float>{2, 2, 2}));
+}
+
+TEST(AutogradTest, ScaledSeedScalesSoftmaxCrossEntropyAndSumGradients) {
+  Tensor logits0 = RandomTensor({2, 4}, 3);
+  Tensor labels = Tensor::FromVector<int32_t>({1, 3}, {2});
+  Variable a(logits0, true), b(logits0, true);
+  SoftmaxCrossEntropy(a, labels).Backward();
+  SoftmaxCrossEntropy(b, labels).Backward(Tensor::Full({}, 3.0f));
+  EXPECT_TRUE(TensorsNear(b.grad(), ops::Scale(a.grad(), 3.0f), 1e-6, 1e-7, "3x seed"));
+  Variable c(logits0, true);
+  Sum(c).Backward(Tensor::Full({}, -2.0f));
+  EXPECT_EQ(c.grad().ToVector<float>(), std::vector<float>(8, -2.0f));
+}
+
 TEST(AutogradTest, SoftmaxCrossEntropyGradient) {
   Tensor logits0 = RandomTensor({3, 5}, 9, -2, 2);
   Tensor labels = Tensor::FromVector<int32_t>({0, 4, 2}, {3});

@@ -227,11 +227,11 @@ Variable SoftmaxCrossEntropy(const Variable& logits, const Tensor& labels) {
   Tensor dlogits;
   Tensor loss = ops::SoftmaxCrossEntropy(logits.value(), labels,
                                          Needs(logits) && GradEnabled() ? &dlogits : nullptr);
-  Variable r = MakeResult(loss, "softmax_cross_entropy", {logits},
-                          [dlogits](const Tensor& dloss, std::vector<Tensor>* g) {
-                            float s = ops::ScalarValue(dloss);
-                            (*g)[0] = s == 1.0f ? dlogits : ops::Scale(dlogits, s);
-                          });
+  Variable r = MakeResult(
+      loss, "softmax_cross_entropy", {logits},
+      [dlogits](const Tensor& dloss, std::vector<Tensor>* g) {
+        (*g)[0] = IsUnitSeed(dloss) ? dlogits : ops::Scale(dlogits, ops::ScalarValue(dloss));
+      });
   if (Tracer* t = ActiveTracer()) {
     TraceEvent e = Event("softmax_cross_entropy", r, {&logits});
     e.tensors[0] = &labels;
@@ -246,7 +246,9 @@ Variable Sum(const Variable& x) {
   DType dt = x.value().dtype();
   Device dev = x.value().device();
   Variable r = MakeResult(y, "sum", {x}, [=](const Tensor& dy, std::vector<Tensor>* g) {
-    (*g)[0] = Tensor::Full(xs, ops::ScalarValue(dy), dt, dev);
+    Tensor grad = Tensor::Empty(xs, dt, dev);
+    ops::Fill(&grad, IsUnitSeed(dy) ? 1.0f : ops::ScalarValue(dy));
+    (*g)[0] = grad;
   });
   if (Tracer* t = ActiveTracer()) {
     TraceEvent e = Event("sum", r, {&x});

@@ -12,6 +12,7 @@ namespace autograd {
 namespace {
 
 thread_local bool tls_grad_enabled = true;
+thread_local Tensor tls_unit_seed;
 
 const Tensor& UndefinedTensor() {
   static const Tensor* t = new Tensor();
@@ -71,7 +72,13 @@ Variable Variable::FromOp(Tensor value, std::shared_ptr<Node> node) {
 void Variable::Backward() {
   DT_CHECK(value().numel() == 1) << "Backward() without a seed needs a scalar, got "
                                  << value().DebugString();
-  Backward(Tensor::Full(value().shape(), 1.0f, value().dtype(), value().device()));
+  // Filled on the device (no host-to-device copy) and remembered so that
+  // backward functions can tell it is all ones without reading it.
+  Tensor seed = Tensor::Empty(value().shape(), value().dtype(), value().device());
+  ops::Fill(&seed, 1.0f);
+  tls_unit_seed = seed;
+  Backward(seed);
+  tls_unit_seed = Tensor();
 }
 
 namespace {
@@ -171,6 +178,11 @@ void Variable::Backward(const Tensor& seed) {
 }
 
 bool GradEnabled() { return tls_grad_enabled; }
+
+bool IsUnitSeed(const Tensor& t) {
+  return tls_unit_seed.defined() && t.SharesStorageWith(tls_unit_seed) &&
+         t.raw_data() == tls_unit_seed.raw_data() && t.numel() == tls_unit_seed.numel();
+}
 
 NoGradGuard::NoGradGuard() : prev_(tls_grad_enabled) { tls_grad_enabled = false; }
 NoGradGuard::~NoGradGuard() { tls_grad_enabled = prev_; }

@@ -96,6 +96,12 @@ struct VariableImpl {
 // True when operations record graphs on this thread (the default).
 bool GradEnabled();
 
+// True if `t` is the all-ones seed that Variable::Backward() (without a seed)
+// is propagating on this thread right now. Backward functions use it to skip
+// reading a scalar gradient back to the host: one device sync less per step,
+// and what lets a whole step be captured in a CUDA graph.
+bool IsUnitSeed(const Tensor& t);
+
 // Disables recording on this thread for its lifetime (evaluation, optimizer
 // updates).
 class NoGradGuard {
