@@ -2,7 +2,7 @@
 """Lists the metric names the rules and the dashboard use, with the service
 expected to export each, one per line: NAME<TAB>EXPORTER.
 
-EXPORTER is a Prometheus job (dtrain-scheduler, dtrain-kvstore), "prometheus"
+EXPORTER is a Prometheus job (dtrain-scheduler, dtrain-kvstore, dtrain-trainer), "prometheus"
 for `up` (per scraped job: the job is given in the selector), "kubelet" for
 metrics no dtrain service exports (kubelet_volume_stats_*), or "UNKNOWN"
 (a test failure). Recording-rule outputs (names with a colon) are checked to
@@ -77,6 +77,8 @@ def exporter(name):
         return "dtrain-scheduler"
     if name.startswith("dtrain_kvstore_"):
         return "dtrain-kvstore"
+    if name.startswith(("dtrain_trainer_", "dtrain_job_")):
+        return "dtrain-trainer"
     if name == "up":
         return "prometheus"
     if name.startswith("kubelet_"):

@@ -88,8 +88,8 @@ for f in sys.argv[1:]:
             if not rule.get("from", rule.get("to")):
                 errors.append(f"{f}: NetworkPolicy {p['metadata']['name']} has a rule open to everything")
     labels = [pm["metadata"]["name"] for pm in by.get("PodMonitor", {}).values()]
-    if "operator" in f and sorted(labels) != ["dtrain-kvstore", "dtrain-scheduler"]:
-        errors.append(f"{f}: PodMonitors for the scheduler and the kvstore")
+    if "operator" in f and sorted(labels) != ["dtrain-kvstore", "dtrain-scheduler", "dtrain-trainer"]:
+        errors.append(f"{f}: PodMonitors for the scheduler, the kvstore and the trainers")
     print(f"policy: {f.rsplit('/', 1)[-1]}: {len(docs)} objects checked")
 
 for e in errors:

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Starts a local dtrain cluster on loopback (scheduler_server, one
 # kvstore_server shard, one trainer daemon), a real Prometheus (Debian's
-# package) scraping the scheduler and the shard every second, runs a small MLP
+# package) scraping the scheduler, the shard and the trainer every second, runs a small MLP
 # job through trainctl, then asks Prometheus's HTTP API for every metric the
 # rules and the dashboard name (extracted by metric_names.py) and fails unless
 # each is ingested with job=<the service that should export it>. Metrics of
@@ -31,7 +31,7 @@ trap 'keep=1; for f in "$dir"/*.log; do echo "--- $f"; tail -20 "$f"; done >&2' 
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 wait_file() { for _ in $(seq 100); do [ -s "$1" ] && return 0; sleep 0.1; done; fail "$2 did not start"; }
 
-sm=$(free_port); km=$(free_port); pp=$(free_port)
+sm=$(free_port); km=$(free_port); tm=$(free_port); pp=$(free_port)
 "$SCHED" --listen=127.0.0.1:0 --port_file="$dir/scheduler.port" --data_dir="$dir/scheduler" \
   --metrics_listen=127.0.0.1:$sm >"$dir/scheduler.log" 2>&1 & pids+=($!)
 "$KV" --listen=127.0.0.1:0 --port_file="$dir/kvstore.port" --data_dir="$dir/kvstore" \
@@ -40,7 +40,9 @@ wait_file "$dir/scheduler.port" scheduler_server
 wait_file "$dir/kvstore.port" kvstore_server
 export DTRAIN_SCHEDULER="127.0.0.1:$(cat "$dir/scheduler.port")"
 "$TRAINER" --scheduler="$DTRAIN_SCHEDULER" --name=trainer-0 --devices=cpu \
-  --work_dir="$dir/trainer-0" >"$dir/trainer-0.log" 2>&1 & pids+=($!)
+  --work_dir="$dir/trainer-0" --metrics_listen=127.0.0.1:$tm --health_listen=127.0.0.1:0 \
+  --health_port_file="$dir/trainer-0.health_port" >"$dir/trainer-0.log" 2>&1 & pids+=($!)
+wait_file "$dir/trainer-0.health_port" "trainer (health server)"
 
 # The job labels are the ones the cluster's scrape config (and PodMonitor
 # jobLabel) give the services.
@@ -51,6 +53,8 @@ scrape_configs:
     static_configs: [{targets: ["127.0.0.1:$sm"]}]
   - job_name: dtrain-kvstore
     static_configs: [{targets: ["127.0.0.1:$km"]}]
+  - job_name: dtrain-trainer
+    static_configs: [{targets: ["127.0.0.1:$tm"]}]
 EOC
 promtool check config "$dir/prometheus.yml" >/dev/null
 prometheus --config.file="$dir/prometheus.yml" --storage.tsdb.path="$dir/tsdb" \
@@ -99,7 +103,10 @@ def check():
     for sel in ['dtrain_scheduler_requests_total{job="dtrain-scheduler",method="ReportProgress",code="OK"}',
                 'dtrain_scheduler_jobs{job="dtrain-scheduler",state="RUNNING"}',
                 'dtrain_kvstore_request_duration_seconds_bucket{job="dtrain-kvstore",method="Push"}',
-                'dtrain_kvstore_request_duration_seconds_bucket{job="dtrain-kvstore",method="Pull"}']:
+                'dtrain_kvstore_request_duration_seconds_bucket{job="dtrain-kvstore",method="Pull"}',
+                'dtrain_trainer_step_seconds_count{job="dtrain-trainer",phase="compute",rank="0"}',
+                'dtrain_trainer_step_seconds_sum{job="dtrain-trainer",phase="communication"}',
+                'dtrain_trainer_busy{job="dtrain-trainer"}']:
         if series(sel): good.append(f"ok   {sel}")
         else: bad.append(f"{sel}: no such series")
     return bad, good, skipped

@@ -25,10 +25,12 @@
 #ifndef DTRAIN_LIBS_METRICS_METRICS_H_
 #define DTRAIN_LIBS_METRICS_METRICS_H_
 
+#include <atomic>
 #include <functional>
 #include <map>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -43,9 +45,7 @@
 #include "prometheus/registry.h"
 
 // prometheus-cpp's CivetServer; kept out of this header.
-namespace prometheus {
-class Exposer;
-}  // namespace prometheus
+namespace prometheus {}  // namespace prometheus
 
 namespace dtrain {
 namespace metrics {
@@ -113,11 +113,20 @@ class MetricsServer {
   int port() const { return port_; }
 
  private:
-  MetricsServer(std::unique_ptr<prometheus::Exposer> exposer, int port, std::string wake_host);
+  MetricsServer(int listen_fd, int port);
+  void Serve();
+  void HandleConnection(int fd);
+  std::string Render();
 
-  std::unique_ptr<prometheus::Exposer> exposer_;
+  // A small HTTP/1.0 server of our own rather than prometheus-cpp's civetweb
+  // Exposer: civetweb's mg_start fails in any process that also loads
+  // libcublas (found with a probe binary: cudart, cuDNN and NCCL are fine,
+  // cuBLAS is not), and every trainer links cuBLAS. Scrapes are rare and
+  // small, so one thread serving connections in turn is enough.
+  int listen_fd_;
   int port_;
-  std::string wake_host_;  // where the destructor connects to stop the listener
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
   absl::Mutex mu_;
   std::vector<std::shared_ptr<prometheus::Collectable>> exposed_ ABSL_GUARDED_BY(mu_);
 };

@@ -35,7 +35,32 @@
 // the daemon registers again. SIGTERM or SIGINT: stops the job at the next
 // epoch boundary (next step for data-parallel jobs), reports it FAILED
 // ("trainer shutting down") and exits 0. Exit status 2 for bad flags.
+//
+// Observability. --metrics_listen (e.g. :9402) serves Prometheus /metrics:
+//   dtrain_trainer_busy                  gauge, 1 while a job runs
+//   dtrain_trainer_steps_total           counter {job_id, rank}
+//   dtrain_trainer_step_seconds          histogram {job_id, rank, phase}, phase:
+//     data_wait      time Next() waited for the loader's batch
+//     communication  the comm queue's reduction work in the step
+//                    (DataParallelTrainer::last_comm_work_seconds(); its wait
+//                    for buckets is idle time and not counted). Reductions
+//                    overlap backward, so this is an upper bound of the time
+//                    communication cost the step.
+//     compute        the rest of the step's wall time (never negative).
+//     Single-trainer jobs (Train()) only see one progress callback per step:
+//     the whole interval between callbacks is observed as compute (it
+//     includes Train()'s own data loading); their communication and
+//     data_wait series exist but stay empty.
+//   dtrain_job_loss, dtrain_job_test_accuracy (-1 until the first epoch
+//   ends; only rank 0 evaluates), dtrain_job_samples_per_second (the whole
+//   job's), dtrain_job_epoch (epochs done)   gauges {job_id, rank}
+// The series of a job stay until the next job starts (one job's worth of
+// series at a time). --health_listen (e.g. :9403) serves grpc.health.v1
+// (and reflection) only, SERVING while the daemon runs; --metrics_port_file
+// and --health_port_file receive the bound ports (for tests with port 0).
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/grpcpp.h>
+#include <grpcpp/health_check_service_interface.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -43,6 +68,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <memory>
 #include <string>
 #include <thread>
@@ -63,6 +89,7 @@
 #include "libs/collective/communicator.h"
 #include "libs/data/fashion_mnist.h"
 #include "libs/data/loader.h"
+#include "libs/metrics/metrics.h"
 #include "libs/nn/models.h"
 #include "libs/ops/ops.h"
 #include "libs/train/data_parallel.h"
@@ -81,6 +108,14 @@ ABSL_FLAG(std::string, collective_host, "",
           "address other trainers reach this one at for allreduce (default: the host name)");
 ABSL_FLAG(double, collective_timeout_s, 60,
           "time limit of the rendezvous and of each allreduce of multi-trainer jobs");
+ABSL_FLAG(std::string, metrics_listen, "",
+          "Prometheus /metrics address, e.g. :9402 or 127.0.0.1:0 (empty: no endpoint)");
+ABSL_FLAG(std::string, health_listen, "",
+          "gRPC health-checking (grpc.health.v1) address, e.g. :9403 (empty: none)");
+ABSL_FLAG(std::string, metrics_port_file, "",
+          "if set, the bound metrics port is written to this file");
+ABSL_FLAG(std::string, health_port_file, "",
+          "if set, the bound health port is written to this file");
 
 namespace dtrain {
 namespace {
@@ -89,12 +124,110 @@ namespace v1 = scheduler::v1;
 using trainer::SchedulerStore;
 using trainer::SchedulerStoreOptions;
 
+// The trainer's Prometheus metrics (see the file comment). Thread-safe.
+class TrainerMetrics {
+ public:
+  // The series of one job on this trainer.
+  struct Job {
+    prometheus::Histogram* compute = nullptr;
+    prometheus::Histogram* communication = nullptr;
+    prometheus::Histogram* data_wait = nullptr;
+    prometheus::Counter* steps = nullptr;
+    prometheus::Gauge* loss = nullptr;
+    prometheus::Gauge* test_accuracy = nullptr;
+    prometheus::Gauge* samples_per_second = nullptr;
+    prometheus::Gauge* epoch = nullptr;
+
+    void Step(double compute_s, double communication_s, double data_wait_s) const {
+      compute->Observe(std::max(0.0, compute_s));
+      if (communication_s >= 0) communication->Observe(communication_s);
+      if (data_wait_s >= 0) data_wait->Observe(data_wait_s);
+      steps->Increment();
+    }
+  };
+
+  TrainerMetrics()
+      : registry_(std::make_shared<prometheus::Registry>()),
+        step_seconds_(metrics::AddHistogram(
+            *registry_, "dtrain_trainer_step_seconds",
+            "Time of each training step by phase: compute, communication (allreduce work), "
+            "data_wait (waiting for the data loader).")),
+        steps_(metrics::AddCounter(*registry_, "dtrain_trainer_steps_total",
+                                   "Training steps this trainer finished.")),
+        loss_(metrics::AddGauge(*registry_, "dtrain_job_loss",
+                                "Mean training loss of the current epoch so far.")),
+        test_accuracy_(
+            metrics::AddGauge(*registry_, "dtrain_job_test_accuracy",
+                              "Test accuracy after the last epoch (0..1; -1 before the first).")),
+        samples_per_second_(metrics::AddGauge(*registry_, "dtrain_job_samples_per_second",
+                                              "Training throughput of the whole job.")),
+        epoch_(metrics::AddGauge(*registry_, "dtrain_job_epoch", "Epochs done.")),
+        busy_(metrics::AddGauge(*registry_, "dtrain_trainer_busy",
+                                "1 while the trainer runs a job, else 0.")
+                  .Add({})) {}
+
+  std::shared_ptr<prometheus::Registry> registry() const { return registry_; }
+
+  // Creates the series of a job (removing the previous job's) and marks the
+  // trainer busy. The pointer stays valid until the next StartJob.
+  const Job* StartJob(const std::string& job_id, int rank) {
+    absl::MutexLock lock(&mu_);
+    RemoveCurrent();
+    const std::map<std::string, std::string> l = {{"job_id", job_id}, {"rank", absl::StrCat(rank)}};
+    auto phase = [&](const char* p) {
+      std::map<std::string, std::string> m = l;
+      m["phase"] = p;
+      return &step_seconds_.Add(m, metrics::LatencyBuckets());
+    };
+    job_ = std::make_unique<Job>();
+    job_->compute = phase("compute");
+    job_->communication = phase("communication");
+    job_->data_wait = phase("data_wait");
+    job_->steps = &steps_.Add(l);
+    job_->loss = &loss_.Add(l);
+    job_->test_accuracy = &test_accuracy_.Add(l);
+    job_->test_accuracy->Set(-1);
+    job_->samples_per_second = &samples_per_second_.Add(l);
+    job_->epoch = &epoch_.Add(l);
+    busy_.Set(1);
+    return job_.get();
+  }
+
+  void EndJob() { busy_.Set(0); }
+
+ private:
+  void RemoveCurrent() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (job_ == nullptr) return;
+    step_seconds_.Remove(job_->compute);
+    step_seconds_.Remove(job_->communication);
+    step_seconds_.Remove(job_->data_wait);
+    steps_.Remove(job_->steps);
+    loss_.Remove(job_->loss);
+    test_accuracy_.Remove(job_->test_accuracy);
+    samples_per_second_.Remove(job_->samples_per_second);
+    epoch_.Remove(job_->epoch);
+    job_.reset();
+  }
+
+  std::shared_ptr<prometheus::Registry> registry_;
+  prometheus::Family<prometheus::Histogram>& step_seconds_;
+  prometheus::Family<prometheus::Counter>& steps_;
+  prometheus::Family<prometheus::Gauge>& loss_;
+  prometheus::Family<prometheus::Gauge>& test_accuracy_;
+  prometheus::Family<prometheus::Gauge>& samples_per_second_;
+  prometheus::Family<prometheus::Gauge>& epoch_;
+  prometheus::Gauge& busy_;
+  absl::Mutex mu_;
+  std::unique_ptr<Job> job_ ABSL_GUARDED_BY(mu_);
+};
+
 class Daemon {
  public:
   Daemon(std::shared_ptr<grpc::Channel> channel, std::string name, std::vector<std::string> devices,
          std::string work_dir, absl::Duration rpc_timeout, std::string collective_host,
-         absl::Duration collective_timeout)
-      : stub_(v1::ClusterService::NewStub(channel)),
+         absl::Duration collective_timeout, TrainerMetrics* metrics)
+      : metrics_(metrics),
+        stub_(v1::ClusterService::NewStub(channel)),
         name_(std::move(name)),
         devices_(std::move(devices)),
         work_dir_(std::move(work_dir)),
@@ -283,11 +416,16 @@ class Daemon {
     v1::ProgressReport last;
     last.set_test_accuracy(-1);
     absl::Time last_report = absl::InfinitePast();
+    const TrainerMetrics::Job* m = metrics_->StartJob(a.job_id(), a.rank());
+    // Train() reports each step once it is done: the time since the previous
+    // callback (or the epoch's start) is the step's, all of it "compute".
+    absl::Time step_start = absl::Now();
     v1::JobState final_state = v1::SUCCEEDED;
     std::string reason = "training finished";
     for (int epoch = 1; epoch <= spec.epochs(); ++epoch) {
       if (job->stop) break;
       o.epochs = epoch;  // one more epoch, resuming from the checkpoint
+      step_start = absl::Now();
       absl::StatusOr<train::TrainResult> r = train::Train(
           o,
           [&](const train::Progress& p) {
@@ -295,10 +433,14 @@ class Daemon {
             last.set_step(p.step);
             last.set_loss(p.loss);
             last.set_samples_per_second(p.samples_per_second);
+            m->Step(absl::ToDoubleSeconds(absl::Now() - step_start), -1, -1);
+            m->loss->Set(p.loss);
+            m->samples_per_second->Set(p.samples_per_second);
             if (absl::Now() - last_report >= absl::Seconds(1)) {
               last_report = absl::Now();
               if (Report(a, v1::JOB_STATE_UNSPECIFIED, "", &last)) Stop(job, "cancelled");
             }
+            step_start = absl::Now();  // the report is not the next step's
           },
           [&](const train::EpochStats& e) {
             last.set_epoch(e.epoch);
@@ -307,8 +449,13 @@ class Daemon {
             last.set_train_accuracy(e.train_accuracy);
             last.set_test_accuracy(e.test_accuracy);
             last.set_samples_per_second(e.samples_per_second);
+            m->loss->Set(e.loss);
+            m->test_accuracy->Set(e.test_accuracy);
+            m->samples_per_second->Set(e.samples_per_second);
+            m->epoch->Set(e.epoch);
             last_report = absl::Now();
             if (Report(a, v1::JOB_STATE_UNSPECIFIED, "", &last)) Stop(job, "cancelled");
+            step_start = absl::Now();
           });
       if (!r.ok()) {
         final_state = v1::FAILED;
@@ -324,6 +471,7 @@ class Daemon {
     std::remove(o.checkpoint_path.c_str());
     DT_LOG(INFO) << "job " << a.job_id() << " " << v1::JobState_Name(final_state) << ": " << reason;
     Report(a, final_state, reason, &last);
+    metrics_->EndJob();
     absl::MutexLock lock(&mu_);
     running_id_.clear();
   }
@@ -333,7 +481,8 @@ class Daemon {
     const v1::Assignment& a = job->assignment;
     v1::ProgressReport last;
     last.set_test_accuracy(-1);
-    absl::Status s = RunDataParallel(job, &last);
+    const TrainerMetrics::Job* m = metrics_->StartJob(a.job_id(), a.rank());
+    absl::Status s = RunDataParallel(job, m, &last);
     v1::JobState final_state = v1::SUCCEEDED;
     std::string reason = "training finished";
     if (job->stop) {
@@ -348,11 +497,12 @@ class Daemon {
     DT_LOG(INFO) << "job " << a.job_id() << " rank " << a.rank() << " "
                  << v1::JobState_Name(final_state) << ": " << reason;
     Report(a, final_state, reason, &last);
+    metrics_->EndJob();
     absl::MutexLock lock(&mu_);
     running_id_.clear();
   }
 
-  absl::Status RunDataParallel(Job* job, v1::ProgressReport* last) {
+  absl::Status RunDataParallel(Job* job, const TrainerMetrics::Job* m, v1::ProgressReport* last) {
     const v1::Assignment& a = job->assignment;
     const v1::JobSpec& spec = a.spec();
     const int world = std::max(1, a.world_size());
@@ -456,7 +606,11 @@ class Daemon {
       double loss_sum = 0;
       int64_t seen = 0, step = 0;
       const absl::Time start = absl::Now();
-      while (loader->Next(&b)) {
+      for (;;) {
+        const absl::Time step_start = absl::Now();
+        const double waited_before = loader->wait_seconds();
+        if (!loader->Next(&b)) break;
+        const double data_wait = std::max(0.0, loader->wait_seconds() - waited_before);
         if (job->stop) return absl::CancelledError("stopped");
         Shape shape = {b.size};
         shape.insert(shape.end(), sample_shape.begin(), sample_shape.end());
@@ -475,6 +629,11 @@ class Daemon {
               absl::StrCat("training diverged: loss is ", l, " at epoch ", epoch + 1, " step ",
                            step + 1, "; lower the learning rate (lr=", spec.lr(), ")"));
         }
+        // Communication: the reductions' work (see the file comment);
+        // compute: the rest of the step.
+        const double communication = trainer->last_comm_work_seconds();
+        m->Step(absl::ToDoubleSeconds(absl::Now() - step_start) - data_wait - communication,
+                communication, data_wait);
         loss_sum += static_cast<double>(l) * b.size;
         seen += b.size;
         ++step;
@@ -484,6 +643,8 @@ class Daemon {
         const double secs = absl::ToDoubleSeconds(absl::Now() - start);
         // Samples of the whole job (every rank does the same work).
         last->set_samples_per_second(secs > 0 ? seen * world / secs : 0);
+        m->loss->Set(last->loss());
+        m->samples_per_second->Set(last->samples_per_second());
         if (rank == 0 && absl::Now() - last_report >= absl::Seconds(1)) {
           last_report = absl::Now();
           if (Report(a, v1::JOB_STATE_UNSPECIFIED, "", last)) Stop(job, "cancelled");
@@ -491,8 +652,10 @@ class Daemon {
       }
       last->set_epoch(epoch + 1);
       last->set_step(0);
+      m->epoch->Set(epoch + 1);
       if (rank == 0) {
         last->set_test_accuracy(Evaluate(trainer.get(), test_set, sample_shape));
+        m->test_accuracy->Set(last->test_accuracy());
         DT_LOG(INFO) << "job " << a.job_id() << " epoch " << epoch + 1 << ": loss " << last->loss()
                      << ", test accuracy " << last->test_accuracy();
         const int interval = spec.checkpoint_interval_epochs();
@@ -542,6 +705,7 @@ class Daemon {
     }
   }
 
+  TrainerMetrics* const metrics_;
   std::unique_ptr<v1::ClusterService::Stub> stub_;
   const std::string name_;
   const std::vector<std::string> devices_;
@@ -566,6 +730,16 @@ class Daemon {
   std::unique_ptr<Job> running_ ABSL_GUARDED_BY(mu_);
   std::string running_id_ ABSL_GUARDED_BY(mu_);  // empty once the worker is done
 };
+
+bool WriteFileAtomically(const std::string& path, const std::string& text) {
+  std::string tmp = absl::StrCat(path, ".tmp.", getpid());
+  {
+    std::ofstream f(tmp, std::ios::trunc);
+    f << text;
+    if (!f.good()) return false;
+  }
+  return std::rename(tmp.c_str(), path.c_str()) == 0;
+}
 
 }  // namespace
 }  // namespace dtrain
@@ -610,9 +784,57 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "trainer: --collective_timeout_s must be > 0\n");
     return 2;
   }
+  dtrain::TrainerMetrics metrics;
+  std::unique_ptr<dtrain::metrics::MetricsServer> metrics_server;
+  if (const std::string listen = absl::GetFlag(FLAGS_metrics_listen); !listen.empty()) {
+    absl::StatusOr<std::unique_ptr<dtrain::metrics::MetricsServer>> m =
+        dtrain::metrics::MetricsServer::Start(listen);
+    if (!m.ok()) {
+      std::fprintf(stderr, "trainer: --metrics_listen=%s: %s\n", listen.c_str(),
+                   std::string(m.status().message()).c_str());
+      return 2;
+    }
+    metrics_server = *std::move(m);
+    metrics_server->Expose(metrics.registry());
+    DT_LOG(INFO) << "metrics on port " << metrics_server->port();
+    const std::string port_file = absl::GetFlag(FLAGS_metrics_port_file);
+    if (!port_file.empty() &&
+        !dtrain::WriteFileAtomically(port_file, absl::StrCat(metrics_server->port()))) {
+      std::fprintf(stderr, "trainer: cannot write --metrics_port_file=%s\n", port_file.c_str());
+      return 2;
+    }
+  }
+  // A gRPC server with only the health-checking service (and reflection):
+  // the kubelet's grpc probes.
+  std::unique_ptr<grpc::Server> health_server;
+  if (const std::string listen = absl::GetFlag(FLAGS_health_listen); !listen.empty()) {
+    grpc::EnableDefaultHealthCheckService(true);
+    grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+    grpc::ServerBuilder builder;
+    int port = 0;
+    builder.AddListeningPort(listen, grpc::InsecureServerCredentials(), &port);
+    health_server = builder.BuildAndStart();
+    if (health_server == nullptr || port == 0) {
+      std::fprintf(stderr, "trainer: cannot listen on --health_listen=%s\n", listen.c_str());
+      return 2;
+    }
+    if (auto* health = health_server->GetHealthCheckService()) health->SetServingStatus(true);
+    DT_LOG(INFO) << "gRPC health on port " << port;
+    const std::string port_file = absl::GetFlag(FLAGS_health_port_file);
+    if (!port_file.empty() && !dtrain::WriteFileAtomically(port_file, absl::StrCat(port))) {
+      std::fprintf(stderr, "trainer: cannot write --health_port_file=%s\n", port_file.c_str());
+      return 2;
+    }
+  }
   dtrain::Daemon daemon(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()), name,
                         devices, work_dir, absl::Seconds(timeout_s),
-                        absl::GetFlag(FLAGS_collective_host), absl::Seconds(collective_timeout_s));
+                        absl::GetFlag(FLAGS_collective_host), absl::Seconds(collective_timeout_s),
+                        &metrics);
   daemon.Run(shutdown);
+  if (health_server != nullptr) {
+    if (auto* health = health_server->GetHealthCheckService()) health->SetServingStatus(false);
+    health_server->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(1)));
+  }
+  metrics_server.reset();
   return 0;
 }
