@@ -106,7 +106,7 @@ absl::StatusOr<JobStatus> Scheduler::Submit(JobSpec spec) {
 absl::StatusOr<JobStatus> Scheduler::Get(const std::string& id) const {
   absl::MutexLock lock(&mu_);
   auto it = jobs_.find(id);
-  if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("no job '", id, "'"));
+  if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("no job ", Quote(id)));
   return it->second.status;
 }
 
@@ -126,7 +126,7 @@ std::vector<JobStatus> Scheduler::List(JobState state) const {
 absl::StatusOr<JobStatus> Scheduler::Cancel(const std::string& id, const std::string& reason) {
   absl::MutexLock lock(&mu_);
   auto it = jobs_.find(id);
-  if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("no job '", id, "'"));
+  if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("no job ", Quote(id)));
   Job& job = it->second;
   if (IsFinal(job.status.state())) {
     return absl::FailedPreconditionError(absl::StrCat("job ", id, " already finished (",
@@ -148,7 +148,7 @@ absl::StatusOr<JobStatus> Scheduler::WaitForChange(const std::string& id, int64_
   };
   mu_.AwaitWithDeadline(absl::Condition(&changed), deadline);
   auto it = jobs_.find(id);
-  if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("no job '", id, "'"));
+  if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("no job ", Quote(id)));
   return it->second.status;
 }
 
@@ -239,7 +239,7 @@ absl::StatusOr<bool> Scheduler::ReportProgress(const ProgressReport& r) {
   Trainer& t = tt->second;
   t.last_heartbeat = options_.now();
   auto jt = jobs_.find(r.job_id());
-  if (jt == jobs_.end()) return absl::NotFoundError(absl::StrCat("no job '", r.job_id(), "'"));
+  if (jt == jobs_.end()) return absl::NotFoundError(absl::StrCat("no job ", Quote(r.job_id())));
   Job& job = jt->second;
   if (t.job_id != r.job_id() || t.rank != r.rank()) {
     return absl::FailedPreconditionError(
@@ -375,7 +375,7 @@ absl::StatusOr<Scheduler::Kv*> Scheduler::StoreFor(const std::string& trainer_id
     return absl::NotFoundError(absl::StrCat("unknown trainer '", trainer_id, "'"));
   }
   auto jt = jobs_.find(job_id);
-  if (jt == jobs_.end()) return absl::NotFoundError(absl::StrCat("no job '", job_id, "'"));
+  if (jt == jobs_.end()) return absl::NotFoundError(absl::StrCat("no job ", Quote(job_id)));
   const Job& job = jt->second;
   if (job.status.state() != v1::RUNNING) {
     return absl::FailedPreconditionError(absl::StrCat(

@@ -19,19 +19,28 @@ bool NameChar(char c) {
 
 }  // namespace
 
+std::string Quote(absl::string_view value) {
+  constexpr size_t kShown = 64;
+  if (value.size() <= kShown) return absl::StrCat("'", value, "'");
+  return absl::StrCat("'", value.substr(0, kShown), "...' (", value.size(), " bytes)");
+}
+
 absl::Status ValidateJobSpec(const JobSpec& s) {
   if (s.name().empty()) return Bad("name", "required");
+  if (s.data_dir().size() > 4096) {
+    return Bad("data_dir", absl::StrCat("at most 4096 bytes, got ", s.data_dir().size()));
+  }
   if (s.name().size() > 63) {
     return Bad("name", absl::StrCat("at most 63 characters, got ", s.name().size()));
   }
   for (char c : s.name()) {
     if (!NameChar(c)) {
       return Bad("name",
-                 absl::StrCat("only letters, digits, '.', '_' and '-', got '", s.name(), "'"));
+                 absl::StrCat("only letters, digits, '.', '_' and '-', got ", Quote(s.name())));
     }
   }
   if (s.model() != "mlp" && s.model() != "lenet" && s.model() != "resnet18") {
-    return Bad("model", absl::StrCat("must be mlp, lenet or resnet18, got '", s.model(), "'"));
+    return Bad("model", absl::StrCat("must be mlp, lenet or resnet18, got ", Quote(s.model())));
   }
   if (s.epochs() < 1 || s.epochs() > 10000) {
     return Bad("epochs", absl::StrCat("must be in 1..10000, got ", s.epochs()));
@@ -44,8 +53,9 @@ absl::Status ValidateJobSpec(const JobSpec& s) {
     return Bad("devices_per_trainer",
                absl::StrCat("must be in 1..64 (0 = 1), got ", s.devices_per_trainer()));
   }
-  if (s.global_batch_size() <= 0) {
-    return Bad("global_batch_size", absl::StrCat("must be > 0, got ", s.global_batch_size()));
+  if (s.global_batch_size() <= 0 || s.global_batch_size() > (int64_t{1} << 20)) {
+    return Bad("global_batch_size",
+               absl::StrCat("must be in 1..1048576, got ", s.global_batch_size()));
   }
   if (s.global_batch_size() % trainers != 0) {
     return Bad("global_batch_size", absl::StrCat("must be divisible by num_trainers (", trainers,
@@ -62,7 +72,7 @@ absl::Status ValidateJobSpec(const JobSpec& s) {
                absl::StrCat("must be a finite number >= 0, got ", s.weight_decay()));
   }
   if (!s.device_kind().empty() && s.device_kind() != "cpu" && s.device_kind() != "cuda") {
-    return Bad("device_kind", absl::StrCat("must be cpu or cuda, got '", s.device_kind(), "'"));
+    return Bad("device_kind", absl::StrCat("must be cpu or cuda, got ", Quote(s.device_kind())));
   }
   if (!v1::SyncMode_IsValid(s.sync().mode())) {
     return Bad("sync.mode", absl::StrCat("unknown value ", s.sync().mode()));
@@ -98,7 +108,7 @@ absl::Status ValidateJobSpec(const JobSpec& s) {
     return Bad("test_limit", absl::StrCat("must be >= 0 (0 = all), got ", s.test_limit()));
   }
   if (!s.init().empty() && s.init() != "normal" && s.init() != "kaiming") {
-    return Bad("init", absl::StrCat("must be normal or kaiming, got '", s.init(), "'"));
+    return Bad("init", absl::StrCat("must be normal or kaiming, got ", Quote(s.init())));
   }
   if (s.threads() < 0 || s.threads() > 1024) {
     return Bad("threads", absl::StrCat("must be in 0..1024 (0 = all cores), got ", s.threads()));

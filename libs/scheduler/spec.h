@@ -9,7 +9,10 @@
 #ifndef DTRAIN_LIBS_SCHEDULER_SPEC_H_
 #define DTRAIN_LIBS_SCHEDULER_SPEC_H_
 
+#include <string>
+
 #include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 #include "protos/scheduler.pb.h"
 
 namespace dtrain {
@@ -19,6 +22,11 @@ using v1::JobSpec;
 
 // Checks every field; the first problem found is returned.
 absl::Status ValidateJobSpec(const JobSpec& spec);
+
+// `value` in single quotes for an error message, cut to 64 bytes (followed by
+// its length) so that a huge value from the network cannot make the error
+// larger than a gRPC reply may be.
+std::string Quote(absl::string_view value);
 
 // Fills zero values with defaults: num_trainers and devices_per_trainer 1,
 // device_kind "cpu", sync ALLREDUCE/SYNCHRONOUS, init "normal".

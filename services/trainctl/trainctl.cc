@@ -4,6 +4,8 @@
 //   trainctl submit -f job.json [--wait]      # a JobSpec in protobuf's JSON mapping
 //   trainctl get ID | list | cancel ID | watch ID
 //   trainctl -o json list                     # JSON instead of text
+//   trainctl cluster up --dir=DIR --trainers=N --kvstore_shards=M [--devices_per_trainer=K]
+//   trainctl cluster status|down --dir=DIR    # see cluster.cc
 //
 // The scheduler's address comes from --scheduler, else $DTRAIN_SCHEDULER,
 // else 127.0.0.1:7000. Every call has a deadline (--timeout_s; watch and
@@ -14,6 +16,7 @@
 #include <grpcpp/grpcpp.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -33,6 +36,7 @@
 #include "google/protobuf/util/json_util.h"
 #include "libs/base/grpc_status.h"
 #include "protos/scheduler.grpc.pb.h"
+#include "services/trainctl/cluster.h"
 
 ABSL_FLAG(std::string, scheduler, "",
           "scheduler address (default: $DTRAIN_SCHEDULER, else 127.0.0.1:7000)");
@@ -64,6 +68,17 @@ ABSL_FLAG(int64_t, train_limit, 0, "submit: only the first N training images");
 ABSL_FLAG(int64_t, test_limit, 0, "submit: only the first N test images");
 ABSL_FLAG(std::string, init, "", "submit: normal or kaiming");
 ABSL_FLAG(int, threads, 0, "submit: CPU threads per trainer");
+// cluster up|down|status (--devices_per_trainer above also sets the devices
+// each trainer offers; 0: 1).
+ABSL_FLAG(std::string, dir, "", "cluster: the cluster's directory (data, logs, cluster.json)");
+ABSL_FLAG(int, trainers, 1, "cluster up: trainer daemons");
+ABSL_FLAG(int, kvstore_shards, 0, "cluster up: kvstore shards");
+ABSL_FLAG(std::string, scheduler_bin, "",
+          "cluster up: scheduler_server (default: next to trainctl)");
+ABSL_FLAG(std::string, trainer_bin, "", "cluster up: trainer daemon (default: next to trainctl)");
+ABSL_FLAG(std::string, kvstore_bin, "", "cluster up: kvstore_server (default: next to trainctl)");
+ABSL_FLAG(double, start_timeout_s, 30, "cluster up: seconds each server gets to start");
+ABSL_FLAG(double, grace_s, 15, "cluster down: seconds after SIGTERM before SIGKILL");
 
 namespace {
 
@@ -76,6 +91,12 @@ constexpr char kUsage[] =
     "  trainctl list [--state=RUNNING]\n"
     "  trainctl cancel ID [--reason=...]\n"
     "  trainctl watch ID\n"
+    "  trainctl cluster up --dir=DIR [--trainers=1] [--kvstore_shards=0] "
+    "[--devices_per_trainer=1]\n"
+    "      starts a local cluster (scheduler, kvstore shards, trainers; loopback ports, data\n"
+    "      and logs under DIR) and prints the endpoints and metrics URLs\n"
+    "  trainctl cluster status --dir=DIR    processes alive, servers answering Admin.Ping\n"
+    "  trainctl cluster down --dir=DIR [--grace_s=15]   SIGTERM, then SIGKILL after the grace\n"
     "Common flags: --scheduler=host:port (or $DTRAIN_SCHEDULER), -o json, --timeout_s=10";
 
 bool Json() { return absl::GetFlag(FLAGS_o) == "json"; }
@@ -233,6 +254,24 @@ int main(int argc, char** argv) {
   if (!(absl::GetFlag(FLAGS_timeout_s) > 0)) return Usage("--timeout_s must be > 0");
   if (args.size() < 2) return Usage("missing subcommand");
   const std::string cmd = args[1];
+  if (cmd == "cluster") {
+    dtrain::trainctl::ClusterOptions o;
+    o.dir = absl::GetFlag(FLAGS_dir);
+    o.trainers = absl::GetFlag(FLAGS_trainers);
+    o.kvstore_shards = absl::GetFlag(FLAGS_kvstore_shards);
+    o.devices_per_trainer = std::max(1, absl::GetFlag(FLAGS_devices_per_trainer));
+    o.scheduler_binary = absl::GetFlag(FLAGS_scheduler_bin);
+    o.trainer_binary = absl::GetFlag(FLAGS_trainer_bin);
+    o.kvstore_binary = absl::GetFlag(FLAGS_kvstore_bin);
+    o.start_timeout_s = absl::GetFlag(FLAGS_start_timeout_s);
+    o.grace_s = absl::GetFlag(FLAGS_grace_s);
+    o.json = Json();
+    o.argv0 = argv[0];
+    if (!(o.start_timeout_s > 0) || !(o.grace_s >= 0)) {
+      return Usage("--start_timeout_s must be > 0 and --grace_s >= 0");
+    }
+    return dtrain::trainctl::ClusterMain(std::vector<std::string>(args.begin() + 2, args.end()), o);
+  }
   std::string address = absl::GetFlag(FLAGS_scheduler);
   if (address.empty()) {
     const char* env = std::getenv("DTRAIN_SCHEDULER");

@@ -1,0 +1,35 @@
+// trainctl cluster up|down|status: a whole cluster on one machine (the
+// scheduler, kvstore shards and trainer daemons), each a process on loopback
+// ports with its own data directory under --dir. See cluster.cc.
+#ifndef DTRAIN_SERVICES_TRAINCTL_CLUSTER_H_
+#define DTRAIN_SERVICES_TRAINCTL_CLUSTER_H_
+
+#include <string>
+#include <vector>
+
+namespace dtrain {
+namespace trainctl {
+
+// Options of `trainctl cluster`, from trainctl's flags.
+struct ClusterOptions {
+  std::string dir;               // required: the cluster's directory
+  int trainers = 1;              // up: trainer daemons
+  int kvstore_shards = 0;        // up: kvstore shards
+  int devices_per_trainer = 1;   // up: CPU devices each trainer offers
+  std::string scheduler_binary;  // up: empty = next to trainctl
+  std::string trainer_binary;
+  std::string kvstore_binary;
+  double start_timeout_s = 30;  // up: per process
+  double grace_s = 15;          // down: SIGTERM, then SIGKILL after this
+  bool json = false;            // -o json
+  std::string argv0;            // trainctl's argv[0] (finds the binaries)
+};
+
+// Runs `trainctl cluster <args...>` (args[0] is up, down or status). Returns
+// the exit status: 0 success, 1 failure, 2 bad usage.
+int ClusterMain(const std::vector<std::string>& args, const ClusterOptions& options);
+
+}  // namespace trainctl
+}  // namespace dtrain
+
+#endif  // DTRAIN_SERVICES_TRAINCTL_CLUSTER_H_

@@ -1,0 +1,108 @@
+#include "tests/e2e/e2e_util.h"
+
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "google/protobuf/struct.pb.h"
+#include "google/protobuf/util/json_util.h"
+
+namespace dtrain {
+namespace e2e {
+namespace {
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+}  // namespace
+
+std::string Runfile(const std::string& path) {
+  const char* dir = std::getenv("TEST_SRCDIR");
+  return absl::StrCat(dir ? dir : ".", "/dtrain/", path);
+}
+
+std::string TmpDir(const std::string& name) {
+  const char* dir = std::getenv("TEST_TMPDIR");
+  std::string p = absl::StrCat(dir ? dir : "/tmp", "/", name);
+  mkdir(p.c_str(), 0755);
+  return p;
+}
+
+std::string Run(const std::string& command, int* rc) {
+  FILE* p = popen((command + " 2>&1").c_str(), "r");
+  std::string out;
+  if (p == nullptr) {
+    *rc = -1;
+    return out;
+  }
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
+  int status = pclose(p);
+  *rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return out;
+}
+
+std::string Trainctl(const std::string& args, int* rc) {
+  return Run(absl::StrCat(Runfile("services/trainctl/trainctl"), " ", args), rc);
+}
+
+std::vector<ClusterProcess> ReadCluster(const std::string& dir) {
+  std::vector<ClusterProcess> out;
+  google::protobuf::Struct root;
+  if (!google::protobuf::util::JsonStringToMessage(ReadFile(dir + "/cluster.json"), &root).ok()) {
+    return out;
+  }
+  auto it = root.fields().find("processes");
+  if (it == root.fields().end()) return out;
+  for (const auto& v : it->second.list_value().values()) {
+    const auto& f = v.struct_value().fields();
+    auto str = [&](const char* k) {
+      auto i = f.find(k);
+      return i == f.end() ? std::string() : i->second.string_value();
+    };
+    ClusterProcess p;
+    p.name = str("name");
+    p.role = str("role");
+    p.address = str("address");
+    p.metrics_url = str("metrics_url");
+    auto pid = f.find("pid");
+    if (pid != f.end()) p.pid = static_cast<int>(pid->second.number_value());
+    out.push_back(p);
+  }
+  return out;
+}
+
+bool ProcessAlive(int pid) {
+  if (pid <= 0) return false;
+  if (kill(pid, 0) != 0 && errno == ESRCH) return false;
+  std::string stat = ReadFile(absl::StrCat("/proc/", pid, "/stat"));
+  size_t paren = stat.rfind(')');
+  if (paren != std::string::npos && paren + 2 < stat.size()) {
+    char state = stat[paren + 2];
+    if (state == 'Z' || state == 'X') return false;
+  }
+  return true;
+}
+
+double JsonNumber(const std::string& json, const std::string& key, double fallback) {
+  google::protobuf::Struct root;
+  if (!google::protobuf::util::JsonStringToMessage(json, &root).ok()) return fallback;
+  auto it = root.fields().find(key);
+  if (it == root.fields().end()) return fallback;
+  return it->second.number_value();
+}
+
+}  // namespace e2e
+}  // namespace dtrain
