@@ -436,19 +436,38 @@ int Up(const ClusterOptions& o) {
     Proc p;
     p.name = absl::StrCat("trainer-", i);
     p.role = "trainer";
-    s = start(p,
-              {*trainer_bin, "--scheduler=" + scheduler_address, "--name=" + p.name,
-               "--devices=" + absl::StrJoin(devices, ","),
-               absl::StrCat("--work_dir=", dir, "/", p.name), "--collective_host=127.0.0.1"},
-              false);
+    s = start(
+        p,
+        {*trainer_bin, "--scheduler=" + scheduler_address, "--name=" + p.name,
+         "--devices=" + absl::StrJoin(devices, ","), absl::StrCat("--work_dir=", dir, "/", p.name),
+         "--collective_host=127.0.0.1", "--metrics_listen=127.0.0.1:0",
+         absl::StrCat("--metrics_port_file=", dir, "/", p.name, ".metrics_port")},
+        false);
   }
   if (s.ok() && o.trainers > 0) {
-    // Trainers have no port: give them a moment to fail on bad flags.
-    absl::SleepFor(absl::Milliseconds(300));
-    for (const Proc& p : procs) {
-      if (p.role == "trainer" && !Alive(p.pid)) {
-        s = absl::UnavailableError(absl::StrCat(p.name, " exited while starting; see ", p.log));
-        break;
+    // Trainers serve no gRPC port: wait for their metrics port (which also
+    // shows they got past flag parsing), or for them to exit.
+    absl::Time deadline = absl::Now() + timeout;
+    for (Proc& p : procs) {
+      if (p.role != "trainer" || !s.ok()) continue;
+      const std::string file = absl::StrCat(dir, "/", p.name, ".metrics_port");
+      for (;;) {
+        std::ifstream in(file);
+        int port = 0;
+        if (in >> port && port > 0) {
+          p.metrics_url = absl::StrCat("http://127.0.0.1:", port, "/metrics");
+          break;
+        }
+        if (!Alive(p.pid)) {
+          s = absl::UnavailableError(absl::StrCat(p.name, " exited while starting; see ", p.log));
+          break;
+        }
+        if (absl::Now() > deadline) {
+          s = absl::DeadlineExceededError(
+              absl::StrCat(p.name, " did not open its metrics port; see ", p.log));
+          break;
+        }
+        absl::SleepFor(absl::Milliseconds(20));
       }
     }
   }
