@@ -432,17 +432,21 @@ int Up(const ClusterOptions& o) {
   for (int d = 0; d < o.devices_per_trainer; ++d) {
     devices[d] = o.devices_per_trainer == 1 ? "cpu" : absl::StrCat("cpu:", d);
   }
+  std::vector<std::string> kvstore_addresses;
+  for (const Proc& p : procs) {
+    if (p.role == "kvstore") kvstore_addresses.push_back(p.address);
+  }
   for (int i = 0; s.ok() && i < o.trainers; ++i) {
     Proc p;
     p.name = absl::StrCat("trainer-", i);
     p.role = "trainer";
-    s = start(
-        p,
-        {*trainer_bin, "--scheduler=" + scheduler_address, "--name=" + p.name,
-         "--devices=" + absl::StrJoin(devices, ","), absl::StrCat("--work_dir=", dir, "/", p.name),
-         "--collective_host=127.0.0.1", "--metrics_listen=127.0.0.1:0",
-         absl::StrCat("--metrics_port_file=", dir, "/", p.name, ".metrics_port")},
-        false);
+    s = start(p,
+              {*trainer_bin, "--scheduler=" + scheduler_address, "--name=" + p.name,
+               "--devices=" + absl::StrJoin(devices, ","),
+               absl::StrCat("--work_dir=", dir, "/", p.name), "--collective_host=127.0.0.1",
+               "--metrics_listen=127.0.0.1:0", "--kvstore=" + absl::StrJoin(kvstore_addresses, ","),
+               absl::StrCat("--metrics_port_file=", dir, "/", p.name, ".metrics_port")},
+              false);
   }
   if (s.ok() && o.trainers > 0) {
     // Trainers serve no gRPC port: wait for their metrics port (which also

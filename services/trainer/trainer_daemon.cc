@@ -28,8 +28,10 @@
 // after the job; without optimizer state). Every rank sends its final
 // report. Cancellation takes effect at the next step; a rank that stops
 // closes its communicator, which makes its peers' next allreduce fail at
-// once, so all ranks stop within about a step. KVSTORE mode is not
-// supported yet (FAILED with a reason), nor are CUDA devices in this path.
+// once, so all ranks stop within about a step. KVSTORE jobs (synchronous
+// consistency) push and pull every gradient bucket through the kvstore shards
+// given by --kvstore instead of allreducing; CUDA devices are not supported
+// in this path yet.
 //
 // When the scheduler forgets the trainer (restart, or it was declared lost)
 // the daemon registers again. SIGTERM or SIGINT: stops the job at the next
@@ -89,6 +91,7 @@
 #include "libs/collective/communicator.h"
 #include "libs/data/fashion_mnist.h"
 #include "libs/data/loader.h"
+#include "libs/kvstore/client.h"
 #include "libs/metrics/metrics.h"
 #include "libs/nn/models.h"
 #include "libs/ops/ops.h"
@@ -106,6 +109,8 @@ ABSL_FLAG(std::string, work_dir, "", "checkpoint directory (default: /tmp/dtrain
 ABSL_FLAG(double, rpc_timeout_s, 5, "deadline of each call to the scheduler");
 ABSL_FLAG(std::string, collective_host, "",
           "address other trainers reach this one at for allreduce (default: the host name)");
+ABSL_FLAG(std::string, kvstore, "",
+          "kvstore shard addresses host:port,... in shard order (for KVSTORE-mode jobs)");
 ABSL_FLAG(double, collective_timeout_s, 60,
           "time limit of the rendezvous and of each allreduce of multi-trainer jobs");
 ABSL_FLAG(std::string, metrics_listen, "",
@@ -236,6 +241,12 @@ class Daemon {
         collective_timeout_(collective_timeout) {}
 
   // Runs until `shutdown` is requested.
+  // kvstore shard addresses (in shard order) for KVSTORE-mode jobs.
+  // REQUIRES: called before Run().
+  void set_kvstore_servers(std::vector<std::string> servers) {
+    kvstore_servers_ = std::move(servers);
+  }
+
   void Run(ShutdownSignal& shutdown) {
     absl::Duration interval = absl::Seconds(1);
     absl::Duration backoff = absl::Milliseconds(200);
@@ -330,7 +341,8 @@ class Daemon {
     DT_LOG(INFO) << "starting job " << a.job_id() << " (" << a.spec().name() << ", "
                  << a.spec().model() << ", " << a.spec().epochs() << " epochs) as rank " << a.rank()
                  << " of " << a.world_size() << ", attempt " << a.attempt();
-    if (a.world_size() > 1 || a.spec().devices_per_trainer() > 1) {
+    if (a.world_size() > 1 || a.spec().devices_per_trainer() > 1 ||
+        a.spec().sync().mode() == v1::KVSTORE) {
       job->thread = std::thread([this, job] { WorkDataParallel(job); });
     } else {
       job->thread = std::thread([this, job] { Work(job); });
@@ -507,9 +519,16 @@ class Daemon {
     const v1::JobSpec& spec = a.spec();
     const int world = std::max(1, a.world_size());
     const int rank = a.rank();
-    if (spec.sync().mode() == v1::KVSTORE) {
+    const bool use_kvstore = spec.sync().mode() == v1::KVSTORE;
+    if (use_kvstore && kvstore_servers_.empty()) {
+      return absl::FailedPreconditionError(
+          "sync mode KVSTORE, but this trainer was started without --kvstore servers");
+    }
+    if (use_kvstore && spec.sync().consistency() != v1::CONSISTENCY_UNSPECIFIED &&
+        spec.sync().consistency() != v1::SYNCHRONOUS) {
       return absl::UnimplementedError(
-          "sync mode KVSTORE is not supported by the trainer daemon yet; use ALLREDUCE");
+          "data-parallel training through the kvstore runs synchronous rounds only; "
+          "ASYNCHRONOUS and BOUNDED_DELAY are kvstore features not wired into the trainer yet");
     }
     if (spec.device_kind() == "cuda") {
       return absl::UnimplementedError(
@@ -563,7 +582,19 @@ class Daemon {
     // Rendezvous through the scheduler, then TCP between the trainers.
     std::unique_ptr<SchedulerStore> store;
     std::unique_ptr<collective::Communicator> comm;
-    if (world > 1) {
+    std::unique_ptr<kvstore::KVClient> kv;
+    if (use_kvstore) {
+      // Gradients go through the parameter server: one kvstore job per
+      // attempt, every trainer a worker. Same seed on every rank gives the
+      // same initial weights without a broadcast.
+      kvstore::ClientOptions ko;
+      ko.servers = kvstore_servers_;
+      ko.job = absl::StrCat(a.job_id(), "-a", a.attempt());
+      ko.worker = rank;
+      DT_ASSIGN_OR_RETURN(kv, kvstore::KVClient::Connect(ko));
+      DT_LOG(INFO) << "job " << a.job_id() << " rank " << rank << ": synchronizing through "
+                   << kvstore_servers_.size() << " kvstore shards";
+    } else if (world > 1) {
       SchedulerStoreOptions so;
       so.rpc_timeout = rpc_timeout_;
       store =
@@ -595,6 +626,8 @@ class Daemon {
     o.init = init;
     o.seed = spec.seed();
     o.communicator = comm.get();
+    o.kvstore = kv.get();
+    o.kvstore_workers = world;
     DT_ASSIGN_OR_RETURN(std::unique_ptr<train::DataParallelTrainer> trainer,
                         train::DataParallelTrainer::Create(o));
 
@@ -712,6 +745,7 @@ class Daemon {
   const std::string work_dir_;
   const absl::Duration rpc_timeout_;
   const std::string collective_host_;
+  std::vector<std::string> kvstore_servers_;  // set once before Run()
   const absl::Duration collective_timeout_;
   std::string TrainerId() const {
     absl::MutexLock lock(&id_mu_);
@@ -830,6 +864,14 @@ int main(int argc, char** argv) {
                         devices, work_dir, absl::Seconds(timeout_s),
                         absl::GetFlag(FLAGS_collective_host), absl::Seconds(collective_timeout_s),
                         &metrics);
+  {
+    std::vector<std::string> kv;
+    for (absl::string_view a :
+         absl::StrSplit(absl::GetFlag(FLAGS_kvstore), ',', absl::SkipEmpty())) {
+      kv.emplace_back(a);
+    }
+    daemon.set_kvstore_servers(std::move(kv));
+  }
   daemon.Run(shutdown);
   if (health_server != nullptr) {
     if (auto* health = health_server->GetHealthCheckService()) health->SetServingStatus(false);

@@ -10,6 +10,7 @@
 #include <atomic>
 #include <cstdio>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <memory>
 #include <set>
@@ -120,6 +121,24 @@ TEST(ClusterE2eTest, UpStatusDownRoundTrip) {
                  &rc);
   EXPECT_EQ(rc, 0) << out;
   EXPECT_NE(out.find("SUCCEEDED"), std::string::npos) << out;
+
+  // And through the parameter server: both trainers, gradients pushed to and
+  // pulled from the 2 kvstore shards in synchronous rounds.
+  out = Trainctl(absl::StrCat("--scheduler=", scheduler,
+                              " submit --name=tiny-kv --model=mlp --epochs=1 --batch_size=128"
+                              " --lr=0.1 --init=kaiming --train_limit=2048 --test_limit=500"
+                              " --threads=1 --num_trainers=2 --sync=KVSTORE --wait"),
+                 &rc);
+  EXPECT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("SUCCEEDED"), std::string::npos) << out;
+  std::string shard_log;
+  {
+    std::ifstream in(dir + "/kvstore-0.log");
+    shard_log.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  EXPECT_NE(shard_log.find("workers=2 consistency=sync"), std::string::npos)
+      << "kvstore-0 never saw the 2-worker job:\n"
+      << shard_log.substr(0, 2000);
 
   // A dead trainer makes the cluster unhealthy.
   ASSERT_EQ(kill(by_name["trainer-1"].pid, SIGKILL), 0);
