@@ -39,10 +39,7 @@ double Evaluate(nn::Module* model, const data::Dataset& test, const Shape& sampl
   data::Batch b;
   int64_t correct = 0, total = 0;
   while ((*loader)->Next(&b)) {
-    Shape shape = {b.size};
-    shape.insert(shape.end(), sample_shape.begin(), sample_shape.end());
-    Tensor x = Tensor::FromHost(b.images.data(), b.images.size(), shape, DType::kF32, device);
-    Tensor y = Tensor::FromHost(b.labels.data(), b.labels.size(), {b.size}, DType::kI32, device);
+    auto [x, y] = ToTensors(b, sample_shape, device);
     autograd::Variable logits = model->Forward(autograd::Variable(x));
     correct += ops::CountCorrect(logits.value(), y);
     total += b.size;
@@ -57,6 +54,14 @@ bool FileExists(const std::string& path) {
 }
 
 }  // namespace
+
+BatchTensors ToTensors(const data::Batch& batch, const Shape& sample_shape, const Device& device) {
+  Shape shape = {batch.size};
+  shape.insert(shape.end(), sample_shape.begin(), sample_shape.end());
+  return {Tensor::FromHost(batch.images.data(), batch.images.size(), shape, DType::kF32, device),
+          Tensor::FromHost(batch.labels.data(), batch.labels.size(), {batch.size}, DType::kI32,
+                           device)};
+}
 
 absl::Status ValidateOptions(const TrainOptions& o) {
   DT_RETURN_IF_ERROR(nn::ModelInputShape(o.model).status());
@@ -159,10 +164,7 @@ absl::StatusOr<TrainResult> Train(const TrainOptions& o, const ProgressFn& on_pr
     int64_t correct = 0, seen = 0, step = 0;
     Clock::time_point start = Clock::now();
     while (loader->Next(&b)) {
-      Shape shape = {b.size};
-      shape.insert(shape.end(), sample_shape.begin(), sample_shape.end());
-      Tensor x = Tensor::FromHost(b.images.data(), b.images.size(), shape, DType::kF32, device);
-      Tensor y = Tensor::FromHost(b.labels.data(), b.labels.size(), {b.size}, DType::kI32, device);
+      auto [x, y] = ToTensors(b, sample_shape, device);
       autograd::Variable logits = model->Forward(autograd::Variable(x));
       autograd::Variable loss = autograd::SoftmaxCrossEntropy(logits, y);
       optimizer.ZeroGrad();

@@ -17,6 +17,8 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "libs/data/loader.h"
+#include "libs/tensor/tensor.h"
 
 namespace dtrain {
 namespace train {
@@ -76,6 +78,14 @@ struct Progress {
 using ProgressFn = std::function<void(const Progress&)>;
 // Reported after every epoch (after evaluation).
 using EpochFn = std::function<void(const EpochStats&)>;
+
+// A loader batch as tensors on `device`: images f32 [size, sample_shape...]
+// and labels i32 [size].
+struct BatchTensors {
+  Tensor images;
+  Tensor labels;
+};
+BatchTensors ToTensors(const data::Batch& batch, const Shape& sample_shape, const Device& device);
 
 absl::StatusOr<TrainResult> Train(const TrainOptions& options, const ProgressFn& on_progress = {},
                                   const EpochFn& on_epoch = {});

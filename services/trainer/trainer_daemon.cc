@@ -645,12 +645,7 @@ class Daemon {
         if (!loader->Next(&b)) break;
         const double data_wait = std::max(0.0, loader->wait_seconds() - waited_before);
         if (job->stop) return absl::CancelledError("stopped");
-        Shape shape = {b.size};
-        shape.insert(shape.end(), sample_shape.begin(), sample_shape.end());
-        Tensor x =
-            Tensor::FromHost(b.images.data(), b.images.size(), shape, DType::kF32, Device::Cpu(0));
-        Tensor y = Tensor::FromHost(b.labels.data(), b.labels.size(), {b.size}, DType::kI32,
-                                    Device::Cpu(0));
+        auto [x, y] = train::ToTensors(b, sample_shape, Device::Cpu(0));
         absl::StatusOr<float> stepped = trainer->Step(x, y);
         if (!stepped.ok()) {
           return Annotate(stepped.status(),
@@ -718,12 +713,7 @@ class Daemon {
     data::Batch b;
     int64_t correct = 0, total = 0;
     while ((*loader)->Next(&b)) {
-      Shape shape = {b.size};
-      shape.insert(shape.end(), sample_shape.begin(), sample_shape.end());
-      Tensor x =
-          Tensor::FromHost(b.images.data(), b.images.size(), shape, DType::kF32, Device::Cpu(0));
-      Tensor y =
-          Tensor::FromHost(b.labels.data(), b.labels.size(), {b.size}, DType::kI32, Device::Cpu(0));
+      auto [x, y] = train::ToTensors(b, sample_shape, Device::Cpu(0));
       correct += trainer->CountCorrect(x, y);
       total += b.size;
     }
