@@ -332,6 +332,7 @@ int64_t DataParallelTrainer::CountCorrect(const Tensor& x, const Tensor& labels)
 }
 
 nn::Module* DataParallelTrainer::replica(int i) { return impl_->replicas[i].get(); }
+nn::Sgd* DataParallelTrainer::optimizer(int i) { return impl_->optimizers[i].get(); }
 int DataParallelTrainer::num_devices() const { return impl_->k; }
 int DataParallelTrainer::num_buckets() const { return static_cast<int>(impl_->buckets.size()); }
 double DataParallelTrainer::last_comm_wait_seconds() const { return impl_->comm_wait; }

@@ -92,6 +92,8 @@ class DataParallelTrainer {
 
   // Replica `i`'s model (all replicas hold the same parameters after a step).
   nn::Module* replica(int i);
+  // Replica `i`'s optimizer (its momentum buffers, for checkpoints).
+  nn::Sgd* optimizer(int i);
   int num_devices() const;
   int num_buckets() const;
   // Seconds the last step's communication queue spent waiting for buckets,
