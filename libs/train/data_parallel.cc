@@ -26,6 +26,29 @@ kvstore::JobConfig MakeKvstoreJobConfig(const std::string& job, int workers) {
   return c;
 }
 
+kvstore::JobConfig MakeKvstoreJobConfig(const std::string& job,
+                                        const DataParallelOptions& options) {
+  if (options.kvstore_consistency == kvstore::Consistency::kSync) {
+    return MakeKvstoreJobConfig(job, options.kvstore_workers);
+  }
+  kvstore::JobConfig c;
+  c.job = job;
+  c.num_workers = options.kvstore_workers;
+  c.consistency = options.kvstore_consistency;
+  c.max_delay = options.kvstore_consistency == kvstore::Consistency::kBoundedDelay
+                    ? options.kvstore_max_staleness
+                    : 0;
+  // The server's step (protos/kvstore.proto) is nn::Sgd's without nesterov:
+  // g = grad + wd * w; v = momentum * v + g; w -= lr * v, with v from zero.
+  c.optimizer = kvstore::OptimizerKind::kSgd;
+  c.learning_rate = options.sgd.lr;
+  c.momentum = options.sgd.momentum;
+  c.weight_decay = options.sgd.weight_decay;
+  // Each trainer pushes the mean gradient over its own batch, applied alone.
+  c.gradient_scale = 1;
+  return c;
+}
+
 ScaledHyperparameters ScaleForDevices(int64_t batch_per_device, float base_lr, int devices) {
   return {batch_per_device * devices, base_lr * static_cast<float>(devices)};
 }
@@ -35,7 +58,26 @@ struct DataParallelTrainer::Impl {
     std::vector<int> params;  // indices into the parameter list
     int64_t numel = 0;
     std::vector<float> flat;
+    // Server mode: the weights pulled after this step's push.
+    std::vector<float> weights;
   };
+
+  // kAsync / kBoundedDelay kvstore: the server holds the weights.
+  bool server_weights() const {
+    return options.kvstore != nullptr && options.kvstore_consistency != kvstore::Consistency::kSync;
+  }
+  static std::string WeightKey(int b) { return absl::StrCat("param/bucket", b); }
+
+  // Copies bucket b's `weights` into replica r's parameter values.
+  void CopyWeightsToReplica(int b, int r) {
+    const Bucket& bucket = buckets[b];
+    int64_t off = 0;
+    for (int p : bucket.params) {
+      Tensor& t = params[r][p].mutable_value();
+      std::memcpy(t.data<float>(), bucket.weights.data() + off, t.numel() * sizeof(float));
+      off += t.numel();
+    }
+  }
 
   DataParallelOptions options;
   int k = 0;
@@ -59,6 +101,20 @@ struct DataParallelTrainer::Impl {
   std::vector<double> weights;  // slice size / global batch, per replica
   std::vector<float> losses;
   double comm_wait = 0, comm_work = 0;
+
+  // Pulls every bucket's current weights (round 0: no waiting) into every
+  // replica.
+  absl::Status PullWeights() {
+    std::vector<kvstore::PullTarget> targets;
+    for (size_t b = 0; b < buckets.size(); ++b) {
+      targets.push_back({WeightKey(static_cast<int>(b)), buckets[b].weights.data(), 0});
+    }
+    DT_RETURN_IF_ERROR(options.kvstore->Pull(std::move(targets)));
+    for (size_t b = 0; b < buckets.size(); ++b) {
+      for (int r = 0; r < k; ++r) CopyWeightsToReplica(static_cast<int>(b), r);
+    }
+    return absl::OkStatus();
+  }
 
   void MarkReady(int r, int p) {
     absl::MutexLock lock(&mu);
@@ -126,7 +182,15 @@ struct DataParallelTrainer::Impl {
       }
       off += n;
     }
-    if (options.kvstore != nullptr) {
+    if (server_weights()) {
+      // Push this trainer's mean gradient (the server applies SGD to it on
+      // arrival) and pull the weights as of this push (under bounded delay
+      // the pull waits for the slowest trainer to come within the bound).
+      // The replicas copy them in after their backward (see Step).
+      DT_RETURN_IF_ERROR(Annotate(
+          options.kvstore->PushPull({{WeightKey(b), flat, bucket.weights.data()}}),
+          absl::StrCat("kvstore push of gradient bucket ", b, " and pull of its weights")));
+    } else if (options.kvstore != nullptr) {
       // One synchronous round: push this trainer's bucket, pull the mean over
       // all trainers once every trainer has pushed it.
       DT_RETURN_IF_ERROR(
@@ -140,6 +204,7 @@ struct DataParallelTrainer::Impl {
     }
     off = 0;
     for (int p : bucket.params) {
+      if (server_weights()) break;  // gradients are not used again
       int64_t n = params[0][p].value().numel();
       for (int r = 0; r < k; ++r) {
         std::memcpy(params[r][p].mutable_grad().data<float>(), flat + off, n * sizeof(float));
@@ -182,6 +247,27 @@ absl::StatusOr<std::unique_ptr<DataParallelTrainer>> DataParallelTrainer::Create
   }
   if (o.kvstore != nullptr && o.kvstore_workers < 1) {
     return absl::InvalidArgumentError("kvstore_workers must be at least 1");
+  }
+  if (o.kvstore_max_staleness < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("kvstore_max_staleness must be >= 0, got ", o.kvstore_max_staleness));
+  }
+  if (o.kvstore_max_staleness != 0 &&
+      o.kvstore_consistency != kvstore::Consistency::kBoundedDelay) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "kvstore_max_staleness (", o.kvstore_max_staleness, ") is for the bounded-delay mode; ",
+        "kvstore_consistency is ", kvstore::ConsistencyName(o.kvstore_consistency)));
+  }
+  if (o.kvstore != nullptr && o.kvstore_consistency != kvstore::Consistency::kSync) {
+    if (o.sgd.nesterov) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "the kvstore's server-side SGD has no nesterov momentum (kvstore_consistency ",
+          kvstore::ConsistencyName(o.kvstore_consistency), ")"));
+    }
+    if (!(o.sgd.lr > 0)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "the kvstore's server-side SGD needs a positive learning rate, got ", o.sgd.lr));
+    }
   }
   auto impl = std::make_unique<Impl>();
   impl->options = o;
@@ -241,15 +327,36 @@ absl::StatusOr<std::unique_ptr<DataParallelTrainer>> DataParallelTrainer::Create
     impl->bucket_vars.push_back(impl->engine->NewVar(absl::StrCat("bucket", b)));
   }
   if (o.kvstore != nullptr) {
+    kvstore::JobConfig config = MakeKvstoreJobConfig(o.kvstore->options().job, o);
     DT_RETURN_IF_ERROR(Annotate(
-        o.kvstore->CreateJob(MakeKvstoreJobConfig(o.kvstore->options().job, o.kvstore_workers)),
-        "creating the kvstore job"));
+        o.kvstore->CreateJob(config),
+        absl::StrCat("creating the kvstore job (", kvstore::DescribeJobConfig(config), ")")));
     std::vector<kvstore::KeySpec> keys;
     for (size_t b = 0; b < impl->buckets.size(); ++b) {
-      keys.push_back(
-          {absl::StrCat("grad/bucket", b), {impl->buckets[b].numel}, DType::kF32, nullptr});
+      Impl::Bucket& bucket = impl->buckets[b];
+      if (!impl->server_weights()) {
+        keys.push_back({absl::StrCat("grad/bucket", b), {bucket.numel}, DType::kF32, nullptr});
+        continue;
+      }
+      // The initial weights, flattened as the bucket's gradients are.
+      bucket.weights.resize(static_cast<size_t>(bucket.numel));
+      int64_t off = 0;
+      for (int p : bucket.params) {
+        const Tensor& t = impl->params[0][p].value();
+        std::memcpy(bucket.weights.data() + off, t.data<float>(), t.numel() * sizeof(float));
+        off += t.numel();
+      }
+      keys.push_back({Impl::WeightKey(static_cast<int>(b)),
+                      {bucket.numel},
+                      DType::kF32,
+                      bucket.weights.data()});
     }
     DT_RETURN_IF_ERROR(Annotate(o.kvstore->Init(keys), "initializing the kvstore keys"));
+    if (impl->server_weights()) {
+      // Another trainer may have initialized the keys first (or trained
+      // already): start from what the server holds.
+      DT_RETURN_IF_ERROR(Annotate(impl->PullWeights(), "pulling the initial weights"));
+    }
   }
   impl->pending.assign(impl->buckets.size(), 0);
   impl->ready.assign(impl->k, std::vector<char>(np, 0));
@@ -307,7 +414,15 @@ absl::StatusOr<float> DataParallelTrainer::Step(const Tensor& x, const Tensor& l
     Impl* raw = impl_.get();
     s.engine->Push(
         [raw, r]() {
-          raw->optimizers[r]->Step();
+          if (raw->server_weights()) {
+            // After this replica's backward: the bucket tasks (which this
+            // task depends on) pulled the weights.
+            for (size_t b = 0; b < raw->buckets.size(); ++b) {
+              raw->CopyWeightsToReplica(static_cast<int>(b), r);
+            }
+          } else {
+            raw->optimizers[r]->Step();
+          }
           return absl::OkStatus();
         },
         s.bucket_vars, {s.replica_vars[r]}, s.device_queues[r], absl::StrCat("sgd/replica", r));
@@ -329,6 +444,11 @@ int64_t DataParallelTrainer::CountCorrect(const Tensor& x, const Tensor& labels)
   int64_t correct = ops::CountCorrect(m->Forward(Variable(*xr)).value(), *yr);
   m->Train();
   return correct;
+}
+
+absl::Status DataParallelTrainer::PullLatestWeights() {
+  if (!impl_->server_weights()) return absl::OkStatus();
+  return Annotate(impl_->PullWeights(), "pulling the latest weights from the kvstore");
 }
 
 nn::Module* DataParallelTrainer::replica(int i) { return impl_->replicas[i].get(); }

@@ -16,6 +16,9 @@
 //     communicator is given), and writes the result back to every replica
 //     while the rest of backward still runs.
 //  4. Every replica applies the same SGD update, so replicas stay identical.
+//     (Or, with an asynchronous kvstore, the parameter server applies SGD to
+//     each pushed bucket and every replica copies back the pulled weights;
+//     see DataParallelOptions::kvstore_consistency.)
 //
 // Batch norm keeps per-device statistics (each replica normalizes over its
 // own slice, as the chapter's implementation does).
@@ -55,17 +58,53 @@ struct DataParallelOptions {
   // must use the same options and the same global batch size per step.
   collective::Communicator* communicator = nullptr;
   // Or through the parameter server (not owned; exclusive with
-  // `communicator`): each gradient bucket is a key of the client's job, which
-  // must be synchronous with no server-side optimizer and gradient_scale
-  // 1/num_workers (the pull then returns the mean gradient of the round), as
-  // MakeKvstoreJobConfig builds. Create() creates the job and its keys
-  // (idempotently, from every trainer).
+  // `communicator`). Create() creates the client's job (options().job) as
+  // MakeKvstoreJobConfig(options) builds it, and its keys, idempotently from
+  // every trainer; every trainer must pass the same options. A job name must
+  // not be reused with a different consistency or optimizer (the kvstore
+  // answers AlreadyExists).
   kvstore::KVClient* kvstore = nullptr;
+  // The number of trainers (kvstore workers) of the job.
   int kvstore_workers = 1;
+  // How trainers meet on the kvstore (ignored without `kvstore`):
+  //  kSync          every gradient bucket is a key "grad/bucket<b>" of a
+  //                 synchronous job with no server optimizer and
+  //                 gradient_scale 1/kvstore_workers: each step pushes the
+  //                 trainer's mean bucket gradient and pulls the mean over all
+  //                 trainers of that round, then every replica applies
+  //                 `sgd` locally. Same result as allreduce.
+  //  kAsync         the parameter server holds the weights: every bucket is a
+  //                 key "param/bucket<b>" initialized once with the initial
+  //                 weights (Init is idempotent: the first trainer's weights
+  //                 win, and every trainer starts from what the server holds).
+  //                 The server applies SGD with `sgd`'s lr, momentum and
+  //                 weight decay (the same formula as nn::Sgd; nesterov is
+  //                 rejected) to each pushed gradient as it arrives. Each step
+  //                 pushes each bucket's gradient (the mean over this
+  //                 trainer's batch) as soon as it is ready and pulls back the
+  //                 server's current weights into every replica; there is no
+  //                 local SGD step and `optimizer(i)` holds no state.
+  //  kBoundedDelay  as kAsync, but the server lets no trainer run more than
+  //                 `kvstore_max_staleness` rounds (steps) ahead of the
+  //                 slowest: the pull of step r waits until every trainer has
+  //                 pushed step r - kvstore_max_staleness. 0 makes the
+  //                 trainers take turns in lock step (yet each push is still
+  //                 applied on its own, unlike kSync).
+  // Batch-norm running statistics are not kept on the server: in kAsync and
+  // kBoundedDelay each trainer keeps its own.
+  kvstore::Consistency kvstore_consistency = kvstore::Consistency::kSync;
+  // kBoundedDelay only (>= 0); must be 0 for the other modes.
+  int kvstore_max_staleness = 0;
 };
 
-// The kvstore job a data-parallel run with `workers` trainers needs.
+// The kvstore job a data-parallel run with `workers` trainers needs in the
+// synchronous mode (kept for callers that build it themselves).
 kvstore::JobConfig MakeKvstoreJobConfig(const std::string& job, int workers);
+
+// The kvstore job for `options` (its kvstore_workers, kvstore_consistency,
+// kvstore_max_staleness and, for kAsync / kBoundedDelay, the server-side SGD
+// from options.sgd with gradient_scale 1).
+kvstore::JobConfig MakeKvstoreJobConfig(const std::string& job, const DataParallelOptions& options);
 
 // The chapter's advice for k devices: keep the per-device batch, so the
 // global batch grows k-fold, and scale the learning rate with it (the linear
@@ -89,6 +128,13 @@ class DataParallelTrainer {
 
   // Counts correct predictions of replica 0's model in evaluation mode.
   int64_t CountCorrect(const Tensor& x, const Tensor& labels);
+
+  // kAsync / kBoundedDelay kvstore modes: copies the server's current weights
+  // into every replica (a step leaves the weights of its own pushes, which
+  // other trainers' later pushes may have moved on). Call it at the end of
+  // training or before evaluation or a checkpoint. A no-op in the other
+  // modes, where replicas already hold the job's weights.
+  absl::Status PullLatestWeights();
 
   // Replica `i`'s model (all replicas hold the same parameters after a step).
   nn::Module* replica(int i);

@@ -39,7 +39,8 @@ inline constexpr nn::Init kInit = nn::Init::kNormal;
 inline std::vector<std::vector<float>> ReferenceRun(const std::string& model, int64_t batch,
                                                     int steps, uint64_t seed, float lr = kLr,
                                                     float momentum = kMomentum,
-                                                    nn::Init init = kInit) {
+                                                    nn::Init init = kInit,
+                                                    float weight_decay = 0.0f) {
   // The replicas run their kernels with one thread each; so does the
   // reference, so both use the same kernel implementations (oneDNN picks
   // implementations, and with them summation orders, by thread count).
@@ -47,7 +48,7 @@ inline std::vector<std::vector<float>> ReferenceRun(const std::string& model, in
   ops::SetCpuThreads(1);
   auto m = *nn::MakeModel(model);
   nn::InitParameters(m.get(), init, seed);
-  nn::Sgd opt(m->NamedParameters(), {.lr = lr, .momentum = momentum});
+  nn::Sgd opt(m->NamedParameters(), {.lr = lr, .momentum = momentum, .weight_decay = weight_decay});
   for (int s = 0; s < steps; ++s) {
     Tensor x, y;
     SyntheticBatch(batch, s, &x, &y);
