@@ -201,7 +201,8 @@ absl::StatusOr<HeartbeatReply> Scheduler::Heartbeat(const HeartbeatRequest& requ
     // It dropped the job without a final report (it restarted, say).
     auto jt = jobs_.find(t.job_id);
     std::string job_id = t.job_id;
-    if (jt != jobs_.end() && jt->second.status.state() == v1::RUNNING) {
+    if (jt != jobs_.end() && jt->second.status.state() == v1::RUNNING &&
+        InPlacement(jt->second, t)) {
       ReleaseTrainers(&jt->second, t.id);
       SetState(&jt->second, v1::FAILED,
                absl::StrCat("trainer ", t.id, " stopped running the job without reporting why"));
@@ -220,6 +221,8 @@ absl::StatusOr<HeartbeatReply> Scheduler::Heartbeat(const HeartbeatRequest& requ
       a->set_rank(t.rank);
       a->set_world_size(jt->second.status.trainers_size());
       a->set_attempt(jt->second.status.attempts());
+      a->set_resume_checkpoint(jt->second.status.checkpoint_path());
+      a->set_resume_epoch(jt->second.status.checkpoint_epoch());
       *a->mutable_trainer_ids() = jt->second.status.trainers();
       t.delivered = true;
     }
@@ -246,7 +249,7 @@ absl::StatusOr<bool> Scheduler::ReportProgress(const ProgressReport& r) {
         absl::StrCat("job ", r.job_id(), " rank ", r.rank(), " is not assigned to trainer ", t.id));
   }
   const bool final = r.final_state() != v1::JOB_STATE_UNSPECIFIED;
-  if (job.status.state() != v1::RUNNING) {
+  if (job.status.state() != v1::RUNNING || !InPlacement(job, t)) {
     // Cancelled (or failed by another rank) while this one was working.
     if (final) {
       t.job_id.clear();
@@ -264,8 +267,16 @@ absl::StatusOr<bool> Scheduler::ReportProgress(const ProgressReport& r) {
     job.status.set_train_accuracy(r.train_accuracy());
     job.status.set_test_accuracy(r.test_accuracy());
     job.status.set_samples_per_second(r.samples_per_second());
+    if (r.steps_per_epoch() > 0) job.status.set_steps_per_epoch(r.steps_per_epoch());
+    const bool new_checkpoint = !r.checkpoint_path().empty() && r.checkpoint_epoch() > 0 &&
+                                (r.checkpoint_path() != job.status.checkpoint_path() ||
+                                 r.checkpoint_epoch() != job.status.checkpoint_epoch());
+    if (new_checkpoint) {
+      job.status.set_checkpoint_path(r.checkpoint_path());
+      job.status.set_checkpoint_epoch(r.checkpoint_epoch());
+    }
     Touch(&job);
-    if (new_epoch && !final) (void)Persist(job);
+    if ((new_epoch || new_checkpoint) && !final) (void)Persist(job);
   }
   if (!final) return false;
   t.job_id.clear();
@@ -282,13 +293,44 @@ absl::StatusOr<bool> Scheduler::ReportProgress(const ProgressReport& r) {
   } else {
     ReleaseTrainers(&job, t.id);
     JobState state = r.final_state() == v1::CANCELLED ? v1::CANCELLED : v1::FAILED;
-    SetState(&job, state,
-             absl::StrCat("rank ", r.rank(), " on trainer ", t.id, ": ",
-                          r.reason().empty() ? "no reason given" : r.reason()));
+    const std::string why = absl::StrCat("rank ", r.rank(), " on trainer ", t.id, ": ",
+                                         r.reason().empty() ? "no reason given" : r.reason());
+    if (state == v1::FAILED && r.retryable() && options_.requeue_on_trainer_loss) {
+      // A peer may be dead without being declared lost yet: the others must
+      // show they are alive before the job is placed on them again.
+      const absl::Time now = options_.now();
+      for (const std::string& tid : job.status.trainers()) {
+        auto other = trainers_.find(tid);
+        if (tid != t.id && other != trainers_.end()) other->second.placeable_after = now;
+      }
+      Requeue(&job, why);
+    } else {
+      SetState(&job, state, why);
+    }
     (void)Persist(job);
   }
   Schedule();
   return false;
+}
+
+bool Scheduler::InPlacement(const Job& job, const Trainer& t) {
+  return t.job_id == job.status.id() && t.rank >= 0 && t.rank < job.status.trainers_size() &&
+         job.status.trainers(t.rank) == t.id;
+}
+
+void Scheduler::Requeue(Job* job, const std::string& why) {
+  if (job->status.attempts() >= options_.max_attempts) {
+    SetState(job, v1::FAILED,
+             absl::StrCat(why, "; not requeued: the job has been placed ", job->status.attempts(),
+                          " times (the limit)"));
+    return;
+  }
+  job->status.clear_trainers();
+  SetState(job, v1::QUEUED,
+           job->status.checkpoint_path().empty()
+               ? absl::StrCat(why, "; requeued from the start (no checkpoint yet)")
+               : absl::StrCat(why, "; requeued, resuming from ", job->status.checkpoint_path(),
+                              " (epoch ", job->status.checkpoint_epoch(), ")"));
 }
 
 void Scheduler::ReleaseTrainers(Job* job, const std::string& except) {
@@ -326,7 +368,7 @@ void Scheduler::Schedule() {
   });
   std::vector<Trainer*> free;
   for (auto& [id, t] : trainers_) {
-    if (t.job_id.empty()) free.push_back(&t);
+    if (t.job_id.empty() && t.last_heartbeat > t.placeable_after) free.push_back(&t);
   }
   std::sort(free.begin(), free.end(),
             [](const Trainer* a, const Trainer* b) { return a->order < b->order; });
@@ -486,16 +528,19 @@ void Scheduler::LoseTrainer(const std::string& trainer_id, const std::string& wh
   if (it == trainers_.end()) return;
   std::string job_id = it->second.job_id;
   DT_LOG(WARNING) << "trainer " << trainer_id << " lost: " << why;
+  const Trainer lost = std::move(it->second);
   trainers_.erase(it);
   if (job_id.empty()) return;
   auto jt = jobs_.find(job_id);
-  if (jt == jobs_.end() || jt->second.status.state() != v1::RUNNING) return;
+  if (jt == jobs_.end() || jt->second.status.state() != v1::RUNNING ||
+      !InPlacement(jt->second, lost)) {
+    return;  // it was told to stop an earlier attempt
+  }
   Job& job = jt->second;
   ReleaseTrainers(&job, "");
   std::string reason = absl::StrCat("trainer ", trainer_id, " lost (", why, ")");
   if (options_.requeue_on_trainer_loss) {
-    job.status.clear_trainers();
-    SetState(&job, v1::QUEUED, absl::StrCat(reason, "; requeued"));
+    Requeue(&job, reason);
   } else {
     SetState(&job, v1::FAILED, reason);
   }

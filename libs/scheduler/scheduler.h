@@ -18,8 +18,15 @@
 //
 // Liveness: a trainer that has not heartbeated for heartbeat_timeout is
 // lost (CheckLiveness, which the server calls periodically). Its job goes
-// back to the queue (or FAILS, with requeue_on_trainer_loss false) with an
-// event naming the trainer; the job's other trainers are told to stop.
+// back to the queue (or FAILS, with requeue_on_trainer_loss false, or once
+// it has been placed max_attempts times) with an event naming the trainer;
+// the job's other trainers are told to stop. A rank whose attempt failed
+// because of a peer or the network (ProgressReport.retryable) requeues the
+// job the same way, and the attempt's other trainers are placed again only
+// after they heartbeat. Rank 0 reports each checkpoint
+// it writes (ProgressReport.checkpoint_path); the job's next placement
+// resumes from the newest one (Assignment.resume_checkpoint), so a requeued
+// job loses at most checkpoint_interval_epochs of work.
 //
 // Durability: every job change that matters after a restart (submission,
 // state changes, completed epochs) is appended to a write-ahead log (wal.h)
@@ -80,6 +87,9 @@ struct SchedulerOptions {
   absl::Duration heartbeat_interval = absl::Seconds(1);
   // On trainer loss: true puts the job back in the queue, false fails it.
   bool requeue_on_trainer_loss = true;
+  // A job is placed at most this many times (the first run included); when a
+  // trainer of its last attempt is lost, it FAILS with the reason.
+  int max_attempts = 5;
   // The clock; tests inject a fake one.
   std::function<absl::Time()> now = [] { return absl::Now(); };
 };
@@ -170,6 +180,9 @@ class Scheduler {
     std::string job_id;  // empty: free
     int rank = -1;
     bool delivered = false;  // the assignment went out in a heartbeat reply
+    // Not placed until it heartbeats after this time (a peer of an attempt
+    // that failed retryably may be dead without being declared lost yet).
+    absl::Time placeable_after = absl::InfinitePast();
     std::vector<std::string> cancels;
     int64_t order = 0;
   };
@@ -193,6 +206,14 @@ class Scheduler {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void LoseTrainer(const std::string& trainer_id, const std::string& why)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether `t` holds rank t.rank of job's current placement (not a stale
+  // one that was told to stop).
+  static bool InPlacement(const Job& job, const Trainer& t);
+  // After a failure of the running job's attempt that was not the job's
+  // fault: back to the queue (resuming from its newest checkpoint), or
+  // FAILED once it has been placed max_attempts times. The caller has
+  // released the trainers.
+  void Requeue(Job* job, const std::string& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const SchedulerOptions options_;
   mutable absl::Mutex mu_;

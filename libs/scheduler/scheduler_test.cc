@@ -286,6 +286,86 @@ TEST_F(SchedulerTest, RequeuedJobGetsANewAttemptAndAnEmptyStore) {
   EXPECT_EQ(s->StoreGet(get).status().code(), absl::StatusCode::kFailedPrecondition);
 }
 
+// Rank 0's checkpoint reports reach the next placement (and survive a
+// scheduler restart); reports from other ranks do not count.
+TEST_F(SchedulerTest, RequeuedJobResumesFromTheNewestCheckpoint) {
+  const std::string wal = TmpPath("resume.wal");
+  auto s = Open(Options(wal));
+  auto job = s->Submit(Spec("a", 2));
+  std::string t1 = AddTrainer(s.get());
+  std::string t2 = AddTrainer(s.get());
+  HeartbeatReply first = Beat(s.get(), t1);
+  ASSERT_EQ(first.assignments_size(), 1);
+  EXPECT_EQ(first.assignments(0).resume_checkpoint(), "");
+  ASSERT_EQ(Beat(s.get(), t2).assignments_size(), 1);
+  const int rank1 = first.assignments(0).rank();
+  const std::string r0 = rank1 == 0 ? t1 : t2, r1 = rank1 == 0 ? t2 : t1;
+  ProgressReport p;
+  p.set_trainer_id(r0);
+  p.set_job_id(job->id());
+  p.set_rank(0);
+  p.set_epoch(1);
+  p.set_checkpoint_path("/ckpt/a-e1.ckpt");
+  p.set_checkpoint_epoch(1);
+  ASSERT_TRUE(s->ReportProgress(p).ok());
+  p.set_epoch(2);
+  p.set_checkpoint_path("/ckpt/a-e2.ckpt");
+  p.set_checkpoint_epoch(2);
+  ASSERT_TRUE(s->ReportProgress(p).ok());
+  ProgressReport other = p;  // rank 1 cannot move the checkpoint
+  other.set_trainer_id(r1);
+  other.set_rank(1);
+  other.set_checkpoint_path("/elsewhere.ckpt");
+  other.set_checkpoint_epoch(9);
+  ASSERT_TRUE(s->ReportProgress(other).ok());
+  EXPECT_EQ(s->Get(job->id())->checkpoint_path(), "/ckpt/a-e2.ckpt");
+
+  // The scheduler restarts: the job is requeued and keeps its checkpoint.
+  s.reset();
+  s = Open(Options(wal));
+  auto st = s->Get(job->id());
+  ASSERT_TRUE(st.ok());
+  EXPECT_EQ(st->state(), v1::QUEUED);
+  EXPECT_EQ(st->checkpoint_path(), "/ckpt/a-e2.ckpt");
+  EXPECT_EQ(st->checkpoint_epoch(), 2);
+  std::string t3 = AddTrainer(s.get());
+  std::string t4 = AddTrainer(s.get());
+  HeartbeatReply again = Beat(s.get(), t3);
+  ASSERT_EQ(again.assignments_size(), 1);
+  EXPECT_EQ(again.assignments(0).attempt(), 2);
+  EXPECT_EQ(again.assignments(0).resume_checkpoint(), "/ckpt/a-e2.ckpt");
+  EXPECT_EQ(again.assignments(0).resume_epoch(), 2);
+  // Lost trainer: the requeue event says where the job resumes.
+  now_ += absl::Seconds(8);
+  Beat(s.get(), t4, {job->id()});
+  now_ += absl::Seconds(5);
+  EXPECT_EQ(s->CheckLiveness(), 1);
+  st = s->Get(job->id());
+  EXPECT_EQ(st->state(), v1::QUEUED);
+  EXPECT_NE(st->events().rbegin()->reason().find("resuming from /ckpt/a-e2.ckpt (epoch 2)"),
+            std::string::npos)
+      << st->events().rbegin()->reason();
+}
+
+TEST_F(SchedulerTest, LostTrainerFailsJobAfterMaxAttempts) {
+  SchedulerOptions o = Options();
+  o.max_attempts = 2;
+  auto s = Open(o);
+  auto job = s->Submit(Spec("a"));
+  for (int attempt = 1; attempt <= 2; ++attempt) {
+    std::string t = AddTrainer(s.get());
+    HeartbeatReply hb = Beat(s.get(), t);
+    ASSERT_EQ(hb.assignments_size(), 1) << "attempt " << attempt;
+    EXPECT_EQ(hb.assignments(0).attempt(), attempt);
+    now_ += absl::Seconds(11);
+    EXPECT_EQ(s->CheckLiveness(), 1);
+  }
+  auto st = s->Get(job->id());
+  EXPECT_EQ(st->state(), v1::FAILED);
+  EXPECT_NE(st->events().rbegin()->reason().find("placed 2 times (the limit)"), std::string::npos)
+      << st->events().rbegin()->reason();
+}
+
 TEST_F(SchedulerTest, LostTrainerFailsJobWhenNotRequeueing) {
   SchedulerOptions o = Options();
   o.requeue_on_trainer_loss = false;

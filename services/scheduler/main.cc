@@ -32,6 +32,9 @@ ABSL_FLAG(std::string, data_dir, "", "where the job log lives (empty: jobs are n
 ABSL_FLAG(std::string, metrics_listen, "",
           "Prometheus /metrics address, e.g. :9101 (empty: no endpoint)");
 ABSL_FLAG(double, heartbeat_timeout_s, 10, "seconds without a heartbeat before a trainer is lost");
+ABSL_FLAG(int, max_attempts, 5,
+          "placements per job: a job whose trainer is lost is requeued (resuming from its newest "
+          "checkpoint) until it has run this many times, then fails");
 ABSL_FLAG(double, shutdown_grace_s, 2, "seconds calls in flight get to finish at shutdown");
 ABSL_FLAG(std::string, port_file, "",
           "write the bound gRPC port here once serving (for scripts and tests)");
@@ -65,6 +68,12 @@ int main(int argc, char** argv) {
     return 2;
   }
   options.heartbeat_timeout = absl::Seconds(timeout_s);
+  options.max_attempts = absl::GetFlag(FLAGS_max_attempts);
+  if (options.max_attempts < 1) {
+    std::fprintf(stderr, "scheduler_server: --max_attempts must be >= 1, got %d\n",
+                 options.max_attempts);
+    return 2;
+  }
 
   if (!options.data_dir.empty() && mkdir(options.data_dir.c_str(), 0755) != 0 && errno != EEXIST) {
     std::fprintf(stderr, "scheduler_server: cannot create --data_dir=%s: %s\n",

@@ -263,10 +263,12 @@ absl::StatusOr<std::unique_ptr<SchedulerServer>> SchedulerServer::Start(
   if (options.heartbeat_timeout <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("heartbeat_timeout must be > 0");
   }
+  if (options.max_attempts < 1) return absl::InvalidArgumentError("max_attempts must be >= 1");
   std::unique_ptr<SchedulerServer> server(new SchedulerServer());
   SchedulerOptions so;
   if (!options.data_dir.empty()) so.wal_path = options.data_dir + "/jobs.wal";
   so.heartbeat_timeout = options.heartbeat_timeout;
+  so.max_attempts = options.max_attempts;
   so.heartbeat_interval =
       std::max(absl::Milliseconds(100), std::min(absl::Seconds(5), options.heartbeat_timeout / 4));
   DT_ASSIGN_OR_RETURN(server->scheduler_, Scheduler::Open(so));

@@ -57,6 +57,8 @@ struct ServerOptions {
   // Prometheus endpoint ("127.0.0.1:0", ":9101"); empty: none.
   std::string metrics_listen;
   absl::Duration heartbeat_timeout = absl::Seconds(10);
+  // Placements per job before a lost trainer fails it (SchedulerOptions).
+  int max_attempts = 5;
 };
 
 class SchedulerServer {

@@ -410,6 +410,9 @@ int Up(const ClusterOptions& o) {
     procs.push_back(p);
     return s;
   };
+  // Checkpoints go to a directory every trainer shares, so a job whose
+  // trainer is lost resumes on the others.
+  mkdir(absl::StrCat(dir, "/checkpoints").c_str(), 0755);
   absl::Status s;
   for (int i = 0; s.ok() && i < o.kvstore_shards; ++i) {
     Proc p;
@@ -425,7 +428,12 @@ int Up(const ClusterOptions& o) {
     Proc p;
     p.name = "scheduler";
     p.role = "scheduler";
-    s = start(p, {*scheduler_bin, absl::StrCat("--data_dir=", dir, "/scheduler")}, true);
+    std::vector<std::string> argv = {*scheduler_bin,
+                                     absl::StrCat("--data_dir=", dir, "/scheduler")};
+    if (o.heartbeat_timeout_s > 0) {
+      argv.push_back(absl::StrCat("--heartbeat_timeout_s=", o.heartbeat_timeout_s));
+    }
+    s = start(p, argv, true);
     if (s.ok()) scheduler_address = procs.back().address;
   }
   std::vector<std::string> devices(o.devices_per_trainer);
@@ -440,13 +448,14 @@ int Up(const ClusterOptions& o) {
     Proc p;
     p.name = absl::StrCat("trainer-", i);
     p.role = "trainer";
-    s = start(p,
-              {*trainer_bin, "--scheduler=" + scheduler_address, "--name=" + p.name,
-               "--devices=" + absl::StrJoin(devices, ","),
-               absl::StrCat("--work_dir=", dir, "/", p.name), "--collective_host=127.0.0.1",
-               "--metrics_listen=127.0.0.1:0", "--kvstore=" + absl::StrJoin(kvstore_addresses, ","),
-               absl::StrCat("--metrics_port_file=", dir, "/", p.name, ".metrics_port")},
-              false);
+    s = start(
+        p,
+        {*trainer_bin, "--scheduler=" + scheduler_address, "--name=" + p.name,
+         "--devices=" + absl::StrJoin(devices, ","), absl::StrCat("--work_dir=", dir, "/", p.name),
+         absl::StrCat("--checkpoint_dir=", dir, "/checkpoints"), "--collective_host=127.0.0.1",
+         "--metrics_listen=127.0.0.1:0", "--kvstore=" + absl::StrJoin(kvstore_addresses, ","),
+         absl::StrCat("--metrics_port_file=", dir, "/", p.name, ".metrics_port")},
+        false);
   }
   if (s.ok() && o.trainers > 0) {
     // Trainers serve no gRPC port: wait for their metrics port (which also

@@ -19,10 +19,11 @@ struct ClusterOptions {
   std::string scheduler_binary;  // up: empty = next to trainctl
   std::string trainer_binary;
   std::string kvstore_binary;
-  double start_timeout_s = 30;  // up: per process
-  double grace_s = 15;          // down: SIGTERM, then SIGKILL after this
-  bool json = false;            // -o json
-  std::string argv0;            // trainctl's argv[0] (finds the binaries)
+  double start_timeout_s = 30;     // up: per process
+  double heartbeat_timeout_s = 0;  // up: the scheduler's (0: its default)
+  double grace_s = 15;             // down: SIGTERM, then SIGKILL after this
+  bool json = false;               // -o json
+  std::string argv0;               // trainctl's argv[0] (finds the binaries)
 };
 
 // Runs `trainctl cluster <args...>` (args[0] is up, down or status). Returns

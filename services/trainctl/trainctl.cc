@@ -37,6 +37,7 @@
 #include "libs/base/grpc_status.h"
 #include "protos/scheduler.grpc.pb.h"
 #include "services/trainctl/cluster.h"
+#include "services/trainctl/progress.h"
 
 ABSL_FLAG(std::string, scheduler, "",
           "scheduler address (default: $DTRAIN_SCHEDULER, else 127.0.0.1:7000)");
@@ -78,6 +79,9 @@ ABSL_FLAG(std::string, scheduler_bin, "",
 ABSL_FLAG(std::string, trainer_bin, "", "cluster up: trainer daemon (default: next to trainctl)");
 ABSL_FLAG(std::string, kvstore_bin, "", "cluster up: kvstore_server (default: next to trainctl)");
 ABSL_FLAG(double, start_timeout_s, 30, "cluster up: seconds each server gets to start");
+ABSL_FLAG(double, heartbeat_timeout_s, 0,
+          "cluster up: seconds without a heartbeat before the scheduler declares a trainer lost "
+          "(0: the scheduler's default, 10)");
 ABSL_FLAG(double, grace_s, 15, "cluster down: seconds after SIGTERM before SIGKILL");
 
 namespace {
@@ -165,21 +169,35 @@ int Watch(v1::JobService::Stub* stub, const std::string& id) {
   auto reader = stub->Watch(&ctx, req);
   v1::JobStatus st;
   v1::JobState last = v1::JOB_STATE_UNSPECIFIED;
+  int last_epoch = -1;
   const bool tty = isatty(STDOUT_FILENO) && !Json();
+  dtrain::trainctl::ProgressTracker progress;
   while (reader->Read(&st)) {
     if (Json()) {
       Print(st, false);
-    } else if (tty && !Final(st.state())) {
-      std::printf("\r%s ", Line(st).c_str());
-      std::fflush(stdout);
-    } else if (st.state() != last || Final(st.state())) {
-      std::printf("%s%s\n", tty ? "\r" : "", Line(st).c_str());
-      std::fflush(stdout);
+      last = st.state();
+      continue;
     }
+    const std::string bar = progress.Update(st, absl::Now());
+    if (st.state() != last && !Final(st.state())) {
+      // A new state (QUEUED, RUNNING, requeued): its line and reason.
+      std::printf("%s%-11s %-9s %s\n", tty ? "\r\033[K" : "", st.id().c_str(),
+                  v1::JobState_Name(st.state()).c_str(),
+                  st.events_size() > 0 ? st.events(st.events_size() - 1).reason().c_str() : "");
+    }
+    if (Final(st.state())) {
+      std::printf("%s%s\n", tty ? "\r\033[K" : "", Line(st).c_str());
+    } else if (st.state() == v1::RUNNING && tty) {
+      std::printf("\r\033[K%s", bar.c_str());  // redrawn in place
+    } else if (st.state() == v1::RUNNING && st.epoch() != last_epoch) {
+      std::printf("%s\n", bar.c_str());  // logs: one line per epoch
+    }
+    std::fflush(stdout);
     last = st.state();
+    last_epoch = st.epoch();
   }
   absl::Status s = dtrain::FromGrpcStatus(reader->Finish(), "JobService.Watch");
-  if (tty) std::printf("\n");
+  if (tty && !Final(last)) std::printf("\n");  // end the redrawn line
   if (!s.ok()) return Fail(s);
   if (!Final(last)) return Fail(absl::UnavailableError("watch ended before the job did"));
   if (!Json() && last != v1::SUCCEEDED && st.events_size() > 0) {
@@ -264,6 +282,8 @@ int main(int argc, char** argv) {
     o.trainer_binary = absl::GetFlag(FLAGS_trainer_bin);
     o.kvstore_binary = absl::GetFlag(FLAGS_kvstore_bin);
     o.start_timeout_s = absl::GetFlag(FLAGS_start_timeout_s);
+    o.heartbeat_timeout_s = absl::GetFlag(FLAGS_heartbeat_timeout_s);
+    if (o.heartbeat_timeout_s < 0) return Usage("--heartbeat_timeout_s must be >= 0");
     o.grace_s = absl::GetFlag(FLAGS_grace_s);
     o.json = Json();
     o.argv0 = argv[0];

@@ -7,31 +7,36 @@
 // ReportProgress (every step, at most once a second, and after every epoch
 // with its accuracies).
 //
-// Single-trainer, single-device jobs run with libs/train's Train().
-// Cancellation (from a heartbeat reply or a ReportProgress reply) takes
-// effect at the next epoch boundary, not at the next step: Train() has no
-// way to stop mid-epoch, so the daemon runs it one epoch at a time, resuming
-// from a checkpoint in --work_dir between epochs, and checks for
-// cancellation in between. The checkpoint also gives
-// checkpoint_interval_epochs for free (it is written after every epoch).
+// CPU jobs, from one trainer with one device to many trainers with several
+// devices each, run with libs/train's DataParallelTrainer over
+// devices_per_trainer CPU devices (cpu:0..cpu:k-1, threads/k kernel threads
+// each). The trainers of a multi-trainer job meet through the scheduler's
+// rendezvous store (SchedulerStore, keyed by job and attempt) and allreduce
+// gradients over TCP (--collective_host is the address peers connect to), or,
+// in KVSTORE mode, push and pull every gradient bucket through the kvstore
+// shards given by --kvstore. Each rank reads its shard of the training set
+// (DataLoader rank/world_size) with global_batch_size / world_size samples per
+// step. Cancellation takes effect at the next step; a rank that stops closes
+// its communicator, which makes its peers' next allreduce fail at once, so all
+// ranks stop within about a step. Rank 0 reports progress, evaluates test
+// accuracy after every epoch (the reported loss is the mean over all ranks in
+// ALLREDUCE mode, rank 0's share in KVSTORE mode) and every
+// checkpoint_interval_epochs saves replica 0's parameters, buffers and
+// momentum to <checkpoint_dir>/<job>.ckpt (atomically replaced; kept after
+// the job) and reports the path to the scheduler.
 //
-// Multi-trainer jobs (world size > 1, ALLREDUCE mode) and multi-device jobs
-// run with libs/train's DataParallelTrainer over devices_per_trainer CPU
-// devices (cpu:0..cpu:k-1, threads/k kernel threads each). The trainers of
-// a job meet through the scheduler's rendezvous store (SchedulerStore, keyed
-// by job and attempt) and allreduce gradients over TCP (--collective_host is
-// the address peers connect to). Each rank reads its shard of the training
-// set (DataLoader rank/world_size) with global_batch_size / world_size
-// samples per step. Rank 0 reports progress (its own shard's loss), evaluates
-// test accuracy after every epoch and, every checkpoint_interval_epochs,
-// saves replica 0's parameters to <work_dir>/<job>-a<attempt>.ckpt (kept
-// after the job; without optimizer state). Every rank sends its final
-// report. Cancellation takes effect at the next step; a rank that stops
-// closes its communicator, which makes its peers' next allreduce fail at
-// once, so all ranks stop within about a step. KVSTORE jobs (synchronous
-// consistency) push and pull every gradient bucket through the kvstore shards
-// given by --kvstore instead of allreducing; CUDA devices are not supported
-// in this path yet.
+// Resume. When the scheduler places a job again after a lost trainer, the
+// assignment names the newest checkpoint: every rank loads it (so
+// --checkpoint_dir must be a directory all trainers share: a shared volume
+// on Kubernetes, <cluster>/checkpoints for `trainctl cluster up`) and
+// training continues with the epoch after the one it holds, with the same
+// data order as an undisturbed run. A checkpoint that cannot be read fails
+// the job with the reason.
+//
+// Jobs on CUDA devices (one trainer, one device) run with Train() one epoch
+// at a time, resuming from a checkpoint in --work_dir between epochs and
+// checking for cancellation in between (so they stop at epoch boundaries);
+// multi-device and multi-trainer CUDA jobs are not supported yet.
 //
 // When the scheduler forgets the trainer (restart, or it was declared lost)
 // the daemon registers again. SIGTERM or SIGINT: stops the job at the next
@@ -71,6 +76,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <map>
 #include <memory>
 #include <string>
 #include <thread>
@@ -80,6 +86,7 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
@@ -105,7 +112,10 @@ ABSL_FLAG(std::string, scheduler, "",
           "scheduler address host:port (default: $DTRAIN_SCHEDULER, else 127.0.0.1:7000)");
 ABSL_FLAG(std::string, name, "", "this trainer's name for people (default: the host name)");
 ABSL_FLAG(std::string, devices, "cpu", "comma-separated devices to offer: cpu, cuda:0, ...");
-ABSL_FLAG(std::string, work_dir, "", "checkpoint directory (default: /tmp/dtrain-trainer-<pid>)");
+ABSL_FLAG(std::string, work_dir, "", "scratch directory (default: /tmp/dtrain-trainer-<pid>)");
+ABSL_FLAG(std::string, checkpoint_dir, "",
+          "where jobs' checkpoints go; share it between trainers so a job can resume on another "
+          "trainer (default: --work_dir)");
 ABSL_FLAG(double, rpc_timeout_s, 5, "deadline of each call to the scheduler");
 ABSL_FLAG(std::string, collective_host, "",
           "address other trainers reach this one at for allreduce (default: the host name)");
@@ -246,6 +256,8 @@ class Daemon {
   void set_kvstore_servers(std::vector<std::string> servers) {
     kvstore_servers_ = std::move(servers);
   }
+  // Where checkpoints go (see the file comment). REQUIRES: before Run().
+  void set_checkpoint_dir(std::string dir) { checkpoint_dir_ = std::move(dir); }
 
   void Run(ShutdownSignal& shutdown) {
     absl::Duration interval = absl::Seconds(1);
@@ -282,6 +294,8 @@ class Daemon {
   struct Job {
     v1::Assignment assignment;
     std::atomic<bool> stop{false};
+    // The worker is sending its final report and about to end.
+    std::atomic<bool> finishing{false};
     std::string stop_reason;  // guarded by Daemon::mu_
     std::thread thread;
   };
@@ -324,7 +338,16 @@ class Daemon {
   }
 
   void Start(const v1::Assignment& a) {
-    ReapFinished();
+    // The previous job may be sending its final report (a peer's failure
+    // can requeue it and place it here again within that time): let it end.
+    for (absl::Time deadline = absl::Now() + absl::Seconds(30);;) {
+      ReapFinished();
+      absl::MutexLock lock(&mu_);
+      if (running_ == nullptr || !running_->finishing || absl::Now() > deadline) break;
+      mu_.Unlock();
+      absl::SleepFor(absl::Milliseconds(10));
+      mu_.Lock();
+    }
     absl::MutexLock lock(&mu_);
     if (running_ != nullptr) {
       // The scheduler gives a trainer one job at a time; refuse rather than
@@ -341,11 +364,11 @@ class Daemon {
     DT_LOG(INFO) << "starting job " << a.job_id() << " (" << a.spec().name() << ", "
                  << a.spec().model() << ", " << a.spec().epochs() << " epochs) as rank " << a.rank()
                  << " of " << a.world_size() << ", attempt " << a.attempt();
-    if (a.world_size() > 1 || a.spec().devices_per_trainer() > 1 ||
-        a.spec().sync().mode() == v1::KVSTORE) {
-      job->thread = std::thread([this, job] { WorkDataParallel(job); });
-    } else {
+    if (a.spec().device_kind() == "cuda" && a.world_size() <= 1 &&
+        a.spec().devices_per_trainer() <= 1 && a.spec().sync().mode() != v1::KVSTORE) {
       job->thread = std::thread([this, job] { Work(job); });
+    } else {
+      job->thread = std::thread([this, job] { WorkDataParallel(job); });
     }
   }
 
@@ -399,6 +422,7 @@ class Daemon {
     return false;
   }
 
+  // A single-device CUDA job with Train() (see the file comment).
   void Work(Job* job) {
     const v1::Assignment& a = job->assignment;
     const v1::JobSpec& spec = a.spec();
@@ -482,13 +506,14 @@ class Daemon {
     }
     std::remove(o.checkpoint_path.c_str());
     DT_LOG(INFO) << "job " << a.job_id() << " " << v1::JobState_Name(final_state) << ": " << reason;
+    job->finishing = true;
     Report(a, final_state, reason, &last);
     metrics_->EndJob();
     absl::MutexLock lock(&mu_);
     running_id_.clear();
   }
 
-  // A multi-trainer (or multi-device) job with DataParallelTrainer.
+  // A job on CPU devices with DataParallelTrainer.
   void WorkDataParallel(Job* job) {
     const v1::Assignment& a = job->assignment;
     v1::ProgressReport last;
@@ -498,6 +523,7 @@ class Daemon {
     v1::JobState final_state = v1::SUCCEEDED;
     std::string reason = "training finished";
     if (job->stop) {
+      last.clear_retryable();
       absl::MutexLock lock(&mu_);
       final_state = job->stop_reason == "cancelled" ? v1::CANCELLED : v1::FAILED;
       reason =
@@ -505,9 +531,14 @@ class Daemon {
     } else if (!s.ok()) {
       final_state = v1::FAILED;
       reason = std::string(s.message());
+      // A peer, the network or a kvstore shard failed, not this job's
+      // definition: the scheduler may run the job again.
+      last.set_retryable(absl::IsUnavailable(s) || absl::IsAborted(s) ||
+                         absl::IsDeadlineExceeded(s));
     }
     DT_LOG(INFO) << "job " << a.job_id() << " rank " << a.rank() << " "
                  << v1::JobState_Name(final_state) << ": " << reason;
+    job->finishing = true;
     Report(a, final_state, reason, &last);
     metrics_->EndJob();
     absl::MutexLock lock(&mu_);
@@ -532,7 +563,7 @@ class Daemon {
     }
     if (spec.device_kind() == "cuda") {
       return absl::UnimplementedError(
-          "multi-trainer and multi-device jobs run on CPU devices only for now");
+          "multi-trainer, multi-device and KVSTORE jobs run on CPU devices only for now");
     }
     if (rank < 0 || rank >= world) {
       return absl::InvalidArgumentError(absl::StrCat("rank ", rank, " of ", world));
@@ -631,9 +662,15 @@ class Daemon {
     DT_ASSIGN_OR_RETURN(std::unique_ptr<train::DataParallelTrainer> trainer,
                         train::DataParallelTrainer::Create(o));
 
-    const std::string ckpt = absl::StrCat(work_dir_, "/", a.job_id(), "-a", a.attempt(), ".ckpt");
+    int first_epoch = 0;
+    if (!a.resume_checkpoint().empty()) {
+      DT_ASSIGN_OR_RETURN(first_epoch, Resume(a, trainer.get()));
+      last->set_epoch(first_epoch);
+    }
+    last->set_steps_per_epoch(loader->batches_per_epoch());
+    const std::string ckpt = absl::StrCat(checkpoint_dir_, "/", a.job_id(), ".ckpt");
     absl::Time last_report = absl::InfinitePast();
-    for (int epoch = 0; epoch < spec.epochs(); ++epoch) {
+    for (int epoch = first_epoch; epoch < spec.epochs(); ++epoch) {
       loader->StartEpoch(epoch);
       data::Batch b;
       double loss_sum = 0;
@@ -678,6 +715,14 @@ class Daemon {
           if (Report(a, v1::JOB_STATE_UNSPECIFIED, "", last)) Stop(job, "cancelled");
         }
       }
+      if (comm != nullptr) {
+        // The job's loss: the mean over every rank's samples.
+        float sums[2] = {static_cast<float>(loss_sum), static_cast<float>(seen)};
+        DT_RETURN_IF_ERROR(
+            Annotate(comm->Allreduce(sums, 2, DType::kF32, collective::ReduceOp::kSum),
+                     absl::StrCat("rank ", rank, ": averaging the loss of epoch ", epoch + 1)));
+        if (sums[1] > 0) last->set_loss(sums[0] / sums[1]);
+      }
       last->set_epoch(epoch + 1);
       last->set_step(0);
       m->epoch->Set(epoch + 1);
@@ -689,17 +734,59 @@ class Daemon {
         const int interval = spec.checkpoint_interval_epochs();
         if (interval > 0 && (epoch + 1) % interval == 0) {
           DT_RETURN_IF_ERROR(train::SaveTrainingState(ckpt, spec.model(), trainer->replica(0),
-                                                      nullptr,
+                                                      trainer->optimizer(0),
                                                       {{"epochs_done", absl::StrCat(epoch + 1)},
                                                        {"seed", absl::StrCat(spec.seed())},
                                                        {"job_id", a.job_id()},
-                                                       {"world_size", absl::StrCat(world)}}));
+                                                       {"attempt", absl::StrCat(a.attempt())},
+                                                       {"world_size", absl::StrCat(world)},
+                                                       {"devices_per_trainer", absl::StrCat(k)}}));
+          last->set_checkpoint_path(ckpt);
+          last->set_checkpoint_epoch(epoch + 1);
+          DT_LOG(INFO) << "job " << a.job_id() << ": checkpoint of epoch " << epoch + 1 << " in "
+                       << ckpt;
         }
         last_report = absl::Now();
         if (Report(a, v1::JOB_STATE_UNSPECIFIED, "", last)) Stop(job, "cancelled");
       }
     }
+    if (rank == 0 && last->test_accuracy() < 0) {
+      // Resumed from the last epoch's checkpoint: nothing left to train.
+      last->set_test_accuracy(Evaluate(trainer.get(), test_set, sample_shape));
+    }
     return absl::OkStatus();
+  }
+
+  // Loads the assignment's checkpoint into every replica (parameters,
+  // buffers, momentum). Returns the epochs it holds.
+  static absl::StatusOr<int> Resume(const v1::Assignment& a, train::DataParallelTrainer* trainer) {
+    const std::string& path = a.resume_checkpoint();
+    std::map<std::string, std::string> meta;
+    for (int r = 0; r < trainer->num_devices(); ++r) {
+      absl::StatusOr<std::map<std::string, std::string>> m = train::LoadTrainingState(
+          path, a.spec().model(), trainer->replica(r), trainer->optimizer(r));
+      if (!m.ok()) {
+        return Annotate(m.status(),
+                        absl::StrCat("rank ", a.rank(), " resuming from the checkpoint ", path,
+                                     " (trainers need a shared --checkpoint_dir)"));
+      }
+      meta = *std::move(m);
+    }
+    int epochs_done = 0;
+    auto it = meta.find("epochs_done");
+    if (it == meta.end() || !absl::SimpleAtoi(it->second, &epochs_done) || epochs_done < 0 ||
+        epochs_done > a.spec().epochs()) {
+      return absl::DataLossError(absl::StrCat(path, ": no valid epochs_done in the checkpoint"));
+    }
+    if (epochs_done != a.resume_epoch()) {
+      // The file is replaced atomically; a newer one than the scheduler
+      // heard of is fine (its report was lost with the trainer).
+      DT_LOG(INFO) << path << " holds epoch " << epochs_done << " (the scheduler recorded "
+                   << a.resume_epoch() << ")";
+    }
+    DT_LOG(INFO) << "job " << a.job_id() << " rank " << a.rank() << ": resumed from " << path
+                 << " after epoch " << epochs_done << " (attempt " << a.attempt() << ")";
+    return epochs_done;
   }
 
   // Test accuracy of replica 0 (0 for an empty test set).
@@ -733,6 +820,7 @@ class Daemon {
   const std::string name_;
   const std::vector<std::string> devices_;
   const std::string work_dir_;
+  std::string checkpoint_dir_;  // set once before Run()
   const absl::Duration rpc_timeout_;
   const std::string collective_host_;
   std::vector<std::string> kvstore_servers_;  // set once before Run()
@@ -862,6 +950,13 @@ int main(int argc, char** argv) {
     }
     daemon.set_kvstore_servers(std::move(kv));
   }
+  std::string checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
+  if (checkpoint_dir.empty()) checkpoint_dir = work_dir;
+  if (access(checkpoint_dir.c_str(), W_OK) != 0 && mkdir(checkpoint_dir.c_str(), 0755) != 0) {
+    std::fprintf(stderr, "trainer: cannot use --checkpoint_dir=%s\n", checkpoint_dir.c_str());
+    return 2;
+  }
+  daemon.set_checkpoint_dir(checkpoint_dir);
   daemon.Run(shutdown);
   if (health_server != nullptr) {
     if (auto* health = health_server->GetHealthCheckService()) health->SetServingStatus(false);

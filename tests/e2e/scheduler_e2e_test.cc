@@ -303,7 +303,7 @@ TEST_F(SchedulerE2eTest, TwoTrainerJobTrainsAndCancels) {
   EXPECT_GT(done.test_accuracy(), 0.6) << done.DebugString();
   // Rank 0 checkpointed replica 0 after each epoch.
   struct stat st;
-  const std::string ckpt = absl::StrCat("/", job.id(), "-a1.ckpt");
+  const std::string ckpt = absl::StrCat("/", job.id(), ".ckpt");
   EXPECT_TRUE(stat((wa + ckpt).c_str(), &st) == 0 || stat((wb + ckpt).c_str(), &st) == 0);
 
   // A long two-trainer job: cancel it while it runs; both trainers stop
