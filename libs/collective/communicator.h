@@ -17,6 +17,17 @@
 //   ... compute ...
 //   DT_RETURN_IF_ERROR(work->Wait());
 //
+// Communicator is an interface. Two implementations exist:
+//   - the host one (host_communicator.h, private to this library): kInProcess,
+//     kShm and kTcp transports, ring / bidirectional ring / halving-doubling /
+//     recursive doubling allreduce on host memory;
+//   - the NCCL one (//libs/cuda/nccl:nccl_collective): buffers in CUDA device
+//     memory, NCCL's kernels on a stream of the communicator. It registers
+//     itself for TransportKind::kNccl, so Create makes it when that library
+//     is linked and libs/collective never depends on CUDA.
+// Code that takes a Communicator* works with either; only where its buffers
+// live differs.
+//
 // Ordering. Collectives are matched by order: every rank must issue the same
 // collectives (same kind, count, dtype, root) in the same order. Operations
 // of one communicator run one at a time in issue order, synchronous and
@@ -26,32 +37,35 @@
 // Failures. Every operation has a timeout (CommunicatorOptions::timeout
 // unless the call gives one), counted from when the operation starts
 // running. A peer that dies, closes its communicator or fails makes the
-// operation fail on every rank, never hang: UNAVAILABLE or ABORTED naming the
-// rank, and DEADLINE_EXCEEDED naming the operation when the time runs out.
-// An operation that failed leaves the communicator broken (streams are out of
-// step); it tells its peers, and all later operations fail at once with
-// FAILED_PRECONDITION quoting the first error. Create a new communicator
-// (under a new key prefix) to continue. Argument errors (INVALID_ARGUMENT) are
-// reported before any communication and do not break it.
+// operation fail on every rank, never hang: an error naming the rank
+// (UNAVAILABLE or ABORTED from the host transports; NCCL's error, e.g.
+// UNAVAILABLE for ncclRemoteError, from kNccl), and DEADLINE_EXCEEDED naming
+// the operation when the time runs out. An operation that failed leaves the
+// communicator broken (streams are out of step; kNccl aborts its NCCL
+// communicator with ncclCommAbort); it tells its peers, and all later
+// operations fail at once with FAILED_PRECONDITION quoting the first error.
+// Create a new communicator (under a new key prefix) to continue. Argument
+// errors (INVALID_ARGUMENT) are reported before any communication and do not
+// break it.
 //
 // Thread-safety: all methods may be called from any thread; calls racing
 // from several threads are serialized in an unspecified order, which must
 // still match the other ranks, so issue collectives from one thread (or
 // order them yourself). The Communicator must outlive its Work handles'
 // operations: the destructor waits for queued operations to finish (each is
-// bounded by its timeout). A synchronous call made while nothing is queued
-// runs on the calling thread; everything else runs on one worker thread.
+// bounded by its timeout). Host transports: a synchronous call made while
+// nothing is queued runs on the calling thread; everything else runs on one
+// worker thread. kNccl: every call enqueues on the communicator's stream
+// (after the work already on the calling thread's current stream of the
+// device) and a watchdog thread completes the Work when the kernels finish.
 #ifndef DTRAIN_LIBS_COLLECTIVE_COMMUNICATOR_H_
 #define DTRAIN_LIBS_COLLECTIVE_COMMUNICATOR_H_
 
 #include <cstddef>
 #include <cstdint>
-#include <deque>
 #include <functional>
 #include <memory>
 #include <string>
-#include <thread>
-#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
@@ -62,7 +76,6 @@
 #include "libs/collective/shm_transport.h"
 #include "libs/collective/store.h"
 #include "libs/collective/tcp_transport.h"
-#include "libs/collective/transport.h"
 #include "libs/tensor/dtype.h"
 
 namespace dtrain {
@@ -72,8 +85,11 @@ enum class TransportKind : uint8_t {
   kInProcess = 0,  // ranks are threads of one process
   kShm = 1,        // ranks are processes on one host
   kTcp = 2,        // ranks anywhere
+  kNccl = 3,       // ranks on CUDA devices, through NCCL; registered by
+                   // //libs/cuda/nccl:nccl_collective (see Create)
 };
-const char* TransportKindName(TransportKind kind);  // "inprocess", "shm", "tcp"
+// "inprocess", "shm", "tcp", "nccl".
+const char* TransportKindName(TransportKind kind);
 absl::StatusOr<TransportKind> ParseTransportKind(absl::string_view name);
 
 enum class Algorithm : uint8_t {
@@ -94,6 +110,8 @@ struct CommunicatorOptions {
 
   // Allreduce algorithm; kAuto picks by message size with the thresholds
   // below. Other collectives ignore it (they always use their ring or tree).
+  // The algorithm options below are for the host transports; NCCL chooses
+  // its own algorithms (NCCL_ALGO) and ignores them.
   Algorithm algorithm = Algorithm::kAuto;
   // kAuto: messages up to this many bytes use recursive doubling,
   size_t recursive_doubling_max_bytes = 32 << 10;
@@ -123,6 +141,10 @@ struct CommunicatorOptions {
 
   TcpOptions tcp;
   ShmOptions shm;
+
+  // kNccl: the CUDA device whose memory the buffers are in. -1 means rank
+  // modulo the number of visible devices (one rank per GPU of the host).
+  int cuda_device = -1;
 };
 
 // The handle of an asynchronous operation. Thread-safe.
@@ -140,7 +162,7 @@ class Work {
   const std::string& description() const { return description_; }
 
  private:
-  friend class Communicator;
+  friend class Communicator;  // implementations go through its NewWork/CompleteWork
   explicit Work(std::string description) : description_(std::move(description)) {}
   void Complete(absl::Status status);
 
@@ -150,125 +172,157 @@ class Work {
   absl::Status status_ ABSL_GUARDED_BY(mu_);
 };
 
+// The interface every implementation offers (see the file comment for the
+// contract they share). Callers hold a Communicator* and never learn which
+// implementation they talk to.
+//
+// Implementations override the private virtual methods; the public methods
+// only forward to them (so default arguments live here, once).
 class Communicator {
  public:
   // Passing kDefaultTimeout as an operation's timeout means
   // CommunicatorOptions::timeout.
   static constexpr absl::Duration kDefaultTimeout = absl::ZeroDuration();
 
-  // Joins rank `rank` of `size` through `store` (not owned; used only during
-  // Create) and connects to the peers the algorithms need. Blocks until all
-  // ranks have joined, or fails with DEADLINE_EXCEEDED after options.timeout.
+  // Joins rank `rank` of `size` through `store` and connects to the peers the
+  // algorithms need. Blocks until all ranks have joined, or fails with
+  // DEADLINE_EXCEEDED after options.timeout.
+  //
+  // kInProcess, kShm and kTcp are built in; `store` (not owned) is used only
+  // during Create. kNccl is available when the binary links
+  // //libs/cuda/nccl:nccl_collective (which registers it, see
+  // RegisterCommunicatorFactory; otherwise FAILED_PRECONDITION); its
+  // `store` must outlive the communicator (failures are published there so
+  // that peers can name the failing rank) and its buffers are device memory.
   static absl::StatusOr<std::unique_ptr<Communicator>> Create(
       int rank, int size, Store* store, const CommunicatorOptions& options = {});
 
-  // Waits for queued operations, then closes the connections. Peers that
-  // still expect data from this rank fail with UNAVAILABLE.
-  ~Communicator();
+  // Waits for queued operations (each bounded by its timeout), then closes
+  // the connections. Peers that still expect data from this rank fail.
+  virtual ~Communicator() = default;
 
   Communicator(const Communicator&) = delete;
   Communicator& operator=(const Communicator&) = delete;
 
-  int rank() const { return rank_; }
-  int size() const { return size_; }
-  const CommunicatorOptions& options() const { return options_; }
-  const char* transport_name() const;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  virtual const CommunicatorOptions& options() const = 0;
+  // "inprocess", "shm", "tcp" or "nccl".
+  virtual const char* transport_name() const = 0;
 
   // OK while healthy; otherwise the error that broke the communicator.
-  absl::Status health() const;
+  virtual absl::Status health() const = 0;
 
-  // The algorithm Allreduce uses for a message of `bytes`.
-  Algorithm AllreduceAlgorithmFor(size_t bytes) const;
+  // The algorithm Allreduce uses for a message of `bytes`; kAuto when the
+  // implementation chooses by itself (NCCL).
+  virtual Algorithm AllreduceAlgorithmFor(size_t bytes) const = 0;
 
-  // --- Synchronous operations. Buffers are `count` elements of `dtype`.
+  // --- Synchronous operations. Buffers are `count` elements of `dtype`, in
+  // host memory for kInProcess/kShm/kTcp and in memory of the communicator's
+  // CUDA device for kNccl.
 
   // data[i] = reduction over ranks of data[i], in place. `op` needs f32, f16
-  // or bf16. Every rank ends with bitwise identical results.
+  // or bf16. Every rank ends with identical results (bitwise for the host
+  // transports, whose algorithms reduce each block once and then copy it).
   absl::Status Allreduce(void* data, size_t count, DType dtype, ReduceOp op = ReduceOp::kSum,
-                         absl::Duration timeout = kDefaultTimeout);
+                         absl::Duration timeout = kDefaultTimeout) {
+    return DoAllreduce(data, count, dtype, op, timeout);
+  }
 
   // `input` holds size() blocks of `output_count` elements; rank r receives
   // in `output` the reduction of block r over all ranks. `input` is not
   // modified; `output` may alias block r of `input`.
   absl::Status ReduceScatter(const void* input, void* output, size_t output_count, DType dtype,
                              ReduceOp op = ReduceOp::kSum,
-                             absl::Duration timeout = kDefaultTimeout);
+                             absl::Duration timeout = kDefaultTimeout) {
+    return DoReduceScatter(input, output, output_count, dtype, op, timeout);
+  }
 
   // `output` (size() * input_count elements) receives every rank's `input`
   // in rank order. `input` may alias block rank() of `output`. Any dtype.
   absl::Status Allgather(const void* input, void* output, size_t input_count, DType dtype,
-                         absl::Duration timeout = kDefaultTimeout);
+                         absl::Duration timeout = kDefaultTimeout) {
+    return DoAllgather(input, output, input_count, dtype, timeout);
+  }
 
   // Copies `data` of rank `root` into `data` of every rank. Any dtype.
   absl::Status Broadcast(void* data, size_t count, DType dtype, int root,
-                         absl::Duration timeout = kDefaultTimeout);
+                         absl::Duration timeout = kDefaultTimeout) {
+    return DoBroadcast(data, count, dtype, root, timeout);
+  }
 
   // Returns once every rank has called Barrier.
-  absl::Status Barrier(absl::Duration timeout = kDefaultTimeout);
+  absl::Status Barrier(absl::Duration timeout = kDefaultTimeout) { return DoBarrier(timeout); }
 
   // --- Asynchronous versions: return at once; buffers must stay valid and
   // untouched until the Work finishes. Argument errors show in the Work.
   std::shared_ptr<Work> AllreduceAsync(void* data, size_t count, DType dtype,
                                        ReduceOp op = ReduceOp::kSum,
-                                       absl::Duration timeout = kDefaultTimeout);
+                                       absl::Duration timeout = kDefaultTimeout) {
+    return DoAllreduceAsync(data, count, dtype, op, timeout);
+  }
   std::shared_ptr<Work> ReduceScatterAsync(const void* input, void* output, size_t output_count,
                                            DType dtype, ReduceOp op = ReduceOp::kSum,
-                                           absl::Duration timeout = kDefaultTimeout);
+                                           absl::Duration timeout = kDefaultTimeout) {
+    return DoReduceScatterAsync(input, output, output_count, dtype, op, timeout);
+  }
   std::shared_ptr<Work> AllgatherAsync(const void* input, void* output, size_t input_count,
-                                       DType dtype, absl::Duration timeout = kDefaultTimeout);
+                                       DType dtype, absl::Duration timeout = kDefaultTimeout) {
+    return DoAllgatherAsync(input, output, input_count, dtype, timeout);
+  }
   std::shared_ptr<Work> BroadcastAsync(void* data, size_t count, DType dtype, int root,
-                                       absl::Duration timeout = kDefaultTimeout);
-  std::shared_ptr<Work> BarrierAsync(absl::Duration timeout = kDefaultTimeout);
+                                       absl::Duration timeout = kDefaultTimeout) {
+    return DoBroadcastAsync(data, count, dtype, root, timeout);
+  }
+  std::shared_ptr<Work> BarrierAsync(absl::Duration timeout = kDefaultTimeout) {
+    return DoBarrierAsync(timeout);
+  }
+
+ protected:
+  Communicator() = default;
+
+  // For implementations: a Work that is not finished yet, and its completion
+  // (once; later calls are ignored).
+  static std::shared_ptr<Work> NewWork(std::string description);
+  static void CompleteWork(Work& work, absl::Status status);
 
  private:
-  // One queued operation: validated arguments bound into `run`.
-  struct Task {
-    std::shared_ptr<Work> work;
-    absl::Duration timeout;
-    std::function<absl::Status(absl::Time deadline)> run;
-  };
-
-  Communicator(int rank, int size, const CommunicatorOptions& options,
-               std::unique_ptr<Transport> transport);
-
-  // Builds the task for an operation (or a Work that failed validation).
-  Task MakeTask(std::string description, absl::Duration timeout, absl::Status validation,
-                std::function<absl::Status(absl::Time)> run);
-  std::shared_ptr<Work> Enqueue(Task task);
-  absl::Status RunNowOrQueue(Task task);
-  void Execute(Task& task);
-  void WorkerLoop();
-
-  // Operation bodies (run on the executing thread).
-  absl::Status DoAllreduce(void* data, size_t count, DType dtype, ReduceOp op, Algorithm algorithm,
-                           absl::Time deadline);
-  absl::Status DoReduceScatter(const void* input, void* output, size_t count, DType dtype,
-                               ReduceOp op, absl::Time deadline);
-  absl::Status DoAllgather(const void* input, void* output, size_t bytes, absl::Time deadline);
-  absl::Status DoBroadcast(void* data, size_t bytes, int root, absl::Time deadline);
-
-  Task AllreduceTask(void* data, size_t count, DType dtype, ReduceOp op, absl::Duration timeout);
-  Task ReduceScatterTask(const void* input, void* output, size_t count, DType dtype, ReduceOp op,
-                         absl::Duration timeout);
-  Task AllgatherTask(const void* input, void* output, size_t count, DType dtype,
-                     absl::Duration timeout);
-  Task BroadcastTask(void* data, size_t count, DType dtype, int root, absl::Duration timeout);
-  Task BarrierTask(absl::Duration timeout);
-
-  const int rank_;
-  const int size_;
-  const CommunicatorOptions options_;
-  std::unique_ptr<Transport> transport_;  // used only by the executing thread
-  std::vector<char> scratch_;             // likewise
-
-  mutable absl::Mutex mu_;
-  std::deque<Task> queue_ ABSL_GUARDED_BY(mu_);
-  bool busy_ ABSL_GUARDED_BY(mu_) = false;  // an operation is executing
-  bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
-  absl::Status broken_ ABSL_GUARDED_BY(mu_);
-  uint64_t issued_ ABSL_GUARDED_BY(mu_) = 0;  // operations issued, for descriptions
-  std::thread worker_;
+  // The operations, with the public methods' arguments (timeout may be
+  // kDefaultTimeout). Synchronous ones return when the operation finished.
+  virtual absl::Status DoAllreduce(void* data, size_t count, DType dtype, ReduceOp op,
+                                   absl::Duration timeout) = 0;
+  virtual absl::Status DoReduceScatter(const void* input, void* output, size_t output_count,
+                                       DType dtype, ReduceOp op, absl::Duration timeout) = 0;
+  virtual absl::Status DoAllgather(const void* input, void* output, size_t input_count, DType dtype,
+                                   absl::Duration timeout) = 0;
+  virtual absl::Status DoBroadcast(void* data, size_t count, DType dtype, int root,
+                                   absl::Duration timeout) = 0;
+  virtual absl::Status DoBarrier(absl::Duration timeout) = 0;
+  virtual std::shared_ptr<Work> DoAllreduceAsync(void* data, size_t count, DType dtype, ReduceOp op,
+                                                 absl::Duration timeout) = 0;
+  virtual std::shared_ptr<Work> DoReduceScatterAsync(const void* input, void* output,
+                                                     size_t output_count, DType dtype, ReduceOp op,
+                                                     absl::Duration timeout) = 0;
+  virtual std::shared_ptr<Work> DoAllgatherAsync(const void* input, void* output,
+                                                 size_t input_count, DType dtype,
+                                                 absl::Duration timeout) = 0;
+  virtual std::shared_ptr<Work> DoBroadcastAsync(void* data, size_t count, DType dtype, int root,
+                                                 absl::Duration timeout) = 0;
+  virtual std::shared_ptr<Work> DoBarrierAsync(absl::Duration timeout) = 0;
 };
+
+// How Create makes a communicator of a transport that is not built in
+// (kNccl): the same arguments, already checked (valid rank and size, non-null
+// store, positive timeout).
+using CommunicatorFactory = std::function<absl::StatusOr<std::unique_ptr<Communicator>>(
+    int rank, int size, Store* store, const CommunicatorOptions& options)>;
+
+// Makes Create use `factory` for `kind`. Meant for a static initializer of the
+// library that implements it, so that libs/collective needs no CUDA: linking
+// //libs/cuda/nccl:nccl_collective (alwayslink) registers kNccl. Registering a
+// built-in kind, or one twice, is an error (INVALID_ARGUMENT /
+// ALREADY_EXISTS). Thread-safe.
+absl::Status RegisterCommunicatorFactory(TransportKind kind, CommunicatorFactory factory);
 
 }  // namespace collective
 }  // namespace dtrain

@@ -392,8 +392,34 @@ TEST(CommunicatorTest, RejectsBadArguments) {
 
 TEST(CommunicatorTest, ParsesNames) {
   EXPECT_EQ(*ParseTransportKind("shm"), TransportKind::kShm);
+  EXPECT_EQ(*ParseTransportKind("nccl"), TransportKind::kNccl);
+  EXPECT_FALSE(ParseTransportKind("gloo").ok());
   EXPECT_EQ(*ParseAlgorithm("bidir_ring"), Algorithm::kBidirectionalRing);
   EXPECT_FALSE(ParseAlgorithm("tree").ok());
+}
+
+// This binary does not link //libs/cuda/nccl:nccl_collective: asking for NCCL
+// says what to link instead of failing obscurely.
+TEST(CommunicatorTest, NcclWithoutItsLibraryIsAFailedPrecondition) {
+  InMemoryStore store;
+  CommunicatorOptions o;
+  o.transport = TransportKind::kNccl;
+  absl::StatusOr<std::unique_ptr<Communicator>> c = Communicator::Create(0, 1, &store, o);
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kFailedPrecondition) << c.status();
+  EXPECT_NE(c.status().message().find("//libs/cuda/nccl:nccl_collective"), std::string::npos)
+      << c.status();
+}
+
+TEST(CommunicatorTest, FactoriesRegisterOnlyForOtherTransports) {
+  auto factory = [](int, int, Store*,
+                    const CommunicatorOptions&) -> absl::StatusOr<std::unique_ptr<Communicator>> {
+    return absl::UnimplementedError("test factory");
+  };
+  EXPECT_EQ(RegisterCommunicatorFactory(TransportKind::kTcp, factory).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(RegisterCommunicatorFactory(TransportKind::kNccl, nullptr).code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "libs/base/logging.h"
 #include "libs/base/status.h"
@@ -269,6 +270,32 @@ cudaStream_t NcclCommunicator::StreamFor(Stream* stream) const {
   return CurrentCudaStream(device_);
 }
 
+absl::Status NcclCommunicator::CheckPointer(const char* op, const char* name, const void* p,
+                                            size_t count) const {
+  if (aborted()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("NCCL ", op, " on ", Who(), ": the communicator was aborted"));
+  }
+  if (count == 0) return absl::OkStatus();
+  if (p == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("NCCL ", op, " on ", Who(), ": ", name, " is null but count is ", count));
+  }
+  cudaPointerAttributes attr;
+  std::memset(&attr, 0, sizeof(attr));
+  cudaError_t e = cudaPointerGetAttributes(&attr, p);
+  if (e != cudaSuccess) cudaGetLastError();  // older runtimes fail for host pointers
+  const bool on_device =
+      e == cudaSuccess && (attr.type == cudaMemoryTypeDevice || attr.type == cudaMemoryTypeManaged);
+  if (!on_device || attr.device != device_) {
+    const char* where = !on_device ? "host memory" : "memory of another device";
+    return absl::InvalidArgumentError(absl::StrCat("NCCL ", op, " on ", Who(), ": ", name, " ",
+                                                   absl::StrFormat("%p", p), " is ", where,
+                                                   ", not memory of cuda:", device_));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status NcclCommunicator::AllReduce(const Tensor& send, Tensor* recv, ReduceOp op,
                                          Stream* stream) {
   DT_RETURN_IF_ERROR(CheckTensor("allreduce", "send", send));
@@ -278,22 +305,14 @@ absl::Status NcclCommunicator::AllReduce(const Tensor& send, Tensor* recv, Reduc
                                                    send.DebugString(), ", recv ",
                                                    recv->DebugString()));
   }
-  DeviceGuard guard(device_);
-  return Finish("allreduce",
-                ncclAllReduce(send.raw_data(), recv->raw_data(), static_cast<size_t>(send.numel()),
-                              NcclType(send.dtype()), NcclOp(op), comm_, StreamFor(stream)));
+  return AllReduce(send.raw_data(), recv->raw_data(), static_cast<size_t>(send.numel()),
+                   send.dtype(), op, StreamFor(stream));
 }
 
 absl::Status NcclCommunicator::Broadcast(Tensor* t, int root, Stream* stream) {
   DT_RETURN_IF_ERROR(CheckTensor("broadcast", "t", *t));
-  if (root < 0 || root >= world_size_) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("NCCL broadcast on ", Who(), ": root ", root, " out of range"));
-  }
-  DeviceGuard guard(device_);
-  return Finish("broadcast",
-                ncclBroadcast(t->raw_data(), t->raw_data(), static_cast<size_t>(t->numel()),
-                              NcclType(t->dtype()), root, comm_, StreamFor(stream)));
+  return Broadcast(t->raw_data(), t->raw_data(), static_cast<size_t>(t->numel()), t->dtype(), root,
+                   StreamFor(stream));
 }
 
 absl::Status NcclCommunicator::AllGather(const Tensor& send, Tensor* recv, Stream* stream) {
@@ -304,10 +323,8 @@ absl::Status NcclCommunicator::AllGather(const Tensor& send, Tensor* recv, Strea
                                                    recv->DebugString(), " must hold ", world_size_,
                                                    " times send ", send.DebugString()));
   }
-  DeviceGuard guard(device_);
-  return Finish("allgather",
-                ncclAllGather(send.raw_data(), recv->raw_data(), static_cast<size_t>(send.numel()),
-                              NcclType(send.dtype()), comm_, StreamFor(stream)));
+  return AllGather(send.raw_data(), recv->raw_data(), static_cast<size_t>(send.numel()),
+                   send.dtype(), StreamFor(stream));
 }
 
 absl::Status NcclCommunicator::ReduceScatter(const Tensor& send, Tensor* recv, ReduceOp op,
@@ -319,11 +336,48 @@ absl::Status NcclCommunicator::ReduceScatter(const Tensor& send, Tensor* recv, R
                                                    send.DebugString(), " must hold ", world_size_,
                                                    " times recv ", recv->DebugString()));
   }
+  return ReduceScatter(send.raw_data(), recv->raw_data(), static_cast<size_t>(recv->numel()),
+                       send.dtype(), op, StreamFor(stream));
+}
+
+absl::Status NcclCommunicator::AllReduce(const void* send, void* recv, size_t count, DType dtype,
+                                         ReduceOp op, cudaStream_t stream) {
+  DT_RETURN_IF_ERROR(CheckPointer("allreduce", "send", send, count));
+  DT_RETURN_IF_ERROR(CheckPointer("allreduce", "recv", recv, count));
   DeviceGuard guard(device_);
-  return Finish(
-      "reduce_scatter",
-      ncclReduceScatter(send.raw_data(), recv->raw_data(), static_cast<size_t>(recv->numel()),
-                        NcclType(send.dtype()), NcclOp(op), comm_, StreamFor(stream)));
+  return Finish("allreduce",
+                ncclAllReduce(send, recv, count, NcclType(dtype), NcclOp(op), comm_, stream));
+}
+
+absl::Status NcclCommunicator::Broadcast(const void* send, void* recv, size_t count, DType dtype,
+                                         int root, cudaStream_t stream) {
+  if (root < 0 || root >= world_size_) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("NCCL broadcast on ", Who(), ": root ", root, " out of range"));
+  }
+  // Only the root's send buffer is read.
+  DT_RETURN_IF_ERROR(CheckPointer("broadcast", "send", rank_ == root ? send : recv, count));
+  DT_RETURN_IF_ERROR(CheckPointer("broadcast", "recv", recv, count));
+  DeviceGuard guard(device_);
+  return Finish("broadcast",
+                ncclBroadcast(send, recv, count, NcclType(dtype), root, comm_, stream));
+}
+
+absl::Status NcclCommunicator::AllGather(const void* send, void* recv, size_t send_count,
+                                         DType dtype, cudaStream_t stream) {
+  DT_RETURN_IF_ERROR(CheckPointer("allgather", "send", send, send_count));
+  DT_RETURN_IF_ERROR(CheckPointer("allgather", "recv", recv, send_count * world_size_));
+  DeviceGuard guard(device_);
+  return Finish("allgather", ncclAllGather(send, recv, send_count, NcclType(dtype), comm_, stream));
+}
+
+absl::Status NcclCommunicator::ReduceScatter(const void* send, void* recv, size_t recv_count,
+                                             DType dtype, ReduceOp op, cudaStream_t stream) {
+  DT_RETURN_IF_ERROR(CheckPointer("reduce_scatter", "send", send, recv_count * world_size_));
+  DT_RETURN_IF_ERROR(CheckPointer("reduce_scatter", "recv", recv, recv_count));
+  DeviceGuard guard(device_);
+  return Finish("reduce_scatter", ncclReduceScatter(send, recv, recv_count, NcclType(dtype),
+                                                    NcclOp(op), comm_, stream));
 }
 
 absl::Status NcclCommunicator::Synchronize(Stream* stream) {

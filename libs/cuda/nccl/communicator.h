@@ -23,7 +23,13 @@
 // one (with a new key prefix) to go on.
 //
 // Thread-safety: one thread issues a communicator's operations; Abort may be
-// called from any thread (a watchdog).
+// called from any thread (a watchdog), but not while another thread is
+// inside an operation (ncclCommAbort frees the communicator), so a watchdog
+// serializes the two (nccl_collective.cc does).
+//
+// For code written against collective::Communicator (raw buffers, Work
+// handles, timeouts per operation), nccl_collective.h wraps this class in
+// that interface.
 #ifndef DTRAIN_LIBS_CUDA_NCCL_COMMUNICATOR_H_
 #define DTRAIN_LIBS_CUDA_NCCL_COMMUNICATOR_H_
 
@@ -99,6 +105,22 @@ class NcclCommunicator {
   absl::Status ReduceScatter(const Tensor& send, Tensor* recv, ReduceOp op,
                              Stream* stream = nullptr);
 
+  // The same on raw pointers into memory of this communicator's device
+  // (INVALID_ARGUMENT, before any communication, for other pointers), counts
+  // in elements of `dtype`, enqueued on `stream` (a stream of the device).
+  // In place: AllReduce and Broadcast with send == recv, AllGather with send
+  // == recv + rank * send_count, ReduceScatter with recv == send + rank *
+  // recv_count. nccl_collective.h builds the collective::Communicator on
+  // these.
+  absl::Status AllReduce(const void* send, void* recv, size_t count, DType dtype, ReduceOp op,
+                         cudaStream_t stream);
+  absl::Status Broadcast(const void* send, void* recv, size_t count, DType dtype, int root,
+                         cudaStream_t stream);
+  absl::Status AllGather(const void* send, void* recv, size_t send_count, DType dtype,
+                         cudaStream_t stream);
+  absl::Status ReduceScatter(const void* send, void* recv, size_t recv_count, DType dtype,
+                             ReduceOp op, cudaStream_t stream);
+
   // Waits until the work enqueued on `stream` (null: the CurrentStream) has
   // finished, watching NCCL's asynchronous error state; aborts and returns an
   // error on a failure or after op_timeout.
@@ -112,6 +134,15 @@ class NcclCommunicator {
   void Abort(const std::string& reason);
   bool aborted() const { return aborted_.load(std::memory_order_acquire); }
 
+  // Aborts (as Abort) and returns the error for `op` with `code`: "NCCL <op>
+  // on rank 1 of 4 (cuda:1): <what>; communicator aborted", plus what peers
+  // published under "<prefix>/error/<r>". For watchdogs that decide an
+  // operation failed (a timeout) outside this class.
+  absl::Status Fail(const char* op, absl::StatusCode code, const std::string& what);
+
+  // "rank 1 of 4 (cuda:1)".
+  std::string Who() const;
+
  private:
   NcclCommunicator(int rank, int world_size, int device, collective::Store* store,
                    const NcclOptions& options, ncclComm_t comm)
@@ -122,18 +153,16 @@ class NcclCommunicator {
         options_(options),
         comm_(comm) {}
 
-  // "rank 1 of 4 (cuda:1)".
-  std::string Who() const;
   // Checks that the communicator is usable and `t` is a CUDA tensor of its
   // device with an NCCL dtype.
   absl::Status CheckTensor(const char* op, const char* name, const Tensor& t) const;
+  // Checks that the communicator is usable and `p` (when count > 0) points
+  // into memory of its device.
+  absl::Status CheckPointer(const char* op, const char* name, const void* p, size_t count) const;
   cudaStream_t StreamFor(Stream* stream) const;
   // After an NCCL call: polls while it is in progress, turns errors into a
   // Status (aborting the communicator).
   absl::Status Finish(const char* op, ncclResult_t r);
-  // Builds the error for `op`, aborts, and adds what peers reported.
-  absl::Status Fail(const char* op, absl::StatusCode code, const std::string& what);
-
   const int rank_, world_size_, device_;
   collective::Store* const store_;
   const NcclOptions options_;
