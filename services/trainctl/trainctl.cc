@@ -61,6 +61,7 @@ ABSL_FLAG(int, devices_per_trainer, 0, "submit: devices per trainer");
 ABSL_FLAG(std::string, device_kind, "", "submit: cpu or cuda");
 ABSL_FLAG(std::string, sync, "", "submit: ALLREDUCE or KVSTORE");
 ABSL_FLAG(std::string, consistency, "", "submit: SYNCHRONOUS, ASYNCHRONOUS or BOUNDED_DELAY");
+ABSL_FLAG(int, max_staleness, 0, "submit: BOUNDED_DELAY: steps a trainer may run ahead");
 ABSL_FLAG(bool, hybridize, false, "submit: compile the model");
 ABSL_FLAG(uint64_t, seed, 0, "submit: seed");
 ABSL_FLAG(int, checkpoint_interval_epochs, 0, "submit: checkpoint every N epochs");
@@ -249,6 +250,9 @@ absl::Status BuildSpec(v1::JobSpec* spec) {
           "--consistency must be SYNCHRONOUS, ASYNCHRONOUS or BOUNDED_DELAY");
     }
     spec->mutable_sync()->set_consistency(c);
+  }
+  if (absl::GetFlag(FLAGS_max_staleness)) {
+    spec->mutable_sync()->set_max_staleness(absl::GetFlag(FLAGS_max_staleness));
   }
   if (absl::GetFlag(FLAGS_hybridize)) spec->set_hybridize(true);
   if (absl::GetFlag(FLAGS_seed)) spec->set_seed(absl::GetFlag(FLAGS_seed));

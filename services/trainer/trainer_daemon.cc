@@ -555,12 +555,6 @@ class Daemon {
       return absl::FailedPreconditionError(
           "sync mode KVSTORE, but this trainer was started without --kvstore servers");
     }
-    if (use_kvstore && spec.sync().consistency() != v1::CONSISTENCY_UNSPECIFIED &&
-        spec.sync().consistency() != v1::SYNCHRONOUS) {
-      return absl::UnimplementedError(
-          "data-parallel training through the kvstore runs synchronous rounds only; "
-          "ASYNCHRONOUS and BOUNDED_DELAY are kvstore features not wired into the trainer yet");
-    }
     if (spec.device_kind() == "cuda") {
       return absl::UnimplementedError(
           "multi-trainer, multi-device and KVSTORE jobs run on CPU devices only for now");
@@ -659,11 +653,32 @@ class Daemon {
     o.communicator = comm.get();
     o.kvstore = kv.get();
     o.kvstore_workers = world;
+    switch (spec.sync().consistency()) {
+      case v1::ASYNCHRONOUS:
+        o.kvstore_consistency = kvstore::Consistency::kAsync;
+        break;
+      case v1::BOUNDED_DELAY:
+        o.kvstore_consistency = kvstore::Consistency::kBoundedDelay;
+        o.kvstore_max_staleness = spec.sync().max_staleness();
+        break;
+      default:
+        o.kvstore_consistency = kvstore::Consistency::kSync;
+    }
+    if (use_kvstore && o.kvstore_consistency != kvstore::Consistency::kSync &&
+        !a.resume_checkpoint().empty()) {
+      // The parameter server holds the weights in these modes; they restart
+      // from the initial weights (see the file comment).
+      DT_LOG(WARNING) << "job " << a.job_id() << ": "
+                      << v1::Consistency_Name(spec.sync().consistency())
+                      << " jobs restart from the initial weights, not from "
+                      << a.resume_checkpoint();
+    }
     DT_ASSIGN_OR_RETURN(std::unique_ptr<train::DataParallelTrainer> trainer,
                         train::DataParallelTrainer::Create(o));
 
     int first_epoch = 0;
-    if (!a.resume_checkpoint().empty()) {
+    if (!a.resume_checkpoint().empty() &&
+        (!use_kvstore || o.kvstore_consistency == kvstore::Consistency::kSync)) {
       DT_ASSIGN_OR_RETURN(first_epoch, Resume(a, trainer.get()));
       last->set_epoch(first_epoch);
     }
@@ -727,6 +742,9 @@ class Daemon {
       last->set_step(0);
       m->epoch->Set(epoch + 1);
       if (rank == 0) {
+        // Asynchronous kvstore modes: the server's weights, not the ones
+        // this trainer's last pushes left.
+        DT_RETURN_IF_ERROR(trainer->PullLatestWeights());
         last->set_test_accuracy(Evaluate(trainer.get(), test_set, sample_shape));
         m->test_accuracy->Set(last->test_accuracy());
         DT_LOG(INFO) << "job " << a.job_id() << " epoch " << epoch + 1 << ": loss " << last->loss()

@@ -19,6 +19,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
@@ -84,7 +86,9 @@ TEST(ClusterE2eTest, UpStatusDownRoundTrip) {
     by_name[p.name] = p;
     EXPECT_TRUE(ProcessAlive(p.pid)) << p.name << " pid " << p.pid;
     EXPECT_NE(out.find(p.name), std::string::npos) << out;
-    if (p.role != "trainer") EXPECT_NE(p.address, "") << p.name;
+    if (p.role != "trainer") {
+      EXPECT_NE(p.address, "") << p.name;
+    }
     // Every process, trainers included, has a metrics endpoint.
     EXPECT_EQ(p.metrics_url.rfind("http://127.0.0.1:", 0), 0u) << p.name << out;
     EXPECT_NE(out.find(p.metrics_url), std::string::npos) << out;
@@ -139,6 +143,34 @@ TEST(ClusterE2eTest, UpStatusDownRoundTrip) {
   EXPECT_NE(shard_log.find("workers=2 consistency=sync"), std::string::npos)
       << "kvstore-0 never saw the 2-worker job:\n"
       << shard_log.substr(0, 2000);
+
+  // Asynchronous and bounded-delay consistency: the shards hold the weights
+  // and apply SGD to every push; the job still learns.
+  for (const std::string consistency : {"ASYNCHRONOUS", "BOUNDED_DELAY --max_staleness=2"}) {
+    out = Trainctl(absl::StrCat("--scheduler=", scheduler,
+                                " submit --name=tiny-kv-async --model=mlp --epochs=1"
+                                " --batch_size=128 --lr=0.1 --init=kaiming --train_limit=2048"
+                                " --test_limit=500 --threads=1 --num_trainers=2 --sync=KVSTORE"
+                                " --consistency=",
+                                consistency, " --wait"),
+                   &rc);
+    EXPECT_EQ(rc, 0) << out;
+    EXPECT_NE(out.find("SUCCEEDED"), std::string::npos) << out;
+    std::string id;
+    for (absl::string_view line : absl::StrSplit(out, '\n')) {
+      if (absl::ConsumePrefix(&line, "submitted ")) id = std::string(line);
+    }
+    std::string json = Trainctl(absl::StrCat("--scheduler=", scheduler, " -o json get ", id), &rc);
+    std::fprintf(stderr, "%s: %s\n", consistency.c_str(), json.substr(0, 400).c_str());
+    EXPECT_GT(JsonNumber(json, "test_accuracy", -1), 0.5) << json;
+  }
+  {
+    std::ifstream in(dir + "/kvstore-0.log");
+    shard_log.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  EXPECT_NE(shard_log.find("consistency=async"), std::string::npos) << shard_log.substr(0, 3000);
+  EXPECT_NE(shard_log.find("consistency=bounded_delay"), std::string::npos)
+      << shard_log.substr(0, 3000);
 
   // A dead trainer makes the cluster unhealthy.
   ASSERT_EQ(kill(by_name["trainer-1"].pid, SIGKILL), 0);
