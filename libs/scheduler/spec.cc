@@ -74,6 +74,13 @@ absl::Status ValidateJobSpec(const JobSpec& s) {
   if (!s.device_kind().empty() && s.device_kind() != "cpu" && s.device_kind() != "cuda") {
     return Bad("device_kind", absl::StrCat("must be cpu or cuda, got ", Quote(s.device_kind())));
   }
+  if (s.hybridize() &&
+      (trainers != 1 || s.devices_per_trainer() > 1 || s.device_kind() == "cuda")) {
+    return Bad("hybridize",
+               "compiled training steps run on one trainer with one CPU device; set "
+               "num_trainers and devices_per_trainer to 1 and device_kind cpu, or turn "
+               "hybridize off");
+  }
   if (!v1::SyncMode_IsValid(s.sync().mode())) {
     return Bad("sync.mode", absl::StrCat("unknown value ", s.sync().mode()));
   }

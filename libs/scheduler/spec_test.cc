@@ -55,6 +55,16 @@ TEST(SpecTest, EveryBadFieldIsNamed) {
       {[](JobSpec* s) { s->set_num_trainers(2000); }, "num_trainers:"},
       {[](JobSpec* s) { s->set_devices_per_trainer(-1); }, "devices_per_trainer:"},
       {[](JobSpec* s) { s->set_device_kind("tpu"); }, "device_kind:"},
+      {[](JobSpec* s) {
+         s->set_hybridize(true);
+         s->set_num_trainers(2);
+       },
+       "hybridize:"},
+      {[](JobSpec* s) {
+         s->set_hybridize(true);
+         s->set_device_kind("cuda");
+       },
+       "hybridize:"},
       {[](JobSpec* s) { s->mutable_sync()->set_consistency(v1::ASYNCHRONOUS); },
        "sync.consistency:"},
       {[](JobSpec* s) {

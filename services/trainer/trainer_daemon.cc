@@ -98,6 +98,7 @@
 #include "libs/collective/communicator.h"
 #include "libs/data/fashion_mnist.h"
 #include "libs/data/loader.h"
+#include "libs/graph/hybridize.h"
 #include "libs/kvstore/client.h"
 #include "libs/metrics/metrics.h"
 #include "libs/nn/models.h"
@@ -600,6 +601,8 @@ class Daemon {
     lo.world_size = world;
     const int64_t tail = (train_set.size / world) % local_batch;
     lo.drop_last = tail != 0 && tail < k;  // a step needs a sample per device
+    // A compiled step has one batch shape: the last partial batch is dropped.
+    if (spec.hybridize()) lo.drop_last = true;
     lo.prefetch = 2;
     DT_ASSIGN_OR_RETURN(std::unique_ptr<data::DataLoader> loader,
                         data::DataLoader::Create(&train_set, lo));
@@ -682,6 +685,23 @@ class Daemon {
       DT_ASSIGN_OR_RETURN(first_epoch, Resume(a, trainer.get()));
       last->set_epoch(first_epoch);
     }
+    // hybridize (one trainer, one CPU device: the scheduler checks): the
+    // whole step as one compiled plan over replica 0's parameters, which it
+    // updates in place (so evaluation and checkpoints see them). The plan
+    // keeps its own momentum buffers: a resumed hybridized job restarts them.
+    std::unique_ptr<graph::TrainStep> hybrid;
+    if (spec.hybridize()) {
+      if (world != 1 || k != 1) {
+        return absl::InvalidArgumentError("hybridize needs one trainer with one device");
+      }
+      Shape input = sample_shape;
+      input.insert(input.begin(), local_batch);
+      DT_ASSIGN_OR_RETURN(hybrid,
+                          graph::HybridizeTrainingStep(trainer->replica(0), input, 10, o.sgd));
+      DT_LOG(INFO) << "job " << a.job_id() << ": hybridized training step ("
+                   << hybrid->module().graph().nodes().size() << " graph nodes, planned peak "
+                   << hybrid->planned_peak_bytes() << " bytes)";
+    }
     last->set_steps_per_epoch(loader->batches_per_epoch());
     const std::string ckpt = absl::StrCat(checkpoint_dir_, "/", a.job_id(), ".ckpt");
     absl::Time last_report = absl::InfinitePast();
@@ -698,7 +718,7 @@ class Daemon {
         const double data_wait = std::max(0.0, loader->wait_seconds() - waited_before);
         if (job->stop) return absl::CancelledError("stopped");
         auto [x, y] = train::ToTensors(b, sample_shape, Device::Cpu(0));
-        absl::StatusOr<float> stepped = trainer->Step(x, y);
+        absl::StatusOr<float> stepped = hybrid ? hybrid->Run(x, y) : trainer->Step(x, y);
         if (!stepped.ok()) {
           return Annotate(stepped.status(),
                           absl::StrCat("rank ", rank, ", epoch ", epoch + 1, " step ", step + 1));

@@ -126,6 +126,49 @@ TEST(ClusterE2eTest, UpStatusDownRoundTrip) {
   EXPECT_EQ(rc, 0) << out;
   EXPECT_NE(out.find("SUCCEEDED"), std::string::npos) << out;
 
+  // The same job hybridized: the trainer compiles the training step, and it
+  // learns as the imperative one does (the same initial weights and data;
+  // fused kernels sum in another order, and the last partial batch is
+  // dropped, so not bit for bit).
+  auto accuracy_of = [&](const std::string& submit_out) {
+    std::string id;
+    for (absl::string_view line : absl::StrSplit(submit_out, '\n')) {
+      if (absl::ConsumePrefix(&line, "submitted ")) id = std::string(line);
+    }
+    int get_rc;
+    std::string json =
+        Trainctl(absl::StrCat("--scheduler=", scheduler, " -o json get ", id), &get_rc);
+    return JsonNumber(json, "test_accuracy", -1);
+  };
+  const double imperative = accuracy_of(out);
+  out = Trainctl(absl::StrCat("--scheduler=", scheduler,
+                              " submit --name=tiny-hybrid --model=mlp --epochs=1 --batch_size=128"
+                              " --lr=0.1 --init=kaiming --train_limit=1024 --test_limit=500"
+                              " --threads=1 --hybridize --wait"),
+                 &rc);
+  EXPECT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("SUCCEEDED"), std::string::npos) << out;
+  const double hybridized = accuracy_of(out);
+  std::fprintf(stderr, "tiny job test accuracy: imperative %.4f, hybridized %.4f\n", imperative,
+               hybridized);
+  EXPECT_GT(imperative, 0.5);
+  EXPECT_NEAR(hybridized, imperative, 0.05);
+  std::string trainer_logs;
+  for (const char* t : {"/trainer-0.log", "/trainer-1.log"}) {
+    std::ifstream in(dir + t);
+    trainer_logs.append(std::istreambuf_iterator<char>(in), {});
+  }
+  EXPECT_NE(trainer_logs.find("hybridized training step"), std::string::npos);
+  // Hybridized multi-trainer jobs are refused at submission, naming the field.
+  out = Trainctl(absl::StrCat("--scheduler=", scheduler,
+                              " submit --name=bad-hybrid --model=mlp --epochs=1 --batch_size=128"
+                              " --lr=0.1 --num_trainers=2 --hybridize"),
+                 &rc);
+  EXPECT_EQ(rc, 1) << out;
+  EXPECT_NE(out.find("INVALID_ARGUMENT"), std::string::npos) << out;
+  EXPECT_NE(out.find("hybridize: compiled training steps run on one trainer"), std::string::npos)
+      << out;
+
   // And through the parameter server: both trainers, gradients pushed to and
   // pulled from the 2 kvstore shards in synchronous rounds.
   out = Trainctl(absl::StrCat("--scheduler=", scheduler,
