@@ -2,6 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "libs/autograd/functions.h"
+#include "libs/nn/sync_batch_norm.h"
 
 namespace dtrain {
 namespace nn {
@@ -67,7 +68,16 @@ BatchNorm2d::BatchNorm2d(int64_t channels, float eps, float momentum)
   running_var_ = &RegisterBuffer("running_var", Tensor::Full({channels}, 1.0f));
 }
 
+void BatchNorm2d::SetSyncGroup(std::shared_ptr<SyncBatchNormGroup> group, int member) {
+  sync_group_ = std::move(group);
+  sync_member_ = member;
+}
+
 Variable BatchNorm2d::Forward(const Variable& x) {
+  if (sync_group_ != nullptr && training()) {
+    return SyncBatchNorm(x, *weight_, *bias_, running_mean_, running_var_, momentum_, eps_,
+                         sync_group_, sync_member_);
+  }
   return ag::BatchNorm(x, *weight_, *bias_, running_mean_, running_var_, training(), momentum_,
                        eps_);
 }

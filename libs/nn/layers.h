@@ -89,6 +89,8 @@ class Flatten : public Module {
   std::string Describe() const override { return "Flatten()"; }
 };
 
+class SyncBatchNormGroup;  // sync_batch_norm.h
+
 // BatchNorm2d (and BatchNorm1d on [N, C] inputs).
 class BatchNorm2d : public Module {
  public:
@@ -96,7 +98,14 @@ class BatchNorm2d : public Module {
   Variable Forward(const Variable& x) override;
   std::string Describe() const override;
 
+  // Synchronized batch norm (sync_batch_norm.h): in training mode, normalize
+  // with statistics over every member of `group`, this layer being member
+  // `member`. A null group restores per-replica statistics.
+  void SetSyncGroup(std::shared_ptr<SyncBatchNormGroup> group, int member);
+
  private:
+  std::shared_ptr<SyncBatchNormGroup> sync_group_;
+  int sync_member_ = 0;
   int64_t channels_;
   float eps_, momentum_;
   Variable* weight_;

@@ -9,6 +9,8 @@
 #include "libs/base/logging.h"
 #include "libs/base/status.h"
 #include "libs/engine/engine.h"
+#include "libs/nn/layers.h"
+#include "libs/nn/sync_batch_norm.h"
 #include "libs/ops/ops.h"
 
 namespace dtrain {
@@ -91,6 +93,11 @@ struct DataParallelTrainer::Impl {
   std::vector<std::unique_ptr<nn::Sgd>> optimizers;
   std::vector<Bucket> buckets;
   std::vector<int> bucket_of;
+  // Sync batch norm: one group per BatchNorm2d layer, shared by the replicas.
+  std::vector<std::shared_ptr<nn::SyncBatchNormGroup>> bn_groups;
+  // Bucket reductions wait for every replica's backward (sync batch norm
+  // across trainers: see the header).
+  bool reduce_after_backward = false;
 
   // Per-step state, shared by the device workers (hooks) and the
   // communication worker.
@@ -98,7 +105,8 @@ struct DataParallelTrainer::Impl {
   std::vector<int> pending ABSL_GUARDED_BY(mu);              // gradients still to come, per bucket
   std::vector<std::vector<char>> ready ABSL_GUARDED_BY(mu);  // [replica][param]
   bool aborted ABSL_GUARDED_BY(mu) = false;
-  std::vector<double> weights;  // slice size / global batch, per replica
+  int backward_done ABSL_GUARDED_BY(mu) = 0;  // replicas whose backward finished
+  std::vector<double> weights;                // slice size / global batch, per replica
   std::vector<float> losses;
   double comm_wait = 0, comm_work = 0;
 
@@ -124,8 +132,12 @@ struct DataParallelTrainer::Impl {
   }
 
   void Abort() {
-    absl::MutexLock lock(&mu);
-    aborted = true;
+    {
+      absl::MutexLock lock(&mu);
+      aborted = true;
+    }
+    // Releases replicas waiting for this one at a batch-norm layer.
+    for (auto& g : bn_groups) g->Abort(absl::AbortedError("a replica failed"));
   }
 
   absl::Status ForwardBackward(int r, const Tensor& x, const Tensor& labels) {
@@ -136,6 +148,10 @@ struct DataParallelTrainer::Impl {
     Variable loss = autograd::SoftmaxCrossEntropy(logits, yr);
     loss.Backward();
     losses[r] = ops::ScalarValue(loss.value());
+    for (size_t l = 0; l < bn_groups.size(); ++l) {
+      DT_RETURN_IF_ERROR(
+          Annotate(bn_groups[l]->status(), absl::StrCat("replica ", r, ", batch-norm layer ", l)));
+    }
     // Parameters that got no gradient (unused in this forward) count as zero.
     for (size_t p = 0; p < params[r].size(); ++p) {
       Variable& v = params[r][p];
@@ -149,6 +165,8 @@ struct DataParallelTrainer::Impl {
         MarkReady(r, static_cast<int>(p));
       }
     }
+    absl::MutexLock lock(&mu);
+    ++backward_done;
     return absl::OkStatus();
   }
 
@@ -156,7 +174,9 @@ struct DataParallelTrainer::Impl {
     auto t0 = std::chrono::steady_clock::now();
     {
       absl::MutexLock lock(&mu);
-      auto done = [this, b]() ABSL_SHARED_LOCKS_REQUIRED(mu) { return pending[b] == 0 || aborted; };
+      auto done = [this, b]() ABSL_SHARED_LOCKS_REQUIRED(mu) {
+        return (pending[b] == 0 && (!reduce_after_backward || backward_done == k)) || aborted;
+      };
       if (!mu.AwaitWithTimeout(absl::Condition(&done), absl::Minutes(10))) {
         return absl::DeadlineExceededError(
             absl::StrCat("bucket ", b, ": gradients not ready after 10 minutes"));
@@ -228,6 +248,17 @@ DataParallelTrainer::~DataParallelTrainer() {
   }
 }
 
+namespace {
+
+// The BatchNorm2d layers under `m`, depth first in registration order (the
+// same order in every replica).
+void CollectBatchNorms(nn::Module* m, std::vector<nn::BatchNorm2d*>* out) {
+  if (auto* bn = dynamic_cast<nn::BatchNorm2d*>(m)) out->push_back(bn);
+  for (auto& [name, child] : m->NamedChildren()) CollectBatchNorms(child.get(), out);
+}
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<DataParallelTrainer>> DataParallelTrainer::Create(
     const DataParallelOptions& o) {
   if (o.devices.empty()) return absl::InvalidArgumentError("data-parallel training needs devices");
@@ -269,6 +300,15 @@ absl::StatusOr<std::unique_ptr<DataParallelTrainer>> DataParallelTrainer::Create
           "the kvstore's server-side SGD needs a positive learning rate, got ", o.sgd.lr));
     }
   }
+  if (o.sync_batch_norm && o.kvstore != nullptr && o.kvstore_workers > 1) {
+    return absl::InvalidArgumentError(
+        "sync_batch_norm across trainers needs a communicator; the kvstore has no collective for "
+        "the batch statistics (use sync_batch_norm with a single kvstore worker or a "
+        "communicator)");
+  }
+  if (o.sync_batch_norm && o.sync_batch_norm_timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("sync_batch_norm_timeout must be positive");
+  }
   auto impl = std::make_unique<Impl>();
   impl->options = o;
   impl->k = static_cast<int>(o.devices.size());
@@ -282,7 +322,10 @@ absl::StatusOr<std::unique_ptr<DataParallelTrainer>> DataParallelTrainer::Create
   impl->comm_queue = impl->engine->AddQueue("comm", 1, [] { ops::SetCpuThreads(1); });
 
   for (int r = 0; r < impl->k; ++r) {
-    DT_ASSIGN_OR_RETURN(std::shared_ptr<nn::Module> m, nn::MakeModel(o.model));
+    absl::StatusOr<std::shared_ptr<nn::Module>> made =
+        o.model_factory ? o.model_factory() : nn::MakeModel(o.model);
+    DT_RETURN_IF_ERROR(made.status());
+    std::shared_ptr<nn::Module> m = *std::move(made);
     if (r == 0) nn::InitParameters(m.get(), o.init, o.seed, o.init_std);
     DT_RETURN_IF_ERROR(m->To(o.devices[r]));
     m->Train();
@@ -293,6 +336,29 @@ absl::StatusOr<std::unique_ptr<DataParallelTrainer>> DataParallelTrainer::Create
     impl->optimizers.push_back(std::make_unique<nn::Sgd>(m->NamedParameters(), o.sgd));
   }
   size_t np = impl->params[0].size();
+  if (o.sync_batch_norm) {
+    std::vector<std::vector<nn::BatchNorm2d*>> bns(impl->k);
+    for (int r = 0; r < impl->k; ++r) CollectBatchNorms(impl->replicas[r].get(), &bns[r]);
+    nn::SyncBatchNormGroup::CrossGather cross;
+    if (o.communicator != nullptr) {
+      collective::Communicator* comm = o.communicator;
+      absl::Duration timeout = o.sync_batch_norm_timeout;
+      cross = [comm, timeout](const std::vector<double>& local, std::vector<double>* all) {
+        all->resize(local.size() * static_cast<size_t>(comm->size()));
+        // Raw bytes: every trainer sums the gathered statistics itself, in
+        // rank order, so all get bitwise the same result.
+        return comm->Allgather(local.data(), all->data(), local.size() * sizeof(double), DType::kU8,
+                               timeout);
+      };
+      impl->reduce_after_backward = true;
+    }
+    for (size_t l = 0; l < bns[0].size(); ++l) {
+      auto group =
+          std::make_shared<nn::SyncBatchNormGroup>(impl->k, o.sync_batch_norm_timeout, cross);
+      for (int r = 0; r < impl->k; ++r) bns[r][l]->SetSyncGroup(group, r);
+      impl->bn_groups.push_back(std::move(group));
+    }
+  }
   // Same initial weights everywhere: replica 0 of rank 0 is the source.
   if (o.communicator != nullptr) {
     for (size_t p = 0; p < np; ++p) {
@@ -385,7 +451,9 @@ absl::StatusOr<float> DataParallelTrainer::Step(const Tensor& x, const Tensor& l
     }
     for (auto& row : s.ready) std::fill(row.begin(), row.end(), 0);
     s.aborted = false;
+    s.backward_done = 0;
   }
+  for (auto& g : s.bn_groups) g->Reset();
   s.weights.assign(s.k, 0.0);
   s.losses.assign(s.k, 0.0f);
   s.comm_wait = s.comm_work = 0;
@@ -393,6 +461,15 @@ absl::StatusOr<float> DataParallelTrainer::Step(const Tensor& x, const Tensor& l
   for (int r = 0; r < s.k; ++r) {
     int64_t rows = n / s.k + (r < n % s.k ? 1 : 0);
     s.weights[r] = static_cast<double>(rows) / n;
+    // The replica's share of the gradient of the job's loss: trainers
+    // average their gradients (allreduce kAverage, or the kvstore's
+    // gradient_scale 1/workers).
+    for (auto& g : s.bn_groups) {
+      int trainers = 1;
+      if (s.options.communicator != nullptr) trainers = s.options.communicator->size();
+      if (s.options.kvstore != nullptr) trainers = s.options.kvstore_workers;
+      g->set_loss_weight(r, s.weights[r] / trainers);
+    }
     Tensor xr = x.Slice(begin, begin + rows), yr = labels.Slice(begin, begin + rows);
     begin += rows;
     Impl* raw = impl_.get();

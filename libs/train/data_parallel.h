@@ -21,17 +21,21 @@
 //     see DataParallelOptions::kvstore_consistency.)
 //
 // Batch norm keeps per-device statistics (each replica normalizes over its
-// own slice, as the chapter's implementation does).
+// own slice, as the chapter's implementation does), or, with
+// DataParallelOptions::sync_batch_norm, uses the statistics of the global
+// batch (libs/nn/sync_batch_norm.h).
 //
 // Thread-safety: one thread drives a DataParallelTrainer.
 #ifndef DTRAIN_LIBS_TRAIN_DATA_PARALLEL_H_
 #define DTRAIN_LIBS_TRAIN_DATA_PARALLEL_H_
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "libs/collective/communicator.h"
 #include "libs/kvstore/client.h"
 #include "libs/nn/models.h"
@@ -43,6 +47,9 @@ namespace train {
 
 struct DataParallelOptions {
   std::string model = "lenet";
+  // For tests: builds the model instead of nn::MakeModel(model) (called once
+  // per replica; every call must build the same architecture).
+  std::function<absl::StatusOr<std::shared_ptr<nn::Module>>()> model_factory;
   // The trainer's devices, one model replica each (cpu:0, cpu:1, ...).
   std::vector<Device> devices = {Device::Cpu(0)};
   // CPU threads for the kernels of each device's replica.
@@ -54,6 +61,24 @@ struct DataParallelOptions {
   nn::Init init = nn::Init::kNormal;
   float init_std = 0.01f;
   uint64_t seed = 0;
+  // Synchronized batch norm. Off: every BatchNorm2d layer normalizes with the
+  // statistics of its replica's slice. On: in training mode every BatchNorm2d
+  // layer of every replica normalizes with the mean and variance over the
+  // global batch (all devices of this trainer and, with `communicator`, of
+  // every trainer), its backward uses the global sums of dy and dy * xhat,
+  // and the running statistics are updated from the global mean and unbiased
+  // variance (PyTorch's SyncBatchNorm), so they are the same on every
+  // replica. The replicas meet at each layer in forward and in backward; a
+  // replica waits at most `sync_batch_norm_timeout` for the others (the step
+  // then fails with DeadlineExceeded). With a communicator the statistics
+  // are allgathered across trainers from the device threads, so gradient
+  // buckets are reduced only after every replica's backward finished (the
+  // collectives must be issued in the same order on every trainer): no
+  // overlap of communication with backward in that combination. Not
+  // supported through a kvstore with more than one worker (Create answers
+  // InvalidArgument): the kvstore has no collective for the statistics.
+  bool sync_batch_norm = false;
+  absl::Duration sync_batch_norm_timeout = absl::Minutes(5);
   // Across trainers (not owned; null for a single trainer). Every trainer
   // must use the same options and the same global batch size per step.
   collective::Communicator* communicator = nullptr;
