@@ -74,6 +74,11 @@ absl::Status ValidateJobSpec(const JobSpec& s) {
   if (!s.device_kind().empty() && s.device_kind() != "cpu" && s.device_kind() != "cuda") {
     return Bad("device_kind", absl::StrCat("must be cpu or cuda, got ", Quote(s.device_kind())));
   }
+  if (s.sync_batch_norm() && trainers > 1 && s.sync().mode() == v1::KVSTORE) {
+    return Bad("sync_batch_norm",
+               "needs sync.mode ALLREDUCE when num_trainers > 1 (the statistics are exchanged "
+               "with the trainers' collectives)");
+  }
   if (s.hybridize() &&
       (trainers != 1 || s.devices_per_trainer() > 1 || s.device_kind() == "cuda")) {
     return Bad("hybridize",

@@ -61,6 +61,12 @@ TEST(SpecTest, EveryBadFieldIsNamed) {
        },
        "hybridize:"},
       {[](JobSpec* s) {
+         s->set_sync_batch_norm(true);
+         s->set_num_trainers(2);
+         s->mutable_sync()->set_mode(v1::KVSTORE);
+       },
+       "sync_batch_norm:"},
+      {[](JobSpec* s) {
          s->set_hybridize(true);
          s->set_device_kind("cuda");
        },

@@ -335,6 +335,11 @@ absl::StatusOr<std::unique_ptr<DataParallelTrainer>> DataParallelTrainer::Create
     impl->params.push_back(ps);
     impl->optimizers.push_back(std::make_unique<nn::Sgd>(m->NamedParameters(), o.sgd));
   }
+  if (o.restore) {
+    for (int r = 0; r < impl->k; ++r) {
+      DT_RETURN_IF_ERROR(o.restore(impl->replicas[r].get(), impl->optimizers[r].get()));
+    }
+  }
   size_t np = impl->params[0].size();
   if (o.sync_batch_norm) {
     std::vector<std::vector<nn::BatchNorm2d*>> bns(impl->k);

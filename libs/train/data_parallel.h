@@ -50,6 +50,11 @@ struct DataParallelOptions {
   // For tests: builds the model instead of nn::MakeModel(model) (called once
   // per replica; every call must build the same architecture).
   std::function<absl::StatusOr<std::shared_ptr<nn::Module>>()> model_factory;
+  // Resuming: called for every replica (its model and optimizer) after the
+  // initialization and before the initial weights are broadcast to the other
+  // trainers and, in the asynchronous kvstore modes, stored on the server,
+  // so the job continues from what it loads (a checkpoint) everywhere.
+  std::function<absl::Status(nn::Module* model, nn::Sgd* optimizer)> restore;
   // The trainer's devices, one model replica each (cpu:0, cpu:1, ...).
   std::vector<Device> devices = {Device::Cpu(0)};
   // CPU threads for the kernels of each device's replica.

@@ -1,10 +1,12 @@
 #include "libs/train/data_parallel.h"
 
+#include <cstdlib>
 #include <string>
 #include <tuple>
 
 #include "gtest/gtest.h"
 #include "libs/train/dp_test_util.h"
+#include "libs/train/state_io.h"
 
 namespace dtrain {
 namespace train {
@@ -89,6 +91,65 @@ TEST(DataParallelTest, BadInputIsAnErrorNotACrash) {
   o.devices = {};
   EXPECT_FALSE(DataParallelTrainer::Create(o).ok());
   EXPECT_FALSE(DataParallelTrainer::Create({.model = "nope"}).ok());
+}
+
+// Resuming: 10 steps, a checkpoint (parameters and momentum), and a new
+// trainer restored from it through DataParallelOptions::restore continues
+// exactly as the original does for 10 more steps. Restoring only the
+// parameters (momentum lost) would not.
+TEST(DataParallelTest, RestoreContinuesFromACheckpoint) {
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  const std::string path = std::string(tmp ? tmp : "/tmp") + "/dp_restore.ckpt";
+  DataParallelOptions o;
+  o.model = "mlp";
+  o.devices = {Device::Cpu(0), Device::Cpu(1)};
+  o.sgd = {.lr = 0.05f, .momentum = 0.9f};
+  o.seed = 4;
+  auto step = [](DataParallelTrainer* t, int s) {
+    Tensor x, y;
+    SyntheticBatch(32, s, &x, &y);
+    ASSERT_TRUE(t->Step(x, y).ok());
+  };
+  auto params = [](DataParallelTrainer* t, int r) {
+    std::vector<std::vector<float>> out;
+    for (auto& [name, p] : t->replica(r)->NamedParameters()) {
+      out.push_back(p.value().ToVector<float>());
+    }
+    return out;
+  };
+  auto original = *DataParallelTrainer::Create(o);
+  for (int s = 0; s < 10; ++s) step(original.get(), s);
+  ASSERT_TRUE(
+      SaveTrainingState(path, "mlp", original->replica(0), original->optimizer(0), {}).ok());
+
+  for (bool with_momentum : {true, false}) {
+    DataParallelOptions ro = o;
+    ro.seed = 77;  // different initial weights: the restore must replace them
+    int calls = 0;
+    ro.restore = [&](nn::Module* m, nn::Sgd* opt) -> absl::Status {
+      ++calls;
+      return LoadTrainingState(path, "mlp", m, with_momentum ? opt : nullptr).status();
+    };
+    auto resumed = *DataParallelTrainer::Create(ro);
+    EXPECT_EQ(calls, 2);  // every replica
+    if (with_momentum) {
+      for (int s = 10; s < 20; ++s) step(original.get(), s);
+    }
+    for (int s = 10; s < 20; ++s) step(resumed.get(), s);
+    for (int r = 0; r < 2; ++r) {
+      const double diff =
+          MaxRelativeDifference(params(resumed.get(), r), params(original.get(), 0));
+      if (with_momentum) {
+        EXPECT_LT(diff, 1e-6) << "replica " << r;
+      } else {
+        EXPECT_GT(diff, 1e-4) << "replica " << r << ": momentum should matter";
+      }
+    }
+  }
+  // A failing restore fails Create with its status.
+  DataParallelOptions bad = o;
+  bad.restore = [](nn::Module*, nn::Sgd*) { return absl::DataLossError("corrupt"); };
+  EXPECT_EQ(DataParallelTrainer::Create(bad).status().code(), absl::StatusCode::kDataLoss);
 }
 
 TEST(DataParallelTest, ScalingHelperFollowsTheLinearRule) {

@@ -31,7 +31,12 @@
 // on Kubernetes, <cluster>/checkpoints for `trainctl cluster up`) and
 // training continues with the epoch after the one it holds, with the same
 // data order as an undisturbed run. A checkpoint that cannot be read fails
-// the job with the reason.
+// the job with the reason. What restarts: in ASYNCHRONOUS / BOUNDED_DELAY
+// kvstore jobs the shards' momentum (the weights come from the checkpoint);
+// in hybridized jobs the compiled plan's momentum buffers.
+//
+// sync_batch_norm: batch norm normalizes over the global batch of every
+// device and trainer (DataParallelOptions::sync_batch_norm).
 //
 // Jobs on CUDA devices (one trainer, one device) run with Train() one epoch
 // at a time, resuming from a checkpoint in --work_dir between epochs and
@@ -667,23 +672,27 @@ class Daemon {
       default:
         o.kvstore_consistency = kvstore::Consistency::kSync;
     }
-    if (use_kvstore && o.kvstore_consistency != kvstore::Consistency::kSync &&
-        !a.resume_checkpoint().empty()) {
-      // The parameter server holds the weights in these modes; they restart
-      // from the initial weights (see the file comment).
-      DT_LOG(WARNING) << "job " << a.job_id() << ": "
-                      << v1::Consistency_Name(spec.sync().consistency())
-                      << " jobs restart from the initial weights, not from "
-                      << a.resume_checkpoint();
+    o.sync_batch_norm = spec.sync_batch_norm();
+    // A requeued job: every replica loads the checkpoint before the weights
+    // are shared (with the other trainers, or the kvstore's shards).
+    int first_epoch = 0;
+    if (!a.resume_checkpoint().empty()) {
+      o.restore = [&a, &first_epoch](nn::Module* model, nn::Sgd* optimizer) -> absl::Status {
+        DT_ASSIGN_OR_RETURN(first_epoch, Resume(a, model, optimizer));
+        return absl::OkStatus();
+      };
     }
     DT_ASSIGN_OR_RETURN(std::unique_ptr<train::DataParallelTrainer> trainer,
                         train::DataParallelTrainer::Create(o));
-
-    int first_epoch = 0;
-    if (!a.resume_checkpoint().empty() &&
-        (!use_kvstore || o.kvstore_consistency == kvstore::Consistency::kSync)) {
-      DT_ASSIGN_OR_RETURN(first_epoch, Resume(a, trainer.get()));
+    if (o.sync_batch_norm) {
+      DT_LOG(INFO) << "job " << a.job_id() << " rank " << rank << ": synchronized batch norm over "
+                   << k << " devices x " << world << " trainers";
+    }
+    if (!a.resume_checkpoint().empty()) {
       last->set_epoch(first_epoch);
+      DT_LOG(INFO) << "job " << a.job_id() << " rank " << rank << ": resumed from "
+                   << a.resume_checkpoint() << " after epoch " << first_epoch << " (attempt "
+                   << a.attempt() << ")";
     }
     // hybridize (one trainer, one CPU device: the scheduler checks): the
     // whole step as one compiled plan over replica 0's parameters, which it
@@ -795,24 +804,21 @@ class Daemon {
     return absl::OkStatus();
   }
 
-  // Loads the assignment's checkpoint into every replica (parameters,
-  // buffers, momentum). Returns the epochs it holds.
-  static absl::StatusOr<int> Resume(const v1::Assignment& a, train::DataParallelTrainer* trainer) {
+  // Loads the assignment's checkpoint into one replica (parameters, buffers,
+  // momentum). Returns the epochs it holds.
+  static absl::StatusOr<int> Resume(const v1::Assignment& a, nn::Module* model,
+                                    nn::Sgd* optimizer) {
     const std::string& path = a.resume_checkpoint();
-    std::map<std::string, std::string> meta;
-    for (int r = 0; r < trainer->num_devices(); ++r) {
-      absl::StatusOr<std::map<std::string, std::string>> m = train::LoadTrainingState(
-          path, a.spec().model(), trainer->replica(r), trainer->optimizer(r));
-      if (!m.ok()) {
-        return Annotate(m.status(),
-                        absl::StrCat("rank ", a.rank(), " resuming from the checkpoint ", path,
-                                     " (trainers need a shared --checkpoint_dir)"));
-      }
-      meta = *std::move(m);
+    absl::StatusOr<std::map<std::string, std::string>> meta =
+        train::LoadTrainingState(path, a.spec().model(), model, optimizer);
+    if (!meta.ok()) {
+      return Annotate(meta.status(),
+                      absl::StrCat("rank ", a.rank(), " resuming from the checkpoint ", path,
+                                   " (trainers need a shared --checkpoint_dir)"));
     }
     int epochs_done = 0;
-    auto it = meta.find("epochs_done");
-    if (it == meta.end() || !absl::SimpleAtoi(it->second, &epochs_done) || epochs_done < 0 ||
+    auto it = meta->find("epochs_done");
+    if (it == meta->end() || !absl::SimpleAtoi(it->second, &epochs_done) || epochs_done < 0 ||
         epochs_done > a.spec().epochs()) {
       return absl::DataLossError(absl::StrCat(path, ": no valid epochs_done in the checkpoint"));
     }
@@ -822,8 +828,6 @@ class Daemon {
       DT_LOG(INFO) << path << " holds epoch " << epochs_done << " (the scheduler recorded "
                    << a.resume_epoch() << ")";
     }
-    DT_LOG(INFO) << "job " << a.job_id() << " rank " << a.rank() << ": resumed from " << path
-                 << " after epoch " << epochs_done << " (attempt " << a.attempt() << ")";
     return epochs_done;
   }
 

@@ -169,6 +169,24 @@ TEST(ClusterE2eTest, UpStatusDownRoundTrip) {
   EXPECT_NE(out.find("hybridize: compiled training steps run on one trainer"), std::string::npos)
       << out;
 
+  // Synchronized batch norm across two trainer processes (ResNet-18 has
+  // batch norm; the statistics of every step travel between the trainers).
+  out = Trainctl(absl::StrCat("--scheduler=", scheduler,
+                              " submit --name=tiny-syncbn --model=resnet18 --epochs=1"
+                              " --batch_size=32 --lr=0.05 --init=kaiming --train_limit=64"
+                              " --test_limit=64 --threads=1 --num_trainers=2 --sync_batch_norm"
+                              " --wait"),
+                 &rc);
+  EXPECT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("SUCCEEDED"), std::string::npos) << out;
+  trainer_logs.clear();
+  for (const char* t : {"/trainer-0.log", "/trainer-1.log"}) {
+    std::ifstream in(dir + t);
+    trainer_logs.append(std::istreambuf_iterator<char>(in), {});
+  }
+  EXPECT_NE(trainer_logs.find("synchronized batch norm over 1 devices x 2 trainers"),
+            std::string::npos);
+
   // And through the parameter server: both trainers, gradients pushed to and
   // pulled from the 2 kvstore shards in synchronous rounds.
   out = Trainctl(absl::StrCat("--scheduler=", scheduler,
