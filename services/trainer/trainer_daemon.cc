@@ -93,6 +93,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
@@ -101,6 +102,7 @@
 #include "libs/base/signals.h"
 #include "libs/base/status.h"
 #include "libs/collective/communicator.h"
+#include "libs/cuda/devices.h"
 #include "libs/data/fashion_mnist.h"
 #include "libs/data/loader.h"
 #include "libs/graph/hybridize.h"
@@ -117,7 +119,10 @@
 ABSL_FLAG(std::string, scheduler, "",
           "scheduler address host:port (default: $DTRAIN_SCHEDULER, else 127.0.0.1:7000)");
 ABSL_FLAG(std::string, name, "", "this trainer's name for people (default: the host name)");
-ABSL_FLAG(std::string, devices, "cpu", "comma-separated devices to offer: cpu, cuda:0, ...");
+ABSL_FLAG(std::string, devices, "auto",
+          "devices to offer: auto (every CUDA device found, else cpu, with a log line saying "
+          "which), cuda (every CUDA device; an error without one), or a list: cpu, cpu:0,cpu:1, "
+          "cuda:0,cuda:1, ...");
 ABSL_FLAG(std::string, work_dir, "", "scratch directory (default: /tmp/dtrain-trainer-<pid>)");
 ABSL_FLAG(std::string, checkpoint_dir, "",
           "where jobs' checkpoints go; share it between trainers so a job can resume on another "
@@ -907,8 +912,20 @@ int main(int argc, char** argv) {
     const char* env = std::getenv("DTRAIN_SCHEDULER");
     address = env != nullptr && *env ? env : "127.0.0.1:7000";
   }
-  std::vector<std::string> devices =
-      absl::StrSplit(absl::GetFlag(FLAGS_devices), ',', absl::SkipWhitespace());
+  std::vector<std::string> devices;
+  const std::string requested = absl::GetFlag(FLAGS_devices);
+  if (requested == "auto" || requested == "cuda") {
+    // One log line says which devices and why (no CUDA device: cpu).
+    absl::StatusOr<std::vector<dtrain::Device>> chosen = dtrain::cuda::ChooseDevices(requested);
+    if (!chosen.ok()) {
+      std::fprintf(stderr, "trainer: --devices=%s: %s\n", requested.c_str(),
+                   std::string(chosen.status().message()).c_str());
+      return 2;
+    }
+    for (const dtrain::Device& d : *chosen) devices.push_back(d.ToString());
+  } else {
+    devices = absl::StrSplit(requested, ',', absl::SkipWhitespace());
+  }
   if (devices.empty()) {
     std::fprintf(stderr, "trainer: --devices must name at least one device\n");
     return 2;
@@ -931,7 +948,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   dtrain::ShutdownSignal& shutdown = dtrain::ShutdownSignal::Install();
-  DT_LOG(INFO) << "trainer " << name << " with devices " << absl::GetFlag(FLAGS_devices)
+  DT_LOG(INFO) << "trainer " << name << " with devices " << absl::StrJoin(devices, ",")
                << "; scheduler at " << address;
   const double collective_timeout_s = absl::GetFlag(FLAGS_collective_timeout_s);
   if (!(collective_timeout_s > 0)) {

@@ -237,6 +237,40 @@ TEST_F(SchedulerE2eTest, SubmitTrainCancelRestart) {
 
 // A trainer killed mid-job is declared lost after the heartbeat timeout;
 // its job goes back to the queue with a reason and runs on the next trainer.
+// Device choice: by default a trainer offers the CUDA devices it finds, and
+// CPU (with one log line saying why) on a machine without any, like this one
+// when no GPU is present.
+TEST(TrainerDevicesTest, FallsBackToCpuWithOneLogLine) {
+  const std::string cmd = absl::StrCat("timeout -s INT 2 ", Runfile("services/trainer/trainer"),
+                                       " --scheduler=127.0.0.1:1 --rpc_timeout_s=0.2 --work_dir=",
+                                       TmpDir("trainer-devices"), " 2>&1");
+  FILE* p = popen(cmd.c_str(), "r");
+  ASSERT_NE(p, nullptr);
+  std::string out;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
+  pclose(p);
+  if (out.find("devices: cuda") != std::string::npos) {
+    // A GPU machine: the CUDA devices, no fallback.
+    EXPECT_NE(out.find("with devices cuda:0"), std::string::npos) << out;
+    EXPECT_EQ(out.find("devices: cpu"), std::string::npos) << out;
+    return;
+  }
+  EXPECT_NE(out.find("devices: cpu (no CUDA device"), std::string::npos) << out;
+  EXPECT_NE(out.find("with devices cpu"), std::string::npos) << out;
+  // Insisting on CUDA without a GPU is a usage error naming the flag.
+  const std::string bad = absl::StrCat(Runfile("services/trainer/trainer"),
+                                       " --devices=cuda --scheduler=127.0.0.1:1 2>&1");
+  p = popen(bad.c_str(), "r");
+  ASSERT_NE(p, nullptr);
+  out.clear();
+  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
+  const int status = pclose(p);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 2) << out;
+  EXPECT_NE(out.find("--devices=cuda"), std::string::npos) << out;
+}
+
 TEST_F(SchedulerE2eTest, KilledTrainerRequeuesItsJob) {
   ASSERT_TRUE(scheduler_
                   .Start(Runfile("services/scheduler/scheduler_server"),
