@@ -19,8 +19,9 @@
 // step. Cancellation takes effect at the next step; a rank that stops closes
 // its communicator, which makes its peers' next allreduce fail at once, so all
 // ranks stop within about a step. Rank 0 reports progress, evaluates test
-// accuracy after every epoch (the reported loss is the mean over all ranks in
-// ALLREDUCE mode, rank 0's share in KVSTORE mode) and every
+// accuracy after every epoch (the reported epoch loss is the mean over all
+// ranks, except in ASYNCHRONOUS / BOUNDED_DELAY kvstore jobs: rank 0's share;
+// the running loss between epochs is rank 0's) and every
 // checkpoint_interval_epochs saves replica 0's parameters, buffers and
 // momentum to <checkpoint_dir>/<job>.ckpt (atomically replaced; kept after
 // the job) and reports the path to the scheduler.
@@ -689,6 +690,15 @@ class Daemon {
     }
     DT_ASSIGN_OR_RETURN(std::unique_ptr<train::DataParallelTrainer> trainer,
                         train::DataParallelTrainer::Create(o));
+    // KVSTORE jobs have no communicator: in synchronous jobs the epoch loss
+    // is averaged through one more key (asynchronous jobs, whose keys the
+    // shards update with SGD, report rank 0's share).
+    const bool loss_through_kvstore =
+        kv != nullptr && world > 1 && o.kvstore_consistency == kvstore::Consistency::kSync;
+    if (loss_through_kvstore) {
+      DT_RETURN_IF_ERROR(Annotate(kv->Init({{kLossKey, {2}, DType::kF32, nullptr}}),
+                                  "initializing the kvstore key of the epoch loss"));
+    }
     if (o.sync_batch_norm) {
       DT_LOG(INFO) << "job " << a.job_id() << " rank " << rank << ": synchronized batch norm over "
                    << k << " devices x " << world << " trainers";
@@ -764,11 +774,18 @@ class Daemon {
           if (Report(a, v1::JOB_STATE_UNSPECIFIED, "", last)) Stop(job, "cancelled");
         }
       }
+      // The job's loss: the mean over every rank's samples.
+      float sums[2] = {static_cast<float>(loss_sum), static_cast<float>(seen)};
       if (comm != nullptr) {
-        // The job's loss: the mean over every rank's samples.
-        float sums[2] = {static_cast<float>(loss_sum), static_cast<float>(seen)};
         DT_RETURN_IF_ERROR(
             Annotate(comm->Allreduce(sums, 2, DType::kF32, collective::ReduceOp::kSum),
+                     absl::StrCat("rank ", rank, ": averaging the loss of epoch ", epoch + 1)));
+        if (sums[1] > 0) last->set_loss(sums[0] / sums[1]);
+      } else if (loss_through_kvstore) {
+        // A synchronous round of the stats key: the pull is the mean over the
+        // trainers of [loss sum, samples], whose ratio is the global mean.
+        DT_RETURN_IF_ERROR(
+            Annotate(kv->PushPull({{kLossKey, sums, sums}}),
                      absl::StrCat("rank ", rank, ": averaging the loss of epoch ", epoch + 1)));
         if (sums[1] > 0) last->set_loss(sums[0] / sums[1]);
       }
@@ -808,6 +825,8 @@ class Daemon {
     }
     return absl::OkStatus();
   }
+
+  static constexpr const char* kLossKey = "stats/epoch_loss";
 
   // Loads the assignment's checkpoint into one replica (parameters, buffers,
   // momentum). Returns the epochs it holds.

@@ -204,6 +204,29 @@ TEST(ClusterE2eTest, UpStatusDownRoundTrip) {
   EXPECT_NE(shard_log.find("workers=2 consistency=sync"), std::string::npos)
       << "kvstore-0 never saw the 2-worker job:\n"
       << shard_log.substr(0, 2000);
+  // The same job with TCP allreduce: the same training, and both report the
+  // mean loss over the two trainers (not rank 0's share).
+  auto loss_of = [&](const std::string& submit_out) {
+    std::string id;
+    for (absl::string_view line : absl::StrSplit(submit_out, '\n')) {
+      if (absl::ConsumePrefix(&line, "submitted ")) id = std::string(line);
+    }
+    int get_rc;
+    return JsonNumber(
+        Trainctl(absl::StrCat("--scheduler=", scheduler, " -o json get ", id), &get_rc), "loss",
+        -1);
+  };
+  const double kv_loss = loss_of(out);
+  out = Trainctl(absl::StrCat("--scheduler=", scheduler,
+                              " submit --name=tiny-ar --model=mlp --epochs=1 --batch_size=128"
+                              " --lr=0.1 --init=kaiming --train_limit=2048 --test_limit=500"
+                              " --threads=1 --num_trainers=2 --sync=ALLREDUCE --wait"),
+                 &rc);
+  EXPECT_EQ(rc, 0) << out;
+  const double ar_loss = loss_of(out);
+  std::fprintf(stderr, "2-trainer epoch loss: kvstore %.6f, allreduce %.6f\n", kv_loss, ar_loss);
+  EXPECT_GT(kv_loss, 0);
+  EXPECT_NEAR(kv_loss, ar_loss, 1e-3 * ar_loss);
 
   // Asynchronous and bounded-delay consistency: the shards hold the weights
   // and apply SGD to every push; the job still learns.
