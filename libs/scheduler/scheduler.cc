@@ -46,6 +46,9 @@ absl::Status Scheduler::Replay(const std::vector<std::string>& records) {
     }
     Job& job = jobs_[st.id()];
     job.status = std::move(st);
+    if (!job.status.submit_request_id().empty()) {
+      by_request_id_[job.status.submit_request_id()] = job.status.id();
+    }
     int64_t n = 0;
     if (absl::SimpleAtoi(absl::string_view(job.status.id()).substr(4), &n)) {
       next_job_ = std::max(next_job_, n + 1);
@@ -84,20 +87,30 @@ void Scheduler::SetState(Job* job, JobState state, const std::string& reason) {
   Touch(job);
 }
 
-absl::StatusOr<JobStatus> Scheduler::Submit(JobSpec spec) {
+absl::StatusOr<JobStatus> Scheduler::Submit(JobSpec spec, const std::string& request_id) {
+  if (request_id.size() > 128) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("request_id: at most 128 bytes, got ", request_id.size()));
+  }
   DT_RETURN_IF_ERROR(ValidateJobSpec(spec));
   ApplyDefaults(&spec);
   absl::MutexLock lock(&mu_);
+  if (!request_id.empty()) {
+    auto seen = by_request_id_.find(request_id);
+    if (seen != by_request_id_.end()) return jobs_[seen->second].status;  // a retry
+  }
   std::string id = absl::StrFormat("job-%06d", next_job_);
   Job job;
   job.seq = next_job_;
   job.status.set_id(id);
+  job.status.set_submit_request_id(request_id);
   *job.status.mutable_spec() = std::move(spec);
   job.status.set_test_accuracy(-1);
   job.status.set_submit_time_unix_ms(absl::ToUnixMillis(options_.now()));
   SetState(&job, v1::QUEUED, "submitted");
   DT_RETURN_IF_ERROR(Annotate(Persist(job), "recording the job"));
   ++next_job_;
+  if (!request_id.empty()) by_request_id_[request_id] = id;
   jobs_[id] = std::move(job);
   Schedule();
   return jobs_[id].status;
@@ -249,6 +262,11 @@ absl::StatusOr<bool> Scheduler::ReportProgress(const ProgressReport& r) {
         absl::StrCat("job ", r.job_id(), " rank ", r.rank(), " is not assigned to trainer ", t.id));
   }
   const bool final = r.final_state() != v1::JOB_STATE_UNSPECIFIED;
+  if (r.attempt() > 0 && r.attempt() != job.status.attempts()) {
+    // An earlier attempt still winding down on a trainer that may already
+    // hold the current one: it only learns to stop.
+    return true;
+  }
   if (job.status.state() != v1::RUNNING || !InPlacement(job, t)) {
     // Cancelled (or failed by another rank) while this one was working.
     if (final) {

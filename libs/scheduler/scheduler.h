@@ -113,7 +113,9 @@ class Scheduler {
   // Validates (InvalidArgument naming the field), applies defaults, logs and
   // queues the job. Returns its status (QUEUED, or RUNNING if it was
   // placed at once).
-  absl::StatusOr<JobStatus> Submit(JobSpec spec);
+  // `request_id` (optional, at most 128 bytes): a Submit with the id of an
+  // earlier one returns that job instead (a client's retry).
+  absl::StatusOr<JobStatus> Submit(JobSpec spec, const std::string& request_id = "");
 
   // kNotFound for an unknown id.
   absl::StatusOr<JobStatus> Get(const std::string& id) const;
@@ -219,6 +221,7 @@ class Scheduler {
   mutable absl::Mutex mu_;
   std::unique_ptr<Wal> wal_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, Job> jobs_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, std::string> by_request_id_ ABSL_GUARDED_BY(mu_);  // -> job id
   std::map<std::string, Trainer> trainers_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, Kv> kv_ ABSL_GUARDED_BY(mu_);  // by job id, RUNNING jobs only
   int64_t next_job_ = 1 ABSL_GUARDED_BY(mu_);

@@ -347,6 +347,48 @@ TEST_F(SchedulerTest, RequeuedJobResumesFromTheNewestCheckpoint) {
       << st->events().rbegin()->reason();
 }
 
+// A retried Submit (same request id) returns the first job, also after a
+// restart; without an id or with another one, a new job is queued.
+TEST_F(SchedulerTest, SubmitWithARequestIdIsIdempotent) {
+  const std::string wal = TmpPath("dedup.wal");
+  auto s = Open(Options(wal));
+  auto a = s->Submit(Spec("a"), "req-1");
+  ASSERT_TRUE(a.ok()) << a.status();
+  auto again = s->Submit(Spec("a"), "req-1");
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again->id(), a->id());
+  EXPECT_NE(s->Submit(Spec("a"), "req-2")->id(), a->id());
+  EXPECT_NE(s->Submit(Spec("a"))->id(), a->id());
+  EXPECT_NE(s->Submit(Spec("a"))->id(), a->id());
+  EXPECT_EQ(s->List().size(), 4u);
+  EXPECT_EQ(s->Submit(Spec("a"), std::string(129, 'x')).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  s.reset();
+  s = Open(Options(wal));
+  EXPECT_EQ(s->Submit(Spec("a"), "req-1")->id(), a->id());
+  EXPECT_EQ(s->List().size(), 4u);
+}
+
+// A report of an earlier attempt (a trainer still winding it down after the
+// job was placed again) neither updates nor ends the current attempt.
+TEST_F(SchedulerTest, ReportsOfAnotherAttemptAreIgnored) {
+  auto s = Open(Options());
+  auto job = s->Submit(Spec("a"));
+  std::string t = AddTrainer(s.get());
+  ASSERT_EQ(Beat(s.get(), t).assignments(0).attempt(), 1);
+  ProgressReport stale = Final(t, job->id(), 0, v1::FAILED);
+  stale.set_attempt(7);
+  auto stop = s->ReportProgress(stale);
+  ASSERT_TRUE(stop.ok()) << stop.status();
+  EXPECT_TRUE(*stop);
+  EXPECT_EQ(s->Get(job->id())->state(), v1::RUNNING);
+  EXPECT_EQ(s->Stats().trainers_busy, 1);
+  ProgressReport current = Final(t, job->id(), 0, v1::SUCCEEDED);
+  current.set_attempt(1);
+  ASSERT_TRUE(s->ReportProgress(current).ok());
+  EXPECT_EQ(s->Get(job->id())->state(), v1::SUCCEEDED);
+}
+
 TEST_F(SchedulerTest, LostTrainerFailsJobAfterMaxAttempts) {
   SchedulerOptions o = Options();
   o.max_attempts = 2;

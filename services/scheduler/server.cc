@@ -97,7 +97,7 @@ class JobServiceImpl final : public v1::JobService::Service {
 
  private:
   grpc::Status DoSubmit(const v1::SubmitRequest* req, v1::JobStatus* reply) {
-    absl::StatusOr<JobStatus> r = s_->Submit(req->spec());
+    absl::StatusOr<JobStatus> r = s_->Submit(req->spec(), req->request_id());
     if (!r.ok()) return ToGrpcStatus(r.status());
     DT_LOG(INFO) << "job " << r->id() << " (" << r->spec().name() << ") submitted";
     *reply = std::move(*r);

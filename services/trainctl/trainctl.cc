@@ -8,8 +8,11 @@
 //   trainctl cluster status|down --dir=DIR    # see cluster.cc
 //
 // The scheduler's address comes from --scheduler, else $DTRAIN_SCHEDULER,
-// else 127.0.0.1:7000. Every call has a deadline (--timeout_s; watch and
-// submit --wait stream without one but stop when the job finishes). Errors
+// else 127.0.0.1:7000. Every call has a deadline (--timeout_s) and is
+// retried with backoff while the scheduler is UNAVAILABLE (Submit carries a
+// random request id, so a retry never queues a job twice); watch and submit
+// --wait stream without a deadline, reconnect when the stream breaks (a
+// scheduler restart) and stop when the job finishes. Errors
 // print the gRPC status code and message. Exit status: 0 success (for
 // --wait and watch: the job SUCCEEDED), 1 a failed call or a job that did
 // not succeed, 2 bad usage.
@@ -20,7 +23,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <functional>
 #include <iostream>
+#include <random>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -117,11 +122,30 @@ std::string ToJson(const google::protobuf::Message& m, bool multiline) {
   return out;
 }
 
-std::unique_ptr<grpc::ClientContext> Ctx() {
-  auto ctx = std::make_unique<grpc::ClientContext>();
-  ctx->set_deadline(
-      absl::ToChronoTime(absl::Now() + absl::Seconds(absl::GetFlag(FLAGS_timeout_s))));
-  return ctx;
+// Runs `call` (one RPC, given a context with the remaining deadline) until
+// it succeeds or fails with something other than UNAVAILABLE (the scheduler
+// restarting or not reachable yet), with exponential backoff, within
+// --timeout_s in all. Submit is safe to retry: it carries a request id.
+absl::Status WithRetries(const char* what,
+                         const std::function<grpc::Status(grpc::ClientContext*)>& call) {
+  const absl::Time deadline = absl::Now() + absl::Seconds(absl::GetFlag(FLAGS_timeout_s));
+  absl::Duration backoff = absl::Milliseconds(100);
+  for (;;) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(deadline));
+    absl::Status s = dtrain::FromGrpcStatus(call(&ctx), what);
+    if (!absl::IsUnavailable(s) || absl::Now() + backoff >= deadline) return s;
+    std::fprintf(stderr, "trainctl: %s; retrying in %s\n", std::string(s.message()).c_str(),
+                 absl::FormatDuration(backoff).c_str());
+    absl::SleepFor(backoff);
+    backoff = std::min(backoff * 2, absl::Seconds(2));
+  }
+}
+
+// 128 random bits as hex (the Submit request id).
+std::string RandomId() {
+  std::random_device rd;
+  return absl::StrFormat("%08x%08x%08x%08x", rd(), rd(), rd(), rd());
 }
 
 int Fail(const absl::Status& s) {
@@ -165,40 +189,60 @@ bool Final(v1::JobState s) { return s == v1::SUCCEEDED || s == v1::FAILED || s =
 
 // Streams the job's changes until it ends; 0 when it SUCCEEDED.
 int Watch(v1::JobService::Stub* stub, const std::string& id) {
-  grpc::ClientContext ctx;  // no deadline: a job may train for days
   v1::WatchRequest req;
   req.set_id(id);
-  auto reader = stub->Watch(&ctx, req);
   v1::JobStatus st;
   v1::JobState last = v1::JOB_STATE_UNSPECIFIED;
   int last_epoch = -1;
   const bool tty = isatty(STDOUT_FILENO) && !Json();
   dtrain::trainctl::ProgressTracker progress;
-  while (reader->Read(&st)) {
-    if (Json()) {
-      Print(st, false);
+  // A stream that breaks (the scheduler restarts; jobs survive in its log)
+  // is opened again, with backoff, for up to kReconnectFor without success.
+  constexpr absl::Duration kReconnectFor = absl::Seconds(120);
+  absl::Duration backoff = absl::Milliseconds(200);
+  absl::Time failing_since = absl::InfiniteFuture();
+  absl::Status s;
+  for (;;) {
+    grpc::ClientContext ctx;  // no deadline: a job may train for days
+    auto reader = stub->Watch(&ctx, req);
+    while (reader->Read(&st)) {
+      failing_since = absl::InfiniteFuture();
+      backoff = absl::Milliseconds(200);
+      if (Json()) {
+        Print(st, false);
+        last = st.state();
+        continue;
+      }
+      const std::string bar = progress.Update(st, absl::Now());
+      if (st.state() != last && !Final(st.state())) {
+        // A new state (QUEUED, RUNNING, requeued): its line and reason.
+        std::printf("%s%-11s %-9s %s\n", tty ? "\r\033[K" : "", st.id().c_str(),
+                    v1::JobState_Name(st.state()).c_str(),
+                    st.events_size() > 0 ? st.events(st.events_size() - 1).reason().c_str() : "");
+      }
+      if (Final(st.state())) {
+        std::printf("%s%s\n", tty ? "\r\033[K" : "", Line(st).c_str());
+      } else if (st.state() == v1::RUNNING && tty) {
+        std::printf("\r\033[K%s", bar.c_str());  // redrawn in place
+      } else if (st.state() == v1::RUNNING && st.epoch() != last_epoch) {
+        std::printf("%s\n", bar.c_str());  // logs: one line per epoch
+      }
+      std::fflush(stdout);
       last = st.state();
-      continue;
+      last_epoch = st.epoch();
     }
-    const std::string bar = progress.Update(st, absl::Now());
-    if (st.state() != last && !Final(st.state())) {
-      // A new state (QUEUED, RUNNING, requeued): its line and reason.
-      std::printf("%s%-11s %-9s %s\n", tty ? "\r\033[K" : "", st.id().c_str(),
-                  v1::JobState_Name(st.state()).c_str(),
-                  st.events_size() > 0 ? st.events(st.events_size() - 1).reason().c_str() : "");
-    }
-    if (Final(st.state())) {
-      std::printf("%s%s\n", tty ? "\r\033[K" : "", Line(st).c_str());
-    } else if (st.state() == v1::RUNNING && tty) {
-      std::printf("\r\033[K%s", bar.c_str());  // redrawn in place
-    } else if (st.state() == v1::RUNNING && st.epoch() != last_epoch) {
-      std::printf("%s\n", bar.c_str());  // logs: one line per epoch
-    }
-    std::fflush(stdout);
-    last = st.state();
-    last_epoch = st.epoch();
+    s = dtrain::FromGrpcStatus(reader->Finish(), "JobService.Watch");
+    if (Final(last) || !(s.ok() || absl::IsUnavailable(s))) break;
+    const absl::Time now = absl::Now();
+    if (failing_since == absl::InfiniteFuture()) failing_since = now;
+    if (now - failing_since > kReconnectFor) break;
+    if (tty) std::printf("\r\033[K");
+    std::fprintf(stderr, "trainctl: watch of %s interrupted (%s); reconnecting in %s\n", id.c_str(),
+                 s.ok() ? "stream ended" : std::string(s.message()).c_str(),
+                 absl::FormatDuration(backoff).c_str());
+    absl::SleepFor(backoff);
+    backoff = std::min(backoff * 2, absl::Seconds(5));
   }
-  absl::Status s = dtrain::FromGrpcStatus(reader->Finish(), "JobService.Watch");
   if (tty && !Final(last)) std::printf("\n");  // end the redrawn line
   if (!s.ok()) return Fail(s);
   if (!Final(last)) return Fail(absl::UnavailableError("watch ended before the job did"));
@@ -315,10 +359,11 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "trainctl: %s\n", std::string(built.message()).c_str());
       return 2;
     }
+    req.set_request_id(RandomId());
     v1::JobStatus job;
-    auto ctx = Ctx();
-    absl::Status s =
-        dtrain::FromGrpcStatus(stub->Submit(ctx.get(), req, &job), "JobService.Submit");
+    absl::Status s = WithRetries("JobService.Submit", [&](grpc::ClientContext* ctx) {
+      return stub->Submit(ctx, req, &job);
+    });
     if (!s.ok()) return Fail(s);
     if (Json()) {
       Print(job, false);
@@ -333,17 +378,20 @@ int main(int argc, char** argv) {
     if (id.empty()) return Usage(cmd + " needs one job id");
     if (cmd == "watch") return Watch(stub.get(), id);
     v1::JobStatus job;
-    auto ctx = Ctx();
     absl::Status s;
     if (cmd == "get") {
       v1::GetRequest req;
       req.set_id(id);
-      s = dtrain::FromGrpcStatus(stub->Get(ctx.get(), req, &job), "JobService.Get");
+      s = WithRetries("JobService.Get",
+                      [&](grpc::ClientContext* ctx) { return stub->Get(ctx, req, &job); });
     } else {
+      // Cancel is idempotent while the job runs; a retry after a cancel that
+      // took effect answers FAILED_PRECONDITION (already finished).
       v1::CancelRequest req;
       req.set_id(id);
       req.set_reason(absl::GetFlag(FLAGS_reason));
-      s = dtrain::FromGrpcStatus(stub->Cancel(ctx.get(), req, &job), "JobService.Cancel");
+      s = WithRetries("JobService.Cancel",
+                      [&](grpc::ClientContext* ctx) { return stub->Cancel(ctx, req, &job); });
     }
     if (!s.ok()) return Fail(s);
     Print(job, cmd == "get");
@@ -360,8 +408,8 @@ int main(int argc, char** argv) {
       req.set_state(state);
     }
     v1::ListReply reply;
-    auto ctx = Ctx();
-    absl::Status s = dtrain::FromGrpcStatus(stub->List(ctx.get(), req, &reply), "JobService.List");
+    absl::Status s = WithRetries(
+        "JobService.List", [&](grpc::ClientContext* ctx) { return stub->List(ctx, req, &reply); });
     if (!s.ok()) return Fail(s);
     if (Json()) {
       std::printf("%s\n", ToJson(reply, false).c_str());

@@ -350,12 +350,22 @@ class Daemon {
   }
 
   void Start(const v1::Assignment& a) {
-    // The previous job may be sending its final report (a peer's failure
-    // can requeue it and place it here again within that time): let it end.
+    // The previous job may be ending: sending its final report (a peer's
+    // failure can requeue it and place it here again within that time), or
+    // an earlier attempt of this very job (the scheduler restarted and
+    // placed it again), which the new attempt supersedes. Let it end.
     for (absl::Time deadline = absl::Now() + absl::Seconds(30);;) {
       ReapFinished();
       absl::MutexLock lock(&mu_);
-      if (running_ == nullptr || !running_->finishing || absl::Now() > deadline) break;
+      if (running_ == nullptr || absl::Now() > deadline) break;
+      if (running_id_ == a.job_id() && !running_->stop &&
+          running_->assignment.attempt() != a.attempt()) {
+        DT_LOG(INFO) << "job " << a.job_id() << ": attempt " << a.attempt()
+                     << " supersedes attempt " << running_->assignment.attempt();
+        running_->stop_reason = absl::StrCat("superseded by attempt ", a.attempt());
+        running_->stop = true;
+      }
+      if (!running_->finishing && !running_->stop) break;
       mu_.Unlock();
       absl::SleepFor(absl::Milliseconds(10));
       mu_.Lock();
@@ -417,6 +427,7 @@ class Daemon {
     r.set_trainer_id(TrainerId());
     r.set_job_id(a.job_id());
     r.set_rank(a.rank());
+    r.set_attempt(a.attempt());
     r.set_final_state(final_state);
     r.set_reason(reason);
     const int attempts = final_state == v1::JOB_STATE_UNSPECIFIED ? 1 : 5;
@@ -683,8 +694,8 @@ class Daemon {
     // are shared (with the other trainers, or the kvstore's shards).
     int first_epoch = 0;
     if (!a.resume_checkpoint().empty()) {
-      o.restore = [&a, &first_epoch](nn::Module* model, nn::Sgd* optimizer) -> absl::Status {
-        DT_ASSIGN_OR_RETURN(first_epoch, Resume(a, model, optimizer));
+      o.restore = [&a, &first_epoch, last](nn::Module* model, nn::Sgd* optimizer) -> absl::Status {
+        DT_ASSIGN_OR_RETURN(first_epoch, Resume(a, model, optimizer, last));
         return absl::OkStatus();
       };
     }
@@ -802,14 +813,16 @@ class Daemon {
                      << ", test accuracy " << last->test_accuracy();
         const int interval = spec.checkpoint_interval_epochs();
         if (interval > 0 && (epoch + 1) % interval == 0) {
-          DT_RETURN_IF_ERROR(train::SaveTrainingState(ckpt, spec.model(), trainer->replica(0),
-                                                      trainer->optimizer(0),
-                                                      {{"epochs_done", absl::StrCat(epoch + 1)},
-                                                       {"seed", absl::StrCat(spec.seed())},
-                                                       {"job_id", a.job_id()},
-                                                       {"attempt", absl::StrCat(a.attempt())},
-                                                       {"world_size", absl::StrCat(world)},
-                                                       {"devices_per_trainer", absl::StrCat(k)}}));
+          DT_RETURN_IF_ERROR(train::SaveTrainingState(
+              ckpt, spec.model(), trainer->replica(0), trainer->optimizer(0),
+              {{"epochs_done", absl::StrCat(epoch + 1)},
+               {"seed", absl::StrCat(spec.seed())},
+               {"job_id", a.job_id()},
+               {"attempt", absl::StrCat(a.attempt())},
+               {"world_size", absl::StrCat(world)},
+               {"devices_per_trainer", absl::StrCat(k)},
+               {"loss", absl::StrCat(last->loss())},
+               {"test_accuracy", absl::StrCat(last->test_accuracy())}}));
           last->set_checkpoint_path(ckpt);
           last->set_checkpoint_epoch(epoch + 1);
           DT_LOG(INFO) << "job " << a.job_id() << ": checkpoint of epoch " << epoch + 1 << " in "
@@ -830,8 +843,9 @@ class Daemon {
 
   // Loads the assignment's checkpoint into one replica (parameters, buffers,
   // momentum). Returns the epochs it holds.
-  static absl::StatusOr<int> Resume(const v1::Assignment& a, nn::Module* model,
-                                    nn::Sgd* optimizer) {
+  // Also restores the loss and test accuracy of that epoch into *last.
+  static absl::StatusOr<int> Resume(const v1::Assignment& a, nn::Module* model, nn::Sgd* optimizer,
+                                    v1::ProgressReport* last) {
     const std::string& path = a.resume_checkpoint();
     absl::StatusOr<std::map<std::string, std::string>> meta =
         train::LoadTrainingState(path, a.spec().model(), model, optimizer);
@@ -845,6 +859,14 @@ class Daemon {
     if (it == meta->end() || !absl::SimpleAtoi(it->second, &epochs_done) || epochs_done < 0 ||
         epochs_done > a.spec().epochs()) {
       return absl::DataLossError(absl::StrCat(path, ": no valid epochs_done in the checkpoint"));
+    }
+    double value = 0;
+    if (auto l = meta->find("loss"); l != meta->end() && absl::SimpleAtod(l->second, &value)) {
+      last->set_loss(value);
+    }
+    if (auto t = meta->find("test_accuracy");
+        t != meta->end() && absl::SimpleAtod(t->second, &value)) {
+      last->set_test_accuracy(value);
     }
     if (epochs_done != a.resume_epoch()) {
       // The file is replaced atomically; a newer one than the scheduler

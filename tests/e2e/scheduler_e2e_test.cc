@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -186,7 +187,7 @@ TEST_F(SchedulerE2eTest, SubmitTrainCancelRestart) {
   EXPECT_EQ(rc, 1);
   EXPECT_NE(out.find("INVALID_ARGUMENT: JobService.Submit: name:"), std::string::npos) << out;
 
-  // Cancel a running job: the trainer stops at the next epoch boundary.
+  // Cancel a running job: the trainer stops at the next step.
   v1::JobStatus running;
   s = FromGrpcStatus(stub_->Submit(Ctx().get(), MlpJob("to-cancel", 500), &running), "Submit");
   ASSERT_TRUE(s.ok()) << s;
@@ -205,16 +206,52 @@ TEST_F(SchedulerE2eTest, SubmitTrainCancelRestart) {
   EXPECT_EQ(running.state(), v1::CANCELLED);
   EXPECT_EQ(running.events(running.events_size() - 1).reason(), "e2e cancel");
 
-  // Crash the scheduler and restart it on the same port and data: the job is
-  // still there, and the trainer registers again and takes new work.
+  // A job running while the scheduler crashes, watched with trainctl.
+  v1::SubmitRequest watched_req = MlpJob("survives-restart", 6);
+  watched_req.mutable_spec()->set_checkpoint_interval_epochs(1);
+  watched_req.mutable_spec()->set_model("lenet");  // slow enough to be mid-job at the crash
+  v1::JobStatus watched;
+  s = FromGrpcStatus(stub_->Submit(Ctx().get(), watched_req, &watched), "Submit");
+  ASSERT_TRUE(s.ok()) << s;
+  std::string watch_out;
+  int watch_rc = -1;
+  std::thread watcher([&] { watch_out = Trainctl("watch " + watched.id(), &watch_rc); });
+  for (absl::Time deadline = absl::Now() + absl::Seconds(60);
+       watched.epoch() < 1 && absl::Now() < deadline; absl::SleepFor(absl::Milliseconds(20))) {
+    v1::GetRequest get;
+    get.set_id(watched.id());
+    ASSERT_TRUE(stub_->Get(Ctx().get(), get, &watched).ok());
+  }
+  ASSERT_EQ(watched.state(), v1::RUNNING) << watched.DebugString();
+
+  // Crash the scheduler and restart it on the same port and data: the jobs
+  // are still there (the running one requeued, and run again from its
+  // checkpoint on the same trainer, which registers again); the watch
+  // reconnects and sees it through.
   ASSERT_TRUE(scheduler_.Kill(SIGKILL).ok());
   ASSERT_TRUE(scheduler_.Wait().ok());
+  absl::SleepFor(absl::Milliseconds(500));  // the watch notices
   ASSERT_TRUE(scheduler_.Restart().ok());
   Connect();
   v1::ListReply list;
   s = FromGrpcStatus(stub_->List(Ctx().get(), v1::ListRequest(), &list), "List");
   ASSERT_TRUE(s.ok()) << s;
-  ASSERT_EQ(list.jobs_size(), 3);
+  ASSERT_EQ(list.jobs_size(), 4);
+  EXPECT_EQ(list.jobs(3).id(), watched.id());
+  EXPECT_NE(list.jobs(3).state(), v1::FAILED) << list.jobs(3).DebugString();
+  watcher.join();
+  std::fprintf(stderr, "trainctl watch across the restart (exit %d):\n%s\n", watch_rc,
+               watch_out.c_str());
+  EXPECT_EQ(watch_rc, 0) << watch_out;
+  EXPECT_NE(watch_out.find("reconnecting"), std::string::npos) << watch_out;
+  EXPECT_NE(watch_out.find("SUCCEEDED"), std::string::npos) << watch_out;
+  v1::GetRequest get_watched;
+  get_watched.set_id(watched.id());
+  ASSERT_TRUE(stub_->Get(Ctx().get(), get_watched, &watched).ok());
+  EXPECT_EQ(watched.state(), v1::SUCCEEDED) << watched.DebugString();
+  EXPECT_EQ(watched.attempts(), 2) << watched.DebugString();
+  EXPECT_GT(watched.loss(), 0) << watched.DebugString();
+  EXPECT_GT(watched.test_accuracy(), 0.5) << watched.DebugString();
   EXPECT_EQ(list.jobs(0).id(), job.id());
   EXPECT_EQ(list.jobs(1).state(), v1::SUCCEEDED);
   EXPECT_EQ(list.jobs(2).state(), v1::CANCELLED);
