@@ -1,13 +1,20 @@
 #include "libs/train/data_parallel.h"
 
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "libs/autograd/functions.h"
 #include "libs/base/logging.h"
 #include "libs/base/status.h"
+#include "libs/cuda/cuda_status.h"
+#include "libs/cuda/device_allocator.h"
+#include "libs/cuda/stream.h"
 #include "libs/engine/engine.h"
 #include "libs/nn/layers.h"
 #include "libs/nn/sync_batch_norm.h"
@@ -70,15 +77,23 @@ struct DataParallelTrainer::Impl {
   }
   static std::string WeightKey(int b) { return absl::StrCat("param/bucket", b); }
 
-  // Copies bucket b's `weights` into replica r's parameter values.
-  void CopyWeightsToReplica(int b, int r) {
+  // Copies bucket b's `weights` into replica r's parameter values (on a CUDA
+  // replica: host to device, ordered on the calling thread's current stream
+  // of the device, which is the replica's stream; see `streams`).
+  absl::Status CopyWeightsToReplica(int b, int r) {
     const Bucket& bucket = buckets[b];
     int64_t off = 0;
     for (int p : bucket.params) {
       Tensor& t = params[r][p].mutable_value();
-      std::memcpy(t.data<float>(), bucket.weights.data() + off, t.numel() * sizeof(float));
+      if (cuda_replicas) {
+        DT_RETURN_IF_ERROR(CopyBytes(t.device(), t.raw_data(), Device::Cpu(),
+                                     bucket.weights.data() + off, t.nbytes(), streams[r]));
+      } else {
+        std::memcpy(t.data<float>(), bucket.weights.data() + off, t.numel() * sizeof(float));
+      }
       off += t.numel();
     }
+    return absl::OkStatus();
   }
 
   DataParallelOptions options;
@@ -98,6 +113,23 @@ struct DataParallelTrainer::Impl {
   // Bucket reductions wait for every replica's backward (sync batch norm
   // across trainers: see the header).
   bool reduce_after_backward = false;
+
+  // CUDA replicas (see the header). Every replica's work (its engine tasks,
+  // and the comm queue's copies of its gradients) is ordered on one stream
+  // per replica: its device's default stream, made current explicitly.
+  bool cuda_replicas = false;
+  std::vector<Stream*> streams;  // [replica]; null for CPU replicas
+  // Host staging of bucket gradients: one pinned buffer per replica, as large
+  // as the largest bucket (the comm queue reduces one bucket at a time).
+  std::vector<cuda::PinnedBuffer> staging;
+  // Per bucket, pinned: the reduced bucket (the host path's `flat` lives
+  // here instead of Bucket::flat, so the copies back to the devices are
+  // from pinned memory).
+  std::vector<cuda::PinnedBuffer> pinned_flat;
+  // One CUDA device and an NCCL communicator: buckets are flattened and
+  // allreduced in device memory (no host staging). [bucket]
+  bool device_allreduce = false;
+  std::vector<Tensor> device_flat;
 
   // Per-step state, shared by the device workers (hooks) and the
   // communication worker.
@@ -119,7 +151,92 @@ struct DataParallelTrainer::Impl {
     }
     DT_RETURN_IF_ERROR(options.kvstore->Pull(std::move(targets)));
     for (size_t b = 0; b < buckets.size(); ++b) {
-      for (int r = 0; r < k; ++r) CopyWeightsToReplica(static_cast<int>(b), r);
+      for (int r = 0; r < k; ++r) {
+        DT_RETURN_IF_ERROR(CopyWeightsToReplica(static_cast<int>(b), r));
+      }
+    }
+    return SyncReplicas();
+  }
+
+  // Waits for the device work of every CUDA replica enqueued so far (a no-op
+  // for CPU replicas).
+  absl::Status SyncReplicas() {
+    if (!cuda_replicas) return absl::OkStatus();
+    for (int r = 0; r < k; ++r) {
+      DT_RETURN_IF_ERROR(
+          Annotate(streams[r]->Synchronize(),
+                   absl::StrCat("replica ", r, " on ", options.devices[r].ToString())));
+    }
+    return absl::OkStatus();
+  }
+
+  // CUDA replicas, host path: copies replica r's gradients of `bucket` into
+  // staging[r] (device to host, on the replica's stream, so after the
+  // kernels that produced them). Returns once enqueued; SyncStaging waits.
+  absl::Status StageGradients(const Bucket& bucket, int r) {
+    cuda::DeviceGuard guard(options.devices[r].index);
+    cudaStream_t stream = cuda::NativeStream(streams[r]);
+    float* dst = static_cast<float*>(staging[r].data());
+    int64_t off = 0;
+    for (int p : bucket.params) {
+      const Tensor& g = params[r][p].grad();
+      DT_CUDA_RETURN_IF_ERROR(
+          cudaMemcpyAsync(dst + off, g.raw_data(), g.nbytes(), cudaMemcpyDeviceToHost, stream));
+      off += g.numel();
+    }
+    return absl::OkStatus();
+  }
+
+  // CUDA replicas, host path: copies the reduced bucket at `flat` (pinned)
+  // into every replica's gradients (host to device on each replica's stream,
+  // before the SGD step enqueued there later). `flat` is not written again
+  // before the replicas are synchronized (at the end of the step).
+  absl::Status UnstageGradients(const Bucket& bucket, const float* flat) {
+    for (int r = 0; r < k; ++r) {
+      cuda::DeviceGuard guard(options.devices[r].index);
+      cudaStream_t stream = cuda::NativeStream(streams[r]);
+      int64_t off = 0;
+      for (int p : bucket.params) {
+        Tensor& g = params[r][p].mutable_grad();
+        DT_CUDA_RETURN_IF_ERROR(
+            cudaMemcpyAsync(g.raw_data(), flat + off, g.nbytes(), cudaMemcpyHostToDevice, stream));
+        off += g.numel();
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  // One CUDA replica and an NCCL communicator: flattens the bucket's
+  // gradients into device_flat[b], allreduces that (average over trainers)
+  // and copies the result back, all in device memory. The weighted sum over
+  // replicas is the identity (k == 1, weight 1).
+  absl::Status ReduceBucketOnDevice(int b) {
+    Bucket& bucket = buckets[b];
+    cuda::DeviceGuard guard(options.devices[0].index);
+    cudaStream_t stream = cuda::NativeStream(streams[0]);
+    float* flat = device_flat[b].data<float>();
+    int64_t off = 0;
+    for (int p : bucket.params) {
+      const Tensor& g = params[0][p].grad();
+      DT_CUDA_RETURN_IF_ERROR(
+          cudaMemcpyAsync(flat + off, g.raw_data(), g.nbytes(), cudaMemcpyDeviceToDevice, stream));
+      off += g.numel();
+    }
+    {
+      // The NCCL communicator orders its collective after the work enqueued
+      // on this thread's current stream of its device: the replica's stream.
+      cuda::StreamGuard on_replica(streams[0]);
+      DT_RETURN_IF_ERROR(
+          Annotate(options.communicator->Allreduce(flat, static_cast<size_t>(bucket.numel),
+                                                   DType::kF32, collective::ReduceOp::kAverage),
+                   absl::StrCat("NCCL allreduce of gradient bucket ", b)));
+    }
+    off = 0;
+    for (int p : bucket.params) {
+      Tensor& g = params[0][p].mutable_grad();
+      DT_CUDA_RETURN_IF_ERROR(
+          cudaMemcpyAsync(g.raw_data(), flat + off, g.nbytes(), cudaMemcpyDeviceToDevice, stream));
+      off += g.numel();
     }
     return absl::OkStatus();
   }
@@ -141,6 +258,8 @@ struct DataParallelTrainer::Impl {
   }
 
   absl::Status ForwardBackward(int r, const Tensor& x, const Tensor& labels) {
+    std::optional<cuda::StreamGuard> on_replica;
+    if (cuda_replicas) on_replica.emplace(streams[r]);
     DT_ASSIGN_OR_RETURN(Tensor xr, x.To(options.devices[r]));
     DT_ASSIGN_OR_RETURN(Tensor yr, labels.To(options.devices[r]));
     optimizers[r]->ZeroGrad();
@@ -184,19 +303,43 @@ struct DataParallelTrainer::Impl {
       if (aborted) return absl::AbortedError(absl::StrCat("bucket ", b, ": a replica failed"));
     }
     auto t1 = std::chrono::steady_clock::now();
+    if (device_allreduce) {
+      DT_RETURN_IF_ERROR(ReduceBucketOnDevice(b));
+      auto t2 = std::chrono::steady_clock::now();
+      comm_wait += std::chrono::duration<double>(t1 - t0).count();
+      comm_work += std::chrono::duration<double>(t2 - t1).count();
+      return absl::OkStatus();
+    }
     Bucket& bucket = buckets[b];
     float* flat = bucket.flat.data();
+    if (cuda_replicas) {
+      // Host path for CUDA replicas: every replica's gradients to pinned
+      // host memory first (all copies enqueued, then waited for).
+      flat = static_cast<float*>(pinned_flat[b].data());
+      for (int r = 0; r < k; ++r) {
+        DT_RETURN_IF_ERROR(Annotate(
+            StageGradients(bucket, r),
+            absl::StrCat("copying gradient bucket ", b, " of replica ", r, " to the host")));
+      }
+      for (int r = 0; r < k; ++r) {
+        DT_RETURN_IF_ERROR(Annotate(
+            streams[r]->Synchronize(),
+            absl::StrCat("copying gradient bucket ", b, " of replica ", r, " to the host")));
+      }
+    }
     // Weighted sum over replicas: the gradient of the mean loss over the
     // trainer's whole batch.
     int64_t off = 0;
     for (int p : bucket.params) {
       int64_t n = params[0][p].value().numel();
       float* dst = flat + off;
-      const float* g0 = params[0][p].grad().data<float>();
+      const float* g0 = cuda_replicas ? static_cast<const float*>(staging[0].data()) + off
+                                      : params[0][p].grad().data<float>();
       float w0 = static_cast<float>(weights[0]);
       for (int64_t j = 0; j < n; ++j) dst[j] = w0 * g0[j];
       for (int r = 1; r < k; ++r) {
-        const float* g = params[r][p].grad().data<float>();
+        const float* g = cuda_replicas ? static_cast<const float*>(staging[r].data()) + off
+                                       : params[r][p].grad().data<float>();
         float w = static_cast<float>(weights[r]);
         for (int64_t j = 0; j < n; ++j) dst[j] += w * g[j];
       }
@@ -222,9 +365,14 @@ struct DataParallelTrainer::Impl {
                                                    DType::kF32, collective::ReduceOp::kAverage),
                    absl::StrCat("allreduce of gradient bucket ", b)));
     }
+    if (cuda_replicas && !server_weights()) {
+      DT_RETURN_IF_ERROR(
+          Annotate(UnstageGradients(bucket, flat),
+                   absl::StrCat("copying reduced gradient bucket ", b, " to the devices")));
+    }
     off = 0;
     for (int p : bucket.params) {
-      if (server_weights()) break;  // gradients are not used again
+      if (server_weights() || cuda_replicas) break;  // not used again, or copied above
       int64_t n = params[0][p].value().numel();
       for (int r = 0; r < k; ++r) {
         std::memcpy(params[r][p].mutable_grad().data<float>(), flat + off, n * sizeof(float));
@@ -245,6 +393,9 @@ DataParallelTrainer::~DataParallelTrainer() {
     impl_->Abort();
     absl::Status s = impl_->engine->WaitAll();
     (void)s;
+    // Copies a failed step left in flight must not outlive the buffers.
+    s = impl_->SyncReplicas();
+    (void)s;
   }
 }
 
@@ -257,16 +408,91 @@ void CollectBatchNorms(nn::Module* m, std::vector<nn::BatchNorm2d*>* out) {
   for (auto& [name, child] : m->NamedChildren()) CollectBatchNorms(child.get(), out);
 }
 
+std::string DeviceList(const std::vector<Device>& devices) {
+  std::string out;
+  for (const Device& d : devices) absl::StrAppend(&out, out.empty() ? "" : ", ", d.ToString());
+  return out;
+}
+
+// All CPU, or all CUDA devices (each once).
+absl::Status CheckDeviceKinds(const std::vector<Device>& devices) {
+  for (const Device& d : devices) {
+    if (!d.is_cpu() && !d.is_cuda()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("data-parallel training runs on CPU or CUDA devices, got ", d.ToString()));
+    }
+    if (d.type != devices[0].type) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("all devices of a data-parallel trainer must be of one kind (all cpu or "
+                       "all cuda), got ",
+                       DeviceList(devices)));
+    }
+  }
+  if (devices[0].is_cpu()) return absl::OkStatus();
+  for (size_t i = 0; i < devices.size(); ++i) {
+    for (size_t j = 0; j < i; ++j) {
+      if (devices[i] == devices[j]) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(devices[i].ToString(),
+                         " is listed twice (one replica per CUDA device): ", DeviceList(devices)));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+// CUDA devices this process can use (the machine has them and the backend is
+// linked).
+absl::Status CheckCudaDevicesAvailable(const std::vector<Device>& devices) {
+  std::string reason;
+  int count = cuda::DeviceCount(&reason);
+  for (const Device& d : devices) {
+    if (count == 0) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("data-parallel training on ", d.ToString(),
+                       ": no CUDA device is available on this machine (", reason, ")"));
+    }
+    if (d.index < 0 || d.index >= count) {
+      return absl::FailedPreconditionError(absl::StrCat("data-parallel training on ", d.ToString(),
+                                                        ": this machine has ", count,
+                                                        " CUDA device(s)"));
+    }
+    // The device exists; its allocator exists only when the backend is linked.
+    absl::StatusOr<Allocator*> allocator = GetAllocator(d);
+    if (!allocator.ok()) {
+      return Annotate(allocator.status(), absl::StrCat("data-parallel training on ", d.ToString(),
+                                                       " (link //libs/cuda:cuda_backend)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<DataParallelTrainer>> DataParallelTrainer::Create(
     const DataParallelOptions& o) {
   if (o.devices.empty()) return absl::InvalidArgumentError("data-parallel training needs devices");
-  for (const Device& d : o.devices) {
-    if (!d.is_cpu()) {
-      return absl::UnimplementedError(
-          absl::StrCat("data-parallel training on ", d.ToString(),
-                       " needs the CUDA backend and NCCL; this trainer supports CPU devices"));
+  DT_RETURN_IF_ERROR(CheckDeviceKinds(o.devices));
+  const bool on_cuda = o.devices[0].is_cuda();
+  const bool nccl = o.communicator != nullptr &&
+                    o.communicator->options().transport == collective::TransportKind::kNccl;
+  if (on_cuda) {
+    if (o.sync_batch_norm) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "sync_batch_norm is implemented for CPU replicas only (libs/nn/sync_batch_norm "
+          "computes in host memory); devices are ",
+          DeviceList(o.devices)));
+    }
+    if (nccl && o.devices.size() != 1) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "an NCCL communicator reduces device memory of one GPU per trainer; this trainer has ",
+          o.devices.size(), " devices (", DeviceList(o.devices),
+          "): run one trainer (rank) per GPU, or use a host transport"));
+    }
+    if (nccl && o.communicator->options().cuda_device != o.devices[0].index) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("the NCCL communicator is on cuda:", o.communicator->options().cuda_device,
+                       " but the trainer's device is ", o.devices[0].ToString()));
     }
   }
   if (o.threads_per_device <= 0) {
@@ -309,14 +535,35 @@ absl::StatusOr<std::unique_ptr<DataParallelTrainer>> DataParallelTrainer::Create
   if (o.sync_batch_norm && o.sync_batch_norm_timeout <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("sync_batch_norm_timeout must be positive");
   }
+  if (on_cuda) DT_RETURN_IF_ERROR(CheckCudaDevicesAvailable(o.devices));
   auto impl = std::make_unique<Impl>();
   impl->options = o;
   impl->k = static_cast<int>(o.devices.size());
   impl->engine = engine::Engine::Create({.max_pending = 4096});
+  impl->cuda_replicas = on_cuda;
+  impl->device_allreduce = on_cuda && nccl;
+  impl->streams.assign(impl->k, nullptr);
   for (int r = 0; r < impl->k; ++r) {
     int threads = o.threads_per_device;
-    impl->device_queues.push_back(impl->engine->AddQueue(
-        o.devices[r].ToString(), 1, [threads] { ops::SetCpuThreads(threads); }));
+    if (on_cuda) {
+      // The replica's worker makes its GPU the thread's current device
+      // (cudaSetDevice is per thread; kernels and allocations also set it
+      // for each call, this covers everything else, e.g. cuBLAS handles).
+      int index = o.devices[r].index;
+      impl->device_queues.push_back(
+          impl->engine->AddQueue(o.devices[r].ToString(), 1, [threads, index] {
+            ops::SetCpuThreads(threads);
+            (void)cudaSetDevice(index);  // the device exists (checked above)
+          }));
+      impl->streams[r] = DefaultStream(o.devices[r]);
+      if (impl->streams[r] == nullptr) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            o.devices[r].ToString(), " has no stream (is //libs/cuda:cuda_backend linked?)"));
+      }
+    } else {
+      impl->device_queues.push_back(impl->engine->AddQueue(
+          o.devices[r].ToString(), 1, [threads] { ops::SetCpuThreads(threads); }));
+    }
     impl->replica_vars.push_back(impl->engine->NewVar(absl::StrCat("replica", r)));
   }
   impl->comm_queue = impl->engine->AddQueue("comm", 1, [] { ops::SetCpuThreads(1); });
@@ -365,13 +612,30 @@ absl::StatusOr<std::unique_ptr<DataParallelTrainer>> DataParallelTrainer::Create
     }
   }
   // Same initial weights everywhere: replica 0 of rank 0 is the source.
-  if (o.communicator != nullptr) {
+  if (o.communicator != nullptr && (!on_cuda || nccl)) {
+    // CPU replicas with a host transport, or a CUDA replica with NCCL: the
+    // buffers are where the communicator wants them.
+    std::optional<cuda::StreamGuard> on_replica;
+    if (on_cuda) on_replica.emplace(impl->streams[0]);
     for (size_t p = 0; p < np; ++p) {
       Tensor& t = impl->params[0][p].mutable_value();
       DT_RETURN_IF_ERROR(Annotate(
           o.communicator->Broadcast(t.raw_data(), static_cast<size_t>(t.numel()), DType::kF32, 0),
           "broadcast of initial weights"));
     }
+  } else if (o.communicator != nullptr) {
+    // CUDA replicas with a host transport: through host memory.
+    for (size_t p = 0; p < np; ++p) {
+      Tensor& t = impl->params[0][p].mutable_value();
+      std::vector<float> host(static_cast<size_t>(t.numel()));
+      DT_RETURN_IF_ERROR(t.CopyToHost(host.data()));
+      DT_RETURN_IF_ERROR(
+          Annotate(o.communicator->Broadcast(host.data(), host.size(), DType::kF32, 0),
+                   "broadcast of initial weights"));
+      DT_RETURN_IF_ERROR(CopyBytes(t.device(), t.raw_data(), Device::Cpu(), host.data(), t.nbytes(),
+                                   impl->streams[0]));
+    }
+    DT_RETURN_IF_ERROR(impl->streams[0]->Synchronize());
   }
   for (int r = 1; r < impl->k; ++r) {
     for (size_t p = 0; p < np; ++p) {
@@ -392,10 +656,29 @@ absl::StatusOr<std::unique_ptr<DataParallelTrainer>> DataParallelTrainer::Create
     current.numel += n;
   }
   if (!current.params.empty()) impl->buckets.push_back(std::move(current));
+  int64_t max_bucket = 0;
   for (size_t b = 0; b < impl->buckets.size(); ++b) {
-    impl->buckets[b].flat.resize(static_cast<size_t>(impl->buckets[b].numel));
-    for (int p : impl->buckets[b].params) impl->bucket_of[p] = static_cast<int>(b);
+    Impl::Bucket& bucket = impl->buckets[b];
+    max_bucket = std::max(max_bucket, bucket.numel);
+    if (impl->device_allreduce) {
+      DT_ASSIGN_OR_RETURN(Tensor flat, Tensor::TryEmpty({bucket.numel}, DType::kF32, o.devices[0]));
+      impl->device_flat.push_back(std::move(flat));
+    } else if (on_cuda) {
+      DT_ASSIGN_OR_RETURN(cuda::PinnedBuffer flat,
+                          cuda::PinnedBuffer::Allocate(bucket.numel * sizeof(float)));
+      impl->pinned_flat.push_back(std::move(flat));
+    } else {
+      bucket.flat.resize(static_cast<size_t>(bucket.numel));
+    }
+    for (int p : bucket.params) impl->bucket_of[p] = static_cast<int>(b);
     impl->bucket_vars.push_back(impl->engine->NewVar(absl::StrCat("bucket", b)));
+  }
+  if (on_cuda && !impl->device_allreduce) {
+    for (int r = 0; r < impl->k; ++r) {
+      DT_ASSIGN_OR_RETURN(cuda::PinnedBuffer staging,
+                          cuda::PinnedBuffer::Allocate(max_bucket * sizeof(float)));
+      impl->staging.push_back(std::move(staging));
+    }
   }
   if (o.kvstore != nullptr) {
     kvstore::JobConfig config = MakeKvstoreJobConfig(o.kvstore->options().job, o);
@@ -414,7 +697,11 @@ absl::StatusOr<std::unique_ptr<DataParallelTrainer>> DataParallelTrainer::Create
       int64_t off = 0;
       for (int p : bucket.params) {
         const Tensor& t = impl->params[0][p].value();
-        std::memcpy(bucket.weights.data() + off, t.data<float>(), t.numel() * sizeof(float));
+        if (on_cuda) {
+          DT_RETURN_IF_ERROR(t.CopyToHost(bucket.weights.data() + off));
+        } else {
+          std::memcpy(bucket.weights.data() + off, t.data<float>(), t.numel() * sizeof(float));
+        }
         off += t.numel();
       }
       keys.push_back({Impl::WeightKey(static_cast<int>(b)),
@@ -496,14 +783,24 @@ absl::StatusOr<float> DataParallelTrainer::Step(const Tensor& x, const Tensor& l
     Impl* raw = impl_.get();
     s.engine->Push(
         [raw, r]() {
+          std::optional<cuda::StreamGuard> on_replica;
+          if (raw->cuda_replicas) on_replica.emplace(raw->streams[r]);
           if (raw->server_weights()) {
             // After this replica's backward: the bucket tasks (which this
             // task depends on) pulled the weights.
             for (size_t b = 0; b < raw->buckets.size(); ++b) {
-              raw->CopyWeightsToReplica(static_cast<int>(b), r);
+              DT_RETURN_IF_ERROR(raw->CopyWeightsToReplica(static_cast<int>(b), r));
             }
           } else {
             raw->optimizers[r]->Step();
+          }
+          if (raw->cuda_replicas) {
+            // The step ends with the replica's device work done: errors of
+            // asynchronous kernels surface in this step, and the pinned
+            // buffers the copies read are free again.
+            return Annotate(
+                raw->streams[r]->Synchronize(),
+                absl::StrCat("replica ", r, " on ", raw->options.devices[r].ToString()));
           }
           return absl::OkStatus();
         },
@@ -520,6 +817,8 @@ int64_t DataParallelTrainer::CountCorrect(const Tensor& x, const Tensor& labels)
   autograd::NoGradGuard no_grad;
   nn::Module* m = s.replicas[0].get();
   m->Eval();
+  std::optional<cuda::StreamGuard> on_replica;
+  if (s.cuda_replicas) on_replica.emplace(s.streams[0]);
   absl::StatusOr<Tensor> xr = x.To(s.options.devices[0]);
   absl::StatusOr<Tensor> yr = labels.To(s.options.devices[0]);
   DT_CHECK(xr.ok() && yr.ok()) << "copy to " << s.options.devices[0].ToString();

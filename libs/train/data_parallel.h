@@ -25,6 +25,36 @@
 // DataParallelOptions::sync_batch_norm, uses the statistics of the global
 // batch (libs/nn/sync_batch_norm.h).
 //
+// CUDA devices: `devices` may be cuda:0, cuda:1, ... instead of CPU devices
+// (all of one kind; a mix is InvalidArgument). Each replica lives on its GPU
+// (Module::To) and its engine queue's thread makes that GPU current; all of a
+// replica's work (its slice of the batch copied in with Tensor::To, forward,
+// backward, the SGD step, and the comm queue's copies of its gradients) is
+// ordered on one stream, the device's default stream (libs/cuda/stream.h),
+// made current explicitly. Bucket reduction takes one of two paths:
+//  - host staging (every case but the next): each replica's bucket
+//    gradients are copied device -> pinned host memory on the replica's
+//    stream (so after the kernels that produced them), the weighted sum, the
+//    allreduce with a host transport (TCP, shm, ...) or the kvstore round run
+//    on the host exactly as for CPU replicas, and the result is copied back
+//    host -> device into every replica's gradients, before its SGD step.
+//  - device allreduce: exactly one CUDA device and a communicator whose
+//    transport is TransportKind::kNccl (libs/cuda/nccl/nccl_collective.h,
+//    which takes device pointers): each bucket is flattened into a device
+//    buffer, allreduced (average over trainers) by NCCL and copied back, with
+//    no host staging. The communicator's cuda_device must be the trainer's
+//    device; an NCCL communicator with several devices per trainer is
+//    InvalidArgument (run one trainer per GPU).
+// The initial weights are broadcast through host memory with a host
+// transport and in device memory with NCCL. The kvstore modes (kSync, kAsync,
+// kBoundedDelay) work on CUDA through host staging. sync_batch_norm is
+// InvalidArgument on CUDA devices (libs/nn/sync_batch_norm computes in host
+// memory). Each step ends with every replica's stream synchronized, so
+// asynchronous CUDA errors fail the step they happened in. Create answers
+// FailedPrecondition for a CUDA device the machine does not have (naming
+// the device and, with no GPU at all, the CUDA runtime's reason), or when the
+// binary does not link //libs/cuda:cuda_backend.
+//
 // Thread-safety: one thread drives a DataParallelTrainer.
 #ifndef DTRAIN_LIBS_TRAIN_DATA_PARALLEL_H_
 #define DTRAIN_LIBS_TRAIN_DATA_PARALLEL_H_
@@ -55,7 +85,8 @@ struct DataParallelOptions {
   // trainers and, in the asynchronous kvstore modes, stored on the server,
   // so the job continues from what it loads (a checkpoint) everywhere.
   std::function<absl::Status(nn::Module* model, nn::Sgd* optimizer)> restore;
-  // The trainer's devices, one model replica each (cpu:0, cpu:1, ...).
+  // The trainer's devices, one model replica each (cpu:0, cpu:1, ...; or
+  // cuda:0, cuda:1, ..., see the file comment; not a mix).
   std::vector<Device> devices = {Device::Cpu(0)};
   // CPU threads for the kernels of each device's replica.
   int threads_per_device = 1;
@@ -81,7 +112,9 @@ struct DataParallelOptions {
   // collectives must be issued in the same order on every trainer): no
   // overlap of communication with backward in that combination. Not
   // supported through a kvstore with more than one worker (Create answers
-  // InvalidArgument): the kvstore has no collective for the statistics.
+  // InvalidArgument): the kvstore has no collective for the statistics. Nor
+  // on CUDA devices (InvalidArgument naming this option): the synchronized
+  // layer computes in host memory.
   bool sync_batch_norm = false;
   absl::Duration sync_batch_norm_timeout = absl::Minutes(5);
   // Across trainers (not owned; null for a single trainer). Every trainer
@@ -156,7 +189,8 @@ class DataParallelTrainer {
   // of devices. Returns the mean loss over the N samples.
   absl::StatusOr<float> Step(const Tensor& x, const Tensor& labels);
 
-  // Counts correct predictions of replica 0's model in evaluation mode.
+  // Counts correct predictions of replica 0's model in evaluation mode (on
+  // its device; `x` and `labels` on the host).
   int64_t CountCorrect(const Tensor& x, const Tensor& labels);
 
   // kAsync / kBoundedDelay kvstore modes: copies the server's current weights

@@ -1,0 +1,214 @@
+// DataParallelTrainer with CUDA replicas (issue #6).
+//
+// Device-list and option checks run everywhere; the training runs skip with
+// the reason on machines without a GPU (or with fewer GPUs than they need).
+#include <cmath>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "libs/base/status.h"
+#include "libs/collective/communicator.h"
+#include "libs/collective/store.h"
+#include "libs/cuda/gpu_test_util.h"
+#include "libs/train/data_parallel.h"
+#include "libs/train/dp_test_util.h"
+
+namespace dtrain {
+namespace train {
+namespace {
+
+using testing::MaxRelativeDifference;
+using testing::ReferenceRun;
+using testing::SyntheticBatch;
+
+constexpr int kSteps = 10;
+constexpr int64_t kBatch = 32;
+// cuBLAS/cuDNN sum in other orders than oneDNN, and TF32 is off by default
+// (libs/cuda/config.h), so 10 steps stay well within this.
+constexpr double kTolerance = 1e-4;
+
+DataParallelOptions Options(const std::string& model, std::vector<Device> devices) {
+  DataParallelOptions o;
+  o.model = model;
+  o.devices = std::move(devices);
+  o.sgd = {.lr = testing::kLr, .momentum = testing::kMomentum};
+  o.init = testing::kInit;
+  o.seed = 5;
+  o.bucket_bytes = 64 << 10;  // several buckets
+  return o;
+}
+
+std::vector<std::vector<float>> Parameters(nn::Module* m) {
+  std::vector<std::vector<float>> out;
+  for (auto& [name, p] : m->NamedParameters()) out.push_back(p.value().ToVector<float>());
+  return out;
+}
+
+// Trains `steps` steps of the synthetic stream; the replicas' parameters.
+void Train(DataParallelTrainer* trainer, int steps, int64_t batch) {
+  for (int s = 0; s < steps; ++s) {
+    Tensor x, y;
+    SyntheticBatch(batch, s, &x, &y);
+    absl::StatusOr<float> loss = trainer->Step(x, y);
+    ASSERT_TRUE(loss.ok()) << loss.status();
+    ASSERT_TRUE(std::isfinite(*loss)) << "step " << s;
+  }
+}
+
+// ---- runs everywhere ----
+
+TEST(DataParallelCudaTest, MixedDeviceListIsInvalidArgument) {
+  for (auto devices : std::vector<std::vector<Device>>{{Device::Cpu(0), Device::Cuda(0)},
+                                                       {Device::Cuda(0), Device::Cpu(0)},
+                                                       {Device::Cuda(0), Device::Cuda(0)}}) {
+    absl::Status s = DataParallelTrainer::Create(Options("mlp", devices)).status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  }
+  absl::Status s =
+      DataParallelTrainer::Create(Options("mlp", {Device::Cpu(0), Device::Cuda(1)})).status();
+  EXPECT_NE(s.message().find("one kind"), std::string::npos) << s;
+}
+
+TEST(DataParallelCudaTest, SyncBatchNormOnCudaIsInvalidArgument) {
+  DataParallelOptions o = Options("lenet", {Device::Cuda(0)});
+  o.sync_batch_norm = true;
+  absl::Status s = DataParallelTrainer::Create(o).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find("sync_batch_norm"), std::string::npos) << s;
+}
+
+TEST(DataParallelCudaTest, WithoutGpuCreateIsFailedPrecondition) {
+  std::string reason;
+  if (cuda::DeviceCount(&reason) > 0) GTEST_SKIP() << "this machine has a GPU";
+  absl::Status s = DataParallelTrainer::Create(Options("mlp", {Device::Cuda(0)})).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_NE(s.message().find("cuda:0"), std::string::npos) << s;
+  EXPECT_NE(s.message().find("no CUDA device"), std::string::npos) << s;
+}
+
+// ---- needs a GPU ----
+
+class CudaEquivalenceTest : public ::testing::TestWithParam<std::string> {};
+
+// k = 1 on cuda:0 (host staging path) ends where one CPU device does.
+TEST_P(CudaEquivalenceTest, OneGpuMatchesCpuReference) {
+  DT_SKIP_WITHOUT_GPU();
+  const std::string model = GetParam();
+  auto trainer = DataParallelTrainer::Create(Options(model, {Device::Cuda(0)}));
+  ASSERT_TRUE(trainer.ok()) << trainer.status();
+  EXPECT_GT((*trainer)->num_buckets(), 1);
+  for (auto& [name, p] : (*trainer)->replica(0)->NamedParameters()) {
+    ASSERT_TRUE(p.value().device().is_cuda()) << name;
+  }
+  Train(trainer->get(), kSteps, kBatch);
+  auto want = ReferenceRun(model, kBatch, kSteps, 5);
+  double diff = MaxRelativeDifference(Parameters((*trainer)->replica(0)), want);
+  std::printf("cuda k=1 %s max_rel_diff=%g\n", model.c_str(), diff);
+  EXPECT_LT(diff, kTolerance) << model;
+
+  Tensor x, y;
+  SyntheticBatch(64, 100, &x, &y);
+  int64_t correct = (*trainer)->CountCorrect(x, y);
+  EXPECT_GE(correct, 0);
+  EXPECT_LE(correct, 64);
+  EXPECT_TRUE((*trainer)->PullLatestWeights().ok());  // no-op without a kvstore
+}
+
+// k = 2 GPUs in one trainer: the weighted sum over replicas on the host.
+TEST_P(CudaEquivalenceTest, TwoGpusMatchCpuReference) {
+  DT_SKIP_WITHOUT_GPUS(2);
+  const std::string model = GetParam();
+  auto trainer = DataParallelTrainer::Create(Options(model, {Device::Cuda(0), Device::Cuda(1)}));
+  ASSERT_TRUE(trainer.ok()) << trainer.status();
+  Train(trainer->get(), kSteps, kBatch);
+  auto want = ReferenceRun(model, kBatch, kSteps, 5);
+  for (int r = 0; r < 2; ++r) {
+    double diff = MaxRelativeDifference(Parameters((*trainer)->replica(r)), want);
+    std::printf("cuda k=2 %s replica=%d max_rel_diff=%g\n", model.c_str(), r, diff);
+    EXPECT_LT(diff, kTolerance) << model << " replica " << r;
+  }
+  EXPECT_EQ(Parameters((*trainer)->replica(0)), Parameters((*trainer)->replica(1)));
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, CudaEquivalenceTest, ::testing::Values("mlp", "lenet"));
+
+// The restore hook sees the replica on its GPU, and what it loads is where
+// training starts.
+TEST(DataParallelCudaTest, RestoreSeesTheReplicaOnItsDevice) {
+  DT_SKIP_WITHOUT_GPU();
+  DataParallelOptions o = Options("mlp", {Device::Cuda(0)});
+  int calls = 0;
+  o.restore = [&calls](nn::Module* m, nn::Sgd*) -> absl::Status {
+    ++calls;
+    for (auto& [name, p] : m->NamedParameters()) {
+      if (!p.value().device().is_cuda()) return absl::InternalError(name + " is not on CUDA");
+      DT_RETURN_IF_ERROR(p.mutable_value().CopyFrom(
+          Tensor::Full(p.value().shape(), 0.5f, DType::kF32, Device::Cpu())));
+    }
+    return absl::OkStatus();
+  };
+  auto trainer = DataParallelTrainer::Create(o);
+  ASSERT_TRUE(trainer.ok()) << trainer.status();
+  EXPECT_EQ(calls, 1);
+  for (auto& [name, p] : (*trainer)->replica(0)->NamedParameters()) {
+    for (float v : p.value().ToVector<float>()) ASSERT_EQ(v, 0.5f) << name;
+  }
+}
+
+// Two trainers (threads) on cuda:0 each, a TCP (host) communicator between
+// them: the initial-weight broadcast and the bucket allreduce go through
+// host memory. Same result as one CPU device on the global batch.
+TEST(DataParallelCudaTest, TwoTrainersWithHostCommunicatorMatchCpuReference) {
+  DT_SKIP_WITHOUT_GPU();
+  constexpr int kTrainers = 2;
+  const int64_t share = kBatch / kTrainers;
+  collective::InMemoryStore store;
+  std::vector<std::vector<std::vector<float>>> results(kTrainers);
+  std::vector<absl::Status> statuses(kTrainers);
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < kTrainers; ++rank) {
+    threads.emplace_back([&, rank] {
+      collective::CommunicatorOptions co;
+      co.transport = collective::TransportKind::kTcp;
+      co.timeout = absl::Seconds(60);
+      auto comm = collective::Communicator::Create(rank, kTrainers, &store, co);
+      if (!comm.ok()) {
+        statuses[rank] = comm.status();
+        return;
+      }
+      DataParallelOptions o = Options("mlp", {Device::Cuda(0)});
+      o.seed = 5 + rank;  // rank 1's own init is overwritten by the broadcast
+      o.communicator = comm->get();
+      auto trainer = DataParallelTrainer::Create(o);
+      if (!trainer.ok()) {
+        statuses[rank] = trainer.status();
+        return;
+      }
+      for (int s = 0; s < kSteps; ++s) {
+        Tensor x, y;
+        SyntheticBatch(kBatch, s, &x, &y);
+        absl::StatusOr<float> loss =
+            (*trainer)->Step(x.Slice(rank * share, (rank + 1) * share).Clone(),
+                             y.Slice(rank * share, (rank + 1) * share).Clone());
+        if (!loss.ok()) {
+          statuses[rank] = loss.status();
+          return;
+        }
+      }
+      results[rank] = Parameters((*trainer)->replica(0));
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < kTrainers; ++r) ASSERT_TRUE(statuses[r].ok()) << r << ": " << statuses[r];
+  auto want = ReferenceRun("mlp", kBatch, kSteps, 5);
+  for (int r = 0; r < kTrainers; ++r) {
+    EXPECT_LT(MaxRelativeDifference(results[r], want), kTolerance) << "trainer " << r;
+  }
+  EXPECT_EQ(results[0], results[1]);
+}
+
+}  // namespace
+}  // namespace train
+}  // namespace dtrain
