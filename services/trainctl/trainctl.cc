@@ -1,7 +1,7 @@
 // trainctl: the command-line client of the dtrain scheduler.
 //
 //   trainctl submit --name=mlp1 --model=mlp --epochs=5 --batch_size=256 --lr=0.1 [--wait]
-//   trainctl submit -f job.json [--wait]      # a JobSpec in protobuf's JSON mapping
+//   trainctl submit -f job.yaml [--wait]      # a JobSpec: YAML (yaml.h) or protobuf JSON
 //   trainctl get ID | list | cancel ID | watch ID
 //   trainctl -o json list                     # JSON instead of text
 //   trainctl cluster up --dir=DIR --trainers=N --kvstore_shards=M [--devices_per_trainer=K]
@@ -43,12 +43,14 @@
 #include "protos/scheduler.grpc.pb.h"
 #include "services/trainctl/cluster.h"
 #include "services/trainctl/progress.h"
+#include "services/trainctl/yaml.h"
 
 ABSL_FLAG(std::string, scheduler, "",
           "scheduler address (default: $DTRAIN_SCHEDULER, else 127.0.0.1:7000)");
 ABSL_FLAG(std::string, o, "text", "output: text or json");
 ABSL_FLAG(double, timeout_s, 10, "deadline of each call in seconds");
-ABSL_FLAG(std::string, f, "", "submit: a JobSpec as JSON (flags below override its fields)");
+ABSL_FLAG(std::string, f, "",
+          "submit: a JobSpec file, JSON or YAML (flags below override its fields)");
 ABSL_FLAG(bool, wait, false, "submit: watch the job until it ends");
 ABSL_FLAG(std::string, reason, "", "cancel: why (recorded in the job's events)");
 ABSL_FLAG(std::string, state, "", "list: only jobs in this state (QUEUED, RUNNING, ...)");
@@ -97,7 +99,7 @@ namespace v1 = dtrain::scheduler::v1;
 
 constexpr char kUsage[] =
     "trainctl: the dtrain scheduler's client.\n"
-    "  trainctl submit [--name=... --model=... ...|-f job.json] [--wait]\n"
+    "  trainctl submit [--name=... --model=... ...|-f job.yaml|job.json] [--wait]\n"
     "  trainctl get ID\n"
     "  trainctl list [--state=RUNNING]\n"
     "  trainctl cancel ID [--reason=...]\n"
@@ -259,7 +261,19 @@ absl::Status BuildSpec(v1::JobSpec* spec) {
     if (!in) return absl::NotFoundError(absl::StrCat("cannot read -f ", file));
     std::stringstream ss;
     ss << in.rdbuf();
-    auto st = google::protobuf::util::JsonStringToMessage(ss.str(), spec);
+    // JSON when it starts with '{', else YAML (yaml.h: the subset job files
+    // need), converted to JSON: one parser, protobuf's, checks the fields.
+    std::string json = ss.str();
+    const size_t first = json.find_first_not_of(" \t\r\n");
+    if (first == std::string::npos || json[first] != '{') {
+      absl::StatusOr<std::string> converted = dtrain::trainctl::YamlToJson(json);
+      if (!converted.ok()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(file, ": not a YAML job file: ", converted.status().message()));
+      }
+      json = *std::move(converted);
+    }
+    auto st = google::protobuf::util::JsonStringToMessage(json, spec);
     if (!st.ok()) {
       return absl::InvalidArgumentError(absl::StrCat(file, ": not a JobSpec: ", st.ToString()));
     }

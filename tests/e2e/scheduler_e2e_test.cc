@@ -183,6 +183,31 @@ TEST_F(SchedulerE2eTest, SubmitTrainCancelRestart) {
   out = Trainctl("submit -f " + spec_file + " --wait", &rc);
   EXPECT_EQ(rc, 0) << out;
   EXPECT_NE(out.find("SUCCEEDED"), std::string::npos) << out;
+  // The same as a YAML job file.
+  const std::string yaml_file = TmpDir("specs") + "/job.yaml";
+  {
+    FILE* f = std::fopen(yaml_file.c_str(), "w");
+    ASSERT_NE(f, nullptr);
+    std::fputs(
+        "# a tiny job\nname: from-yaml\nmodel: mlp\nepochs: 1\nglobal_batch_size: 128\n"
+        "lr: 0.1\ninit: kaiming\ntrain_limit: 2048\ntest_limit: 500\nthreads: 1\n"
+        "sync:\n  mode: ALLREDUCE\n",
+        f);
+    std::fclose(f);
+  }
+  out = Trainctl("submit -f " + yaml_file + " --wait", &rc);
+  EXPECT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("from-yaml"), std::string::npos) << out;
+  EXPECT_NE(out.find("SUCCEEDED"), std::string::npos) << out;
+  {
+    FILE* f = std::fopen(yaml_file.c_str(), "w");
+    std::fputs("name: bad\nsync: [1, 2]\n", f);
+    std::fclose(f);
+  }
+  out = Trainctl("submit -f " + yaml_file, &rc);
+  EXPECT_EQ(rc, 2) << out;
+  EXPECT_NE(out.find("job.yaml: not a YAML job file: line 2: flow collections"), std::string::npos)
+      << out;
   out = Trainctl("submit --name='bad name' --model=mlp --epochs=1 --batch_size=8 --lr=1", &rc);
   EXPECT_EQ(rc, 1);
   EXPECT_NE(out.find("INVALID_ARGUMENT: JobService.Submit: name:"), std::string::npos) << out;
@@ -236,9 +261,9 @@ TEST_F(SchedulerE2eTest, SubmitTrainCancelRestart) {
   v1::ListReply list;
   s = FromGrpcStatus(stub_->List(Ctx().get(), v1::ListRequest(), &list), "List");
   ASSERT_TRUE(s.ok()) << s;
-  ASSERT_EQ(list.jobs_size(), 4);
-  EXPECT_EQ(list.jobs(3).id(), watched.id());
-  EXPECT_NE(list.jobs(3).state(), v1::FAILED) << list.jobs(3).DebugString();
+  ASSERT_EQ(list.jobs_size(), 5);
+  EXPECT_EQ(list.jobs(4).id(), watched.id());
+  EXPECT_NE(list.jobs(4).state(), v1::FAILED) << list.jobs(4).DebugString();
   watcher.join();
   std::fprintf(stderr, "trainctl watch across the restart (exit %d):\n%s\n", watch_rc,
                watch_out.c_str());
@@ -253,8 +278,9 @@ TEST_F(SchedulerE2eTest, SubmitTrainCancelRestart) {
   EXPECT_GT(watched.loss(), 0) << watched.DebugString();
   EXPECT_GT(watched.test_accuracy(), 0.5) << watched.DebugString();
   EXPECT_EQ(list.jobs(0).id(), job.id());
-  EXPECT_EQ(list.jobs(1).state(), v1::SUCCEEDED);
-  EXPECT_EQ(list.jobs(2).state(), v1::CANCELLED);
+  EXPECT_EQ(list.jobs(1).state(), v1::SUCCEEDED);  // from JSON
+  EXPECT_EQ(list.jobs(2).state(), v1::SUCCEEDED);  // from YAML
+  EXPECT_EQ(list.jobs(3).state(), v1::CANCELLED);
   EXPECT_EQ(list.jobs(0).state(), v1::SUCCEEDED);
   EXPECT_GT(list.jobs(0).test_accuracy(), 0.5);
 
