@@ -286,6 +286,7 @@ absl::StatusOr<bool> Scheduler::ReportProgress(const ProgressReport& r) {
     job.status.set_test_accuracy(r.test_accuracy());
     job.status.set_samples_per_second(r.samples_per_second());
     if (r.steps_per_epoch() > 0) job.status.set_steps_per_epoch(r.steps_per_epoch());
+    if (r.epoch_seconds() > 0) job.status.set_epoch_seconds(r.epoch_seconds());
     const bool new_checkpoint = !r.checkpoint_path().empty() && r.checkpoint_epoch() > 0 &&
                                 (r.checkpoint_path() != job.status.checkpoint_path() ||
                                  r.checkpoint_epoch() != job.status.checkpoint_epoch());

@@ -140,6 +140,7 @@ struct DataParallelTrainer::Impl {
   int backward_done ABSL_GUARDED_BY(mu) = 0;  // replicas whose backward finished
   std::vector<double> weights;                // slice size / global batch, per replica
   std::vector<float> losses;
+  std::vector<int64_t> corrects;  // per replica, of the last step
   double comm_wait = 0, comm_work = 0;
 
   // Pulls every bucket's current weights (round 0: no waiting) into every
@@ -267,6 +268,7 @@ struct DataParallelTrainer::Impl {
     Variable loss = autograd::SoftmaxCrossEntropy(logits, yr);
     loss.Backward();
     losses[r] = ops::ScalarValue(loss.value());
+    corrects[r] = ops::CountCorrect(logits.value(), yr);
     for (size_t l = 0; l < bn_groups.size(); ++l) {
       DT_RETURN_IF_ERROR(
           Annotate(bn_groups[l]->status(), absl::StrCat("replica ", r, ", batch-norm layer ", l)));
@@ -748,6 +750,7 @@ absl::StatusOr<float> DataParallelTrainer::Step(const Tensor& x, const Tensor& l
   for (auto& g : s.bn_groups) g->Reset();
   s.weights.assign(s.k, 0.0);
   s.losses.assign(s.k, 0.0f);
+  s.corrects.assign(s.k, 0);
   s.comm_wait = s.comm_work = 0;
   int64_t begin = 0;
   for (int r = 0; r < s.k; ++r) {
@@ -834,6 +837,11 @@ absl::Status DataParallelTrainer::PullLatestWeights() {
 
 nn::Module* DataParallelTrainer::replica(int i) { return impl_->replicas[i].get(); }
 nn::Sgd* DataParallelTrainer::optimizer(int i) { return impl_->optimizers[i].get(); }
+int64_t DataParallelTrainer::last_correct() const {
+  int64_t n = 0;
+  for (int64_t c : impl_->corrects) n += c;
+  return n;
+}
 int DataParallelTrainer::num_devices() const { return impl_->k; }
 int DataParallelTrainer::num_buckets() const { return static_cast<int>(impl_->buckets.size()); }
 double DataParallelTrainer::last_comm_wait_seconds() const { return impl_->comm_wait; }

@@ -188,6 +188,9 @@ class DataParallelTrainer {
   // [N, ...] and `labels` i32 [N] on the host. N must be at least the number
   // of devices. Returns the mean loss over the N samples.
   absl::StatusOr<float> Step(const Tensor& x, const Tensor& labels);
+  // Correct predictions (training mode, before the update) of the last Step
+  // over its N samples: the training accuracy, at the cost of an argmax.
+  int64_t last_correct() const;
 
   // Counts correct predictions of replica 0's model in evaluation mode (on
   // its device; `x` and `labels` on the host).

@@ -92,7 +92,9 @@ TEST(DataParallelTest, BadInputIsAnErrorNotACrash) {
   EXPECT_EQ(DataParallelTrainer::Create(o).status().code(), absl::StatusCode::kFailedPrecondition);
   o.devices = {};
   EXPECT_FALSE(DataParallelTrainer::Create(o).ok());
-  EXPECT_FALSE(DataParallelTrainer::Create({.model = "nope"}).ok());
+  DataParallelOptions unknown;
+  unknown.model = "nope";
+  EXPECT_FALSE(DataParallelTrainer::Create(unknown).ok());
 }
 
 // Resuming: 10 steps, a checkpoint (parameters and momentum), and a new
@@ -152,6 +154,36 @@ TEST(DataParallelTest, RestoreContinuesFromACheckpoint) {
   DataParallelOptions bad = o;
   bad.restore = [](nn::Module*, nn::Sgd*) { return absl::DataLossError("corrupt"); };
   EXPECT_EQ(DataParallelTrainer::Create(bad).status().code(), absl::StatusCode::kDataLoss);
+}
+
+// last_correct counts the step's correct predictions, made before the update.
+TEST(DataParallelTest, LastCorrectCountsTheStepsPredictions) {
+  for (int k : {1, 2}) {
+    DataParallelOptions o;
+    o.model = "mlp";
+    o.devices.clear();
+    for (int i = 0; i < k; ++i) o.devices.push_back(Device::Cpu(i));
+    o.sgd = {.lr = 0.1f};
+    o.init = nn::Init::kKaiming;
+    o.seed = 3;
+    auto trainer = *DataParallelTrainer::Create(o);
+    for (int s = 0; s < 5; ++s) {
+      Tensor x, y;
+      SyntheticBatch(64, s, &x, &y);
+      int64_t want = 0;
+      {
+        autograd::NoGradGuard no_grad;
+        want = ops::CountCorrect(trainer->replica(0)->Forward(autograd::Variable(x)).value(), y);
+      }
+      ASSERT_TRUE(trainer->Step(x, y).ok());
+      if (k == 1) {
+        EXPECT_EQ(trainer->last_correct(), want) << "step " << s;
+      } else {
+        EXPECT_NEAR(trainer->last_correct(), want, 2) << "step " << s;  // slices round apart
+      }
+      EXPECT_GT(want, 0);
+    }
+  }
 }
 
 TEST(DataParallelTest, ScalingHelperFollowsTheLinearRule) {

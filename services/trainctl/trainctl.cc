@@ -164,9 +164,12 @@ int Usage(const std::string& why) {
 std::string Line(const v1::JobStatus& j) {
   std::string acc =
       j.test_accuracy() >= 0 ? absl::StrFormat("%.4f", j.test_accuracy()) : std::string("-");
-  return absl::StrFormat("%-11s %-20s %-9s epoch %d/%d  loss %.4f  test_acc %s  %.0f samples/s",
-                         j.id(), j.spec().name(), v1::JobState_Name(j.state()), j.epoch(),
-                         j.spec().epochs(), j.loss(), acc, j.samples_per_second());
+  std::string per_epoch;
+  if (j.epoch_seconds() > 0) per_epoch = absl::StrFormat("  %.1f s/epoch", j.epoch_seconds());
+  return absl::StrFormat(
+      "%-11s %-20s %-9s epoch %d/%d  loss %.4f  train_acc %.4f  test_acc %s  %.0f samples/s%s",
+      j.id(), j.spec().name(), v1::JobState_Name(j.state()), j.epoch(), j.spec().epochs(), j.loss(),
+      j.train_accuracy(), acc, j.samples_per_second(), per_epoch);
 }
 
 void Print(const v1::JobStatus& j, bool detail) {

@@ -39,10 +39,16 @@
 // sync_batch_norm: batch norm normalizes over the global batch of every
 // device and trainer (DataParallelOptions::sync_batch_norm).
 //
-// Jobs on CUDA devices (one trainer, one device) run with Train() one epoch
-// at a time, resuming from a checkpoint in --work_dir between epochs and
-// checking for cancellation in between (so they stop at epoch boundaries);
-// multi-device and multi-trainer CUDA jobs are not supported yet.
+// CUDA jobs use the first devices_per_trainer CUDA devices the trainer
+// offers (--devices; by default every CUDA device found). Between trainers
+// with one GPU each the gradients are allreduced by NCCL in device memory
+// (the NCCL unique id travels through the scheduler's rendezvous store);
+// otherwise CUDA gradients are staged through host memory and allreduced
+// over TCP (--cuda_collective=tcp forces that). NOT YET RUN ON A GPU: the
+// CUDA paths are built and their tests (tools/gpu-check) skip without one.
+//
+// Each epoch reports the training accuracy (predictions made during the
+// epoch's steps, before each update) and the epoch's wall time.
 //
 // When the scheduler forgets the trainer (restart, or it was declared lost)
 // the daemon registers again. SIGTERM or SIGINT: stops the job at the next
@@ -133,6 +139,9 @@ ABSL_FLAG(std::string, collective_host, "",
           "address other trainers reach this one at for allreduce (default: the host name)");
 ABSL_FLAG(std::string, kvstore, "",
           "kvstore shard addresses host:port,... in shard order (for KVSTORE-mode jobs)");
+ABSL_FLAG(std::string, cuda_collective, "auto",
+          "between trainers of CUDA jobs: auto (NCCL when each trainer has one GPU, else TCP with "
+          "gradients staged through host memory), nccl (the same), or tcp");
 ABSL_FLAG(double, collective_timeout_s, 60,
           "time limit of the rendezvous and of each allreduce of multi-trainer jobs");
 ABSL_FLAG(std::string, metrics_listen, "",
@@ -268,6 +277,8 @@ class Daemon {
   void set_kvstore_servers(std::vector<std::string> servers) {
     kvstore_servers_ = std::move(servers);
   }
+  // auto, nccl or tcp (see --cuda_collective). REQUIRES: before Run().
+  void set_cuda_collective(std::string c) { cuda_collective_ = std::move(c); }
   // Where checkpoints go (see the file comment). REQUIRES: before Run().
   void set_checkpoint_dir(std::string dir) { checkpoint_dir_ = std::move(dir); }
 
@@ -386,12 +397,7 @@ class Daemon {
     DT_LOG(INFO) << "starting job " << a.job_id() << " (" << a.spec().name() << ", "
                  << a.spec().model() << ", " << a.spec().epochs() << " epochs) as rank " << a.rank()
                  << " of " << a.world_size() << ", attempt " << a.attempt();
-    if (a.spec().device_kind() == "cuda" && a.world_size() <= 1 &&
-        a.spec().devices_per_trainer() <= 1 && a.spec().sync().mode() != v1::KVSTORE) {
-      job->thread = std::thread([this, job] { Work(job); });
-    } else {
-      job->thread = std::thread([this, job] { WorkDataParallel(job); });
-    }
+    job->thread = std::thread([this, job] { WorkDataParallel(job); });
   }
 
   // Joins a worker that has finished (its job cleared running_id_).
@@ -445,98 +451,7 @@ class Daemon {
     return false;
   }
 
-  // A single-device CUDA job with Train() (see the file comment).
-  void Work(Job* job) {
-    const v1::Assignment& a = job->assignment;
-    const v1::JobSpec& spec = a.spec();
-    train::TrainOptions o;
-    o.model = spec.model();
-    o.batch_size = spec.global_batch_size();
-    o.lr = static_cast<float>(spec.lr());
-    o.momentum = static_cast<float>(spec.momentum());
-    o.weight_decay = static_cast<float>(spec.weight_decay());
-    o.seed = spec.seed();
-    o.init = spec.init().empty() ? "normal" : spec.init();
-    o.threads = spec.threads();
-    o.data_dir = spec.data_dir();
-    o.train_limit = spec.train_limit();
-    o.test_limit = spec.test_limit();
-    o.device = spec.device_kind() == "cuda" ? "cuda:0" : "cpu";
-    for (const std::string& d : devices_) {
-      if (absl::StartsWith(d, spec.device_kind())) {
-        o.device = d.find(':') == std::string::npos && d == "cuda" ? "cuda:0" : d;
-        break;
-      }
-    }
-    o.checkpoint_path = absl::StrCat(work_dir_, "/", a.job_id(), ".ckpt");
-    std::remove(o.checkpoint_path.c_str());
-    o.resume = true;
-
-    v1::ProgressReport last;
-    last.set_test_accuracy(-1);
-    absl::Time last_report = absl::InfinitePast();
-    const TrainerMetrics::Job* m = metrics_->StartJob(a.job_id(), a.rank());
-    // Train() reports each step once it is done: the time since the previous
-    // callback (or the epoch's start) is the step's, all of it "compute".
-    absl::Time step_start = absl::Now();
-    v1::JobState final_state = v1::SUCCEEDED;
-    std::string reason = "training finished";
-    for (int epoch = 1; epoch <= spec.epochs(); ++epoch) {
-      if (job->stop) break;
-      o.epochs = epoch;  // one more epoch, resuming from the checkpoint
-      step_start = absl::Now();
-      absl::StatusOr<train::TrainResult> r = train::Train(
-          o,
-          [&](const train::Progress& p) {
-            last.set_epoch(p.epoch - 1);
-            last.set_step(p.step);
-            last.set_loss(p.loss);
-            last.set_samples_per_second(p.samples_per_second);
-            m->Step(absl::ToDoubleSeconds(absl::Now() - step_start), -1, -1);
-            m->loss->Set(p.loss);
-            m->samples_per_second->Set(p.samples_per_second);
-            if (absl::Now() - last_report >= absl::Seconds(1)) {
-              last_report = absl::Now();
-              if (Report(a, v1::JOB_STATE_UNSPECIFIED, "", &last)) Stop(job, "cancelled");
-            }
-            step_start = absl::Now();  // the report is not the next step's
-          },
-          [&](const train::EpochStats& e) {
-            last.set_epoch(e.epoch);
-            last.set_step(0);
-            last.set_loss(e.loss);
-            last.set_train_accuracy(e.train_accuracy);
-            last.set_test_accuracy(e.test_accuracy);
-            last.set_samples_per_second(e.samples_per_second);
-            m->loss->Set(e.loss);
-            m->test_accuracy->Set(e.test_accuracy);
-            m->samples_per_second->Set(e.samples_per_second);
-            m->epoch->Set(e.epoch);
-            last_report = absl::Now();
-            if (Report(a, v1::JOB_STATE_UNSPECIFIED, "", &last)) Stop(job, "cancelled");
-            step_start = absl::Now();
-          });
-      if (!r.ok()) {
-        final_state = v1::FAILED;
-        reason = std::string(r.status().message());
-        break;
-      }
-    }
-    if (final_state == v1::SUCCEEDED && job->stop) {
-      absl::MutexLock lock(&mu_);
-      final_state = job->stop_reason == "cancelled" ? v1::CANCELLED : v1::FAILED;
-      reason = absl::StrCat(job->stop_reason, " after epoch ", last.epoch());
-    }
-    std::remove(o.checkpoint_path.c_str());
-    DT_LOG(INFO) << "job " << a.job_id() << " " << v1::JobState_Name(final_state) << ": " << reason;
-    job->finishing = true;
-    Report(a, final_state, reason, &last);
-    metrics_->EndJob();
-    absl::MutexLock lock(&mu_);
-    running_id_.clear();
-  }
-
-  // A job on CPU devices with DataParallelTrainer.
+  // A job with DataParallelTrainer (see the file comment).
   void WorkDataParallel(Job* job) {
     const v1::Assignment& a = job->assignment;
     v1::ProgressReport last;
@@ -577,10 +492,6 @@ class Daemon {
     if (use_kvstore && kvstore_servers_.empty()) {
       return absl::FailedPreconditionError(
           "sync mode KVSTORE, but this trainer was started without --kvstore servers");
-    }
-    if (spec.device_kind() == "cuda") {
-      return absl::UnimplementedError(
-          "multi-trainer, multi-device and KVSTORE jobs run on CPU devices only for now");
     }
     if (rank < 0 || rank >= world) {
       return absl::InvalidArgumentError(absl::StrCat("rank ", rank, " of ", world));
@@ -644,13 +555,33 @@ class Daemon {
       DT_ASSIGN_OR_RETURN(kv, kvstore::KVClient::Connect(ko));
       DT_LOG(INFO) << "job " << a.job_id() << " rank " << rank << ": synchronizing through "
                    << kvstore_servers_.size() << " kvstore shards";
-    } else if (world > 1) {
+    }
+    // The job's devices: cpu:0..k-1, or the first k CUDA devices this
+    // trainer offers.
+    std::vector<Device> devices;
+    const bool cuda = spec.device_kind() == "cuda";
+    for (int i = 0; !cuda && i < k; ++i) devices.push_back(Device::Cpu(i));
+    for (const std::string& d : devices_) {
+      if (!cuda || static_cast<int>(devices.size()) == k || !absl::StartsWith(d, "cuda")) continue;
+      DT_ASSIGN_OR_RETURN(Device parsed, Device::Parse(d == "cuda" ? "cuda:0" : d));
+      devices.push_back(parsed);
+    }
+    if (static_cast<int>(devices.size()) < k) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("the job needs ", k, " ", spec.device_kind(), " devices; this trainer has ",
+                       absl::StrJoin(devices_, ",")));
+    }
+    // Between trainers with one GPU each, NCCL (device memory); otherwise TCP
+    // (CUDA gradients staged through host memory).
+    const bool nccl = cuda && k == 1 && world > 1 && !use_kvstore && cuda_collective_ != "tcp";
+    if (!use_kvstore && world > 1) {
       SchedulerStoreOptions so;
       so.rpc_timeout = rpc_timeout_;
       store =
           std::make_unique<SchedulerStore>(stub_.get(), TrainerId(), a.job_id(), a.attempt(), so);
       collective::CommunicatorOptions co;
-      co.transport = collective::TransportKind::kTcp;
+      co.transport = nccl ? collective::TransportKind::kNccl : collective::TransportKind::kTcp;
+      if (nccl) co.cuda_device = devices[0].index;
       co.timeout = collective_timeout_;
       co.key_prefix = "allreduce";
       co.tcp.host = collective_host_;
@@ -662,13 +593,13 @@ class Daemon {
       }
       comm = *std::move(c);
       DT_LOG(INFO) << "job " << a.job_id() << " rank " << rank << ": connected to " << world - 1
-                   << " peers in " << absl::Now() - start;
+                   << " peers in " << absl::Now() - start << " ("
+                   << collective::TransportKindName(co.transport) << ")";
     }
 
     train::DataParallelOptions o;
     o.model = spec.model();
-    o.devices.clear();
-    for (int i = 0; i < k; ++i) o.devices.push_back(Device::Cpu(i));
+    o.devices = devices;
     o.threads_per_device = std::max(1, threads / k);
     o.sgd = {.lr = static_cast<float>(spec.lr()),
              .momentum = static_cast<float>(spec.momentum()),
@@ -707,7 +638,7 @@ class Daemon {
     const bool loss_through_kvstore =
         kv != nullptr && world > 1 && o.kvstore_consistency == kvstore::Consistency::kSync;
     if (loss_through_kvstore) {
-      DT_RETURN_IF_ERROR(Annotate(kv->Init({{kLossKey, {2}, DType::kF32, nullptr}}),
+      DT_RETURN_IF_ERROR(Annotate(kv->Init({{kLossKey, {3}, DType::kF32, nullptr}}),
                                   "initializing the kvstore key of the epoch loss"));
     }
     if (o.sync_batch_norm) {
@@ -744,6 +675,7 @@ class Daemon {
       loader->StartEpoch(epoch);
       data::Batch b;
       double loss_sum = 0;
+      int64_t correct = 0;
       int64_t seen = 0, step = 0;
       const absl::Time start = absl::Now();
       for (;;) {
@@ -770,11 +702,13 @@ class Daemon {
         m->Step(absl::ToDoubleSeconds(absl::Now() - step_start) - data_wait - communication,
                 communication, data_wait);
         loss_sum += static_cast<double>(l) * b.size;
+        correct += hybrid ? ops::CountCorrect(hybrid->logits(), y) : trainer->last_correct();
         seen += b.size;
         ++step;
         last->set_epoch(epoch);
         last->set_step(step);
         last->set_loss(loss_sum / seen);
+        last->set_train_accuracy(static_cast<double>(correct) / seen);
         const double secs = absl::ToDoubleSeconds(absl::Now() - start);
         // Samples of the whole job (every rank does the same work).
         last->set_samples_per_second(secs > 0 ? seen * world / secs : 0);
@@ -786,20 +720,26 @@ class Daemon {
         }
       }
       // The job's loss: the mean over every rank's samples.
-      float sums[2] = {static_cast<float>(loss_sum), static_cast<float>(seen)};
+      float sums[3] = {static_cast<float>(loss_sum), static_cast<float>(seen),
+                       static_cast<float>(correct)};
       if (comm != nullptr) {
         DT_RETURN_IF_ERROR(
-            Annotate(comm->Allreduce(sums, 2, DType::kF32, collective::ReduceOp::kSum),
+            Annotate(AllreduceSum(comm.get(), nccl ? devices[0] : Device::Cpu(0), sums, 3),
                      absl::StrCat("rank ", rank, ": averaging the loss of epoch ", epoch + 1)));
         if (sums[1] > 0) last->set_loss(sums[0] / sums[1]);
+        if (sums[1] > 0) last->set_train_accuracy(sums[2] / sums[1]);
       } else if (loss_through_kvstore) {
         // A synchronous round of the stats key: the pull is the mean over the
         // trainers of [loss sum, samples], whose ratio is the global mean.
         DT_RETURN_IF_ERROR(
-            Annotate(kv->PushPull({{kLossKey, sums, sums}}),
+            Annotate(kv->PushPull({{kLossKey, sums, sums}}),  // [loss sum, samples, correct]
                      absl::StrCat("rank ", rank, ": averaging the loss of epoch ", epoch + 1)));
         if (sums[1] > 0) last->set_loss(sums[0] / sums[1]);
+        if (sums[1] > 0) last->set_train_accuracy(sums[2] / sums[1]);
+      } else if (seen > 0) {
+        last->set_train_accuracy(static_cast<double>(correct) / seen);
       }
+      last->set_epoch_seconds(absl::ToDoubleSeconds(absl::Now() - start));
       last->set_epoch(epoch + 1);
       last->set_step(0);
       m->epoch->Set(epoch + 1);
@@ -840,6 +780,21 @@ class Daemon {
   }
 
   static constexpr const char* kLossKey = "stats/epoch_loss";
+
+  // Sums `v` (n floats on the host) over the ranks; through device memory
+  // when `device` is a CUDA device (an NCCL communicator).
+  static absl::Status AllreduceSum(collective::Communicator* comm, const Device& device, float* v,
+                                   int n) {
+    if (device.is_cpu()) return comm->Allreduce(v, n, DType::kF32, collective::ReduceOp::kSum);
+    Tensor host = Tensor::FromVector(std::vector<float>(v, v + n), {n});
+    DT_ASSIGN_OR_RETURN(Tensor on_device, host.To(device));
+    DT_RETURN_IF_ERROR(
+        comm->Allreduce(on_device.raw_data(), n, DType::kF32, collective::ReduceOp::kSum));
+    DT_ASSIGN_OR_RETURN(Tensor back, on_device.To(Device::Cpu(0)));
+    std::vector<float> out = back.ToVector<float>();
+    std::copy(out.begin(), out.end(), v);
+    return absl::OkStatus();
+  }
 
   // Loads the assignment's checkpoint into one replica (parameters, buffers,
   // momentum). Returns the epochs it holds.
@@ -909,6 +864,7 @@ class Daemon {
   const std::vector<std::string> devices_;
   const std::string work_dir_;
   std::string checkpoint_dir_;  // set once before Run()
+  std::string cuda_collective_ = "auto";
   const absl::Duration rpc_timeout_;
   const std::string collective_host_;
   std::vector<std::string> kvstore_servers_;  // set once before Run()
@@ -1057,6 +1013,13 @@ int main(int argc, char** argv) {
     return 2;
   }
   daemon.set_checkpoint_dir(checkpoint_dir);
+  const std::string cuda_collective = absl::GetFlag(FLAGS_cuda_collective);
+  if (cuda_collective != "auto" && cuda_collective != "nccl" && cuda_collective != "tcp") {
+    std::fprintf(stderr, "trainer: --cuda_collective must be auto, nccl or tcp, got %s\n",
+                 cuda_collective.c_str());
+    return 2;
+  }
+  daemon.set_cuda_collective(cuda_collective);
   daemon.Run(shutdown);
   if (health_server != nullptr) {
     if (auto* health = health_server->GetHealthCheckService()) health->SetServingStatus(false);

@@ -57,6 +57,11 @@ TEST(LenetAccuracyE2eTest, ReachesAccuracyThroughTrainctl) {
   EXPECT_EQ(json.find("\"state\":\"SUCCEEDED\"") != std::string::npos, true) << json;
   EXPECT_LE(epoch, 10) << json;
   EXPECT_GE(accuracy, 0.85) << json;
+  // The status also carries the training accuracy (the epoch's predictions
+  // before each update) and the epoch's wall time.
+  EXPECT_GT(JsonNumber(json, "train_accuracy", -1), 0.8) << json;
+  EXPECT_LT(JsonNumber(json, "train_accuracy", 2), 1.0) << json;
+  EXPECT_GT(JsonNumber(json, "epoch_seconds", -1), 0) << json;
 
   out = Trainctl("cluster down --dir=" + dir, &rc);
   EXPECT_EQ(rc, 0) << out;
