@@ -134,6 +134,10 @@ absl::StatusOr<int> Spawn(const std::vector<std::string>& argv, const std::strin
     if (null >= 0) dup2(null, 0);
     dup2(fd, 1);
     dup2(fd, 2);
+    // The processes of a local cluster share the machine's cores: OpenMP
+    // threads that spin while waiting (libgomp's default) slow each other
+    // down several-fold; sleeping waits cost little (unless the user chose).
+    setenv("OMP_WAIT_POLICY", "PASSIVE", /*overwrite=*/0);
     std::vector<char*> args;
     for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
     args.push_back(nullptr);

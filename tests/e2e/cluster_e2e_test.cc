@@ -187,10 +187,10 @@ TEST(ClusterE2eTest, UpStatusDownRoundTrip) {
   EXPECT_NE(trainer_logs.find("synchronized batch norm over 1 devices x 2 trainers"),
             std::string::npos);
 
-  // And through the parameter server: both trainers, gradients pushed to and
-  // pulled from the 2 kvstore shards in synchronous rounds.
+  // LeNet through the parameter server: both trainers, gradients pushed to
+  // and pulled from the 2 kvstore shards in synchronous rounds.
   out = Trainctl(absl::StrCat("--scheduler=", scheduler,
-                              " submit --name=tiny-kv --model=mlp --epochs=1 --batch_size=128"
+                              " submit --name=tiny-kv --model=lenet --epochs=1 --batch_size=128"
                               " --lr=0.1 --init=kaiming --train_limit=2048 --test_limit=500"
                               " --threads=1 --num_trainers=2 --sync=KVSTORE --wait"),
                  &rc);
@@ -204,7 +204,7 @@ TEST(ClusterE2eTest, UpStatusDownRoundTrip) {
   EXPECT_NE(shard_log.find("workers=2 consistency=sync"), std::string::npos)
       << "kvstore-0 never saw the 2-worker job:\n"
       << shard_log.substr(0, 2000);
-  // The same job with TCP allreduce: the same training, and both report the
+  // The same LeNet job with TCP allreduce: the same training, and both report the
   // mean loss over the two trainers (not rank 0's share).
   auto loss_of = [&](const std::string& submit_out) {
     std::string id;
@@ -218,7 +218,7 @@ TEST(ClusterE2eTest, UpStatusDownRoundTrip) {
   };
   const double kv_loss = loss_of(out);
   out = Trainctl(absl::StrCat("--scheduler=", scheduler,
-                              " submit --name=tiny-ar --model=mlp --epochs=1 --batch_size=128"
+                              " submit --name=tiny-ar --model=lenet --epochs=1 --batch_size=128"
                               " --lr=0.1 --init=kaiming --train_limit=2048 --test_limit=500"
                               " --threads=1 --num_trainers=2 --sync=ALLREDUCE --wait"),
                  &rc);
