@@ -70,6 +70,9 @@
 //     the whole interval between callbacks is observed as compute (it
 //     includes Train()'s own data loading); their communication and
 //     data_wait series exist but stay empty.
+//   dtrain_trainer_device_memory_bytes   gauge {device, state}: the job's devices'
+//     allocators, state in_use / peak (since the job started) / cached;
+//     updated about once a second while a job runs
 //   dtrain_job_loss, dtrain_job_test_accuracy (-1 until the first epoch
 //   ends; only rank 0 evaluates), dtrain_job_samples_per_second (the whole
 //   job's), dtrain_job_epoch (epochs done)   gauges {job_id, rank}
@@ -117,6 +120,7 @@
 #include "libs/metrics/metrics.h"
 #include "libs/nn/models.h"
 #include "libs/ops/ops.h"
+#include "libs/tensor/allocator.h"
 #include "libs/train/data_parallel.h"
 #include "libs/train/state_io.h"
 #include "libs/train/train.h"
@@ -198,6 +202,10 @@ class TrainerMetrics {
         samples_per_second_(metrics::AddGauge(*registry_, "dtrain_job_samples_per_second",
                                               "Training throughput of the whole job.")),
         epoch_(metrics::AddGauge(*registry_, "dtrain_job_epoch", "Epochs done.")),
+        device_memory_(metrics::AddGauge(
+            *registry_, "dtrain_trainer_device_memory_bytes",
+            "Tensor memory of each device's allocator: state in_use, peak (since the job "
+            "started) or cached (freed blocks kept for reuse).")),
         busy_(metrics::AddGauge(*registry_, "dtrain_trainer_busy",
                                 "1 while the trainer runs a job, else 0.")
                   .Add({})) {}
@@ -231,6 +239,20 @@ class TrainerMetrics {
 
   void EndJob() { busy_.Set(0); }
 
+  // Updates the memory gauges of `devices` from their allocators.
+  void DeviceMemory(const std::vector<Device>& devices) {
+    absl::MutexLock lock(&mu_);
+    for (const Device& d : devices) {
+      absl::StatusOr<Allocator*> a = GetAllocator(d);
+      if (!a.ok()) continue;
+      const AllocatorStats st = (*a)->stats();
+      const std::string name = d.ToString();
+      device_memory_.Add({{"device", name}, {"state", "in_use"}}).Set(st.bytes_in_use);
+      device_memory_.Add({{"device", name}, {"state", "peak"}}).Set(st.peak_bytes_in_use);
+      device_memory_.Add({{"device", name}, {"state", "cached"}}).Set(st.bytes_cached);
+    }
+  }
+
  private:
   void RemoveCurrent() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (job_ == nullptr) return;
@@ -252,6 +274,7 @@ class TrainerMetrics {
   prometheus::Family<prometheus::Gauge>& test_accuracy_;
   prometheus::Family<prometheus::Gauge>& samples_per_second_;
   prometheus::Family<prometheus::Gauge>& epoch_;
+  prometheus::Family<prometheus::Gauge>& device_memory_;
   prometheus::Gauge& busy_;
   absl::Mutex mu_;
   std::unique_ptr<Job> job_ ABSL_GUARDED_BY(mu_);
@@ -671,6 +694,10 @@ class Daemon {
     last->set_steps_per_epoch(loader->batches_per_epoch());
     const std::string ckpt = absl::StrCat(checkpoint_dir_, "/", a.job_id(), ".ckpt");
     absl::Time last_report = absl::InfinitePast();
+    absl::Time last_memory = absl::InfinitePast();
+    for (const Device& d : devices) {
+      if (absl::StatusOr<Allocator*> a = GetAllocator(d); a.ok()) (*a)->ResetPeak();
+    }
     for (int epoch = first_epoch; epoch < spec.epochs(); ++epoch) {
       loader->StartEpoch(epoch);
       data::Batch b;
@@ -714,6 +741,10 @@ class Daemon {
         last->set_samples_per_second(secs > 0 ? seen * world / secs : 0);
         m->loss->Set(last->loss());
         m->samples_per_second->Set(last->samples_per_second());
+        if (absl::Now() - last_memory >= absl::Seconds(1)) {
+          last_memory = absl::Now();
+          metrics_->DeviceMemory(devices);
+        }
         if (rank == 0 && absl::Now() - last_report >= absl::Seconds(1)) {
           last_report = absl::Now();
           if (Report(a, v1::JOB_STATE_UNSPECIFIED, "", last)) Stop(job, "cancelled");

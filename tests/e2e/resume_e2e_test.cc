@@ -165,6 +165,17 @@ TEST_F(ResumeE2eTest, KilledTrainerJobResumesFromCheckpoint) {
   ASSERT_EQ(ref.state(), v1::SUCCEEDED) << ref.DebugString();
   ASSERT_EQ(ref.attempts(), 1);
   ASSERT_EQ(TrainersAlive(), 3);
+  // The job's trainers exported their device memory while it ran.
+  int with_memory = 0;
+  for (const ClusterProcess& p : ReadCluster(dir_)) {
+    if (p.role != "trainer") continue;
+    absl::StatusOr<std::string> text = metrics::Scrape(PortOf(p.metrics_url));
+    ASSERT_TRUE(text.ok()) << text.status();
+    absl::StatusOr<double> peak = metrics::SampleValue(
+        *text, R"(dtrain_trainer_device_memory_bytes{device="cpu",state="peak"})");
+    if (peak.ok() && *peak > 1e5) ++with_memory;
+  }
+  EXPECT_EQ(with_memory, 2);
 
   v1::JobStatus job;
   ASSERT_TRUE(stub_->Submit(Ctx().get(), Job("disturbed"), &job).ok());
