@@ -19,8 +19,6 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_split.h"
-#include "absl/strings/strip.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
@@ -131,14 +129,7 @@ TEST(ClusterE2eTest, UpStatusDownRoundTrip) {
   // fused kernels sum in another order, and the last partial batch is
   // dropped, so not bit for bit).
   auto accuracy_of = [&](const std::string& submit_out) {
-    std::string id;
-    for (absl::string_view line : absl::StrSplit(submit_out, '\n')) {
-      if (absl::ConsumePrefix(&line, "submitted ")) id = std::string(line);
-    }
-    int get_rc;
-    std::string json =
-        Trainctl(absl::StrCat("--scheduler=", scheduler, " -o json get ", id), &get_rc);
-    return JsonNumber(json, "test_accuracy", -1);
+    return JsonNumber(JobJson(scheduler, submit_out), "test_accuracy", -1);
   };
   const double imperative = accuracy_of(out);
   out = Trainctl(absl::StrCat("--scheduler=", scheduler,
@@ -207,14 +198,7 @@ TEST(ClusterE2eTest, UpStatusDownRoundTrip) {
   // The same LeNet job with TCP allreduce: the same training, and both report the
   // mean loss over the two trainers (not rank 0's share).
   auto loss_of = [&](const std::string& submit_out) {
-    std::string id;
-    for (absl::string_view line : absl::StrSplit(submit_out, '\n')) {
-      if (absl::ConsumePrefix(&line, "submitted ")) id = std::string(line);
-    }
-    int get_rc;
-    return JsonNumber(
-        Trainctl(absl::StrCat("--scheduler=", scheduler, " -o json get ", id), &get_rc), "loss",
-        -1);
+    return JsonNumber(JobJson(scheduler, submit_out), "loss", -1);
   };
   const double kv_loss = loss_of(out);
   out = Trainctl(absl::StrCat("--scheduler=", scheduler,
@@ -240,11 +224,7 @@ TEST(ClusterE2eTest, UpStatusDownRoundTrip) {
                    &rc);
     EXPECT_EQ(rc, 0) << out;
     EXPECT_NE(out.find("SUCCEEDED"), std::string::npos) << out;
-    std::string id;
-    for (absl::string_view line : absl::StrSplit(out, '\n')) {
-      if (absl::ConsumePrefix(&line, "submitted ")) id = std::string(line);
-    }
-    std::string json = Trainctl(absl::StrCat("--scheduler=", scheduler, " -o json get ", id), &rc);
+    const std::string json = JobJson(scheduler, out);
     std::fprintf(stderr, "%s: %s\n", consistency.c_str(), json.substr(0, 400).c_str());
     EXPECT_GT(JsonNumber(json, "test_accuracy", -1), 0.5) << json;
   }

@@ -11,8 +11,12 @@
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "absl/time/clock.h"
 #include "google/protobuf/struct.pb.h"
 #include "google/protobuf/util/json_util.h"
+#include "libs/base/grpc_status.h"
 
 namespace dtrain {
 namespace e2e {
@@ -30,6 +34,36 @@ std::string ReadFile(const std::string& path) {
 std::string Runfile(const std::string& path) {
   const char* dir = std::getenv("TEST_SRCDIR");
   return absl::StrCat(dir ? dir : ".", "/dtrain/", path);
+}
+
+absl::StatusOr<scheduler::v1::JobStatus> WatchToEnd(scheduler::v1::JobService::Stub* stub,
+                                                    const std::string& id, absl::Duration timeout) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+  scheduler::v1::WatchRequest w;
+  w.set_id(id);
+  auto reader = stub->Watch(&ctx, w);
+  scheduler::v1::JobStatus st, last;
+  while (reader->Read(&st)) last = st;
+  absl::Status s = FromGrpcStatus(reader->Finish(), "JobService.Watch");
+  if (!s.ok()) return s;
+  return last;
+}
+
+std::string SubmittedId(const std::string& submit_output) {
+  std::string id;
+  for (absl::string_view line : absl::StrSplit(submit_output, '\n')) {
+    if (absl::ConsumePrefix(&line, "submitted ")) id = std::string(line);
+  }
+  return id;
+}
+
+std::string JobJson(const std::string& scheduler, const std::string& submit_output) {
+  const std::string id = SubmittedId(submit_output);
+  if (id.empty()) return "";
+  int rc;
+  std::string json = Trainctl(absl::StrCat("--scheduler=", scheduler, " -o json get ", id), &rc);
+  return rc == 0 ? json : "";
 }
 
 std::string TmpDir(const std::string& name) {

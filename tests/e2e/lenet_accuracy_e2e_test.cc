@@ -11,7 +11,6 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
 #include "tests/e2e/e2e_util.h"
@@ -44,10 +43,7 @@ TEST(LenetAccuracyE2eTest, ReachesAccuracyThroughTrainctl) {
   EXPECT_NE(out.find("SUCCEEDED"), std::string::npos) << out;
 
   // The job id is on the first line: "submitted <id>".
-  std::string id;
-  for (absl::string_view line : absl::StrSplit(out, '\n')) {
-    if (absl::ConsumePrefix(&line, "submitted ")) id = std::string(line);
-  }
+  const std::string id = SubmittedId(out);
   ASSERT_NE(id, "") << out;
   std::string json = Trainctl(ctl + "-o json get " + id, &rc);
   ASSERT_EQ(rc, 0) << json;

@@ -111,15 +111,9 @@ class ResumeE2eTest : public ::testing::Test {
   }
 
   v1::JobStatus WatchToEnd(const std::string& id) {
-    auto ctx = Ctx(absl::Seconds(240));
-    v1::WatchRequest w;
-    w.set_id(id);
-    auto reader = stub_->Watch(ctx.get(), w);
-    v1::JobStatus st, last;
-    while (reader->Read(&st)) last = st;
-    absl::Status s = FromGrpcStatus(reader->Finish(), "Watch");
-    EXPECT_TRUE(s.ok()) << s;
-    return last;
+    absl::StatusOr<v1::JobStatus> last = e2e::WatchToEnd(stub_.get(), id, absl::Seconds(240));
+    EXPECT_TRUE(last.ok()) << last.status();
+    return last.ok() ? *last : v1::JobStatus();
   }
 
   // Trainer id (from its log's "registered as <id>") -> pid.

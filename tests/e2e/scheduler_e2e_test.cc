@@ -19,23 +19,15 @@
 #include "libs/base/grpc_status.h"
 #include "protos/scheduler.grpc.pb.h"
 #include "services/kvstore/testing/server_process.h"
+#include "tests/e2e/e2e_util.h"
 
 namespace dtrain {
 namespace {
 
 namespace v1 = scheduler::v1;
 
-std::string Runfile(const std::string& path) {
-  const char* dir = std::getenv("TEST_SRCDIR");
-  return absl::StrCat(dir ? dir : ".", "/dtrain/", path);
-}
-
-std::string TmpDir(const std::string& name) {
-  const char* dir = std::getenv("TEST_TMPDIR");
-  std::string p = absl::StrCat(dir ? dir : "/tmp", "/", name);
-  mkdir(p.c_str(), 0755);
-  return p;
-}
+using e2e::Runfile;
+using e2e::TmpDir;
 
 // A child process that is not a server (the trainer daemon).
 class Child {
@@ -105,29 +97,15 @@ class SchedulerE2eTest : public ::testing::Test {
 
   // Watches job `id` to its end and returns the last status.
   v1::JobStatus WatchToEnd(const std::string& id) {
-    auto ctx = Ctx(absl::Seconds(120));
-    v1::WatchRequest w;
-    w.set_id(id);
-    auto reader = stub_->Watch(ctx.get(), w);
-    v1::JobStatus st, last;
-    while (reader->Read(&st)) last = st;
-    absl::Status s = FromGrpcStatus(reader->Finish(), "Watch");
-    EXPECT_TRUE(s.ok()) << s;
-    return last;
+    absl::StatusOr<v1::JobStatus> last = e2e::WatchToEnd(stub_.get(), id, absl::Seconds(120));
+    EXPECT_TRUE(last.ok()) << last.status();
+    return last.ok() ? *last : v1::JobStatus();
   }
 
-  // Runs trainctl with `args`; returns its stdout and sets *rc.
+  // Runs trainctl against this test's scheduler; returns its output and
+  // sets *rc.
   std::string Trainctl(const std::string& args, int* rc) {
-    std::string cmd = absl::StrCat(Runfile("services/trainctl/trainctl"),
-                                   " --scheduler=", scheduler_.address(), " ", args, " 2>&1");
-    FILE* p = popen(cmd.c_str(), "r");
-    std::string out;
-    char buf[4096];
-    size_t n;
-    while ((n = fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
-    int status = pclose(p);
-    *rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-    return out;
+    return e2e::Trainctl(absl::StrCat("--scheduler=", scheduler_.address(), " ", args), rc);
   }
 
   kvstore::ServerProcess scheduler_;
@@ -298,22 +276,16 @@ TEST_F(SchedulerE2eTest, SubmitTrainCancelRestart) {
   EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 0) << *status;
 }
 
-// A trainer killed mid-job is declared lost after the heartbeat timeout;
-// its job goes back to the queue with a reason and runs on the next trainer.
 // Device choice: by default a trainer offers the CUDA devices it finds, and
 // CPU (with one log line saying why) on a machine without any, like this one
 // when no GPU is present.
 TEST(TrainerDevicesTest, FallsBackToCpuWithOneLogLine) {
-  const std::string cmd = absl::StrCat("timeout -s INT 2 ", Runfile("services/trainer/trainer"),
-                                       " --scheduler=127.0.0.1:1 --rpc_timeout_s=0.2 --work_dir=",
-                                       TmpDir("trainer-devices"), " 2>&1");
-  FILE* p = popen(cmd.c_str(), "r");
-  ASSERT_NE(p, nullptr);
-  std::string out;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
-  pclose(p);
+  int rc;
+  std::string out = e2e::Run(
+      absl::StrCat(
+          "timeout -s INT 2 ", Runfile("services/trainer/trainer"),
+          " --scheduler=127.0.0.1:1 --rpc_timeout_s=0.2 --work_dir=", TmpDir("trainer-devices")),
+      &rc);
   if (out.find("devices: cuda") != std::string::npos) {
     // A GPU machine: the CUDA devices, no fallback.
     EXPECT_NE(out.find("with devices cuda:0"), std::string::npos) << out;
@@ -323,17 +295,14 @@ TEST(TrainerDevicesTest, FallsBackToCpuWithOneLogLine) {
   EXPECT_NE(out.find("devices: cpu (no CUDA device"), std::string::npos) << out;
   EXPECT_NE(out.find("with devices cpu"), std::string::npos) << out;
   // Insisting on CUDA without a GPU is a usage error naming the flag.
-  const std::string bad = absl::StrCat(Runfile("services/trainer/trainer"),
-                                       " --devices=cuda --scheduler=127.0.0.1:1 2>&1");
-  p = popen(bad.c_str(), "r");
-  ASSERT_NE(p, nullptr);
-  out.clear();
-  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
-  const int status = pclose(p);
-  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 2) << out;
+  out = e2e::Run(Runfile("services/trainer/trainer") + " --devices=cuda --scheduler=127.0.0.1:1",
+                 &rc);
+  EXPECT_EQ(rc, 2) << out;
   EXPECT_NE(out.find("--devices=cuda"), std::string::npos) << out;
 }
 
+// A trainer killed mid-job is declared lost after the heartbeat timeout;
+// its job goes back to the queue with a reason and runs on the next trainer.
 TEST_F(SchedulerE2eTest, KilledTrainerRequeuesItsJob) {
   ASSERT_TRUE(scheduler_
                   .Start(Runfile("services/scheduler/scheduler_server"),
