@@ -216,8 +216,8 @@ TEST(ClusterE2eTest, UpStatusDownRoundTrip) {
   // and apply SGD to every push; the job still learns.
   for (const std::string consistency : {"ASYNCHRONOUS", "BOUNDED_DELAY --max_staleness=2"}) {
     out = Trainctl(absl::StrCat("--scheduler=", scheduler,
-                                " submit --name=tiny-kv-async --model=mlp --epochs=1"
-                                " --batch_size=128 --lr=0.1 --init=kaiming --train_limit=2048"
+                                " submit --name=tiny-kv-async --model=mlp --epochs=2"
+                                " --batch_size=128 --lr=0.1 --init=kaiming --train_limit=4096"
                                 " --test_limit=500 --threads=1 --num_trainers=2 --sync=KVSTORE"
                                 " --consistency=",
                                 consistency, " --wait"),
@@ -225,7 +225,11 @@ TEST(ClusterE2eTest, UpStatusDownRoundTrip) {
     EXPECT_EQ(rc, 0) << out;
     EXPECT_NE(out.find("SUCCEEDED"), std::string::npos) << out;
     const std::string json = JobJson(scheduler, out);
-    std::fprintf(stderr, "%s: %s\n", consistency.c_str(), json.substr(0, 400).c_str());
+    std::fprintf(stderr, "%s: test accuracy %.4f, loss %.4f\n", consistency.c_str(),
+                 JsonNumber(json, "test_accuracy", -1), JsonNumber(json, "loss", -1));
+    // Asynchronous updates are not reproducible: 64 steps of 2 trainers
+    // reached 0.72-0.79 in four runs (untrained: 0.1; 16 steps once gave
+    // 0.478, too close to the bound).
     EXPECT_GT(JsonNumber(json, "test_accuracy", -1), 0.5) << json;
   }
   {
