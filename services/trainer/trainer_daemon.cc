@@ -1,30 +1,32 @@
 // trainer: the trainer daemon. Registers with the scheduler, heartbeats,
 // and trains the jobs the scheduler assigns to it.
 //
-//   trainer --scheduler=scheduler:7000 --devices=cpu --work_dir=/var/lib/dtrain-trainer
+//   trainer --scheduler=scheduler:7000 --checkpoint_dir=/shared/checkpoints
 //
 // One job at a time, on a worker thread. Progress goes to the scheduler with
 // ReportProgress (every step, at most once a second, and after every epoch
 // with its accuracies).
 //
-// CPU jobs, from one trainer with one device to many trainers with several
-// devices each, run with libs/train's DataParallelTrainer over
-// devices_per_trainer CPU devices (cpu:0..cpu:k-1, threads/k kernel threads
-// each). The trainers of a multi-trainer job meet through the scheduler's
-// rendezvous store (SchedulerStore, keyed by job and attempt) and allreduce
-// gradients over TCP (--collective_host is the address peers connect to), or,
-// in KVSTORE mode, push and pull every gradient bucket through the kvstore
-// shards given by --kvstore. Each rank reads its shard of the training set
-// (DataLoader rank/world_size) with global_batch_size / world_size samples per
-// step. Cancellation takes effect at the next step; a rank that stops closes
-// its communicator, which makes its peers' next allreduce fail at once, so all
-// ranks stop within about a step. Rank 0 reports progress, evaluates test
-// accuracy after every epoch (the reported epoch loss is the mean over all
-// ranks, except in ASYNCHRONOUS / BOUNDED_DELAY kvstore jobs: rank 0's share;
-// the running loss between epochs is rank 0's) and every
-// checkpoint_interval_epochs saves replica 0's parameters, buffers and
+// The training itself is libs/train's RunJob (job.h): this rank's shard of
+// the training set (global_batch_size / world_size samples per step), the
+// data-parallel step over devices_per_trainer devices (cpu:0..cpu:k-1 with
+// threads/k kernel threads each, or the trainer's CUDA devices), or a
+// hybridized step; rank 0 evaluates test accuracy after every epoch and
+// every checkpoint_interval_epochs saves replica 0's parameters, buffers and
 // momentum to <checkpoint_dir>/<job>.ckpt (atomically replaced; kept after
-// the job) and reports the path to the scheduler.
+// the job). The epoch loss and training accuracy are averaged over the
+// ranks (rank 0's share in ASYNCHRONOUS / BOUNDED_DELAY kvstore jobs; the
+// running loss between epochs is rank 0's). This file adds what needs the
+// network: the trainers of a multi-trainer job meet through the scheduler's
+// rendezvous store (SchedulerStore, keyed by job and attempt) and allreduce
+// gradients over TCP (--collective_host is the address peers connect to),
+// or, in KVSTORE mode, push and pull every gradient bucket through the
+// kvstore shards given by --kvstore; rank 0 reports progress and each
+// checkpoint to the scheduler. Cancellation takes effect at the next step;
+// a rank that stops closes its communicator, which makes its peers' next
+// allreduce fail at once, so all ranks stop within about a step; a rank
+// whose peer failed reports a retryable failure and the scheduler requeues
+// the job.
 //
 // Resume. When the scheduler places a job again after a lost trainer, the
 // assignment names the newest checkpoint: every rank loads it (so
@@ -52,7 +54,7 @@
 //
 // When the scheduler forgets the trainer (restart, or it was declared lost)
 // the daemon registers again. SIGTERM or SIGINT: stops the job at the next
-// epoch boundary (next step for data-parallel jobs), reports it FAILED
+// step, reports it FAILED
 // ("trainer shutting down") and exits 0. Exit status 2 for bad flags.
 //
 // Observability. --metrics_listen (e.g. :9402) serves Prometheus /metrics:
@@ -113,16 +115,12 @@
 #include "libs/base/status.h"
 #include "libs/collective/communicator.h"
 #include "libs/cuda/devices.h"
-#include "libs/data/fashion_mnist.h"
-#include "libs/data/loader.h"
-#include "libs/graph/hybridize.h"
 #include "libs/kvstore/client.h"
 #include "libs/metrics/metrics.h"
-#include "libs/nn/models.h"
 #include "libs/ops/ops.h"
 #include "libs/tensor/allocator.h"
 #include "libs/train/data_parallel.h"
-#include "libs/train/state_io.h"
+#include "libs/train/job.h"
 #include "libs/train/train.h"
 #include "protos/scheduler.grpc.pb.h"
 #include "services/trainer/scheduler_store.h"
@@ -477,14 +475,13 @@ class Daemon {
   // A job with DataParallelTrainer (see the file comment).
   void WorkDataParallel(Job* job) {
     const v1::Assignment& a = job->assignment;
-    v1::ProgressReport last;
-    last.set_test_accuracy(-1);
     const TrainerMetrics::Job* m = metrics_->StartJob(a.job_id(), a.rank());
-    absl::Status s = RunDataParallel(job, m, &last);
+    train::JobProgress progress;
+    absl::Status s = RunJob(job, m, &progress);
+    v1::ProgressReport last = ToReport(progress);
     v1::JobState final_state = v1::SUCCEEDED;
     std::string reason = "training finished";
     if (job->stop) {
-      last.clear_retryable();
       absl::MutexLock lock(&mu_);
       final_state = job->stop_reason == "cancelled" ? v1::CANCELLED : v1::FAILED;
       reason =
@@ -506,7 +503,75 @@ class Daemon {
     running_id_.clear();
   }
 
-  absl::Status RunDataParallel(Job* job, const TrainerMetrics::Job* m, v1::ProgressReport* last) {
+  static v1::ProgressReport ToReport(const train::JobProgress& p) {
+    v1::ProgressReport r;
+    r.set_epoch(p.epoch);
+    r.set_step(p.step);
+    r.set_steps_per_epoch(p.steps_per_epoch);
+    r.set_loss(p.loss);
+    r.set_train_accuracy(p.train_accuracy);
+    r.set_test_accuracy(p.test_accuracy);
+    r.set_samples_per_second(p.samples_per_second);
+    r.set_epoch_seconds(p.epoch_seconds);
+    r.set_checkpoint_path(p.checkpoint_path);
+    r.set_checkpoint_epoch(p.checkpoint_epoch);
+    return r;
+  }
+
+  // Progress of a running job: metrics, and (rank 0) reports to the
+  // scheduler, at most once a second between epochs.
+  class Observer : public train::JobObserver {
+   public:
+    Observer(Daemon* daemon, Job* job, const TrainerMetrics::Job* m, std::vector<Device> devices)
+        : daemon_(daemon), job_(job), m_(m), devices_(std::move(devices)) {}
+
+    void OnStep(const train::JobProgress& p, const train::StepTimes& t) override {
+      m_->Step(t.compute, t.communication, t.data_wait);
+      m_->loss->Set(p.loss);
+      m_->samples_per_second->Set(p.samples_per_second);
+      const absl::Time now = absl::Now();
+      if (now - last_memory_ >= absl::Seconds(1)) {
+        last_memory_ = now;
+        daemon_->metrics_->DeviceMemory(devices_);
+      }
+      if (job_->assignment.rank() == 0 && now - last_report_ >= absl::Seconds(1)) {
+        last_report_ = now;
+        Send(p);
+      }
+    }
+
+    void OnEpoch(const train::JobProgress& p) override {
+      m_->epoch->Set(p.epoch);
+      m_->loss->Set(p.loss);
+      if (p.test_accuracy >= 0) m_->test_accuracy->Set(p.test_accuracy);
+      if (job_->assignment.rank() == 0) {
+        last_report_ = absl::Now();
+        Send(p);
+      }
+    }
+
+    bool StopRequested() override { return job_->stop; }
+
+   private:
+    void Send(const train::JobProgress& p) {
+      const v1::ProgressReport r = ToReport(p);
+      if (daemon_->Report(job_->assignment, v1::JOB_STATE_UNSPECIFIED, "", &r)) {
+        daemon_->Stop(job_, "cancelled");
+      }
+    }
+
+    Daemon* const daemon_;
+    Job* const job_;
+    const TrainerMetrics::Job* const m_;
+    const std::vector<Device> devices_;
+    absl::Time last_report_ = absl::InfinitePast();
+    absl::Time last_memory_ = absl::InfinitePast();
+  };
+
+  // Connects what the job needs across trainers (the rendezvous through the
+  // scheduler and a communicator, or a kvstore client) and runs it with
+  // libs/train's RunJob.
+  absl::Status RunJob(Job* job, const TrainerMetrics::Job* m, train::JobProgress* progress) {
     const v1::Assignment& a = job->assignment;
     const v1::JobSpec& spec = a.spec();
     const int world = std::max(1, a.world_size());
@@ -516,61 +581,55 @@ class Daemon {
       return absl::FailedPreconditionError(
           "sync mode KVSTORE, but this trainer was started without --kvstore servers");
     }
-    if (rank < 0 || rank >= world) {
-      return absl::InvalidArgumentError(absl::StrCat("rank ", rank, " of ", world));
-    }
     const int k = std::max(1, spec.devices_per_trainer());
-    if (spec.global_batch_size() % world != 0) {
-      return absl::InvalidArgumentError(absl::StrCat("global_batch_size ", spec.global_batch_size(),
-                                                     " is not divisible by ", world, " trainers"));
-    }
-    const int64_t local_batch = spec.global_batch_size() / world;
-    if (local_batch < k) {
-      return absl::InvalidArgumentError(absl::StrCat("global_batch_size ", spec.global_batch_size(),
-                                                     " leaves fewer than ", k,
-                                                     " samples per device"));
-    }
-    if (spec.threads() > 0) ops::SetCpuThreads(spec.threads());
-    const int threads = spec.threads() > 0 ? spec.threads() : ops::CpuThreads();
 
-    // Data: this rank's shard of the training set; the test set on rank 0.
-    const std::string dir =
-        spec.data_dir().empty() ? data::kDefaultFashionMnistDir : spec.data_dir();
-    DT_ASSIGN_OR_RETURN(data::Dataset train_set, data::LoadFashionMnist(dir, data::Split::kTrain));
-    if (spec.train_limit() > 0 && spec.train_limit() < train_set.size) {
-      train_set = data::Subset(train_set, spec.train_limit());
-    }
-    data::Dataset test_set;
-    if (rank == 0) {
-      DT_ASSIGN_OR_RETURN(test_set, data::LoadFashionMnist(dir, data::Split::kTest));
-      if (spec.test_limit() > 0 && spec.test_limit() < test_set.size) {
-        test_set = data::Subset(test_set, spec.test_limit());
+    train::JobConfig c;
+    c.name = a.job_id();
+    c.model = spec.model();
+    c.data_dir = spec.data_dir();
+    c.epochs = spec.epochs();
+    c.global_batch_size = spec.global_batch_size();
+    c.sgd = {.lr = static_cast<float>(spec.lr()),
+             .momentum = static_cast<float>(spec.momentum()),
+             .weight_decay = static_cast<float>(spec.weight_decay())};
+    c.init = spec.init().empty() ? "normal" : spec.init();
+    c.seed = spec.seed();
+    c.threads = spec.threads();
+    c.train_limit = spec.train_limit();
+    c.test_limit = spec.test_limit();
+    c.hybridize = spec.hybridize();
+    c.sync_batch_norm = spec.sync_batch_norm();
+    c.checkpoint_interval_epochs = spec.checkpoint_interval_epochs();
+    c.rank = rank;
+    c.world_size = world;
+    c.checkpoint_path = absl::StrCat(checkpoint_dir_, "/", a.job_id(), ".ckpt");
+    c.checkpoint_metadata = {{"job_id", a.job_id()}, {"attempt", absl::StrCat(a.attempt())}};
+    c.resume_from = a.resume_checkpoint();
+
+    // The job's devices: cpu:0..k-1, or the first k CUDA devices this
+    // trainer offers.
+    const bool cuda = spec.device_kind() == "cuda";
+    c.devices.clear();
+    for (int i = 0; !cuda && i < k; ++i) c.devices.push_back(Device::Cpu(i));
+    for (const std::string& d : devices_) {
+      if (!cuda || static_cast<int>(c.devices.size()) == k || !absl::StartsWith(d, "cuda")) {
+        continue;
       }
+      DT_ASSIGN_OR_RETURN(Device parsed, Device::Parse(d == "cuda" ? "cuda:0" : d));
+      c.devices.push_back(parsed);
     }
-    DT_ASSIGN_OR_RETURN(Shape sample_shape, nn::ModelInputShape(spec.model()));
-    DT_ASSIGN_OR_RETURN(nn::Init init, nn::ParseInit(spec.init().empty() ? "normal" : spec.init()));
-    data::LoaderOptions lo;
-    lo.batch_size = local_batch;
-    lo.shuffle = true;
-    lo.seed = spec.seed();
-    lo.rank = rank;
-    lo.world_size = world;
-    const int64_t tail = (train_set.size / world) % local_batch;
-    lo.drop_last = tail != 0 && tail < k;  // a step needs a sample per device
-    // A compiled step has one batch shape: the last partial batch is dropped.
-    if (spec.hybridize()) lo.drop_last = true;
-    lo.prefetch = 2;
-    DT_ASSIGN_OR_RETURN(std::unique_ptr<data::DataLoader> loader,
-                        data::DataLoader::Create(&train_set, lo));
+    if (static_cast<int>(c.devices.size()) < k) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("the job needs ", k, " ", spec.device_kind(), " devices; this trainer has ",
+                       absl::StrJoin(devices_, ",")));
+    }
 
-    // Rendezvous through the scheduler, then TCP between the trainers.
     std::unique_ptr<SchedulerStore> store;
     std::unique_ptr<collective::Communicator> comm;
     std::unique_ptr<kvstore::KVClient> kv;
     if (use_kvstore) {
       // Gradients go through the parameter server: one kvstore job per
-      // attempt, every trainer a worker. Same seed on every rank gives the
-      // same initial weights without a broadcast.
+      // attempt, every trainer a worker.
       kvstore::ClientOptions ko;
       ko.servers = kvstore_servers_;
       ko.job = absl::StrCat(a.job_id(), "-a", a.attempt());
@@ -578,307 +637,51 @@ class Daemon {
       DT_ASSIGN_OR_RETURN(kv, kvstore::KVClient::Connect(ko));
       DT_LOG(INFO) << "job " << a.job_id() << " rank " << rank << ": synchronizing through "
                    << kvstore_servers_.size() << " kvstore shards";
-    }
-    // The job's devices: cpu:0..k-1, or the first k CUDA devices this
-    // trainer offers.
-    std::vector<Device> devices;
-    const bool cuda = spec.device_kind() == "cuda";
-    for (int i = 0; !cuda && i < k; ++i) devices.push_back(Device::Cpu(i));
-    for (const std::string& d : devices_) {
-      if (!cuda || static_cast<int>(devices.size()) == k || !absl::StartsWith(d, "cuda")) continue;
-      DT_ASSIGN_OR_RETURN(Device parsed, Device::Parse(d == "cuda" ? "cuda:0" : d));
-      devices.push_back(parsed);
-    }
-    if (static_cast<int>(devices.size()) < k) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("the job needs ", k, " ", spec.device_kind(), " devices; this trainer has ",
-                       absl::StrJoin(devices_, ",")));
-    }
-    // Between trainers with one GPU each, NCCL (device memory); otherwise TCP
-    // (CUDA gradients staged through host memory).
-    const bool nccl = cuda && k == 1 && world > 1 && !use_kvstore && cuda_collective_ != "tcp";
-    if (!use_kvstore && world > 1) {
+      c.kvstore = kv.get();
+      switch (spec.sync().consistency()) {
+        case v1::ASYNCHRONOUS:
+          c.kvstore_consistency = kvstore::Consistency::kAsync;
+          break;
+        case v1::BOUNDED_DELAY:
+          c.kvstore_consistency = kvstore::Consistency::kBoundedDelay;
+          c.kvstore_max_staleness = spec.sync().max_staleness();
+          break;
+        default:
+          c.kvstore_consistency = kvstore::Consistency::kSync;
+      }
+    } else if (world > 1) {
+      // Between trainers with one GPU each, NCCL (device memory); otherwise
+      // TCP (CUDA gradients staged through host memory). The ranks meet
+      // through the scheduler's rendezvous store.
+      const bool nccl = cuda && k == 1 && cuda_collective_ != "tcp";
       SchedulerStoreOptions so;
       so.rpc_timeout = rpc_timeout_;
       store =
           std::make_unique<SchedulerStore>(stub_.get(), TrainerId(), a.job_id(), a.attempt(), so);
       collective::CommunicatorOptions co;
       co.transport = nccl ? collective::TransportKind::kNccl : collective::TransportKind::kTcp;
-      if (nccl) co.cuda_device = devices[0].index;
+      if (nccl) co.cuda_device = c.devices[0].index;
       co.timeout = collective_timeout_;
       co.key_prefix = "allreduce";
       co.tcp.host = collective_host_;
       const absl::Time start = absl::Now();
-      absl::StatusOr<std::unique_ptr<collective::Communicator>> c =
+      absl::StatusOr<std::unique_ptr<collective::Communicator>> made =
           collective::Communicator::Create(rank, world, store.get(), co);
-      if (!c.ok()) {
-        return Annotate(c.status(), absl::StrCat("rendezvous of rank ", rank, " of ", world));
+      if (!made.ok()) {
+        return Annotate(made.status(), absl::StrCat("rendezvous of rank ", rank, " of ", world));
       }
-      comm = *std::move(c);
+      comm = *std::move(made);
       DT_LOG(INFO) << "job " << a.job_id() << " rank " << rank << ": connected to " << world - 1
                    << " peers in " << absl::Now() - start << " ("
                    << collective::TransportKindName(co.transport) << ")";
+      c.communicator = comm.get();
+      c.communicator_device = nccl ? c.devices[0] : Device::Cpu(0);
     }
-
-    train::DataParallelOptions o;
-    o.model = spec.model();
-    o.devices = devices;
-    o.threads_per_device = std::max(1, threads / k);
-    o.sgd = {.lr = static_cast<float>(spec.lr()),
-             .momentum = static_cast<float>(spec.momentum()),
-             .weight_decay = static_cast<float>(spec.weight_decay())};
-    o.init = init;
-    o.seed = spec.seed();
-    o.communicator = comm.get();
-    o.kvstore = kv.get();
-    o.kvstore_workers = world;
-    switch (spec.sync().consistency()) {
-      case v1::ASYNCHRONOUS:
-        o.kvstore_consistency = kvstore::Consistency::kAsync;
-        break;
-      case v1::BOUNDED_DELAY:
-        o.kvstore_consistency = kvstore::Consistency::kBoundedDelay;
-        o.kvstore_max_staleness = spec.sync().max_staleness();
-        break;
-      default:
-        o.kvstore_consistency = kvstore::Consistency::kSync;
+    for (const Device& d : c.devices) {
+      if (absl::StatusOr<Allocator*> alloc = GetAllocator(d); alloc.ok()) (*alloc)->ResetPeak();
     }
-    o.sync_batch_norm = spec.sync_batch_norm();
-    // A requeued job: every replica loads the checkpoint before the weights
-    // are shared (with the other trainers, or the kvstore's shards).
-    int first_epoch = 0;
-    if (!a.resume_checkpoint().empty()) {
-      o.restore = [&a, &first_epoch, last](nn::Module* model, nn::Sgd* optimizer) -> absl::Status {
-        DT_ASSIGN_OR_RETURN(first_epoch, Resume(a, model, optimizer, last));
-        return absl::OkStatus();
-      };
-    }
-    DT_ASSIGN_OR_RETURN(std::unique_ptr<train::DataParallelTrainer> trainer,
-                        train::DataParallelTrainer::Create(o));
-    // KVSTORE jobs have no communicator: in synchronous jobs the epoch loss
-    // is averaged through one more key (asynchronous jobs, whose keys the
-    // shards update with SGD, report rank 0's share).
-    const bool loss_through_kvstore =
-        kv != nullptr && world > 1 && o.kvstore_consistency == kvstore::Consistency::kSync;
-    if (loss_through_kvstore) {
-      DT_RETURN_IF_ERROR(Annotate(kv->Init({{kLossKey, {3}, DType::kF32, nullptr}}),
-                                  "initializing the kvstore key of the epoch loss"));
-    }
-    if (o.sync_batch_norm) {
-      DT_LOG(INFO) << "job " << a.job_id() << " rank " << rank << ": synchronized batch norm over "
-                   << k << " devices x " << world << " trainers";
-    }
-    if (!a.resume_checkpoint().empty()) {
-      last->set_epoch(first_epoch);
-      DT_LOG(INFO) << "job " << a.job_id() << " rank " << rank << ": resumed from "
-                   << a.resume_checkpoint() << " after epoch " << first_epoch << " (attempt "
-                   << a.attempt() << ")";
-    }
-    // hybridize (one trainer, one CPU device: the scheduler checks): the
-    // whole step as one compiled plan over replica 0's parameters, which it
-    // updates in place (so evaluation and checkpoints see them). The plan
-    // keeps its own momentum buffers: a resumed hybridized job restarts them.
-    std::unique_ptr<graph::TrainStep> hybrid;
-    if (spec.hybridize()) {
-      if (world != 1 || k != 1) {
-        return absl::InvalidArgumentError("hybridize needs one trainer with one device");
-      }
-      Shape input = sample_shape;
-      input.insert(input.begin(), local_batch);
-      DT_ASSIGN_OR_RETURN(hybrid,
-                          graph::HybridizeTrainingStep(trainer->replica(0), input, 10, o.sgd));
-      DT_LOG(INFO) << "job " << a.job_id() << ": hybridized training step ("
-                   << hybrid->module().graph().nodes().size() << " graph nodes, planned peak "
-                   << hybrid->planned_peak_bytes() << " bytes)";
-    }
-    last->set_steps_per_epoch(loader->batches_per_epoch());
-    const std::string ckpt = absl::StrCat(checkpoint_dir_, "/", a.job_id(), ".ckpt");
-    absl::Time last_report = absl::InfinitePast();
-    absl::Time last_memory = absl::InfinitePast();
-    for (const Device& d : devices) {
-      if (absl::StatusOr<Allocator*> a = GetAllocator(d); a.ok()) (*a)->ResetPeak();
-    }
-    for (int epoch = first_epoch; epoch < spec.epochs(); ++epoch) {
-      loader->StartEpoch(epoch);
-      data::Batch b;
-      double loss_sum = 0;
-      int64_t correct = 0;
-      int64_t seen = 0, step = 0;
-      const absl::Time start = absl::Now();
-      for (;;) {
-        const absl::Time step_start = absl::Now();
-        const double waited_before = loader->wait_seconds();
-        if (!loader->Next(&b)) break;
-        const double data_wait = std::max(0.0, loader->wait_seconds() - waited_before);
-        if (job->stop) return absl::CancelledError("stopped");
-        auto [x, y] = train::ToTensors(b, sample_shape, Device::Cpu(0));
-        absl::StatusOr<float> stepped = hybrid ? hybrid->Run(x, y) : trainer->Step(x, y);
-        if (!stepped.ok()) {
-          return Annotate(stepped.status(),
-                          absl::StrCat("rank ", rank, ", epoch ", epoch + 1, " step ", step + 1));
-        }
-        const float l = *stepped;
-        if (!std::isfinite(l)) {
-          return absl::FailedPreconditionError(
-              absl::StrCat("training diverged: loss is ", l, " at epoch ", epoch + 1, " step ",
-                           step + 1, "; lower the learning rate (lr=", spec.lr(), ")"));
-        }
-        // Communication: the reductions' work (see the file comment);
-        // compute: the rest of the step.
-        const double communication = trainer->last_comm_work_seconds();
-        m->Step(absl::ToDoubleSeconds(absl::Now() - step_start) - data_wait - communication,
-                communication, data_wait);
-        loss_sum += static_cast<double>(l) * b.size;
-        correct += hybrid ? ops::CountCorrect(hybrid->logits(), y) : trainer->last_correct();
-        seen += b.size;
-        ++step;
-        last->set_epoch(epoch);
-        last->set_step(step);
-        last->set_loss(loss_sum / seen);
-        last->set_train_accuracy(static_cast<double>(correct) / seen);
-        const double secs = absl::ToDoubleSeconds(absl::Now() - start);
-        // Samples of the whole job (every rank does the same work).
-        last->set_samples_per_second(secs > 0 ? seen * world / secs : 0);
-        m->loss->Set(last->loss());
-        m->samples_per_second->Set(last->samples_per_second());
-        if (absl::Now() - last_memory >= absl::Seconds(1)) {
-          last_memory = absl::Now();
-          metrics_->DeviceMemory(devices);
-        }
-        if (rank == 0 && absl::Now() - last_report >= absl::Seconds(1)) {
-          last_report = absl::Now();
-          if (Report(a, v1::JOB_STATE_UNSPECIFIED, "", last)) Stop(job, "cancelled");
-        }
-      }
-      // The job's loss: the mean over every rank's samples.
-      float sums[3] = {static_cast<float>(loss_sum), static_cast<float>(seen),
-                       static_cast<float>(correct)};
-      if (comm != nullptr) {
-        DT_RETURN_IF_ERROR(
-            Annotate(AllreduceSum(comm.get(), nccl ? devices[0] : Device::Cpu(0), sums, 3),
-                     absl::StrCat("rank ", rank, ": averaging the loss of epoch ", epoch + 1)));
-        if (sums[1] > 0) last->set_loss(sums[0] / sums[1]);
-        if (sums[1] > 0) last->set_train_accuracy(sums[2] / sums[1]);
-      } else if (loss_through_kvstore) {
-        // A synchronous round of the stats key: the pull is the mean over the
-        // trainers of [loss sum, samples], whose ratio is the global mean.
-        DT_RETURN_IF_ERROR(
-            Annotate(kv->PushPull({{kLossKey, sums, sums}}),  // [loss sum, samples, correct]
-                     absl::StrCat("rank ", rank, ": averaging the loss of epoch ", epoch + 1)));
-        if (sums[1] > 0) last->set_loss(sums[0] / sums[1]);
-        if (sums[1] > 0) last->set_train_accuracy(sums[2] / sums[1]);
-      } else if (seen > 0) {
-        last->set_train_accuracy(static_cast<double>(correct) / seen);
-      }
-      last->set_epoch_seconds(absl::ToDoubleSeconds(absl::Now() - start));
-      last->set_epoch(epoch + 1);
-      last->set_step(0);
-      m->epoch->Set(epoch + 1);
-      if (rank == 0) {
-        // Asynchronous kvstore modes: the server's weights, not the ones
-        // this trainer's last pushes left.
-        DT_RETURN_IF_ERROR(trainer->PullLatestWeights());
-        last->set_test_accuracy(Evaluate(trainer.get(), test_set, sample_shape));
-        m->test_accuracy->Set(last->test_accuracy());
-        DT_LOG(INFO) << "job " << a.job_id() << " epoch " << epoch + 1 << ": loss " << last->loss()
-                     << ", test accuracy " << last->test_accuracy();
-        const int interval = spec.checkpoint_interval_epochs();
-        if (interval > 0 && (epoch + 1) % interval == 0) {
-          DT_RETURN_IF_ERROR(train::SaveTrainingState(
-              ckpt, spec.model(), trainer->replica(0), trainer->optimizer(0),
-              {{"epochs_done", absl::StrCat(epoch + 1)},
-               {"seed", absl::StrCat(spec.seed())},
-               {"job_id", a.job_id()},
-               {"attempt", absl::StrCat(a.attempt())},
-               {"world_size", absl::StrCat(world)},
-               {"devices_per_trainer", absl::StrCat(k)},
-               {"loss", absl::StrCat(last->loss())},
-               {"test_accuracy", absl::StrCat(last->test_accuracy())}}));
-          last->set_checkpoint_path(ckpt);
-          last->set_checkpoint_epoch(epoch + 1);
-          DT_LOG(INFO) << "job " << a.job_id() << ": checkpoint of epoch " << epoch + 1 << " in "
-                       << ckpt;
-        }
-        last_report = absl::Now();
-        if (Report(a, v1::JOB_STATE_UNSPECIFIED, "", last)) Stop(job, "cancelled");
-      }
-    }
-    if (rank == 0 && last->test_accuracy() < 0) {
-      // Resumed from the last epoch's checkpoint: nothing left to train.
-      last->set_test_accuracy(Evaluate(trainer.get(), test_set, sample_shape));
-    }
-    return absl::OkStatus();
-  }
-
-  static constexpr const char* kLossKey = "stats/epoch_loss";
-
-  // Sums `v` (n floats on the host) over the ranks; through device memory
-  // when `device` is a CUDA device (an NCCL communicator).
-  static absl::Status AllreduceSum(collective::Communicator* comm, const Device& device, float* v,
-                                   int n) {
-    if (device.is_cpu()) return comm->Allreduce(v, n, DType::kF32, collective::ReduceOp::kSum);
-    Tensor host = Tensor::FromVector(std::vector<float>(v, v + n), {n});
-    DT_ASSIGN_OR_RETURN(Tensor on_device, host.To(device));
-    DT_RETURN_IF_ERROR(
-        comm->Allreduce(on_device.raw_data(), n, DType::kF32, collective::ReduceOp::kSum));
-    DT_ASSIGN_OR_RETURN(Tensor back, on_device.To(Device::Cpu(0)));
-    std::vector<float> out = back.ToVector<float>();
-    std::copy(out.begin(), out.end(), v);
-    return absl::OkStatus();
-  }
-
-  // Loads the assignment's checkpoint into one replica (parameters, buffers,
-  // momentum). Returns the epochs it holds.
-  // Also restores the loss and test accuracy of that epoch into *last.
-  static absl::StatusOr<int> Resume(const v1::Assignment& a, nn::Module* model, nn::Sgd* optimizer,
-                                    v1::ProgressReport* last) {
-    const std::string& path = a.resume_checkpoint();
-    absl::StatusOr<std::map<std::string, std::string>> meta =
-        train::LoadTrainingState(path, a.spec().model(), model, optimizer);
-    if (!meta.ok()) {
-      return Annotate(meta.status(),
-                      absl::StrCat("rank ", a.rank(), " resuming from the checkpoint ", path,
-                                   " (trainers need a shared --checkpoint_dir)"));
-    }
-    int epochs_done = 0;
-    auto it = meta->find("epochs_done");
-    if (it == meta->end() || !absl::SimpleAtoi(it->second, &epochs_done) || epochs_done < 0 ||
-        epochs_done > a.spec().epochs()) {
-      return absl::DataLossError(absl::StrCat(path, ": no valid epochs_done in the checkpoint"));
-    }
-    double value = 0;
-    if (auto l = meta->find("loss"); l != meta->end() && absl::SimpleAtod(l->second, &value)) {
-      last->set_loss(value);
-    }
-    if (auto t = meta->find("test_accuracy");
-        t != meta->end() && absl::SimpleAtod(t->second, &value)) {
-      last->set_test_accuracy(value);
-    }
-    if (epochs_done != a.resume_epoch()) {
-      // The file is replaced atomically; a newer one than the scheduler
-      // heard of is fine (its report was lost with the trainer).
-      DT_LOG(INFO) << path << " holds epoch " << epochs_done << " (the scheduler recorded "
-                   << a.resume_epoch() << ")";
-    }
-    return epochs_done;
-  }
-
-  // Test accuracy of replica 0 (0 for an empty test set).
-  static double Evaluate(train::DataParallelTrainer* trainer, const data::Dataset& test,
-                         const Shape& sample_shape) {
-    if (test.size == 0) return 0;
-    absl::StatusOr<std::unique_ptr<data::DataLoader>> loader =
-        data::DataLoader::Create(&test, {.batch_size = 1000, .shuffle = false, .prefetch = 1});
-    if (!loader.ok()) return 0;
-    (*loader)->StartEpoch(0);
-    data::Batch b;
-    int64_t correct = 0, total = 0;
-    while ((*loader)->Next(&b)) {
-      auto [x, y] = train::ToTensors(b, sample_shape, Device::Cpu(0));
-      correct += trainer->CountCorrect(x, y);
-      total += b.size;
-    }
-    return total == 0 ? 0.0 : static_cast<double>(correct) / total;
+    Observer observer(this, job, m, c.devices);
+    return train::RunJob(c, &observer, progress);
   }
 
   void Stop(Job* job, const std::string& reason) {

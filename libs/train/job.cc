@@ -1,0 +1,323 @@
+#include "libs/train/job.h"
+
+#include <algorithm>
+#include <cmath>
+#include <memory>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "libs/base/logging.h"
+#include "libs/base/status.h"
+#include "libs/data/fashion_mnist.h"
+#include "libs/data/loader.h"
+#include "libs/graph/hybridize.h"
+#include "libs/nn/models.h"
+#include "libs/train/data_parallel.h"
+#include "libs/train/state_io.h"
+#include "libs/train/train.h"
+
+namespace dtrain {
+namespace train {
+namespace {
+
+// The kvstore key synchronous kvstore jobs average the epoch's
+// [loss sum, samples, correct] through (they have no communicator).
+constexpr const char* kStatsKey = "stats/epoch";
+
+absl::Status Validate(const JobConfig& c) {
+  auto bad = [](const char* field, const std::string& why) {
+    return absl::InvalidArgumentError(absl::StrCat(field, ": ", why));
+  };
+  if (c.world_size < 1) return bad("world_size", absl::StrCat("must be >= 1, got ", c.world_size));
+  if (c.rank < 0 || c.rank >= c.world_size) {
+    return bad("rank", absl::StrCat("must be in 0..", c.world_size - 1, ", got ", c.rank));
+  }
+  if (c.devices.empty()) return bad("devices", "at least one");
+  if (c.epochs < 1) return bad("epochs", absl::StrCat("must be >= 1, got ", c.epochs));
+  if (c.global_batch_size <= 0 || c.global_batch_size % c.world_size != 0) {
+    return bad("global_batch_size",
+               absl::StrCat("must be a positive multiple of the ", c.world_size, " trainers, got ",
+                            c.global_batch_size));
+  }
+  const int64_t k = static_cast<int64_t>(c.devices.size());
+  if (c.global_batch_size / c.world_size < k) {
+    return bad("global_batch_size",
+               absl::StrCat(c.global_batch_size, " leaves fewer than ", k, " samples per device"));
+  }
+  if (c.hybridize && (c.world_size != 1 || k != 1 || !c.devices[0].is_cpu())) {
+    return bad("hybridize", "needs one trainer with one CPU device");
+  }
+  if (c.world_size > 1 && c.communicator == nullptr && c.kvstore == nullptr) {
+    return bad("communicator", "several ranks need a communicator or a kvstore client");
+  }
+  if (c.checkpoint_interval_epochs < 0) {
+    return bad("checkpoint_interval_epochs", "must be >= 0");
+  }
+  if (c.checkpoint_interval_epochs > 0 && c.checkpoint_path.empty()) {
+    return bad("checkpoint_path", "needed with checkpoint_interval_epochs");
+  }
+  return absl::OkStatus();
+}
+
+// Sums `v` (n floats on the host) over the ranks, through `device` memory
+// when the communicator wants it (NCCL).
+absl::Status AllreduceSum(collective::Communicator* comm, const Device& device, float* v, int n) {
+  if (device.is_cpu()) return comm->Allreduce(v, n, DType::kF32, collective::ReduceOp::kSum);
+  Tensor host = Tensor::FromVector(std::vector<float>(v, v + n), {n});
+  DT_ASSIGN_OR_RETURN(Tensor on_device, host.To(device));
+  DT_RETURN_IF_ERROR(
+      comm->Allreduce(on_device.raw_data(), n, DType::kF32, collective::ReduceOp::kSum));
+  DT_ASSIGN_OR_RETURN(Tensor back, on_device.To(Device::Cpu(0)));
+  std::vector<float> out = back.ToVector<float>();
+  std::copy(out.begin(), out.end(), v);
+  return absl::OkStatus();
+}
+
+// Loads `c.resume_from` into one replica (parameters, buffers, momentum);
+// returns the epochs it holds and restores that epoch's loss and test
+// accuracy into *progress.
+absl::StatusOr<int> LoadCheckpoint(const JobConfig& c, nn::Module* model, nn::Sgd* optimizer,
+                                   JobProgress* progress) {
+  absl::StatusOr<std::map<std::string, std::string>> meta =
+      LoadTrainingState(c.resume_from, c.model, model, optimizer);
+  if (!meta.ok()) {
+    return Annotate(meta.status(),
+                    absl::StrCat("rank ", c.rank, " resuming from the checkpoint ", c.resume_from,
+                                 " (the trainers need a shared checkpoint directory)"));
+  }
+  int epochs_done = 0;
+  auto it = meta->find("epochs_done");
+  if (it == meta->end() || !absl::SimpleAtoi(it->second, &epochs_done) || epochs_done < 0 ||
+      epochs_done > c.epochs) {
+    return absl::DataLossError(
+        absl::StrCat(c.resume_from, ": no valid epochs_done in the checkpoint"));
+  }
+  double value = 0;
+  if (auto l = meta->find("loss"); l != meta->end() && absl::SimpleAtod(l->second, &value)) {
+    progress->loss = value;
+  }
+  if (auto t = meta->find("test_accuracy");
+      t != meta->end() && absl::SimpleAtod(t->second, &value)) {
+    progress->test_accuracy = value;
+  }
+  return epochs_done;
+}
+
+// Test accuracy of replica 0 (0 for an empty test set).
+double Evaluate(DataParallelTrainer* trainer, const data::Dataset& test,
+                const Shape& sample_shape) {
+  if (test.size == 0) return 0;
+  absl::StatusOr<std::unique_ptr<data::DataLoader>> loader =
+      data::DataLoader::Create(&test, {.batch_size = 1000, .shuffle = false, .prefetch = 1});
+  if (!loader.ok()) return 0;
+  (*loader)->StartEpoch(0);
+  data::Batch b;
+  int64_t correct = 0, total = 0;
+  while ((*loader)->Next(&b)) {
+    auto [x, y] = ToTensors(b, sample_shape, Device::Cpu(0));
+    correct += trainer->CountCorrect(x, y);
+    total += b.size;
+  }
+  return total == 0 ? 0.0 : static_cast<double>(correct) / total;
+}
+
+absl::Status Run(const JobConfig& c, JobObserver* observer, JobProgress* progress) {
+  DT_RETURN_IF_ERROR(Validate(c));
+  const int world = c.world_size;
+  const int rank = c.rank;
+  const int k = static_cast<int>(c.devices.size());
+  const int64_t local_batch = c.global_batch_size / world;
+  if (c.threads > 0) ops::SetCpuThreads(c.threads);
+  const int threads = c.threads > 0 ? c.threads : ops::CpuThreads();
+
+  // Data: this rank's shard of the training set; the test set on rank 0.
+  const std::string dir = c.data_dir.empty() ? data::kDefaultFashionMnistDir : c.data_dir;
+  DT_ASSIGN_OR_RETURN(data::Dataset train_set, data::LoadFashionMnist(dir, data::Split::kTrain));
+  if (c.train_limit > 0 && c.train_limit < train_set.size) {
+    train_set = data::Subset(train_set, c.train_limit);
+  }
+  data::Dataset test_set;
+  if (rank == 0) {
+    DT_ASSIGN_OR_RETURN(test_set, data::LoadFashionMnist(dir, data::Split::kTest));
+    if (c.test_limit > 0 && c.test_limit < test_set.size) {
+      test_set = data::Subset(test_set, c.test_limit);
+    }
+  }
+  DT_ASSIGN_OR_RETURN(Shape sample_shape, nn::ModelInputShape(c.model));
+  DT_ASSIGN_OR_RETURN(nn::Init init, nn::ParseInit(c.init.empty() ? "normal" : c.init));
+  data::LoaderOptions lo;
+  lo.batch_size = local_batch;
+  lo.shuffle = true;
+  lo.seed = c.seed;
+  lo.rank = rank;
+  lo.world_size = world;
+  const int64_t tail = (train_set.size / world) % local_batch;
+  lo.drop_last = tail != 0 && tail < k;  // a step needs a sample per device
+  // A compiled step has one batch shape: the last partial batch is dropped.
+  if (c.hybridize) lo.drop_last = true;
+  lo.prefetch = 2;
+  DT_ASSIGN_OR_RETURN(std::unique_ptr<data::DataLoader> loader,
+                      data::DataLoader::Create(&train_set, lo));
+
+  DataParallelOptions o;
+  o.model = c.model;
+  o.devices = c.devices;
+  o.threads_per_device = std::max(1, threads / k);
+  o.sgd = c.sgd;
+  o.init = init;
+  o.seed = c.seed;
+  o.communicator = c.communicator;
+  o.kvstore = c.kvstore;
+  o.kvstore_workers = world;
+  o.kvstore_consistency = c.kvstore_consistency;
+  o.kvstore_max_staleness = c.kvstore_max_staleness;
+  o.sync_batch_norm = c.sync_batch_norm;
+  // Resuming: every replica loads the checkpoint before the weights are
+  // shared (with the other trainers, or the kvstore's shards).
+  int first_epoch = 0;
+  if (!c.resume_from.empty()) {
+    o.restore = [&c, &first_epoch, progress](nn::Module* model,
+                                             nn::Sgd* optimizer) -> absl::Status {
+      DT_ASSIGN_OR_RETURN(first_epoch, LoadCheckpoint(c, model, optimizer, progress));
+      return absl::OkStatus();
+    };
+  }
+  DT_ASSIGN_OR_RETURN(std::unique_ptr<DataParallelTrainer> trainer, DataParallelTrainer::Create(o));
+  // A synchronous kvstore job averages its epoch statistics through one more
+  // key; asynchronous ones (whose keys the shards update with SGD) report
+  // rank 0's share.
+  const bool stats_through_kvstore =
+      c.kvstore != nullptr && world > 1 && c.kvstore_consistency == kvstore::Consistency::kSync;
+  if (stats_through_kvstore) {
+    DT_RETURN_IF_ERROR(Annotate(c.kvstore->Init({{kStatsKey, {3}, DType::kF32, nullptr}}),
+                                "initializing the kvstore key of the epoch statistics"));
+  }
+  if (c.sync_batch_norm) {
+    DT_LOG(INFO) << "job " << c.name << " rank " << rank << ": synchronized batch norm over " << k
+                 << " devices x " << world << " trainers";
+  }
+  if (!c.resume_from.empty()) {
+    progress->epoch = first_epoch;
+    DT_LOG(INFO) << "job " << c.name << " rank " << rank << ": resumed from " << c.resume_from
+                 << " after epoch " << first_epoch;
+  }
+  // hybridize: the whole step as one compiled plan over replica 0's
+  // parameters, which it updates in place (so evaluation and checkpoints see
+  // them). The plan keeps its own momentum buffers: a resumed hybridized job
+  // restarts them.
+  std::unique_ptr<graph::TrainStep> hybrid;
+  if (c.hybridize) {
+    Shape input = sample_shape;
+    input.insert(input.begin(), local_batch);
+    DT_ASSIGN_OR_RETURN(hybrid,
+                        graph::HybridizeTrainingStep(trainer->replica(0), input, 10, c.sgd));
+    DT_LOG(INFO) << "job " << c.name << ": hybridized training step ("
+                 << hybrid->module().graph().nodes().size() << " graph nodes, planned peak "
+                 << hybrid->planned_peak_bytes() << " bytes)";
+  }
+  progress->steps_per_epoch = loader->batches_per_epoch();
+
+  for (int epoch = first_epoch; epoch < c.epochs; ++epoch) {
+    loader->StartEpoch(epoch);
+    data::Batch b;
+    double loss_sum = 0;
+    int64_t correct = 0, seen = 0, step = 0;
+    const absl::Time start = absl::Now();
+    for (;;) {
+      const absl::Time step_start = absl::Now();
+      const double waited_before = loader->wait_seconds();
+      if (!loader->Next(&b)) break;
+      const double data_wait = std::max(0.0, loader->wait_seconds() - waited_before);
+      if (observer->StopRequested()) return absl::CancelledError("stopped");
+      auto [x, y] = ToTensors(b, sample_shape, Device::Cpu(0));
+      absl::StatusOr<float> stepped = hybrid ? hybrid->Run(x, y) : trainer->Step(x, y);
+      if (!stepped.ok()) {
+        return Annotate(stepped.status(),
+                        absl::StrCat("rank ", rank, ", epoch ", epoch + 1, " step ", step + 1));
+      }
+      const float l = *stepped;
+      if (!std::isfinite(l)) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("training diverged: loss is ", l, " at epoch ", epoch + 1, " step ",
+                         step + 1, "; lower the learning rate (lr=", c.sgd.lr, ")"));
+      }
+      StepTimes times;
+      times.communication = trainer->last_comm_work_seconds();
+      times.data_wait = data_wait;
+      times.compute = std::max(
+          0.0, absl::ToDoubleSeconds(absl::Now() - step_start) - data_wait - times.communication);
+      loss_sum += static_cast<double>(l) * b.size;
+      correct += hybrid ? ops::CountCorrect(hybrid->logits(), y) : trainer->last_correct();
+      seen += b.size;
+      ++step;
+      progress->epoch = epoch;
+      progress->step = step;
+      progress->loss = loss_sum / seen;
+      progress->train_accuracy = static_cast<double>(correct) / seen;
+      const double secs = absl::ToDoubleSeconds(absl::Now() - start);
+      // Samples of the whole job (every rank does the same work).
+      progress->samples_per_second = secs > 0 ? seen * world / secs : 0;
+      observer->OnStep(*progress, times);
+    }
+    // The epoch's loss and training accuracy over every rank's samples.
+    float sums[3] = {static_cast<float>(loss_sum), static_cast<float>(seen),
+                     static_cast<float>(correct)};
+    const std::string what =
+        absl::StrCat("rank ", rank, ": averaging the loss of epoch ", epoch + 1);
+    if (c.communicator != nullptr) {
+      DT_RETURN_IF_ERROR(
+          Annotate(AllreduceSum(c.communicator, c.communicator_device, sums, 3), what));
+    } else if (stats_through_kvstore) {
+      // A synchronous round: the pull is the mean over the trainers, whose
+      // ratios are the global ones.
+      DT_RETURN_IF_ERROR(Annotate(c.kvstore->PushPull({{kStatsKey, sums, sums}}), what));
+    }
+    if (sums[1] > 0) {
+      progress->loss = sums[0] / sums[1];
+      progress->train_accuracy = sums[2] / sums[1];
+    }
+    progress->epoch_seconds = absl::ToDoubleSeconds(absl::Now() - start);
+    progress->epoch = epoch + 1;
+    progress->step = 0;
+    if (rank == 0) {
+      // Asynchronous kvstore modes: the server's weights, not the ones this
+      // trainer's last pushes left.
+      DT_RETURN_IF_ERROR(trainer->PullLatestWeights());
+      progress->test_accuracy = Evaluate(trainer.get(), test_set, sample_shape);
+      DT_LOG(INFO) << "job " << c.name << " epoch " << epoch + 1 << ": loss " << progress->loss
+                   << ", test accuracy " << progress->test_accuracy;
+      if (c.checkpoint_interval_epochs > 0 && (epoch + 1) % c.checkpoint_interval_epochs == 0) {
+        std::map<std::string, std::string> meta = c.checkpoint_metadata;
+        meta["epochs_done"] = absl::StrCat(epoch + 1);
+        meta["seed"] = absl::StrCat(c.seed);
+        meta["world_size"] = absl::StrCat(world);
+        meta["devices_per_trainer"] = absl::StrCat(k);
+        meta["loss"] = absl::StrCat(progress->loss);
+        meta["test_accuracy"] = absl::StrCat(progress->test_accuracy);
+        DT_RETURN_IF_ERROR(SaveTrainingState(c.checkpoint_path, c.model, trainer->replica(0),
+                                             trainer->optimizer(0), meta));
+        progress->checkpoint_path = c.checkpoint_path;
+        progress->checkpoint_epoch = epoch + 1;
+        DT_LOG(INFO) << "job " << c.name << ": checkpoint of epoch " << epoch + 1 << " in "
+                     << c.checkpoint_path;
+      }
+    }
+    observer->OnEpoch(*progress);
+  }
+  if (rank == 0 && progress->test_accuracy < 0) {
+    // Resumed from the last epoch's checkpoint: nothing left to train.
+    progress->test_accuracy = Evaluate(trainer.get(), test_set, sample_shape);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status RunJob(const JobConfig& config, JobObserver* observer, JobProgress* progress) {
+  JobObserver none;
+  return Run(config, observer != nullptr ? observer : &none, progress);
+}
+
+}  // namespace train
+}  // namespace dtrain

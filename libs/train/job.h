@@ -1,0 +1,126 @@
+// One trainer's share of a training job, as the trainer daemon runs it: the
+// data shard of its rank, the data-parallel step over its devices
+// (DataParallelTrainer, or a hybridized step), the epoch's loss and training
+// accuracy averaged over the ranks, test accuracy and checkpoints on rank 0,
+// and resuming from a checkpoint. No transport: the caller connects the
+// collective communicator or the kvstore client and watches progress through
+// a JobObserver (services/trainer reports it to the scheduler).
+//
+//   JobConfig c;
+//   c.model = "lenet";
+//   c.epochs = 10;
+//   c.checkpoint_interval_epochs = 1;
+//   c.checkpoint_path = "/shared/ckpt/job-000001.ckpt";
+//   JobProgress last;
+//   absl::Status s = RunJob(c, &observer, &last);
+//
+// Determinism: the data order of epoch e depends only on (seed, e), and a
+// checkpoint holds the parameters, buffers and momentum of replica 0, so a
+// job resumed from the checkpoint of epoch e continues exactly as the
+// undisturbed job would (same devices, ranks and thread counts).
+//
+// Thread-safety: RunJob runs on the calling thread; the observer is called
+// on it.
+#ifndef DTRAIN_LIBS_TRAIN_JOB_H_
+#define DTRAIN_LIBS_TRAIN_JOB_H_
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "libs/collective/communicator.h"
+#include "libs/kvstore/client.h"
+#include "libs/ops/ops.h"
+#include "libs/tensor/tensor.h"
+
+namespace dtrain {
+namespace train {
+
+struct JobConfig {
+  std::string name;  // for log lines, e.g. the job id
+
+  // What to train (a JobSpec's fields).
+  std::string model = "lenet";
+  std::string data_dir;  // Fashion-MNIST; empty: the Debian package's
+  int epochs = 1;
+  int64_t global_batch_size = 256;  // over all ranks
+  ops::SgdParams sgd;
+  std::string init = "normal";  // or "kaiming"
+  uint64_t seed = 0;
+  int threads = 0;  // CPU kernel threads of this trainer; 0: as configured
+  int64_t train_limit = 0;
+  int64_t test_limit = 0;
+  bool hybridize = false;  // one rank, one CPU device
+  bool sync_batch_norm = false;
+  int checkpoint_interval_epochs = 0;  // 0: no checkpoints
+
+  // This trainer's place in the job.
+  int rank = 0;
+  int world_size = 1;
+  std::vector<Device> devices = {Device::Cpu(0)};
+  // Between the ranks (not owned): a communicator (allreduce) or a kvstore
+  // client (one worker per rank), or neither for one rank.
+  collective::Communicator* communicator = nullptr;
+  // Where the communicator's buffers live (a CUDA device for NCCL).
+  Device communicator_device = Device::Cpu(0);
+  kvstore::KVClient* kvstore = nullptr;
+  kvstore::Consistency kvstore_consistency = kvstore::Consistency::kSync;
+  int kvstore_max_staleness = 0;
+
+  // Rank 0 writes a checkpoint here (atomically replaced) every
+  // checkpoint_interval_epochs, with these extra metadata entries.
+  std::string checkpoint_path;
+  std::map<std::string, std::string> checkpoint_metadata;
+  // Non-empty: every rank starts from this checkpoint instead of the
+  // initial weights, with the epoch after the one it holds.
+  std::string resume_from;
+};
+
+struct JobProgress {
+  int epoch = 0;     // epochs completed
+  int64_t step = 0;  // within the current epoch
+  int64_t steps_per_epoch = 0;
+  double loss = 0;                // running mean over the epoch; at its end, over all ranks
+  double train_accuracy = 0;      // likewise (predictions before each update)
+  double test_accuracy = -1;      // rank 0, after each epoch; -1: not yet
+  double samples_per_second = 0;  // of the whole job
+  double epoch_seconds = 0;       // wall time of the last completed epoch
+  std::string checkpoint_path;    // rank 0: the newest checkpoint written
+  int checkpoint_epoch = 0;
+};
+
+// A step's wall time split by phase: waiting for the data loader, the
+// communication queue's reduction work (it overlaps backward, so an upper
+// bound of what communication cost), and the rest.
+struct StepTimes {
+  double compute = 0;
+  double communication = 0;
+  double data_wait = 0;
+};
+
+class JobObserver {
+ public:
+  virtual ~JobObserver() = default;
+  // After every step.
+  virtual void OnStep(const JobProgress& progress, const StepTimes& times) {}
+  // After every epoch, once rank 0 has evaluated and checkpointed.
+  virtual void OnEpoch(const JobProgress& progress) {}
+  // Polled before every step: true stops the job (RunJob returns Cancelled).
+  virtual bool StopRequested() { return false; }
+};
+
+// Runs this rank's share of the job to its end. *progress holds the last
+// progress, also on errors. Errors: InvalidArgument for a config that cannot
+// run (naming the field); the data set's, the collectives' (UNAVAILABLE,
+// ABORTED or DEADLINE_EXCEEDED when a peer failed) and the checkpoint's;
+// FailedPrecondition when the loss diverges; Cancelled when the observer
+// asked to stop.
+absl::Status RunJob(const JobConfig& config, JobObserver* observer, JobProgress* progress);
+
+}  // namespace train
+}  // namespace dtrain
+
+#endif  // DTRAIN_LIBS_TRAIN_JOB_H_
