@@ -3,6 +3,7 @@
 // Device-list and option checks run everywhere; the training runs skip with
 // the reason on machines without a GPU (or with fewer GPUs than they need).
 #include <cmath>
+#include <cstdlib>
 #include <string>
 #include <thread>
 #include <vector>
@@ -44,6 +45,22 @@ std::vector<std::vector<float>> Parameters(nn::Module* m) {
   std::vector<std::vector<float>> out;
   for (auto& [name, p] : m->NamedParameters()) out.push_back(p.value().ToVector<float>());
   return out;
+}
+
+// MaxRelativeDifference, made unable to pass by accident: a NaN difference
+// compares false with the running maximum (so NaN parameters would read as
+// 0), and a missing or short parameter list compares only what is there.
+// Returns +inf for either.
+double CheckedDifference(const std::vector<std::vector<float>>& got,
+                         const std::vector<std::vector<float>>& want) {
+  if (got.empty() || got.size() != want.size()) return INFINITY;
+  for (size_t p = 0; p < got.size(); ++p) {
+    if (got[p].size() != want[p].size()) return INFINITY;
+    for (float v : got[p]) {
+      if (!std::isfinite(v)) return INFINITY;
+    }
+  }
+  return MaxRelativeDifference(got, want);
 }
 
 // Trains `steps` steps of the synthetic stream; the replicas' parameters.
@@ -104,7 +121,7 @@ TEST_P(CudaEquivalenceTest, OneGpuMatchesCpuReference) {
   }
   Train(trainer->get(), kSteps, kBatch);
   auto want = ReferenceRun(model, kBatch, kSteps, 5);
-  double diff = MaxRelativeDifference(Parameters((*trainer)->replica(0)), want);
+  double diff = CheckedDifference(Parameters((*trainer)->replica(0)), want);
   std::printf("cuda k=1 %s max_rel_diff=%g\n", model.c_str(), diff);
   EXPECT_LT(diff, kTolerance) << model;
 
@@ -113,6 +130,13 @@ TEST_P(CudaEquivalenceTest, OneGpuMatchesCpuReference) {
   int64_t correct = (*trainer)->CountCorrect(x, y);
   EXPECT_GE(correct, 0);
   EXPECT_LE(correct, 64);
+  // The same count as a CPU trainer that took the same steps (the weights
+  // agree to kTolerance, so at most a near-tie may flip).
+  auto cpu = DataParallelTrainer::Create(Options(model, {Device::Cpu()}));
+  ASSERT_TRUE(cpu.ok()) << cpu.status();
+  Train(cpu->get(), kSteps, kBatch);
+  int64_t cpu_correct = (*cpu)->CountCorrect(x, y);
+  EXPECT_LE(std::abs(correct - cpu_correct), 1) << "cuda " << correct << ", cpu " << cpu_correct;
   EXPECT_TRUE((*trainer)->PullLatestWeights().ok());  // no-op without a kvstore
 }
 
@@ -125,7 +149,7 @@ TEST_P(CudaEquivalenceTest, TwoGpusMatchCpuReference) {
   Train(trainer->get(), kSteps, kBatch);
   auto want = ReferenceRun(model, kBatch, kSteps, 5);
   for (int r = 0; r < 2; ++r) {
-    double diff = MaxRelativeDifference(Parameters((*trainer)->replica(r)), want);
+    double diff = CheckedDifference(Parameters((*trainer)->replica(r)), want);
     std::printf("cuda k=2 %s replica=%d max_rel_diff=%g\n", model.c_str(), r, diff);
     EXPECT_LT(diff, kTolerance) << model << " replica " << r;
   }
@@ -204,7 +228,7 @@ TEST(DataParallelCudaTest, TwoTrainersWithHostCommunicatorMatchCpuReference) {
   for (int r = 0; r < kTrainers; ++r) ASSERT_TRUE(statuses[r].ok()) << r << ": " << statuses[r];
   auto want = ReferenceRun("mlp", kBatch, kSteps, 5);
   for (int r = 0; r < kTrainers; ++r) {
-    EXPECT_LT(MaxRelativeDifference(results[r], want), kTolerance) << "trainer " << r;
+    EXPECT_LT(CheckedDifference(results[r], want), kTolerance) << "trainer " << r;
   }
   EXPECT_EQ(results[0], results[1]);
 }

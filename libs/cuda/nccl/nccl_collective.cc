@@ -376,8 +376,10 @@ absl::StatusOr<std::unique_ptr<Communicator>> CreateNcclCommunicator(
     DeviceGuard guard(o.cuda_device);
     s = CudaStatus(cudaMalloc(&barrier_buffer, sizeof(float)), "cudaMalloc", __FILE__, __LINE__);
     if (s.ok()) {
-      s = CudaStatus(cudaMemset(barrier_buffer, 0, sizeof(float)), "cudaMemset", __FILE__,
-                     __LINE__);
+      // On the collectives' stream: a plain cudaMemset runs on the legacy
+      // NULL stream, which the non-blocking stream_ does not wait for.
+      s = CudaStatus(cudaMemsetAsync(barrier_buffer, 0, sizeof(float), (*stream)->get()),
+                     "cudaMemsetAsync", __FILE__, __LINE__);
     }
   }
   if (!s.ok()) {
