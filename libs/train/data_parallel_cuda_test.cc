@@ -233,6 +233,35 @@ TEST(DataParallelCudaTest, TwoTrainersWithHostCommunicatorMatchCpuReference) {
   EXPECT_EQ(results[0], results[1]);
 }
 
+// The device path: one GPU and an NCCL communicator, so gradient buckets
+// are allreduced in device memory (no host staging). One rank runs on the
+// single GPU of a GPU check machine; the result must match the CPU
+// reference like the staged path does.
+TEST(DataParallelCudaTest, NcclDevicePathMatchesCpuReference) {
+  DT_SKIP_WITHOUT_GPU();
+  collective::InMemoryStore store;
+  collective::CommunicatorOptions co;
+  co.transport = collective::TransportKind::kNccl;
+  co.cuda_device = 0;
+  co.timeout = absl::Seconds(60);
+  auto comm = collective::Communicator::Create(0, 1, &store, co);
+  ASSERT_TRUE(comm.ok()) << comm.status();
+  EXPECT_EQ(std::string((*comm)->transport_name()), "nccl");
+  DataParallelOptions o = Options("mlp", {Device::Cuda(0)});
+  o.communicator = comm->get();
+  auto trainer = DataParallelTrainer::Create(o);
+  ASSERT_TRUE(trainer.ok()) << trainer.status();
+  for (int s = 0; s < kSteps; ++s) {
+    Tensor x, y;
+    SyntheticBatch(kBatch, s, &x, &y);
+    absl::StatusOr<float> loss = (*trainer)->Step(x, y);
+    ASSERT_TRUE(loss.ok()) << loss.status();
+  }
+  EXPECT_LT(
+      CheckedDifference(Parameters((*trainer)->replica(0)), ReferenceRun("mlp", kBatch, kSteps, 5)),
+      kTolerance);
+}
+
 }  // namespace
 }  // namespace train
 }  // namespace dtrain
