@@ -36,6 +36,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "google/protobuf/util/json_util.h"
@@ -178,6 +179,13 @@ void Print(const v1::JobStatus& j, bool detail) {
   } else {
     std::printf("%s\n", Line(j).c_str());
     if (detail) {
+      std::printf("  trainers: %s  (attempt %d)\n",
+                  j.trainers().empty() ? "-" : absl::StrJoin(j.trainers(), ", ").c_str(),
+                  j.attempts());
+      if (!j.checkpoint_path().empty()) {
+        std::printf("  checkpoint: %s (epoch %d)\n", j.checkpoint_path().c_str(),
+                    j.checkpoint_epoch());
+      }
       for (const auto& e : j.events()) {
         std::printf("  %s  %-9s %s\n",
                     absl::FormatTime("%Y-%m-%d %H:%M:%S", absl::FromUnixMillis(e.time_unix_ms()),

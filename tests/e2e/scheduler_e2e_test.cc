@@ -253,6 +253,14 @@ TEST_F(SchedulerE2eTest, SubmitTrainCancelRestart) {
   ASSERT_TRUE(stub_->Get(Ctx().get(), get_watched, &watched).ok());
   EXPECT_EQ(watched.state(), v1::SUCCEEDED) << watched.DebugString();
   EXPECT_EQ(watched.attempts(), 2) << watched.DebugString();
+  // `trainctl get` shows where it ran, the attempt and its checkpoint.
+  int get_rc;
+  const std::string got = Trainctl("get " + watched.id(), &get_rc);
+  EXPECT_EQ(get_rc, 0) << got;
+  EXPECT_NE(got.find("(attempt 2)"), std::string::npos) << got;
+  EXPECT_NE(got.find("checkpoint: "), std::string::npos) << got;
+  EXPECT_NE(got.find(".ckpt (epoch 6)"), std::string::npos) << got;
+  EXPECT_NE(got.find("requeued"), std::string::npos) << got;
   EXPECT_GT(watched.loss(), 0) << watched.DebugString();
   EXPECT_GT(watched.test_accuracy(), 0.5) << watched.DebugString();
   EXPECT_EQ(list.jobs(0).id(), job.id());
