@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Every flag file the manifests mount (k8s/**/*.flags) is accepted by the
+# binary it configures: each is parsed by the real binary (a misspelled or
+# removed flag crash-loops the pod), with paths and ports overridden so the
+# process can start here; and the trainer and server flag files keep the
+# endpoints the pods' probes and scrape annotations use (metrics and gRPC
+# health ports).
+set -uo pipefail
+fail=0
+R="${TEST_SRCDIR:-}/${TEST_WORKSPACE:-dtrain}"
+[ -d "$R/k8s" ] || R=$(cd "$(dirname "$0")/../.." && pwd)
+tmp="${TEST_TMPDIR:-$(mktemp -d)}"
+n=0
+while IFS= read -r f; do
+  base=$(basename "$f" .flags)
+  case "$base" in
+    scheduler) bin="$R/services/scheduler/scheduler_server"
+               over=(--listen=127.0.0.1:0 --metrics_listen=127.0.0.1:0 "--data_dir=$tmp/s$n")
+               need=(--metrics_listen=0.0.0.0:9400) ;;
+    kvstore)   bin="$R/services/kvstore/kvstore_server"
+               over=(--listen=127.0.0.1:0 --metrics_listen=127.0.0.1:0 "--data_dir=$tmp/k$n")
+               need=(--metrics_listen=0.0.0.0:9401) ;;
+    trainer)   bin="$R/services/trainer/trainer"
+               over=(--scheduler=127.0.0.1:1 --devices=cpu --metrics_listen=127.0.0.1:0
+                     --health_listen=127.0.0.1:0 "--work_dir=$tmp/t$n")
+               need=(--metrics_listen=0.0.0.0:9402 --health_listen=0.0.0.0:9403) ;;
+    *) echo "FAIL: $f: no binary known for '$base'"; fail=1; continue ;;
+  esac
+  n=$((n + 1))
+  for want in "${need[@]}"; do
+    grep -qx -- "$want" "$f" || { echo "FAIL: $f: missing $want (probes/scrapes use it)"; fail=1; }
+  done
+  # Later flags override the file's; run it for 2 s: a parse error exits at once.
+  out=$(timeout -s TERM 2 "$bin" "--flagfile=$f" "${over[@]}" 2>&1)
+  rc=$?
+  if grep -qiE "unknown command line flag|illegal value|error.*flag" <<<"$out" || { [ "$rc" -ne 124 ] && [ "$rc" -ne 0 ]; }; then
+    echo "FAIL: $f rejected by $(basename "$bin") (exit $rc):"
+    echo "$out" | head -5
+    fail=1
+  else
+    echo "ok   $f ($(basename "$bin"), exit $rc)"
+  fi
+done < <(cd "$R" && find k8s -name '*.flags' | sort | sed "s|^|$R/|")
+[ "$n" -ge 4 ] || { echo "FAIL: found only $n flag files"; fail=1; }
+echo "$n flag files checked"
+exit $fail
