@@ -107,19 +107,10 @@ absl::StatusOr<int> LoadCheckpoint(const JobConfig& c, nn::Module* model, nn::Sg
 // Test accuracy of replica 0 (0 for an empty test set).
 double Evaluate(DataParallelTrainer* trainer, const data::Dataset& test,
                 const Shape& sample_shape) {
-  if (test.size == 0) return 0;
-  absl::StatusOr<std::unique_ptr<data::DataLoader>> loader =
-      data::DataLoader::Create(&test, {.batch_size = 1000, .shuffle = false, .prefetch = 1});
-  if (!loader.ok()) return 0;
-  (*loader)->StartEpoch(0);
-  data::Batch b;
-  int64_t correct = 0, total = 0;
-  while ((*loader)->Next(&b)) {
-    auto [x, y] = ToTensors(b, sample_shape, Device::Cpu(0));
-    correct += trainer->CountCorrect(x, y);
-    total += b.size;
-  }
-  return total == 0 ? 0.0 : static_cast<double>(correct) / total;
+  return TestAccuracy(
+             test, sample_shape,
+             [trainer](const Tensor& x, const Tensor& y) { return trainer->CountCorrect(x, y); })
+      .value_or(0.0);
 }
 
 absl::Status Run(const JobConfig& c, JobObserver* observer, JobProgress* progress) {

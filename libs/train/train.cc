@@ -32,20 +32,16 @@ double Evaluate(nn::Module* model, const data::Dataset& test, const Shape& sampl
                 const Device& device) {
   autograd::NoGradGuard no_grad;
   model->Eval();
-  absl::StatusOr<std::unique_ptr<data::DataLoader>> loader =
-      data::DataLoader::Create(&test, {.batch_size = 1000, .shuffle = false, .prefetch = 1});
-  DT_CHECK(loader.ok()) << loader.status().message();
-  (*loader)->StartEpoch(0);
-  data::Batch b;
-  int64_t correct = 0, total = 0;
-  while ((*loader)->Next(&b)) {
-    auto [x, y] = ToTensors(b, sample_shape, device);
-    autograd::Variable logits = model->Forward(autograd::Variable(x));
-    correct += ops::CountCorrect(logits.value(), y);
-    total += b.size;
-  }
+  absl::StatusOr<double> accuracy =
+      TestAccuracy(test, sample_shape, [&](const Tensor& x, const Tensor& y) {
+        absl::StatusOr<Tensor> xd = x.To(device);
+        absl::StatusOr<Tensor> yd = y.To(device);
+        DT_CHECK(xd.ok() && yd.ok()) << "copy to " << device.ToString();
+        return ops::CountCorrect(model->Forward(autograd::Variable(*xd)).value(), *yd);
+      });
+  DT_CHECK(accuracy.ok()) << accuracy.status().message();
   model->Train();
-  return total == 0 ? 0.0 : static_cast<double>(correct) / total;
+  return *accuracy;
 }
 
 bool FileExists(const std::string& path) {
@@ -61,6 +57,23 @@ BatchTensors ToTensors(const data::Batch& batch, const Shape& sample_shape, cons
   return {Tensor::FromHost(batch.images.data(), batch.images.size(), shape, DType::kF32, device),
           Tensor::FromHost(batch.labels.data(), batch.labels.size(), {batch.size}, DType::kI32,
                            device)};
+}
+
+absl::StatusOr<double> TestAccuracy(const data::Dataset& test, const Shape& sample_shape,
+                                    const CountCorrectFn& count_correct) {
+  if (test.size == 0) return 0.0;
+  DT_ASSIGN_OR_RETURN(
+      std::unique_ptr<data::DataLoader> loader,
+      data::DataLoader::Create(&test, {.batch_size = 1000, .shuffle = false, .prefetch = 1}));
+  loader->StartEpoch(0);
+  data::Batch b;
+  int64_t correct = 0, total = 0;
+  while (loader->Next(&b)) {
+    auto [x, y] = ToTensors(b, sample_shape, Device::Cpu(0));
+    correct += count_correct(x, y);
+    total += b.size;
+  }
+  return total == 0 ? 0.0 : static_cast<double>(correct) / total;
 }
 
 absl::Status ValidateOptions(const TrainOptions& o) {

@@ -87,6 +87,14 @@ struct BatchTensors {
 };
 BatchTensors ToTensors(const data::Batch& batch, const Shape& sample_shape, const Device& device);
 
+// The fraction of `test` a model gets right: `count_correct(images, labels)`
+// (host tensors, batches of 1000 in order) returns how many of a batch it
+// classifies correctly. 0 for an empty set; the loader's error if it cannot
+// be created.
+using CountCorrectFn = std::function<int64_t(const Tensor& images, const Tensor& labels)>;
+absl::StatusOr<double> TestAccuracy(const data::Dataset& test, const Shape& sample_shape,
+                                    const CountCorrectFn& count_correct);
+
 absl::StatusOr<TrainResult> Train(const TrainOptions& options, const ProgressFn& on_progress = {},
                                   const EpochFn& on_epoch = {});
 
