@@ -12,6 +12,7 @@
 #include "libs/kvstore/client.h"
 #include "libs/train/data_parallel.h"
 #include "libs/train/dp_test_util.h"
+#include "libs/train/kvstore_test_util.h"
 #include "services/kvstore/server.h"
 
 namespace dtrain {
@@ -19,36 +20,11 @@ namespace train {
 namespace {
 
 using kvstore::Consistency;
+using testing::StartShards;
 
 constexpr int kSteps = 20;
 // Two trainers learn slower (stale gradients); give them more steps.
 constexpr int kTwoTrainerSteps = 40;
-
-std::string TmpDir(const std::string& name) {
-  const char* d = std::getenv("TEST_TMPDIR");
-  std::string dir = std::string(d ? d : "/tmp") + "/" + name;
-  std::string cmd = "rm -rf " + dir + " && mkdir -p " + dir;
-  EXPECT_EQ(system(cmd.c_str()), 0);
-  return dir;
-}
-
-// Starts `n` kvstore shards; returns their addresses.
-std::vector<std::string> StartShards(const std::string& name, int n,
-                                     std::vector<std::unique_ptr<kvstore::KVStoreServer>>* shards) {
-  std::vector<std::string> addresses;
-  for (int s = 0; s < n; ++s) {
-    kvstore::ServerOptions so;
-    so.data_dir = TmpDir(name + "_shard" + std::to_string(s));
-    so.shard_index = s;
-    so.snapshot_interval = absl::ZeroDuration();
-    auto server = kvstore::KVStoreServer::Start(so);
-    EXPECT_TRUE(server.ok()) << server.status();
-    if (!server.ok()) return {};
-    addresses.push_back("127.0.0.1:" + std::to_string((*server)->port()));
-    shards->push_back(std::move(*server));
-  }
-  return addresses;
-}
 
 std::vector<std::vector<float>> Parameters(DataParallelTrainer* t, int replica) {
   std::vector<std::vector<float>> out;
@@ -84,7 +60,7 @@ TEST_P(SingleTrainerTest, SameParametersAsLocalTraining) {
   const Consistency c = GetParam();
   const std::string name = std::string("single_") + kvstore::ConsistencyName(c);
   std::vector<std::unique_ptr<kvstore::KVStoreServer>> shards;
-  std::vector<std::string> addresses = StartShards(name, 2, &shards);
+  std::vector<std::string> addresses = StartShards(name, 2, &shards, absl::ZeroDuration());
   ASSERT_EQ(addresses.size(), 2u);
   kvstore::ClientOptions co;
   co.servers = addresses;
@@ -138,7 +114,7 @@ void RunTwoTrainers(Consistency c, int staleness, std::vector<TrainerResult>* re
   constexpr int kTrainers = 2;
   const std::string name = std::string("two_") + kvstore::ConsistencyName(c);
   std::vector<std::unique_ptr<kvstore::KVStoreServer>> shards;
-  std::vector<std::string> addresses = StartShards(name, 2, &shards);
+  std::vector<std::string> addresses = StartShards(name, 2, &shards, absl::ZeroDuration());
   ASSERT_EQ(addresses.size(), 2u);
   results->assign(kTrainers, TrainerResult());
   std::vector<std::unique_ptr<kvstore::KVClient>> clients(kTrainers);
@@ -260,7 +236,7 @@ TEST(DataParallelAsyncTest, BadOptionsAreInvalidArgument) {
   EXPECT_EQ(DataParallelTrainer::Create(o).status().code(), absl::StatusCode::kInvalidArgument);
 
   std::vector<std::unique_ptr<kvstore::KVStoreServer>> shards;
-  std::vector<std::string> addresses = StartShards("bad_options", 1, &shards);
+  std::vector<std::string> addresses = StartShards("bad_options", 1, &shards, absl::ZeroDuration());
   ASSERT_EQ(addresses.size(), 1u);
   kvstore::ClientOptions co;
   co.servers = addresses;

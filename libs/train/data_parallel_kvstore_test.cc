@@ -8,6 +8,7 @@
 #include "libs/kvstore/client.h"
 #include "libs/train/data_parallel.h"
 #include "libs/train/dp_test_util.h"
+#include "libs/train/kvstore_test_util.h"
 #include "services/kvstore/server.h"
 
 namespace dtrain {
@@ -18,26 +19,10 @@ constexpr int kTrainers = 2;
 constexpr int64_t kGlobalBatch = 32;
 constexpr int kSteps = 20;
 
-std::string TmpDir(const std::string& name) {
-  const char* d = std::getenv("TEST_TMPDIR");
-  std::string dir = std::string(d ? d : "/tmp") + "/" + name;
-  std::string cmd = "rm -rf " + dir + " && mkdir -p " + dir;
-  EXPECT_EQ(system(cmd.c_str()), 0);
-  return dir;
-}
-
 void CheckThroughKvstore(const std::string& model) {
   std::vector<std::unique_ptr<kvstore::KVStoreServer>> shards;
-  std::vector<std::string> addresses;
-  for (int s = 0; s < 2; ++s) {
-    kvstore::ServerOptions so;
-    so.data_dir = TmpDir(model + "_shard" + std::to_string(s));
-    so.shard_index = s;
-    auto server = kvstore::KVStoreServer::Start(so);
-    ASSERT_TRUE(server.ok()) << server.status();
-    addresses.push_back("127.0.0.1:" + std::to_string((*server)->port()));
-    shards.push_back(std::move(*server));
-  }
+  const std::vector<std::string> addresses = testing::StartShards(model, 2, &shards);
+  ASSERT_EQ(addresses.size(), 2u);
   std::vector<std::vector<std::vector<float>>> results(kTrainers);
   std::vector<absl::Status> statuses(kTrainers);
   std::vector<std::thread> trainers;
