@@ -54,8 +54,8 @@
 //
 // When the scheduler forgets the trainer (restart, or it was declared lost)
 // the daemon registers again. SIGTERM or SIGINT: stops the job at the next
-// step, reports it FAILED
-// ("trainer shutting down") and exits 0. Exit status 2 for bad flags.
+// step, reports it FAILED ("trainer shutting down") and exits 0. Exit status
+// 2 for bad flags.
 //
 // Observability. --metrics_listen (e.g. :9402) serves Prometheus /metrics:
 //   dtrain_trainer_busy                  gauge, 1 while a job runs
@@ -68,10 +68,7 @@
 //                    overlap backward, so this is an upper bound of the time
 //                    communication cost the step.
 //     compute        the rest of the step's wall time (never negative).
-//     Single-trainer jobs (Train()) only see one progress callback per step:
-//     the whole interval between callbacks is observed as compute (it
-//     includes Train()'s own data loading); their communication and
-//     data_wait series exist but stay empty.
+//     (train::StepTimes; a single-device job's communication is 0.)
 //   dtrain_trainer_device_memory_bytes   gauge {device, state}: the job's devices'
 //     allocators, state in_use / peak (since the job started) / cached;
 //     updated about once a second while a job runs
@@ -89,7 +86,6 @@
 #include <unistd.h>
 
 #include <atomic>
-#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -103,7 +99,6 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/match.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
@@ -117,11 +112,8 @@
 #include "libs/cuda/devices.h"
 #include "libs/kvstore/client.h"
 #include "libs/metrics/metrics.h"
-#include "libs/ops/ops.h"
 #include "libs/tensor/allocator.h"
-#include "libs/train/data_parallel.h"
 #include "libs/train/job.h"
-#include "libs/train/train.h"
 #include "protos/scheduler.grpc.pb.h"
 #include "services/trainer/scheduler_store.h"
 
@@ -176,10 +168,10 @@ class TrainerMetrics {
     prometheus::Gauge* samples_per_second = nullptr;
     prometheus::Gauge* epoch = nullptr;
 
-    void Step(double compute_s, double communication_s, double data_wait_s) const {
-      compute->Observe(std::max(0.0, compute_s));
-      if (communication_s >= 0) communication->Observe(communication_s);
-      if (data_wait_s >= 0) data_wait->Observe(data_wait_s);
+    void Step(const train::StepTimes& t) const {
+      compute->Observe(t.compute);
+      communication->Observe(t.communication);
+      data_wait->Observe(t.data_wait);
       steps->Increment();
     }
   };
@@ -418,7 +410,7 @@ class Daemon {
     DT_LOG(INFO) << "starting job " << a.job_id() << " (" << a.spec().name() << ", "
                  << a.spec().model() << ", " << a.spec().epochs() << " epochs) as rank " << a.rank()
                  << " of " << a.world_size() << ", attempt " << a.attempt();
-    job->thread = std::thread([this, job] { WorkDataParallel(job); });
+    job->thread = std::thread([this, job] { Work(job); });
   }
 
   // Joins a worker that has finished (its job cleared running_id_).
@@ -472,8 +464,8 @@ class Daemon {
     return false;
   }
 
-  // A job with DataParallelTrainer (see the file comment).
-  void WorkDataParallel(Job* job) {
+  // Runs an assigned job to its end and sends the final report.
+  void Work(Job* job) {
     const v1::Assignment& a = job->assignment;
     const TrainerMetrics::Job* m = metrics_->StartJob(a.job_id(), a.rank());
     train::JobProgress progress;
@@ -526,7 +518,7 @@ class Daemon {
         : daemon_(daemon), job_(job), m_(m), devices_(std::move(devices)) {}
 
     void OnStep(const train::JobProgress& p, const train::StepTimes& t) override {
-      m_->Step(t.compute, t.communication, t.data_wait);
+      m_->Step(t);
       m_->loss->Set(p.loss);
       m_->samples_per_second->Set(p.samples_per_second);
       const absl::Time now = absl::Now();
