@@ -33,26 +33,6 @@ namespace kvstore {
 // ---------------------------------------------------------------------------
 // Pending
 
-struct Pending::State {
-  absl::Mutex mu;
-  int remaining ABSL_GUARDED_BY(mu) = 0;  // server tasks still running
-  int pins ABSL_GUARDED_BY(mu) = 0;       // PinTokens gRPC may still hold
-  absl::Status status ABSL_GUARDED_BY(mu);
-
-  void Finish(const absl::Status& s) {
-    absl::MutexLock lock(&mu);
-    if (status.ok() && !s.ok()) status = s;
-    --remaining;
-  }
-  // Waits for the tasks only (not the pins): what a later operation on the
-  // same keys needs.
-  void WaitTasks() {
-    absl::MutexLock lock(&mu);
-    mu.Await(absl::Condition(
-        +[](State* s) ABSL_NO_THREAD_SAFETY_ANALYSIS { return s->remaining == 0; }, this));
-  }
-};
-
 namespace {
 
 // Keeps the caller's buffers pinned while gRPC holds slices that point into
@@ -77,41 +57,9 @@ class PinToken {
 
 }  // namespace
 
-Pending& Pending::operator=(Pending&& other) noexcept {
-  if (this != &other) {
-    if (state_) (void)Wait();
-    state_ = std::move(other.state_);
-  }
-  return *this;
-}
-
-Pending::~Pending() {
-  if (state_) (void)Wait();
-}
-
-absl::Status Pending::Wait() {
-  if (!state_) return absl::OkStatus();
-  absl::MutexLock lock(&state_->mu);
-  state_->mu.Await(absl::Condition(
-      +[](State* s) ABSL_NO_THREAD_SAFETY_ANALYSIS { return s->remaining == 0 && s->pins == 0; },
-      state_.get()));
-  return state_->status;
-}
-
-bool Pending::done() const {
-  if (!state_) return true;
-  absl::MutexLock lock(&state_->mu);
-  return state_->remaining == 0 && state_->pins == 0;
-}
-
 namespace {
 
-Pending Failed(absl::Status status) {
-  auto state = std::make_shared<Pending::State>();
-  absl::MutexLock lock(&state->mu);
-  state->status = std::move(status);
-  return Pending(state);
-}
+Pending Failed(absl::Status status) { return Pending::Done(std::move(status)); }
 
 bool Retryable(const absl::Status& s) {
   return absl::IsUnavailable(s) || absl::IsDeadlineExceeded(s) || absl::IsAborted(s);

@@ -61,6 +61,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "libs/kvstore/parameter_server.h"
 #include "libs/kvstore/placement.h"
 #include "libs/kvstore/types.h"
 
@@ -94,61 +95,7 @@ struct ClientOptions {
   absl::Duration retry_backoff = absl::Milliseconds(50);
 };
 
-// A key to Init: `initial` (if not null) holds its value in `dtype`;
-// Init copies it before returning. Without it the key starts at zero.
-struct KeySpec {
-  std::string key;
-  std::vector<int64_t> shape;
-  DType dtype = DType::kF32;
-  const void* initial = nullptr;
-};
-
-struct PushSource {
-  std::string key;
-  const void* data = nullptr;  // the whole gradient, in the key's dtype
-};
-
-// Pull the round this worker pushed last (0, the initial value, if none).
-inline constexpr int64_t kLastPushedRound = -1;
-
-struct PullTarget {
-  std::string key;
-  void* data = nullptr;  // receives the whole key, in its dtype
-  int64_t round = kLastPushedRound;
-};
-
-struct PushPullItem {
-  std::string key;
-  const void* src = nullptr;
-  void* dst = nullptr;  // may equal src
-};
-
-// The result of an asynchronous operation, like a std::future<Status>.
-// Destroying a Pending that is not done waits for it (so buffers are never
-// used after their owner gave them up).
-class ABSL_MUST_USE_RESULT Pending {
- public:
-  // A finished, successful operation.
-  Pending() = default;
-  Pending(Pending&&) noexcept = default;
-  Pending& operator=(Pending&& other) noexcept;
-  Pending(const Pending&) = delete;
-  Pending& operator=(const Pending&) = delete;
-  ~Pending();
-
-  // Blocks until the operation finished and gRPC released the caller's
-  // buffers; returns its first error. May be called more than once.
-  absl::Status Wait();
-  bool done() const;
-
-  struct State;
-  explicit Pending(std::shared_ptr<State> state) : state_(std::move(state)) {}
-
- private:
-  std::shared_ptr<State> state_;
-};
-
-class KVClient {
+class KVClient : public ParameterServer {
  public:
   // Validates the options and opens a channel per server (connections are
   // made lazily). kInvalidArgument for no servers, a bad worker id or chunk
@@ -159,28 +106,30 @@ class KVClient {
   KVClient& operator=(const KVClient&) = delete;
 
   const ClientOptions& options() const { return options_; }
+  const std::string& job() const override { return options_.job; }
+  int worker() const override { return options_.worker; }
 
   // Creates the job on every shard (idempotent; see KVStore.CreateJob).
   // config.job must equal options().job.
-  absl::Status CreateJob(const JobConfig& config);
-  absl::Status DeleteJob();
+  absl::Status CreateJob(const JobConfig& config) override;
+  absl::Status DeleteJob() override;
 
   // Places the keys and creates their slices on the shards (idempotent: a
   // key that exists with the same spec keeps its value). Every worker calls
   // Init for the keys it uses; it is also how a client learns placement.
-  absl::Status Init(const std::vector<KeySpec>& keys);
+  absl::Status Init(const std::vector<KeySpec>& keys) override;
 
   // Pushes gradients as this worker's next round of each key.
-  Pending PushAsync(std::vector<PushSource> items);
-  absl::Status Push(std::vector<PushSource> items);
+  Pending PushAsync(std::vector<PushSource> items) override;
+  absl::Status Push(std::vector<PushSource> items) override;
 
   // Copies values into the caller's buffers (see Rounds above).
-  Pending PullAsync(std::vector<PullTarget> items);
-  absl::Status Pull(std::vector<PullTarget> items);
+  Pending PullAsync(std::vector<PullTarget> items) override;
+  absl::Status Pull(std::vector<PullTarget> items) override;
 
   // Push then pull of the pushed round, one round trip per shard.
-  Pending PushPullAsync(std::vector<PushPullItem> items);
-  absl::Status PushPull(std::vector<PushPullItem> items);
+  Pending PushPullAsync(std::vector<PushPullItem> items) override;
+  absl::Status PushPull(std::vector<PushPullItem> items) override;
 
   // Sets this client's round counters to what the shards report for this
   // worker (after a shard restarted from a snapshot, or a worker restarted).

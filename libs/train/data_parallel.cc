@@ -683,7 +683,7 @@ absl::StatusOr<std::unique_ptr<DataParallelTrainer>> DataParallelTrainer::Create
     }
   }
   if (o.kvstore != nullptr) {
-    kvstore::JobConfig config = MakeKvstoreJobConfig(o.kvstore->options().job, o);
+    kvstore::JobConfig config = MakeKvstoreJobConfig(o.kvstore->job(), o);
     DT_RETURN_IF_ERROR(Annotate(
         o.kvstore->CreateJob(config),
         absl::StrCat("creating the kvstore job (", kvstore::DescribeJobConfig(config), ")")));

@@ -67,7 +67,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "libs/collective/communicator.h"
-#include "libs/kvstore/client.h"
+#include "libs/kvstore/parameter_server.h"
 #include "libs/nn/models.h"
 #include "libs/nn/optim.h"
 #include "libs/tensor/tensor.h"
@@ -126,7 +126,7 @@ struct DataParallelOptions {
   // every trainer; every trainer must pass the same options. A job name must
   // not be reused with a different consistency or optimizer (the kvstore
   // answers AlreadyExists).
-  kvstore::KVClient* kvstore = nullptr;
+  kvstore::ParameterServer* kvstore = nullptr;
   // The number of trainers (kvstore workers) of the job.
   int kvstore_workers = 1;
   // How trainers meet on the kvstore (ignored without `kvstore`):

@@ -32,7 +32,7 @@
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "libs/collective/communicator.h"
-#include "libs/kvstore/client.h"
+#include "libs/kvstore/parameter_server.h"
 #include "libs/ops/ops.h"
 #include "libs/tensor/tensor.h"
 
@@ -66,7 +66,7 @@ struct JobConfig {
   collective::Communicator* communicator = nullptr;
   // Where the communicator's buffers live (a CUDA device for NCCL).
   Device communicator_device = Device::Cpu(0);
-  kvstore::KVClient* kvstore = nullptr;
+  kvstore::ParameterServer* kvstore = nullptr;
   kvstore::Consistency kvstore_consistency = kvstore::Consistency::kSync;
   int kvstore_max_staleness = 0;
 

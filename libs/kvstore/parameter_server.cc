@@ -1,0 +1,57 @@
+#include "libs/kvstore/parameter_server.h"
+
+#include <utility>
+
+namespace dtrain {
+namespace kvstore {
+
+void Pending::State::Finish(const absl::Status& s) {
+  absl::MutexLock lock(&mu);
+  if (status.ok() && !s.ok()) status = s;
+  --remaining;
+}
+
+void Pending::State::WaitTasks() {
+  absl::MutexLock lock(&mu);
+  mu.Await(absl::Condition(
+      +[](State* s) ABSL_NO_THREAD_SAFETY_ANALYSIS { return s->remaining == 0; }, this));
+}
+
+Pending Pending::Done(absl::Status status) {
+  auto state = std::make_shared<State>();
+  {
+    absl::MutexLock lock(&state->mu);
+    state->status = std::move(status);
+  }
+  return Pending(std::move(state));
+}
+
+Pending& Pending::operator=(Pending&& other) noexcept {
+  if (this != &other) {
+    if (state_) (void)Wait();
+    state_ = std::move(other.state_);
+  }
+  return *this;
+}
+
+Pending::~Pending() {
+  if (state_) (void)Wait();
+}
+
+absl::Status Pending::Wait() {
+  if (!state_) return absl::OkStatus();
+  absl::MutexLock lock(&state_->mu);
+  state_->mu.Await(absl::Condition(
+      +[](State* s) ABSL_NO_THREAD_SAFETY_ANALYSIS { return s->remaining == 0 && s->pins == 0; },
+      state_.get()));
+  return state_->status;
+}
+
+bool Pending::done() const {
+  if (!state_) return true;
+  absl::MutexLock lock(&state_->mu);
+  return state_->remaining == 0 && state_->pins == 0;
+}
+
+}  // namespace kvstore
+}  // namespace dtrain

@@ -1,0 +1,145 @@
+// ParameterServer: what a trainer needs from the kvstore, whatever carries it.
+//
+//   ParameterServer* ps = ...;   // a KVClient (gRPC, client.h) or an
+//                                // InProcessParameterServer (in_process.h)
+//   DT_RETURN_IF_ERROR(ps->CreateJob(config));          // every worker may call it
+//   DT_RETURN_IF_ERROR(ps->Init({{"w", {256}, DType::kF32, initial}}));
+//   Pending round = ps->PushPullAsync({{"w", grad, grad}});
+//   ... other work ...
+//   DT_RETURN_IF_ERROR(round.Wait());
+//
+// One object serves one worker of one job (job() and worker()). Rounds,
+// buffers and errors follow the contract in client.h ("Rounds", "Buffers")
+// and store.h (consistency modes): every implementation behaves the same to
+// its caller, which is what lets library tests use the in-process one and
+// services the gRPC one (the seam, like TensorFlow's WorkerInterface and its
+// GrpcRemoteWorker).
+//
+// Thread-safety: implementations are thread-safe.
+#ifndef DTRAIN_LIBS_KVSTORE_PARAMETER_SERVER_H_
+#define DTRAIN_LIBS_KVSTORE_PARAMETER_SERVER_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/attributes.h"
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "libs/kvstore/types.h"
+
+namespace dtrain {
+namespace kvstore {
+
+// A key to Init: `initial` (if not null) holds its value in `dtype`;
+// Init copies it before returning. Without it the key starts at zero.
+struct KeySpec {
+  std::string key;
+  std::vector<int64_t> shape;
+  DType dtype = DType::kF32;
+  const void* initial = nullptr;
+};
+
+struct PushSource {
+  std::string key;
+  const void* data = nullptr;  // the whole gradient, in the key's dtype
+};
+
+// Pull the round this worker pushed last (0, the initial value, if none).
+inline constexpr int64_t kLastPushedRound = -1;
+
+struct PullTarget {
+  std::string key;
+  void* data = nullptr;  // receives the whole key, in its dtype
+  int64_t round = kLastPushedRound;
+};
+
+struct PushPullItem {
+  std::string key;
+  const void* src = nullptr;
+  void* dst = nullptr;  // may equal src
+};
+
+// The result of an asynchronous operation, like a std::future<Status>: the
+// one completion handle of every ParameterServer. Destroying a Pending that
+// is not done waits for it (so buffers are never used after their owner gave
+// them up).
+class ABSL_MUST_USE_RESULT Pending {
+ public:
+  // The shared state an implementation completes: `remaining` tasks each call
+  // Finish once; `pins` count transport-held references to the caller's
+  // buffers (the operation is done when both are zero).
+  struct State {
+    absl::Mutex mu;
+    int remaining ABSL_GUARDED_BY(mu) = 0;
+    int pins ABSL_GUARDED_BY(mu) = 0;
+    absl::Status status ABSL_GUARDED_BY(mu);
+
+    // One task ended with `s` (the first error is kept).
+    void Finish(const absl::Status& s);
+    // Waits for the tasks only (not the pins): what a later operation on the
+    // same keys needs.
+    void WaitTasks();
+  };
+
+  // A finished, successful operation.
+  Pending() = default;
+  explicit Pending(std::shared_ptr<State> state) : state_(std::move(state)) {}
+  // A finished operation with `status`.
+  static Pending Done(absl::Status status);
+  Pending(Pending&&) noexcept = default;
+  Pending& operator=(Pending&& other) noexcept;
+  Pending(const Pending&) = delete;
+  Pending& operator=(const Pending&) = delete;
+  ~Pending();
+
+  // Blocks until the operation finished and the transport released the
+  // caller's buffers; returns its first error. May be called more than once.
+  absl::Status Wait();
+  bool done() const;
+
+ private:
+  std::shared_ptr<State> state_;
+};
+
+class ParameterServer {
+ public:
+  virtual ~ParameterServer() = default;
+
+  virtual const std::string& job() const = 0;
+  virtual int worker() const = 0;
+
+  // Creates the job (idempotent; kAlreadyExists for a different config).
+  // config.job must equal job().
+  virtual absl::Status CreateJob(const JobConfig& config) = 0;
+  virtual absl::Status DeleteJob() = 0;
+
+  // Creates the keys (idempotent: a key that exists with the same spec keeps
+  // its value). Every worker calls Init for the keys it uses.
+  virtual absl::Status Init(const std::vector<KeySpec>& keys) = 0;
+
+  // Pushes gradients as this worker's next round of each key.
+  virtual Pending PushAsync(std::vector<PushSource> items) = 0;
+  // Copies values into the caller's buffers.
+  virtual Pending PullAsync(std::vector<PullTarget> items) = 0;
+  // Push then pull of the pushed round.
+  virtual Pending PushPullAsync(std::vector<PushPullItem> items) = 0;
+
+  // Blocking forms (an implementation may run them without a hand-off).
+  virtual absl::Status Push(std::vector<PushSource> items) {
+    return PushAsync(std::move(items)).Wait();
+  }
+  virtual absl::Status Pull(std::vector<PullTarget> items) {
+    return PullAsync(std::move(items)).Wait();
+  }
+  virtual absl::Status PushPull(std::vector<PushPullItem> items) {
+    return PushPullAsync(std::move(items)).Wait();
+  }
+};
+
+}  // namespace kvstore
+}  // namespace dtrain
+
+#endif  // DTRAIN_LIBS_KVSTORE_PARAMETER_SERVER_H_
