@@ -4,10 +4,13 @@
 usage: count_tests.py BEP_JSON TESTLOGS_DIR TARGET...
 
 Every expected test target gets counted: a target whose tests ran counts its
-GoogleTest cases from test.xml (passed, failed, skipped); a target that did
-not run (failed to build, cancelled) counts as one failure. Prints the
-failing targets and then one line: "N passed, N failed[, N skipped]".
-Exits 1 if anything failed.
+GoogleTest cases from test.xml (passed, failed, skipped, disabled); a target
+that did not run (failed to build, cancelled) counts as one failure. Skipped
+cases (GTEST_SKIP, which says why) and disabled ones (a DISABLED_ prefix:
+never run, never looked at) are reported apart: disabled cases are listed by
+name, since a disabled test is one nobody is checking. Prints the failing
+targets, the disabled cases, and then one line:
+"N passed, N failed[, N skipped]". Exits 1 if anything failed.
 """
 import json
 import os
@@ -22,17 +25,22 @@ def label_dir(label):
 
 
 def count_xml(path):
+    """(passed, failed, skipped, [disabled case names]) of one test.xml."""
     passed = failed = skipped = 0
+    disabled = []
     root = ET.parse(path).getroot()
     for case in root.iter("testcase"):
         if case.find("failure") is not None or case.find("error") is not None:
             failed += 1
-        elif case.get("result") == "skipped" or case.find("skipped") is not None \
-                or case.get("status") == "notrun":
+        elif case.get("result") == "suppressed" or case.get("status") == "notrun":
+            # GoogleTest writes DISABLED_ cases as status="notrun"
+            # result="suppressed".
+            disabled.append("%s.%s" % (case.get("classname", "?"), case.get("name", "?")))
+        elif case.get("result") == "skipped" or case.find("skipped") is not None:
             skipped += 1
         else:
             passed += 1
-    return passed, failed, skipped
+    return passed, failed, skipped, disabled
 
 
 def main():
@@ -50,6 +58,7 @@ def main():
                     status[summary["label"]] = ev.get("testSummary", {}).get("overallStatus", "NO_STATUS")
     passed = failed = skipped = 0
     bad = []
+    disabled = []
     for t in targets:
         st = status.get(t)
         xml = os.path.join(testlogs, label_dir(t), "test.xml")
@@ -64,7 +73,8 @@ def main():
                 failed += 1
                 bad.append("%s (%s)" % (t, st))
             continue
-        p, f, s = count_xml(xml)
+        p, f, s, d = count_xml(xml)
+        disabled += ["%s %s" % (t, name) for name in d]
         if st not in ("PASSED", "FLAKY") and f == 0:
             # Crashed or timed out after the last case it recorded.
             f = 1
@@ -73,6 +83,10 @@ def main():
             bad.append("%s (%s)" % (t, st))
     for b in bad:
         print("FAILED: " + b)
+    if disabled:
+        print("disabled (DISABLED_, not run, not counted): %d" % len(disabled))
+        for d in disabled:
+            print("  DISABLED: " + d)
     line = "%d passed, %d failed" % (passed, failed)
     if skipped:
         line += ", %d skipped" % skipped

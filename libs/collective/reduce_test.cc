@@ -139,11 +139,6 @@ TEST(ReduceTest, OnlyFloatingTypesReduce) {
   EXPECT_EQ(CheckReducible(DType::kU8).code(), absl::StatusCode::kInvalidArgument);
 }
 
-TEST(ReduceTest, ReportsKernel) {
-  // Informational: which kernels this machine runs.
-  RecordProperty("vector_kernels", UsingVectorKernels() ? "avx2+f16c" : "portable");
-}
-
 }  // namespace
 }  // namespace collective
 }  // namespace dtrain

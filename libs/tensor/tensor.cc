@@ -186,4 +186,13 @@ std::string Tensor::DebugString() const {
   return absl::StrCat(DTypeName(dtype_), ShapeToString(shape_), " ", device().ToString());
 }
 
+namespace internal {
+
+void CheckCopied(const absl::Status& copied, const Tensor& t) {
+  DT_CHECK(copied.ok()) << "ToVector of " << t.DebugString() << ": " << copied.ToString()
+                        << " (use CopyToHost where a failed copy must be handled)";
+}
+
+}  // namespace internal
+
 }  // namespace dtrain

@@ -112,7 +112,10 @@ class Tensor {
   // Copies the elements of `src` (same shape and dtype, any device) into this.
   absl::Status CopyFrom(const Tensor& src);
   // Copies the elements to a host vector (converting f16/bf16 to float when T
-  // is float). REQUIRES: T matches dtype (or float for f16/bf16).
+  // is float). REQUIRES: T matches dtype (or float for f16/bf16), and the copy
+  // cannot fail: a host tensor, or device work already synchronized. A failed
+  // copy is fatal (it names the tensor and the error) rather than returning
+  // zeros; code that must survive a device error uses CopyToHost.
   template <typename T>
   std::vector<T> ToVector() const;
   // Copies all elements to host memory at `dst` (nbytes() bytes).
@@ -135,6 +138,11 @@ class Tensor {
 
 // ---- implementation details ----
 
+namespace internal {
+// Dies naming `t` and the error unless `copied` is OK (ToVector).
+void CheckCopied(const absl::Status& copied, const Tensor& t);
+}  // namespace internal
+
 template <typename T>
 T* Tensor::data() const {
   return static_cast<T*>(raw_data());
@@ -144,14 +152,12 @@ template <typename T>
 std::vector<T> Tensor::ToVector() const {
   std::vector<T> out(static_cast<size_t>(numel_));
   if (sizeof(T) == DTypeSize(dtype_)) {
-    absl::Status s = CopyToHost(out.data());
-    (void)s;  // CopyToHost only fails for devices without a backend
+    internal::CheckCopied(CopyToHost(out.data()), *this);
     return out;
   }
   // f16/bf16 -> float.
   std::vector<uint16_t> raw(static_cast<size_t>(numel_));
-  absl::Status s = CopyToHost(raw.data());
-  (void)s;
+  internal::CheckCopied(CopyToHost(raw.data()), *this);
   for (size_t i = 0; i < raw.size(); ++i) {
     out[i] = static_cast<T>(dtype_ == DType::kF16 ? HalfToFloat(raw[i]) : BFloat16ToFloat(raw[i]));
   }

@@ -10,14 +10,17 @@ namespace dtrain {
 namespace train {
 namespace {
 
-checkpoint::TensorRecord ToRecord(const std::string& name, const Tensor& t) {
+// A failed copy (a device error) fails the save: a checkpoint must never
+// hold bytes that were not the tensor's (its checksum would vouch for them).
+absl::StatusOr<checkpoint::TensorRecord> ToRecord(const std::string& name, const Tensor& t) {
   checkpoint::TensorRecord r;
   r.name = name;
   r.dtype = static_cast<int32_t>(t.dtype());
   r.shape.assign(t.shape().begin(), t.shape().end());
   r.data.resize(t.nbytes());
-  absl::Status s = t.CopyToHost(r.data.data());
-  (void)s;
+  DT_RETURN_IF_ERROR(Annotate(t.CopyToHost(r.data.data()),
+                              absl::StrCat("copying tensor '", name, "' (", t.DebugString(),
+                                           ") to the host for a checkpoint")));
   return r;
 }
 
@@ -44,11 +47,15 @@ absl::Status SaveTrainingState(const std::string& path, const std::string& model
   checkpoint::Checkpoint ckpt;
   ckpt.metadata = metadata;
   ckpt.metadata["model"] = model_name;
-  for (auto& [name, p] : model->NamedParameters())
-    ckpt.tensors.push_back(ToRecord(name, p.value()));
-  for (auto& [name, b] : model->NamedBuffers()) ckpt.tensors.push_back(ToRecord(name, *b));
+  auto add = [&ckpt](const std::string& name, const Tensor& t) -> absl::Status {
+    DT_ASSIGN_OR_RETURN(checkpoint::TensorRecord r, ToRecord(name, t));
+    ckpt.tensors.push_back(std::move(r));
+    return absl::OkStatus();
+  };
+  for (auto& [name, p] : model->NamedParameters()) DT_RETURN_IF_ERROR(add(name, p.value()));
+  for (auto& [name, b] : model->NamedBuffers()) DT_RETURN_IF_ERROR(add(name, *b));
   if (optimizer != nullptr) {
-    for (auto& [name, t] : optimizer->NamedState()) ckpt.tensors.push_back(ToRecord(name, *t));
+    for (auto& [name, t] : optimizer->NamedState()) DT_RETURN_IF_ERROR(add(name, *t));
   }
   return checkpoint::WriteCheckpoint(path, ckpt);
 }

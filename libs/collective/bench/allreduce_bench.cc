@@ -28,6 +28,7 @@
 #include "absl/strings/str_split.h"
 #include "libs/collective/bench/bench_util.h"
 #include "libs/collective/communicator.h"
+#include "libs/collective/reduce.h"
 
 ABSL_FLAG(int, ranks, 2, "processes to run");
 ABSL_FLAG(std::string, transports, "tcp,shm", "comma-separated: tcp, shm, inprocess is not valid");
@@ -126,7 +127,8 @@ int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
   const int ranks = absl::GetFlag(FLAGS_ranks);
   std::string summary =
-      absl::StrCat("summary ranks=", ranks, " bytes=", absl::GetFlag(FLAGS_max_bytes));
+      absl::StrCat("summary ranks=", ranks, " bytes=", absl::GetFlag(FLAGS_max_bytes),
+                   " reduce_kernels=", UsingVectorKernels() ? "avx2+f16c" : "portable");
   bool ok = true;
   for (absl::string_view name : absl::StrSplit(absl::GetFlag(FLAGS_transports), ',')) {
     auto transport = ParseTransportKind(name);

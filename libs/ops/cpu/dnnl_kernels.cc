@@ -29,7 +29,7 @@
 // format `any` (nChw16c / OIhw16i16o, jit:avx512_core) with cached reorders
 // from and to the plain buffers; nhwc = nhwc activations (brgconv forward)
 // and `any` weights, again with reorders. Reorder costs are included.
-// Measured with the DISABLED_ConvLayouts benchmark in dnnl_kernels_test.cc on
+// Measured with `bazel run //libs/ops:dnnl_layer_bench -- layouts` on
 // the 2-core AVX-512 development VM (AMD EPYC), oneDNN 2.6.3. The machine is
 // shared, so wall times were noisy; the table gives the best-of-20 CPU time
 // with one thread (ms, fwd / bwd_data / bwd_weights), which ranked the
@@ -71,7 +71,7 @@
 // fwd / bwd_data / bwd_weights: 64@28x28 4.5/4.6/4.7, 64->128 s2
 // 2.4/2.6/2.3, 128@14x14 4.1/4.0/4.2, 128->256 s2 2.2/2.7/2.4, 256@7x7
 // 3.9/3.9/4.3, 256->512 s2 2.0/3.4/3.3, 512@4x4 5.5/4.7/6.5
-// (DISABLED_ResNet18Batch32TwoThreads).
+// (`bazel run //libs/ops:dnnl_layer_bench -- resnet18`).
 //
 // Linear / matmul: dnnl::matmul (brgemm) with strided (transposed) memory
 // descriptors beat both inner_product (gemm:jit) and dnnl_sgemm at
