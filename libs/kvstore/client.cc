@@ -11,7 +11,6 @@
 
 #include <algorithm>
 #include <cstring>
-#include <deque>
 #include <functional>
 #include <map>
 #include <set>
@@ -24,6 +23,7 @@
 #include "libs/base/status.h"
 #include "libs/kvstore/codec.h"
 #include "libs/kvstore/proto_convert.h"
+#include "libs/kvstore/thread_pool.h"
 #include "libs/kvstore/wire.h"
 #include "protos/kvstore.grpc.pb.h"
 
@@ -70,56 +70,6 @@ std::chrono::system_clock::time_point Deadline(absl::Duration timeout) {
 }
 
 }  // namespace
-
-// ---------------------------------------------------------------------------
-// Thread pool: runs every task at once on an idle thread or a new one, so a
-// task that waits (a pull waiting for its round) never delays another.
-
-class KVClient::ThreadPool {
- public:
-  ThreadPool() = default;
-  ~ThreadPool() {
-    {
-      absl::MutexLock lock(&mu_);
-      stop_ = true;
-    }
-    for (std::thread& t : threads_) t.join();
-  }
-
-  void Schedule(std::function<void()> fn) {
-    absl::MutexLock lock(&mu_);
-    tasks_.push_back(std::move(fn));
-    if (tasks_.size() > static_cast<size_t>(idle_)) {
-      threads_.emplace_back([this] { Loop(); });
-    }
-  }
-
- private:
-  void Loop() {
-    absl::MutexLock lock(&mu_);
-    for (;;) {
-      ++idle_;
-      mu_.Await(absl::Condition(
-          +[](ThreadPool* p)
-               ABSL_NO_THREAD_SAFETY_ANALYSIS { return !p->tasks_.empty() || p->stop_; },
-          this));
-      --idle_;
-      if (tasks_.empty()) return;  // stopping
-      std::function<void()> fn = std::move(tasks_.front());
-      tasks_.pop_front();
-      mu_.Unlock();
-      fn();
-      fn = nullptr;
-      mu_.Lock();
-    }
-  }
-
-  absl::Mutex mu_;
-  std::deque<std::function<void()>> tasks_ ABSL_GUARDED_BY(mu_);
-  int idle_ ABSL_GUARDED_BY(mu_) = 0;
-  bool stop_ ABSL_GUARDED_BY(mu_) = false;
-  std::vector<std::thread> threads_;  // touched under mu_ or after stop
-};
 
 // ---------------------------------------------------------------------------
 // KVClient
@@ -179,7 +129,7 @@ std::function<bool(grpc::ByteBuffer*)> Once(const grpc::ByteBuffer& buffer) {
 }  // namespace
 
 KVClient::KVClient(ClientOptions options)
-    : options_(std::move(options)), pool_(std::make_unique<ThreadPool>()) {}
+    : options_(std::move(options)), pool_(std::make_unique<ElasticThreadPool>()) {}
 
 KVClient::~KVClient() {
   pool_.reset();  // finishes operations in flight while keys_ and channels_ exist

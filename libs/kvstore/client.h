@@ -72,6 +72,8 @@ class Channel;
 namespace dtrain {
 namespace kvstore {
 
+class ElasticThreadPool;
+
 struct ClientOptions {
   // "host:port" of every shard; shard i must run with --shard_index=i.
   std::vector<std::string> servers;
@@ -151,7 +153,6 @@ class KVClient : public ParameterServer {
  private:
   struct Key;
   struct Work;
-  class ThreadPool;
   enum class Op { kPush, kPull, kPushPull };
 
   explicit KVClient(ClientOptions options);
@@ -175,7 +176,7 @@ class KVClient : public ParameterServer {
 
   const ClientOptions options_;
   std::vector<std::shared_ptr<grpc::Channel>> channels_;
-  std::unique_ptr<ThreadPool> pool_;
+  std::unique_ptr<ElasticThreadPool> pool_;
   mutable absl::Mutex mu_;
   absl::flat_hash_map<std::string, std::unique_ptr<Key>> keys_ ABSL_GUARDED_BY(mu_);
 };

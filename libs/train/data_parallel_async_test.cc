@@ -1,26 +1,25 @@
 // Asynchronous and bounded-delay data parallelism through the parameter
 // server (DataParallelOptions::kvstore_consistency): the kvstore shards hold
 // the weights and apply SGD to every pushed gradient bucket; trainers pull the
-// weights back. Real shards on loopback ports, trainers as threads with their
-// own KVClient.
+// weights back. Two in-process shards, trainers as threads with their own
+// ParameterServer.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <thread>
 
 #include "gtest/gtest.h"
-#include "libs/kvstore/client.h"
+#include "libs/kvstore/in_process.h"
 #include "libs/train/data_parallel.h"
 #include "libs/train/dp_test_util.h"
 #include "libs/train/kvstore_test_util.h"
-#include "services/kvstore/server.h"
 
 namespace dtrain {
 namespace train {
 namespace {
 
 using kvstore::Consistency;
-using testing::StartShards;
+using testing::InProcessShards;
 
 constexpr int kSteps = 20;
 // Two trainers learn slower (stale gradients); give them more steps.
@@ -34,7 +33,7 @@ std::vector<std::vector<float>> Parameters(DataParallelTrainer* t, int replica) 
   return out;
 }
 
-DataParallelOptions AsyncOptions(kvstore::KVClient* client, int workers, Consistency c,
+DataParallelOptions AsyncOptions(kvstore::ParameterServer* ps, int workers, Consistency c,
                                  int staleness) {
   DataParallelOptions o;
   o.model = "mlp";
@@ -43,7 +42,7 @@ DataParallelOptions AsyncOptions(kvstore::KVClient* client, int workers, Consist
   o.init = nn::Init::kNormal;
   o.seed = 21;
   o.bucket_bytes = 64 << 10;  // several buckets, sliced over both shards
-  o.kvstore = client;
+  o.kvstore = ps;
   o.kvstore_workers = workers;
   o.kvstore_consistency = c;
   o.kvstore_max_staleness = staleness;
@@ -59,16 +58,11 @@ class SingleTrainerTest : public ::testing::TestWithParam<Consistency> {};
 TEST_P(SingleTrainerTest, SameParametersAsLocalTraining) {
   const Consistency c = GetParam();
   const std::string name = std::string("single_") + kvstore::ConsistencyName(c);
-  std::vector<std::unique_ptr<kvstore::KVStoreServer>> shards;
-  std::vector<std::string> addresses = StartShards(name, 2, &shards, absl::ZeroDuration());
-  ASSERT_EQ(addresses.size(), 2u);
-  kvstore::ClientOptions co;
-  co.servers = addresses;
-  co.job = name;
-  auto client = kvstore::KVClient::Connect(co);
-  ASSERT_TRUE(client.ok()) << client.status();
-  DataParallelOptions o =
-      AsyncOptions(client->get(), 1, c, c == Consistency::kBoundedDelay ? 1 : 0);
+  std::unique_ptr<kvstore::InProcessKVStore> kv = InProcessShards(2);
+  ASSERT_NE(kv, nullptr);
+  auto ps = kv->Connect(name, 0);
+  ASSERT_TRUE(ps.ok()) << ps.status();
+  DataParallelOptions o = AsyncOptions(ps->get(), 1, c, c == Consistency::kBoundedDelay ? 1 : 0);
   auto trainer = DataParallelTrainer::Create(o);
   ASSERT_TRUE(trainer.ok()) << trainer.status();
   EXPECT_GT((*trainer)->num_buckets(), 1);
@@ -107,33 +101,28 @@ struct TrainerResult {
   int64_t max_lead = 0;
 };
 
-// Two trainers (threads), the second slower, each its own client and 2
+// Two trainers (threads), the second slower, each its own ParameterServer and 2
 // devices, on disjoint halves of each global batch.
 void RunTwoTrainers(Consistency c, int staleness, std::vector<TrainerResult>* results,
                     std::vector<std::vector<std::vector<float>>>* final_params) {
   constexpr int kTrainers = 2;
   const std::string name = std::string("two_") + kvstore::ConsistencyName(c);
-  std::vector<std::unique_ptr<kvstore::KVStoreServer>> shards;
-  std::vector<std::string> addresses = StartShards(name, 2, &shards, absl::ZeroDuration());
-  ASSERT_EQ(addresses.size(), 2u);
+  std::unique_ptr<kvstore::InProcessKVStore> kv = InProcessShards(2);
+  ASSERT_NE(kv, nullptr);
   results->assign(kTrainers, TrainerResult());
-  std::vector<std::unique_ptr<kvstore::KVClient>> clients(kTrainers);
+  std::vector<std::unique_ptr<kvstore::InProcessParameterServer>> servers(kTrainers);
   std::vector<std::unique_ptr<DataParallelTrainer>> trainers(kTrainers);
   std::vector<std::thread> threads;
   for (int rank = 0; rank < kTrainers; ++rank) {
     threads.emplace_back([&, rank] {
       TrainerResult& res = (*results)[rank];
-      kvstore::ClientOptions co;
-      co.servers = addresses;
-      co.job = name;
-      co.worker = rank;
-      auto client = kvstore::KVClient::Connect(co);
-      if (!client.ok()) {
-        res.status = client.status();
+      auto ps = kv->Connect(name, rank);
+      if (!ps.ok()) {
+        res.status = ps.status();
         return;
       }
-      clients[rank] = std::move(*client);
-      DataParallelOptions o = AsyncOptions(clients[rank].get(), kTrainers, c, staleness);
+      servers[rank] = std::move(*ps);
+      DataParallelOptions o = AsyncOptions(servers[rank].get(), kTrainers, c, staleness);
       // Two workers' pushes both land on the weights (twice the step size
       // of one trainer) and are stale: plain SGD keeps this stable.
       o.sgd = {.lr = 0.1f};
@@ -159,8 +148,8 @@ void RunTwoTrainers(Consistency c, int staleness, std::vector<TrainerResult>* re
           return;
         }
         res.losses.push_back(*loss);
-        for (int server = 0; server < 2; ++server) {
-          auto job = clients[rank]->GetJob(server, /*include_slices=*/true);
+        for (int shard = 0; shard < kv->num_shards(); ++shard) {
+          auto job = kv->shard(shard).GetJob(name, rank, /*include_slices=*/true);
           if (!job.ok()) {
             res.status = job.status();
             return;
@@ -235,14 +224,11 @@ TEST(DataParallelAsyncTest, BadOptionsAreInvalidArgument) {
   o.kvstore_max_staleness = -1;
   EXPECT_EQ(DataParallelTrainer::Create(o).status().code(), absl::StatusCode::kInvalidArgument);
 
-  std::vector<std::unique_ptr<kvstore::KVStoreServer>> shards;
-  std::vector<std::string> addresses = StartShards("bad_options", 1, &shards, absl::ZeroDuration());
-  ASSERT_EQ(addresses.size(), 1u);
-  kvstore::ClientOptions co;
-  co.servers = addresses;
-  co.job = "bad";
-  auto client = *kvstore::KVClient::Connect(co);
-  o = AsyncOptions(client.get(), 1, Consistency::kAsync, 0);
+  std::unique_ptr<kvstore::InProcessKVStore> kv = InProcessShards(1);
+  ASSERT_NE(kv, nullptr);
+  auto ps = kv->Connect("bad", 0);
+  ASSERT_TRUE(ps.ok()) << ps.status();
+  o = AsyncOptions(ps->get(), 1, Consistency::kAsync, 0);
   o.sgd.nesterov = true;
   EXPECT_EQ(DataParallelTrainer::Create(o).status().code(), absl::StatusCode::kInvalidArgument);
 }

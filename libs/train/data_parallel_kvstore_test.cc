@@ -1,15 +1,14 @@
-// Two trainers (threads here, each with its own kvstore client and two CPU
-// devices) synchronize gradients through two real kvstore shards on loopback
-// ports, in the parameter server's synchronous mode, and end with the same
+// Two trainers (threads here, each with its own ParameterServer and two CPU
+// devices) synchronize gradients through a kvstore of two in-process shards,
+// in the parameter server's synchronous mode, and end with the same
 // parameters as one device on the same global batch after 20 steps.
 #include <thread>
 
 #include "gtest/gtest.h"
-#include "libs/kvstore/client.h"
+#include "libs/kvstore/in_process.h"
 #include "libs/train/data_parallel.h"
 #include "libs/train/dp_test_util.h"
 #include "libs/train/kvstore_test_util.h"
-#include "services/kvstore/server.h"
 
 namespace dtrain {
 namespace train {
@@ -20,21 +19,16 @@ constexpr int64_t kGlobalBatch = 32;
 constexpr int kSteps = 20;
 
 void CheckThroughKvstore(const std::string& model) {
-  std::vector<std::unique_ptr<kvstore::KVStoreServer>> shards;
-  const std::vector<std::string> addresses = testing::StartShards(model, 2, &shards);
-  ASSERT_EQ(addresses.size(), 2u);
+  std::unique_ptr<kvstore::InProcessKVStore> kv = testing::InProcessShards(2);
+  ASSERT_NE(kv, nullptr);
   std::vector<std::vector<std::vector<float>>> results(kTrainers);
   std::vector<absl::Status> statuses(kTrainers);
   std::vector<std::thread> trainers;
   for (int rank = 0; rank < kTrainers; ++rank) {
     trainers.emplace_back([&, rank] {
-      kvstore::ClientOptions co;
-      co.servers = addresses;
-      co.job = "dp-" + model;
-      co.worker = rank;
-      auto client = kvstore::KVClient::Connect(co);
-      if (!client.ok()) {
-        statuses[rank] = client.status();
+      auto ps = kv->Connect("dp-" + model, rank);
+      if (!ps.ok()) {
+        statuses[rank] = ps.status();
         return;
       }
       DataParallelOptions o;
@@ -44,7 +38,7 @@ void CheckThroughKvstore(const std::string& model) {
       o.init = testing::kInit;
       o.seed = 11;  // same initial weights on both trainers
       o.bucket_bytes = 64 << 10;
-      o.kvstore = client->get();
+      o.kvstore = ps->get();
       o.kvstore_workers = kTrainers;
       auto trainer = DataParallelTrainer::Create(o);
       if (!trainer.ok()) {

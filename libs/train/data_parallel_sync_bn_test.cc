@@ -9,7 +9,7 @@
 #include "gtest/gtest.h"
 #include "libs/collective/communicator.h"
 #include "libs/collective/store.h"
-#include "libs/kvstore/client.h"
+#include "libs/kvstore/in_process.h"
 #include "libs/nn/layers.h"
 #include "libs/train/data_parallel.h"
 #include "libs/train/dp_test_util.h"
@@ -275,13 +275,12 @@ TEST(SyncBnTest, AMissingTrainerIsATimeoutNotAHang) {
 }
 
 TEST(SyncBnTest, KvstoreAcrossTrainersIsRejected) {
-  kvstore::ClientOptions co;
-  co.servers = {"127.0.0.1:1"};  // never contacted: Create rejects the options first
-  co.job = "sync-bn";
-  auto client = kvstore::KVClient::Connect(co);
-  ASSERT_TRUE(client.ok()) << client.status();
+  auto kv = kvstore::InProcessKVStore::Create(kvstore::InProcessOptions());
+  ASSERT_TRUE(kv.ok()) << kv.status();
+  auto ps = (*kv)->Connect("sync-bn", 0);
+  ASSERT_TRUE(ps.ok()) << ps.status();
   DataParallelOptions o = Options(2, true);
-  o.kvstore = client->get();
+  o.kvstore = ps->get();  // never used: Create rejects the options first
   o.kvstore_workers = 2;
   absl::StatusOr<std::unique_ptr<DataParallelTrainer>> t = DataParallelTrainer::Create(o);
   EXPECT_EQ(t.status().code(), absl::StatusCode::kInvalidArgument) << t.status();

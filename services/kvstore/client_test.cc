@@ -1,4 +1,5 @@
-// End-to-end tests of the client against real shards on loopback ports.
+// End-to-end tests of the gRPC client (libs/kvstore/client.h) against real
+// shards on loopback ports.
 #include "libs/kvstore/client.h"
 
 #include <grpcpp/client_context.h>

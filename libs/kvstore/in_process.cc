@@ -1,0 +1,369 @@
+#include "libs/kvstore/in_process.h"
+
+#include <algorithm>
+#include <cstring>
+#include <functional>
+#include <map>
+#include <set>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+#include "libs/base/logging.h"
+#include "libs/base/status.h"
+#include "libs/kvstore/thread_pool.h"
+
+namespace dtrain {
+namespace kvstore {
+
+struct InProcessKVStore::Shards {
+  InProcessOptions options;
+  std::vector<std::unique_ptr<Store>> stores;
+};
+
+// ---------------------------------------------------------------------------
+// InProcessKVStore
+
+InProcessKVStore::InProcessKVStore(std::shared_ptr<Shards> shards) : shards_(std::move(shards)) {}
+
+InProcessKVStore::~InProcessKVStore() = default;
+
+absl::StatusOr<std::unique_ptr<InProcessKVStore>> InProcessKVStore::Create(
+    InProcessOptions options) {
+  if (options.num_shards < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("in-process kvstore: num_shards=", options.num_shards, " must be at least 1"));
+  }
+  if (options.pull_timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "in-process kvstore: pull_timeout=", absl::FormatDuration(options.pull_timeout),
+        " must be positive"));
+  }
+  auto shards = std::make_shared<Shards>();
+  for (int i = 0; i < options.num_shards; ++i) {
+    StoreOptions store = options.store;
+    store.shard_index = i;
+    shards->stores.push_back(std::make_unique<Store>(store));
+  }
+  shards->options = std::move(options);
+  return std::unique_ptr<InProcessKVStore>(new InProcessKVStore(std::move(shards)));
+}
+
+absl::StatusOr<std::unique_ptr<InProcessParameterServer>> InProcessKVStore::Connect(
+    const std::string& job, int worker) {
+  if (job.empty() || job.size() > kMaxJobNameLength) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("in-process kvstore: job name must have 1 to ", kMaxJobNameLength, " bytes"));
+  }
+  if (worker < 0 || worker >= kMaxWorkers) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("in-process kvstore: worker ", worker, " is out of range"));
+  }
+  return std::unique_ptr<InProcessParameterServer>(
+      new InProcessParameterServer(shards_, job, worker));
+}
+
+int InProcessKVStore::num_shards() const { return static_cast<int>(shards_->stores.size()); }
+
+Store& InProcessKVStore::shard(int index) {
+  DT_CHECK(index >= 0 && index < num_shards()) << "shard " << index << " of " << num_shards();
+  return *shards_->stores[static_cast<size_t>(index)];
+}
+
+// ---------------------------------------------------------------------------
+// InProcessParameterServer
+
+struct InProcessParameterServer::Key {
+  KeySpec spec;  // `initial` cleared
+  std::vector<PlacedSlice> slices;
+  std::vector<int64_t> pushed;           // per slice: the last round pushed
+  std::shared_ptr<Pending::State> last;  // the latest operation on this key
+};
+
+// One item of an operation, whatever its kind.
+struct InProcessParameterServer::Request {
+  std::string key;
+  const void* src = nullptr;  // push, push-pull
+  void* dst = nullptr;        // pull, push-pull
+  int64_t round = kLastPushedRound;
+};
+
+// One slice's part of an operation.
+struct InProcessParameterServer::Work {
+  const PlacedSlice* slice = nullptr;
+  int64_t round = 0;
+  const char* src = nullptr;  // the slice's first element in the caller's buffer
+  char* dst = nullptr;
+};
+
+namespace {
+
+int64_t SliceBytes(const SliceSpec& spec) {
+  return spec.count * static_cast<int64_t>(DTypeSize(spec.dtype));
+}
+
+// Runs fn(i) for every shard; returns the first error.
+absl::Status ForEachShard(int n, const std::function<absl::Status(int)>& fn) {
+  absl::Status first;
+  for (int i = 0; i < n; ++i) first.Update(fn(i));
+  return first;
+}
+
+}  // namespace
+
+InProcessParameterServer::InProcessParameterServer(std::shared_ptr<InProcessKVStore::Shards> shards,
+                                                   std::string job, int worker)
+    : shards_(std::move(shards)),
+      job_(std::move(job)),
+      worker_(worker),
+      pool_(std::make_unique<ElasticThreadPool>()) {}
+
+InProcessParameterServer::~InProcessParameterServer() {
+  pool_.reset();  // finishes operations in flight while keys_ exist
+}
+
+absl::Status InProcessParameterServer::CreateJob(const JobConfig& config) {
+  if (config.job != job_) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "CreateJob of job '", config.job, "' from a parameter server of job '", job_, "'"));
+  }
+  DT_RETURN_IF_ERROR(ValidateJobConfig(config));
+  return ForEachShard(static_cast<int>(shards_->stores.size()), [&](int i) {
+    return shards_->stores[static_cast<size_t>(i)]->CreateJob(config).status();
+  });
+}
+
+absl::Status InProcessParameterServer::DeleteJob() {
+  return ForEachShard(static_cast<int>(shards_->stores.size()), [&](int i) {
+    return shards_->stores[static_cast<size_t>(i)]->DeleteJob(job_);
+  });
+}
+
+absl::Status InProcessParameterServer::Init(const std::vector<KeySpec>& keys) {
+  const int num_shards = static_cast<int>(shards_->stores.size());
+  // Place every key and check it against what this worker knows.
+  std::vector<std::unique_ptr<Key>> placed;
+  std::set<std::string> names;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const KeySpec& spec : keys) {
+      if (!names.insert(spec.key).second) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("key '", spec.key, "' appears twice in one Init"));
+      }
+      DT_ASSIGN_OR_RETURN(
+          std::vector<PlacedSlice> slices,
+          PlaceKey(spec.key, spec.shape, spec.dtype, num_shards, shards_->options.placement));
+      auto it = keys_.find(spec.key);
+      if (it != keys_.end() &&
+          (it->second->spec.shape != spec.shape || it->second->spec.dtype != spec.dtype)) {
+        return absl::AlreadyExistsError(
+            absl::StrCat("key '", spec.key, "' was initialized as ",
+                         DTypeName(it->second->spec.dtype), ShapeString(it->second->spec.shape),
+                         "; this Init says ", DTypeName(spec.dtype), ShapeString(spec.shape)));
+      }
+      auto key = std::make_unique<Key>();
+      key->spec = spec;
+      key->spec.initial = nullptr;
+      key->slices = std::move(slices);
+      key->pushed.assign(key->slices.size(), 0);
+      placed.push_back(std::move(key));
+    }
+  }
+  // Each shard creates its slices, with their initial values.
+  std::vector<std::vector<InitItem>> per_shard(static_cast<size_t>(num_shards));
+  for (size_t k = 0; k < keys.size(); ++k) {
+    const size_t esize = DTypeSize(keys[k].dtype);
+    for (const PlacedSlice& s : placed[k]->slices) {
+      InitItem item;
+      item.spec = s.spec;
+      if (keys[k].initial != nullptr) {
+        item.data.emplace_back(static_cast<const char*>(keys[k].initial) + s.spec.offset * esize,
+                               static_cast<size_t>(SliceBytes(s.spec)));
+      }
+      per_shard[static_cast<size_t>(s.server)].push_back(std::move(item));
+    }
+  }
+  DT_RETURN_IF_ERROR(ForEachShard(num_shards, [&](int i) -> absl::Status {
+    const std::vector<InitItem>& items = per_shard[static_cast<size_t>(i)];
+    if (items.empty()) return absl::OkStatus();
+    return shards_->stores[static_cast<size_t>(i)]->Init(job_, items).status();
+  }));
+  absl::MutexLock lock(&mu_);
+  for (auto& key : placed) {
+    auto it = keys_.find(key->spec.key);
+    if (it == keys_.end()) keys_.emplace(key->spec.key, std::move(key));
+  }
+  return absl::OkStatus();
+}
+
+Pending InProcessParameterServer::PushAsync(std::vector<PushSource> items) {
+  std::vector<Request> requests;
+  for (PushSource& item : items) requests.push_back({std::move(item.key), item.data, nullptr});
+  return Issue(Op::kPush, std::move(requests), /*run_one_inline=*/false);
+}
+
+absl::Status InProcessParameterServer::Push(std::vector<PushSource> items) {
+  std::vector<Request> requests;
+  for (PushSource& item : items) requests.push_back({std::move(item.key), item.data, nullptr});
+  return Issue(Op::kPush, std::move(requests), /*run_one_inline=*/true).Wait();
+}
+
+Pending InProcessParameterServer::PullAsync(std::vector<PullTarget> items) {
+  std::vector<Request> requests;
+  for (PullTarget& item : items) {
+    requests.push_back({std::move(item.key), nullptr, item.data, item.round});
+  }
+  return Issue(Op::kPull, std::move(requests), /*run_one_inline=*/false);
+}
+
+absl::Status InProcessParameterServer::Pull(std::vector<PullTarget> items) {
+  std::vector<Request> requests;
+  for (PullTarget& item : items) {
+    requests.push_back({std::move(item.key), nullptr, item.data, item.round});
+  }
+  return Issue(Op::kPull, std::move(requests), /*run_one_inline=*/true).Wait();
+}
+
+Pending InProcessParameterServer::PushPullAsync(std::vector<PushPullItem> items) {
+  std::vector<Request> requests;
+  for (PushPullItem& item : items) requests.push_back({std::move(item.key), item.src, item.dst});
+  return Issue(Op::kPushPull, std::move(requests), /*run_one_inline=*/false);
+}
+
+absl::Status InProcessParameterServer::PushPull(std::vector<PushPullItem> items) {
+  std::vector<Request> requests;
+  for (PushPullItem& item : items) requests.push_back({std::move(item.key), item.src, item.dst});
+  return Issue(Op::kPushPull, std::move(requests), /*run_one_inline=*/true).Wait();
+}
+
+Pending InProcessParameterServer::Issue(Op op, std::vector<Request> requests, bool run_one_inline) {
+  const char* what = op == Op::kPush ? "push" : op == Op::kPull ? "pull" : "push-pull";
+  std::vector<Work> work;
+  std::vector<std::shared_ptr<Pending::State>> deps;
+  auto state = std::make_shared<Pending::State>();
+  {
+    absl::MutexLock lock(&mu_);
+    std::set<std::string> names;
+    std::vector<Key*> keys;
+    for (const Request& r : requests) {
+      auto it = keys_.find(r.key);
+      if (it == keys_.end()) {
+        return Pending::Done(absl::NotFoundError(
+            absl::StrCat(what, " of key '", r.key, "': not Init'ed by worker ", worker_)));
+      }
+      if ((op != Op::kPull && r.src == nullptr) || (op != Op::kPush && r.dst == nullptr)) {
+        return Pending::Done(absl::InvalidArgumentError(
+            absl::StrCat(what, " of key '", r.key, "': ",
+                         op == Op::kPush   ? "no data"
+                         : op == Op::kPull ? "no destination buffer"
+                                           : "missing source or destination")));
+      }
+      if (op != Op::kPull && !names.insert(r.key).second) {
+        return Pending::Done(absl::InvalidArgumentError(
+            absl::StrCat("key '", r.key, "' appears twice in one ", what)));
+      }
+      if (op == Op::kPull && r.round < kLastPushedRound) {
+        return Pending::Done(absl::InvalidArgumentError(
+            absl::StrCat("pull of key '", r.key, "': round ", r.round, " is invalid")));
+      }
+      keys.push_back(it->second.get());
+    }
+    for (size_t k = 0; k < requests.size(); ++k) {
+      Key* key = keys[k];
+      const Request& r = requests[k];
+      const size_t esize = DTypeSize(key->spec.dtype);
+      for (size_t i = 0; i < key->slices.size(); ++i) {
+        Work w;
+        w.slice = &key->slices[i];
+        const size_t offset = static_cast<size_t>(w.slice->spec.offset) * esize;
+        if (op == Op::kPull) {
+          w.round = r.round == kLastPushedRound ? key->pushed[i] : r.round;
+        } else {
+          w.round = ++key->pushed[i];
+          w.src = static_cast<const char*>(r.src) + offset;
+        }
+        if (op != Op::kPush) w.dst = static_cast<char*>(r.dst) + offset;
+        work.push_back(w);
+      }
+      if (key->last && key->last != state &&
+          std::find(deps.begin(), deps.end(), key->last) == deps.end()) {
+        deps.push_back(key->last);
+      }
+      key->last = state;
+    }
+  }
+
+  std::map<int, std::vector<Work>> by_shard;
+  for (const Work& w : work) by_shard[w.slice->server].push_back(w);
+  {
+    absl::MutexLock lock(&state->mu);
+    state->remaining = static_cast<int>(by_shard.size());
+  }
+  auto shared_deps =
+      std::make_shared<const std::vector<std::shared_ptr<Pending::State>>>(std::move(deps));
+  std::function<void()> inline_task;
+  for (auto& [shard, shard_work] : by_shard) {
+    std::function<void()> task = [this, op, shard = shard, w = std::move(shard_work), state,
+                                  shared_deps]() {
+      // Operations on the same keys run in the order they were issued.
+      for (const auto& dep : *shared_deps) dep->WaitTasks();
+      state->Finish(RunOnShard(op, shard, w));
+    };
+    if (run_one_inline && !inline_task) {
+      inline_task = std::move(task);
+    } else {
+      pool_->Schedule(std::move(task));
+    }
+  }
+  if (inline_task) inline_task();
+  return Pending(std::move(state));
+}
+
+absl::Status InProcessParameterServer::RunOnShard(Op op, int shard, const std::vector<Work>& work) {
+  Store& store = *shards_->stores[static_cast<size_t>(shard)];
+  if (op != Op::kPull) {
+    std::vector<PushItem> items(work.size());
+    for (size_t i = 0; i < work.size(); ++i) {
+      const SliceSpec& spec = work[i].slice->spec;
+      items[i].key = spec.key;
+      items[i].slice = spec.slice;
+      items[i].round = work[i].round;
+      items[i].dtype = spec.dtype;
+      items[i].shape = spec.shape;
+      items[i].data.emplace_back(work[i].src, static_cast<size_t>(SliceBytes(spec)));
+    }
+    DT_RETURN_IF_ERROR(store.Push(job_, worker_, Compression::kNone, items).status());
+    if (op == Op::kPush) return absl::OkStatus();
+  }
+  std::vector<PullRequestItem> items(work.size());
+  for (size_t i = 0; i < work.size(); ++i) {
+    items[i].key = work[i].slice->spec.key;
+    items[i].slice = work[i].slice->spec.slice;
+    items[i].round = work[i].round;
+  }
+  PullOptions options;
+  options.deadline = absl::Now() + shards_->options.pull_timeout;
+  DT_ASSIGN_OR_RETURN(std::vector<PulledValue> values, store.Pull(job_, worker_, items, options));
+  DT_CHECK(values.size() == work.size()) << values.size() << " values for " << work.size();
+  for (size_t i = 0; i < work.size(); ++i) {
+    const SliceSpec& spec = work[i].slice->spec;
+    DT_CHECK(values[i].dtype == spec.dtype &&
+             values[i].bytes.size == static_cast<size_t>(SliceBytes(spec)))
+        << DescribeSlice(spec) << " pulled as " << values[i].bytes.size << " bytes";
+    std::memcpy(work[i].dst, values[i].bytes.data, values[i].bytes.size);
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int64_t> InProcessParameterServer::PushedRound(const std::string& key) const {
+  absl::MutexLock lock(&mu_);
+  auto it = keys_.find(key);
+  if (it == keys_.end()) {
+    return absl::NotFoundError(absl::StrCat("key '", key, "' not Init'ed by worker ", worker_));
+  }
+  return *std::min_element(it->second->pushed.begin(), it->second->pushed.end());
+}
+
+}  // namespace kvstore
+}  // namespace dtrain
