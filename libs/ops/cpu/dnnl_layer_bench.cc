@@ -32,6 +32,15 @@ namespace {
 using cpu::ConvLayout;
 using testing::RandomTensor;
 
+// Input with a clearly non-zero variance and a per-channel offset.
+Tensor BatchNormInput(const Shape& shape, uint64_t seed) {
+  Tensor x = RandomTensor(shape, seed, -2.0f, 2.0f);
+  const int64_t c = shape[1];
+  const int64_t hw = x.numel() / (shape[0] * c);
+  for (int64_t i = 0; i < x.numel(); ++i) x.data<float>()[i] += 0.5f * ((i / hw) % c);
+  return x;
+}
+
 class LayoutGuard {
  public:
   explicit LayoutGuard(ConvLayout layout) { cpu::SetConvLayoutForTesting(layout); }
