@@ -2,6 +2,22 @@
 // across trainers: the multi-GPU sections of the chapter, with gradient
 // communication overlapped with backward as PyTorch DDP and Horovod do.
 //
+// Three parts (PyTorch's DistributedDataParallel, Reducer and communication
+// hooks):
+//  - DataParallelTrainer (this file) is the orchestration: the replicas,
+//    their engine queues and the step;
+//  - the bucket reducer (reducer.h) owns the buckets, the autograd gradient
+//    hooks and readiness, and the per-device weighted sum into one flat
+//    buffer per bucket;
+//  - a GradientSync strategy (gradient_sync.h, one file each under sync/)
+//    decides what happens to a summed bucket across trainers (nothing, an
+//    allreduce, a kvstore round), how the initial weights are shared, and
+//    how a step ends (local SGD, or the kvstore's weights). Create picks it
+//    from the options: "local" (no communicator, no kvstore), "allreduce"
+//    (a communicator), "nccl_allreduce" (one CUDA device and an NCCL
+//    communicator), "kvstore_sync" or "kvstore_weights" (see
+//    kvstore_consistency below).
+//
 // Each step:
 //  1. The global minibatch is split across the trainer's K devices (rows in
 //     proportion; sizes may differ by one).
@@ -9,12 +25,12 @@
 //     worker queue of the dependency engine.
 //  3. Parameters are grouped into buckets in reverse registration order
 //     (roughly the order backward produces their gradients). As soon as a
-//     bucket's gradients are final on every replica (autograd gradient hooks),
-//     the communication queue sums them within the trainer (weighted by
-//     slice size, so the result is the gradient of the mean loss over the
-//     global batch), allreduces the bucket across trainers (when a
-//     communicator is given), and writes the result back to every replica
-//     while the rest of backward still runs.
+//     bucket's gradients are final on every replica, the communication
+//     queue sums them within the trainer (weighted by slice size, so the
+//     result is the gradient of the mean loss over the global batch), hands
+//     the bucket to the strategy (which averages it across trainers), and
+//     writes the result back to every replica while the rest of backward
+//     still runs.
 //  4. Every replica applies the same SGD update, so replicas stay identical.
 //     (Or, with an asynchronous kvstore, the parameter server applies SGD to
 //     each pushed bucket and every replica copies back the pulled weights;
@@ -29,7 +45,7 @@
 // (all of one kind; a mix is InvalidArgument). Each replica lives on its GPU
 // (Module::To) and its engine queue's thread makes that GPU current; all of a
 // replica's work (its slice of the batch copied in with Tensor::To, forward,
-// backward, the SGD step, and the comm queue's copies of its gradients) is
+// backward, the SGD step, and the reducer's copies of its gradients) is
 // ordered on one stream, the device's default stream (libs/cuda/stream.h),
 // made current explicitly. Bucket reduction takes one of two paths:
 //  - host staging (every case but the next): each replica's bucket
@@ -38,13 +54,14 @@
 //    allreduce with a host transport (TCP, shm, ...) or the kvstore round run
 //    on the host exactly as for CPU replicas, and the result is copied back
 //    host -> device into every replica's gradients, before its SGD step.
-//  - device allreduce: exactly one CUDA device and a communicator whose
-//    transport is TransportKind::kNccl (libs/cuda/nccl/nccl_collective.h,
-//    which takes device pointers): each bucket is flattened into a device
-//    buffer, allreduced (average over trainers) by NCCL and copied back, with
-//    no host staging. The communicator's cuda_device must be the trainer's
-//    device; an NCCL communicator with several devices per trainer is
-//    InvalidArgument (run one trainer per GPU).
+//  - device allreduce ("nccl_allreduce"): exactly one CUDA device and a
+//    communicator whose transport is TransportKind::kNccl
+//    (libs/cuda/nccl/nccl_collective.h, which takes device pointers): each
+//    bucket is flattened into a device buffer, allreduced (average over
+//    trainers) by NCCL and copied back, with no host staging. The
+//    communicator's cuda_device must be the trainer's device; an NCCL
+//    communicator with several devices per trainer is InvalidArgument (run
+//    one trainer per GPU).
 // The initial weights are broadcast through host memory with a host
 // transport and in device memory with NCCL. The kvstore modes (kSync, kAsync,
 // kBoundedDelay) work on CUDA through host staging. sync_batch_norm is
@@ -202,6 +219,18 @@ class DataParallelTrainer {
   // training or before evaluation or a checkpoint. A no-op in the other
   // modes, where replicas already hold the job's weights.
   absl::Status PullLatestWeights();
+
+  // Combines this trainer's statistics `sums` (n host floats: a loss sum, a
+  // sample count, ...) with the other trainers' so that their ratios are
+  // over every trainer's samples (each becomes its sum or its mean over the
+  // trainers). With kvstore-held weights (kAsync / kBoundedDelay) there is no
+  // common round and they stay this trainer's; one trainer: unchanged. The
+  // synchronous kvstore mode takes n == 3 (its key "stats/epoch").
+  absl::Status AverageStatistics(float* sums, int n);
+
+  // The gradient-sync strategy Create chose (gradient_sync.h): "local",
+  // "allreduce", "nccl_allreduce", "kvstore_sync" or "kvstore_weights".
+  const char* sync_name() const;
 
   // Replica `i`'s model (all replicas hold the same parameters after a step).
   nn::Module* replica(int i);

@@ -21,10 +21,6 @@ namespace dtrain {
 namespace train {
 namespace {
 
-// The kvstore key synchronous kvstore jobs average the epoch's
-// [loss sum, samples, correct] through (they have no communicator).
-constexpr const char* kStatsKey = "stats/epoch";
-
 absl::Status Validate(const JobConfig& c) {
   auto bad = [](const char* field, const std::string& why) {
     return absl::InvalidArgumentError(absl::StrCat(field, ": ", why));
@@ -57,20 +53,6 @@ absl::Status Validate(const JobConfig& c) {
   if (c.checkpoint_interval_epochs > 0 && c.checkpoint_path.empty()) {
     return bad("checkpoint_path", "needed with checkpoint_interval_epochs");
   }
-  return absl::OkStatus();
-}
-
-// Sums `v` (n floats on the host) over the ranks, through `device` memory
-// when the communicator wants it (NCCL).
-absl::Status AllreduceSum(collective::Communicator* comm, const Device& device, float* v, int n) {
-  if (device.is_cpu()) return comm->Allreduce(v, n, DType::kF32, collective::ReduceOp::kSum);
-  Tensor host = Tensor::FromVector(std::vector<float>(v, v + n), {n});
-  DT_ASSIGN_OR_RETURN(Tensor on_device, host.To(device));
-  DT_RETURN_IF_ERROR(
-      comm->Allreduce(on_device.raw_data(), n, DType::kF32, collective::ReduceOp::kSum));
-  DT_ASSIGN_OR_RETURN(Tensor back, on_device.To(Device::Cpu(0)));
-  std::vector<float> out = back.ToVector<float>();
-  std::copy(out.begin(), out.end(), v);
   return absl::OkStatus();
 }
 
@@ -175,15 +157,6 @@ absl::Status Run(const JobConfig& c, JobObserver* observer, JobProgress* progres
     };
   }
   DT_ASSIGN_OR_RETURN(std::unique_ptr<DataParallelTrainer> trainer, DataParallelTrainer::Create(o));
-  // A synchronous kvstore job averages its epoch statistics through one more
-  // key; asynchronous ones (whose keys the shards update with SGD) report
-  // rank 0's share.
-  const bool stats_through_kvstore =
-      c.kvstore != nullptr && world > 1 && c.kvstore_consistency == kvstore::Consistency::kSync;
-  if (stats_through_kvstore) {
-    DT_RETURN_IF_ERROR(Annotate(c.kvstore->Init({{kStatsKey, {3}, DType::kF32, nullptr}}),
-                                "initializing the kvstore key of the epoch statistics"));
-  }
   if (c.sync_batch_norm) {
     DT_LOG(INFO) << "job " << c.name << " rank " << rank << ": synchronized batch norm over " << k
                  << " devices x " << world << " trainers";
@@ -251,19 +224,14 @@ absl::Status Run(const JobConfig& c, JobObserver* observer, JobProgress* progres
       progress->samples_per_second = secs > 0 ? seen * world / secs : 0;
       observer->OnStep(*progress, times);
     }
-    // The epoch's loss and training accuracy over every rank's samples.
+    // The epoch's loss and training accuracy over every rank's samples (the
+    // trainer's gradient sync knows how its trainers meet; with kvstore-held
+    // weights this rank's share).
     float sums[3] = {static_cast<float>(loss_sum), static_cast<float>(seen),
                      static_cast<float>(correct)};
-    const std::string what =
-        absl::StrCat("rank ", rank, ": averaging the loss of epoch ", epoch + 1);
-    if (c.communicator != nullptr) {
-      DT_RETURN_IF_ERROR(
-          Annotate(AllreduceSum(c.communicator, c.communicator_device, sums, 3), what));
-    } else if (stats_through_kvstore) {
-      // A synchronous round: the pull is the mean over the trainers, whose
-      // ratios are the global ones.
-      DT_RETURN_IF_ERROR(Annotate(c.kvstore->PushPull({{kStatsKey, sums, sums}}), what));
-    }
+    DT_RETURN_IF_ERROR(
+        Annotate(trainer->AverageStatistics(sums, 3),
+                 absl::StrCat("rank ", rank, ": averaging the loss of epoch ", epoch + 1)));
     if (sums[1] > 0) {
       progress->loss = sums[0] / sums[1];
       progress->train_accuracy = sums[2] / sums[1];
