@@ -86,13 +86,15 @@ absl::StatusOr<int> LoadCheckpoint(const JobConfig& c, nn::Module* model, nn::Sg
   return epochs_done;
 }
 
-// Test accuracy of replica 0 (0 for an empty test set).
-double Evaluate(DataParallelTrainer* trainer, const data::Dataset& test,
-                const Shape& sample_shape) {
-  return TestAccuracy(
-             test, sample_shape,
-             [trainer](const Tensor& x, const Tensor& y) { return trainer->CountCorrect(x, y); })
-      .value_or(0.0);
+// Test accuracy of replica 0 (0 for an empty test set). A failed evaluation
+// fails the job with its reason: it is never reported as accuracy 0.
+absl::StatusOr<double> Evaluate(DataParallelTrainer* trainer, const data::Dataset& test,
+                                const Shape& sample_shape) {
+  absl::StatusOr<double> accuracy = TestAccuracy(
+      test, sample_shape,
+      [trainer](const Tensor& x, const Tensor& y) { return trainer->CountCorrect(x, y); });
+  if (!accuracy.ok()) return Annotate(accuracy.status(), "evaluating on the test set");
+  return accuracy;
 }
 
 absl::Status Run(const JobConfig& c, JobObserver* observer, JobProgress* progress) {
@@ -243,7 +245,7 @@ absl::Status Run(const JobConfig& c, JobObserver* observer, JobProgress* progres
       // Asynchronous kvstore modes: the server's weights, not the ones this
       // trainer's last pushes left.
       DT_RETURN_IF_ERROR(trainer->PullLatestWeights());
-      progress->test_accuracy = Evaluate(trainer.get(), test_set, sample_shape);
+      DT_ASSIGN_OR_RETURN(progress->test_accuracy, Evaluate(trainer.get(), test_set, sample_shape));
       DT_LOG(INFO) << "job " << c.name << " epoch " << epoch + 1 << ": loss " << progress->loss
                    << ", test accuracy " << progress->test_accuracy;
       if (c.checkpoint_interval_epochs > 0 && (epoch + 1) % c.checkpoint_interval_epochs == 0) {
@@ -266,7 +268,7 @@ absl::Status Run(const JobConfig& c, JobObserver* observer, JobProgress* progres
   }
   if (rank == 0 && progress->test_accuracy < 0) {
     // Resumed from the last epoch's checkpoint: nothing left to train.
-    progress->test_accuracy = Evaluate(trainer.get(), test_set, sample_shape);
+    DT_ASSIGN_OR_RETURN(progress->test_accuracy, Evaluate(trainer.get(), test_set, sample_shape));
   }
   return absl::OkStatus();
 }

@@ -68,7 +68,6 @@ struct ConvCase {
   int stride, pad;
 };
 
-
 // Best-of-`iters` wall time in milliseconds after two warm-up calls (the
 // machine is shared, so the minimum is the most repeatable statistic).
 double BestMs(const std::function<void()>& f, int iters) {
