@@ -205,13 +205,13 @@ TEST_P(ParameterServerContractTest, AsyncServerSideSgdAppliesEachPush) {
   EXPECT_EQ(out, Filled(kN, 0.25f));  // 0.375 - 0.5 * 0.25
 }
 
-// BOUNDED_DELAY with max_delay 1: worker 0 may run one round ahead of worker
+// BOUNDED_DELAY with max_staleness 1: worker 0 may run one round ahead of worker
 // 1; its push-pull of round 2 waits until worker 1 pushed round 1, and then
 // returns weights with all three pushes applied.
 TEST_P(ParameterServerContractTest, BoundedDelayHoldsBackAWorkerTooFarAhead) {
   constexpr int64_t kN = 16;
   JobConfig config = Sgd(Config("bounded", 2, Consistency::kBoundedDelay), 1.0);
-  config.max_delay = 1;
+  config.max_staleness = 1;
   std::vector<std::unique_ptr<ParameterServer>> w;
   w.push_back(Connect(config.job, 0));
   w.push_back(Connect(config.job, 1));

@@ -21,7 +21,7 @@ v1::JobConfig ToProto(const JobConfig& c) {
       p.set_consistency(v1::CONSISTENCY_BOUNDED_DELAY);
       break;
   }
-  p.set_max_delay(c.max_delay);
+  p.set_max_staleness(c.max_staleness);
   p.set_optimizer(c.optimizer == OptimizerKind::kSgd ? v1::OPTIMIZER_SGD : v1::OPTIMIZER_NONE);
   p.set_learning_rate(c.learning_rate);
   p.set_momentum(c.momentum);
@@ -49,7 +49,7 @@ absl::StatusOr<JobConfig> FromProto(const v1::JobConfig& p) {
           "job '", p.job(), "': consistency ", static_cast<int>(p.consistency()),
           " is not one of CONSISTENCY_SYNC, CONSISTENCY_ASYNC, CONSISTENCY_BOUNDED_DELAY"));
   }
-  c.max_delay = p.max_delay();
+  c.max_staleness = p.max_staleness();
   switch (p.optimizer()) {
     case v1::OPTIMIZER_NONE:
       c.optimizer = OptimizerKind::kNone;

@@ -12,7 +12,7 @@ TEST(ProtoConvertTest, RoundTrips) {
   c.job = "j";
   c.num_workers = 3;
   c.consistency = Consistency::kBoundedDelay;
-  c.max_delay = 2;
+  c.max_staleness = 2;
   c.optimizer = OptimizerKind::kSgd;
   c.learning_rate = 0.1;
   c.momentum = 0.9;

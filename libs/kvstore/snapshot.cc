@@ -94,7 +94,7 @@ std::string EncodeConfig(const JobConfig& c) {
   return Join({{"job", c.job},
                {"num_workers", absl::StrCat(c.num_workers)},
                {"consistency", ConsistencyName(c.consistency)},
-               {"max_delay", absl::StrCat(c.max_delay)},
+               {"max_staleness", absl::StrCat(c.max_staleness)},
                {"optimizer", OptimizerName(c.optimizer)},
                {"learning_rate", Exact(c.learning_rate)},
                {"momentum", Exact(c.momentum)},
@@ -117,8 +117,11 @@ absl::StatusOr<JobConfig> DecodeConfig(absl::string_view text, absl::string_view
     }
   }
   if (!known) return absl::DataLossError(absl::StrCat(what, ": consistency '", consistency, "'"));
-  DT_ASSIGN_OR_RETURN(int64_t delay, GetInt(f, "max_delay", what));
-  c.max_delay = static_cast<int>(delay);
+  // Snapshots written before the field's rename call it max_delay.
+  DT_ASSIGN_OR_RETURN(
+      int64_t staleness,
+      GetInt(f, f.count("max_staleness") > 0 ? "max_staleness" : "max_delay", what));
+  c.max_staleness = static_cast<int>(staleness);
   DT_ASSIGN_OR_RETURN(std::string optimizer, Get(f, "optimizer", what));
   known = false;
   for (OptimizerKind k : {OptimizerKind::kNone, OptimizerKind::kSgd}) {

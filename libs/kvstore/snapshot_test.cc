@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "libs/checkpoint/checkpoint.h"
 
 namespace dtrain {
 namespace kvstore {
@@ -73,6 +74,36 @@ TEST(SnapshotTest, RoundTripResumesExactly) {
   for (Store* s : {&store, &restored}) ASSERT_TRUE(Push(*s, 1, 2, {1, 1, 1}).ok());
   EXPECT_EQ(Value(restored), Value(store));
   EXPECT_EQ(restored.GetJob("j", 1, true)->slices[0].pushed_round, 2);
+}
+
+// A snapshot written before JobConfig.max_delay was renamed max_staleness
+// still loads (with its bounded-delay setting).
+TEST(SnapshotTest, ReadsTheOldMaxDelayName) {
+  std::string dir = TempDir("old_name");
+  Store store{StoreOptions()};
+  JobConfig c;
+  c.job = "b";
+  c.num_workers = 2;
+  c.consistency = Consistency::kBoundedDelay;
+  c.max_staleness = 3;
+  c.optimizer = OptimizerKind::kSgd;
+  c.learning_rate = 0.1;
+  ASSERT_TRUE(store.CreateJob(c).ok());
+  absl::StatusOr<SnapshotInfo> info = WriteSnapshot(store, dir);
+  ASSERT_TRUE(info.ok()) << info.status();
+  absl::StatusOr<checkpoint::Checkpoint> ckpt = checkpoint::ReadCheckpoint(info->path);
+  ASSERT_TRUE(ckpt.ok()) << ckpt.status();
+  std::string& config = ckpt->metadata["job.0"];
+  const size_t at = config.find("max_staleness");
+  ASSERT_NE(at, std::string::npos) << config;
+  config.replace(at, std::strlen("max_staleness"), "max_delay");
+  ASSERT_TRUE(checkpoint::WriteCheckpoint(info->path, *ckpt).ok());
+
+  Store restored{StoreOptions()};
+  absl::StatusOr<bool> loaded = LoadSnapshot(dir, &restored);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_TRUE(*loaded);
+  EXPECT_EQ(restored.GetJob("b", 0, false)->config.max_staleness, 3);
 }
 
 TEST(SnapshotTest, MissingDamagedAndForeignSnapshots) {

@@ -384,11 +384,11 @@ absl::StatusOr<PushResult> Store::Push(absl::string_view job_name, int worker,
                                                 Missing(s.pushed, s.completed + 1), ")"));
     }
     if (config.consistency == Consistency::kBoundedDelay &&
-        item.round > s.completed + config.max_delay + 1) {
+        item.round > s.completed + config.max_staleness + 1) {
       return absl::OutOfRangeError(absl::StrCat(
           SliceName(job_name, spec), ": round ", item.round, " is too far ahead: the slowest ",
           "workers ", Missing(s.pushed, s.completed + 1), " have pushed round ", s.completed,
-          " and the job allows ", config.max_delay, " rounds of delay"));
+          " and the job allows ", config.max_staleness, " rounds of delay"));
     }
     apply[i] = true;
   }
@@ -486,7 +486,7 @@ absl::StatusOr<std::vector<PulledValue>> Store::Pull(absl::string_view job_name,
     if (config.consistency == Consistency::kSync) {
       need = items[i].round;
     } else if (config.consistency == Consistency::kBoundedDelay) {
-      need = items[i].round - config.max_delay;
+      need = items[i].round - config.max_staleness;
     }
     absl::MutexLock lock(&s.mu);
     auto ready = [&s, need]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return s.completed >= need; };

@@ -34,8 +34,8 @@
 //                  round r is complete.
 //   ASYNC          each push is applied on arrival; pulls do not wait.
 //   BOUNDED_DELAY  each push is applied on arrival; a push of round r needs
-//                  completed_round >= r - max_delay - 1, and a pull of round r
-//                  waits until completed_round >= r - max_delay.
+//                  completed_round >= r - max_staleness - 1, and a pull of round r
+//                  waits until completed_round >= r - max_staleness.
 // A pull of round r > 0 needs the worker's own push of round r (it would
 // otherwise wait for itself).
 //

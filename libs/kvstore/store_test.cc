@@ -22,12 +22,12 @@ std::vector<float> Floats(const PulledValue& v) {
   return out;
 }
 
-JobConfig Config(int workers, Consistency c = Consistency::kSync, int max_delay = 0) {
+JobConfig Config(int workers, Consistency c = Consistency::kSync, int max_staleness = 0) {
   JobConfig config;
   config.job = "j";
   config.num_workers = workers;
   config.consistency = c;
-  config.max_delay = max_delay;
+  config.max_staleness = max_staleness;
   return config;
 }
 
@@ -249,7 +249,7 @@ TEST_F(StoreTest, AsyncAppliesEachPushOnArrival) {
 }
 
 TEST_F(StoreTest, BoundedDelayLimitsHowFarAWorkerRunsAhead) {
-  SetUpJob(Config(2, Consistency::kBoundedDelay, /*max_delay=*/1));
+  SetUpJob(Config(2, Consistency::kBoundedDelay, /*max_staleness=*/1));
   ASSERT_TRUE(Push(0, 1, {1, 1, 1, 1}).ok());
   ASSERT_TRUE(Push(0, 2, {1, 1, 1, 1}).ok());  // one round ahead of worker 1: allowed
   absl::StatusOr<PushResult> ahead = Push(0, 3, {1, 1, 1, 1});

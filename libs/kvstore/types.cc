@@ -33,9 +33,9 @@ const char* OptimizerName(OptimizerKind o) {
 
 bool JobConfig::operator==(const JobConfig& o) const {
   return job == o.job && num_workers == o.num_workers && consistency == o.consistency &&
-         max_delay == o.max_delay && optimizer == o.optimizer && learning_rate == o.learning_rate &&
-         momentum == o.momentum && weight_decay == o.weight_decay &&
-         gradient_scale == o.gradient_scale;
+         max_staleness == o.max_staleness && optimizer == o.optimizer &&
+         learning_rate == o.learning_rate && momentum == o.momentum &&
+         weight_decay == o.weight_decay && gradient_scale == o.gradient_scale;
 }
 
 absl::Status ValidateJobConfig(const JobConfig& c) {
@@ -50,9 +50,10 @@ absl::Status ValidateJobConfig(const JobConfig& c) {
     return bad("num_workers must be 1 to ", kMaxWorkers, ", got ", c.num_workers);
   }
   if (c.consistency == Consistency::kBoundedDelay) {
-    if (c.max_delay < 0) return bad("max_delay must be >= 0, got ", c.max_delay);
-  } else if (c.max_delay != 0) {
-    return bad("max_delay=", c.max_delay, " is only meaningful with bounded_delay consistency");
+    if (c.max_staleness < 0) return bad("max_staleness must be >= 0, got ", c.max_staleness);
+  } else if (c.max_staleness != 0) {
+    return bad("max_staleness=", c.max_staleness,
+               " is only meaningful with bounded_delay consistency");
   }
   if (!(c.gradient_scale > 0) || !std::isfinite(c.gradient_scale)) {
     return bad("gradient_scale must be positive and finite, got ", c.gradient_scale);
@@ -78,7 +79,8 @@ absl::Status ValidateJobConfig(const JobConfig& c) {
 std::string DescribeJobConfig(const JobConfig& c) {
   std::string s = absl::StrCat("job=", c.job, " workers=", c.num_workers,
                                " consistency=", ConsistencyName(c.consistency));
-  if (c.consistency == Consistency::kBoundedDelay) absl::StrAppend(&s, " max_delay=", c.max_delay);
+  if (c.consistency == Consistency::kBoundedDelay)
+    absl::StrAppend(&s, " max_staleness=", c.max_staleness);
   absl::StrAppend(&s, " optimizer=", OptimizerName(c.optimizer));
   if (c.optimizer == OptimizerKind::kSgd) {
     absl::StrAppend(&s, " lr=", c.learning_rate, " momentum=", c.momentum,

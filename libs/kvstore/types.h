@@ -44,7 +44,7 @@ struct JobConfig {
   int num_workers = 1;
   Consistency consistency = Consistency::kSync;
   // tau for kBoundedDelay; 0 otherwise.
-  int max_delay = 0;
+  int max_staleness = 0;
   OptimizerKind optimizer = OptimizerKind::kNone;
   // kSgd only.
   double learning_rate = 0;
@@ -58,7 +58,7 @@ struct JobConfig {
 };
 
 // kInvalidArgument naming the offending field: empty or long job name,
-// num_workers outside 1..kMaxWorkers, max_delay set outside kBoundedDelay or
+// num_workers outside 1..kMaxWorkers, max_staleness set outside kBoundedDelay or
 // negative, SGD settings with kNone, a learning rate that is not positive
 // and finite, momentum outside [0, 1), negative or non-finite weight decay,
 // a gradient scale that is not positive and finite.

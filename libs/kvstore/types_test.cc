@@ -17,7 +17,7 @@ TEST(TypesTest, JobConfigValidation) {
     void (*mutate)(JobConfig&);
   } cases[] = {
       {"num_workers", [](JobConfig& c) { c.num_workers = 0; }},
-      {"max_delay", [](JobConfig& c) { c.max_delay = 2; }},
+      {"max_staleness", [](JobConfig& c) { c.max_staleness = 2; }},
       {"sgd", [](JobConfig& c) { c.momentum = 0.9; }},
       {"learning_rate", [](JobConfig& c) { c.optimizer = OptimizerKind::kSgd; }},
       {"momentum",
@@ -27,10 +27,10 @@ TEST(TypesTest, JobConfigValidation) {
          c.momentum = 1.0;
        }},
       {"gradient_scale", [](JobConfig& c) { c.gradient_scale = 0; }},
-      {"max_delay",
+      {"max_staleness",
        [](JobConfig& c) {
          c.consistency = Consistency::kBoundedDelay;
-         c.max_delay = -1;
+         c.max_staleness = -1;
        }},
   };
   for (const Case& k : cases) {

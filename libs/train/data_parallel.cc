@@ -43,9 +43,9 @@ kvstore::JobConfig MakeKvstoreJobConfig(const std::string& job,
   c.job = job;
   c.num_workers = options.kvstore_workers;
   c.consistency = options.kvstore_consistency;
-  c.max_delay = options.kvstore_consistency == kvstore::Consistency::kBoundedDelay
-                    ? options.kvstore_max_staleness
-                    : 0;
+  c.max_staleness = options.kvstore_consistency == kvstore::Consistency::kBoundedDelay
+                        ? options.kvstore_max_staleness
+                        : 0;
   // The server's step (protos/kvstore.proto) is nn::Sgd's without nesterov:
   // g = grad + wd * w; v = momentum * v + g; w -= lr * v, with v from zero.
   c.optimizer = kvstore::OptimizerKind::kSgd;

@@ -243,7 +243,7 @@ TEST(DataParallelAsyncTest, JobConfigCarriesTheServerOptimizer) {
   EXPECT_TRUE(kvstore::ValidateJobConfig(c).ok()) << kvstore::DescribeJobConfig(c);
   EXPECT_EQ(c.num_workers, 3);
   EXPECT_EQ(c.consistency, Consistency::kBoundedDelay);
-  EXPECT_EQ(c.max_delay, 2);
+  EXPECT_EQ(c.max_staleness, 2);
   EXPECT_EQ(c.optimizer, kvstore::OptimizerKind::kSgd);
   EXPECT_FLOAT_EQ(static_cast<float>(c.learning_rate), 0.05f);
   EXPECT_EQ(c.gradient_scale, 1.0);

@@ -99,7 +99,7 @@ TEST_P(SweepTest, MatchesLocalArithmetic) {
   config.job = "sweep";
   config.num_workers = c.workers;
   config.consistency = c.consistency;
-  if (c.consistency == Consistency::kBoundedDelay) config.max_delay = 1;
+  if (c.consistency == Consistency::kBoundedDelay) config.max_staleness = 1;
   if (c.sgd) {
     config.optimizer = OptimizerKind::kSgd;
     config.learning_rate = 0.1;
