@@ -28,7 +28,8 @@ absl::Status WriteFileAtomically(const std::string& path, absl::string_view cont
   // mkstemp: a unique name even when several processes write the same path.
   std::string tmp = absl::StrCat(path, ".tmp.XXXXXX");
   const int fd = mkostemp(tmp.data(), O_CLOEXEC);
-  if (fd < 0) return ErrnoToStatus(errno, absl::StrCat("cannot create a temporary file for ", path));
+  if (fd < 0)
+    return ErrnoToStatus(errno, absl::StrCat("cannot create a temporary file for ", path));
   // Others read port files and cluster descriptions: 0644, not mkstemp's
   // 0600 (umask(2) cannot be read without changing it for every thread).
   fchmod(fd, 0644);

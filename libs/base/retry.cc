@@ -10,8 +10,7 @@
 namespace dtrain {
 
 bool IsTransient(const absl::Status& status) {
-  return absl::IsUnavailable(status) || absl::IsDeadlineExceeded(status) ||
-         absl::IsAborted(status);
+  return absl::IsUnavailable(status) || absl::IsDeadlineExceeded(status) || absl::IsAborted(status);
 }
 
 absl::Duration BackoffBeforeJitter(const RetryPolicy& policy, int attempts) {

@@ -117,10 +117,11 @@ TEST(RetryTest, BackoffGrowsExponentiallyUpToTheCap) {
   policy.jitter = 0;
   policy.max_attempts = 6;
   Recorder r;
-  (void)Retry(policy, [] { return absl::UnavailableError("down"); }, r.Hooks());
-  const std::vector<absl::Duration> expected = {
-      absl::Milliseconds(100), absl::Milliseconds(200), absl::Milliseconds(400),
-      absl::Milliseconds(500), absl::Milliseconds(500)};
+  (void)Retry(
+      policy, [] { return absl::UnavailableError("down"); }, r.Hooks());
+  const std::vector<absl::Duration> expected = {absl::Milliseconds(100), absl::Milliseconds(200),
+                                                absl::Milliseconds(400), absl::Milliseconds(500),
+                                                absl::Milliseconds(500)};
   EXPECT_EQ(r.waits, expected);
 }
 
@@ -131,7 +132,8 @@ TEST(RetryTest, JitterStaysInItsBandAndVaries) {
   policy.jitter = 0.25;
   policy.max_attempts = 201;
   Recorder r;
-  (void)Retry(policy, [] { return absl::UnavailableError("down"); }, r.Hooks());
+  (void)Retry(
+      policy, [] { return absl::UnavailableError("down"); }, r.Hooks());
   ASSERT_EQ(r.waits.size(), 200u);
   absl::Duration lo = absl::InfiniteDuration(), hi = absl::ZeroDuration();
   for (absl::Duration w : r.waits) {

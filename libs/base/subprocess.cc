@@ -51,7 +51,8 @@ absl::StatusOr<std::unique_ptr<Subprocess>> Subprocess::Start(const SubprocessOp
     });
     if (!replaced) env_strings.emplace_back(entry);
   }
-  for (const auto& [name, value] : options.env) env_strings.push_back(absl::StrCat(name, "=", value));
+  for (const auto& [name, value] : options.env)
+    env_strings.push_back(absl::StrCat(name, "=", value));
   std::vector<char*> envp, argv;
   for (std::string& e : env_strings) envp.push_back(e.data());
   envp.push_back(nullptr);
@@ -171,8 +172,8 @@ absl::StatusOr<ExitStatus> Subprocess::Wait(absl::Duration timeout) {
   while (Running()) {
     const absl::Time now = absl::Now();
     if (now >= deadline) {
-      return absl::DeadlineExceededError(absl::StrCat(
-          "process ", pid_, " still running after ", absl::FormatDuration(timeout)));
+      return absl::DeadlineExceededError(
+          absl::StrCat("process ", pid_, " still running after ", absl::FormatDuration(timeout)));
     }
     absl::SleepFor(std::min(poll, deadline - now));
     poll = std::min(poll * 2, absl::Milliseconds(20));

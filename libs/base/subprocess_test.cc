@@ -73,8 +73,7 @@ TEST(SubprocessTest, ArgumentsEnvironmentAndOutputFile) {
                   "echo \"$0|$1|$DTRAIN_SUBPROCESS_TEST_INHERITED|"
                   "$DTRAIN_SUBPROCESS_TEST_REPLACED|$DTRAIN_SUBPROCESS_TEST_NEW\"; echo err >&2",
                   "zero", "one two"};
-  options.env = {{"DTRAIN_SUBPROCESS_TEST_REPLACED", "new"},
-                 {"DTRAIN_SUBPROCESS_TEST_NEW", "a=b"}};
+  options.env = {{"DTRAIN_SUBPROCESS_TEST_REPLACED", "new"}, {"DTRAIN_SUBPROCESS_TEST_NEW", "a=b"}};
   options.output_file = out;
   auto child = StartOrDie(options);
   ASSERT_NE(child, nullptr);

@@ -66,7 +66,8 @@ class RpcMetrics {
       // "/dtrain.kvstore.v1.KVStoreData/Push" -> service, method.
       absl::string_view rest = absl::StripPrefix(name, "/");
       const size_t slash = rest.rfind('/');
-      m->service = slash == absl::string_view::npos ? "unknown" : std::string(rest.substr(0, slash));
+      m->service =
+          slash == absl::string_view::npos ? "unknown" : std::string(rest.substr(0, slash));
       m->method = slash == absl::string_view::npos ? std::string(rest.empty() ? "unknown" : rest)
                                                    : std::string(rest.substr(slash + 1));
       m->latency = &latency_.Add({{"grpc_service", m->service}, {"grpc_method", m->method}},
@@ -216,8 +217,8 @@ absl::Status Server::Start() {
   }
   if (options_.max_message_bytes < 0 || options_.max_message_bytes > (int64_t{1} << 30) ||
       options_.min_pollers < 0 || options_.max_pollers < 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        options_.service, ": max_message_bytes must be 0 to 1 GiB and pollers >= 0"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(options_.service, ": max_message_bytes must be 0 to 1 GiB and pollers >= 0"));
   }
   if (!options_.metrics_listen.empty()) {
     absl::StatusOr<std::unique_ptr<metrics::MetricsServer>> m =

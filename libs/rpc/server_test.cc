@@ -8,9 +8,9 @@
 #include <grpcpp/impl/rpc_method.h>
 #include <grpcpp/security/credentials.h>
 #include <grpcpp/support/sync_stream.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
-#include <netinet/in.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -72,7 +72,8 @@ absl::StatusOr<std::string> HealthCheck(grpc::Channel* channel) {
   grpc::ByteBuffer request(&empty, 1), response;
   grpc::Status s = grpc::internal::BlockingUnaryCall<grpc::ByteBuffer, grpc::ByteBuffer>(
       channel, method, &ctx, request, &response);
-  if (!s.ok()) return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
+  if (!s.ok())
+    return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
   return Flatten(response);
 }
 
