@@ -22,6 +22,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
@@ -89,33 +90,49 @@ grpc::Status Ping(grpc::Channel* channel, const std::string& payload, int fail_w
   return stub->Ping(&ctx, request, reply ? reply : &ignored);
 }
 
-// A JobService whose Get blocks until released (calls in flight) and whose
-// other methods are unimplemented.
+// A JobService whose Get holds the call (id "<ms>": that many milliseconds;
+// id "block": until Release() or cancellation) and whose other methods are
+// unimplemented.
 class BlockingJobs final : public v1::JobService::Service {
  public:
   grpc::Status Get(grpc::ServerContext* ctx, const v1::GetRequest* request,
                    v1::JobStatus* reply) override {
     entered_.fetch_add(1);
-    const absl::Duration hold = absl::Milliseconds(std::atoi(request->id().c_str()));
-    const absl::Time until = absl::Now() + hold;
-    while (absl::Now() < until && !ctx->IsCancelled()) absl::SleepFor(absl::Milliseconds(5));
+    const bool block = request->id() == "block";
+    const absl::Time until =
+        block ? absl::InfiniteFuture()
+              : absl::Now() + absl::Milliseconds(std::atoi(request->id().c_str()));
+    while (absl::Now() < until && !ctx->IsCancelled() && !(block && release_.HasBeenNotified())) {
+      absl::SleepFor(absl::Milliseconds(5));
+    }
     if (ctx->IsCancelled()) return grpc::Status(grpc::StatusCode::CANCELLED, "cancelled");
     reply->set_id(request->id());
+    absl::MutexLock lock(&mu_);
+    last_return_ = absl::Now();
     return grpc::Status::OK;
   }
   int entered() const { return entered_.load(); }
+  void Release() { release_.Notify(); }
+  // When the last call that was not cancelled returned.
+  absl::Time last_return() {
+    absl::MutexLock lock(&mu_);
+    return last_return_;
+  }
 
  private:
   std::atomic<int> entered_{0};
+  absl::Notification release_;
+  absl::Mutex mu_;
+  absl::Time last_return_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
 };
 
-// Get with id = milliseconds to hold the call.
-grpc::Status HoldingGet(grpc::Channel* channel, int hold_ms) {
+// Get with id = `hold` (see BlockingJobs).
+grpc::Status HoldingGet(grpc::Channel* channel, const std::string& hold) {
   auto stub = v1::JobService::NewStub(std::shared_ptr<grpc::Channel>(channel, [](auto*) {}));
   grpc::ClientContext ctx;
   ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(30)));
   v1::GetRequest request;
-  request.set_id(absl::StrCat(hold_ms));
+  request.set_id(hold);
   v1::JobStatus reply;
   grpc::Status s = stub->Get(&ctx, request, &reply);
   if (s.ok() && reply.id() != request.id()) return grpc::Status(grpc::StatusCode::INTERNAL, "id");
@@ -176,7 +193,7 @@ TEST(RpcServerTest, HealthReflectionAdminAndAddedServices) {
   EXPECT_EQ(s.error_code(), grpc::StatusCode::NOT_FOUND);
   EXPECT_EQ(s.error_message(), "no such job");
 
-  EXPECT_TRUE(HoldingGet(channel.get(), 0).ok());
+  EXPECT_TRUE(HoldingGet(channel.get(), "0").ok());
   EXPECT_EQ(jobs.entered(), 1);
   server.Shutdown(absl::Seconds(1));
   EXPECT_FALSE(HealthCheck(channel.get()).ok());
@@ -200,7 +217,7 @@ TEST(RpcServerTest, MetricsCountCallsByServiceMethodAndCode) {
   for (int i = 0; i < 3; ++i) ASSERT_TRUE(Ping(channel.get(), "x").ok());
   EXPECT_EQ(Ping(channel.get(), "x", static_cast<int>(grpc::StatusCode::UNAVAILABLE)).error_code(),
             grpc::StatusCode::UNAVAILABLE);
-  EXPECT_TRUE(HoldingGet(channel.get(), 50).ok());
+  EXPECT_TRUE(HoldingGet(channel.get(), "50").ok());
   auto stub = v1::JobService::NewStub(channel);
   {
     grpc::ClientContext ctx;
@@ -244,11 +261,12 @@ TEST(RpcServerTest, CountsCallsInFlight) {
   server.AddService(&jobs);
   ASSERT_TRUE(server.Start().ok());
   auto channel = Channel(server);
-  std::thread a([&] { EXPECT_TRUE(HoldingGet(channel.get(), 500).ok()); });
-  std::thread b([&] { EXPECT_TRUE(HoldingGet(channel.get(), 500).ok()); });
+  std::thread a([&] { EXPECT_TRUE(HoldingGet(channel.get(), "block").ok()); });
+  std::thread b([&] { EXPECT_TRUE(HoldingGet(channel.get(), "block").ok()); });
   WaitUntil([&] { return jobs.entered() == 2; });
   EXPECT_EQ(server.calls_in_flight(), 2);
   absl::StatusOr<std::string> text = metrics::Scrape(server.metrics_port());
+  jobs.Release();
   ASSERT_TRUE(text.ok());
   EXPECT_EQ(*metrics::SampleValue(*text, "dtrain_rpc_server_requests_in_flight"), 2);
   a.join();
@@ -351,16 +369,16 @@ TEST(RpcServerTest, ShutdownLetsCallsInFlightFinishWithinTheGrace) {
   ASSERT_TRUE(server.Start().ok());
   auto channel = Channel(server);
   grpc::Status result;
-  std::thread call([&] { result = HoldingGet(channel.get(), 300); });
+  std::thread call([&] { result = HoldingGet(channel.get(), "300"); });
   WaitUntil([&] { return jobs.entered() == 1; });
   const absl::Time start = absl::Now();
   server.Shutdown(absl::Seconds(10));
-  const absl::Duration took = absl::Now() - start;
+  const absl::Time end = absl::Now();
   call.join();
   EXPECT_TRUE(result.ok()) << result.error_message();
   // It waited for the call, and not for the idle connection until the grace.
-  EXPECT_GE(took, absl::Milliseconds(200));
-  EXPECT_LT(took, absl::Seconds(5));
+  EXPECT_GE(end, jobs.last_return());
+  EXPECT_LT(end - start, absl::Seconds(5));
   // New calls are refused.
   EXPECT_FALSE(Ping(channel.get(), "late").ok());
 }
@@ -375,14 +393,17 @@ TEST(RpcServerTest, ShutdownCancelsCallsThatOutlastTheGrace) {
   ASSERT_TRUE(server.Start().ok());
   auto channel = Channel(server);
   grpc::Status result;
-  std::thread call([&] { result = HoldingGet(channel.get(), 20000); });
+  std::thread call([&] { result = HoldingGet(channel.get(), "block"); });
   WaitUntil([&] { return jobs.entered() == 1; });
   const absl::Time start = absl::Now();
   server.Shutdown(absl::Milliseconds(300));
   const absl::Duration took = absl::Now() - start;
   call.join();
+  // The client sees the call cut off (UNAVAILABLE or CANCELLED, depending
+  // on which side notices first).
   EXPECT_FALSE(result.ok());
-  EXPECT_GE(took, absl::Milliseconds(250));
+  EXPECT_EQ(jobs.last_return(), absl::InfinitePast());  // the handler saw the cancellation
+  EXPECT_GE(took, absl::Milliseconds(300));
   EXPECT_LT(took, absl::Seconds(5));
 }
 
