@@ -110,8 +110,9 @@ class KVStoreServer::Impl {
   std::shared_ptr<prometheus::Registry> registry() const { return registry_; }
   std::shared_ptr<metrics::CallbackCollectable> store_metrics() const { return store_metrics_; }
 
-  // Handles one call: counts it in flight, times it, records its status,
-  // and converts the status for gRPC.
+  // Handles one call: times it, records its status in the kvstore's own
+  // metrics, and converts the status for gRPC. (Calls in flight and the
+  // dtrain_rpc_server_* metrics are the scaffold's interceptor's.)
   grpc::Status Run(const char* method, const std::function<absl::Status()>& handler) {
     const Clock::time_point start = Clock::now();
     const absl::Status status = handler();

@@ -82,8 +82,9 @@ struct ServerOptions {
 class KVStoreServer {
  public:
   // Loads the snapshot (if any), starts the gRPC server, the snapshotter
-  // and the metrics endpoint. Errors: kInvalidArgument for bad options,
-  // kUnavailable when an address cannot be bound, the snapshot's errors.
+  // and the metrics endpoint, and writes the port file. Errors:
+  // kInvalidArgument for bad options, kUnavailable when an address cannot
+  // be bound, the snapshot's and the port file's errors.
   static absl::StatusOr<std::unique_ptr<KVStoreServer>> Start(const ServerOptions& options);
 
   // Shuts down (with no grace) if Shutdown was not called.

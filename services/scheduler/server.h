@@ -62,7 +62,7 @@ struct ServerOptions {
 class SchedulerServer {
  public:
   // Errors: those of Scheduler::Open (a damaged log), kUnavailable when a
-  // port cannot be bound.
+  // port cannot be bound, the port file's (WriteFileAtomically).
   static absl::StatusOr<std::unique_ptr<SchedulerServer>> Start(const ServerOptions& options);
   ~SchedulerServer();
   SchedulerServer(const SchedulerServer&) = delete;
