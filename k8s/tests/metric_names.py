@@ -2,7 +2,8 @@
 """Lists the metric names the rules and the dashboard use, with the service
 expected to export each, one per line: NAME<TAB>EXPORTER.
 
-EXPORTER is a Prometheus job (dtrain-scheduler, dtrain-kvstore, dtrain-trainer), "prometheus"
+EXPORTER is a Prometheus job (dtrain-scheduler, dtrain-kvstore, dtrain-trainer) or
+several, comma-separated (dtrain_rpc_server_*: every scaffolded server), "prometheus"
 for `up` (per scraped job: the job is given in the selector), "kubelet" for
 metrics no dtrain service exports (kubelet_volume_stats_*), or "UNKNOWN"
 (a test failure). Recording-rule outputs (names with a colon) are checked to
@@ -72,7 +73,15 @@ def names(expr):
     return out
 
 
+# The services whose gRPC server is the scaffold of libs/rpc/server.h, which
+# exports dtrain_rpc_server_*. (The trainer daemon's health server joins
+# when it moves to the scaffold.)
+RPC_SERVERS = "dtrain-kvstore,dtrain-scheduler"
+
+
 def exporter(name):
+    if name.startswith("dtrain_rpc_server_"):
+        return RPC_SERVERS
     if name.startswith("dtrain_scheduler_"):
         return "dtrain-scheduler"
     if name.startswith("dtrain_kvstore_"):

@@ -20,6 +20,7 @@
 #include "absl/strings/str_cat.h"
 #include "libs/base/grpc_status.h"
 #include "libs/base/logging.h"
+#include "libs/base/retry.h"
 #include "libs/base/status.h"
 #include "libs/kvstore/codec.h"
 #include "libs/kvstore/proto_convert.h"
@@ -60,10 +61,6 @@ class PinToken {
 namespace {
 
 Pending Failed(absl::Status status) { return Pending::Done(std::move(status)); }
-
-bool Retryable(const absl::Status& s) {
-  return absl::IsUnavailable(s) || absl::IsDeadlineExceeded(s) || absl::IsAborted(s);
-}
 
 std::chrono::system_clock::time_point Deadline(absl::Duration timeout) {
   return absl::ToChronoTime(absl::Now() + timeout);
@@ -172,13 +169,15 @@ absl::StatusOr<std::unique_ptr<KVClient>> KVClient::Connect(ClientOptions option
 }
 
 absl::Status KVClient::WithRetries(const std::function<absl::Status()>& attempt) {
-  absl::Status status;
-  for (int n = 1;; ++n) {
-    status = attempt();
-    if (status.ok() || !Retryable(status) || n >= options_.max_attempts) return status;
-    DT_LOG(DEBUG) << "retrying after: " << status;
-    absl::SleepFor(options_.retry_backoff * n);
-  }
+  RetryPolicy policy;
+  policy.max_attempts = options_.max_attempts;
+  policy.initial_backoff = options_.retry_backoff;
+  policy.max_backoff = std::max(options_.retry_backoff, absl::Seconds(1));
+  RetryHooks hooks;
+  hooks.on_retry = [](const absl::Status& error, int attempts, absl::Duration wait) {
+    DT_LOG(DEBUG) << "attempt " << attempts << ": " << error << "; retrying in " << wait;
+  };
+  return Retry(policy, attempt, hooks);
 }
 
 absl::Status KVClient::ForEachServer(const std::function<absl::Status(int)>& fn) {

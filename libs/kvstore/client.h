@@ -92,7 +92,9 @@ struct ClientOptions {
   absl::Duration rpc_timeout = absl::Seconds(60);
   // Deadline of pulls and push-pulls, which wait for rounds, per attempt.
   absl::Duration pull_timeout = absl::Minutes(5);
-  // Attempts of an operation that fails with a transient error.
+  // Attempts of an operation that fails with a transient error
+  // (IsTransient, libs/base/retry.h), and the first wait between them (it
+  // doubles per attempt, with jitter).
   int max_attempts = 3;
   absl::Duration retry_backoff = absl::Milliseconds(50);
 };

@@ -10,20 +10,17 @@
 // calls in flight finish (--shutdown_grace_s), writes a final snapshot and
 // exits 0 (1 if that snapshot failed). Exit status 2 for bad flags, 1 when
 // the server cannot start (the reason on stderr).
-#include <unistd.h>
-
 #include <cstdio>
-#include <fstream>
 #include <string>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
-#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "libs/base/logging.h"
 #include "libs/base/signals.h"
 #include "libs/kvstore/malloc_tuning.h"
+#include "libs/rpc/server.h"
 #include "services/kvstore/server.h"
 
 ABSL_FLAG(std::string, listen, "0.0.0.0:7070", "gRPC address (port 0: any free port)");
@@ -38,21 +35,6 @@ ABSL_FLAG(double, shutdown_grace_s, 10, "seconds calls in flight get to finish a
 ABSL_FLAG(std::string, port_file, "",
           "write the bound gRPC port here once serving (for scripts and tests)");
 
-namespace {
-
-// Writes `text` to `path` atomically (temporary file + rename).
-bool WriteFileAtomically(const std::string& path, const std::string& text) {
-  std::string tmp = absl::StrCat(path, ".tmp.", getpid());
-  {
-    std::ofstream f(tmp, std::ios::trunc);
-    f << text;
-    if (!f.good()) return false;
-  }
-  return std::rename(tmp.c_str(), path.c_str()) == 0;
-}
-
-}  // namespace
-
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage("One shard of the dtrain kvstore (sharded parameter server).");
   absl::ParseCommandLine(argc, argv);
@@ -65,6 +47,7 @@ int main(int argc, char** argv) {
   options.data_dir = absl::GetFlag(FLAGS_data_dir);
   options.shard_index = absl::GetFlag(FLAGS_shard_index);
   options.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
+  options.port_file = absl::GetFlag(FLAGS_port_file);
   options.snapshot_interval = absl::Seconds(absl::GetFlag(FLAGS_snapshot_interval_s));
   options.quota_bytes_per_job = absl::GetFlag(FLAGS_quota_bytes_per_job);
   options.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
@@ -76,29 +59,14 @@ int main(int argc, char** argv) {
     return 2;
   }
 
-  dtrain::ShutdownSignal& shutdown = dtrain::ShutdownSignal::Install();
+  dtrain::ShutdownSignal::Install();  // before Start: an early signal is not lost
   absl::StatusOr<std::unique_ptr<dtrain::kvstore::KVStoreServer>> server =
       dtrain::kvstore::KVStoreServer::Start(options);
   if (!server.ok()) {
     std::fprintf(stderr, "kvstore_server: %s\n", server.status().ToString().c_str());
     return 1;
   }
-  DT_LOG(INFO) << "kvstore shard " << options.shard_index << " listening on port "
-               << (*server)->port()
-               << ((*server)->metrics_port()
-                       ? absl::StrCat(", metrics on port ", (*server)->metrics_port())
-                       : std::string());
-  const std::string port_file = absl::GetFlag(FLAGS_port_file);
-  if (!port_file.empty() && !WriteFileAtomically(port_file, absl::StrCat((*server)->port()))) {
-    std::fprintf(stderr, "kvstore_server: cannot write --port_file=%s\n", port_file.c_str());
-    return 1;
-  }
-  int sig = shutdown.Wait();
-  DT_LOG(INFO) << "signal " << sig << ": shutting down";
-  absl::Status status = (*server)->Shutdown(absl::Seconds(absl::GetFlag(FLAGS_shutdown_grace_s)));
-  if (!status.ok()) {
-    std::fprintf(stderr, "kvstore_server: %s\n", status.ToString().c_str());
-    return 1;
-  }
-  return 0;
+  return dtrain::rpc::RunUntilShutdownSignal("kvstore_server", [&] {
+    return (*server)->Shutdown(absl::Seconds(absl::GetFlag(FLAGS_shutdown_grace_s)));
+  });
 }

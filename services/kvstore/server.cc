@@ -1,22 +1,14 @@
 #include "services/kvstore/server.h"
 
-#include <grpc/grpc.h>
-#include <grpcpp/ext/proto_server_reflection_plugin.h>
-#include <grpcpp/health_check_service_interface.h>
 #include <grpcpp/impl/rpc_service_method.h>
-#include <grpcpp/security/server_credentials.h>
-#include <grpcpp/server.h>
-#include <grpcpp/server_builder.h>
 #include <grpcpp/server_context.h>
 #include <grpcpp/support/method_handler.h>
 #include <grpcpp/support/sync_stream.h>
 
-#include <atomic>
 #include <chrono>
 #include <deque>
 #include <functional>
 #include <map>
-#include <thread>
 #include <utility>
 #include <vector>
 
@@ -28,7 +20,7 @@
 #include "libs/kvstore/proto_convert.h"
 #include "libs/kvstore/wire.h"
 #include "libs/metrics/metrics.h"
-#include "protos/admin.grpc.pb.h"
+#include "libs/rpc/server.h"
 #include "protos/kvstore.grpc.pb.h"
 
 namespace dtrain {
@@ -118,16 +110,12 @@ class KVStoreServer::Impl {
   std::shared_ptr<prometheus::Registry> registry() const { return registry_; }
   std::shared_ptr<metrics::CallbackCollectable> store_metrics() const { return store_metrics_; }
 
-  // Calls being handled (Shutdown waits for them, then closes connections).
-  int in_flight() const { return in_flight_.load(); }
-
-  // Handles one call: counts it in flight, times it, records its status,
-  // and converts the status for gRPC.
+  // Handles one call: times it, records its status in the kvstore's own
+  // metrics, and converts the status for gRPC. (Calls in flight and the
+  // dtrain_rpc_server_* metrics are the scaffold's interceptor's.)
   grpc::Status Run(const char* method, const std::function<absl::Status()>& handler) {
-    in_flight_.fetch_add(1);
     const Clock::time_point start = Clock::now();
     const absl::Status status = handler();
-    in_flight_.fetch_sub(1);
     double seconds = std::chrono::duration<double>(Clock::now() - start).count();
     const MethodMetrics& m = methods_.at(method);
     if (status.ok()) {
@@ -496,7 +484,6 @@ class KVStoreServer::Impl {
     prometheus::Histogram* latency = nullptr;
   };
   std::map<std::string, MethodMetrics> methods_;  // filled by the constructor, then read-only
-  std::atomic<int> in_flight_{0};
 };
 
 namespace {
@@ -591,33 +578,12 @@ class DataService final : public grpc::Service {
   std::vector<std::unique_ptr<std::string>> names_;  // RpcServiceMethod keeps the pointers
 };
 
-// dtrain.admin.Admin
-class AdminService final : public admin::Admin::Service {
- public:
-  grpc::Status Ping(grpc::ServerContext*, const admin::PingRequest* request,
-                    admin::PingReply* reply) override {
-    if (request->fail_with_code() != 0) {
-      return grpc::Status(static_cast<grpc::StatusCode>(request->fail_with_code()),
-                          request->payload());
-    }
-    reply->set_payload(request->payload());
-    reply->set_service("kvstore");
-    reply->set_version("dev");
-    reply->set_uptime_ms(absl::ToInt64Milliseconds(absl::Now() - start_));
-    return grpc::Status::OK;
-  }
-
- private:
-  const absl::Time start_ = absl::Now();
-};
-
 }  // namespace
 
 // The services live as long as the gRPC server.
 struct KVStoreServer::Services {
   std::unique_ptr<ControlService> control;
   std::unique_ptr<DataService> data;
-  std::unique_ptr<AdminService> admin;
 };
 
 absl::StatusOr<std::unique_ptr<KVStoreServer>> KVStoreServer::Start(const ServerOptions& options) {
@@ -649,39 +615,28 @@ absl::StatusOr<std::unique_ptr<KVStoreServer>> KVStoreServer::Start(const Server
   server->snapshotter_ = std::make_unique<Snapshotter>(server->store_.get(), options.data_dir,
                                                        options.snapshot_interval);
   server->impl_ = std::make_unique<Impl>(options, server->store_.get(), server->snapshotter_.get());
-  if (!options.metrics_listen.empty()) {
-    DT_ASSIGN_OR_RETURN(server->metrics_server_,
-                        metrics::MetricsServer::Start(options.metrics_listen));
-    server->metrics_server_->Expose(server->impl_->registry());
-    server->metrics_server_->Expose(server->impl_->store_metrics());
-  }
+  server->services_ = std::make_unique<Services>();
+  server->services_->control = std::make_unique<ControlService>(server->impl_.get());
+  server->services_->data = std::make_unique<DataService>(server->impl_.get());
 
-  auto services = std::make_unique<Services>();
-  services->control = std::make_unique<ControlService>(server->impl_.get());
-  services->data = std::make_unique<DataService>(server->impl_.get());
-  services->admin = std::make_unique<AdminService>();
-
-  grpc::EnableDefaultHealthCheckService(true);
-  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
-  grpc::ServerBuilder builder;
-  builder.AddListeningPort(options.listen, grpc::InsecureServerCredentials(), &server->port_);
-  builder.SetMaxReceiveMessageSize(static_cast<int>(options.max_message_bytes));
-  builder.SetMaxSendMessageSize(static_cast<int>(options.max_message_bytes));
+  rpc::ServerOptions rpc_options;
+  rpc_options.service = "kvstore";
+  rpc_options.listen = options.listen;
+  rpc_options.port_file = options.port_file;
+  rpc_options.metrics_listen = options.metrics_listen;
+  rpc_options.max_message_bytes = options.max_message_bytes;
   // A sync server thread blocks while its pull waits for a round. With
   // gRPC's defaults (1 to 2 idle pollers) the pool then creates a thread
   // for the next call and ends one after every round; keeping a few more
   // idle threads avoids that churn (a thread start per push-pull).
-  builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::MIN_POLLERS, 2);
-  builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::MAX_POLLERS, 16);
-  builder.RegisterService(services->control.get());
-  builder.RegisterService(services->data.get());
-  builder.RegisterService(services->admin.get());
-  server->server_ = builder.BuildAndStart();
-  if (server->server_ == nullptr || server->port_ == 0) {
-    return absl::UnavailableError(absl::StrCat("kvstore: cannot listen on '", options.listen, "'"));
-  }
-  server->services_ = std::move(services);
-  if (auto* health = server->server_->GetHealthCheckService()) health->SetServingStatus(true);
+  rpc_options.min_pollers = 2;
+  rpc_options.max_pollers = 16;
+  server->rpc_ = std::make_unique<rpc::Server>(rpc_options);
+  server->rpc_->AddService(server->services_->control.get());
+  server->rpc_->AddService(server->services_->data.get());
+  server->rpc_->Expose(server->impl_->registry());
+  server->rpc_->Expose(server->impl_->store_metrics());
+  DT_RETURN_IF_ERROR(server->rpc_->Start());
   return server;
 }
 
@@ -693,27 +648,8 @@ KVStoreServer::~KVStoreServer() {
 absl::Status KVStoreServer::Shutdown(absl::Duration grace) {
   if (shut_down_) return absl::OkStatus();
   shut_down_ = true;
-  if (server_) {
-    if (auto* health = server_->GetHealthCheckService()) health->SetServingStatus(false);
-    // gRPC's Shutdown refuses new calls, lets calls in flight finish, and
-    // then waits for clients to close their connections, which idle gRPC
-    // clients do not do: it would wait out the whole grace period. So once
-    // no call of ours is in flight, connections are closed from this side.
-    const absl::Time deadline = absl::Now() + grace;
-    std::atomic<bool> done{false};
-    std::thread closer([&] {
-      absl::SleepFor(absl::Milliseconds(20));  // Shutdown has begun refusing calls
-      while (!done.load() && impl_->in_flight() > 0 && absl::Now() < deadline) {
-        absl::SleepFor(absl::Milliseconds(5));
-      }
-      if (!done.load()) grpc_server_cancel_all_calls(server_->c_server());
-    });
-    server_->Shutdown(absl::ToChronoTime(deadline));
-    done = true;
-    closer.join();
-    server_->Wait();
-  }
-  metrics_server_.reset();
+  // Calls in flight finish (or are cancelled) before the final snapshot.
+  if (rpc_) rpc_->Shutdown(grace);
   absl::Status status;
   if (snapshotter_) {
     snapshotter_->Stop();
@@ -730,9 +666,11 @@ absl::Status KVStoreServer::Shutdown(absl::Duration grace) {
   return status;
 }
 
-int KVStoreServer::metrics_port() const { return metrics_server_ ? metrics_server_->port() : 0; }
+int KVStoreServer::port() const { return rpc_ ? rpc_->port() : 0; }
 
-std::string KVStoreServer::local_address() const { return absl::StrCat("127.0.0.1:", port_); }
+int KVStoreServer::metrics_port() const { return rpc_ ? rpc_->metrics_port() : 0; }
+
+std::string KVStoreServer::local_address() const { return absl::StrCat("127.0.0.1:", port()); }
 
 }  // namespace kvstore
 }  // namespace dtrain

@@ -15,10 +15,10 @@
 //   dtrain.kvstore.v1.KVStore      jobs, Init, GetJob, Snapshot
 //   dtrain.kvstore.v1.KVStoreData  Push, Pull, PushPull and their unary forms
 //                                  (values zero-copy, libs/kvstore/wire.h)
-//   dtrain.admin.Admin             Ping
-//   grpc.health.v1.Health          SERVING until shutdown starts
-//   grpc.reflection                for grpcurl and friends
-// and, when metrics_listen is set, Prometheus metrics over HTTP:
+// and, through the server scaffold (libs/rpc/server.h), dtrain.admin.Admin
+// (Ping), grpc.health.v1.Health (SERVING until shutdown starts),
+// grpc.reflection, the port file, and, when metrics_listen is set,
+// Prometheus metrics over HTTP: the scaffold's dtrain_rpc_server_* and
 //   dtrain_kvstore_requests_total{method,code}
 //   dtrain_kvstore_request_duration_seconds{method}     (histogram)
 //   dtrain_kvstore_push_bytes_total, dtrain_kvstore_pull_bytes_total
@@ -48,14 +48,10 @@
 #include "libs/kvstore/snapshot.h"
 #include "libs/kvstore/store.h"
 
-namespace grpc {
-class Server;
-}  // namespace grpc
-
 namespace dtrain {
-namespace metrics {
-class MetricsServer;
-}  // namespace metrics
+namespace rpc {
+class Server;
+}  // namespace rpc
 
 namespace kvstore {
 
@@ -66,6 +62,8 @@ struct ServerOptions {
   // Start is loaded (a damaged one fails Start).
   std::string data_dir;
   int shard_index = 0;
+  // Where Start writes the bound gRPC port once serving; empty: nowhere.
+  std::string port_file;
   // Prometheus endpoint ("127.0.0.1:0", ":9100"); empty: none.
   std::string metrics_listen;
   // Periodic snapshots (when the store changed); <= 0: only on request and
@@ -84,8 +82,9 @@ struct ServerOptions {
 class KVStoreServer {
  public:
   // Loads the snapshot (if any), starts the gRPC server, the snapshotter
-  // and the metrics endpoint. Errors: kInvalidArgument for bad options,
-  // kUnavailable when an address cannot be bound, the snapshot's errors.
+  // and the metrics endpoint, and writes the port file. Errors:
+  // kInvalidArgument for bad options, kUnavailable when an address cannot
+  // be bound, the snapshot's and the port file's errors.
   static absl::StatusOr<std::unique_ptr<KVStoreServer>> Start(const ServerOptions& options);
 
   // Shuts down (with no grace) if Shutdown was not called.
@@ -99,7 +98,7 @@ class KVStoreServer {
   // Later calls do nothing.
   absl::Status Shutdown(absl::Duration grace);
 
-  int port() const { return port_; }
+  int port() const;
   // 0 without a metrics endpoint.
   int metrics_port() const;
   // "127.0.0.1:<port>", for clients in tests.
@@ -118,12 +117,10 @@ class KVStoreServer {
   ServerOptions options_;
   std::unique_ptr<Store> store_;
   std::unique_ptr<Snapshotter> snapshotter_;
-  std::unique_ptr<metrics::MetricsServer> metrics_server_;
   std::unique_ptr<Impl> impl_;
   struct Services;
-  std::unique_ptr<Services> services_;  // outlives server_
-  std::unique_ptr<grpc::Server> server_;
-  int port_ = 0;
+  std::unique_ptr<Services> services_;  // outlives rpc_
+  std::unique_ptr<rpc::Server> rpc_;
   bool resumed_ = false;
   bool shut_down_ = false;
 };

@@ -10,6 +10,7 @@
 #include <grpcpp/support/sync_stream.h>
 
 #include <cstdlib>
+#include <fstream>
 #include <string>
 
 #include "absl/strings/match.h"
@@ -45,8 +46,15 @@ std::shared_ptr<grpc::Channel> Channel(const std::string& address) {
 
 TEST(KVStoreServerTest, HealthReflectionAndAdmin) {
   ServerOptions options;
+  options.port_file = TempDir("port") + "/kvstore.port";
   auto server = KVStoreServer::Start(options);
   ASSERT_TRUE(server.ok()) << server.status();
+  {
+    std::ifstream in(options.port_file);
+    int port = 0;
+    ASSERT_TRUE(in >> port) << options.port_file;
+    EXPECT_EQ(port, (*server)->port());
+  }
   auto channel = Channel((*server)->local_address());
 
   // grpc.health.v1.Health/Check with an empty request: {status: SERVING}.
@@ -147,6 +155,13 @@ TEST(KVStoreServerTest, MetricsCountPushesPullsRoundsAndHeldBytes) {
   EXPECT_EQ(value("dtrain_kvstore_requests_total{code=\"OK\",method=\"PullUnary\"}"), 1);
   EXPECT_EQ(value("dtrain_kvstore_requests_total{code=\"OK\",method=\"Init\"}"), 1);
   EXPECT_EQ(value("dtrain_kvstore_request_duration_seconds_count{method=\"PushPullUnary\"}"), 3);
+  // The scaffold's interceptor counts the same calls under their gRPC names.
+  EXPECT_EQ(value("dtrain_rpc_server_requests_total{grpc_code=\"OK\",grpc_method=\"PushPullUnary\","
+                  "grpc_service=\"dtrain.kvstore.v1.KVStoreData\"}"),
+            3);
+  EXPECT_EQ(value("dtrain_rpc_server_requests_total{grpc_code=\"OK\",grpc_method=\"Init\","
+                  "grpc_service=\"dtrain.kvstore.v1.KVStore\"}"),
+            1);
   EXPECT_EQ(value("dtrain_kvstore_push_bytes_total"), 4 * 1024 + 3 * 40);
   EXPECT_EQ(value("dtrain_kvstore_pull_bytes_total"), 4 * 1024 + 3 * 40);
   EXPECT_EQ(value("dtrain_kvstore_rounds_completed_total{job=\"m\"}"), 4 + 3);

@@ -15,16 +15,15 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
 #include <string>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
-#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "libs/base/logging.h"
 #include "libs/base/signals.h"
+#include "libs/rpc/server.h"
 #include "services/scheduler/server.h"
 
 ABSL_FLAG(std::string, listen, "0.0.0.0:7000", "gRPC address (port 0: any free port)");
@@ -39,20 +38,6 @@ ABSL_FLAG(double, shutdown_grace_s, 2, "seconds calls in flight get to finish at
 ABSL_FLAG(std::string, port_file, "",
           "write the bound gRPC port here once serving (for scripts and tests)");
 
-namespace {
-
-bool WriteFileAtomically(const std::string& path, const std::string& text) {
-  std::string tmp = absl::StrCat(path, ".tmp.", getpid());
-  {
-    std::ofstream f(tmp, std::ios::trunc);
-    f << text;
-    if (!f.good()) return false;
-  }
-  return std::rename(tmp.c_str(), path.c_str()) == 0;
-}
-
-}  // namespace
-
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage("The dtrain job scheduler.");
   absl::ParseCommandLine(argc, argv);
@@ -61,6 +46,7 @@ int main(int argc, char** argv) {
   options.listen = absl::GetFlag(FLAGS_listen);
   options.data_dir = absl::GetFlag(FLAGS_data_dir);
   options.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
+  options.port_file = absl::GetFlag(FLAGS_port_file);
   const double timeout_s = absl::GetFlag(FLAGS_heartbeat_timeout_s);
   if (!(timeout_s > 0)) {
     std::fprintf(stderr, "scheduler_server: --heartbeat_timeout_s must be > 0, got %g\n",
@@ -80,23 +66,14 @@ int main(int argc, char** argv) {
                  options.data_dir.c_str(), std::strerror(errno));
     return 1;
   }
-  dtrain::ShutdownSignal& shutdown = dtrain::ShutdownSignal::Install();
+  dtrain::ShutdownSignal::Install();  // before Start: an early signal is not lost
   auto server = dtrain::scheduler::SchedulerServer::Start(options);
   if (!server.ok()) {
     std::fprintf(stderr, "scheduler_server: %s\n", server.status().ToString().c_str());
     return 1;
   }
-  DT_LOG(INFO) << "scheduler listening on port " << (*server)->port()
-               << ((*server)->metrics_port()
-                       ? absl::StrCat(", metrics on port ", (*server)->metrics_port())
-                       : std::string());
-  const std::string port_file = absl::GetFlag(FLAGS_port_file);
-  if (!port_file.empty() && !WriteFileAtomically(port_file, absl::StrCat((*server)->port()))) {
-    std::fprintf(stderr, "scheduler_server: cannot write --port_file=%s\n", port_file.c_str());
-    return 1;
-  }
-  int sig = shutdown.Wait();
-  DT_LOG(INFO) << "signal " << sig << ": shutting down";
-  (*server)->Shutdown(absl::Seconds(absl::GetFlag(FLAGS_shutdown_grace_s)));
-  return 0;
+  return dtrain::rpc::RunUntilShutdownSignal("scheduler_server", [&] {
+    (*server)->Shutdown(absl::Seconds(absl::GetFlag(FLAGS_shutdown_grace_s)));
+    return absl::OkStatus();
+  });
 }

@@ -1,15 +1,13 @@
 #include "services/scheduler/server.h"
 
-#include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/grpcpp.h>
-#include <grpcpp/health_check_service_interface.h>
 
 #include "absl/strings/str_cat.h"
 #include "libs/base/grpc_status.h"
 #include "libs/base/logging.h"
 #include "libs/base/status.h"
 #include "libs/metrics/metrics.h"
-#include "protos/admin.grpc.pb.h"
+#include "libs/rpc/server.h"
 #include "protos/scheduler.grpc.pb.h"
 
 namespace dtrain {
@@ -49,25 +47,6 @@ class RpcMetrics {
   std::shared_ptr<prometheus::Registry> registry_;
   prometheus::Family<prometheus::Counter>& requests_;
   prometheus::Family<prometheus::Histogram>& latency_;
-};
-
-class AdminService final : public admin::Admin::Service {
- public:
-  grpc::Status Ping(grpc::ServerContext*, const admin::PingRequest* request,
-                    admin::PingReply* reply) override {
-    if (request->fail_with_code() != 0) {
-      return grpc::Status(static_cast<grpc::StatusCode>(request->fail_with_code()),
-                          request->payload());
-    }
-    reply->set_payload(request->payload());
-    reply->set_service("scheduler");
-    reply->set_version("dev");
-    reply->set_uptime_ms(absl::ToInt64Milliseconds(absl::Now() - start_));
-    return grpc::Status::OK;
-  }
-
- private:
-  const absl::Time start_ = absl::Now();
 };
 
 class JobServiceImpl final : public v1::JobService::Service {
@@ -255,7 +234,6 @@ class SchedulerServer::Services {
   RpcMetrics rpc_metrics;  // before the services, which use it
   JobServiceImpl jobs;
   ClusterServiceImpl cluster;
-  AdminService admin;
 };
 
 absl::StatusOr<std::unique_ptr<SchedulerServer>> SchedulerServer::Start(
@@ -275,26 +253,18 @@ absl::StatusOr<std::unique_ptr<SchedulerServer>> SchedulerServer::Start(
   Scheduler* sched = server->scheduler_.get();
 
   server->services_ = std::make_unique<Services>(sched, &server->stopping_);
-  if (!options.metrics_listen.empty()) {
-    DT_ASSIGN_OR_RETURN(server->metrics_server_,
-                        metrics::MetricsServer::Start(options.metrics_listen));
-    server->metrics_server_->Expose(
-        std::make_shared<metrics::CallbackCollectable>([sched] { return Collect(sched); }));
-    server->metrics_server_->Expose(server->services_->rpc_metrics.registry());
-  }
-  grpc::EnableDefaultHealthCheckService(true);
-  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
-  grpc::ServerBuilder builder;
-  builder.AddListeningPort(options.listen, grpc::InsecureServerCredentials(), &server->port_);
-  builder.RegisterService(&server->services_->jobs);
-  builder.RegisterService(&server->services_->cluster);
-  builder.RegisterService(&server->services_->admin);
-  server->server_ = builder.BuildAndStart();
-  if (server->server_ == nullptr || server->port_ == 0) {
-    return absl::UnavailableError(
-        absl::StrCat("scheduler: cannot listen on '", options.listen, "'"));
-  }
-  if (auto* health = server->server_->GetHealthCheckService()) health->SetServingStatus(true);
+  rpc::ServerOptions rpc_options;
+  rpc_options.service = "scheduler";
+  rpc_options.listen = options.listen;
+  rpc_options.port_file = options.port_file;
+  rpc_options.metrics_listen = options.metrics_listen;
+  server->rpc_ = std::make_unique<rpc::Server>(rpc_options);
+  server->rpc_->AddService(&server->services_->jobs);
+  server->rpc_->AddService(&server->services_->cluster);
+  server->rpc_->Expose(
+      std::make_shared<metrics::CallbackCollectable>([sched] { return Collect(sched); }));
+  server->rpc_->Expose(server->services_->rpc_metrics.registry());
+  DT_RETURN_IF_ERROR(server->rpc_->Start());
 
   const absl::Duration period = options.heartbeat_timeout / 4;
   SchedulerServer* raw = server.get();
@@ -304,19 +274,17 @@ absl::StatusOr<std::unique_ptr<SchedulerServer>> SchedulerServer::Start(
   return server;
 }
 
-int SchedulerServer::metrics_port() const { return metrics_server_ ? metrics_server_->port() : 0; }
+int SchedulerServer::port() const { return rpc_ ? rpc_->port() : 0; }
+
+int SchedulerServer::metrics_port() const { return rpc_ ? rpc_->metrics_port() : 0; }
 
 void SchedulerServer::Shutdown(absl::Duration grace) {
   if (shut_down_) return;
   shut_down_ = true;
   if (!stopping_.HasBeenNotified()) stopping_.Notify();
   if (liveness_.joinable()) liveness_.join();
-  if (server_) {
-    if (auto* health = server_->GetHealthCheckService()) health->SetServingStatus(false);
-    server_->Shutdown(absl::ToChronoTime(absl::Now() + grace));
-    server_->Wait();
-  }
-  metrics_server_.reset();
+  // Watch streams end once stopping_ is notified; other calls get `grace`.
+  if (rpc_) rpc_->Shutdown(grace);
 }
 
 SchedulerServer::~SchedulerServer() { Shutdown(absl::ZeroDuration()); }

@@ -11,10 +11,10 @@
 //   dtrain.scheduler.v1.JobService      Submit, Get, List, Cancel, Watch (trainctl)
 //   dtrain.scheduler.v1.ClusterService  RegisterTrainer, Heartbeat, ReportProgress,
 //                                       StoreSet, StoreGet, StoreAdd (rendezvous)
-//   dtrain.admin.Admin                  Ping
-//   grpc.health.v1.Health               SERVING until shutdown starts
-//   grpc.reflection                     for grpcurl
-// and, when metrics_listen is set, Prometheus metrics over HTTP:
+// and, through the server scaffold (libs/rpc/server.h), dtrain.admin.Admin
+// (Ping), grpc.health.v1.Health (SERVING until shutdown starts),
+// grpc.reflection, the port file, and, when metrics_listen is set,
+// Prometheus metrics over HTTP: the scaffold's dtrain_rpc_server_* and
 //   dtrain_scheduler_jobs{state}        jobs in each state
 //   dtrain_scheduler_queue_length       jobs waiting for trainers
 //   dtrain_scheduler_trainers_alive     registered, heartbeating trainers
@@ -38,14 +38,10 @@
 #include "absl/time/time.h"
 #include "libs/scheduler/scheduler.h"
 
-namespace grpc {
-class Server;
-}  // namespace grpc
-
 namespace dtrain {
-namespace metrics {
-class MetricsServer;
-}  // namespace metrics
+namespace rpc {
+class Server;
+}  // namespace rpc
 
 namespace scheduler {
 
@@ -54,6 +50,8 @@ struct ServerOptions {
   std::string listen = "127.0.0.1:0";
   // The write-ahead log goes to <data_dir>/jobs.wal; empty: no persistence.
   std::string data_dir;
+  // Where Start writes the bound gRPC port once serving; empty: nowhere.
+  std::string port_file;
   // Prometheus endpoint ("127.0.0.1:0", ":9101"); empty: none.
   std::string metrics_listen;
   absl::Duration heartbeat_timeout = absl::Seconds(10);
@@ -64,7 +62,7 @@ struct ServerOptions {
 class SchedulerServer {
  public:
   // Errors: those of Scheduler::Open (a damaged log), kUnavailable when a
-  // port cannot be bound.
+  // port cannot be bound, the port file's (WriteFileAtomically).
   static absl::StatusOr<std::unique_ptr<SchedulerServer>> Start(const ServerOptions& options);
   ~SchedulerServer();
   SchedulerServer(const SchedulerServer&) = delete;
@@ -74,7 +72,7 @@ class SchedulerServer {
   // `grace` and stops. Idempotent.
   void Shutdown(absl::Duration grace);
 
-  int port() const { return port_; }
+  int port() const;
   int metrics_port() const;
   Scheduler* scheduler() { return scheduler_.get(); }
 
@@ -85,11 +83,9 @@ class SchedulerServer {
 
   std::unique_ptr<Scheduler> scheduler_;
   std::unique_ptr<Services> services_;
-  std::unique_ptr<grpc::Server> server_;
-  std::unique_ptr<metrics::MetricsServer> metrics_server_;
+  std::unique_ptr<rpc::Server> rpc_;
   absl::Notification stopping_;
   std::thread liveness_;
-  int port_ = 0;
   bool shut_down_ = false;
 };
 

@@ -104,6 +104,12 @@ TEST_F(ServerTest, JobLifecycleOverGrpcWithWatchAndMetrics) {
   EXPECT_EQ(*metrics::SampleValue(
                 *text, "dtrain_scheduler_requests_total{code=\"OK\",method=\"Heartbeat\"}"),
             1);
+  // The scaffold's interceptor counts the same call under its gRPC names.
+  EXPECT_EQ(*metrics::SampleValue(*text,
+                                  "dtrain_rpc_server_requests_total{grpc_code=\"OK\","
+                                  "grpc_method=\"Heartbeat\","
+                                  "grpc_service=\"dtrain.scheduler.v1.ClusterService\"}"),
+            1);
   auto linted = metrics::PromtoolCheck(*text);
   EXPECT_TRUE(linted.ok()) << linted.status();
 

@@ -28,7 +28,6 @@
 #include "services/trainctl/cluster.h"
 
 #include <errno.h>
-#include <fcntl.h>
 #include <grpcpp/grpcpp.h>
 #include <signal.h>
 #include <sys/stat.h>
@@ -42,6 +41,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <memory>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -56,7 +56,9 @@
 #include "absl/time/time.h"
 #include "google/protobuf/struct.pb.h"
 #include "google/protobuf/util/json_util.h"
+#include "libs/base/files.h"
 #include "libs/base/grpc_status.h"
+#include "libs/base/subprocess.h"
 #include "protos/admin.grpc.pb.h"
 
 namespace dtrain {
@@ -119,34 +121,21 @@ absl::StatusOr<std::string> FindBinary(const std::string& flag, const std::strin
                                           "); build it or pass its path with a flag"));
 }
 
-// Starts `argv` in a new session with stdout and stderr appended to `log`.
+// Starts `argv` in a new session with stdout and stderr appended to `log`;
+// the process outlives trainctl.
 absl::StatusOr<int> Spawn(const std::vector<std::string>& argv, const std::string& log) {
-  int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
-  if (fd < 0) return absl::InternalError(absl::StrCat("cannot open ", log, ": ", strerror(errno)));
-  pid_t pid = fork();
-  if (pid < 0) {
-    close(fd);
-    return absl::InternalError(absl::StrCat("fork: ", strerror(errno)));
-  }
-  if (pid == 0) {
-    setsid();
-    int null = open("/dev/null", O_RDONLY);
-    if (null >= 0) dup2(null, 0);
-    dup2(fd, 1);
-    dup2(fd, 2);
-    // The processes of a local cluster share the machine's cores: OpenMP
-    // threads that spin while waiting (libgomp's default) slow each other
-    // down several-fold; sleeping waits cost little (unless the user chose).
-    setenv("OMP_WAIT_POLICY", "PASSIVE", /*overwrite=*/0);
-    std::vector<char*> args;
-    for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-    args.push_back(nullptr);
-    execv(args[0], args.data());
-    std::fprintf(stderr, "trainctl cluster: cannot run %s: %s\n", args[0], strerror(errno));
-    _exit(127);
-  }
-  close(fd);
-  return pid;
+  SubprocessOptions options;
+  options.argv = argv;
+  options.output_file = log;
+  options.new_session = true;
+  // The processes of a local cluster share the machine's cores: OpenMP
+  // threads that spin while waiting (libgomp's default) slow each other
+  // down several-fold; sleeping waits cost little (unless the user chose).
+  if (std::getenv("OMP_WAIT_POLICY") == nullptr) options.env = {{"OMP_WAIT_POLICY", "PASSIVE"}};
+  absl::StatusOr<std::unique_ptr<Subprocess>> child = Subprocess::Start(options);
+  if (!child.ok()) return child.status();
+  (*child)->Release();  // `cluster down` stops it, by the pid in cluster.json
+  return static_cast<int>((*child)->pid());
 }
 
 // Alive and not a zombie (an orphan may wait a while to be reaped).
@@ -278,19 +267,6 @@ absl::StatusOr<std::vector<Proc>> LoadCluster(const std::string& dir) {
     procs.push_back(p);
   }
   return procs;
-}
-
-absl::Status WriteFileAtomically(const std::string& path, const std::string& text) {
-  std::string tmp = absl::StrCat(path, ".tmp.", getpid());
-  {
-    std::ofstream f(tmp, std::ios::trunc);
-    f << text << "\n";
-    if (!f.good()) return absl::InternalError(absl::StrCat("cannot write ", tmp));
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    return absl::InternalError(absl::StrCat("cannot rename ", tmp, ": ", strerror(errno)));
-  }
-  return absl::OkStatus();
 }
 
 // Stops `procs` (trainers first): SIGTERM, up to `grace`, then SIGKILL.
@@ -489,7 +465,7 @@ int Up(const ClusterOptions& o) {
     }
   }
   google::protobuf::Struct root = ToStruct(dir, procs);
-  if (s.ok()) s = WriteFileAtomically(dir + "/cluster.json", JsonOf(root, true));
+  if (s.ok()) s = WriteFileAtomically(dir + "/cluster.json", JsonOf(root, true) + "\n");
   if (!s.ok()) {
     StopAll(procs, absl::Seconds(5));
     return fail(s);

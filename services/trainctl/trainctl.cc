@@ -9,7 +9,8 @@
 //
 // The scheduler's address comes from --scheduler, else $DTRAIN_SCHEDULER,
 // else 127.0.0.1:7000. Every call has a deadline (--timeout_s) and is
-// retried with backoff while the scheduler is UNAVAILABLE (Submit carries a
+// retried with backoff while it fails with a transient error (IsTransient,
+// libs/base/retry.h: the scheduler is UNAVAILABLE, ...) (Submit carries a
 // random request id, so a retry never queues a job twice); watch and submit
 // --wait stream without a deadline, reconnect when the stream breaks (a
 // scheduler restart) and stop when the job finishes. Errors
@@ -41,6 +42,7 @@
 #include "absl/time/time.h"
 #include "google/protobuf/util/json_util.h"
 #include "libs/base/grpc_status.h"
+#include "libs/base/retry.h"
 #include "protos/scheduler.grpc.pb.h"
 #include "services/trainctl/cluster.h"
 #include "services/trainctl/progress.h"
@@ -126,23 +128,30 @@ std::string ToJson(const google::protobuf::Message& m, bool multiline) {
 }
 
 // Runs `call` (one RPC, given a context with the remaining deadline) until
-// it succeeds or fails with something other than UNAVAILABLE (the scheduler
-// restarting or not reachable yet), with exponential backoff, within
-// --timeout_s in all. Submit is safe to retry: it carries a request id.
+// it succeeds or fails with an error that is not transient (IsTransient:
+// e.g. UNAVAILABLE while the scheduler restarts or is not reachable yet),
+// with exponential backoff, within --timeout_s in all. Submit is safe to
+// retry: it carries a request id.
 absl::Status WithRetries(const char* what,
                          const std::function<grpc::Status(grpc::ClientContext*)>& call) {
-  const absl::Time deadline = absl::Now() + absl::Seconds(absl::GetFlag(FLAGS_timeout_s));
-  absl::Duration backoff = absl::Milliseconds(100);
-  for (;;) {
-    grpc::ClientContext ctx;
-    ctx.set_deadline(absl::ToChronoTime(deadline));
-    absl::Status s = dtrain::FromGrpcStatus(call(&ctx), what);
-    if (!absl::IsUnavailable(s) || absl::Now() + backoff >= deadline) return s;
-    std::fprintf(stderr, "trainctl: %s; retrying in %s\n", std::string(s.message()).c_str(),
-                 absl::FormatDuration(backoff).c_str());
-    absl::SleepFor(backoff);
-    backoff = std::min(backoff * 2, absl::Seconds(2));
-  }
+  dtrain::RetryPolicy policy;
+  policy.timeout = absl::Seconds(absl::GetFlag(FLAGS_timeout_s));
+  policy.initial_backoff = absl::Milliseconds(100);
+  policy.max_backoff = absl::Seconds(2);
+  const absl::Time deadline = absl::Now() + policy.timeout;
+  dtrain::RetryHooks hooks;
+  hooks.on_retry = [](const absl::Status& error, int, absl::Duration wait) {
+    std::fprintf(stderr, "trainctl: %s; retrying in %s\n", std::string(error.message()).c_str(),
+                 absl::FormatDuration(absl::Trunc(wait, absl::Milliseconds(1))).c_str());
+  };
+  return dtrain::Retry(
+      policy,
+      [&] {
+        grpc::ClientContext ctx;
+        ctx.set_deadline(absl::ToChronoTime(deadline));
+        return dtrain::FromGrpcStatus(call(&ctx), what);
+      },
+      hooks);
 }
 
 // 128 random bits as hex (the Submit request id).
@@ -245,7 +254,7 @@ int Watch(v1::JobService::Stub* stub, const std::string& id) {
       last_epoch = st.epoch();
     }
     s = dtrain::FromGrpcStatus(reader->Finish(), "JobService.Watch");
-    if (Final(last) || !(s.ok() || absl::IsUnavailable(s))) break;
+    if (Final(last) || !(s.ok() || dtrain::IsTransient(s))) break;
     const absl::Time now = absl::Now();
     if (failing_since == absl::InfiniteFuture()) failing_since = now;
     if (now - failing_since > kReconnectFor) break;

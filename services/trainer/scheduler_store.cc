@@ -9,6 +9,7 @@
 #include "absl/time/clock.h"
 #include "libs/base/grpc_status.h"
 #include "libs/base/logging.h"
+#include "libs/base/retry.h"
 
 namespace dtrain {
 namespace trainer {
@@ -18,10 +19,6 @@ namespace v1 = scheduler::v1;
 
 // The scheduler's cap on one StoreGet wait (scheduler::kMaxStoreWait).
 constexpr absl::Duration kWaitSlice = absl::Seconds(5);
-
-bool Transient(const absl::Status& s) {
-  return absl::IsUnavailable(s) || absl::IsDeadlineExceeded(s);
-}
 
 uint64_t RandomBase() {
   std::random_device rd;
@@ -40,17 +37,17 @@ SchedulerStore::SchedulerStore(v1::ClusterService::StubInterface* stub, std::str
       options_(options),
       id_base_(RandomBase() | (uint64_t{1} << 63)) {}
 
-template <typename F>
-absl::Status SchedulerStore::Retry(absl::string_view what, absl::Time until, F call) {
-  until = std::min(until, absl::Now() + options_.retry_for);
-  absl::Duration backoff = absl::Milliseconds(50);
-  while (true) {
-    absl::Status s = call();
-    if (s.ok() || !Transient(s) || absl::Now() + backoff >= until) return s;
-    DT_LOG(WARNING) << what << ": " << s << "; retrying in " << backoff;
-    absl::SleepFor(backoff);
-    backoff = std::min(backoff * 2, absl::Seconds(1));
-  }
+absl::Status SchedulerStore::WithRetries(absl::string_view what, absl::Time until,
+                                         absl::FunctionRef<absl::Status()> call) {
+  RetryPolicy policy;
+  policy.timeout = std::clamp(until - absl::Now(), absl::ZeroDuration(), options_.retry_for);
+  policy.initial_backoff = absl::Milliseconds(50);
+  policy.max_backoff = absl::Seconds(1);
+  RetryHooks hooks;
+  hooks.on_retry = [what](const absl::Status& error, int, absl::Duration wait) {
+    DT_LOG(WARNING) << what << ": " << error << "; retrying in " << wait;
+  };
+  return Retry(policy, call, hooks);
 }
 
 absl::Status SchedulerStore::Set(absl::string_view key, absl::string_view value) {
@@ -60,7 +57,7 @@ absl::Status SchedulerStore::Set(absl::string_view key, absl::string_view value)
   req.set_attempt(attempt_);
   req.set_key(std::string(key));
   req.set_value(std::string(value));
-  return Retry(absl::StrCat("StoreSet ", key), absl::InfiniteFuture(), [&] {
+  return WithRetries(absl::StrCat("StoreSet ", key), absl::InfiniteFuture(), [&] {
     grpc::ClientContext ctx;
     ctx.set_deadline(absl::ToChronoTime(absl::Now() + options_.rpc_timeout));
     v1::StoreSetReply reply;
@@ -80,11 +77,12 @@ absl::StatusOr<std::string> SchedulerStore::Get(absl::string_view key, absl::Dur
         std::clamp(deadline - absl::Now(), absl::ZeroDuration(), kWaitSlice);
     req.set_wait_ms(absl::ToInt64Milliseconds(wait));
     v1::StoreGetReply reply;
-    absl::Status s = Retry(absl::StrCat("StoreGet ", key), deadline + options_.rpc_timeout, [&] {
-      grpc::ClientContext ctx;
-      ctx.set_deadline(absl::ToChronoTime(absl::Now() + wait + options_.rpc_timeout));
-      return FromGrpcStatus(stub_->StoreGet(&ctx, req, &reply), "ClusterService.StoreGet");
-    });
+    absl::Status s =
+        WithRetries(absl::StrCat("StoreGet ", key), deadline + options_.rpc_timeout, [&] {
+          grpc::ClientContext ctx;
+          ctx.set_deadline(absl::ToChronoTime(absl::Now() + wait + options_.rpc_timeout));
+          return FromGrpcStatus(stub_->StoreGet(&ctx, req, &reply), "ClusterService.StoreGet");
+        });
     if (!s.ok()) return s;
     if (reply.found()) return std::move(*reply.mutable_value());
     if (absl::Now() >= deadline) {
@@ -104,7 +102,7 @@ absl::StatusOr<int64_t> SchedulerStore::Add(absl::string_view key, int64_t delta
   req.set_delta(delta);
   req.set_request_id(id_base_ | next_request_.fetch_add(1));
   v1::StoreAddReply reply;
-  absl::Status s = Retry(absl::StrCat("StoreAdd ", key), absl::InfiniteFuture(), [&] {
+  absl::Status s = WithRetries(absl::StrCat("StoreAdd ", key), absl::InfiniteFuture(), [&] {
     grpc::ClientContext ctx;
     ctx.set_deadline(absl::ToChronoTime(absl::Now() + options_.rpc_timeout));
     return FromGrpcStatus(stub_->StoreAdd(&ctx, req, &reply), "ClusterService.StoreAdd");

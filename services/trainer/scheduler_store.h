@@ -8,9 +8,9 @@
 // The scheduler keeps one table per job attempt and drops it when the job
 // leaves RUNNING, so keys never leak into the next attempt or job.
 //
-// Failures: each call has a deadline (rpc_timeout); calls that fail with
-// UNAVAILABLE or DEADLINE_EXCEEDED (the scheduler restarting, a lost reply)
-// are retried with backoff for up to retry_for. Set is idempotent; Add
+// Failures: each call has a deadline (rpc_timeout); calls that fail with a
+// transient error (IsTransient in libs/base/retry.h: the scheduler
+// restarting, a lost reply) are retried with backoff for up to retry_for. Set is idempotent; Add
 // carries a request id the scheduler deduplicates, so a retried Add counts
 // once. Other errors (the job ended, a bad key, a full table) return at
 // once, prefixed with the RPC name. Get waits in slices of at most
@@ -25,6 +25,7 @@
 #include <cstdint>
 #include <string>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -53,10 +54,10 @@ class SchedulerStore : public collective::Store {
   absl::StatusOr<int64_t> Add(absl::string_view key, int64_t delta) override;
 
  private:
-  // Runs `call(deadline)` until it succeeds, fails for good, or retry_for
-  // (bounded by `until`) has passed.
-  template <typename F>
-  absl::Status Retry(absl::string_view what, absl::Time until, F call);
+  // Runs `call` until it succeeds, fails for good, or retry_for (bounded by
+  // `until`) has passed.
+  absl::Status WithRetries(absl::string_view what, absl::Time until,
+                           absl::FunctionRef<absl::Status()> call);
 
   scheduler::v1::ClusterService::StubInterface* const stub_;
   const std::string trainer_id_;

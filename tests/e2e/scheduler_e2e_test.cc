@@ -3,7 +3,6 @@
 #include <grpcpp/grpcpp.h>
 #include <signal.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -17,6 +16,7 @@
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
 #include "libs/base/grpc_status.h"
+#include "libs/base/subprocess.h"
 #include "protos/scheduler.grpc.pb.h"
 #include "services/kvstore/testing/server_process.h"
 #include "tests/e2e/e2e_util.h"
@@ -29,42 +29,26 @@ namespace v1 = scheduler::v1;
 using e2e::Runfile;
 using e2e::TmpDir;
 
-// A child process that is not a server (the trainer daemon).
+// A child process that is not a server (the trainer daemon); killed
+// (SIGKILL) when the test ends.
 class Child {
  public:
   explicit Child(std::vector<std::string> argv) {
-    pid_ = fork();
-    if (pid_ == 0) {
-      std::vector<char*> args;
-      for (auto& a : argv) args.push_back(a.data());
-      args.push_back(nullptr);
-      execv(args[0], args.data());
-      _exit(127);
-    }
-  }
-  ~Child() {
-    if (pid_ > 0) {
-      kill(pid_, SIGKILL);
-      waitpid(pid_, nullptr, 0);
-    }
+    SubprocessOptions options;
+    options.argv = std::move(argv);
+    absl::StatusOr<std::unique_ptr<Subprocess>> child = Subprocess::Start(options);
+    EXPECT_TRUE(child.ok()) << child.status();
+    if (child.ok()) child_ = *std::move(child);
   }
   // Sends SIGTERM and returns the exit status (-1 on timeout or a signal).
   int Terminate(absl::Duration timeout) {
-    kill(pid_, SIGTERM);
-    absl::Time deadline = absl::Now() + timeout;
-    while (absl::Now() < deadline) {
-      int status;
-      if (waitpid(pid_, &status, WNOHANG) == pid_) {
-        pid_ = -1;
-        return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-      }
-      absl::SleepFor(absl::Milliseconds(50));
-    }
-    return -1;
+    if (child_ == nullptr || !child_->Signal(SIGTERM).ok()) return -1;
+    absl::StatusOr<ExitStatus> status = child_->Wait(timeout);
+    return status.ok() ? status->exit_code() : -1;
   }
 
  private:
-  pid_t pid_ = -1;
+  std::unique_ptr<Subprocess> child_;
 };
 
 class SchedulerE2eTest : public ::testing::Test {

@@ -1,10 +1,7 @@
 #include "services/kvstore/testing/server_process.h"
 
-#include <signal.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
-#include <cerrno>
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
@@ -40,11 +37,7 @@ absl::StatusOr<std::string> KVStoreServerBinary(const char* argv0) {
 }
 
 ServerProcess::~ServerProcess() {
-  if (pid_ > 0) {
-    kill(pid_, SIGKILL);
-    int status;
-    waitpid(pid_, &status, 0);
-  }
+  child_.reset();  // kills and reaps a child still running
   if (!port_file_.empty()) unlink(port_file_.c_str());
 }
 
@@ -52,7 +45,7 @@ std::string ServerProcess::address() const { return absl::StrCat("127.0.0.1:", p
 
 absl::Status ServerProcess::Start(const std::string& binary, std::vector<std::string> flags,
                                   absl::Duration timeout) {
-  if (pid_ > 0) return absl::FailedPreconditionError("server process already running");
+  if (child_) return absl::FailedPreconditionError("server process already running");
   binary_ = binary;
   flags_ = std::move(flags);
   const char* tmp = std::getenv("TEST_TMPDIR");
@@ -63,26 +56,18 @@ absl::Status ServerProcess::Start(const std::string& binary, std::vector<std::st
 }
 
 absl::Status ServerProcess::Restart(absl::Duration timeout) {
-  if (pid_ > 0) return absl::FailedPreconditionError("server process still running");
+  if (child_) return absl::FailedPreconditionError("server process still running");
   if (binary_.empty()) return absl::FailedPreconditionError("Restart before Start");
   return Spawn(timeout);
 }
 
 absl::Status ServerProcess::Spawn(absl::Duration timeout) {
   unlink(port_file_.c_str());
-  std::vector<std::string> args = {binary_, absl::StrCat("--listen=127.0.0.1:", port_),
-                                   absl::StrCat("--port_file=", port_file_)};
-  args.insert(args.end(), flags_.begin(), flags_.end());
-  std::vector<char*> argv;
-  for (std::string& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  pid_t pid = fork();
-  if (pid < 0) return ErrnoToStatus(errno, "fork");
-  if (pid == 0) {
-    execv(argv[0], argv.data());
-    _exit(127);
-  }
-  pid_ = pid;
+  SubprocessOptions options;
+  options.argv = {binary_, absl::StrCat("--listen=127.0.0.1:", port_),
+                  absl::StrCat("--port_file=", port_file_)};
+  options.argv.insert(options.argv.end(), flags_.begin(), flags_.end());
+  DT_ASSIGN_OR_RETURN(child_, Subprocess::Start(options));
   absl::Time deadline = absl::Now() + timeout;
   while (absl::Now() < deadline) {
     std::ifstream f(port_file_);
@@ -93,11 +78,11 @@ absl::Status ServerProcess::Spawn(absl::Duration timeout) {
       port_ = port;
       return absl::OkStatus();
     }
-    int status = 0;
-    if (waitpid(pid_, &status, WNOHANG) == pid_) {
-      pid_ = -1;
+    if (!child_->Running()) {
+      const ExitStatus status = *child_->Wait(absl::ZeroDuration());
+      child_.reset();
       return absl::UnavailableError(
-          absl::StrCat(binary_, " exited before serving (wait status ", status, ")"));
+          absl::StrCat(binary_, " exited before serving (", status.ToString(), ")"));
     }
     absl::SleepFor(absl::Milliseconds(10));
   }
@@ -105,27 +90,16 @@ absl::Status ServerProcess::Spawn(absl::Duration timeout) {
 }
 
 absl::Status ServerProcess::Kill(int signal) {
-  if (pid_ <= 0) return absl::FailedPreconditionError("no server process");
-  if (kill(pid_, signal) != 0) return ErrnoToStatus(errno, "kill");
-  return absl::OkStatus();
+  if (!child_) return absl::FailedPreconditionError("no server process");
+  return child_->Signal(signal);
 }
 
 absl::StatusOr<int> ServerProcess::Wait(absl::Duration timeout) {
-  if (pid_ <= 0) return absl::FailedPreconditionError("no server process");
-  absl::Time deadline = absl::Now() + timeout;
-  for (;;) {
-    int status = 0;
-    pid_t r = waitpid(pid_, &status, WNOHANG);
-    if (r == pid_) {
-      pid_ = -1;
-      return status;
-    }
-    if (r < 0) return ErrnoToStatus(errno, "waitpid");
-    if (absl::Now() >= deadline) {
-      return absl::DeadlineExceededError("server process did not exit in time");
-    }
-    absl::SleepFor(absl::Milliseconds(5));
-  }
+  if (!child_) return absl::FailedPreconditionError("no server process");
+  absl::StatusOr<ExitStatus> status = child_->Wait(timeout);
+  if (!status.ok()) return status.status();
+  child_.reset();
+  return status->wait_status();
 }
 
 }  // namespace kvstore

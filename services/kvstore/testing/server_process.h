@@ -11,7 +11,8 @@
 //
 // Start adds --listen=127.0.0.1:<port> (port 0 the first time, the same
 // port on Restart) and --port_file, and waits until the server wrote its
-// port. The child's stderr goes to the parent's stderr. Destroying a
+// port. The child (a libs/base/subprocess.h Subprocess, in its own process
+// group) writes to the parent's stdout and stderr. Destroying a
 // ServerProcess kills a child still running (SIGKILL).
 //
 // Thread-compatible.
@@ -20,12 +21,14 @@
 
 #include <sys/types.h>
 
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "libs/base/subprocess.h"
 
 namespace dtrain {
 namespace kvstore {
@@ -57,7 +60,8 @@ class ServerProcess {
 
   int port() const { return port_; }
   std::string address() const;
-  pid_t pid() const { return pid_; }
+  // -1 when no child runs.
+  pid_t pid() const { return child_ ? child_->pid() : -1; }
 
  private:
   absl::Status Spawn(absl::Duration timeout);
@@ -66,7 +70,7 @@ class ServerProcess {
   std::vector<std::string> flags_;
   std::string port_file_;
   int port_ = 0;
-  pid_t pid_ = -1;
+  std::unique_ptr<Subprocess> child_;
 };
 
 }  // namespace kvstore

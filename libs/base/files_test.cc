@@ -1,0 +1,144 @@
+#include "libs/base/files.h"
+
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+
+namespace dtrain {
+namespace {
+
+std::string TestDir(const std::string& name) {
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  std::string dir = absl::StrCat(tmp ? tmp : "/tmp", "/", name);
+  mkdir(dir.c_str(), 0755);
+  return dir;
+}
+
+std::string Read(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+TEST(WriteFileAtomicallyTest, WritesAndReplacesContents) {
+  const std::string dir = TestDir("replace");
+  const std::string path = dir + "/file";
+  ASSERT_TRUE(WriteFileAtomically(path, "first\n").ok());
+  EXPECT_EQ(Read(path), "first\n");
+  ASSERT_TRUE(WriteFileAtomically(path, std::string("a\0b", 3)).ok());
+  EXPECT_EQ(Read(path), std::string("a\0b", 3));
+  ASSERT_TRUE(WriteFileAtomically(path, "").ok());
+  EXPECT_EQ(Read(path), "");
+}
+
+TEST(WriteFileAtomicallyTest, LeavesNoTemporaryFiles) {
+  const std::string dir = TestDir("notemp");
+  ASSERT_TRUE(WriteFileAtomically(dir + "/file", "x").ok());
+  ASSERT_TRUE(WriteFileAtomically(dir + "/file", "y").ok());
+  // Only `file` is left: rmdir fails on anything else once it is removed.
+  ASSERT_EQ(unlink((dir + "/file").c_str()), 0);
+  EXPECT_EQ(rmdir(dir.c_str()), 0) << "temporary files left in " << dir;
+}
+
+TEST(WriteFileAtomicallyTest, FilesAreReadableByOthers) {
+  const std::string path = TestDir("mode") + "/file";
+  ASSERT_TRUE(WriteFileAtomically(path, "1234").ok());
+  struct stat st;
+  ASSERT_EQ(stat(path.c_str(), &st), 0);
+  EXPECT_TRUE(st.st_mode & S_IRGRP) << std::oct << st.st_mode;
+  EXPECT_TRUE(st.st_mode & S_IROTH) << std::oct << st.st_mode;
+}
+
+TEST(WriteFileAtomicallyTest, MissingDirectoryIsNotFoundNamingThePath) {
+  const std::string path = TestDir("missing") + "/no/such/dir/file";
+  absl::Status s = WriteFileAtomically(path, "x");
+  EXPECT_TRUE(absl::IsNotFound(s)) << s;
+  EXPECT_NE(s.message().find(path), absl::string_view::npos) << s;
+  EXPECT_NE(s.message().find("No such file or directory"), absl::string_view::npos) << s;
+}
+
+// WriteFileAtomically as an unprivileged user: root may write anywhere, so
+// when the test runs as root a child process drops to `nobody` first.
+absl::Status WriteAsUnprivileged(const std::string& path, const std::string& contents) {
+  if (geteuid() != 0) return WriteFileAtomically(path, contents);
+  int fds[2];
+  if (pipe(fds) != 0) return absl::InternalError("pipe");
+  const pid_t pid = fork();
+  if (pid == 0) {
+    close(fds[0]);
+    std::string reply = "setuid failed";
+    if (setgid(65534) == 0 && setuid(65534) == 0) {
+      absl::Status s = WriteFileAtomically(path, contents);
+      reply = absl::StrCat(static_cast<int>(s.code()), " ", s.message());
+    }
+    (void)!write(fds[1], reply.data(), reply.size());
+    _exit(0);
+  }
+  close(fds[1]);
+  std::string reply;
+  char buf[512];
+  ssize_t n;
+  while ((n = read(fds[0], buf, sizeof(buf))) > 0) reply.append(buf, static_cast<size_t>(n));
+  close(fds[0]);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  const size_t space = reply.find(' ');
+  int code = 0;
+  if (space == std::string::npos || !absl::SimpleAtoi(reply.substr(0, space), &code)) {
+    return absl::InternalError(absl::StrCat("child: ", reply));
+  }
+  return absl::Status(static_cast<absl::StatusCode>(code), reply.substr(space + 1));
+}
+
+TEST(WriteFileAtomicallyTest, UnwritableDirectoryFailsAndKeepsTheOldFile) {
+  const std::string dir = TestDir("readonly");
+  const std::string path = dir + "/file";
+  ASSERT_TRUE(WriteFileAtomically(path, "old").ok());
+  ASSERT_EQ(chmod(dir.c_str(), 0555), 0);
+  absl::Status s = WriteAsUnprivileged(path, "new");
+  chmod(dir.c_str(), 0755);
+  EXPECT_TRUE(absl::IsPermissionDenied(s)) << s;
+  EXPECT_NE(s.message().find(path), absl::string_view::npos) << s;
+  EXPECT_NE(s.message().find("Permission denied"), absl::string_view::npos) << s;
+  EXPECT_EQ(Read(path), "old");
+}
+
+TEST(WriteFileAtomicallyTest, ParentThatIsAFileFails) {
+  const std::string dir = TestDir("notdir");
+  ASSERT_TRUE(WriteFileAtomically(dir + "/file", "x").ok());
+  const std::string path = dir + "/file/child";
+  absl::Status s = WriteFileAtomically(path, "y");
+  EXPECT_FALSE(s.ok());
+  EXPECT_NE(s.message().find(path), absl::string_view::npos) << s;
+  EXPECT_NE(s.message().find("Not a directory"), absl::string_view::npos) << s;
+  EXPECT_EQ(Read(dir + "/file"), "x");
+}
+
+TEST(WriteFileAtomicallyTest, PathThatIsADirectoryFails) {
+  const std::string dir = TestDir("isdir");
+  const std::string path = dir + "/sub";
+  mkdir(path.c_str(), 0755);
+  absl::Status s = WriteFileAtomically(path, "x");
+  EXPECT_FALSE(s.ok());
+  EXPECT_NE(s.message().find(path), absl::string_view::npos) << s;
+  struct stat st;
+  ASSERT_EQ(stat(path.c_str(), &st), 0);
+  EXPECT_TRUE(S_ISDIR(st.st_mode));
+}
+
+TEST(WriteFileAtomicallyTest, EmptyPathIsInvalidArgument) {
+  EXPECT_TRUE(absl::IsInvalidArgument(WriteFileAtomically("", "x")));
+}
+
+}  // namespace
+}  // namespace dtrain
