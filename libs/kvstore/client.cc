@@ -32,7 +32,7 @@ namespace dtrain {
 namespace kvstore {
 
 // ---------------------------------------------------------------------------
-// Pending
+// Work
 
 namespace {
 
@@ -41,7 +41,7 @@ namespace {
 // destructor (when gRPC dropped the last slice) unpins.
 class PinToken {
  public:
-  explicit PinToken(std::shared_ptr<Pending::State> state) : state_(std::move(state)) {
+  explicit PinToken(std::shared_ptr<Work::State> state) : state_(std::move(state)) {
     absl::MutexLock lock(&state_->mu);
     ++state_->pins;
   }
@@ -53,14 +53,14 @@ class PinToken {
   PinToken& operator=(const PinToken&) = delete;
 
  private:
-  std::shared_ptr<Pending::State> state_;
+  std::shared_ptr<Work::State> state_;
 };
 
 }  // namespace
 
 namespace {
 
-Pending Failed(absl::Status status) { return Pending::Done(std::move(status)); }
+Work Failed(absl::Status status) { return Work::Done(std::move(status)); }
 
 std::chrono::system_clock::time_point Deadline(absl::Duration timeout) {
   return absl::ToChronoTime(absl::Now() + timeout);
@@ -74,12 +74,12 @@ std::chrono::system_clock::time_point Deadline(absl::Duration timeout) {
 struct KVClient::Key {
   KeySpec spec;  // `initial` cleared
   std::vector<PlacedSlice> slices;
-  std::vector<int64_t> pushed;           // per slice: the last round pushed
-  std::shared_ptr<Pending::State> last;  // the latest operation on this key
+  std::vector<int64_t> pushed;        // per slice: the last round pushed
+  std::shared_ptr<Work::State> last;  // the latest operation on this key
 };
 
 // One slice's part of an operation.
-struct KVClient::Work {
+struct KVClient::SliceOp {
   const Key* key = nullptr;
   const PlacedSlice* slice = nullptr;
   int64_t round = 0;
@@ -316,7 +316,7 @@ absl::Status KVClient::Init(const std::vector<KeySpec>& keys) {
   return absl::OkStatus();
 }
 
-Pending KVClient::PushAsync(std::vector<PushSource> items) {
+Work KVClient::PushAsync(std::vector<PushSource> items) {
   return PushImpl(std::move(items), /*run_one_inline=*/false);
 }
 
@@ -324,10 +324,10 @@ absl::Status KVClient::Push(std::vector<PushSource> items) {
   return PushImpl(std::move(items), /*run_one_inline=*/true).Wait();
 }
 
-Pending KVClient::PushImpl(std::vector<PushSource> items, bool run_one_inline) {
-  std::vector<Work> work;
-  std::vector<std::shared_ptr<Pending::State>> deps;
-  auto state = std::make_shared<Pending::State>();
+Work KVClient::PushImpl(std::vector<PushSource> items, bool run_one_inline) {
+  std::vector<SliceOp> work;
+  std::vector<std::shared_ptr<Work::State>> deps;
+  auto state = std::make_shared<Work::State>();
   {
     absl::MutexLock lock(&mu_);
     std::set<std::string> names;
@@ -352,7 +352,7 @@ Pending KVClient::PushImpl(std::vector<PushSource> items, bool run_one_inline) {
       Key* key = keys[k];
       const size_t esize = DTypeSize(key->spec.dtype);
       for (size_t i = 0; i < key->slices.size(); ++i) {
-        Work w;
+        SliceOp w;
         w.key = key;
         w.slice = &key->slices[i];
         w.round = ++key->pushed[i];
@@ -366,7 +366,7 @@ Pending KVClient::PushImpl(std::vector<PushSource> items, bool run_one_inline) {
   return Start(Op::kPush, std::move(work), std::move(deps), std::move(state), run_one_inline);
 }
 
-Pending KVClient::PullAsync(std::vector<PullTarget> items) {
+Work KVClient::PullAsync(std::vector<PullTarget> items) {
   return PullImpl(std::move(items), /*run_one_inline=*/false);
 }
 
@@ -374,10 +374,10 @@ absl::Status KVClient::Pull(std::vector<PullTarget> items) {
   return PullImpl(std::move(items), /*run_one_inline=*/true).Wait();
 }
 
-Pending KVClient::PullImpl(std::vector<PullTarget> items, bool run_one_inline) {
-  std::vector<Work> work;
-  std::vector<std::shared_ptr<Pending::State>> deps;
-  auto state = std::make_shared<Pending::State>();
+Work KVClient::PullImpl(std::vector<PullTarget> items, bool run_one_inline) {
+  std::vector<SliceOp> work;
+  std::vector<std::shared_ptr<Work::State>> deps;
+  auto state = std::make_shared<Work::State>();
   {
     absl::MutexLock lock(&mu_);
     std::vector<Key*> keys;
@@ -401,7 +401,7 @@ Pending KVClient::PullImpl(std::vector<PullTarget> items, bool run_one_inline) {
       Key* key = keys[k];
       const size_t esize = DTypeSize(key->spec.dtype);
       for (size_t i = 0; i < key->slices.size(); ++i) {
-        Work w;
+        SliceOp w;
         w.key = key;
         w.slice = &key->slices[i];
         w.round = items[k].round == kLastPushedRound ? key->pushed[i] : items[k].round;
@@ -415,7 +415,7 @@ Pending KVClient::PullImpl(std::vector<PullTarget> items, bool run_one_inline) {
   return Start(Op::kPull, std::move(work), std::move(deps), std::move(state), run_one_inline);
 }
 
-Pending KVClient::PushPullAsync(std::vector<PushPullItem> items) {
+Work KVClient::PushPullAsync(std::vector<PushPullItem> items) {
   return PushPullImpl(std::move(items), /*run_one_inline=*/false);
 }
 
@@ -423,10 +423,10 @@ absl::Status KVClient::PushPull(std::vector<PushPullItem> items) {
   return PushPullImpl(std::move(items), /*run_one_inline=*/true).Wait();
 }
 
-Pending KVClient::PushPullImpl(std::vector<PushPullItem> items, bool run_one_inline) {
-  std::vector<Work> work;
-  std::vector<std::shared_ptr<Pending::State>> deps;
-  auto state = std::make_shared<Pending::State>();
+Work KVClient::PushPullImpl(std::vector<PushPullItem> items, bool run_one_inline) {
+  std::vector<SliceOp> work;
+  std::vector<std::shared_ptr<Work::State>> deps;
+  auto state = std::make_shared<Work::State>();
   {
     absl::MutexLock lock(&mu_);
     std::set<std::string> names;
@@ -451,7 +451,7 @@ Pending KVClient::PushPullImpl(std::vector<PushPullItem> items, bool run_one_inl
       Key* key = keys[k];
       const size_t esize = DTypeSize(key->spec.dtype);
       for (size_t i = 0; i < key->slices.size(); ++i) {
-        Work w;
+        SliceOp w;
         w.key = key;
         w.slice = &key->slices[i];
         w.round = ++key->pushed[i];
@@ -466,17 +466,16 @@ Pending KVClient::PushPullImpl(std::vector<PushPullItem> items, bool run_one_inl
   return Start(Op::kPushPull, std::move(work), std::move(deps), std::move(state), run_one_inline);
 }
 
-Pending KVClient::Start(Op op, std::vector<Work> work,
-                        std::vector<std::shared_ptr<Pending::State>> deps,
-                        std::shared_ptr<Pending::State> state, bool run_one_inline) {
-  std::map<int, std::vector<Work>> by_server;
-  for (const Work& w : work) by_server[w.slice->server].push_back(w);
+Work KVClient::Start(Op op, std::vector<SliceOp> work,
+                     std::vector<std::shared_ptr<Work::State>> deps,
+                     std::shared_ptr<Work::State> state, bool run_one_inline) {
+  std::map<int, std::vector<SliceOp>> by_server;
+  for (const SliceOp& w : work) by_server[w.slice->server].push_back(w);
   {
     absl::MutexLock lock(&state->mu);
     state->remaining = static_cast<int>(by_server.size());
   }
-  auto shared_deps =
-      std::make_shared<std::vector<std::shared_ptr<Pending::State>>>(std::move(deps));
+  auto shared_deps = std::make_shared<std::vector<std::shared_ptr<Work::State>>>(std::move(deps));
   std::function<void()> inline_task;
   for (auto& [server, server_work] : by_server) {
     std::function<void()> task = [this, op, server = server, w = std::move(server_work), state,
@@ -494,11 +493,11 @@ Pending KVClient::Start(Op op, std::vector<Work> work,
     }
   }
   if (inline_task) inline_task();
-  return Pending(std::move(state));
+  return Work(std::move(state));
 }
 
-absl::Status KVClient::RunOnServer(Op op, int server, const std::vector<Work>& work,
-                                   const std::shared_ptr<Pending::State>& state) {
+absl::Status KVClient::RunOnServer(Op op, int server, const std::vector<SliceOp>& work,
+                                   const std::shared_ptr<Work::State>& state) {
   return WithRetries([&] {
     return op == Op::kPull ? PullOnce(server, work)
                            : PushOnce(server, work, op == Op::kPushPull, state);
@@ -601,8 +600,8 @@ absl::Status ReadPullReply(const std::function<bool(grpc::ByteBuffer*)>& read,
 
 }  // namespace
 
-absl::Status KVClient::PushOnce(int server, const std::vector<Work>& work, bool pull_back,
-                                const std::shared_ptr<Pending::State>& state) {
+absl::Status KVClient::PushOnce(int server, const std::vector<SliceOp>& work, bool pull_back,
+                                const std::shared_ptr<Work::State>& state) {
   const std::string& address = options_.servers[static_cast<size_t>(server)];
   v1::PushRequest header;
   header.set_job(options_.job);
@@ -610,7 +609,7 @@ absl::Status KVClient::PushOnce(int server, const std::vector<Work>& work, bool 
   header.set_compression(ToProto(options_.compression));
   auto token = std::make_shared<PinToken>(state);
   std::vector<grpc::Slice> values;
-  for (const Work& w : work) {
+  for (const SliceOp& w : work) {
     v1::PushItem* item = header.add_items();
     item->set_key(w.slice->spec.key);
     item->set_slice(w.slice->spec.slice);
@@ -648,7 +647,7 @@ absl::Status KVClient::PushOnce(int server, const std::vector<Work>& work, bool 
   ctx.set_deadline(Deadline(pull_back ? options_.pull_timeout : options_.rpc_timeout));
   ctx.set_wait_for_ready(true);
   int64_t reply_bytes = 0;
-  for (const Work& w : work) reply_bytes += SliceBytes(w.slice->spec);
+  for (const SliceOp& w : work) reply_bytes += SliceBytes(w.slice->spec);
   if (messages.size() == 1 && (!pull_back || reply_bytes <= options_.chunk_bytes)) {
     // Everything fits in one message each way: a unary call is cheaper.
     const char* which = pull_back ? "PushPull" : "Push";
@@ -665,7 +664,7 @@ absl::Status KVClient::PushOnce(int server, const std::vector<Work>& work, bool 
       return wire::ParseSmall(response, &reply, "PushResponse");
     }
     std::vector<Target> targets;
-    for (const Work& w : work) targets.push_back({&w.slice->spec, w.dst});
+    for (const SliceOp& w : work) targets.push_back({&w.slice->spec, w.dst});
     DT_RETURN_IF_ERROR(ReadPullReply(Once(response), targets, address));
     return absl::OkStatus();
   }
@@ -701,7 +700,7 @@ absl::Status KVClient::PushOnce(int server, const std::vector<Work>& work, bool 
   }
   messages.clear();
   std::vector<Target> targets;
-  for (const Work& w : work) targets.push_back({&w.slice->spec, w.dst});
+  for (const SliceOp& w : work) targets.push_back({&w.slice->spec, w.dst});
   absl::Status read =
       ReadPullReply([&](grpc::ByteBuffer* b) { return stream->Read(b); }, targets, address);
   if (!read.ok()) ctx.TryCancel();
@@ -711,13 +710,13 @@ absl::Status KVClient::PushOnce(int server, const std::vector<Work>& work, bool 
   return read;
 }
 
-absl::Status KVClient::PullOnce(int server, const std::vector<Work>& work) {
+absl::Status KVClient::PullOnce(int server, const std::vector<SliceOp>& work) {
   const std::string& address = options_.servers[static_cast<size_t>(server)];
   v1::PullRequest request;
   request.set_job(options_.job);
   request.set_worker(options_.worker);
   std::vector<Target> targets;
-  for (const Work& w : work) {
+  for (const SliceOp& w : work) {
     v1::PullItem* item = request.add_items();
     item->set_key(w.slice->spec.key);
     item->set_slice(w.slice->spec.slice);
@@ -728,7 +727,7 @@ absl::Status KVClient::PullOnce(int server, const std::vector<Work>& work) {
   ctx.set_deadline(Deadline(options_.pull_timeout));
   ctx.set_wait_for_ready(true);
   int64_t reply_bytes = 0;
-  for (const Work& w : work) reply_bytes += SliceBytes(w.slice->spec);
+  for (const SliceOp& w : work) reply_bytes += SliceBytes(w.slice->spec);
   if (reply_bytes <= options_.chunk_bytes) {
     grpc::internal::RpcMethod method(UnaryMethod("Pull").c_str(),
                                      grpc::internal::RpcMethod::NORMAL_RPC);

@@ -9,7 +9,7 @@
 //   DT_RETURN_IF_ERROR(kv->Init({{"fc.weight", {10, 512}, DType::kF32, weights}}));
 //
 //   // Training step: push each bucket as soon as its gradients are ready...
-//   Pending bucket = kv->PushAsync({{"fc.weight", grad}, {"fc.bias", grad_b}});
+//   Work bucket = kv->PushAsync({{"fc.weight", grad}, {"fc.bias", grad_b}});
 //   ... backward continues ...
 //   DT_RETURN_IF_ERROR(bucket.Wait());
 //   // ...then pull the new weights into the model's buffers.
@@ -34,7 +34,7 @@
 // Buffers. Push sources and pull destinations are the caller's memory,
 // holding the whole key in its dtype (row-major). Pushes send it without
 // copying, so a source must stay valid and unchanged until the operation's
-// Pending is done; a destination is written until then.
+// Work is done; a destination is written until then.
 //
 // Errors are the shards' Status (see store.h), prefixed with the RPC and the
 // server ("KVStoreData.Push to 127.0.0.1:7001: ..."), or kInvalidArgument /
@@ -124,15 +124,15 @@ class KVClient : public ParameterServer {
   absl::Status Init(const std::vector<KeySpec>& keys) override;
 
   // Pushes gradients as this worker's next round of each key.
-  Pending PushAsync(std::vector<PushSource> items) override;
+  Work PushAsync(std::vector<PushSource> items) override;
   absl::Status Push(std::vector<PushSource> items) override;
 
   // Copies values into the caller's buffers (see Rounds above).
-  Pending PullAsync(std::vector<PullTarget> items) override;
+  Work PullAsync(std::vector<PullTarget> items) override;
   absl::Status Pull(std::vector<PullTarget> items) override;
 
   // Push then pull of the pushed round, one round trip per shard.
-  Pending PushPullAsync(std::vector<PushPullItem> items) override;
+  Work PushPullAsync(std::vector<PushPullItem> items) override;
   absl::Status PushPull(std::vector<PushPullItem> items) override;
 
   // Sets this client's round counters to what the shards report for this
@@ -154,22 +154,22 @@ class KVClient : public ParameterServer {
 
  private:
   struct Key;
-  struct Work;
+  struct SliceOp;
   enum class Op { kPush, kPull, kPushPull };
 
   explicit KVClient(ClientOptions options);
-  Pending PushImpl(std::vector<PushSource> items, bool run_one_inline);
-  Pending PullImpl(std::vector<PullTarget> items, bool run_one_inline);
-  Pending PushPullImpl(std::vector<PushPullItem> items, bool run_one_inline);
+  Work PushImpl(std::vector<PushSource> items, bool run_one_inline);
+  Work PullImpl(std::vector<PullTarget> items, bool run_one_inline);
+  Work PushPullImpl(std::vector<PushPullItem> items, bool run_one_inline);
   // Runs `work` grouped by server (one task each, in parallel) after `deps`
   // finished; with run_one_inline one task runs on the calling thread.
-  Pending Start(Op op, std::vector<Work> work, std::vector<std::shared_ptr<Pending::State>> deps,
-                std::shared_ptr<Pending::State> state, bool run_one_inline);
-  absl::Status RunOnServer(Op op, int server, const std::vector<Work>& work,
-                           const std::shared_ptr<Pending::State>& state);
-  absl::Status PushOnce(int server, const std::vector<Work>& work, bool pull_back,
-                        const std::shared_ptr<Pending::State>& state);
-  absl::Status PullOnce(int server, const std::vector<Work>& work);
+  Work Start(Op op, std::vector<SliceOp> work, std::vector<std::shared_ptr<Work::State>> deps,
+             std::shared_ptr<Work::State> state, bool run_one_inline);
+  absl::Status RunOnServer(Op op, int server, const std::vector<SliceOp>& work,
+                           const std::shared_ptr<Work::State>& state);
+  absl::Status PushOnce(int server, const std::vector<SliceOp>& work, bool pull_back,
+                        const std::shared_ptr<Work::State>& state);
+  absl::Status PullOnce(int server, const std::vector<SliceOp>& work);
   // Runs `attempt` until it succeeds, fails with a non-transient error, or
   // max_attempts were made.
   absl::Status WithRetries(const std::function<absl::Status()>& attempt);

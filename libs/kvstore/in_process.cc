@@ -76,8 +76,8 @@ Store& InProcessKVStore::shard(int index) {
 struct InProcessParameterServer::Key {
   KeySpec spec;  // `initial` cleared
   std::vector<PlacedSlice> slices;
-  std::vector<int64_t> pushed;           // per slice: the last round pushed
-  std::shared_ptr<Pending::State> last;  // the latest operation on this key
+  std::vector<int64_t> pushed;        // per slice: the last round pushed
+  std::shared_ptr<Work::State> last;  // the latest operation on this key
 };
 
 // One item of an operation, whatever its kind.
@@ -89,7 +89,7 @@ struct InProcessParameterServer::Request {
 };
 
 // One slice's part of an operation.
-struct InProcessParameterServer::Work {
+struct InProcessParameterServer::SliceOp {
   const PlacedSlice* slice = nullptr;
   int64_t round = 0;
   const char* src = nullptr;  // the slice's first element in the caller's buffer
@@ -197,7 +197,7 @@ absl::Status InProcessParameterServer::Init(const std::vector<KeySpec>& keys) {
   return absl::OkStatus();
 }
 
-Pending InProcessParameterServer::PushAsync(std::vector<PushSource> items) {
+Work InProcessParameterServer::PushAsync(std::vector<PushSource> items) {
   std::vector<Request> requests;
   for (PushSource& item : items) requests.push_back({std::move(item.key), item.data, nullptr});
   return Issue(Op::kPush, std::move(requests), /*run_one_inline=*/false);
@@ -209,7 +209,7 @@ absl::Status InProcessParameterServer::Push(std::vector<PushSource> items) {
   return Issue(Op::kPush, std::move(requests), /*run_one_inline=*/true).Wait();
 }
 
-Pending InProcessParameterServer::PullAsync(std::vector<PullTarget> items) {
+Work InProcessParameterServer::PullAsync(std::vector<PullTarget> items) {
   std::vector<Request> requests;
   for (PullTarget& item : items) {
     requests.push_back({std::move(item.key), nullptr, item.data, item.round});
@@ -225,7 +225,7 @@ absl::Status InProcessParameterServer::Pull(std::vector<PullTarget> items) {
   return Issue(Op::kPull, std::move(requests), /*run_one_inline=*/true).Wait();
 }
 
-Pending InProcessParameterServer::PushPullAsync(std::vector<PushPullItem> items) {
+Work InProcessParameterServer::PushPullAsync(std::vector<PushPullItem> items) {
   std::vector<Request> requests;
   for (PushPullItem& item : items) requests.push_back({std::move(item.key), item.src, item.dst});
   return Issue(Op::kPushPull, std::move(requests), /*run_one_inline=*/false);
@@ -237,11 +237,11 @@ absl::Status InProcessParameterServer::PushPull(std::vector<PushPullItem> items)
   return Issue(Op::kPushPull, std::move(requests), /*run_one_inline=*/true).Wait();
 }
 
-Pending InProcessParameterServer::Issue(Op op, std::vector<Request> requests, bool run_one_inline) {
+Work InProcessParameterServer::Issue(Op op, std::vector<Request> requests, bool run_one_inline) {
   const char* what = op == Op::kPush ? "push" : op == Op::kPull ? "pull" : "push-pull";
-  std::vector<Work> work;
-  std::vector<std::shared_ptr<Pending::State>> deps;
-  auto state = std::make_shared<Pending::State>();
+  std::vector<SliceOp> work;
+  std::vector<std::shared_ptr<Work::State>> deps;
+  auto state = std::make_shared<Work::State>();
   {
     absl::MutexLock lock(&mu_);
     std::set<std::string> names;
@@ -249,22 +249,22 @@ Pending InProcessParameterServer::Issue(Op op, std::vector<Request> requests, bo
     for (const Request& r : requests) {
       auto it = keys_.find(r.key);
       if (it == keys_.end()) {
-        return Pending::Done(absl::NotFoundError(
+        return Work::Done(absl::NotFoundError(
             absl::StrCat(what, " of key '", r.key, "': not Init'ed by worker ", worker_)));
       }
       if ((op != Op::kPull && r.src == nullptr) || (op != Op::kPush && r.dst == nullptr)) {
-        return Pending::Done(absl::InvalidArgumentError(
+        return Work::Done(absl::InvalidArgumentError(
             absl::StrCat(what, " of key '", r.key, "': ",
                          op == Op::kPush   ? "no data"
                          : op == Op::kPull ? "no destination buffer"
                                            : "missing source or destination")));
       }
       if (op != Op::kPull && !names.insert(r.key).second) {
-        return Pending::Done(absl::InvalidArgumentError(
+        return Work::Done(absl::InvalidArgumentError(
             absl::StrCat("key '", r.key, "' appears twice in one ", what)));
       }
       if (op == Op::kPull && r.round < kLastPushedRound) {
-        return Pending::Done(absl::InvalidArgumentError(
+        return Work::Done(absl::InvalidArgumentError(
             absl::StrCat("pull of key '", r.key, "': round ", r.round, " is invalid")));
       }
       keys.push_back(it->second.get());
@@ -274,7 +274,7 @@ Pending InProcessParameterServer::Issue(Op op, std::vector<Request> requests, bo
       const Request& r = requests[k];
       const size_t esize = DTypeSize(key->spec.dtype);
       for (size_t i = 0; i < key->slices.size(); ++i) {
-        Work w;
+        SliceOp w;
         w.slice = &key->slices[i];
         const size_t offset = static_cast<size_t>(w.slice->spec.offset) * esize;
         if (op == Op::kPull) {
@@ -294,14 +294,14 @@ Pending InProcessParameterServer::Issue(Op op, std::vector<Request> requests, bo
     }
   }
 
-  std::map<int, std::vector<Work>> by_shard;
-  for (const Work& w : work) by_shard[w.slice->server].push_back(w);
+  std::map<int, std::vector<SliceOp>> by_shard;
+  for (const SliceOp& w : work) by_shard[w.slice->server].push_back(w);
   {
     absl::MutexLock lock(&state->mu);
     state->remaining = static_cast<int>(by_shard.size());
   }
   auto shared_deps =
-      std::make_shared<const std::vector<std::shared_ptr<Pending::State>>>(std::move(deps));
+      std::make_shared<const std::vector<std::shared_ptr<Work::State>>>(std::move(deps));
   std::function<void()> inline_task;
   for (auto& [shard, shard_work] : by_shard) {
     std::function<void()> task = [this, op, shard = shard, w = std::move(shard_work), state,
@@ -317,10 +317,11 @@ Pending InProcessParameterServer::Issue(Op op, std::vector<Request> requests, bo
     }
   }
   if (inline_task) inline_task();
-  return Pending(std::move(state));
+  return Work(std::move(state));
 }
 
-absl::Status InProcessParameterServer::RunOnShard(Op op, int shard, const std::vector<Work>& work) {
+absl::Status InProcessParameterServer::RunOnShard(Op op, int shard,
+                                                  const std::vector<SliceOp>& work) {
   Store& store = *shards_->stores[static_cast<size_t>(shard)];
   if (op != Op::kPull) {
     std::vector<PushItem> items(work.size());

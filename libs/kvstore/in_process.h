@@ -12,7 +12,7 @@
 //                       kvstore->Connect("resnet", rank));
 //   DT_RETURN_IF_ERROR(ps->CreateJob(config));
 //   DT_RETURN_IF_ERROR(ps->Init({{"fc.weight", {10, 512}, DType::kF32, weights}}));
-//   Pending bucket = ps->PushPullAsync({{"fc.weight", grad, weights}});
+//   Work bucket = ps->PushPullAsync({{"fc.weight", grad, weights}});
 //
 // What it shares with KVClient, so that code tested against one runs
 // against the other (parameter_server_contract.h checks both):
@@ -25,7 +25,7 @@
 //     worker's threads (one task per shard touched), so a pull waiting for
 //     other workers blocks neither the caller nor other workers;
 //   - buffers: sources are read and destinations written until the
-//     operation's Pending is done;
+//     operation's Work is done;
 //   - errors: the Stores' statuses (store.h: kNotFound, kAlreadyExists,
 //     kOutOfRange...), kNotFound for a key this worker did not Init,
 //     kInvalidArgument for a missing buffer or a key twice in one call,
@@ -115,9 +115,9 @@ class InProcessParameterServer : public ParameterServer {
   absl::Status DeleteJob() override;
   absl::Status Init(const std::vector<KeySpec>& keys) override;
 
-  Pending PushAsync(std::vector<PushSource> items) override;
-  Pending PullAsync(std::vector<PullTarget> items) override;
-  Pending PushPullAsync(std::vector<PushPullItem> items) override;
+  Work PushAsync(std::vector<PushSource> items) override;
+  Work PullAsync(std::vector<PullTarget> items) override;
+  Work PushPullAsync(std::vector<PushPullItem> items) override;
   // Blocking forms: one shard's part runs on the calling thread.
   absl::Status Push(std::vector<PushSource> items) override;
   absl::Status Pull(std::vector<PullTarget> items) override;
@@ -131,16 +131,16 @@ class InProcessParameterServer : public ParameterServer {
   friend class InProcessKVStore;
   struct Key;
   struct Request;
-  struct Work;
+  struct SliceOp;
   enum class Op { kPush, kPull, kPushPull };
 
   InProcessParameterServer(std::shared_ptr<InProcessKVStore::Shards> shards, std::string job,
                            int worker);
   // Checks an operation's keys and buffers, numbers its rounds and runs it
   // (one task per shard) after the operations before it on the same keys.
-  Pending Issue(Op op, std::vector<Request> requests, bool run_one_inline);
+  Work Issue(Op op, std::vector<Request> requests, bool run_one_inline);
   // Runs `work` (one shard's part of an operation) against the Store.
-  absl::Status RunOnShard(Op op, int shard, const std::vector<Work>& work);
+  absl::Status RunOnShard(Op op, int shard, const std::vector<SliceOp>& work);
 
   const std::shared_ptr<InProcessKVStore::Shards> shards_;
   const std::string job_;

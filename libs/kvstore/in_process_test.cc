@@ -170,10 +170,10 @@ TEST(InProcessKVStoreTest, DestructionWaitsForOperationsInFlight) {
     EXPECT_TRUE((*w1)->Push({{"w", g1.data()}}).ok());
   });
   {
-    Pending p = (*w0)->PushPullAsync({{"w", g0.data(), out.data()}});
+    Work p = (*w0)->PushPullAsync({{"w", g0.data(), out.data()}});
     // Worker 0's ParameterServer goes away while its round waits for worker 1.
     w0->reset();
-    EXPECT_TRUE(p.done());
+    EXPECT_TRUE(p.IsCompleted());
   }
   pusher.join();
   EXPECT_EQ(out, std::vector<float>({4, 6}));

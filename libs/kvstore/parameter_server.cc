@@ -5,28 +5,28 @@
 namespace dtrain {
 namespace kvstore {
 
-void Pending::State::Finish(const absl::Status& s) {
+void Work::State::Finish(const absl::Status& s) {
   absl::MutexLock lock(&mu);
   if (status.ok() && !s.ok()) status = s;
   --remaining;
 }
 
-void Pending::State::WaitTasks() {
+void Work::State::WaitTasks() {
   absl::MutexLock lock(&mu);
   mu.Await(absl::Condition(
       +[](State* s) ABSL_NO_THREAD_SAFETY_ANALYSIS { return s->remaining == 0; }, this));
 }
 
-Pending Pending::Done(absl::Status status) {
+Work Work::Done(absl::Status status) {
   auto state = std::make_shared<State>();
   {
     absl::MutexLock lock(&state->mu);
     state->status = std::move(status);
   }
-  return Pending(std::move(state));
+  return Work(std::move(state));
 }
 
-Pending& Pending::operator=(Pending&& other) noexcept {
+Work& Work::operator=(Work&& other) noexcept {
   if (this != &other) {
     if (state_) (void)Wait();
     state_ = std::move(other.state_);
@@ -34,11 +34,11 @@ Pending& Pending::operator=(Pending&& other) noexcept {
   return *this;
 }
 
-Pending::~Pending() {
+Work::~Work() {
   if (state_) (void)Wait();
 }
 
-absl::Status Pending::Wait() {
+absl::Status Work::Wait() {
   if (!state_) return absl::OkStatus();
   absl::MutexLock lock(&state_->mu);
   state_->mu.Await(absl::Condition(
@@ -47,7 +47,7 @@ absl::Status Pending::Wait() {
   return state_->status;
 }
 
-bool Pending::done() const {
+bool Work::IsCompleted() const {
   if (!state_) return true;
   absl::MutexLock lock(&state_->mu);
   return state_->remaining == 0 && state_->pins == 0;

@@ -4,7 +4,7 @@
 //                                // InProcessParameterServer (in_process.h)
 //   DT_RETURN_IF_ERROR(ps->CreateJob(config));          // every worker may call it
 //   DT_RETURN_IF_ERROR(ps->Init({{"w", {256}, DType::kF32, initial}}));
-//   Pending round = ps->PushPullAsync({{"w", grad, grad}});
+//   Work round = ps->PushPullAsync({{"w", grad, grad}});
 //   ... other work ...
 //   DT_RETURN_IF_ERROR(round.Wait());
 //
@@ -63,10 +63,11 @@ struct PushPullItem {
 };
 
 // The result of an asynchronous operation, like a std::future<Status>: the
-// one completion handle of every ParameterServer. Destroying a Pending that
+// one completion handle of every ParameterServer (named, and read, like
+// collective::Work: Wait, IsCompleted). Destroying a Work that
 // is not done waits for it (so buffers are never used after their owner gave
 // them up).
-class ABSL_MUST_USE_RESULT Pending {
+class ABSL_MUST_USE_RESULT Work {
  public:
   // The shared state an implementation completes: `remaining` tasks each call
   // Finish once; `pins` count transport-held references to the caller's
@@ -85,20 +86,20 @@ class ABSL_MUST_USE_RESULT Pending {
   };
 
   // A finished, successful operation.
-  Pending() = default;
-  explicit Pending(std::shared_ptr<State> state) : state_(std::move(state)) {}
+  Work() = default;
+  explicit Work(std::shared_ptr<State> state) : state_(std::move(state)) {}
   // A finished operation with `status`.
-  static Pending Done(absl::Status status);
-  Pending(Pending&&) noexcept = default;
-  Pending& operator=(Pending&& other) noexcept;
-  Pending(const Pending&) = delete;
-  Pending& operator=(const Pending&) = delete;
-  ~Pending();
+  static Work Done(absl::Status status);
+  Work(Work&&) noexcept = default;
+  Work& operator=(Work&& other) noexcept;
+  Work(const Work&) = delete;
+  Work& operator=(const Work&) = delete;
+  ~Work();
 
   // Blocks until the operation finished and the transport released the
   // caller's buffers; returns its first error. May be called more than once.
   absl::Status Wait();
-  bool done() const;
+  bool IsCompleted() const;
 
  private:
   std::shared_ptr<State> state_;
@@ -121,11 +122,11 @@ class ParameterServer {
   virtual absl::Status Init(const std::vector<KeySpec>& keys) = 0;
 
   // Pushes gradients as this worker's next round of each key.
-  virtual Pending PushAsync(std::vector<PushSource> items) = 0;
+  virtual Work PushAsync(std::vector<PushSource> items) = 0;
   // Copies values into the caller's buffers.
-  virtual Pending PullAsync(std::vector<PullTarget> items) = 0;
+  virtual Work PullAsync(std::vector<PullTarget> items) = 0;
   // Push then pull of the pushed round.
-  virtual Pending PushPullAsync(std::vector<PushPullItem> items) = 0;
+  virtual Work PushPullAsync(std::vector<PushPullItem> items) = 0;
 
   // Blocking forms (an implementation may run them without a hand-off).
   virtual absl::Status Push(std::vector<PushSource> items) {

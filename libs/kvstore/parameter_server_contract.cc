@@ -48,9 +48,9 @@ JobConfig Sgd(JobConfig c, double learning_rate) {
 }
 
 // Polls `pending` until it is done or `timeout` passed.
-bool DoneWithin(const Pending& pending, absl::Duration timeout) {
+bool DoneWithin(const Work& pending, absl::Duration timeout) {
   const absl::Time end = absl::Now() + timeout;
-  while (!pending.done()) {
+  while (!pending.IsCompleted()) {
     if (absl::Now() >= end) return false;
     absl::SleepFor(absl::Milliseconds(5));
   }
@@ -99,7 +99,7 @@ TEST_P(ParameterServerContractTest, SyncRoundOfTwoWorkersIsTheirMean) {
     small_out[r] = Filled(10, -1);
     big_out[r] = Filled(kSlicedElements, -1);
   }
-  Pending first;
+  Work first;
   absl::Notification issued;
   std::thread worker0([&] {
     first = w[0]->PushPullAsync({{"small", small[0].data(), small_out[0].data()},
@@ -110,7 +110,7 @@ TEST_P(ParameterServerContractTest, SyncRoundOfTwoWorkersIsTheirMean) {
   EXPECT_TRUE(returned) << "PushPullAsync blocked its caller until the round completed";
   if (returned) {
     absl::SleepFor(absl::Milliseconds(100));
-    EXPECT_FALSE(first.done()) << "a SYNC round completed without worker 1's push";
+    EXPECT_FALSE(first.IsCompleted()) << "a SYNC round completed without worker 1's push";
   }
   // Worker 1 on this thread: not blocked by worker 0's waiting push-pull.
   absl::Status second = w[1]->PushPull(
@@ -220,7 +220,7 @@ TEST_P(ParameterServerContractTest, BoundedDelayHoldsBackAWorkerTooFarAhead) {
   std::vector<float> out = Filled(kN, 0);
   ASSERT_TRUE(w[0]->PushPull({{"w", g.data(), out.data()}}).ok());  // round 1: within the bound
   EXPECT_EQ(out, Filled(kN, -1));
-  Pending ahead = w[0]->PushPullAsync({{"w", g.data(), out.data()}});  // round 2
+  Work ahead = w[0]->PushPullAsync({{"w", g.data(), out.data()}});  // round 2
   EXPECT_FALSE(DoneWithin(ahead, absl::Milliseconds(200)))
       << "round 2 of worker 0 did not wait for worker 1's round 1";
   ASSERT_TRUE(w[1]->Push({{"w", g.data()}}).ok());
@@ -344,12 +344,12 @@ TEST_P(ParameterServerContractTest, OperationsOnOneKeyRunInIssueOrder) {
     grads.push_back(std::move(g));
   }
   const std::vector<float> small = {1, 2, 3};
-  std::vector<Pending> pushes;
+  std::vector<Work> pushes;
   for (int p = 0; p < kPushes; ++p) {
     pushes.push_back(w->PushAsync({{"big", grads[p].data()}, {"small", small.data()}}));
   }
   std::vector<float> out = Filled(kSlicedElements, -1);
-  Pending pull = w->PullAsync({{"big", out.data()}});
+  Work pull = w->PullAsync({{"big", out.data()}});
   ASSERT_TRUE(pull.Wait().ok()) << pull.Wait();
   for (int p = 0; p < kPushes; ++p) {
     EXPECT_TRUE(pushes[p].Wait().ok()) << "push " << p << ": " << pushes[p].Wait();
@@ -374,8 +374,8 @@ TEST_P(ParameterServerContractTest, AnOperationWaitsForTheOneBeforeItOnItsKey) {
   const std::vector<float> g1 = Filled(kN, 1), g2 = Filled(kN, 2), h1 = Filled(kN, 10),
                            h2 = Filled(kN, 20);
   std::vector<float> round1 = Filled(kN, -1), round2 = Filled(kN, -1);
-  Pending first = w[0]->PushPullAsync({{"w", g1.data(), round1.data()}});
-  Pending second = w[0]->PushAsync({{"w", g2.data()}});
+  Work first = w[0]->PushPullAsync({{"w", g1.data(), round1.data()}});
+  Work second = w[0]->PushAsync({{"w", g2.data()}});
   EXPECT_FALSE(DoneWithin(second, absl::Milliseconds(200)))
       << "the push of round 2 did not wait for round 1";
   ASSERT_TRUE(w[1]->Push({{"w", h1.data()}}).ok());

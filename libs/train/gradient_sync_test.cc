@@ -147,14 +147,14 @@ class UnusedParameterServer : public kvstore::ParameterServer {
   absl::Status CreateJob(const kvstore::JobConfig&) override { return Unused(); }
   absl::Status DeleteJob() override { return Unused(); }
   absl::Status Init(const std::vector<kvstore::KeySpec>&) override { return Unused(); }
-  kvstore::Pending PushAsync(std::vector<kvstore::PushSource>) override {
-    return kvstore::Pending::Done(Unused());
+  kvstore::Work PushAsync(std::vector<kvstore::PushSource>) override {
+    return kvstore::Work::Done(Unused());
   }
-  kvstore::Pending PullAsync(std::vector<kvstore::PullTarget>) override {
-    return kvstore::Pending::Done(Unused());
+  kvstore::Work PullAsync(std::vector<kvstore::PullTarget>) override {
+    return kvstore::Work::Done(Unused());
   }
-  kvstore::Pending PushPullAsync(std::vector<kvstore::PushPullItem>) override {
-    return kvstore::Pending::Done(Unused());
+  kvstore::Work PushPullAsync(std::vector<kvstore::PushPullItem>) override {
+    return kvstore::Work::Done(Unused());
   }
 
  private:

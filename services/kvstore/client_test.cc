@@ -265,7 +265,7 @@ TEST(KVClientTest, ServerSideSgdEqualsLocalSgdOnSummedGradients) {
         for (int step = 1; step <= kSteps; ++step) {
           // Gradients are pushed bucket by bucket as they become ready, then
           // the weights are pulled into the model's buffers.
-          std::vector<Pending> buckets;
+          std::vector<Work> buckets;
           for (size_t k = 0; k < shapes.size(); ++k) {
             grads[k].resize(initial[k].size());
             for (size_t i = 0; i < grads[k].size(); ++i) {
@@ -273,7 +273,7 @@ TEST(KVClientTest, ServerSideSgdEqualsLocalSgdOnSummedGradients) {
             }
             buckets.push_back(client->PushAsync({{absl::StrCat("p", k), grads[k].data()}}));
           }
-          for (Pending& p : buckets) ASSERT_TRUE(p.Wait().ok());
+          for (Work& p : buckets) ASSERT_TRUE(p.Wait().ok());
           std::vector<PullTarget> targets;
           for (size_t k = 0; k < shapes.size(); ++k) {
             targets.push_back({absl::StrCat("p", k), weights[k].data()});
@@ -336,7 +336,7 @@ TEST(KVClientTest, PushRetriedAfterTimeoutIsAppliedOnce) {
   std::vector<float> g0 = {1, 2, 3}, g1 = {10, 20, 30}, out0(3), out1(3);
   // Worker 0's push-pull: the push lands, the pull times out waiting for
   // worker 1, and the client retries the whole call (same round).
-  Pending p0 = w0->PushPullAsync({{"k", g0.data(), out0.data()}});
+  Work p0 = w0->PushPullAsync({{"k", g0.data(), out0.data()}});
   absl::SleepFor(absl::Milliseconds(300));
   ASSERT_TRUE(w1->PushPull({{"k", g1.data(), out1.data()}}).ok());
   ASSERT_TRUE(p0.Wait().ok());
@@ -480,7 +480,7 @@ TEST(KVClientTest, BadInputGetsClearStatusAndLeavesValuesIntact) {
   ASSERT_TRUE(
       other->Init({{"a", {8}, DType::kF32, nullptr}, {"b", {3000}, DType::kF32, nullptr}}).ok());
   std::vector<float> ga(8, 0.5f), gb(3000, -0.25f);
-  Pending p1 = other->PushAsync({{"a", ga.data()}, {"b", gb.data()}});
+  Work p1 = other->PushAsync({{"a", ga.data()}, {"b", gb.data()}});
   ASSERT_TRUE(client->Push({{"a", ga.data()}, {"b", gb.data()}}).ok());
   ASSERT_TRUE(p1.Wait().ok());
   // Worker 0 also pushes round 2 of "a" (pending), worker 1 does not.
@@ -778,11 +778,11 @@ TEST(KVClientTest, AsyncPushesOfOneKeyRunInOrder) {
   ASSERT_TRUE(client->CreateJob(config).ok());
   std::vector<float> init(100000, 1.0f), g(100000, 0.5f), out(100000);
   ASSERT_TRUE(client->Init({{"w", {100000}, DType::kF32, init.data()}}).ok());
-  std::vector<Pending> pending;
+  std::vector<Work> pending;
   for (int i = 0; i < 6; ++i) pending.push_back(client->PushAsync({{"w", g.data()}}));
-  Pending pull = client->PullAsync({{"w", out.data()}});
+  Work pull = client->PullAsync({{"w", out.data()}});
   ASSERT_TRUE(pull.Wait().ok());
-  for (Pending& p : pending) EXPECT_TRUE(p.done());
+  for (Work& p : pending) EXPECT_TRUE(p.IsCompleted());
   for (float v : out) ASSERT_EQ(v, 4.0f);
   EXPECT_EQ(*client->PushedRound("w"), 6);
   // Errors come back through the handle.
