@@ -4,7 +4,8 @@
 // UNAVAILABLE while Get, List, health and Ping go on working; the server,
 // SIGKILLed while the disk is full, starts again (disk still full, then
 // freed) with every accepted job and none of the refused ones. Also:
-// `trainctl list` fetches every page of a long List.
+// --finished_job_retention drops finished jobs (for good, across a
+// restart), and `trainctl list` fetches every page of a long List.
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/impl/client_unary_call.h>
 #include <grpcpp/impl/rpc_method.h>
@@ -31,7 +32,7 @@ namespace {
 
 namespace v1 = scheduler::v1;
 
-class SchedulerFullDiskE2eTest : public ::testing::Test {
+class SchedulerLogE2eTest : public ::testing::Test {
  protected:
   void Connect() {
     channel_ = grpc::CreateChannel(scheduler_.address(), grpc::InsecureChannelCredentials());
@@ -111,7 +112,7 @@ class SchedulerFullDiskE2eTest : public ::testing::Test {
   std::unique_ptr<v1::JobService::Stub> stub_;
 };
 
-TEST_F(SchedulerFullDiskE2eTest, FullLogDiskRefusesChangesAndRestartsWithEveryAcceptedJob) {
+TEST_F(SchedulerLogE2eTest, FullLogDiskRefusesChangesAndRestartsWithEveryAcceptedJob) {
   // First, before any thread: the mount namespace is this thread's.
   absl::StatusOr<std::string> disk = scheduler::MountSmallTmpfs("log_disk", 64 << 10);
   ASSERT_TRUE(disk.ok()) << "this test needs a real full filesystem (a 64 KiB tmpfs): "
@@ -199,7 +200,7 @@ TEST_F(SchedulerFullDiskE2eTest, FullLogDiskRefusesChangesAndRestartsWithEveryAc
 }
 
 // More jobs than one List page: trainctl list shows them all.
-TEST_F(SchedulerFullDiskE2eTest, TrainctlListFetchesEveryPage) {
+TEST_F(SchedulerLogE2eTest, TrainctlListFetchesEveryPage) {
   ASSERT_TRUE(
       scheduler_.Start(e2e::Runfile("services/scheduler/scheduler_server"), {"--data_dir="}).ok());
   Connect();
@@ -219,6 +220,57 @@ TEST_F(SchedulerFullDiskE2eTest, TrainctlListFetchesEveryPage) {
   out = Trainctl("list --state=QUEUED", &rc);
   ASSERT_EQ(rc, 0) << out;
   EXPECT_NE(out.find(absl::StrFormat("job-%06d", n)), std::string::npos) << out;
+}
+
+TEST_F(SchedulerLogE2eTest, FinishedJobsAreDroppedAfterTheRetentionFlag) {
+  const std::string binary = e2e::Runfile("services/scheduler/scheduler_server");
+  int rc;
+  std::string out = e2e::Run(binary + " --finished_job_retention=0", &rc);
+  EXPECT_EQ(rc, 2) << out;
+  EXPECT_NE(out.find("--finished_job_retention must be > 0"), std::string::npos) << out;
+
+  // Liveness (and retention) checks every heartbeat_timeout / 4.
+  ASSERT_TRUE(scheduler_
+                  .Start(binary, {"--data_dir=" + e2e::TmpDir("retention"),
+                                  "--finished_job_retention=2s", "--heartbeat_timeout_s=1"})
+                  .ok());
+  Connect();
+  absl::StatusOr<v1::JobStatus> done = Submit("done", "rid-done");
+  ASSERT_TRUE(done.ok()) << done.status();
+  absl::StatusOr<v1::JobStatus> waiting = Submit("waiting", "");
+  ASSERT_TRUE(waiting.ok()) << waiting.status();
+  v1::CancelRequest cancel;
+  cancel.set_id(done->id());
+  v1::JobStatus job;
+  grpc::Status gs = stub_->Cancel(Ctx().get(), cancel, &job);
+  ASSERT_TRUE(gs.ok()) << gs.error_message();
+  const absl::Time finished = absl::Now();
+  // Kept at first: a retried Submit finds it.
+  absl::StatusOr<v1::JobStatus> retry = Submit("done", "rid-done");
+  ASSERT_TRUE(retry.ok()) << retry.status();
+  EXPECT_EQ(retry->id(), done->id());
+
+  v1::GetRequest get;
+  get.set_id(done->id());
+  grpc::StatusCode code = grpc::StatusCode::OK;
+  while (code == grpc::StatusCode::OK && absl::Now() - finished < absl::Seconds(20)) {
+    absl::SleepFor(absl::Milliseconds(100));
+    code = stub_->Get(Ctx().get(), get, &job).error_code();
+  }
+  EXPECT_EQ(code, grpc::StatusCode::NOT_FOUND);
+  EXPECT_GE(absl::Now() - finished, absl::Milliseconds(1900)) << "dropped before its retention";
+  EXPECT_EQ(ListAll(10), std::vector<std::string>{waiting->id()});
+
+  // Gone for good: not back after a restart, and its id is not reused.
+  ASSERT_TRUE(scheduler_.Kill(SIGKILL).ok());
+  ASSERT_TRUE(scheduler_.Wait().ok());
+  absl::Status started = scheduler_.Restart();
+  ASSERT_TRUE(started.ok()) << started;
+  Connect();
+  EXPECT_EQ(ListAll(10), std::vector<std::string>{waiting->id()});
+  absl::StatusOr<v1::JobStatus> next = Submit("next", "");
+  ASSERT_TRUE(next.ok()) << next.status();
+  EXPECT_EQ(next->id(), "job-000003");
 }
 
 }  // namespace
