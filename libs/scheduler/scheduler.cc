@@ -23,16 +23,7 @@ absl::StatusOr<std::unique_ptr<Scheduler>> Scheduler::Open(SchedulerOptions opti
     std::vector<std::string> records;
     DT_ASSIGN_OR_RETURN(s->wal_, Wal::Open(s->options_.wal_path, &records));
     DT_RETURN_IF_ERROR(s->Replay(records));
-    // Only the newest record of each job matters: keep one per job once the
-    // log holds many more.
-    if (records.size() > 2 * s->jobs_.size() + 64) {
-      std::vector<std::string> latest;
-      for (const auto& [id, job] : s->jobs_) latest.push_back(job.status.SerializeAsString());
-      s->wal_.reset();
-      DT_ASSIGN_OR_RETURN(s->wal_, Wal::Rewrite(s->options_.wal_path, latest));
-      DT_LOG(INFO) << "compacted " << s->options_.wal_path << " from " << records.size() << " to "
-                   << latest.size() << " records";
-    }
+    s->MaybeCompact();
   }
   return s;
 }
@@ -44,24 +35,34 @@ absl::Status Scheduler::Replay(const std::vector<std::string>& records) {
       return absl::DataLossError(
           absl::StrCat(options_.wal_path, ": record ", i, " is not a job status"));
     }
+    int64_t n = 0;
+    const bool numbered = absl::SimpleAtoi(absl::string_view(st.id()).substr(4), &n);
+    if (numbered) next_job_ = std::max(next_job_, n + 1);
+    if (st.state() == v1::JOB_STATE_UNSPECIFIED) {
+      // A tombstone: the job was dropped after its retention period.
+      auto seen = by_request_id_.find(st.submit_request_id());
+      if (seen != by_request_id_.end() && seen->second == st.id()) by_request_id_.erase(seen);
+      jobs_.erase(st.id());
+      continue;
+    }
     Job& job = jobs_[st.id()];
     job.status = std::move(st);
     if (!job.status.submit_request_id().empty()) {
       by_request_id_[job.status.submit_request_id()] = job.status.id();
     }
-    int64_t n = 0;
-    if (absl::SimpleAtoi(absl::string_view(job.status.id()).substr(4), &n)) {
-      next_job_ = std::max(next_job_, n + 1);
-      job.seq = n;
-    }
+    if (numbered) job.seq = n;
   }
   for (auto& [id, job] : jobs_) {
     job.status.set_version(++version_);
     if (job.status.state() == v1::RUNNING) {
-      job.status.clear_trainers();
-      SetState(&job, v1::QUEUED, "scheduler restarted while the job was running; requeued");
-      absl::Status s = Persist(job);
-      if (!s.ok()) return s;
+      JobStatus next = job.status;
+      next.clear_trainers();
+      SetState(&next, v1::QUEUED, "scheduler restarted while the job was running; requeued");
+      // Not logging this is harmless: a RUNNING record is requeued on every
+      // start. So a full disk does not keep the scheduler from starting.
+      absl::Status s = Persist(next, "requeued in memory only");
+      if (!s.ok()) DT_LOG(WARNING) << s;
+      job.status = std::move(next);
     }
   }
   if (!records.empty()) {
@@ -70,21 +71,71 @@ absl::Status Scheduler::Replay(const std::vector<std::string>& records) {
   return absl::OkStatus();
 }
 
-absl::Status Scheduler::Persist(const Job& job) {
+absl::Status Scheduler::Persist(const JobStatus& status, absl::string_view refused) {
   if (wal_ == nullptr) return absl::OkStatus();
-  absl::Status s = wal_->Append(job.status.SerializeAsString());
-  if (!s.ok()) DT_LOG(ERROR) << "WAL append for " << job.status.id() << " failed: " << s;
-  return s;
+  absl::Status s = wal_->Append(status.SerializeAsString());
+  if (s.ok()) return s;
+  return absl::UnavailableError(
+      absl::StrCat("the scheduler cannot write its job log (", s.message(), "); ", refused));
 }
 
-void Scheduler::SetState(Job* job, JobState state, const std::string& reason) {
-  job->status.set_state(state);
-  if (state != v1::RUNNING) kv_.erase(job->status.id());
-  v1::JobEvent* e = job->status.add_events();
+absl::Status Scheduler::Commit(Job* job, JobStatus next) {
+  DT_RETURN_IF_ERROR(
+      Persist(next, absl::StrCat(next.id(), " is unchanged (the change to ",
+                                 v1::JobState_Name(next.state()), " was not made)")));
+  job->status = std::move(next);
+  if (job->status.state() != v1::RUNNING) kv_.erase(job->status.id());
+  MaybeCompact();
+  return absl::OkStatus();
+}
+
+void Scheduler::LogRefusal(const absl::Status& s) {
+  const absl::Time now = absl::Now();
+  if (now - last_refusal_log_ < absl::Seconds(10)) return;
+  last_refusal_log_ = now;
+  DT_LOG(ERROR) << s << " (a change the scheduler makes itself; retried on the next heartbeat or "
+                << "liveness check)";
+}
+
+std::vector<std::string> Scheduler::Snapshot() const {
+  std::vector<std::string> records;
+  const std::string last = absl::StrFormat("job-%06d", next_job_ - 1);
+  if (next_job_ > 1 && jobs_.count(last) == 0) {
+    // Keeps the id counter: ids of dropped jobs are never reused.
+    JobStatus tombstone;
+    tombstone.set_id(last);
+    records.push_back(tombstone.SerializeAsString());
+  }
+  for (const auto& [id, job] : jobs_) records.push_back(job.status.SerializeAsString());
+  return records;
+}
+
+void Scheduler::MaybeCompact(bool dropped) {
+  if (wal_ == nullptr) return;
+  const int64_t live = static_cast<int64_t>(jobs_.size()) + 1;
+  if (wal_->records() <= 2 * live + (dropped ? 0 : 64) || wal_->records() < next_compaction_) {
+    return;
+  }
+  const int64_t before = wal_->records();
+  absl::Status s = wal_->Compact(Snapshot());
+  if (!s.ok()) {
+    // Compaction only saves space: try again after another 64 records.
+    next_compaction_ = before + 64;
+    DT_LOG(WARNING) << "compacting the job log: " << s;
+    return;
+  }
+  next_compaction_ = 0;
+  DT_LOG(INFO) << "compacted " << wal_->path() << " from " << before << " to " << wal_->records()
+               << " records";
+}
+
+void Scheduler::SetState(JobStatus* status, JobState state, const std::string& reason) {
+  status->set_state(state);
+  v1::JobEvent* e = status->add_events();
   e->set_time_unix_ms(absl::ToUnixMillis(options_.now()));
   e->set_state(state);
   e->set_reason(reason);
-  Touch(job);
+  Touch(status);
 }
 
 absl::StatusOr<JobStatus> Scheduler::Submit(JobSpec spec, const std::string& request_id) {
@@ -107,8 +158,8 @@ absl::StatusOr<JobStatus> Scheduler::Submit(JobSpec spec, const std::string& req
   *job.status.mutable_spec() = std::move(spec);
   job.status.set_test_accuracy(-1);
   job.status.set_submit_time_unix_ms(absl::ToUnixMillis(options_.now()));
-  SetState(&job, v1::QUEUED, "submitted");
-  DT_RETURN_IF_ERROR(Annotate(Persist(job), "recording the job"));
+  SetState(&job.status, v1::QUEUED, "submitted");
+  DT_RETURN_IF_ERROR(Persist(job.status, "the job was not submitted"));
   ++next_job_;
   if (!request_id.empty()) by_request_id_[request_id] = id;
   jobs_[id] = std::move(job);
@@ -136,6 +187,39 @@ std::vector<JobStatus> Scheduler::List(JobState state) const {
   return out;
 }
 
+absl::StatusOr<JobPage> Scheduler::ListPage(JobState state, int page_size,
+                                            const std::string& page_token) const {
+  if (page_size < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("page_size: must be >= 0, got ", page_size));
+  }
+  if (page_size == 0) page_size = kDefaultListPageSize;
+  page_size = std::min(page_size, kMaxListPageSize);
+  // The token is the arrival number of the last job of the previous page:
+  // the next page starts after it, whatever was added or dropped since.
+  int64_t after = 0;
+  if (!page_token.empty() && (!absl::SimpleAtoi(page_token, &after) || after < 0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("page_token: ", Quote(page_token), " is not one a List reply gave"));
+  }
+  absl::MutexLock lock(&mu_);
+  std::vector<const Job*> sorted;
+  for (const auto& [id, job] : jobs_) {
+    if (job.seq <= after && !page_token.empty()) continue;
+    if (state == v1::JOB_STATE_UNSPECIFIED || job.status.state() == state) sorted.push_back(&job);
+  }
+  std::sort(sorted.begin(), sorted.end(),
+            [](const Job* a, const Job* b) { return a->seq < b->seq; });
+  JobPage page;
+  for (size_t i = 0; i < sorted.size(); ++i) {
+    if (i == static_cast<size_t>(page_size)) {
+      page.next_page_token = absl::StrCat(sorted[i - 1]->seq);
+      break;
+    }
+    page.jobs.push_back(sorted[i]->status);
+  }
+  return page;
+}
+
 absl::StatusOr<JobStatus> Scheduler::Cancel(const std::string& id, const std::string& reason) {
   absl::MutexLock lock(&mu_);
   auto it = jobs_.find(id);
@@ -145,9 +229,11 @@ absl::StatusOr<JobStatus> Scheduler::Cancel(const std::string& id, const std::st
     return absl::FailedPreconditionError(absl::StrCat("job ", id, " already finished (",
                                                       v1::JobState_Name(job.status.state()), ")"));
   }
-  ReleaseTrainers(&job, "");
-  SetState(&job, v1::CANCELLED, reason.empty() ? "cancelled by user" : reason);
-  (void)Persist(job);
+  const std::vector<std::string> placed = Placement(job);
+  JobStatus next = job.status;
+  SetState(&next, v1::CANCELLED, reason.empty() ? "cancelled by user" : reason);
+  DT_RETURN_IF_ERROR(Commit(&job, std::move(next)));
+  ReleaseTrainers(id, placed, "");
   Schedule();
   return job.status;
 }
@@ -213,17 +299,28 @@ absl::StatusOr<HeartbeatReply> Scheduler::Heartbeat(const HeartbeatRequest& requ
   if (!t.job_id.empty() && t.delivered && running.count(t.job_id) == 0) {
     // It dropped the job without a final report (it restarted, say).
     auto jt = jobs_.find(t.job_id);
-    std::string job_id = t.job_id;
+    bool release = true;
     if (jt != jobs_.end() && jt->second.status.state() == v1::RUNNING &&
         InPlacement(jt->second, t)) {
-      ReleaseTrainers(&jt->second, t.id);
-      SetState(&jt->second, v1::FAILED,
+      const std::vector<std::string> placed = Placement(jt->second);
+      JobStatus next = jt->second.status;
+      SetState(&next, v1::FAILED,
                absl::StrCat("trainer ", t.id, " stopped running the job without reporting why"));
-      (void)Persist(jt->second);
+      absl::Status s = Commit(&jt->second, std::move(next));
+      if (s.ok()) {
+        ReleaseTrainers(jt->first, placed, t.id);
+      } else {
+        // Nothing changes; the next heartbeat tries again. The heartbeat
+        // itself succeeds: liveness does not depend on the log.
+        LogRefusal(s);
+        release = false;
+      }
     }
-    t.job_id.clear();
-    t.rank = -1;
-    t.delivered = false;
+    if (release) {
+      t.job_id.clear();
+      t.rank = -1;
+      t.delivered = false;
+    }
   }
   if (!t.job_id.empty() && !t.delivered) {
     auto jt = jobs_.find(t.job_id);
@@ -277,57 +374,81 @@ absl::StatusOr<bool> Scheduler::ReportProgress(const ProgressReport& r) {
     }
     return true;
   }
+  // The job's status after this report; it replaces job.status only once
+  // logged (when it must be).
+  JobStatus next = job.status;
+  bool log = false;
   if (r.rank() == 0) {
-    const bool new_epoch = r.epoch() > job.status.epoch();
-    job.status.set_epoch(r.epoch());
-    job.status.set_step(r.step());
-    job.status.set_loss(r.loss());
-    job.status.set_train_accuracy(r.train_accuracy());
-    job.status.set_test_accuracy(r.test_accuracy());
-    job.status.set_samples_per_second(r.samples_per_second());
-    if (r.steps_per_epoch() > 0) job.status.set_steps_per_epoch(r.steps_per_epoch());
-    if (r.epoch_seconds() > 0) job.status.set_epoch_seconds(r.epoch_seconds());
+    const bool new_epoch = r.epoch() > next.epoch();
+    next.set_epoch(r.epoch());
+    next.set_step(r.step());
+    next.set_loss(r.loss());
+    next.set_train_accuracy(r.train_accuracy());
+    next.set_test_accuracy(r.test_accuracy());
+    next.set_samples_per_second(r.samples_per_second());
+    if (r.steps_per_epoch() > 0) next.set_steps_per_epoch(r.steps_per_epoch());
+    if (r.epoch_seconds() > 0) next.set_epoch_seconds(r.epoch_seconds());
     const bool new_checkpoint = !r.checkpoint_path().empty() && r.checkpoint_epoch() > 0 &&
-                                (r.checkpoint_path() != job.status.checkpoint_path() ||
-                                 r.checkpoint_epoch() != job.status.checkpoint_epoch());
+                                (r.checkpoint_path() != next.checkpoint_path() ||
+                                 r.checkpoint_epoch() != next.checkpoint_epoch());
     if (new_checkpoint) {
-      job.status.set_checkpoint_path(r.checkpoint_path());
-      job.status.set_checkpoint_epoch(r.checkpoint_epoch());
+      next.set_checkpoint_path(r.checkpoint_path());
+      next.set_checkpoint_epoch(r.checkpoint_epoch());
     }
-    Touch(&job);
-    if ((new_epoch || new_checkpoint) && !final) (void)Persist(job);
+    Touch(&next);
+    // Steps, losses and rates between epochs are not logged.
+    log = new_epoch || new_checkpoint;
   }
-  if (!final) return false;
-  t.job_id.clear();
-  t.rank = -1;
-  t.delivered = false;
+  if (!final) {
+    if (log) {
+      DT_RETURN_IF_ERROR(Commit(&job, std::move(next)));
+    } else {
+      job.status = std::move(next);
+    }
+    return false;
+  }
+  const std::vector<std::string> placed = Placement(job);
   if (r.final_state() == v1::SUCCEEDED) {
+    bool all_done = true;
+    for (size_t rank = 0; rank < job.rank_done.size(); ++rank) {
+      all_done = all_done && (job.rank_done[rank] || static_cast<int>(rank) == r.rank());
+    }
+    if (all_done) {
+      SetState(&next, v1::SUCCEEDED, r.reason().empty() ? "training finished" : r.reason());
+      DT_RETURN_IF_ERROR(Commit(&job, std::move(next)));
+    } else if (log) {
+      DT_RETURN_IF_ERROR(Commit(&job, std::move(next)));
+    } else {
+      job.status = std::move(next);
+    }
     if (r.rank() >= 0 && r.rank() < static_cast<int>(job.rank_done.size())) {
       job.rank_done[r.rank()] = true;
     }
-    if (std::all_of(job.rank_done.begin(), job.rank_done.end(), [](bool b) { return b; })) {
-      SetState(&job, v1::SUCCEEDED, r.reason().empty() ? "training finished" : r.reason());
-      (void)Persist(job);
-    }
   } else {
-    ReleaseTrainers(&job, t.id);
     JobState state = r.final_state() == v1::CANCELLED ? v1::CANCELLED : v1::FAILED;
     const std::string why = absl::StrCat("rank ", r.rank(), " on trainer ", t.id, ": ",
                                          r.reason().empty() ? "no reason given" : r.reason());
-    if (state == v1::FAILED && r.retryable() && options_.requeue_on_trainer_loss) {
+    const bool requeue = state == v1::FAILED && r.retryable() && options_.requeue_on_trainer_loss;
+    if (requeue) {
+      Requeue(&next, why);
+    } else {
+      SetState(&next, state, why);
+    }
+    DT_RETURN_IF_ERROR(Commit(&job, std::move(next)));
+    ReleaseTrainers(job.status.id(), placed, t.id);
+    if (requeue) {
       // A peer may be dead without being declared lost yet: the others must
       // show they are alive before the job is placed on them again.
       const absl::Time now = options_.now();
-      for (const std::string& tid : job.status.trainers()) {
+      for (const std::string& tid : placed) {
         auto other = trainers_.find(tid);
         if (tid != t.id && other != trainers_.end()) other->second.placeable_after = now;
       }
-      Requeue(&job, why);
-    } else {
-      SetState(&job, state, why);
     }
-    (void)Persist(job);
   }
+  t.job_id.clear();
+  t.rank = -1;
+  t.delivered = false;
   Schedule();
   return false;
 }
@@ -337,30 +458,35 @@ bool Scheduler::InPlacement(const Job& job, const Trainer& t) {
          job.status.trainers(t.rank) == t.id;
 }
 
-void Scheduler::Requeue(Job* job, const std::string& why) {
-  if (job->status.attempts() >= options_.max_attempts) {
-    SetState(job, v1::FAILED,
-             absl::StrCat(why, "; not requeued: the job has been placed ", job->status.attempts(),
+void Scheduler::Requeue(JobStatus* status, const std::string& why) {
+  if (status->attempts() >= options_.max_attempts) {
+    SetState(status, v1::FAILED,
+             absl::StrCat(why, "; not requeued: the job has been placed ", status->attempts(),
                           " times (the limit)"));
     return;
   }
-  job->status.clear_trainers();
-  SetState(job, v1::QUEUED,
-           job->status.checkpoint_path().empty()
+  status->clear_trainers();
+  SetState(status, v1::QUEUED,
+           status->checkpoint_path().empty()
                ? absl::StrCat(why, "; requeued from the start (no checkpoint yet)")
-               : absl::StrCat(why, "; requeued, resuming from ", job->status.checkpoint_path(),
-                              " (epoch ", job->status.checkpoint_epoch(), ")"));
+               : absl::StrCat(why, "; requeued, resuming from ", status->checkpoint_path(),
+                              " (epoch ", status->checkpoint_epoch(), ")"));
 }
 
-void Scheduler::ReleaseTrainers(Job* job, const std::string& except) {
-  for (const std::string& tid : job->status.trainers()) {
+std::vector<std::string> Scheduler::Placement(const Job& job) {
+  return std::vector<std::string>(job.status.trainers().begin(), job.status.trainers().end());
+}
+
+void Scheduler::ReleaseTrainers(const std::string& job_id, const std::vector<std::string>& placed,
+                                const std::string& except) {
+  for (const std::string& tid : placed) {
     auto it = trainers_.find(tid);
-    if (it == trainers_.end() || it->second.job_id != job->status.id()) continue;
+    if (it == trainers_.end() || it->second.job_id != job_id) continue;
     Trainer& t = it->second;
     if (tid != except && t.delivered) {
       // It is working on the job: it stops and sends a final report, which
       // finds the job finished. Until then it stays busy.
-      t.cancels.push_back(job->status.id());
+      t.cancels.push_back(job_id);
       continue;
     }
     t.job_id.clear();
@@ -404,22 +530,29 @@ void Scheduler::Schedule() {
       continue;
     }
     fit.resize(spec.num_trainers());
-    job->status.clear_trainers();
+    JobStatus next = job->status;
+    next.clear_trainers();
+    for (Trainer* t : fit) next.add_trainers(t->id);
+    next.set_epoch(0);
+    next.set_step(0);
+    next.set_attempts(next.attempts() + 1);
+    SetState(&next, v1::RUNNING, absl::StrCat("placed on ", absl::StrJoin(next.trainers(), ", ")));
+    absl::Status s = Commit(job, std::move(next));
+    if (!s.ok()) {
+      // Nothing is placed until the log takes the placement; every
+      // heartbeat schedules again.
+      LogRefusal(s);
+      return;
+    }
     job->rank_done.assign(fit.size(), false);
     for (size_t rank = 0; rank < fit.size(); ++rank) {
       fit[rank]->job_id = job->status.id();
       fit[rank]->rank = static_cast<int>(rank);
       fit[rank]->delivered = false;
-      job->status.add_trainers(fit[rank]->id);
     }
-    job->status.set_epoch(0);
-    job->status.set_step(0);
-    job->status.set_attempts(job->status.attempts() + 1);
-    kv_[job->status.id()] = Kv();
-    kv_[job->status.id()].attempt = job->status.attempts();
-    SetState(job, v1::RUNNING,
-             absl::StrCat("placed on ", absl::StrJoin(job->status.trainers(), ", ")));
-    (void)Persist(*job);
+    Kv& kv = kv_[job->status.id()];
+    kv = Kv();
+    kv.attempt = job->status.attempts();
   }
 }
 
@@ -542,28 +675,37 @@ absl::StatusOr<int64_t> Scheduler::StoreAdd(const StoreAddRequest& r) {
   return value;
 }
 
-void Scheduler::LoseTrainer(const std::string& trainer_id, const std::string& why) {
+bool Scheduler::LoseTrainer(const std::string& trainer_id, const std::string& why) {
   auto it = trainers_.find(trainer_id);
-  if (it == trainers_.end()) return;
-  std::string job_id = it->second.job_id;
-  DT_LOG(WARNING) << "trainer " << trainer_id << " lost: " << why;
-  const Trainer lost = std::move(it->second);
-  trainers_.erase(it);
-  if (job_id.empty()) return;
+  if (it == trainers_.end()) return false;
+  const std::string job_id = it->second.job_id;
   auto jt = jobs_.find(job_id);
-  if (jt == jobs_.end() || jt->second.status.state() != v1::RUNNING ||
-      !InPlacement(jt->second, lost)) {
-    return;  // it was told to stop an earlier attempt
+  const bool placed_here = !job_id.empty() && jt != jobs_.end() &&
+                           jt->second.status.state() == v1::RUNNING &&
+                           InPlacement(jt->second, it->second);
+  std::vector<std::string> placed;
+  if (placed_here) {
+    Job& job = jt->second;
+    placed = Placement(job);
+    JobStatus next = job.status;
+    std::string reason = absl::StrCat("trainer ", trainer_id, " lost (", why, ")");
+    if (options_.requeue_on_trainer_loss) {
+      Requeue(&next, reason);
+    } else {
+      SetState(&next, v1::FAILED, reason);
+    }
+    absl::Status s = Commit(&job, std::move(next));
+    if (!s.ok()) {
+      // The trainer stays until its job's change is logged: the next
+      // liveness check tries again (or it heartbeats and is not lost).
+      LogRefusal(s);
+      return false;
+    }
   }
-  Job& job = jt->second;
-  ReleaseTrainers(&job, "");
-  std::string reason = absl::StrCat("trainer ", trainer_id, " lost (", why, ")");
-  if (options_.requeue_on_trainer_loss) {
-    Requeue(&job, reason);
-  } else {
-    SetState(&job, v1::FAILED, reason);
-  }
-  (void)Persist(job);
+  DT_LOG(WARNING) << "trainer " << trainer_id << " lost: " << why;
+  trainers_.erase(it);
+  if (placed_here) ReleaseTrainers(job_id, placed, "");
+  return true;
 }
 
 int Scheduler::CheckLiveness() {
@@ -573,12 +715,56 @@ int Scheduler::CheckLiveness() {
   for (const auto& [id, t] : trainers_) {
     if (now - t.last_heartbeat > options_.heartbeat_timeout) lost.push_back(id);
   }
+  int n = 0;
   for (const std::string& id : lost) {
-    LoseTrainer(id, absl::StrCat("no heartbeat for ",
-                                 absl::FormatDuration(now - trainers_[id].last_heartbeat)));
+    if (LoseTrainer(id, absl::StrCat("no heartbeat for ",
+                                     absl::FormatDuration(now - trainers_[id].last_heartbeat)))) {
+      ++n;
+    }
   }
-  if (!lost.empty()) Schedule();
-  return static_cast<int>(lost.size());
+  DropExpiredJobs();
+  if (n > 0) Schedule();
+  return n;
+}
+
+int Scheduler::DropExpiredJobs() {
+  if (options_.finished_job_retention == absl::InfiniteDuration()) return 0;
+  const int64_t cutoff = absl::ToUnixMillis(options_.now() - options_.finished_job_retention);
+  std::vector<std::string> expired;
+  std::vector<std::string> tombstones;
+  for (const auto& [id, job] : jobs_) {
+    if (!IsFinal(job.status.state())) continue;
+    const int64_t finished = job.status.events().empty()
+                                 ? job.status.submit_time_unix_ms()
+                                 : job.status.events().rbegin()->time_unix_ms();
+    if (finished > cutoff) continue;
+    JobStatus tombstone;
+    tombstone.set_id(id);
+    tombstone.set_submit_request_id(job.status.submit_request_id());
+    expired.push_back(id);
+    tombstones.push_back(tombstone.SerializeAsString());
+  }
+  if (expired.empty()) return 0;
+  if (wal_ != nullptr) {
+    absl::Status s = wal_->AppendAll(tombstones);
+    if (!s.ok()) {
+      // They stay until the log takes their tombstones (the next check).
+      LogRefusal(absl::UnavailableError(
+          absl::StrCat("the scheduler cannot write its job log (", s.message(), "); ",
+                       expired.size(), " finished jobs past their retention are kept")));
+      return 0;
+    }
+  }
+  for (const std::string& id : expired) {
+    auto it = jobs_.find(id);
+    auto seen = by_request_id_.find(it->second.status.submit_request_id());
+    if (seen != by_request_id_.end() && seen->second == id) by_request_id_.erase(seen);
+    jobs_.erase(it);
+  }
+  DT_LOG(INFO) << "dropped " << expired.size() << " jobs finished more than "
+               << absl::FormatDuration(options_.finished_job_retention) << " ago";
+  MaybeCompact(/*dropped=*/true);
+  return static_cast<int>(expired.size());
 }
 
 SchedulerStats Scheduler::Stats() const {

@@ -29,11 +29,44 @@
 // job loses at most checkpoint_interval_epochs of work.
 //
 // Durability: every job change that matters after a restart (submission,
-// state changes, completed epochs) is appended to a write-ahead log (wal.h)
-// as the job's full JobStatus before the call returns. Open replays it; jobs
-// that were RUNNING go back to QUEUED (their trainers re-register with the
-// new process). Trainers are not logged. Open compacts the log to one
-// record per job when it holds many more.
+// state changes, completed epochs, checkpoints) is appended to a
+// write-ahead log (wal.h) as the job's full JobStatus before the call
+// returns. Open replays it; jobs that were RUNNING go back to QUEUED (their
+// trainers re-register with the new process). Trainers are not logged.
+//
+// The scheduler never runs ahead of its log: each change is made on a copy
+// of the job's status, which is written first and becomes the job's status
+// (and trainers are assigned or freed) only once the write succeeded. A
+// change whose record cannot be written (a full disk, an I/O error) is
+// refused with kUnavailable, "the scheduler cannot write its job log
+// (appending to <path>: <OS error>); ...", and nothing changes: a
+// Submit/Cancel/ReportProgress fails (the client retries; Submit is
+// idempotent with a request id), reads (Get, List, Watch) go on working.
+// kUnavailable rather than kResourceExhausted: the change was not made and
+// the same call succeeds once the operator frees space, which is what
+// clients retry on. Changes the scheduler makes on its own are retried
+// rather than forced: a placement is not made (every heartbeat schedules
+// again), a lost trainer stays in the table until its job's requeue is
+// logged (the next CheckLiveness), a job its trainer silently dropped is
+// failed at a later heartbeat; each is logged as an error at most every 10
+// s. The scheduler does not stop: restarting would not make the disk any
+// less full, and it keeps serving reads and liveness meanwhile. The one
+// unlogged change is Open's requeue of RUNNING jobs, which replay repeats
+// on every start, so a full disk does not keep the scheduler from starting.
+//
+// Compaction: when the log holds more than 2 * (jobs + 1) + 64 records
+// (2 * (jobs + 1) right after retention dropped jobs), it is rewritten
+// atomically to one record per job (at Open and while running, after any
+// append); a failed compaction leaves the log as it was and is tried again
+// 64 records later.
+//
+// Retention: a finished job (SUCCEEDED, FAILED, CANCELLED) is dropped from
+// memory, and from the log (a tombstone record, a JobStatus with only id,
+// submit_request_id and state JOB_STATE_UNSPECIFIED, until compaction
+// removes both), finished_job_retention after its last event, by
+// CheckLiveness. Its Submit request id is forgotten with it: a Submit retry
+// is recognized for as long as the job is kept. Job ids are never reused
+// (compaction keeps a tombstone for the newest id).
 //
 // Thread-safe.
 #ifndef DTRAIN_LIBS_SCHEDULER_SCHEDULER_H_
@@ -48,6 +81,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "libs/scheduler/wal.h"
@@ -90,6 +124,9 @@ struct SchedulerOptions {
   // A job is placed at most this many times (the first run included); when a
   // trainer of its last attempt is lost, it FAILS with the reason.
   int max_attempts = 5;
+  // Finished jobs are dropped this long after they finished
+  // (absl::InfiniteDuration(): kept forever).
+  absl::Duration finished_job_retention = absl::Hours(7 * 24);
   // The clock; tests inject a fake one.
   std::function<absl::Time()> now = [] { return absl::Now(); };
 };
@@ -103,6 +140,17 @@ struct SchedulerStats {
 };
 
 bool IsFinal(JobState state);
+
+// List pages: page_size 0 means kDefaultListPageSize; larger than
+// kMaxListPageSize means kMaxListPageSize.
+inline constexpr int kDefaultListPageSize = 100;
+inline constexpr int kMaxListPageSize = 1000;
+
+struct JobPage {
+  std::vector<JobStatus> jobs;
+  // Empty on the last page.
+  std::string next_page_token;
+};
 
 class Scheduler {
  public:
@@ -122,6 +170,13 @@ class Scheduler {
 
   // Every job in submission order; `state` JOB_STATE_UNSPECIFIED: all.
   std::vector<JobStatus> List(JobState state = v1::JOB_STATE_UNSPECIFIED) const;
+
+  // One page of List: up to page_size jobs in submission order after those
+  // of the page that returned `page_token` ("" for the first page). Jobs
+  // submitted or dropped in between neither shift nor repeat the others.
+  // kInvalidArgument for a negative page_size or a token no reply gave.
+  absl::StatusOr<JobPage> ListPage(JobState state, int page_size,
+                                   const std::string& page_token) const;
 
   // QUEUED or RUNNING -> CANCELLED (the trainers are told to stop on their
   // next heartbeat). kFailedPrecondition for a finished job, kNotFound.
@@ -155,8 +210,9 @@ class Scheduler {
   absl::StatusOr<StoreGetReply> StoreGet(const StoreGetRequest& request);
   absl::StatusOr<int64_t> StoreAdd(const StoreAddRequest& request);
 
-  // Declares trainers lost whose last heartbeat is older than the timeout.
-  // Returns how many.
+  // Declares trainers lost whose last heartbeat is older than the timeout,
+  // and drops finished jobs past their retention. Returns how many trainers
+  // were declared lost.
   int CheckLiveness();
 
   SchedulerStats Stats() const;
@@ -192,13 +248,32 @@ class Scheduler {
   explicit Scheduler(SchedulerOptions options) : options_(std::move(options)) {}
 
   absl::Status Replay(const std::vector<std::string>& records) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status Persist(const Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void SetState(Job* job, JobState state, const std::string& reason)
+  // Appends `status` to the log. On failure kUnavailable naming the log's
+  // error, followed by `refused` (what did not happen).
+  absl::Status Persist(const JobStatus& status, absl::string_view refused)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void Touch(Job* job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { job->status.set_version(++version_); }
-  // Frees the job's trainers; those still working on it are told to stop
-  // unless `except` is their id.
-  void ReleaseTrainers(Job* job, const std::string& except) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Logs `next`, then makes it the job's status (dropping the rendezvous
+  // store when it leaves RUNNING). On error nothing changed.
+  absl::Status Commit(Job* job, JobStatus next) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Logs the refusal of a change the scheduler makes itself (rate-limited).
+  void LogRefusal(const absl::Status& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The records of a compacted log.
+  std::vector<std::string> Snapshot() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Compacts when the log holds more than 2 * (jobs + 1) + 64 records, or,
+  // right after jobs were dropped, more than 2 * (jobs + 1).
+  void MaybeCompact(bool dropped = false) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Drops finished jobs past the retention period; returns how many.
+  int DropExpiredJobs() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void SetState(JobStatus* status, JobState state, const std::string& reason)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Touch(JobStatus* status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    status->set_version(++version_);
+  }
+  static std::vector<std::string> Placement(const Job& job);
+  // Frees the trainers `placed` on job_id; those still working on it are
+  // told to stop unless `except` is their id.
+  void ReleaseTrainers(const std::string& job_id, const std::vector<std::string>& placed,
+                       const std::string& except) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Schedule() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool Fits(const Trainer& t, const JobSpec& spec) const;
   // Checks that `trainer_id` may use the store of `job_id` attempt
@@ -206,16 +281,18 @@ class Scheduler {
   absl::StatusOr<Kv*> StoreFor(const std::string& trainer_id, const std::string& job_id,
                                int attempt, const std::string& key)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void LoseTrainer(const std::string& trainer_id, const std::string& why)
+  // Returns false (and changes nothing) when its job's change cannot be
+  // logged.
+  bool LoseTrainer(const std::string& trainer_id, const std::string& why)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Whether `t` holds rank t.rank of job's current placement (not a stale
   // one that was told to stop).
   static bool InPlacement(const Job& job, const Trainer& t);
   // After a failure of the running job's attempt that was not the job's
   // fault: back to the queue (resuming from its newest checkpoint), or
-  // FAILED once it has been placed max_attempts times. The caller has
-  // released the trainers.
-  void Requeue(Job* job, const std::string& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // FAILED once it has been placed max_attempts times (on the status; the
+  // caller commits it and releases the trainers).
+  void Requeue(JobStatus* status, const std::string& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const SchedulerOptions options_;
   mutable absl::Mutex mu_;
@@ -227,6 +304,9 @@ class Scheduler {
   int64_t next_job_ = 1 ABSL_GUARDED_BY(mu_);
   int64_t next_trainer_ = 1 ABSL_GUARDED_BY(mu_);
   int64_t version_ ABSL_GUARDED_BY(mu_) = 0;
+  // A failed compaction is retried once the log holds this many records.
+  int64_t next_compaction_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Time last_refusal_log_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
 };
 
 }  // namespace scheduler

@@ -1,12 +1,16 @@
 #include "libs/scheduler/scheduler.h"
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
 
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "gtest/gtest.h"
+#include "libs/scheduler/tmpfs_for_test.h"
 
 namespace dtrain {
 namespace scheduler {
@@ -472,18 +476,20 @@ TEST_F(SchedulerTest, RestartReplaysTheLog) {
 
 TEST_F(SchedulerTest, RestartCompactsALongLog) {
   std::string wal = TmpPath("long.wal");
-  std::string id;
+  const std::string id = "job-000001";
   {
-    auto s = Open(Options(wal));
-    id = s->Submit(Spec("long"))->id();
-    std::string t = AddTrainer(s.get());
-    Beat(s.get(), t);
+    // A long log (the scheduler compacts while running, so write it
+    // directly, as an older version or failing compactions would leave it).
+    std::vector<std::string> none;
+    auto log = Wal::Open(wal, &none);
+    ASSERT_TRUE(log.ok()) << log.status();
+    JobStatus st;
+    st.set_id(id);
+    *st.mutable_spec() = Spec("long");
+    st.set_state(v1::RUNNING);
     for (int epoch = 1; epoch <= 200; ++epoch) {
-      ProgressReport p;
-      p.set_trainer_id(t);
-      p.set_job_id(id);
-      p.set_epoch(epoch);
-      ASSERT_TRUE(s->ReportProgress(p).ok());
+      st.set_epoch(epoch);
+      ASSERT_TRUE((*log)->Append(st.SerializeAsString()).ok());
     }
   }
   {
@@ -519,6 +525,272 @@ TEST_F(SchedulerTest, RestartAfterTornLastRecord) {
   ASSERT_EQ(jobs.size(), 1u);
   EXPECT_EQ(jobs[0].spec().name(), "one");
   EXPECT_EQ(s->Submit(Spec("three"))->id(), "job-000002");
+}
+
+int64_t FileSize(const std::string& path) {
+  struct stat st;
+  return stat(path.c_str(), &st) == 0 ? static_cast<int64_t>(st.st_size) : -1;
+}
+
+// A real full disk: every change whose record cannot be written is refused
+// with UNAVAILABLE naming the log and the OS error, and nothing changes
+// (in memory or in the log); changes the scheduler makes itself wait. Once
+// there is space, they go through, and a restart finds every accepted job.
+TEST_F(SchedulerTest, FullDiskRefusesChangesAndLeavesStateUnchanged) {
+  absl::StatusOr<std::string> dir = MountSmallTmpfs("sched_full", 64 << 10);
+  ASSERT_TRUE(dir.ok()) << "this test needs a real full filesystem: " << dir.status();
+  const std::string wal = *dir + "/jobs.wal";
+  const std::string filler = *dir + "/filler";
+  std::vector<std::string> accepted;
+  std::string a_id, b_id, t, t2;
+  {
+    auto s = Open(Options(wal));
+    a_id = s->Submit(Spec("a"))->id();
+    t = AddTrainer(s.get());
+    ASSERT_EQ(Beat(s.get(), t).assignments_size(), 1);
+    b_id = s->Submit(Spec("b"))->id();
+    ASSERT_EQ(s->Get(b_id)->state(), v1::QUEUED);
+    accepted = {a_id, b_id};
+
+    absl::StatusOr<int64_t> filled = FillDisk(filler);
+    ASSERT_TRUE(filled.ok()) << filled.status();
+    // The log's last page may still take a record or two.
+    absl::Status refused;
+    for (int i = 0; i < 64 && refused.ok(); ++i) {
+      auto c = s->Submit(Spec("c"), absl::StrCat("req-", i));
+      if (c.ok()) accepted.push_back(c->id());
+      refused = c.status();
+    }
+    ASSERT_EQ(refused.code(), absl::StatusCode::kUnavailable) << refused;
+    EXPECT_NE(refused.message().find(wal), std::string::npos) << refused;
+    EXPECT_NE(refused.message().find("No space left on device"), std::string::npos) << refused;
+    EXPECT_NE(refused.message().find("not submitted"), std::string::npos) << refused;
+    EXPECT_EQ(s->List().size(), accepted.size());
+    const int64_t log_size = FileSize(wal);
+
+    // Every record below is larger than the refused submission, so none
+    // fits either.
+    const JobStatus b_before = *s->Get(b_id);
+    absl::Status st = s->Cancel(b_id, "").status();
+    EXPECT_EQ(st.code(), absl::StatusCode::kUnavailable) << st;
+    EXPECT_NE(st.message().find(b_id + " is unchanged"), std::string::npos) << st;
+    EXPECT_EQ(s->Get(b_id)->state(), v1::QUEUED);
+    EXPECT_EQ(s->Get(b_id)->version(), b_before.version());
+
+    ProgressReport p;
+    p.set_trainer_id(t);
+    p.set_job_id(a_id);
+    p.set_epoch(1);
+    p.set_checkpoint_path("/ckpt/a");
+    p.set_checkpoint_epoch(1);
+    EXPECT_EQ(s->ReportProgress(p).status().code(), absl::StatusCode::kUnavailable);
+    EXPECT_EQ(s->Get(a_id)->epoch(), 0);
+    EXPECT_EQ(s->Get(a_id)->checkpoint_path(), "");
+    st = s->ReportProgress(Final(t, a_id, 0, v1::FAILED)).status();
+    EXPECT_EQ(st.code(), absl::StatusCode::kUnavailable) << st;
+    EXPECT_EQ(s->Get(a_id)->state(), v1::RUNNING);
+    EXPECT_EQ(s->Stats().trainers_busy, 1);
+    // The trainer drops the job without a report: it cannot be failed yet;
+    // the heartbeat itself succeeds.
+    Beat(s.get(), t, {});
+    EXPECT_EQ(s->Get(a_id)->state(), v1::RUNNING);
+    EXPECT_EQ(s->Stats().trainers_busy, 1);
+
+    // A free trainer: b cannot be placed.
+    t2 = AddTrainer(s.get());
+    EXPECT_EQ(s->Get(b_id)->state(), v1::QUEUED);
+    EXPECT_EQ(Beat(s.get(), t2).assignments_size(), 0);
+    EXPECT_EQ(s->Stats().trainers_busy, 1);
+
+    // t goes silent: it is not declared lost while a's requeue cannot be
+    // logged.
+    now_ += absl::Seconds(11);
+    Beat(s.get(), t2);
+    EXPECT_EQ(s->CheckLiveness(), 0);
+    EXPECT_EQ(s->Stats().trainers_alive, 2);
+    EXPECT_EQ(s->Get(a_id)->state(), v1::RUNNING);
+    EXPECT_EQ(FileSize(wal), log_size) << "a refused change reached the log";
+
+    // Space again: what waited goes through.
+    ASSERT_EQ(std::remove(filler.c_str()), 0);
+    EXPECT_EQ(s->CheckLiveness(), 1);
+    const JobStatus a = *s->Get(a_id);
+    ASSERT_GE(a.events_size(), 2);
+    EXPECT_NE(a.events(a.events_size() - 2).reason().find("trainer " + t + " lost"),
+              std::string::npos)
+        << a.DebugString();
+    // a (first in the queue) is placed on t2.
+    EXPECT_EQ(a.state(), v1::RUNNING);
+    EXPECT_EQ(a.attempts(), 2);
+    ASSERT_TRUE(s->Cancel(b_id, "").ok());
+  }
+  auto s = Open(Options(wal));
+  std::vector<JobStatus> jobs = s->List();
+  ASSERT_EQ(jobs.size(), accepted.size());
+  for (size_t i = 0; i < jobs.size(); ++i) EXPECT_EQ(jobs[i].id(), accepted[i]);
+  EXPECT_EQ(jobs[0].state(), v1::QUEUED);  // RUNNING when the scheduler stopped
+  EXPECT_EQ(jobs[0].attempts(), 2);
+  EXPECT_EQ(jobs[1].state(), v1::CANCELLED);
+  // The refused submission left no trace: ids continue after the accepted.
+  EXPECT_EQ(s->Submit(Spec("d"))->id(), absl::StrFormat("job-%06d", accepted.size() + 1));
+}
+
+// The log is compacted while the scheduler runs, not only at a restart.
+TEST_F(SchedulerTest, CompactsWhileRunning) {
+  std::string wal = TmpPath("running.wal");
+  auto s = Open(Options(wal));
+  std::string id = s->Submit(Spec("long"))->id();
+  std::string t = AddTrainer(s.get());
+  Beat(s.get(), t);
+  int64_t largest = 0;
+  for (int epoch = 1; epoch <= 500; ++epoch) {
+    ProgressReport p;
+    p.set_trainer_id(t);
+    p.set_job_id(id);
+    p.set_epoch(epoch);
+    ASSERT_TRUE(s->ReportProgress(p).ok());
+    largest = std::max(largest, FileSize(wal));
+  }
+  const int64_t record = static_cast<int64_t>(s->Get(id)->ByteSizeLong()) + 8;
+  // At most 2 * (1 job + 1) + 64 records, plus the one just appended (500
+  // without compaction).
+  EXPECT_LE(largest, 70 * record) << "log not compacted while running";
+  EXPECT_LT(FileSize(wal), largest);
+  auto again = Open(Options(wal));
+  EXPECT_EQ(again->Get(id)->epoch(), 500);
+}
+
+// Finished jobs go after the retention period (from memory and, through a
+// restart, from the log); others stay. A Submit retry finds its job while
+// it is kept. Ids are never reused.
+TEST_F(SchedulerTest, FinishedJobsAreDroppedAfterTheRetentionPeriod) {
+  std::string wal = TmpPath("retention.wal");
+  SchedulerOptions o = Options(wal);
+  o.finished_job_retention = absl::Hours(1);
+  std::string done, cancelled, queued;
+  {
+    auto s = Open(o);
+    done = s->Submit(Spec("done"), "rid-done")->id();
+    std::string t = AddTrainer(s.get());
+    Beat(s.get(), t);
+    ASSERT_TRUE(s->ReportProgress(Final(t, done, 0, v1::SUCCEEDED)).ok());
+    queued = s->Submit(Spec("queued", 1, 0, "cuda"))->id();
+    cancelled = s->Submit(Spec("cancelled", 1, 0, "cuda"))->id();
+    now_ += absl::Minutes(20);
+    ASSERT_TRUE(s->Cancel(cancelled, "").ok());
+
+    now_ += absl::Minutes(45);  // done: 65 min ago; cancelled: 45 min ago
+    s->CheckLiveness();
+    EXPECT_EQ(s->Get(done).status().code(), absl::StatusCode::kNotFound);
+    EXPECT_EQ(s->Get(cancelled)->state(), v1::CANCELLED);
+    EXPECT_EQ(s->Get(queued)->state(), v1::QUEUED);
+    auto retry = s->Submit(Spec("cancelled"), "rid-done");
+    EXPECT_NE(retry->id(), done) << "a dropped job's request id still answered";
+    EXPECT_EQ(retry->id(), "job-000004");
+    EXPECT_EQ(s->Stats().jobs_by_state[v1::SUCCEEDED], 0);
+  }
+  {
+    auto s = Open(o);  // the clock has not moved: cancelled is still kept
+    EXPECT_EQ(s->Get(done).status().code(), absl::StatusCode::kNotFound);
+    EXPECT_EQ(s->Get(cancelled)->state(), v1::CANCELLED);
+    // rid-done now names the job its retry created, also after a restart.
+    EXPECT_EQ(s->Submit(Spec("x"), "rid-done")->id(), "job-000004");
+    now_ += absl::Minutes(16);
+    s->CheckLiveness();
+    EXPECT_EQ(s->Get(cancelled).status().code(), absl::StatusCode::kNotFound);
+    EXPECT_EQ(s->List().size(), 2u);  // queued and job-000004
+  }
+  auto s = Open(o);
+  std::vector<JobStatus> jobs = s->List();
+  ASSERT_EQ(jobs.size(), 2u);
+  EXPECT_EQ(jobs[0].id(), queued);
+  EXPECT_EQ(jobs[1].id(), "job-000004");
+  EXPECT_EQ(s->Submit(Spec("next"))->id(), "job-000005");
+}
+
+// Dropping every job and compacting keeps the id counter.
+TEST_F(SchedulerTest, IdsAreNotReusedAfterAllJobsAreDropped) {
+  std::string wal = TmpPath("ids.wal");
+  SchedulerOptions o = Options(wal);
+  o.finished_job_retention = absl::Minutes(1);
+  {
+    auto s = Open(o);
+    std::string id = s->Submit(Spec("one"))->id();
+    std::string t = AddTrainer(s.get());
+    Beat(s.get(), t);
+    for (int epoch = 1; epoch <= 100; ++epoch) {
+      ProgressReport p;
+      p.set_trainer_id(t);
+      p.set_job_id(id);
+      p.set_epoch(epoch);
+      ASSERT_TRUE(s->ReportProgress(p).ok());
+    }
+    ASSERT_TRUE(s->Cancel(id, "").ok());
+    now_ += absl::Minutes(2);
+    s->CheckLiveness();
+    EXPECT_TRUE(s->List().empty());
+  }
+  EXPECT_LT(FileSize(wal), 100) << "the log still holds the dropped job";
+  auto s = Open(o);
+  EXPECT_TRUE(s->List().empty());
+  EXPECT_EQ(s->Submit(Spec("two"))->id(), "job-000002");
+}
+
+TEST_F(SchedulerTest, ListPages) {
+  auto s = Open(Options());
+  for (int i = 0; i < 7; ++i) ASSERT_TRUE(s->Submit(Spec(absl::StrCat("j", i))).ok());
+  ASSERT_TRUE(s->Cancel("job-000003", "").ok());
+  auto p1 = s->ListPage(v1::JOB_STATE_UNSPECIFIED, 3, "");
+  ASSERT_TRUE(p1.ok()) << p1.status();
+  ASSERT_EQ(p1->jobs.size(), 3u);
+  EXPECT_EQ(p1->jobs[0].id(), "job-000001");
+  EXPECT_EQ(p1->jobs[2].id(), "job-000003");
+  ASSERT_FALSE(p1->next_page_token.empty());
+  // A job submitted between pages comes at the end, shifting nothing.
+  ASSERT_TRUE(s->Submit(Spec("late")).ok());
+  auto p2 = s->ListPage(v1::JOB_STATE_UNSPECIFIED, 3, p1->next_page_token);
+  ASSERT_TRUE(p2.ok()) << p2.status();
+  ASSERT_EQ(p2->jobs.size(), 3u);
+  EXPECT_EQ(p2->jobs[0].id(), "job-000004");
+  auto p3 = s->ListPage(v1::JOB_STATE_UNSPECIFIED, 3, p2->next_page_token);
+  ASSERT_TRUE(p3.ok()) << p3.status();
+  ASSERT_EQ(p3->jobs.size(), 2u);
+  EXPECT_EQ(p3->jobs[1].id(), "job-000008");
+  EXPECT_TRUE(p3->next_page_token.empty());
+  // Filtered by state.
+  auto c = s->ListPage(v1::CANCELLED, 1, "");
+  ASSERT_EQ(c->jobs.size(), 1u);
+  EXPECT_EQ(c->jobs[0].id(), "job-000003");
+  EXPECT_TRUE(c->next_page_token.empty());
+  auto q = s->ListPage(v1::QUEUED, 4, "");
+  ASSERT_EQ(q->jobs.size(), 4u);
+  EXPECT_EQ(q->jobs[2].id(), "job-000004");  // job-000003 is not QUEUED
+  q = s->ListPage(v1::QUEUED, 4, q->next_page_token);
+  ASSERT_EQ(q->jobs.size(), 3u);
+  EXPECT_EQ(q->jobs[0].id(), "job-000006");
+  // Bad input names the field.
+  auto bad = s->ListPage(v1::JOB_STATE_UNSPECIFIED, -1, "");
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("page_size"), std::string::npos) << bad.status();
+  bad = s->ListPage(v1::JOB_STATE_UNSPECIFIED, 3, "job-000002");
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("page_token"), std::string::npos) << bad.status();
+}
+
+TEST_F(SchedulerTest, ListPageSizeDefaultAndLimit) {
+  auto s = Open(Options());
+  const int n = kMaxListPageSize + 5;
+  for (int i = 0; i < n; ++i) ASSERT_TRUE(s->Submit(Spec("j")).ok());
+  auto page = s->ListPage(v1::JOB_STATE_UNSPECIFIED, 0, "");
+  ASSERT_TRUE(page.ok()) << page.status();
+  EXPECT_EQ(page->jobs.size(), static_cast<size_t>(kDefaultListPageSize));
+  page = s->ListPage(v1::JOB_STATE_UNSPECIFIED, n * 2, "");
+  ASSERT_TRUE(page.ok()) << page.status();
+  EXPECT_EQ(page->jobs.size(), static_cast<size_t>(kMaxListPageSize));
+  page = s->ListPage(v1::JOB_STATE_UNSPECIFIED, n * 2, page->next_page_token);
+  ASSERT_TRUE(page.ok()) << page.status();
+  EXPECT_EQ(page->jobs.size(), 5u);
+  EXPECT_TRUE(page->next_page_token.empty());
 }
 
 }  // namespace

@@ -28,16 +28,32 @@ uint32_t GetU32(const char* in) {
   return v;
 }
 
-absl::Status WriteAll(int fd, const char* data, size_t n, const std::string& what) {
+// Writes all of data at `offset`.
+absl::Status PwriteAll(int fd, const char* data, size_t n, off_t offset, const std::string& what) {
   while (n > 0) {
-    ssize_t w = write(fd, data, n);
+    ssize_t w = pwrite(fd, data, n, offset);
     if (w < 0) {
       if (errno == EINTR) continue;
       return ErrnoToStatus(errno, what);
     }
     data += w;
     n -= static_cast<size_t>(w);
+    offset += w;
   }
+  return absl::OkStatus();
+}
+
+// Appends the frame of `record` to `out`.
+absl::Status Frame(absl::string_view record, std::string* out) {
+  if (record.size() > Wal::kMaxRecordBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("WAL record of ", record.size(), " bytes exceeds ", Wal::kMaxRecordBytes));
+  }
+  char header[kHeaderBytes];
+  PutU32(static_cast<uint32_t>(record.size()), header);
+  PutU32(Crc32(record), header + 4);
+  out->append(header, kHeaderBytes);
+  out->append(record.data(), record.size());
   return absl::OkStatus();
 }
 
@@ -119,69 +135,82 @@ absl::StatusOr<std::unique_ptr<Wal>> Wal::Open(const std::string& path,
     records->emplace_back(data.data() + pos + kHeaderBytes, len);
     pos += kHeaderBytes + len;
   }
-  if (lseek(fd, 0, SEEK_END) < 0) {
-    absl::Status s = ErrnoToStatus(errno, absl::StrCat("seeking ", path));
-    close(fd);
-    return s;
-  }
-  return std::unique_ptr<Wal>(new Wal(fd, static_cast<int64_t>(data.size())));
+  return std::unique_ptr<Wal>(
+      new Wal(path, fd, static_cast<int64_t>(data.size()), static_cast<int64_t>(records->size())));
 }
 
-absl::StatusOr<std::unique_ptr<Wal>> Wal::Rewrite(const std::string& path,
-                                                  const std::vector<std::string>& records) {
-  const std::string tmp = absl::StrCat(path, ".compact");
-  std::remove(tmp.c_str());
-  {
-    std::vector<std::string> none;
-    DT_ASSIGN_OR_RETURN(std::unique_ptr<Wal> out, Open(tmp, &none));
-    std::string frames;
-    for (const std::string& r : records) {
-      if (r.size() > kMaxRecordBytes) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("WAL record of ", r.size(), " bytes exceeds ", kMaxRecordBytes));
-      }
-      char header[kHeaderBytes];
-      PutU32(static_cast<uint32_t>(r.size()), header);
-      PutU32(Crc32(r), header + 4);
-      frames.append(header, kHeaderBytes);
-      frames.append(r);
-    }
-    DT_RETURN_IF_ERROR(WriteAll(out->fd_, frames.data(), frames.size(), "writing " + tmp));
-    if (fsync(out->fd_) != 0) return ErrnoToStatus(errno, "syncing " + tmp);
+absl::Status Wal::Compact(const std::vector<std::string>& records) {
+  std::string frames;
+  for (const std::string& r : records) DT_RETURN_IF_ERROR(Frame(r, &frames));
+  const std::string tmp = absl::StrCat(path_, ".compact");
+  int fd = open(tmp.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return ErrnoToStatus(errno, absl::StrCat("creating ", tmp));
+  absl::Status s = PwriteAll(fd, frames.data(), frames.size(), 0, "writing " + tmp);
+  if (s.ok() && fsync(fd) != 0) s = ErrnoToStatus(errno, "syncing " + tmp);
+  if (s.ok() && std::rename(tmp.c_str(), path_.c_str()) != 0) {
+    s = ErrnoToStatus(errno, absl::StrCat("renaming ", tmp, " to ", path_));
   }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    return ErrnoToStatus(errno, absl::StrCat("renaming ", tmp, " to ", path));
+  if (!s.ok()) {
+    close(fd);
+    std::remove(tmp.c_str());
+    return s;
   }
-  const size_t slash = path.rfind('/');
-  const std::string dir = slash == std::string::npos ? "." : path.substr(0, slash + 1);
+  // The new file is in place; fd, opened on it under its old name, now
+  // appends to it.
+  const size_t slash = path_.rfind('/');
+  const std::string dir = slash == std::string::npos ? "." : path_.substr(0, slash + 1);
   int dfd = open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dfd >= 0) {
-    fsync(dfd);
-    close(dfd);
+  if (dfd < 0 || fsync(dfd) != 0) {
+    // The rename may not be durable yet; either file holds the same state.
+    DT_LOG(WARNING) << "syncing " << dir << " after compacting " << path_ << ": "
+                    << std::strerror(errno);
   }
-  std::vector<std::string> check;
-  DT_ASSIGN_OR_RETURN(std::unique_ptr<Wal> wal, Open(path, &check));
-  if (check.size() != records.size()) {
-    return absl::InternalError(absl::StrCat(path, ": compacted log holds ", check.size(),
-                                            " records, expected ", records.size()));
-  }
-  return wal;
+  if (dfd >= 0) close(dfd);
+  close(fd_);
+  fd_ = fd;
+  size_ = static_cast<int64_t>(frames.size());
+  records_ = static_cast<int64_t>(records.size());
+  dirty_tail_ = false;
+  return absl::OkStatus();
 }
 
 Wal::~Wal() { close(fd_); }
 
 absl::Status Wal::Append(absl::string_view record) {
-  if (record.size() > kMaxRecordBytes) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("WAL record of ", record.size(), " bytes exceeds ", kMaxRecordBytes));
+  std::string frame;
+  DT_RETURN_IF_ERROR(Frame(record, &frame));
+  return WriteFrames(frame, 1);
+}
+
+absl::Status Wal::AppendAll(const std::vector<std::string>& records) {
+  std::string frames;
+  for (const std::string& r : records) DT_RETURN_IF_ERROR(Frame(r, &frames));
+  return WriteFrames(frames, static_cast<int64_t>(records.size()));
+}
+
+absl::Status Wal::WriteFrames(const std::string& frames, int64_t count) {
+  if (dirty_tail_) {
+    if (ftruncate(fd_, static_cast<off_t>(size_)) != 0) {
+      return ErrnoToStatus(errno, absl::StrCat("cutting a torn append off ", path_));
+    }
+    dirty_tail_ = false;
   }
-  std::string frame(kHeaderBytes, '\0');
-  PutU32(static_cast<uint32_t>(record.size()), &frame[0]);
-  PutU32(Crc32(record), &frame[4]);
-  frame.append(record.data(), record.size());
-  DT_RETURN_IF_ERROR(WriteAll(fd_, frame.data(), frame.size(), "appending to the WAL"));
-  if (fdatasync(fd_) != 0) return ErrnoToStatus(errno, "syncing the WAL");
-  size_ += static_cast<int64_t>(frame.size());
+  absl::Status s = PwriteAll(fd_, frames.data(), frames.size(), static_cast<off_t>(size_),
+                             absl::StrCat("appending to ", path_));
+  if (s.ok() && fdatasync(fd_) != 0) s = ErrnoToStatus(errno, absl::StrCat("syncing ", path_));
+  if (!s.ok()) {
+    // Part of the frames may be in the file (or in the page cache, after a
+    // failed sync): cut them off so the next append follows the last good
+    // frame.
+    if (ftruncate(fd_, static_cast<off_t>(size_)) != 0) {
+      DT_LOG(ERROR) << "cutting a failed append off " << path_ << ": " << std::strerror(errno)
+                    << "; retried before the next append";
+      dirty_tail_ = true;
+    }
+    return s;
+  }
+  size_ += static_cast<int64_t>(frames.size());
+  records_ += count;
   return absl::OkStatus();
 }
 

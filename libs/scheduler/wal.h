@@ -12,6 +12,19 @@
 // logged; damage followed by more data is kDataLoss, because dropping it
 // would silently lose later records.
 //
+// A failed Append (a full disk, an I/O error) leaves the log as it was: the
+// frame is written at the end of the last good frame (pwrite at size()), and
+// whatever part of it reached the file is truncated away before Append
+// returns. Should that truncation fail too, the next Append truncates first
+// and fails if it still cannot, so no record is ever written after a torn
+// one; a crash in between leaves a torn tail, which Open cuts off. So after
+// any failed Append the log stays readable and holds exactly the records
+// whose Append returned OK.
+//
+// Compact replaces the log's contents with a given set of records
+// atomically while it is open (write a temporary file, fsync, rename over
+// the log, fsync the directory); on failure the log is unchanged and usable.
+//
 // Thread-compatible: the owner serializes calls (the scheduler holds its
 // mutex around Append).
 #ifndef DTRAIN_LIBS_SCHEDULER_WAL_H_
@@ -20,6 +33,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -43,27 +57,38 @@ class Wal {
   Wal(const Wal&) = delete;
   Wal& operator=(const Wal&) = delete;
 
-  // Replaces the log at `path` with exactly `records` (compaction), atomically:
-  // a temporary file is written and fsync'ed, renamed over the log, and the
-  // directory fsync'ed; a crash leaves either the old or the new log. Then
-  // opens it for appending.
-  static absl::StatusOr<std::unique_ptr<Wal>> Rewrite(const std::string& path,
-                                                      const std::vector<std::string>& records);
-
-  // Appends one record and fsyncs. On error the log may hold a torn record,
-  // which the next Open cuts off.
+  // Appends one record and fsyncs. On error (the errno-derived status
+  // naming the log's path and the OS error: kResourceExhausted for a full
+  // disk) the log holds exactly what it held before.
   absl::Status Append(absl::string_view record);
+  // Appends `records` with one write and one fsync, all or nothing.
+  absl::Status AppendAll(const std::vector<std::string>& records);
+
+  // Replaces the log with exactly `records`, atomically (see above). On
+  // error the log, and this object, are as before.
+  absl::Status Compact(const std::vector<std::string>& records);
 
   // Bytes in the log.
   int64_t size() const { return size_; }
+  // Records in the log.
+  int64_t records() const { return records_; }
+  const std::string& path() const { return path_; }
 
   // Largest record Open accepts (a larger length field means damage).
   static constexpr uint32_t kMaxRecordBytes = 64 << 20;
 
  private:
-  Wal(int fd, int64_t size) : fd_(fd), size_(size) {}
+  Wal(std::string path, int fd, int64_t size, int64_t records)
+      : path_(std::move(path)), fd_(fd), size_(size), records_(records) {}
+  // Writes `frames` at size_ and fsyncs; on failure cuts the file back.
+  absl::Status WriteFrames(const std::string& frames, int64_t count);
+
+  const std::string path_;
   int fd_;
   int64_t size_;
+  int64_t records_;
+  // The file may hold a torn frame after size_ (a failed truncation).
+  bool dirty_tail_ = false;
 };
 
 }  // namespace scheduler

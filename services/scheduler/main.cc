@@ -21,6 +21,7 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "libs/base/logging.h"
 #include "libs/base/signals.h"
 #include "libs/rpc/server.h"
@@ -34,6 +35,8 @@ ABSL_FLAG(double, heartbeat_timeout_s, 10, "seconds without a heartbeat before a
 ABSL_FLAG(int, max_attempts, 5,
           "placements per job: a job whose trainer is lost is requeued (resuming from its newest "
           "checkpoint) until it has run this many times, then fails");
+ABSL_FLAG(absl::Duration, finished_job_retention, absl::Hours(7 * 24),
+          "how long SUCCEEDED, FAILED and CANCELLED jobs are kept (e.g. 168h, 30m; inf: forever)");
 ABSL_FLAG(double, shutdown_grace_s, 2, "seconds calls in flight get to finish at shutdown");
 ABSL_FLAG(std::string, port_file, "",
           "write the bound gRPC port here once serving (for scripts and tests)");
@@ -58,6 +61,12 @@ int main(int argc, char** argv) {
   if (options.max_attempts < 1) {
     std::fprintf(stderr, "scheduler_server: --max_attempts must be >= 1, got %d\n",
                  options.max_attempts);
+    return 2;
+  }
+  options.finished_job_retention = absl::GetFlag(FLAGS_finished_job_retention);
+  if (options.finished_job_retention <= absl::ZeroDuration()) {
+    std::fprintf(stderr, "scheduler_server: --finished_job_retention must be > 0, got %s\n",
+                 absl::FormatDuration(options.finished_job_retention).c_str());
     return 2;
   }
 

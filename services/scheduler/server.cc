@@ -95,7 +95,10 @@ class JobServiceImpl final : public v1::JobService::Service {
       return ToGrpcStatus(
           absl::InvalidArgumentError(absl::StrCat("state: unknown value ", req->state())));
     }
-    for (JobStatus& j : s_->List(req->state())) *reply->add_jobs() = std::move(j);
+    absl::StatusOr<JobPage> page = s_->ListPage(req->state(), req->page_size(), req->page_token());
+    if (!page.ok()) return ToGrpcStatus(page.status());
+    for (JobStatus& j : page->jobs) *reply->add_jobs() = std::move(j);
+    reply->set_next_page_token(std::move(page->next_page_token));
     return grpc::Status::OK;
   }
 
@@ -247,6 +250,7 @@ absl::StatusOr<std::unique_ptr<SchedulerServer>> SchedulerServer::Start(
   if (!options.data_dir.empty()) so.wal_path = options.data_dir + "/jobs.wal";
   so.heartbeat_timeout = options.heartbeat_timeout;
   so.max_attempts = options.max_attempts;
+  so.finished_job_retention = options.finished_job_retention;
   so.heartbeat_interval =
       std::max(absl::Milliseconds(100), std::min(absl::Seconds(5), options.heartbeat_timeout / 4));
   DT_ASSIGN_OR_RETURN(server->scheduler_, Scheduler::Open(so));

@@ -57,6 +57,8 @@ struct ServerOptions {
   absl::Duration heartbeat_timeout = absl::Seconds(10);
   // Placements per job before a lost trainer fails it (SchedulerOptions).
   int max_attempts = 5;
+  // How long finished jobs are kept (SchedulerOptions).
+  absl::Duration finished_job_retention = absl::Hours(7 * 24);
 };
 
 class SchedulerServer {

@@ -3,7 +3,9 @@
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
 
+#include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/synchronization/notification.h"
 #include "gtest/gtest.h"
@@ -131,6 +133,35 @@ TEST_F(ServerTest, JobLifecycleOverGrpcWithWatchAndMetrics) {
   v1::ListReply list;
   ASSERT_TRUE(jobs_->List(Ctx().get(), v1::ListRequest(), &list).ok());
   EXPECT_EQ(list.jobs_size(), 1);
+}
+
+TEST_F(ServerTest, ListPages) {
+  std::vector<std::string> ids;
+  for (int i = 0; i < 5; ++i) {
+    v1::JobStatus job;
+    ASSERT_TRUE(jobs_->Submit(Ctx().get(), Submit(absl::StrCat("p", i)), &job).ok());
+    ids.push_back(job.id());
+  }
+  v1::ListRequest req;
+  req.set_page_size(2);
+  std::vector<std::string> seen;
+  int pages = 0;
+  do {
+    v1::ListReply reply;
+    grpc::Status s = jobs_->List(Ctx().get(), req, &reply);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+    EXPECT_LE(reply.jobs_size(), 2);
+    for (const auto& j : reply.jobs()) seen.push_back(j.id());
+    req.set_page_token(reply.next_page_token());
+    ++pages;
+  } while (!req.page_token().empty() && pages < 10);
+  EXPECT_EQ(pages, 3);
+  EXPECT_EQ(seen, ids);
+  req.set_page_token("nonsense");
+  v1::ListReply reply;
+  grpc::Status s = jobs_->List(Ctx().get(), req, &reply);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(s.error_message().rfind("page_token:", 0), 0u) << s.error_message();
 }
 
 TEST_F(ServerTest, AdminPing) {

@@ -441,10 +441,16 @@ int main(int argc, char** argv) {
       }
       req.set_state(state);
     }
+    // Every page, in submission order.
     v1::ListReply reply;
-    absl::Status s = WithRetries(
-        "JobService.List", [&](grpc::ClientContext* ctx) { return stub->List(ctx, req, &reply); });
-    if (!s.ok()) return Fail(s);
+    do {
+      v1::ListReply page;
+      absl::Status s = WithRetries(
+          "JobService.List", [&](grpc::ClientContext* ctx) { return stub->List(ctx, req, &page); });
+      if (!s.ok()) return Fail(s);
+      for (auto& j : *page.mutable_jobs()) *reply.add_jobs() = std::move(j);
+      req.set_page_token(page.next_page_token());
+    } while (!req.page_token().empty());
     if (Json()) {
       std::printf("%s\n", ToJson(reply, false).c_str());
     } else {
