@@ -3,9 +3,16 @@
 //
 //   trainer --scheduler=scheduler:7000 --checkpoint_dir=/shared/checkpoints
 //
-// One job at a time, on a worker thread. Progress goes to the scheduler with
-// ReportProgress (every step, at most once a second, and after every epoch
-// with its accuracies).
+// The trainer's life (register, heartbeat, run the assigned job on its own
+// thread, report, cancel, shut down) is libs/agent's Agent (agent.h), and
+// how a JobSpec becomes the job it runs (devices, NCCL or TCP, the kvstore)
+// is its PlanJob (job_plan.h). This file holds the flags and main and what
+// needs the network or Prometheus: the gRPC ClusterClient
+// (grpc_cluster_client.h), the kvstore client and the metrics below.
+//
+// One job at a time. Progress goes to the scheduler with ReportProgress
+// (at most once a second between epochs, and after every epoch with its
+// accuracies).
 //
 // The training itself is libs/train's RunJob (job.h): this rank's shard of
 // the training set (global_batch_size / world_size samples per step), the
@@ -16,8 +23,8 @@
 // momentum to <checkpoint_dir>/<job>.ckpt (atomically replaced; kept after
 // the job). The epoch loss and training accuracy are averaged over the
 // ranks (rank 0's share in ASYNCHRONOUS / BOUNDED_DELAY kvstore jobs; the
-// running loss between epochs is rank 0's). This file adds what needs the
-// network: the trainers of a multi-trainer job meet through the scheduler's
+// running loss between epochs is rank 0's). Across trainers (the agent
+// connects them): the trainers of a multi-trainer job meet through the scheduler's
 // rendezvous store (SchedulerStore, keyed by job and attempt) and allreduce
 // gradients over TCP (--collective_host is the address peers connect to),
 // or, in KVSTORE mode, push and pull every gradient bucket through the
@@ -85,7 +92,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -98,24 +104,22 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
-#include "libs/base/grpc_status.h"
+#include "libs/agent/agent.h"
+#include "libs/agent/job_plan.h"
 #include "libs/base/logging.h"
 #include "libs/base/signals.h"
 #include "libs/base/status.h"
-#include "libs/collective/communicator.h"
 #include "libs/cuda/devices.h"
 #include "libs/kvstore/client.h"
 #include "libs/metrics/metrics.h"
 #include "libs/tensor/allocator.h"
 #include "libs/train/job.h"
-#include "protos/scheduler.grpc.pb.h"
-#include "services/trainer/scheduler_store.h"
+#include "services/trainer/grpc_cluster_client.h"
 
 ABSL_FLAG(std::string, scheduler, "",
           "scheduler address host:port (default: $DTRAIN_SCHEDULER, else 127.0.0.1:7000)");
@@ -150,12 +154,8 @@ ABSL_FLAG(std::string, health_port_file, "",
 namespace dtrain {
 namespace {
 
-namespace v1 = scheduler::v1;
-using trainer::SchedulerStore;
-using trainer::SchedulerStoreOptions;
-
 // The trainer's Prometheus metrics (see the file comment). Thread-safe.
-class TrainerMetrics {
+class TrainerMetrics : public agent::AgentObserver {
  public:
   // The series of one job on this trainer.
   struct Job {
@@ -202,6 +202,43 @@ class TrainerMetrics {
 
   std::shared_ptr<prometheus::Registry> registry() const { return registry_; }
 
+  // agent::AgentObserver: the agent's jobs, on their threads.
+  void OnJobStart(const std::string& job_id, int rank,
+                  const std::vector<Device>& devices) override {
+    const Job* job = StartJob(job_id, rank);
+    absl::MutexLock lock(&mu_);
+    running_ = job;
+    running_devices_ = devices;
+    last_memory_ = absl::InfinitePast();
+  }
+
+  void OnStep(const train::JobProgress& p, const train::StepTimes& t) override {
+    const Job* m = Running();
+    m->Step(t);
+    m->loss->Set(p.loss);
+    m->samples_per_second->Set(p.samples_per_second);
+    std::vector<Device> devices;
+    {
+      absl::MutexLock lock(&mu_);
+      const absl::Time now = absl::Now();
+      if (now - last_memory_ < absl::Seconds(1)) return;
+      last_memory_ = now;
+      devices = running_devices_;
+    }
+    DeviceMemory(devices);
+  }
+
+  void OnEpoch(const train::JobProgress& p) override {
+    const Job* m = Running();
+    m->epoch->Set(p.epoch);
+    m->loss->Set(p.loss);
+    if (p.test_accuracy >= 0) m->test_accuracy->Set(p.test_accuracy);
+  }
+
+  void OnJobEnd(const std::string& job_id, scheduler::v1::JobState final_state) override {
+    EndJob();
+  }
+
   // Creates the series of a job (removing the previous job's) and marks the
   // trainer busy. The pointer stays valid until the next StartJob.
   const Job* StartJob(const std::string& job_id, int rank) {
@@ -244,6 +281,11 @@ class TrainerMetrics {
   }
 
  private:
+  const Job* Running() {
+    absl::MutexLock lock(&mu_);
+    return running_;
+  }
+
   void RemoveCurrent() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (job_ == nullptr) return;
     step_seconds_.Remove(job_->compute);
@@ -268,449 +310,10 @@ class TrainerMetrics {
   prometheus::Gauge& busy_;
   absl::Mutex mu_;
   std::unique_ptr<Job> job_ ABSL_GUARDED_BY(mu_);
-};
-
-class Daemon {
- public:
-  Daemon(std::shared_ptr<grpc::Channel> channel, std::string name, std::vector<std::string> devices,
-         std::string work_dir, absl::Duration rpc_timeout, std::string collective_host,
-         absl::Duration collective_timeout, TrainerMetrics* metrics)
-      : metrics_(metrics),
-        stub_(v1::ClusterService::NewStub(channel)),
-        name_(std::move(name)),
-        devices_(std::move(devices)),
-        work_dir_(std::move(work_dir)),
-        rpc_timeout_(rpc_timeout),
-        collective_host_(std::move(collective_host)),
-        collective_timeout_(collective_timeout) {}
-
-  // Runs until `shutdown` is requested.
-  // kvstore shard addresses (in shard order) for KVSTORE-mode jobs.
-  // REQUIRES: called before Run().
-  void set_kvstore_servers(std::vector<std::string> servers) {
-    kvstore_servers_ = std::move(servers);
-  }
-  // auto, nccl or tcp (see --cuda_collective). REQUIRES: before Run().
-  void set_cuda_collective(std::string c) { cuda_collective_ = std::move(c); }
-  // Where checkpoints go (see the file comment). REQUIRES: before Run().
-  void set_checkpoint_dir(std::string dir) { checkpoint_dir_ = std::move(dir); }
-
-  void Run(ShutdownSignal& shutdown) {
-    absl::Duration interval = absl::Seconds(1);
-    absl::Duration backoff = absl::Milliseconds(200);
-    while (!shutdown.requested()) {
-      if (TrainerId().empty()) {
-        v1::RegisterTrainerRequest req;
-        req.set_name(name_);
-        for (const auto& d : devices_) req.add_devices(d);
-        v1::RegisterTrainerReply reply;
-        auto ctx = Ctx();
-        absl::Status s = FromGrpcStatus(stub_->RegisterTrainer(ctx.get(), req, &reply),
-                                        "ClusterService.RegisterTrainer");
-        if (!s.ok()) {
-          DT_LOG(WARNING) << s << "; retrying in " << backoff;
-          shutdown.WaitFor(backoff);
-          backoff = std::min(backoff * 2, absl::Seconds(5));
-          continue;
-        }
-        backoff = absl::Milliseconds(200);
-        SetTrainerId(reply.trainer_id());
-        interval = absl::Milliseconds(std::max<int64_t>(50, reply.heartbeat_interval_ms()));
-        DT_LOG(INFO) << "registered as " << reply.trainer_id() << "; heartbeat every " << interval;
-      }
-      ReapFinished();
-      Heartbeat();
-      shutdown.WaitFor(interval);
-    }
-    DT_LOG(INFO) << "shutting down";
-    StopWorker("trainer shutting down");
-  }
-
- private:
-  struct Job {
-    v1::Assignment assignment;
-    std::atomic<bool> stop{false};
-    // The worker is sending its final report and about to end.
-    std::atomic<bool> finishing{false};
-    std::string stop_reason;  // guarded by Daemon::mu_
-    std::thread thread;
-  };
-
-  std::unique_ptr<grpc::ClientContext> Ctx() const {
-    auto ctx = std::make_unique<grpc::ClientContext>();
-    ctx->set_deadline(absl::ToChronoTime(absl::Now() + rpc_timeout_));
-    return ctx;
-  }
-
-  void Heartbeat() {
-    v1::HeartbeatRequest req;
-    req.set_trainer_id(TrainerId());
-    {
-      absl::MutexLock lock(&mu_);
-      if (running_ != nullptr && !running_id_.empty()) req.add_running_job_ids(running_id_);
-    }
-    v1::HeartbeatReply reply;
-    auto ctx = Ctx();
-    absl::Status s =
-        FromGrpcStatus(stub_->Heartbeat(ctx.get(), req, &reply), "ClusterService.Heartbeat");
-    if (absl::IsNotFound(s)) {
-      DT_LOG(WARNING) << s << "; registering again";
-      SetTrainerId("");
-      return;
-    }
-    if (!s.ok()) {
-      DT_LOG(WARNING) << s;
-      return;
-    }
-    for (const std::string& id : reply.cancel_job_ids()) {
-      absl::MutexLock lock(&mu_);
-      if (running_ != nullptr && running_id_ == id) {
-        DT_LOG(INFO) << "job " << id << " cancelled; stopping";
-        running_->stop_reason = "cancelled";
-        running_->stop = true;
-      }
-    }
-    for (const v1::Assignment& a : reply.assignments()) Start(a);
-  }
-
-  void Start(const v1::Assignment& a) {
-    // The previous job may be ending: sending its final report (a peer's
-    // failure can requeue it and place it here again within that time), or
-    // an earlier attempt of this very job (the scheduler restarted and
-    // placed it again), which the new attempt supersedes. Let it end.
-    for (absl::Time deadline = absl::Now() + absl::Seconds(30);;) {
-      ReapFinished();
-      absl::MutexLock lock(&mu_);
-      if (running_ == nullptr || absl::Now() > deadline) break;
-      if (running_id_ == a.job_id() && !running_->stop &&
-          running_->assignment.attempt() != a.attempt()) {
-        DT_LOG(INFO) << "job " << a.job_id() << ": attempt " << a.attempt()
-                     << " supersedes attempt " << running_->assignment.attempt();
-        running_->stop_reason = absl::StrCat("superseded by attempt ", a.attempt());
-        running_->stop = true;
-      }
-      if (!running_->finishing && !running_->stop) break;
-      mu_.Unlock();
-      absl::SleepFor(absl::Milliseconds(10));
-      mu_.Lock();
-    }
-    absl::MutexLock lock(&mu_);
-    if (running_ != nullptr) {
-      // The scheduler gives a trainer one job at a time; refuse rather than
-      // oversubscribe.
-      mu_.Unlock();
-      Report(a, v1::FAILED, "trainer is already running job " + running_id_);
-      mu_.Lock();
-      return;
-    }
-    running_ = std::make_unique<Job>();
-    running_->assignment = a;
-    running_id_ = a.job_id();
-    Job* job = running_.get();
-    DT_LOG(INFO) << "starting job " << a.job_id() << " (" << a.spec().name() << ", "
-                 << a.spec().model() << ", " << a.spec().epochs() << " epochs) as rank " << a.rank()
-                 << " of " << a.world_size() << ", attempt " << a.attempt();
-    job->thread = std::thread([this, job] { Work(job); });
-  }
-
-  // Joins a worker that has finished (its job cleared running_id_).
-  void ReapFinished() {
-    std::unique_ptr<Job> done;
-    {
-      absl::MutexLock lock(&mu_);
-      if (running_ != nullptr && running_id_.empty()) done = std::move(running_);
-    }
-    if (done && done->thread.joinable()) done->thread.join();
-  }
-
-  void StopWorker(const std::string& reason) {
-    std::unique_ptr<Job> job;
-    {
-      absl::MutexLock lock(&mu_);
-      if (running_ != nullptr) {
-        if (!running_id_.empty() && !running_->stop) {
-          running_->stop_reason = reason;
-          running_->stop = true;
-        }
-        job = std::move(running_);
-      }
-    }
-    if (job && job->thread.joinable()) job->thread.join();
-  }
-
-  // Sends a report; returns true when the scheduler wants the job stopped.
-  bool Report(const v1::Assignment& a, v1::JobState final_state, const std::string& reason,
-              const v1::ProgressReport* stats = nullptr) {
-    v1::ProgressReport r;
-    if (stats != nullptr) r = *stats;
-    r.set_trainer_id(TrainerId());
-    r.set_job_id(a.job_id());
-    r.set_rank(a.rank());
-    r.set_attempt(a.attempt());
-    r.set_final_state(final_state);
-    r.set_reason(reason);
-    const int attempts = final_state == v1::JOB_STATE_UNSPECIFIED ? 1 : 5;
-    for (int i = 0; i < attempts; ++i) {
-      v1::ReportProgressReply reply;
-      auto ctx = Ctx();
-      absl::Status s = FromGrpcStatus(stub_->ReportProgress(ctx.get(), r, &reply),
-                                      "ClusterService.ReportProgress");
-      if (s.ok()) return reply.stop();
-      DT_LOG(WARNING) << s;
-      // The job is no longer ours (the scheduler restarted or requeued it).
-      if (absl::IsNotFound(s) || absl::IsFailedPrecondition(s)) return true;
-      absl::SleepFor(absl::Milliseconds(200) * (i + 1));
-    }
-    return false;
-  }
-
-  // Runs an assigned job to its end and sends the final report.
-  void Work(Job* job) {
-    const v1::Assignment& a = job->assignment;
-    const TrainerMetrics::Job* m = metrics_->StartJob(a.job_id(), a.rank());
-    train::JobProgress progress;
-    absl::Status s = RunJob(job, m, &progress);
-    v1::ProgressReport last = ToReport(progress);
-    v1::JobState final_state = v1::SUCCEEDED;
-    std::string reason = "training finished";
-    if (job->stop) {
-      absl::MutexLock lock(&mu_);
-      final_state = job->stop_reason == "cancelled" ? v1::CANCELLED : v1::FAILED;
-      reason =
-          absl::StrCat(job->stop_reason, " at epoch ", last.epoch() + 1, " step ", last.step());
-    } else if (!s.ok()) {
-      final_state = v1::FAILED;
-      reason = std::string(s.message());
-      // A peer, the network or a kvstore shard failed, not this job's
-      // definition: the scheduler may run the job again.
-      last.set_retryable(absl::IsUnavailable(s) || absl::IsAborted(s) ||
-                         absl::IsDeadlineExceeded(s));
-    }
-    DT_LOG(INFO) << "job " << a.job_id() << " rank " << a.rank() << " "
-                 << v1::JobState_Name(final_state) << ": " << reason;
-    job->finishing = true;
-    Report(a, final_state, reason, &last);
-    metrics_->EndJob();
-    absl::MutexLock lock(&mu_);
-    running_id_.clear();
-  }
-
-  static v1::ProgressReport ToReport(const train::JobProgress& p) {
-    v1::ProgressReport r;
-    r.set_epoch(p.epoch);
-    r.set_step(p.step);
-    r.set_steps_per_epoch(p.steps_per_epoch);
-    r.set_loss(p.loss);
-    r.set_train_accuracy(p.train_accuracy);
-    r.set_test_accuracy(p.test_accuracy);
-    r.set_samples_per_second(p.samples_per_second);
-    r.set_epoch_seconds(p.epoch_seconds);
-    r.set_checkpoint_path(p.checkpoint_path);
-    r.set_checkpoint_epoch(p.checkpoint_epoch);
-    return r;
-  }
-
-  // Progress of a running job: metrics, and (rank 0) reports to the
-  // scheduler, at most once a second between epochs.
-  class Observer : public train::JobObserver {
-   public:
-    Observer(Daemon* daemon, Job* job, const TrainerMetrics::Job* m, std::vector<Device> devices)
-        : daemon_(daemon), job_(job), m_(m), devices_(std::move(devices)) {}
-
-    void OnStep(const train::JobProgress& p, const train::StepTimes& t) override {
-      m_->Step(t);
-      m_->loss->Set(p.loss);
-      m_->samples_per_second->Set(p.samples_per_second);
-      const absl::Time now = absl::Now();
-      if (now - last_memory_ >= absl::Seconds(1)) {
-        last_memory_ = now;
-        daemon_->metrics_->DeviceMemory(devices_);
-      }
-      if (job_->assignment.rank() == 0 && now - last_report_ >= absl::Seconds(1)) {
-        last_report_ = now;
-        Send(p);
-      }
-    }
-
-    void OnEpoch(const train::JobProgress& p) override {
-      m_->epoch->Set(p.epoch);
-      m_->loss->Set(p.loss);
-      if (p.test_accuracy >= 0) m_->test_accuracy->Set(p.test_accuracy);
-      if (job_->assignment.rank() == 0) {
-        last_report_ = absl::Now();
-        Send(p);
-      }
-    }
-
-    bool StopRequested() override { return job_->stop; }
-
-   private:
-    void Send(const train::JobProgress& p) {
-      const v1::ProgressReport r = ToReport(p);
-      if (daemon_->Report(job_->assignment, v1::JOB_STATE_UNSPECIFIED, "", &r)) {
-        daemon_->Stop(job_, "cancelled");
-      }
-    }
-
-    Daemon* const daemon_;
-    Job* const job_;
-    const TrainerMetrics::Job* const m_;
-    const std::vector<Device> devices_;
-    absl::Time last_report_ = absl::InfinitePast();
-    absl::Time last_memory_ = absl::InfinitePast();
-  };
-
-  // Connects what the job needs across trainers (the rendezvous through the
-  // scheduler and a communicator, or a kvstore client) and runs it with
-  // libs/train's RunJob.
-  absl::Status RunJob(Job* job, const TrainerMetrics::Job* m, train::JobProgress* progress) {
-    const v1::Assignment& a = job->assignment;
-    const v1::JobSpec& spec = a.spec();
-    const int world = std::max(1, a.world_size());
-    const int rank = a.rank();
-    const bool use_kvstore = spec.sync().mode() == v1::KVSTORE;
-    if (use_kvstore && kvstore_servers_.empty()) {
-      return absl::FailedPreconditionError(
-          "sync mode KVSTORE, but this trainer was started without --kvstore servers");
-    }
-    const int k = std::max(1, spec.devices_per_trainer());
-
-    train::JobConfig c;
-    c.name = a.job_id();
-    c.model = spec.model();
-    c.data_dir = spec.data_dir();
-    c.epochs = spec.epochs();
-    c.global_batch_size = spec.global_batch_size();
-    c.sgd = {.lr = static_cast<float>(spec.lr()),
-             .momentum = static_cast<float>(spec.momentum()),
-             .weight_decay = static_cast<float>(spec.weight_decay())};
-    c.init = spec.init().empty() ? "normal" : spec.init();
-    c.seed = spec.seed();
-    c.threads = spec.threads();
-    c.train_limit = spec.train_limit();
-    c.test_limit = spec.test_limit();
-    c.hybridize = spec.hybridize();
-    c.sync_batch_norm = spec.sync_batch_norm();
-    c.checkpoint_interval_epochs = spec.checkpoint_interval_epochs();
-    c.rank = rank;
-    c.world_size = world;
-    c.checkpoint_path = absl::StrCat(checkpoint_dir_, "/", a.job_id(), ".ckpt");
-    c.checkpoint_metadata = {{"job_id", a.job_id()}, {"attempt", absl::StrCat(a.attempt())}};
-    c.resume_from = a.resume_checkpoint();
-
-    // The job's devices: cpu:0..k-1, or the first k CUDA devices this
-    // trainer offers.
-    const bool cuda = spec.device_kind() == "cuda";
-    c.devices.clear();
-    for (int i = 0; !cuda && i < k; ++i) c.devices.push_back(Device::Cpu(i));
-    for (const std::string& d : devices_) {
-      if (!cuda || static_cast<int>(c.devices.size()) == k || !absl::StartsWith(d, "cuda")) {
-        continue;
-      }
-      DT_ASSIGN_OR_RETURN(Device parsed, Device::Parse(d == "cuda" ? "cuda:0" : d));
-      c.devices.push_back(parsed);
-    }
-    if (static_cast<int>(c.devices.size()) < k) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("the job needs ", k, " ", spec.device_kind(), " devices; this trainer has ",
-                       absl::StrJoin(devices_, ",")));
-    }
-
-    std::unique_ptr<SchedulerStore> store;
-    std::unique_ptr<collective::Communicator> comm;
-    std::unique_ptr<kvstore::KVClient> kv;
-    if (use_kvstore) {
-      // Gradients go through the parameter server: one kvstore job per
-      // attempt, every trainer a worker.
-      kvstore::ClientOptions ko;
-      ko.servers = kvstore_servers_;
-      ko.job = absl::StrCat(a.job_id(), "-a", a.attempt());
-      ko.worker = rank;
-      DT_ASSIGN_OR_RETURN(kv, kvstore::KVClient::Connect(ko));
-      DT_LOG(INFO) << "job " << a.job_id() << " rank " << rank << ": synchronizing through "
-                   << kvstore_servers_.size() << " kvstore shards";
-      c.kvstore = kv.get();
-      switch (spec.sync().consistency()) {
-        case v1::ASYNCHRONOUS:
-          c.kvstore_consistency = kvstore::Consistency::kAsync;
-          break;
-        case v1::BOUNDED_DELAY:
-          c.kvstore_consistency = kvstore::Consistency::kBoundedDelay;
-          c.kvstore_max_staleness = spec.sync().max_staleness();
-          break;
-        default:
-          c.kvstore_consistency = kvstore::Consistency::kSync;
-      }
-    } else if (world > 1) {
-      // Between trainers with one GPU each, NCCL (device memory); otherwise
-      // TCP (CUDA gradients staged through host memory). The ranks meet
-      // through the scheduler's rendezvous store.
-      const bool nccl = cuda && k == 1 && cuda_collective_ != "tcp";
-      SchedulerStoreOptions so;
-      so.rpc_timeout = rpc_timeout_;
-      store =
-          std::make_unique<SchedulerStore>(stub_.get(), TrainerId(), a.job_id(), a.attempt(), so);
-      collective::CommunicatorOptions co;
-      co.transport = nccl ? collective::TransportKind::kNccl : collective::TransportKind::kTcp;
-      if (nccl) co.cuda_device = c.devices[0].index;
-      co.timeout = collective_timeout_;
-      co.key_prefix = "allreduce";
-      co.tcp.host = collective_host_;
-      const absl::Time start = absl::Now();
-      absl::StatusOr<std::unique_ptr<collective::Communicator>> made =
-          collective::Communicator::Create(rank, world, store.get(), co);
-      if (!made.ok()) {
-        return Annotate(made.status(), absl::StrCat("rendezvous of rank ", rank, " of ", world));
-      }
-      comm = *std::move(made);
-      DT_LOG(INFO) << "job " << a.job_id() << " rank " << rank << ": connected to " << world - 1
-                   << " peers in " << absl::Now() - start << " ("
-                   << collective::TransportKindName(co.transport) << ")";
-      c.communicator = comm.get();
-      c.communicator_device = nccl ? c.devices[0] : Device::Cpu(0);
-    }
-    for (const Device& d : c.devices) {
-      if (absl::StatusOr<Allocator*> alloc = GetAllocator(d); alloc.ok()) (*alloc)->ResetPeak();
-    }
-    Observer observer(this, job, m, c.devices);
-    return train::RunJob(c, &observer, progress);
-  }
-
-  void Stop(Job* job, const std::string& reason) {
-    absl::MutexLock lock(&mu_);
-    if (!job->stop) {
-      job->stop_reason = reason;
-      job->stop = true;
-    }
-  }
-
-  TrainerMetrics* const metrics_;
-  std::unique_ptr<v1::ClusterService::Stub> stub_;
-  const std::string name_;
-  const std::vector<std::string> devices_;
-  const std::string work_dir_;
-  std::string checkpoint_dir_;  // set once before Run()
-  std::string cuda_collective_ = "auto";
-  const absl::Duration rpc_timeout_;
-  const std::string collective_host_;
-  std::vector<std::string> kvstore_servers_;  // set once before Run()
-  const absl::Duration collective_timeout_;
-  std::string TrainerId() const {
-    absl::MutexLock lock(&id_mu_);
-    return trainer_id_;
-  }
-  void SetTrainerId(const std::string& id) {
-    absl::MutexLock lock(&id_mu_);
-    trainer_id_ = id;
-  }
-
-  mutable absl::Mutex id_mu_;
-  // Set by the main thread (registration), read by the worker's reports.
-  std::string trainer_id_ ABSL_GUARDED_BY(id_mu_);
-
-  absl::Mutex mu_;
-  std::unique_ptr<Job> running_ ABSL_GUARDED_BY(mu_);
-  std::string running_id_ ABSL_GUARDED_BY(mu_);  // empty once the worker is done
+  // The agent's running job (job_'s series) and its devices.
+  const Job* running_ ABSL_GUARDED_BY(mu_) = nullptr;
+  std::vector<Device> running_devices_ ABSL_GUARDED_BY(mu_);
+  absl::Time last_memory_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
 };
 
 bool WriteFileAtomically(const std::string& path, const std::string& text) {
@@ -820,17 +423,34 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  dtrain::Daemon daemon(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()), name,
-                        devices, work_dir, absl::Seconds(timeout_s),
-                        absl::GetFlag(FLAGS_collective_host), absl::Seconds(collective_timeout_s),
-                        &metrics);
+  dtrain::agent::AgentOptions options;
+  options.name = name;
+  options.resources.devices = devices;
+  options.resources.collective_host = absl::GetFlag(FLAGS_collective_host);
+  options.resources.collective_timeout = absl::Seconds(collective_timeout_s);
   {
     std::vector<std::string> kv;
     for (absl::string_view a :
          absl::StrSplit(absl::GetFlag(FLAGS_kvstore), ',', absl::SkipEmpty())) {
       kv.emplace_back(a);
     }
-    daemon.set_kvstore_servers(std::move(kv));
+    if (!kv.empty()) {
+      // Gradients of KVSTORE jobs go through the shards: one kvstore job per
+      // attempt, every trainer a worker.
+      options.connect_parameter_server =
+          [kv](const std::string& job,
+               int worker) -> absl::StatusOr<std::unique_ptr<dtrain::kvstore::ParameterServer>> {
+        dtrain::kvstore::ClientOptions ko;
+        ko.servers = kv;
+        ko.job = job;
+        ko.worker = worker;
+        DT_ASSIGN_OR_RETURN(std::unique_ptr<dtrain::kvstore::KVClient> client,
+                            dtrain::kvstore::KVClient::Connect(ko));
+        DT_LOG(INFO) << "kvstore job " << job << " worker " << worker << ": synchronizing through "
+                     << kv.size() << " kvstore shards";
+        return client;
+      };
+    }
   }
   std::string checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
   if (checkpoint_dir.empty()) checkpoint_dir = work_dir;
@@ -838,15 +458,26 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "trainer: cannot use --checkpoint_dir=%s\n", checkpoint_dir.c_str());
     return 2;
   }
-  daemon.set_checkpoint_dir(checkpoint_dir);
+  options.resources.checkpoint_dir = checkpoint_dir;
   const std::string cuda_collective = absl::GetFlag(FLAGS_cuda_collective);
-  if (cuda_collective != "auto" && cuda_collective != "nccl" && cuda_collective != "tcp") {
+  absl::StatusOr<dtrain::agent::CudaCollective> parsed =
+      dtrain::agent::ParseCudaCollective(cuda_collective);
+  if (!parsed.ok()) {
     std::fprintf(stderr, "trainer: --cuda_collective must be auto, nccl or tcp, got %s\n",
                  cuda_collective.c_str());
     return 2;
   }
-  daemon.set_cuda_collective(cuda_collective);
-  daemon.Run(shutdown);
+  options.resources.cuda_collective = *parsed;
+  dtrain::trainer::GrpcClusterClient cluster(
+      grpc::CreateChannel(address, grpc::InsecureChannelCredentials()), absl::Seconds(timeout_s));
+  dtrain::agent::Agent agent(&cluster, std::move(options), &metrics);
+  // SIGTERM / SIGINT: the agent stops its job, reports it and returns.
+  std::thread on_signal([&shutdown, &agent] {
+    shutdown.Wait();
+    agent.Shutdown();
+  });
+  agent.Run();
+  on_signal.join();
   if (health_server != nullptr) {
     if (auto* health = health_server->GetHealthCheckService()) health->SetServingStatus(false);
     health_server->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(1)));

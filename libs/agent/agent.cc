@@ -1,0 +1,433 @@
+#include "libs/agent/agent.h"
+
+#include <algorithm>
+#include <atomic>
+#include <thread>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "libs/base/logging.h"
+#include "libs/base/status.h"
+#include "libs/tensor/allocator.h"
+
+namespace dtrain {
+namespace agent {
+
+namespace v1 = scheduler::v1;
+
+struct Agent::Job {
+  v1::Assignment assignment;
+  std::atomic<bool> stop{false};
+  std::string stop_reason;  // guarded by Agent::mu_; set once, with stop
+  // Sending the final report; about to end.
+  std::atomic<bool> finishing{false};
+  bool done = false;  // guarded by Agent::mu_: the thread may be joined
+  std::thread thread;
+};
+
+namespace {
+
+v1::ProgressReport ToReport(const train::JobProgress& p) {
+  v1::ProgressReport r;
+  r.set_epoch(p.epoch);
+  r.set_step(p.step);
+  r.set_steps_per_epoch(p.steps_per_epoch);
+  r.set_loss(p.loss);
+  r.set_train_accuracy(p.train_accuracy);
+  r.set_test_accuracy(p.test_accuracy);
+  r.set_samples_per_second(p.samples_per_second);
+  r.set_epoch_seconds(p.epoch_seconds);
+  r.set_checkpoint_path(p.checkpoint_path);
+  r.set_checkpoint_epoch(p.checkpoint_epoch);
+  return r;
+}
+
+AgentObserver* NoObserver() {
+  static AgentObserver* const none = new AgentObserver();
+  return none;
+}
+
+}  // namespace
+
+// A running job's progress: to the observer, and (rank 0) to the scheduler.
+class Agent::Progress : public train::JobObserver {
+ public:
+  Progress(Agent* agent, Job* job) : agent_(agent), job_(job) {}
+
+  void OnStep(const train::JobProgress& p, const train::StepTimes& t) override {
+    agent_->observer_->OnStep(p, t);
+    const absl::Time now = absl::Now();
+    if (job_->assignment.rank() == 0 && now - last_report_ >= agent_->options_.report_interval) {
+      last_report_ = now;
+      Send(p);
+    }
+  }
+
+  void OnEpoch(const train::JobProgress& p) override {
+    agent_->observer_->OnEpoch(p);
+    if (job_->assignment.rank() == 0) {
+      last_report_ = absl::Now();
+      Send(p);
+    }
+  }
+
+  bool StopRequested() override { return job_->stop; }
+
+ private:
+  void Send(const train::JobProgress& p) {
+    const v1::ProgressReport r = ToReport(p);
+    if (agent_->Report(job_->assignment, v1::JOB_STATE_UNSPECIFIED, "", &r)) {
+      agent_->Stop(job_, "cancelled");
+    }
+  }
+
+  Agent* const agent_;
+  Job* const job_;
+  absl::Time last_report_ = absl::InfinitePast();
+};
+
+Agent::Agent(ClusterClient* cluster, AgentOptions options, AgentObserver* observer)
+    : cluster_(cluster),
+      options_(std::move(options)),
+      observer_(observer != nullptr ? observer : NoObserver()) {
+  options_.resources.has_parameter_server = options_.connect_parameter_server != nullptr;
+  if (options_.connect_communicator == nullptr) {
+    options_.connect_communicator = [](int rank, int world, collective::Store* store,
+                                       const collective::CommunicatorOptions& o) {
+      return collective::Communicator::Create(rank, world, store, o);
+    };
+  }
+}
+
+Agent::~Agent() {
+  std::unique_ptr<Job> job;
+  {
+    absl::MutexLock lock(&mu_);
+    job = std::move(current_);
+  }
+  if (job != nullptr && job->thread.joinable()) {
+    Stop(job.get(), "trainer shutting down");
+    job->thread.join();
+  }
+}
+
+std::string Agent::trainer_id() const {
+  absl::MutexLock lock(&mu_);
+  return trainer_id_;
+}
+
+void Agent::Shutdown() {
+  absl::MutexLock lock(&mu_);
+  shutdown_ = true;
+}
+
+bool Agent::WaitForWake(absl::Duration timeout) {
+  absl::MutexLock lock(&mu_);
+  auto woken = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return shutdown_ || wake_; };
+  mu_.AwaitWithTimeout(absl::Condition(&woken), timeout);
+  wake_ = false;
+  return shutdown_;
+}
+
+void Agent::Run() {
+  absl::Duration interval = absl::Seconds(1);
+  absl::Duration backoff = options_.register_backoff;
+  while (true) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (shutdown_) break;
+    }
+    if (trainer_id().empty()) {
+      if (absl::Status s = Register(&interval); !s.ok()) {
+        DT_LOG(WARNING) << s << "; retrying in " << backoff;
+        WaitForWake(backoff);
+        backoff = std::min(backoff * 2, options_.max_register_backoff);
+        continue;
+      }
+      backoff = options_.register_backoff;
+    }
+    Reap();
+    Heartbeat();
+    WaitForWake(interval);
+  }
+  DT_LOG(INFO) << "shutting down";
+  std::unique_ptr<Job> job;
+  std::optional<v1::Assignment> next;
+  {
+    absl::MutexLock lock(&mu_);
+    job = std::move(current_);
+    next = std::move(next_);
+    next_.reset();
+  }
+  if (job != nullptr) {
+    Stop(job.get(), "trainer shutting down");
+    if (job->thread.joinable()) job->thread.join();
+  }
+  if (next.has_value()) Refuse(*next, v1::FAILED, "trainer shutting down");
+}
+
+absl::Status Agent::Register(absl::Duration* interval) {
+  v1::RegisterTrainerRequest request;
+  request.set_name(options_.name);
+  for (const std::string& d : options_.resources.devices) request.add_devices(d);
+  DT_ASSIGN_OR_RETURN(v1::RegisterTrainerReply reply, cluster_->RegisterTrainer(request));
+  if (reply.trainer_id().empty()) {
+    return absl::InternalError("ClusterService.RegisterTrainer: the reply has no trainer_id");
+  }
+  *interval =
+      std::max(options_.min_heartbeat_interval, absl::Milliseconds(reply.heartbeat_interval_ms()));
+  {
+    absl::MutexLock lock(&mu_);
+    trainer_id_ = reply.trainer_id();
+  }
+  DT_LOG(INFO) << "registered as " << reply.trainer_id() << "; heartbeat every " << *interval;
+  return absl::OkStatus();
+}
+
+void Agent::Heartbeat() {
+  v1::HeartbeatRequest request;
+  {
+    absl::MutexLock lock(&mu_);
+    request.set_trainer_id(trainer_id_);
+    if (current_ != nullptr && !current_->done) {
+      request.add_running_job_ids(current_->assignment.job_id());
+    }
+    if (next_.has_value() &&
+        (current_ == nullptr || current_->assignment.job_id() != next_->job_id())) {
+      request.add_running_job_ids(next_->job_id());
+    }
+  }
+  absl::StatusOr<v1::HeartbeatReply> reply = cluster_->Heartbeat(request);
+  if (absl::IsNotFound(reply.status())) {
+    DT_LOG(WARNING) << reply.status() << "; registering again";
+    absl::MutexLock lock(&mu_);
+    if (trainer_id_ == request.trainer_id()) trainer_id_.clear();
+    return;
+  }
+  if (!reply.ok()) {
+    DT_LOG(WARNING) << reply.status();
+    return;
+  }
+  for (const std::string& id : reply->cancel_job_ids()) {
+    std::optional<v1::Assignment> dropped;
+    {
+      absl::MutexLock lock(&mu_);
+      if (next_.has_value() && next_->job_id() == id) {
+        dropped = std::move(next_);
+        next_.reset();
+      }
+    }
+    if (dropped.has_value()) {
+      DT_LOG(INFO) << "job " << id << " cancelled before it started";
+      Refuse(*dropped, v1::CANCELLED, "cancelled before it started");
+      continue;
+    }
+    absl::MutexLock lock(&mu_);
+    if (current_ != nullptr && !current_->done && current_->assignment.job_id() == id) {
+      DT_LOG(INFO) << "job " << id << " cancelled; stopping";
+      if (!current_->stop) {
+        current_->stop_reason = "cancelled";
+        current_->stop = true;
+      }
+    }
+  }
+  for (const v1::Assignment& a : reply->assignments()) Accept(a);
+}
+
+void Agent::Accept(const v1::Assignment& a) {
+  std::string refusal;
+  std::optional<v1::Assignment> displaced;
+  {
+    absl::MutexLock lock(&mu_);
+    Job* running = current_.get();
+    if (running == nullptr || running->done) {
+      if (running == nullptr) {
+        StartLocked(a);
+        return;
+      }
+      // Ended but not joined yet: Reap() starts it.
+      displaced = std::move(next_);
+      next_ = a;
+      next_deadline_ = absl::Now() + options_.previous_job_wait;
+      wake_ = true;
+    } else {
+      const v1::Assignment& r = running->assignment;
+      if (r.job_id() == a.job_id() && r.attempt() == a.attempt() && r.rank() == a.rank()) {
+        DT_LOG(WARNING) << "job " << a.job_id() << " attempt " << a.attempt()
+                        << " delivered again while it runs; ignored";
+        return;
+      }
+      if (r.job_id() == a.job_id() && r.attempt() != a.attempt() && !running->stop) {
+        DT_LOG(INFO) << "job " << a.job_id() << ": attempt " << a.attempt()
+                     << " supersedes attempt " << r.attempt();
+        running->stop_reason = absl::StrCat("superseded by attempt ", a.attempt());
+        running->stop = true;
+      }
+      if (running->stop || running->finishing) {
+        displaced = std::move(next_);
+        next_ = a;
+        next_deadline_ = absl::Now() + options_.previous_job_wait;
+      } else {
+        // The scheduler gives a trainer one job at a time; refuse rather
+        // than oversubscribe.
+        refusal = "trainer is already running job " + r.job_id();
+      }
+    }
+  }
+  if (displaced.has_value()) {
+    Refuse(*displaced, v1::FAILED, "replaced by job " + a.job_id() + " before it started");
+  }
+  if (!refusal.empty()) Refuse(a, v1::FAILED, refusal);
+}
+
+void Agent::StartLocked(const v1::Assignment& a) {
+  current_ = std::make_unique<Job>();
+  current_->assignment = a;
+  Job* job = current_.get();
+  DT_LOG(INFO) << "starting job " << a.job_id() << " (" << a.spec().name() << ", "
+               << a.spec().model() << ", " << a.spec().epochs() << " epochs) as rank " << a.rank()
+               << " of " << a.world_size() << ", attempt " << a.attempt();
+  job->thread = std::thread([this, job] { Work(job); });
+}
+
+void Agent::Reap() {
+  std::unique_ptr<Job> done;
+  {
+    absl::MutexLock lock(&mu_);
+    if (current_ != nullptr && current_->done) done = std::move(current_);
+  }
+  if (done != nullptr && done->thread.joinable()) done->thread.join();
+  std::optional<v1::Assignment> late;
+  std::string running;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!next_.has_value()) return;
+    if (current_ == nullptr) {
+      StartLocked(*next_);
+      next_.reset();
+      return;
+    }
+    if (absl::Now() < next_deadline_) return;
+    running = current_->assignment.job_id();
+    late = std::move(next_);
+    next_.reset();
+  }
+  Refuse(*late, v1::FAILED, "trainer is already running job " + running);
+}
+
+void Agent::Stop(Job* job, const std::string& reason) {
+  absl::MutexLock lock(&mu_);
+  if (!job->stop) {
+    job->stop_reason = reason;
+    job->stop = true;
+  }
+}
+
+void Agent::Refuse(const v1::Assignment& a, v1::JobState state, const std::string& reason) {
+  DT_LOG(INFO) << "job " << a.job_id() << " rank " << a.rank() << " " << v1::JobState_Name(state)
+               << ": " << reason;
+  Report(a, state, reason);
+}
+
+bool Agent::Report(const v1::Assignment& a, v1::JobState final_state, const std::string& reason,
+                   const v1::ProgressReport* stats) {
+  v1::ProgressReport r;
+  if (stats != nullptr) r = *stats;
+  r.set_trainer_id(trainer_id());
+  r.set_job_id(a.job_id());
+  r.set_rank(a.rank());
+  r.set_attempt(a.attempt());
+  r.set_final_state(final_state);
+  r.set_reason(reason);
+  const int tries = final_state == v1::JOB_STATE_UNSPECIFIED ? 1 : 5;
+  for (int i = 0; i < tries; ++i) {
+    absl::StatusOr<v1::ReportProgressReply> reply = cluster_->ReportProgress(r);
+    if (reply.ok()) return reply->stop();
+    DT_LOG(WARNING) << reply.status();
+    // The job is no longer ours (the scheduler restarted or requeued it).
+    if (absl::IsNotFound(reply.status()) || absl::IsFailedPrecondition(reply.status())) {
+      return true;
+    }
+    if (i + 1 < tries) absl::SleepFor(absl::Milliseconds(200) * (i + 1));
+  }
+  return false;
+}
+
+void Agent::Work(Job* job) {
+  const v1::Assignment& a = job->assignment;
+  train::JobProgress progress;
+  const absl::Status s = RunAssignment(job, &progress);
+  v1::ProgressReport last = ToReport(progress);
+  v1::JobState final_state = v1::SUCCEEDED;
+  std::string reason = "training finished";
+  if (job->stop) {
+    absl::MutexLock lock(&mu_);
+    final_state = job->stop_reason == "cancelled" ? v1::CANCELLED : v1::FAILED;
+    reason = absl::StrCat(job->stop_reason, " at epoch ", last.epoch() + 1, " step ", last.step());
+  } else if (!s.ok()) {
+    final_state = v1::FAILED;
+    reason = std::string(s.message());
+    // A peer, the network or a kvstore shard failed, not this job's
+    // definition: the scheduler may run the job again.
+    last.set_retryable(absl::IsUnavailable(s) || absl::IsAborted(s) || absl::IsDeadlineExceeded(s));
+  }
+  DT_LOG(INFO) << "job " << a.job_id() << " rank " << a.rank() << " "
+               << v1::JobState_Name(final_state) << ": " << reason;
+  job->finishing = true;
+  Report(a, final_state, reason, &last);
+  observer_->OnJobEnd(a.job_id(), final_state);
+  absl::MutexLock lock(&mu_);
+  job->done = true;
+  wake_ = true;
+}
+
+absl::Status Agent::RunAssignment(Job* job, train::JobProgress* progress) {
+  const v1::Assignment& a = job->assignment;
+  absl::StatusOr<JobPlan> planned = PlanJob(a, options_.resources);
+  observer_->OnJobStart(a.job_id(), a.rank(),
+                        planned.ok() ? planned->config.devices : std::vector<Device>{});
+  if (!planned.ok()) return planned.status();
+  JobPlan& plan = *planned;
+  const int rank = plan.config.rank;
+  const int world = plan.config.world_size;
+
+  std::unique_ptr<kvstore::ParameterServer> ps;
+  std::unique_ptr<collective::Store> store;
+  std::unique_ptr<collective::Communicator> comm;
+  switch (plan.gradient_path) {
+    case GradientPath::kLocal:
+      break;
+    case GradientPath::kKvstore: {
+      absl::StatusOr<std::unique_ptr<kvstore::ParameterServer>> made =
+          options_.connect_parameter_server(plan.kvstore_job, rank);
+      if (!made.ok()) return Annotate(made.status(), "connecting to the kvstore");
+      ps = *std::move(made);
+      plan.config.kvstore = ps.get();
+      break;
+    }
+    case GradientPath::kAllreduceTcp:
+    case GradientPath::kAllreduceNccl: {
+      store = cluster_->RendezvousStore(trainer_id(), a.job_id(), a.attempt());
+      const absl::Time start = absl::Now();
+      absl::StatusOr<std::unique_ptr<collective::Communicator>> made =
+          options_.connect_communicator(rank, world, store.get(), plan.communicator_options);
+      if (!made.ok()) {
+        return Annotate(made.status(), absl::StrCat("rendezvous of rank ", rank, " of ", world));
+      }
+      comm = *std::move(made);
+      DT_LOG(INFO) << "job " << a.job_id() << " rank " << rank << ": connected to " << world - 1
+                   << " peers in " << absl::Now() - start << " ("
+                   << GradientPathName(plan.gradient_path) << ")";
+      plan.config.communicator = comm.get();
+      break;
+    }
+  }
+  for (const Device& d : plan.config.devices) {
+    if (absl::StatusOr<Allocator*> alloc = GetAllocator(d); alloc.ok()) (*alloc)->ResetPeak();
+  }
+  Progress observer(this, job);
+  return train::RunJob(plan.config, &observer, progress);
+}
+
+}  // namespace agent
+}  // namespace dtrain

@@ -1,0 +1,176 @@
+// Agent: a trainer's life in a cluster, free of any transport. It registers
+// with the scheduler, heartbeats, runs the jobs it is assigned (one at a
+// time, with libs/train's RunJob), reports their progress and end, stops
+// them when they are cancelled, and stops cleanly when asked to shut down.
+// services/trainer's daemon gives it a gRPC ClusterClient, the kvstore
+// client and Prometheus metrics; tests give it fakes.
+//
+//   Agent agent(&cluster, options, &metrics);
+//   std::thread signals([&] { shutdown.Wait(); agent.Shutdown(); });
+//   agent.Run();  // until Shutdown()
+//
+// Threads. Run() is the heartbeat thread: it registers (again, with
+// exponential backoff, whenever the scheduler forgets the trainer: NOT_FOUND
+// from Heartbeat), heartbeats every heartbeat_interval_ms the scheduler asked
+// for (a failed heartbeat is logged and tried again at the next interval),
+// passes cancellations on and hands assignments to a job thread. Everything
+// a job does (planning it with PlanJob, meeting its peers, training,
+// reporting) runs on that job thread, so heartbeats keep flowing however
+// long a job takes to start; they list the job while the trainer holds it.
+//
+// Jobs. The plan comes from PlanJob (job_plan.h). Several trainers meet
+// through the scheduler's rendezvous store of the attempt
+// (ClusterClient::RendezvousStore) and create a communicator there; KVSTORE
+// jobs get a parameter server from options.connect_parameter_server. Rank 0
+// reports progress (after every epoch, and between epochs at most once per
+// report_interval); every rank sends one final report: SUCCEEDED ("training
+// finished"); CANCELLED ("cancelled at epoch E step S") when the scheduler
+// cancelled it (a cancel_job_ids entry, or stop in a progress reply);
+// FAILED with the error's message otherwise, marked retryable when a peer,
+// the network or a kvstore shard failed (UNAVAILABLE, ABORTED,
+// DEADLINE_EXCEEDED) so that the scheduler requeues it. A job that cannot
+// start (a bad assignment, devices this trainer lacks, a failed rendezvous)
+// is such a FAILED job: it never disappears silently. Final reports are
+// tried up to 5 times.
+//
+// One job at a time. An assignment that arrives while a job is ending (its
+// final report under way), or a newer attempt of the running job (which
+// supersedes it: "superseded by attempt N"), waits up to previous_job_wait
+// for it to end; any other assignment while a job runs is refused (FAILED,
+// "trainer is already running job X"). A repeated delivery of the running
+// attempt is ignored.
+//
+// Shutdown() stops the running job at its next step (FAILED, "trainer
+// shutting down at epoch E step S"), reports it and makes Run() return.
+//
+// Thread-safety: Shutdown() may be called from any thread at any time; Run()
+// is called once. The observer is called on job threads, one job at a time.
+#ifndef DTRAIN_LIBS_AGENT_AGENT_H_
+#define DTRAIN_LIBS_AGENT_AGENT_H_
+
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "libs/agent/cluster_client.h"
+#include "libs/agent/job_plan.h"
+#include "libs/collective/communicator.h"
+#include "libs/kvstore/parameter_server.h"
+#include "libs/train/job.h"
+#include "protos/scheduler.pb.h"
+
+namespace dtrain {
+namespace agent {
+
+// What happens to the trainer's jobs, for metrics. Called on the job's
+// thread.
+class AgentObserver {
+ public:
+  virtual ~AgentObserver() = default;
+  // A job starts: before it meets its peers. `devices` are the ones it will
+  // use (empty when it cannot be planned; it then ends at once).
+  virtual void OnJobStart(const std::string& job_id, int rank, const std::vector<Device>& devices) {
+  }
+  // After every step and every epoch of the job (train::JobObserver's).
+  virtual void OnStep(const train::JobProgress& progress, const train::StepTimes& times) {}
+  virtual void OnEpoch(const train::JobProgress& progress) {}
+  // The job ended and its final report was sent (or given up on).
+  virtual void OnJobEnd(const std::string& job_id, scheduler::v1::JobState final_state) {}
+};
+
+// Makes the parameter server of one worker of a kvstore job.
+using ParameterServerFactory =
+    std::function<absl::StatusOr<std::unique_ptr<kvstore::ParameterServer>>(
+        const std::string& kvstore_job, int worker)>;
+
+// Makes the communicator of rank `rank` of `world` through `store` (which
+// outlives it). collective::Communicator::Create has this shape.
+using CommunicatorFactory = std::function<absl::StatusOr<std::unique_ptr<collective::Communicator>>(
+    int rank, int world, collective::Store* store, const collective::CommunicatorOptions& options)>;
+
+struct AgentOptions {
+  // The trainer's name for people (RegisterTrainerRequest.name).
+  std::string name;
+  // Devices offered, checkpoint directory, collective settings.
+  // has_parameter_server is ignored: it is whether connect_parameter_server
+  // is set.
+  TrainerResources resources;
+  // Null: KVSTORE jobs fail (FAILED_PRECONDITION).
+  ParameterServerFactory connect_parameter_server;
+  // Null: collective::Communicator::Create.
+  CommunicatorFactory connect_communicator;
+
+  // The shortest heartbeat interval honoured, whatever the scheduler asks.
+  absl::Duration min_heartbeat_interval = absl::Milliseconds(50);
+  // Registration retries: this delay, doubling up to max_register_backoff.
+  absl::Duration register_backoff = absl::Milliseconds(200);
+  absl::Duration max_register_backoff = absl::Seconds(5);
+  // Rank 0's progress reports between epochs: at most one per interval.
+  absl::Duration report_interval = absl::Seconds(1);
+  // How long an assignment waits for the previous job to end.
+  absl::Duration previous_job_wait = absl::Seconds(30);
+};
+
+class Agent {
+ public:
+  // `cluster` and `observer` (may be null) are not owned and must outlive
+  // the agent.
+  Agent(ClusterClient* cluster, AgentOptions options, AgentObserver* observer = nullptr);
+  // REQUIRES: Run() has returned, or was never called.
+  ~Agent();
+  Agent(const Agent&) = delete;
+  Agent& operator=(const Agent&) = delete;
+
+  // Registers, heartbeats and runs jobs until Shutdown(); then stops the
+  // running job, sends its final report and returns.
+  void Run();
+
+  // Asks Run() to stop and return. Returns at once.
+  void Shutdown();
+
+  // The id the scheduler gave at the last registration ("" while
+  // unregistered).
+  std::string trainer_id() const;
+
+ private:
+  struct Job;
+  class Progress;
+
+  bool WaitForWake(absl::Duration timeout);
+  absl::Status Register(absl::Duration* interval);
+  void Heartbeat();
+  void Accept(const scheduler::v1::Assignment& a);
+  void StartLocked(const scheduler::v1::Assignment& a) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Reap();
+  void Stop(Job* job, const std::string& reason);
+  void Refuse(const scheduler::v1::Assignment& a, scheduler::v1::JobState state,
+              const std::string& reason);
+  bool Report(const scheduler::v1::Assignment& a, scheduler::v1::JobState final_state,
+              const std::string& reason, const scheduler::v1::ProgressReport* stats = nullptr);
+  void Work(Job* job);
+  absl::Status RunAssignment(Job* job, train::JobProgress* progress);
+
+  ClusterClient* const cluster_;
+  AgentOptions options_;
+  AgentObserver* const observer_;
+
+  mutable absl::Mutex mu_;
+  bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
+  bool wake_ ABSL_GUARDED_BY(mu_) = false;  // a job ended: reap it now
+  std::string trainer_id_ ABSL_GUARDED_BY(mu_);
+  std::unique_ptr<Job> current_ ABSL_GUARDED_BY(mu_);
+  // An assignment waiting for current_ to end, until next_deadline_.
+  std::optional<scheduler::v1::Assignment> next_ ABSL_GUARDED_BY(mu_);
+  absl::Time next_deadline_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace agent
+}  // namespace dtrain
+
+#endif  // DTRAIN_LIBS_AGENT_AGENT_H_

@@ -1,0 +1,628 @@
+// Agent against a fake ClusterClient (the seam: the gRPC client is
+// services/trainer's, tested there and end to end) and real jobs: RunJob
+// trains an MLP on a slice of Fashion-MNIST.
+#include "libs/agent/agent.h"
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "libs/base/signals.h"
+#include "libs/collective/store.h"
+
+namespace dtrain {
+namespace agent {
+namespace {
+
+namespace v1 = scheduler::v1;
+using ::testing::HasSubstr;
+using ::testing::StartsWith;
+
+constexpr absl::Duration kWait = absl::Seconds(60);
+
+// A scheduler in memory: records every call and answers as told.
+class FakeCluster : public ClusterClient {
+ public:
+  absl::StatusOr<v1::RegisterTrainerReply> RegisterTrainer(
+      const v1::RegisterTrainerRequest& request) override {
+    absl::MutexLock lock(&mu_);
+    register_calls_.push_back(request);
+    if (unavailable_) return absl::UnavailableError("scheduler unreachable");
+    v1::RegisterTrainerReply reply;
+    reply.set_trainer_id(absl::StrCat("trainer-", ++registered_));
+    reply.set_heartbeat_interval_ms(20);
+    known_.insert(reply.trainer_id());
+    return reply;
+  }
+
+  absl::StatusOr<v1::HeartbeatReply> Heartbeat(const v1::HeartbeatRequest& request) override {
+    absl::MutexLock lock(&mu_);
+    if (unavailable_) return absl::UnavailableError("scheduler unreachable");
+    if (known_.count(request.trainer_id()) == 0) {
+      return absl::NotFoundError(absl::StrCat("unknown trainer '", request.trainer_id(), "'"));
+    }
+    heartbeats_.push_back(request);
+    v1::HeartbeatReply reply;
+    for (auto it = to_assign_.begin(); it != to_assign_.end();) {
+      if (it->first.empty() || it->first == request.trainer_id()) {
+        *reply.add_assignments() = std::move(it->second);
+        it = to_assign_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    for (std::string& id : to_cancel_) reply.add_cancel_job_ids(std::move(id));
+    to_cancel_.clear();
+    return reply;
+  }
+
+  absl::StatusOr<v1::ReportProgressReply> ReportProgress(const v1::ProgressReport& r) override {
+    absl::MutexLock lock(&mu_);
+    if (unavailable_ || fail_reports_ > 0) {
+      if (fail_reports_ > 0) --fail_reports_;
+      return absl::UnavailableError("scheduler unreachable");
+    }
+    reports_.push_back(r);
+    v1::ReportProgressReply reply;
+    reply.set_stop(stop_jobs_.count(r.job_id()) > 0);
+    return reply;
+  }
+
+  std::unique_ptr<collective::Store> RendezvousStore(const std::string& trainer_id,
+                                                     const std::string& job_id,
+                                                     int attempt) override {
+    absl::MutexLock lock(&mu_);
+    rendezvous_.push_back(absl::StrCat(trainer_id, " ", job_id, " ", attempt));
+    return std::make_unique<collective::PrefixStore>(absl::StrCat(job_id, "/", attempt, "/"),
+                                                     &store_);
+  }
+
+  // Controls.
+  // Delivers `a` with the next heartbeat of `trainer_id` (empty: anyone's).
+  void Assign(v1::Assignment a, const std::string& trainer_id = "") {
+    absl::MutexLock lock(&mu_);
+    to_assign_.emplace_back(trainer_id, std::move(a));
+  }
+  void Cancel(const std::string& job_id) {
+    absl::MutexLock lock(&mu_);
+    to_cancel_.push_back(job_id);
+  }
+  void StopInReplies(const std::string& job_id) {
+    absl::MutexLock lock(&mu_);
+    stop_jobs_.insert(job_id);
+  }
+  void SetUnavailable(bool unavailable) {
+    absl::MutexLock lock(&mu_);
+    unavailable_ = unavailable;
+  }
+  void FailNextReports(int n) {
+    absl::MutexLock lock(&mu_);
+    fail_reports_ = n;
+  }
+  // Forgets every trainer, like a restarted scheduler.
+  void Forget() {
+    absl::MutexLock lock(&mu_);
+    known_.clear();
+  }
+
+  // Observations. Polls `done` until it holds or kWait passes; returns
+  // whether it holds.
+  static bool WaitUntil(const std::function<bool()>& done) {
+    for (const absl::Time end = absl::Now() + kWait; absl::Now() < end;) {
+      if (done()) return true;
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+    return done();
+  }
+  // The final report of `job_id` (attempt 0: any), if one arrived.
+  std::optional<v1::ProgressReport> Final(const std::string& job_id, int attempt = 0) const {
+    absl::MutexLock lock(&mu_);
+    for (const v1::ProgressReport& r : reports_) {
+      if (r.job_id() == job_id && r.final_state() != v1::JOB_STATE_UNSPECIFIED &&
+          (attempt == 0 || r.attempt() == attempt)) {
+        return r;
+      }
+    }
+    return std::nullopt;
+  }
+  bool HasFinal(const std::string& job_id, int attempt = 0) const {
+    return Final(job_id, attempt).has_value();
+  }
+  std::vector<v1::ProgressReport> Progress(const std::string& job_id) const {
+    absl::MutexLock lock(&mu_);
+    std::vector<v1::ProgressReport> out;
+    for (const v1::ProgressReport& r : reports_) {
+      if (r.job_id() == job_id && r.final_state() == v1::JOB_STATE_UNSPECIFIED) out.push_back(r);
+    }
+    return out;
+  }
+  int FinalCount() const {
+    absl::MutexLock lock(&mu_);
+    int n = 0;
+    for (const v1::ProgressReport& r : reports_) n += r.final_state() != v1::JOB_STATE_UNSPECIFIED;
+    return n;
+  }
+  std::vector<v1::HeartbeatRequest> heartbeats() const {
+    absl::MutexLock lock(&mu_);
+    return heartbeats_;
+  }
+  std::vector<v1::RegisterTrainerRequest> register_calls() const {
+    absl::MutexLock lock(&mu_);
+    return register_calls_;
+  }
+  int registered() const {
+    absl::MutexLock lock(&mu_);
+    return registered_;
+  }
+  std::vector<std::string> rendezvous() const {
+    absl::MutexLock lock(&mu_);
+    return rendezvous_;
+  }
+
+  std::vector<v1::ProgressReport> reports() const {
+    absl::MutexLock lock(&mu_);
+    return reports_;
+  }
+
+ private:
+  mutable absl::Mutex mu_;
+  std::vector<v1::ProgressReport> reports_ ABSL_GUARDED_BY(mu_);
+  std::vector<v1::HeartbeatRequest> heartbeats_ ABSL_GUARDED_BY(mu_);
+  std::vector<v1::RegisterTrainerRequest> register_calls_ ABSL_GUARDED_BY(mu_);
+  int registered_ ABSL_GUARDED_BY(mu_) = 0;
+  std::set<std::string> known_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::pair<std::string, v1::Assignment>> to_assign_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::string> to_cancel_ ABSL_GUARDED_BY(mu_);
+  std::set<std::string> stop_jobs_ ABSL_GUARDED_BY(mu_);
+  bool unavailable_ ABSL_GUARDED_BY(mu_) = false;
+  int fail_reports_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<std::string> rendezvous_ ABSL_GUARDED_BY(mu_);
+  collective::InMemoryStore store_;
+};
+
+// Records what the agent tells its observer (the metrics' view).
+class RecordingObserver : public AgentObserver {
+ public:
+  void OnJobStart(const std::string& job_id, int rank,
+                  const std::vector<Device>& devices) override {
+    absl::MutexLock lock(&mu_);
+    events.push_back(absl::StrCat("start ", job_id, " rank ", rank, " devices ", devices.size()));
+  }
+  void OnStep(const train::JobProgress& p, const train::StepTimes& t) override {
+    absl::MutexLock lock(&mu_);
+    ++steps;
+  }
+  void OnEpoch(const train::JobProgress& p) override {
+    absl::MutexLock lock(&mu_);
+    ++epochs;
+  }
+  void OnJobEnd(const std::string& job_id, v1::JobState state) override {
+    absl::MutexLock lock(&mu_);
+    events.push_back(absl::StrCat("end ", job_id, " ", v1::JobState_Name(state)));
+  }
+  std::vector<std::string> Events() {
+    absl::MutexLock lock(&mu_);
+    return events;
+  }
+  int Steps() {
+    absl::MutexLock lock(&mu_);
+    return steps;
+  }
+
+ private:
+  absl::Mutex mu_;
+  std::vector<std::string> events ABSL_GUARDED_BY(mu_);
+  int steps ABSL_GUARDED_BY(mu_) = 0;
+  int epochs ABSL_GUARDED_BY(mu_) = 0;
+};
+
+std::string TmpDir() {
+  const char* dir = std::getenv("TEST_TMPDIR");
+  return dir != nullptr ? dir : "/tmp";
+}
+
+AgentOptions Options() {
+  AgentOptions o;
+  o.name = "test-trainer";
+  o.resources.devices = {"cpu"};
+  o.resources.checkpoint_dir = TmpDir();
+  o.resources.collective_host = "127.0.0.1";
+  o.resources.collective_timeout = absl::Seconds(20);
+  o.min_heartbeat_interval = absl::Milliseconds(10);
+  o.register_backoff = absl::Milliseconds(50);
+  o.max_register_backoff = absl::Milliseconds(200);
+  o.report_interval = absl::Milliseconds(10);
+  return o;
+}
+
+// A small real job: an MLP on 1,024 images, 8 steps an epoch.
+v1::Assignment SmallJob(const std::string& id, int epochs, int attempt = 1) {
+  v1::Assignment a;
+  a.set_job_id(id);
+  a.set_rank(0);
+  a.set_world_size(1);
+  a.set_attempt(attempt);
+  v1::JobSpec* s = a.mutable_spec();
+  s->set_name("small");
+  s->set_model("mlp");
+  s->set_epochs(epochs);
+  s->set_global_batch_size(128);
+  s->set_lr(0.05);
+  s->set_momentum(0.9);
+  s->set_init("kaiming");
+  s->set_seed(3);
+  s->set_threads(1);
+  s->set_train_limit(1024);
+  s->set_test_limit(500);
+  return a;
+}
+
+// Runs an agent on its own thread; stops it and joins on destruction.
+class RunningAgent {
+ public:
+  RunningAgent(FakeCluster* cluster, AgentOptions options, AgentObserver* observer = nullptr)
+      : agent_(cluster, std::move(options), observer), thread_([this] { agent_.Run(); }) {}
+  ~RunningAgent() { Stop(); }
+  void Stop() {
+    agent_.Shutdown();
+    if (thread_.joinable()) thread_.join();
+  }
+  Agent& agent() { return agent_; }
+
+ private:
+  Agent agent_;
+  std::thread thread_;
+};
+
+bool Lists(const v1::HeartbeatRequest& h, const std::string& job_id) {
+  for (const std::string& id : h.running_job_ids()) {
+    if (id == job_id) return true;
+  }
+  return false;
+}
+
+TEST(AgentTest, RegistersAndHeartbeatsWithItsId) {
+  FakeCluster cluster;
+  RunningAgent a(&cluster, Options());
+  ASSERT_TRUE(cluster.WaitUntil([&]() { return cluster.heartbeats().size() >= 3; }));
+  a.Stop();
+  const std::vector<v1::RegisterTrainerRequest> regs = cluster.register_calls();
+  ASSERT_EQ(regs.size(), 1u);
+  EXPECT_EQ(regs[0].name(), "test-trainer");
+  EXPECT_THAT(regs[0].devices(), ::testing::ElementsAre("cpu"));
+  for (const v1::HeartbeatRequest& h : cluster.heartbeats()) {
+    EXPECT_EQ(h.trainer_id(), "trainer-1");
+    EXPECT_EQ(h.running_job_ids_size(), 0);
+  }
+}
+
+// An assignment is trained for real and reported: progress after each
+// epoch, one final SUCCEEDED report with the checkpoint, the observer sees
+// the job start and end, and heartbeats list the job only while it runs.
+TEST(AgentTest, RunsAnAssignmentAndReportsIt) {
+  FakeCluster cluster;
+  RecordingObserver observer;
+  AgentOptions o = Options();
+  o.report_interval = absl::Hours(1);  // progress reports only after epochs
+  RunningAgent agent(&cluster, o, &observer);
+  v1::Assignment a = SmallJob("job-run", 2, 4);
+  a.mutable_spec()->set_checkpoint_interval_epochs(1);
+  std::remove((TmpDir() + "/job-run.ckpt").c_str());
+  cluster.Assign(a);
+  ASSERT_TRUE(cluster.WaitUntil([&]() { return cluster.HasFinal("job-run"); }));
+  // The next heartbeat no longer lists it.
+  const size_t seen = cluster.heartbeats().size();
+  ASSERT_TRUE(cluster.WaitUntil([&]() { return cluster.heartbeats().size() > seen + 1; }));
+  agent.Stop();
+
+  const v1::ProgressReport last = *cluster.Final("job-run");
+  EXPECT_EQ(last.final_state(), v1::SUCCEEDED);
+  EXPECT_EQ(last.reason(), "training finished");
+  EXPECT_EQ(last.trainer_id(), "trainer-1");
+  EXPECT_EQ(last.rank(), 0);
+  EXPECT_EQ(last.attempt(), 4);
+  EXPECT_EQ(last.epoch(), 2);
+  EXPECT_EQ(last.steps_per_epoch(), 8);
+  EXPECT_GT(last.test_accuracy(), 0.5);  // chance is 0.1
+  EXPECT_EQ(last.checkpoint_path(), TmpDir() + "/job-run.ckpt");
+  EXPECT_EQ(last.checkpoint_epoch(), 2);
+  EXPECT_FALSE(last.retryable());
+  EXPECT_EQ(access(last.checkpoint_path().c_str(), R_OK), 0);
+
+  // The first step's report (how long an epoch is), then one per epoch.
+  const std::vector<v1::ProgressReport> progress = cluster.Progress("job-run");
+  ASSERT_EQ(progress.size(), 3u);
+  EXPECT_EQ(progress[0].epoch(), 0);
+  EXPECT_EQ(progress[0].step(), 1);
+  EXPECT_EQ(progress[0].steps_per_epoch(), 8);
+  EXPECT_EQ(progress[1].epoch(), 1);
+  EXPECT_EQ(progress[2].epoch(), 2);
+  EXPECT_LT(progress[2].loss(), progress[1].loss());
+  EXPECT_EQ(progress[2].checkpoint_epoch(), 2);
+  EXPECT_EQ(cluster.FinalCount(), 1);
+
+  EXPECT_THAT(observer.Events(),
+              ::testing::ElementsAre("start job-run rank 0 devices 1", "end job-run SUCCEEDED"));
+  EXPECT_EQ(observer.Steps(), 16);
+
+  const std::vector<v1::HeartbeatRequest> hb = cluster.heartbeats();
+  bool listed = false;
+  for (const v1::HeartbeatRequest& h : hb) listed = listed || Lists(h, "job-run");
+  EXPECT_TRUE(listed);
+  EXPECT_FALSE(Lists(hb.back(), "job-run"));
+}
+
+// A cancel in a heartbeat reply stops the job at its next step; it is
+// reported CANCELLED, and the agent goes on to run the next assignment.
+TEST(AgentTest, CancelStopsTheJobAndReportsCancelled) {
+  FakeCluster cluster;
+  RunningAgent agent(&cluster, Options());
+  cluster.Assign(SmallJob("job-long", 10000));
+  ASSERT_TRUE(cluster.WaitUntil([&]() {
+    for (const v1::ProgressReport& r : cluster.reports()) {
+      if (r.job_id() == "job-long" && r.step() > 0) return true;
+    }
+    return false;
+  }));
+  cluster.Cancel("job-long");
+  ASSERT_TRUE(cluster.WaitUntil([&]() { return cluster.HasFinal("job-long"); }));
+  const v1::ProgressReport last = *cluster.Final("job-long");
+  EXPECT_EQ(last.final_state(), v1::CANCELLED);
+  EXPECT_THAT(last.reason(), StartsWith("cancelled at epoch "));
+  EXPECT_LT(last.epoch(), 10000);
+  EXPECT_FALSE(last.retryable());
+
+  cluster.Assign(SmallJob("job-next", 1));
+  ASSERT_TRUE(cluster.WaitUntil([&]() { return cluster.HasFinal("job-next"); }));
+  EXPECT_EQ(cluster.Final("job-next")->final_state(), v1::SUCCEEDED);
+  EXPECT_EQ(cluster.FinalCount(), 2);
+}
+
+// stop in a progress reply (the scheduler cancelled the job, or it is no
+// longer this trainer's) stops it the same way.
+TEST(AgentTest, StopInAProgressReplyCancels) {
+  FakeCluster cluster;
+  cluster.StopInReplies("job-stop");
+  RunningAgent agent(&cluster, Options());
+  cluster.Assign(SmallJob("job-stop", 10000));
+  ASSERT_TRUE(cluster.WaitUntil([&]() { return cluster.HasFinal("job-stop"); }));
+  const v1::ProgressReport last = *cluster.Final("job-stop");
+  EXPECT_EQ(last.final_state(), v1::CANCELLED);
+  EXPECT_EQ(last.epoch(), 0);
+  EXPECT_LE(last.step(), 2);  // stopped at the step after the first report
+}
+
+// Another job while one runs is refused with the reason; a newer attempt of
+// the running job supersedes it and starts once it has ended.
+TEST(AgentTest, OneJobAtATimeAndNewerAttemptsSupersede) {
+  FakeCluster cluster;
+  RunningAgent agent(&cluster, Options());
+  cluster.Assign(SmallJob("job-a", 10000, 1));
+  ASSERT_TRUE(cluster.WaitUntil([&]() { return !cluster.Progress("job-a").empty(); }));
+
+  cluster.Assign(SmallJob("job-b", 1));
+  ASSERT_TRUE(cluster.WaitUntil([&]() { return cluster.HasFinal("job-b"); }));
+  EXPECT_EQ(cluster.Final("job-b")->final_state(), v1::FAILED);
+  EXPECT_EQ(cluster.Final("job-b")->reason(), "trainer is already running job job-a");
+  EXPECT_FALSE(cluster.HasFinal("job-a"));
+
+  cluster.Assign(SmallJob("job-a", 1, 2));
+  ASSERT_TRUE(cluster.WaitUntil([&]() { return cluster.HasFinal("job-a", 2); }));
+  const v1::ProgressReport first = *cluster.Final("job-a", 1);
+  EXPECT_EQ(first.final_state(), v1::FAILED);
+  EXPECT_THAT(first.reason(), StartsWith("superseded by attempt 2 at epoch "));
+  const v1::ProgressReport second = *cluster.Final("job-a", 2);
+  EXPECT_EQ(second.final_state(), v1::SUCCEEDED);
+  EXPECT_EQ(second.epoch(), 1);
+}
+
+// A job that cannot start is reported FAILED with the reason, never dropped:
+// a device the trainer lacks, KVSTORE without a parameter server, a bad
+// assignment (not retryable), and a rendezvous whose peer never comes
+// (retryable: the scheduler may place the job again).
+TEST(AgentTest, FailedStartsAreReportedWithTheReason) {
+  FakeCluster cluster;
+  AgentOptions o = Options();
+  o.resources.collective_timeout = absl::Seconds(1);
+  RunningAgent agent(&cluster, o);
+
+  v1::Assignment cuda = SmallJob("job-cuda", 1);
+  cuda.mutable_spec()->set_device_kind("cuda");
+  cluster.Assign(cuda);
+  ASSERT_TRUE(cluster.WaitUntil([&]() { return cluster.HasFinal("job-cuda"); }));
+  EXPECT_EQ(cluster.Final("job-cuda")->final_state(), v1::FAILED);
+  EXPECT_EQ(cluster.Final("job-cuda")->reason(),
+            "the job needs 1 cuda devices; this trainer has cpu");
+  EXPECT_FALSE(cluster.Final("job-cuda")->retryable());
+
+  v1::Assignment kv = SmallJob("job-kv", 1);
+  kv.mutable_spec()->mutable_sync()->set_mode(v1::KVSTORE);
+  cluster.Assign(kv);
+  ASSERT_TRUE(cluster.WaitUntil([&]() { return cluster.HasFinal("job-kv"); }));
+  EXPECT_EQ(cluster.Final("job-kv")->final_state(), v1::FAILED);
+  EXPECT_THAT(cluster.Final("job-kv")->reason(), HasSubstr("--kvstore"));
+
+  v1::Assignment bad = SmallJob("job-bad", 1);
+  bad.mutable_spec()->set_model("vgg");
+  cluster.Assign(bad);
+  ASSERT_TRUE(cluster.WaitUntil([&]() { return cluster.HasFinal("job-bad"); }));
+  EXPECT_EQ(cluster.Final("job-bad")->final_state(), v1::FAILED);
+  EXPECT_THAT(cluster.Final("job-bad")->reason(), StartsWith("spec.model: "));
+
+  v1::Assignment alone = SmallJob("job-alone", 1);
+  alone.set_world_size(2);
+  alone.mutable_spec()->set_num_trainers(2);
+  cluster.Assign(alone);
+  ASSERT_TRUE(cluster.WaitUntil([&]() { return cluster.HasFinal("job-alone"); }));
+  const v1::ProgressReport last = *cluster.Final("job-alone");
+  EXPECT_EQ(last.final_state(), v1::FAILED);
+  EXPECT_THAT(last.reason(), StartsWith("rendezvous of rank 0 of 2: "));
+  EXPECT_TRUE(last.retryable());
+  EXPECT_THAT(cluster.rendezvous(), ::testing::ElementsAre("trainer-1 job-alone 1"));
+}
+
+// Meeting the peers can take long; heartbeats keep flowing meanwhile and
+// list the job, so the scheduler does not take the trainer for lost or the
+// job for dropped. A connection error then fails the job, retryable.
+TEST(AgentTest, HeartbeatsContinueWhileAJobStarts) {
+  FakeCluster cluster;
+  absl::Notification entered;
+  absl::Notification release;
+  AgentOptions o = Options();
+  o.connect_communicator = [&](int rank, int world, collective::Store* store,
+                               const collective::CommunicatorOptions& co)
+      -> absl::StatusOr<std::unique_ptr<collective::Communicator>> {
+    EXPECT_EQ(rank, 0);
+    EXPECT_EQ(world, 2);
+    EXPECT_NE(store, nullptr);
+    EXPECT_EQ(co.transport, collective::TransportKind::kTcp);
+    entered.Notify();
+    release.WaitForNotification();
+    return absl::UnavailableError("peer 1 went away");
+  };
+  RunningAgent agent(&cluster, o);
+  v1::Assignment a = SmallJob("job-slow", 1);
+  a.set_world_size(2);
+  a.mutable_spec()->set_num_trainers(2);
+  cluster.Assign(a);
+  ASSERT_TRUE(entered.WaitForNotificationWithTimeout(kWait));
+  const size_t before = cluster.heartbeats().size();
+  ASSERT_TRUE(cluster.WaitUntil([&]() { return cluster.heartbeats().size() >= before + 5; }));
+  for (size_t i = before; i < before + 5; ++i) {
+    EXPECT_TRUE(Lists(cluster.heartbeats()[i], "job-slow")) << i;
+  }
+  EXPECT_FALSE(cluster.HasFinal("job-slow"));
+  release.Notify();
+  ASSERT_TRUE(cluster.WaitUntil([&]() { return cluster.HasFinal("job-slow"); }));
+  const v1::ProgressReport last = *cluster.Final("job-slow");
+  EXPECT_EQ(last.final_state(), v1::FAILED);
+  EXPECT_EQ(last.reason(), "rendezvous of rank 0 of 2: peer 1 went away");
+  EXPECT_TRUE(last.retryable());
+}
+
+// The scheduler unreachable at start: registration is retried with backoff
+// (not in a tight loop). Unreachable later and then restarted (it forgot
+// the trainer): the agent registers again and heartbeats with its new id. A
+// final report that fails transiently is tried again.
+TEST(AgentTest, LostSchedulerRetriesAndRegistersAgain) {
+  FakeCluster cluster;
+  cluster.SetUnavailable(true);
+  RunningAgent agent(&cluster, Options());
+  absl::SleepFor(absl::Seconds(1));
+  // 50, 100, 200, 200, ... ms apart: about 7 tries in a second.
+  const size_t tries = cluster.register_calls().size();
+  EXPECT_GE(tries, 3u);
+  EXPECT_LE(tries, 12u);
+  EXPECT_EQ(cluster.registered(), 0);
+  cluster.SetUnavailable(false);
+  ASSERT_TRUE(cluster.WaitUntil([&]() { return cluster.heartbeats().size() >= 2; }));
+  EXPECT_EQ(agent.agent().trainer_id(), "trainer-1");
+
+  cluster.SetUnavailable(true);
+  absl::SleepFor(absl::Milliseconds(300));
+  cluster.Forget();
+  cluster.SetUnavailable(false);
+  ASSERT_TRUE(cluster.WaitUntil([&]() {
+    const std::vector<v1::HeartbeatRequest> hb = cluster.heartbeats();
+    return !hb.empty() && hb.back().trainer_id() == "trainer-2";
+  }));
+  EXPECT_EQ(cluster.registered(), 2);
+  EXPECT_EQ(agent.agent().trainer_id(), "trainer-2");
+
+  cluster.FailNextReports(2);
+  cluster.Assign(SmallJob("job-after", 1));
+  ASSERT_TRUE(cluster.WaitUntil([&]() { return cluster.HasFinal("job-after"); }));
+  EXPECT_EQ(cluster.Final("job-after")->final_state(), v1::SUCCEEDED);
+  EXPECT_EQ(cluster.Final("job-after")->trainer_id(), "trainer-2");
+}
+
+// Two agents run a two-trainer job together: they meet through the
+// scheduler's rendezvous store and allreduce over TCP on loopback. Both
+// ranks succeed with the same epoch loss (averaged over the ranks); only
+// rank 0 reports progress.
+TEST(AgentTest, TwoAgentsTrainOneJobTogether) {
+  FakeCluster cluster;
+  RunningAgent first(&cluster, Options());
+  RunningAgent second(&cluster, Options());
+  ASSERT_TRUE(cluster.WaitUntil([&]() {
+    return !first.agent().trainer_id().empty() && !second.agent().trainer_id().empty();
+  }));
+  v1::Assignment a = SmallJob("job-pair", 1);
+  a.set_world_size(2);
+  a.mutable_spec()->set_num_trainers(2);
+  a.set_rank(0);
+  cluster.Assign(a, first.agent().trainer_id());
+  a.set_rank(1);
+  cluster.Assign(a, second.agent().trainer_id());
+  ASSERT_TRUE(cluster.WaitUntil([&]() {
+    int n = 0;
+    for (const v1::ProgressReport& r : cluster.reports()) {
+      n += r.job_id() == "job-pair" && r.final_state() != v1::JOB_STATE_UNSPECIFIED;
+    }
+    return n == 2;
+  }));
+  std::map<int, v1::ProgressReport> finals;
+  for (const v1::ProgressReport& r : cluster.reports()) {
+    if (r.final_state() == v1::JOB_STATE_UNSPECIFIED) {
+      EXPECT_EQ(r.rank(), 0);
+    } else {
+      finals[r.rank()] = r;
+    }
+  }
+  ASSERT_EQ(finals.size(), 2u);
+  EXPECT_EQ(finals[0].final_state(), v1::SUCCEEDED) << finals[0].reason();
+  EXPECT_EQ(finals[1].final_state(), v1::SUCCEEDED) << finals[1].reason();
+  EXPECT_EQ(finals[0].steps_per_epoch(), 8);  // 64 samples per rank and step
+  EXPECT_DOUBLE_EQ(finals[0].loss(), finals[1].loss());
+}
+
+// SIGTERM, as the daemon wires it: the running job stops at its next step,
+// is reported FAILED ("trainer shutting down"), and Run() returns.
+TEST(AgentTest, SigtermStopsTheJobAndRunReturns) {
+  FakeCluster cluster;
+  ShutdownSignal& signal = ShutdownSignal::Install();
+  Agent agent(&cluster, Options());
+  std::thread watcher([&] {
+    signal.Wait();
+    agent.Shutdown();
+  });
+  std::atomic<bool> returned{false};
+  std::thread runner([&] {
+    agent.Run();
+    returned = true;
+  });
+  cluster.Assign(SmallJob("job-term", 10000));
+  ASSERT_TRUE(cluster.WaitUntil([&]() { return !cluster.Progress("job-term").empty(); }));
+  EXPECT_FALSE(returned);
+  const absl::Time sent = absl::Now();
+  ASSERT_EQ(kill(getpid(), SIGTERM), 0);
+  runner.join();
+  watcher.join();
+  EXPECT_LT(absl::Now() - sent, absl::Seconds(10));
+  const std::optional<v1::ProgressReport> last = cluster.Final("job-term");
+  ASSERT_TRUE(last.has_value());
+  EXPECT_EQ(last->final_state(), v1::FAILED);
+  EXPECT_THAT(last->reason(), StartsWith("trainer shutting down at epoch "));
+  EXPECT_FALSE(last->retryable());
+  EXPECT_EQ(cluster.FinalCount(), 1);
+}
+
+}  // namespace
+}  // namespace agent
+}  // namespace dtrain

@@ -1,0 +1,152 @@
+#include "libs/agent/job_plan.h"
+
+#include <utility>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "libs/base/status.h"
+#include "libs/scheduler/spec.h"
+
+namespace dtrain {
+namespace agent {
+namespace {
+
+namespace v1 = scheduler::v1;
+
+// The job's devices: cpu:0..k-1, or the first k CUDA devices offered.
+absl::StatusOr<std::vector<Device>> ChooseDevices(const v1::JobSpec& spec,
+                                                  const TrainerResources& r) {
+  const int k = spec.devices_per_trainer();
+  std::vector<Device> devices;
+  if (spec.device_kind() == "cpu") {
+    for (int i = 0; i < k; ++i) devices.push_back(Device::Cpu(i));
+    return devices;
+  }
+  for (const std::string& d : r.devices) {
+    if (static_cast<int>(devices.size()) == k) break;
+    if (!absl::StartsWith(d, "cuda")) continue;
+    absl::StatusOr<Device> parsed = Device::Parse(d == "cuda" ? "cuda:0" : d);
+    if (!parsed.ok()) return Annotate(parsed.status(), "this trainer's devices");
+    devices.push_back(*parsed);
+  }
+  if (static_cast<int>(devices.size()) < k) {
+    return absl::FailedPreconditionError(absl::StrCat("the job needs ", k, " ", spec.device_kind(),
+                                                      " devices; this trainer has ",
+                                                      absl::StrJoin(r.devices, ",")));
+  }
+  return devices;
+}
+
+}  // namespace
+
+absl::StatusOr<CudaCollective> ParseCudaCollective(absl::string_view name) {
+  if (name == "auto") return CudaCollective::kAuto;
+  if (name == "nccl") return CudaCollective::kNccl;
+  if (name == "tcp") return CudaCollective::kTcp;
+  return absl::InvalidArgumentError(
+      absl::StrCat("cuda collective must be auto, nccl or tcp, got ", scheduler::Quote(name)));
+}
+
+const char* GradientPathName(GradientPath path) {
+  switch (path) {
+    case GradientPath::kLocal:
+      return "local";
+    case GradientPath::kAllreduceTcp:
+      return "tcp";
+    case GradientPath::kAllreduceNccl:
+      return "nccl";
+    case GradientPath::kKvstore:
+      return "kvstore";
+  }
+  return "unknown";
+}
+
+absl::StatusOr<JobPlan> PlanJob(const v1::Assignment& a, const TrainerResources& r) {
+  if (a.job_id().empty()) return absl::InvalidArgumentError("assignment.job_id: required");
+  if (a.world_size() < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("assignment.world_size: must be >= 1, got ", a.world_size()));
+  }
+  if (a.rank() < 0 || a.rank() >= a.world_size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("assignment.rank: must be in 0..", a.world_size() - 1, ", got ", a.rank()));
+  }
+  if (a.attempt() < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("assignment.attempt: must be >= 0, got ", a.attempt()));
+  }
+  if (absl::Status s = scheduler::ValidateJobSpec(a.spec()); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("spec.", s.message()));
+  }
+  v1::JobSpec spec = a.spec();
+  scheduler::ApplyDefaults(&spec);
+  if (spec.global_batch_size() % a.world_size() != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("spec.global_batch_size: must be divisible by assignment.world_size (",
+                     a.world_size(), "), got ", spec.global_batch_size()));
+  }
+
+  JobPlan plan;
+  train::JobConfig& c = plan.config;
+  c.name = a.job_id();
+  c.model = spec.model();
+  c.data_dir = spec.data_dir();
+  c.epochs = spec.epochs();
+  c.global_batch_size = spec.global_batch_size();
+  c.sgd = {.lr = static_cast<float>(spec.lr()),
+           .momentum = static_cast<float>(spec.momentum()),
+           .weight_decay = static_cast<float>(spec.weight_decay())};
+  c.init = spec.init();
+  c.seed = spec.seed();
+  c.threads = spec.threads();
+  c.train_limit = spec.train_limit();
+  c.test_limit = spec.test_limit();
+  c.hybridize = spec.hybridize();
+  c.sync_batch_norm = spec.sync_batch_norm();
+  c.checkpoint_interval_epochs = spec.checkpoint_interval_epochs();
+  c.rank = a.rank();
+  c.world_size = a.world_size();
+  c.checkpoint_path = absl::StrCat(r.checkpoint_dir, "/", a.job_id(), ".ckpt");
+  c.checkpoint_metadata = {{"job_id", a.job_id()}, {"attempt", absl::StrCat(a.attempt())}};
+  c.resume_from = a.resume_checkpoint();
+  DT_ASSIGN_OR_RETURN(c.devices, ChooseDevices(spec, r));
+
+  if (spec.sync().mode() == v1::KVSTORE) {
+    if (!r.has_parameter_server) {
+      return absl::FailedPreconditionError(
+          "sync mode KVSTORE, but this trainer was started without --kvstore servers");
+    }
+    plan.gradient_path = GradientPath::kKvstore;
+    plan.kvstore_job = absl::StrCat(a.job_id(), "-a", a.attempt());
+    switch (spec.sync().consistency()) {
+      case v1::ASYNCHRONOUS:
+        c.kvstore_consistency = kvstore::Consistency::kAsync;
+        break;
+      case v1::BOUNDED_DELAY:
+        c.kvstore_consistency = kvstore::Consistency::kBoundedDelay;
+        c.kvstore_max_staleness = spec.sync().max_staleness();
+        break;
+      default:
+        c.kvstore_consistency = kvstore::Consistency::kSync;
+    }
+    return plan;
+  }
+  if (a.world_size() == 1) return plan;
+
+  const bool cuda = spec.device_kind() == "cuda";
+  const bool nccl =
+      cuda && spec.devices_per_trainer() == 1 && r.cuda_collective != CudaCollective::kTcp;
+  plan.gradient_path = nccl ? GradientPath::kAllreduceNccl : GradientPath::kAllreduceTcp;
+  collective::CommunicatorOptions& co = plan.communicator_options;
+  co.transport = nccl ? collective::TransportKind::kNccl : collective::TransportKind::kTcp;
+  if (nccl) co.cuda_device = c.devices[0].index;
+  co.timeout = r.collective_timeout;
+  co.key_prefix = "allreduce";
+  co.tcp.host = r.collective_host;
+  c.communicator_device = nccl ? c.devices[0] : Device::Cpu(0);
+  return plan;
+}
+
+}  // namespace agent
+}  // namespace dtrain

@@ -1,0 +1,103 @@
+// The one job schema: how an assignment from the scheduler (a JobSpec, a
+// rank and an attempt) becomes what this trainer runs. Every JobSpec field
+// is mapped here and nowhere else: the train::JobConfig of RunJob, the
+// devices the job uses, and how its gradients cross trainers (nothing, an
+// allreduce over TCP or NCCL, or the kvstore).
+//
+//   TrainerResources r;
+//   r.devices = {"cpu"};
+//   r.checkpoint_dir = "/shared/checkpoints";
+//   DT_ASSIGN_OR_RETURN(JobPlan plan, PlanJob(assignment, r));
+//   // connect plan.communicator_options / plan.kvstore_job, then:
+//   DT_RETURN_IF_ERROR(train::RunJob(plan.config, &observer, &progress));
+//
+// Devices. A cpu job with devices_per_trainer k runs on cpu:0..cpu:k-1; a
+// cuda job on the first k CUDA devices the trainer offers (an offered "cuda"
+// is cuda:0). Too few is FAILED_PRECONDITION naming both sides.
+//
+// Gradients between trainers. KVSTORE mode: through the parameter server,
+// one kvstore job per attempt ("<job>-a<attempt>"), every rank a worker.
+// Otherwise, with several trainers: an allreduce through NCCL in device
+// memory when the job is cuda with one device per trainer (unless the
+// trainer says kTcp), else over TCP (CUDA gradients staged through host
+// memory). One trainer: nothing.
+//
+// Errors: INVALID_ARGUMENT naming the field ("assignment.rank: ...",
+// "spec.<field>: ..." as scheduler::ValidateJobSpec words it) for an
+// assignment that cannot run; FAILED_PRECONDITION when this trainer lacks
+// what the job needs (devices, a parameter server). Thread-safe (pure).
+#ifndef DTRAIN_LIBS_AGENT_JOB_PLAN_H_
+#define DTRAIN_LIBS_AGENT_JOB_PLAN_H_
+
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "libs/collective/communicator.h"
+#include "libs/train/job.h"
+#include "protos/scheduler.pb.h"
+
+namespace dtrain {
+namespace agent {
+
+// Between the trainers of a CUDA job (the trainer's --cuda_collective).
+enum class CudaCollective {
+  kAuto,  // NCCL when each trainer has one GPU, else TCP through host memory
+  kNccl,  // the same as kAuto
+  kTcp,   // always TCP through host memory
+};
+// "auto", "nccl", "tcp"; INVALID_ARGUMENT for anything else.
+absl::StatusOr<CudaCollective> ParseCudaCollective(absl::string_view name);
+
+// What this trainer brings to every job (set from its flags).
+struct TrainerResources {
+  // The devices offered to the scheduler: "cpu", "cuda:0", ... ("cuda" is
+  // cuda:0).
+  std::vector<std::string> devices;
+  // Where checkpoints go: <checkpoint_dir>/<job id>.ckpt.
+  std::string checkpoint_dir;
+  CudaCollective cuda_collective = CudaCollective::kAuto;
+  // The address peers reach this trainer at for TCP allreduce (empty: the
+  // host name).
+  std::string collective_host;
+  // Time limit of the rendezvous and of each allreduce.
+  absl::Duration collective_timeout = absl::Seconds(60);
+  // Whether the trainer can reach a parameter server (KVSTORE jobs).
+  bool has_parameter_server = false;
+};
+
+// How a job's gradients cross trainers.
+enum class GradientPath {
+  kLocal,          // one trainer: nothing crosses
+  kAllreduceTcp,   // collective::Communicator over TCP, host buffers
+  kAllreduceNccl,  // collective::Communicator over NCCL, device buffers
+  kKvstore,        // the parameter server
+};
+const char* GradientPathName(GradientPath path);  // "local", "tcp", "nccl", "kvstore"
+
+struct JobPlan {
+  // Everything RunJob needs except the connections: config.communicator and
+  // config.kvstore are null; the caller connects them as gradient_path says.
+  train::JobConfig config;
+  GradientPath gradient_path = GradientPath::kLocal;
+  // kAllreduceTcp / kAllreduceNccl: the communicator to create for
+  // (config.rank, config.world_size) through the attempt's rendezvous store.
+  // config.communicator_device is where its buffers live.
+  collective::CommunicatorOptions communicator_options;
+  // kKvstore: the parameter-server job of this attempt; config.rank is the
+  // worker.
+  std::string kvstore_job;
+};
+
+// Maps an assignment to the plan of this trainer's share (see the file
+// comment). Zero spec values mean the documented defaults
+// (scheduler::ApplyDefaults).
+absl::StatusOr<JobPlan> PlanJob(const scheduler::v1::Assignment& assignment,
+                                const TrainerResources& resources);
+
+}  // namespace agent
+}  // namespace dtrain
+
+#endif  // DTRAIN_LIBS_AGENT_JOB_PLAN_H_
