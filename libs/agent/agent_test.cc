@@ -518,18 +518,21 @@ TEST(AgentTest, HeartbeatsContinueWhileAJobStarts) {
 
 // The scheduler unreachable at start: registration is retried with backoff
 // (not in a tight loop). Unreachable later and then restarted (it forgot
-// the trainer): the agent registers again and heartbeats with its new id. A
-// final report that fails transiently is tried again.
+// the trainer): the agent registers again and heartbeats with its new id.
+// A final report that fails transiently is tried again.
 TEST(AgentTest, LostSchedulerRetriesAndRegistersAgain) {
   FakeCluster cluster;
   cluster.SetUnavailable(true);
-  RunningAgent agent(&cluster, Options());
+  AgentOptions o = Options();
+  o.report_interval = absl::Hours(1);  // progress: the first step's and the epoch's
+  RunningAgent agent(&cluster, o);
   absl::SleepFor(absl::Seconds(1));
   // 50, 100, 200, 200, ... ms apart: about 7 tries in a second.
   const size_t tries = cluster.register_calls().size();
   EXPECT_GE(tries, 3u);
   EXPECT_LE(tries, 12u);
   EXPECT_EQ(cluster.registered(), 0);
+  EXPECT_EQ(agent.agent().trainer_id(), "");
   cluster.SetUnavailable(false);
   ASSERT_TRUE(cluster.WaitUntil([&]() { return cluster.heartbeats().size() >= 2; }));
   EXPECT_EQ(agent.agent().trainer_id(), "trainer-1");
@@ -545,11 +548,13 @@ TEST(AgentTest, LostSchedulerRetriesAndRegistersAgain) {
   EXPECT_EQ(cluster.registered(), 2);
   EXPECT_EQ(agent.agent().trainer_id(), "trainer-2");
 
-  cluster.FailNextReports(2);
+  // The two progress reports fail, and so does the final report's first try.
+  cluster.FailNextReports(3);
   cluster.Assign(SmallJob("job-after", 1));
   ASSERT_TRUE(cluster.WaitUntil([&]() { return cluster.HasFinal("job-after"); }));
   EXPECT_EQ(cluster.Final("job-after")->final_state(), v1::SUCCEEDED);
   EXPECT_EQ(cluster.Final("job-after")->trainer_id(), "trainer-2");
+  EXPECT_TRUE(cluster.Progress("job-after").empty());
 }
 
 // Two agents run a two-trainer job together: they meet through the
