@@ -438,14 +438,17 @@ TEST(AgentTest, OneJobAtATimeAndNewerAttemptsSupersede) {
 // (retryable: the scheduler may place the job again).
 TEST(AgentTest, FailedStartsAreReportedWithTheReason) {
   FakeCluster cluster;
+  RecordingObserver observer;
   AgentOptions o = Options();
   o.resources.collective_timeout = absl::Seconds(1);
-  RunningAgent agent(&cluster, o);
+  RunningAgent agent(&cluster, o, &observer);
 
   v1::Assignment cuda = SmallJob("job-cuda", 1);
   cuda.mutable_spec()->set_device_kind("cuda");
   cluster.Assign(cuda);
   ASSERT_TRUE(cluster.WaitUntil([&]() { return cluster.HasFinal("job-cuda"); }));
+  EXPECT_THAT(observer.Events(),
+              ::testing::ElementsAre("start job-cuda rank 0 devices 0", "end job-cuda FAILED"));
   EXPECT_EQ(cluster.Final("job-cuda")->final_state(), v1::FAILED);
   EXPECT_EQ(cluster.Final("job-cuda")->reason(),
             "the job needs 1 cuda devices; this trainer has cpu");
@@ -475,6 +478,39 @@ TEST(AgentTest, FailedStartsAreReportedWithTheReason) {
   EXPECT_THAT(last.reason(), StartsWith("rendezvous of rank 0 of 2: "));
   EXPECT_TRUE(last.retryable());
   EXPECT_THAT(cluster.rendezvous(), ::testing::ElementsAre("trainer-1 job-alone 1"));
+}
+
+// KVSTORE jobs get their parameter server from the factory: one kvstore job
+// per attempt, the rank as the worker. A connection error fails the job,
+// retryable.
+TEST(AgentTest, KvstoreJobsConnectThroughTheFactory) {
+  FakeCluster cluster;
+  absl::Mutex mu;
+  std::vector<std::string> calls;
+  AgentOptions o = Options();
+  o.connect_parameter_server =
+      [&](const std::string& job,
+          int worker) -> absl::StatusOr<std::unique_ptr<kvstore::ParameterServer>> {
+    absl::MutexLock lock(&mu);
+    calls.push_back(absl::StrCat(job, " worker ", worker));
+    return absl::UnavailableError("shard 0 is down");
+  };
+  RunningAgent agent(&cluster, o);
+  v1::Assignment a = SmallJob("job-kv", 1, 2);
+  a.mutable_spec()->mutable_sync()->set_mode(v1::KVSTORE);
+  a.mutable_spec()->set_num_trainers(2);
+  a.set_world_size(2);
+  a.set_rank(1);
+  cluster.Assign(a);
+  ASSERT_TRUE(cluster.WaitUntil([&]() { return cluster.HasFinal("job-kv"); }));
+  const v1::ProgressReport last = *cluster.Final("job-kv");
+  EXPECT_EQ(last.final_state(), v1::FAILED);
+  EXPECT_EQ(last.rank(), 1);
+  EXPECT_EQ(last.reason(), "connecting to the kvstore: shard 0 is down");
+  EXPECT_TRUE(last.retryable());
+  absl::MutexLock lock(&mu);
+  EXPECT_THAT(calls, ::testing::ElementsAre("job-kv-a2 worker 1"));
+  EXPECT_TRUE(cluster.rendezvous().empty());
 }
 
 // Meeting the peers can take long; heartbeats keep flowing meanwhile and
