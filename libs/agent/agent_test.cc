@@ -24,7 +24,9 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "libs/base/signals.h"
+#include "libs/base/status.h"
 #include "libs/collective/store.h"
+#include "libs/kvstore/in_process.h"
 
 namespace dtrain {
 namespace agent {
@@ -631,6 +633,67 @@ TEST(AgentTest, TwoAgentsTrainOneJobTogether) {
   EXPECT_EQ(finals[1].final_state(), v1::SUCCEEDED) << finals[1].reason();
   EXPECT_EQ(finals[0].steps_per_epoch(), 8);  // 64 samples per rank and step
   EXPECT_DOUBLE_EQ(finals[0].loss(), finals[1].loss());
+}
+
+// Two agents run a synchronous KVSTORE job through an in-process kvstore
+// with two shards: each gets its worker's parameter server from the factory
+// (one kvstore job per attempt), and both ranks succeed with the same epoch
+// loss.
+TEST(AgentTest, TwoAgentsTrainThroughTheKvstore) {
+  kvstore::InProcessOptions ko;
+  ko.num_shards = 2;
+  absl::StatusOr<std::unique_ptr<kvstore::InProcessKVStore>> kv =
+      kvstore::InProcessKVStore::Create(ko);
+  ASSERT_TRUE(kv.ok()) << kv.status();
+  absl::Mutex mu;
+  std::vector<std::string> calls;
+  AgentOptions o = Options();
+  o.connect_parameter_server =
+      [&](const std::string& job,
+          int worker) -> absl::StatusOr<std::unique_ptr<kvstore::ParameterServer>> {
+    {
+      absl::MutexLock lock(&mu);
+      calls.push_back(absl::StrCat(job, " worker ", worker));
+    }
+    DT_ASSIGN_OR_RETURN(std::unique_ptr<kvstore::InProcessParameterServer> ps,
+                        (*kv)->Connect(job, worker));
+    return std::unique_ptr<kvstore::ParameterServer>(std::move(ps));
+  };
+  FakeCluster cluster;
+  RunningAgent first(&cluster, o);
+  RunningAgent second(&cluster, o);
+  ASSERT_TRUE(cluster.WaitUntil([&]() {
+    return !first.agent().trainer_id().empty() && !second.agent().trainer_id().empty();
+  }));
+  v1::Assignment a = SmallJob("job-kvpair", 1, 3);
+  a.set_world_size(2);
+  a.mutable_spec()->set_num_trainers(2);
+  a.mutable_spec()->mutable_sync()->set_mode(v1::KVSTORE);
+  a.set_rank(0);
+  cluster.Assign(a, first.agent().trainer_id());
+  a.set_rank(1);
+  cluster.Assign(a, second.agent().trainer_id());
+  ASSERT_TRUE(cluster.WaitUntil([&]() {
+    int n = 0;
+    for (const v1::ProgressReport& r : cluster.reports()) {
+      n += r.job_id() == "job-kvpair" && r.final_state() != v1::JOB_STATE_UNSPECIFIED;
+    }
+    return n == 2;
+  }));
+  std::map<int, v1::ProgressReport> finals;
+  for (const v1::ProgressReport& r : cluster.reports()) {
+    if (r.final_state() != v1::JOB_STATE_UNSPECIFIED) finals[r.rank()] = r;
+  }
+  ASSERT_EQ(finals.size(), 2u);
+  EXPECT_EQ(finals[0].final_state(), v1::SUCCEEDED) << finals[0].reason();
+  EXPECT_EQ(finals[1].final_state(), v1::SUCCEEDED) << finals[1].reason();
+  EXPECT_EQ(finals[0].epoch(), 1);
+  EXPECT_DOUBLE_EQ(finals[0].loss(), finals[1].loss());
+  EXPECT_GT(finals[0].test_accuracy(), 0.3);  // chance is 0.1
+  EXPECT_TRUE(cluster.rendezvous().empty());
+  absl::MutexLock lock(&mu);
+  EXPECT_THAT(calls,
+              ::testing::UnorderedElementsAre("job-kvpair-a3 worker 0", "job-kvpair-a3 worker 1"));
 }
 
 // SIGTERM, as the daemon wires it: the running job stops at its next step,

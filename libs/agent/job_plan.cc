@@ -144,7 +144,6 @@ absl::StatusOr<JobPlan> PlanJob(const v1::Assignment& a, const TrainerResources&
   co.timeout = r.collective_timeout;
   co.key_prefix = "allreduce";
   co.tcp.host = r.collective_host;
-  c.communicator_device = nccl ? c.devices[0] : Device::Cpu(0);
   return plan;
 }
 

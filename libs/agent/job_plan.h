@@ -83,8 +83,8 @@ struct JobPlan {
   train::JobConfig config;
   GradientPath gradient_path = GradientPath::kLocal;
   // kAllreduceTcp / kAllreduceNccl: the communicator to create for
-  // (config.rank, config.world_size) through the attempt's rendezvous store.
-  // config.communicator_device is where its buffers live.
+  // (config.rank, config.world_size) through the attempt's rendezvous store
+  // (kAllreduceNccl: on the job's one CUDA device, cuda_device).
   collective::CommunicatorOptions communicator_options;
   // kKvstore: the parameter-server job of this attempt; config.rank is the
   // worker.

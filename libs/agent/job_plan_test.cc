@@ -96,7 +96,6 @@ TEST(JobPlanTest, MapsEveryField) {
   EXPECT_EQ(plan->communicator_options.timeout, absl::Seconds(17));
   EXPECT_EQ(plan->communicator_options.tcp.host, "10.0.0.7");
   EXPECT_EQ(plan->communicator_options.key_prefix, "allreduce");
-  EXPECT_EQ(c.communicator_device, Device::Cpu(0));
   EXPECT_TRUE(plan->kvstore_job.empty());
 }
 
@@ -180,13 +179,12 @@ TEST(JobPlanTest, CudaDevicesAndNcclOrTcp) {
   EXPECT_EQ(plan->gradient_path, GradientPath::kAllreduceNccl);
   EXPECT_EQ(plan->communicator_options.transport, collective::TransportKind::kNccl);
   EXPECT_EQ(plan->communicator_options.cuda_device, 2);
-  EXPECT_EQ(plan->config.communicator_device, Device::Cuda(2));
 
   r.cuda_collective = CudaCollective::kTcp;
   plan = PlanJob(a, r);
   ASSERT_TRUE(plan.ok()) << plan.status();
   EXPECT_EQ(plan->gradient_path, GradientPath::kAllreduceTcp);
-  EXPECT_EQ(plan->config.communicator_device, Device::Cpu(0));
+  EXPECT_EQ(plan->communicator_options.transport, collective::TransportKind::kTcp);
 
   // Two GPUs per trainer: staged through host memory over TCP.
   r.cuda_collective = CudaCollective::kNccl;
