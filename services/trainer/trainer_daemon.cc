@@ -8,7 +8,8 @@
 // how a JobSpec becomes the job it runs (devices, NCCL or TCP, the kvstore)
 // is its PlanJob (job_plan.h). This file holds the flags and main and what
 // needs the network or Prometheus: the gRPC ClusterClient
-// (grpc_cluster_client.h), the kvstore client and the metrics below.
+// (grpc_cluster_client.h), the kvstore client and the Prometheus metrics
+// (trainer_metrics.h).
 //
 // One job at a time. Progress goes to the scheduler with ReportProgress
 // (at most once a second between epochs, and after every epoch with its
@@ -95,7 +96,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
-#include <map>
 #include <memory>
 #include <string>
 #include <thread>
@@ -117,9 +117,8 @@
 #include "libs/cuda/devices.h"
 #include "libs/kvstore/client.h"
 #include "libs/metrics/metrics.h"
-#include "libs/tensor/allocator.h"
-#include "libs/train/job.h"
 #include "services/trainer/grpc_cluster_client.h"
+#include "services/trainer/trainer_metrics.h"
 
 ABSL_FLAG(std::string, scheduler, "",
           "scheduler address host:port (default: $DTRAIN_SCHEDULER, else 127.0.0.1:7000)");
@@ -153,168 +152,6 @@ ABSL_FLAG(std::string, health_port_file, "",
 
 namespace dtrain {
 namespace {
-
-// The trainer's Prometheus metrics (see the file comment). Thread-safe.
-class TrainerMetrics : public agent::AgentObserver {
- public:
-  // The series of one job on this trainer.
-  struct Job {
-    prometheus::Histogram* compute = nullptr;
-    prometheus::Histogram* communication = nullptr;
-    prometheus::Histogram* data_wait = nullptr;
-    prometheus::Counter* steps = nullptr;
-    prometheus::Gauge* loss = nullptr;
-    prometheus::Gauge* test_accuracy = nullptr;
-    prometheus::Gauge* samples_per_second = nullptr;
-    prometheus::Gauge* epoch = nullptr;
-
-    void Step(const train::StepTimes& t) const {
-      compute->Observe(t.compute);
-      communication->Observe(t.communication);
-      data_wait->Observe(t.data_wait);
-      steps->Increment();
-    }
-  };
-
-  TrainerMetrics()
-      : registry_(std::make_shared<prometheus::Registry>()),
-        step_seconds_(metrics::AddHistogram(
-            *registry_, "dtrain_trainer_step_seconds",
-            "Time of each training step by phase: compute, communication (allreduce work), "
-            "data_wait (waiting for the data loader).")),
-        steps_(metrics::AddCounter(*registry_, "dtrain_trainer_steps_total",
-                                   "Training steps this trainer finished.")),
-        loss_(metrics::AddGauge(*registry_, "dtrain_job_loss",
-                                "Mean training loss of the current epoch so far.")),
-        test_accuracy_(
-            metrics::AddGauge(*registry_, "dtrain_job_test_accuracy",
-                              "Test accuracy after the last epoch (0..1; -1 before the first).")),
-        samples_per_second_(metrics::AddGauge(*registry_, "dtrain_job_samples_per_second",
-                                              "Training throughput of the whole job.")),
-        epoch_(metrics::AddGauge(*registry_, "dtrain_job_epoch", "Epochs done.")),
-        device_memory_(metrics::AddGauge(
-            *registry_, "dtrain_trainer_device_memory_bytes",
-            "Tensor memory of each device's allocator: state in_use, peak (since the job "
-            "started) or cached (freed blocks kept for reuse).")),
-        busy_(metrics::AddGauge(*registry_, "dtrain_trainer_busy",
-                                "1 while the trainer runs a job, else 0.")
-                  .Add({})) {}
-
-  std::shared_ptr<prometheus::Registry> registry() const { return registry_; }
-
-  // agent::AgentObserver: the agent's jobs, on their threads.
-  void OnJobStart(const std::string& job_id, int rank,
-                  const std::vector<Device>& devices) override {
-    const Job* job = StartJob(job_id, rank);
-    absl::MutexLock lock(&mu_);
-    running_ = job;
-    running_devices_ = devices;
-    last_memory_ = absl::InfinitePast();
-  }
-
-  void OnStep(const train::JobProgress& p, const train::StepTimes& t) override {
-    const Job* m = Running();
-    m->Step(t);
-    m->loss->Set(p.loss);
-    m->samples_per_second->Set(p.samples_per_second);
-    std::vector<Device> devices;
-    {
-      absl::MutexLock lock(&mu_);
-      const absl::Time now = absl::Now();
-      if (now - last_memory_ < absl::Seconds(1)) return;
-      last_memory_ = now;
-      devices = running_devices_;
-    }
-    DeviceMemory(devices);
-  }
-
-  void OnEpoch(const train::JobProgress& p) override {
-    const Job* m = Running();
-    m->epoch->Set(p.epoch);
-    m->loss->Set(p.loss);
-    if (p.test_accuracy >= 0) m->test_accuracy->Set(p.test_accuracy);
-  }
-
-  void OnJobEnd(const std::string& job_id, scheduler::v1::JobState final_state) override {
-    EndJob();
-  }
-
-  // Creates the series of a job (removing the previous job's) and marks the
-  // trainer busy. The pointer stays valid until the next StartJob.
-  const Job* StartJob(const std::string& job_id, int rank) {
-    absl::MutexLock lock(&mu_);
-    RemoveCurrent();
-    const std::map<std::string, std::string> l = {{"job_id", job_id}, {"rank", absl::StrCat(rank)}};
-    auto phase = [&](const char* p) {
-      std::map<std::string, std::string> m = l;
-      m["phase"] = p;
-      return &step_seconds_.Add(m, metrics::LatencyBuckets());
-    };
-    job_ = std::make_unique<Job>();
-    job_->compute = phase("compute");
-    job_->communication = phase("communication");
-    job_->data_wait = phase("data_wait");
-    job_->steps = &steps_.Add(l);
-    job_->loss = &loss_.Add(l);
-    job_->test_accuracy = &test_accuracy_.Add(l);
-    job_->test_accuracy->Set(-1);
-    job_->samples_per_second = &samples_per_second_.Add(l);
-    job_->epoch = &epoch_.Add(l);
-    busy_.Set(1);
-    return job_.get();
-  }
-
-  void EndJob() { busy_.Set(0); }
-
-  // Updates the memory gauges of `devices` from their allocators.
-  void DeviceMemory(const std::vector<Device>& devices) {
-    absl::MutexLock lock(&mu_);
-    for (const Device& d : devices) {
-      absl::StatusOr<Allocator*> a = GetAllocator(d);
-      if (!a.ok()) continue;
-      const AllocatorStats st = (*a)->stats();
-      const std::string name = d.ToString();
-      device_memory_.Add({{"device", name}, {"state", "in_use"}}).Set(st.bytes_in_use);
-      device_memory_.Add({{"device", name}, {"state", "peak"}}).Set(st.peak_bytes_in_use);
-      device_memory_.Add({{"device", name}, {"state", "cached"}}).Set(st.bytes_cached);
-    }
-  }
-
- private:
-  const Job* Running() {
-    absl::MutexLock lock(&mu_);
-    return running_;
-  }
-
-  void RemoveCurrent() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    if (job_ == nullptr) return;
-    step_seconds_.Remove(job_->compute);
-    step_seconds_.Remove(job_->communication);
-    step_seconds_.Remove(job_->data_wait);
-    steps_.Remove(job_->steps);
-    loss_.Remove(job_->loss);
-    test_accuracy_.Remove(job_->test_accuracy);
-    samples_per_second_.Remove(job_->samples_per_second);
-    epoch_.Remove(job_->epoch);
-    job_.reset();
-  }
-
-  std::shared_ptr<prometheus::Registry> registry_;
-  prometheus::Family<prometheus::Histogram>& step_seconds_;
-  prometheus::Family<prometheus::Counter>& steps_;
-  prometheus::Family<prometheus::Gauge>& loss_;
-  prometheus::Family<prometheus::Gauge>& test_accuracy_;
-  prometheus::Family<prometheus::Gauge>& samples_per_second_;
-  prometheus::Family<prometheus::Gauge>& epoch_;
-  prometheus::Family<prometheus::Gauge>& device_memory_;
-  prometheus::Gauge& busy_;
-  absl::Mutex mu_;
-  std::unique_ptr<Job> job_ ABSL_GUARDED_BY(mu_);
-  // The agent's running job (job_'s series) and its devices.
-  const Job* running_ ABSL_GUARDED_BY(mu_) = nullptr;
-  std::vector<Device> running_devices_ ABSL_GUARDED_BY(mu_);
-  absl::Time last_memory_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
-};
 
 bool WriteFileAtomically(const std::string& path, const std::string& text) {
   std::string tmp = absl::StrCat(path, ".tmp.", getpid());
@@ -381,7 +218,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "trainer: --collective_timeout_s must be > 0\n");
     return 2;
   }
-  dtrain::TrainerMetrics metrics;
+  dtrain::trainer::TrainerMetrics metrics;
   std::unique_ptr<dtrain::metrics::MetricsServer> metrics_server;
   if (const std::string listen = absl::GetFlag(FLAGS_metrics_listen); !listen.empty()) {
     absl::StatusOr<std::unique_ptr<dtrain::metrics::MetricsServer>> m =

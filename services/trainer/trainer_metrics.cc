@@ -1,0 +1,116 @@
+#include "services/trainer/trainer_metrics.h"
+
+#include <map>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "libs/metrics/metrics.h"
+#include "libs/tensor/allocator.h"
+
+namespace dtrain {
+namespace trainer {
+
+TrainerMetrics::TrainerMetrics()
+    : registry_(std::make_shared<prometheus::Registry>()),
+      step_seconds_(metrics::AddHistogram(
+          *registry_, "dtrain_trainer_step_seconds",
+          "Time of each training step by phase: compute, communication (allreduce work), "
+          "data_wait (waiting for the data loader).")),
+      steps_(metrics::AddCounter(*registry_, "dtrain_trainer_steps_total",
+                                 "Training steps this trainer finished.")),
+      loss_(metrics::AddGauge(*registry_, "dtrain_job_loss",
+                              "Mean training loss of the current epoch so far.")),
+      test_accuracy_(
+          metrics::AddGauge(*registry_, "dtrain_job_test_accuracy",
+                            "Test accuracy after the last epoch (0..1; -1 before the first).")),
+      samples_per_second_(metrics::AddGauge(*registry_, "dtrain_job_samples_per_second",
+                                            "Training throughput of the whole job.")),
+      epoch_(metrics::AddGauge(*registry_, "dtrain_job_epoch", "Epochs done.")),
+      device_memory_(metrics::AddGauge(
+          *registry_, "dtrain_trainer_device_memory_bytes",
+          "Tensor memory of each device's allocator: state in_use, peak (since the job "
+          "started) or cached (freed blocks kept for reuse).")),
+      busy_(metrics::AddGauge(*registry_, "dtrain_trainer_busy",
+                              "1 while the trainer runs a job, else 0.")
+                .Add({})) {}
+
+void TrainerMetrics::OnJobStart(const std::string& job_id, int rank,
+                                const std::vector<Device>& devices) {
+  absl::MutexLock lock(&mu_);
+  RemoveCurrent();
+  const std::map<std::string, std::string> l = {{"job_id", job_id}, {"rank", absl::StrCat(rank)}};
+  auto phase = [&](const char* p) {
+    std::map<std::string, std::string> m = l;
+    m["phase"] = p;
+    return &step_seconds_.Add(m, metrics::LatencyBuckets());
+  };
+  job_ = std::make_unique<Job>();
+  job_->compute = phase("compute");
+  job_->communication = phase("communication");
+  job_->data_wait = phase("data_wait");
+  job_->steps = &steps_.Add(l);
+  job_->loss = &loss_.Add(l);
+  job_->test_accuracy = &test_accuracy_.Add(l);
+  job_->test_accuracy->Set(-1);
+  job_->samples_per_second = &samples_per_second_.Add(l);
+  job_->epoch = &epoch_.Add(l);
+  devices_ = devices;
+  last_memory_ = absl::InfinitePast();
+  busy_.Set(1);
+}
+
+void TrainerMetrics::OnStep(const train::JobProgress& p, const train::StepTimes& t) {
+  absl::MutexLock lock(&mu_);
+  if (job_ == nullptr) return;
+  job_->compute->Observe(t.compute);
+  job_->communication->Observe(t.communication);
+  job_->data_wait->Observe(t.data_wait);
+  job_->steps->Increment();
+  job_->loss->Set(p.loss);
+  job_->samples_per_second->Set(p.samples_per_second);
+  const absl::Time now = absl::Now();
+  if (now - last_memory_ >= absl::Seconds(1)) {
+    last_memory_ = now;
+    DeviceMemory();
+  }
+}
+
+void TrainerMetrics::OnEpoch(const train::JobProgress& p) {
+  absl::MutexLock lock(&mu_);
+  if (job_ == nullptr) return;
+  job_->epoch->Set(p.epoch);
+  job_->loss->Set(p.loss);
+  if (p.test_accuracy >= 0) job_->test_accuracy->Set(p.test_accuracy);
+}
+
+void TrainerMetrics::OnJobEnd(const std::string& job_id, scheduler::v1::JobState final_state) {
+  busy_.Set(0);
+}
+
+void TrainerMetrics::DeviceMemory() {
+  for (const Device& d : devices_) {
+    absl::StatusOr<Allocator*> a = GetAllocator(d);
+    if (!a.ok()) continue;
+    const AllocatorStats st = (*a)->stats();
+    const std::string name = d.ToString();
+    device_memory_.Add({{"device", name}, {"state", "in_use"}}).Set(st.bytes_in_use);
+    device_memory_.Add({{"device", name}, {"state", "peak"}}).Set(st.peak_bytes_in_use);
+    device_memory_.Add({{"device", name}, {"state", "cached"}}).Set(st.bytes_cached);
+  }
+}
+
+void TrainerMetrics::RemoveCurrent() {
+  if (job_ == nullptr) return;
+  step_seconds_.Remove(job_->compute);
+  step_seconds_.Remove(job_->communication);
+  step_seconds_.Remove(job_->data_wait);
+  steps_.Remove(job_->steps);
+  loss_.Remove(job_->loss);
+  test_accuracy_.Remove(job_->test_accuracy);
+  samples_per_second_.Remove(job_->samples_per_second);
+  epoch_.Remove(job_->epoch);
+  job_.reset();
+}
+
+}  // namespace trainer
+}  // namespace dtrain

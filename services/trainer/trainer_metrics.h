@@ -1,0 +1,93 @@
+// TrainerMetrics: the trainer daemon's Prometheus metrics, fed by the agent
+// (an agent::AgentObserver).
+//
+//   TrainerMetrics metrics;
+//   metrics_server->Expose(metrics.registry());
+//   agent::Agent agent(&cluster, options, &metrics);
+//
+// Series (names and labels are what dashboards and alerts query; keep them):
+//   dtrain_trainer_busy                  gauge, 1 while a job runs
+//   dtrain_trainer_steps_total           counter {job_id, rank}
+//   dtrain_trainer_step_seconds          histogram {job_id, rank, phase}, phase
+//                                        compute, communication, data_wait
+//                                        (train::StepTimes)
+//   dtrain_trainer_device_memory_bytes   gauge {device, state}: the job's
+//     devices' allocators, state in_use / peak / cached; updated at most
+//     once a second while a job runs
+//   dtrain_job_loss, dtrain_job_test_accuracy (-1 until the first epoch
+//   ends), dtrain_job_samples_per_second, dtrain_job_epoch
+//                                        gauges {job_id, rank}
+// A job's series stay until the next job starts (one job's worth at a time).
+//
+// Thread-safe.
+#ifndef DTRAIN_SERVICES_TRAINER_TRAINER_METRICS_H_
+#define DTRAIN_SERVICES_TRAINER_TRAINER_METRICS_H_
+
+#include <prometheus/counter.h>
+#include <prometheus/family.h>
+#include <prometheus/gauge.h>
+#include <prometheus/histogram.h>
+#include <prometheus/registry.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "libs/agent/agent.h"
+
+namespace dtrain {
+namespace trainer {
+
+class TrainerMetrics : public agent::AgentObserver {
+ public:
+  TrainerMetrics();
+
+  std::shared_ptr<prometheus::Registry> registry() const { return registry_; }
+
+  // agent::AgentObserver. OnJobStart replaces the previous job's series and
+  // marks the trainer busy; OnJobEnd marks it idle.
+  void OnJobStart(const std::string& job_id, int rank, const std::vector<Device>& devices) override;
+  void OnStep(const train::JobProgress& progress, const train::StepTimes& times) override;
+  void OnEpoch(const train::JobProgress& progress) override;
+  void OnJobEnd(const std::string& job_id, scheduler::v1::JobState final_state) override;
+
+ private:
+  // The series of one job.
+  struct Job {
+    prometheus::Histogram* compute = nullptr;
+    prometheus::Histogram* communication = nullptr;
+    prometheus::Histogram* data_wait = nullptr;
+    prometheus::Counter* steps = nullptr;
+    prometheus::Gauge* loss = nullptr;
+    prometheus::Gauge* test_accuracy = nullptr;
+    prometheus::Gauge* samples_per_second = nullptr;
+    prometheus::Gauge* epoch = nullptr;
+  };
+
+  void RemoveCurrent() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Updates the memory gauges of the job's devices from their allocators.
+  void DeviceMemory() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  std::shared_ptr<prometheus::Registry> registry_;
+  prometheus::Family<prometheus::Histogram>& step_seconds_;
+  prometheus::Family<prometheus::Counter>& steps_;
+  prometheus::Family<prometheus::Gauge>& loss_;
+  prometheus::Family<prometheus::Gauge>& test_accuracy_;
+  prometheus::Family<prometheus::Gauge>& samples_per_second_;
+  prometheus::Family<prometheus::Gauge>& epoch_;
+  prometheus::Family<prometheus::Gauge>& device_memory_;
+  prometheus::Gauge& busy_;
+
+  absl::Mutex mu_;
+  std::unique_ptr<Job> job_ ABSL_GUARDED_BY(mu_);
+  std::vector<Device> devices_ ABSL_GUARDED_BY(mu_);
+  absl::Time last_memory_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+};
+
+}  // namespace trainer
+}  // namespace dtrain
+
+#endif  // DTRAIN_SERVICES_TRAINER_TRAINER_METRICS_H_

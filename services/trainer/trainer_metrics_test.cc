@@ -1,0 +1,86 @@
+// TrainerMetrics as Prometheus renders it: the names and labels dashboards
+// query, and one job's series at a time.
+#include "services/trainer/trainer_metrics.h"
+
+#include <prometheus/text_serializer.h>
+
+#include <string>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace dtrain {
+namespace trainer {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+std::string Render(const TrainerMetrics& m) {
+  return prometheus::TextSerializer().Serialize(m.registry()->Collect());
+}
+
+TEST(TrainerMetricsTest, OneJobsSeriesWithTheirLabels) {
+  TrainerMetrics m;
+  EXPECT_THAT(Render(m), HasSubstr("\ndtrain_trainer_busy 0\n"));
+
+  m.OnJobStart("job-1", 0, {Device::Cpu(0)});
+  std::string text = Render(m);
+  EXPECT_THAT(text, HasSubstr("\ndtrain_trainer_busy 1\n"));
+  EXPECT_THAT(text, HasSubstr("dtrain_job_test_accuracy{job_id=\"job-1\",rank=\"0\"} -1\n"));
+  EXPECT_THAT(text, HasSubstr("dtrain_trainer_steps_total{job_id=\"job-1\",rank=\"0\"} 0\n"));
+
+  train::JobProgress p;
+  p.loss = 2.5;
+  p.samples_per_second = 640;
+  train::StepTimes t;
+  t.compute = 0.25;
+  t.communication = 0.125;
+  t.data_wait = 0.5;
+  m.OnStep(p, t);
+  m.OnStep(p, t);
+  text = Render(m);
+  EXPECT_THAT(text, HasSubstr("dtrain_trainer_steps_total{job_id=\"job-1\",rank=\"0\"} 2\n"));
+  EXPECT_THAT(text,
+              HasSubstr("dtrain_trainer_step_seconds_count{job_id=\"job-1\",phase=\"compute\","
+                        "rank=\"0\"} 2\n"));
+  EXPECT_THAT(text, HasSubstr("dtrain_trainer_step_seconds_sum{job_id=\"job-1\",phase=\"compute\","
+                              "rank=\"0\"} 0.5\n"));
+  EXPECT_THAT(text, HasSubstr("dtrain_trainer_step_seconds_sum{job_id=\"job-1\","
+                              "phase=\"communication\",rank=\"0\"} 0.25\n"));
+  EXPECT_THAT(text, HasSubstr("dtrain_trainer_step_seconds_sum{job_id=\"job-1\","
+                              "phase=\"data_wait\",rank=\"0\"} 1\n"));
+  EXPECT_THAT(text, HasSubstr("dtrain_job_loss{job_id=\"job-1\",rank=\"0\"} 2.5\n"));
+  EXPECT_THAT(text, HasSubstr("dtrain_job_samples_per_second{job_id=\"job-1\",rank=\"0\"} 640\n"));
+  // The first step samples the job's devices' allocators.
+  EXPECT_THAT(text,
+              HasSubstr("dtrain_trainer_device_memory_bytes{device=\"cpu\",state=\"in_use\"}"));
+  EXPECT_THAT(text, HasSubstr("dtrain_trainer_device_memory_bytes{device=\"cpu\",state=\"peak\"}"));
+  EXPECT_THAT(text,
+              HasSubstr("dtrain_trainer_device_memory_bytes{device=\"cpu\",state=\"cached\"}"));
+
+  p.epoch = 1;
+  p.loss = 1.75;
+  p.test_accuracy = 0.625;
+  m.OnEpoch(p);
+  text = Render(m);
+  EXPECT_THAT(text, HasSubstr("dtrain_job_epoch{job_id=\"job-1\",rank=\"0\"} 1\n"));
+  EXPECT_THAT(text, HasSubstr("dtrain_job_loss{job_id=\"job-1\",rank=\"0\"} 1.75\n"));
+  EXPECT_THAT(text, HasSubstr("dtrain_job_test_accuracy{job_id=\"job-1\",rank=\"0\"} 0.625\n"));
+
+  // The job's series stay after it ends, until the next job starts.
+  m.OnJobEnd("job-1", scheduler::v1::SUCCEEDED);
+  text = Render(m);
+  EXPECT_THAT(text, HasSubstr("\ndtrain_trainer_busy 0\n"));
+  EXPECT_THAT(text, HasSubstr("dtrain_job_epoch{job_id=\"job-1\",rank=\"0\"} 1\n"));
+
+  m.OnJobStart("job-2", 1, {Device::Cpu(0)});
+  text = Render(m);
+  EXPECT_THAT(text, Not(HasSubstr("job-1")));
+  EXPECT_THAT(text, HasSubstr("dtrain_job_epoch{job_id=\"job-2\",rank=\"1\"} 0\n"));
+  EXPECT_THAT(text, HasSubstr("\ndtrain_trainer_busy 1\n"));
+}
+
+}  // namespace
+}  // namespace trainer
+}  // namespace dtrain
