@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "libs/base/logging.h"
+#include "libs/base/retry.h"
 #include "libs/base/status.h"
 #include "libs/tensor/allocator.h"
 
@@ -339,18 +340,29 @@ bool Agent::Report(const v1::Assignment& a, v1::JobState final_state, const std:
   r.set_attempt(a.attempt());
   r.set_final_state(final_state);
   r.set_reason(reason);
-  const int tries = final_state == v1::JOB_STATE_UNSPECIFIED ? 1 : 5;
-  for (int i = 0; i < tries; ++i) {
-    absl::StatusOr<v1::ReportProgressReply> reply = cluster_->ReportProgress(r);
-    if (reply.ok()) return reply->stop();
-    DT_LOG(WARNING) << reply.status();
-    // The job is no longer ours (the scheduler restarted or requeued it).
-    if (absl::IsNotFound(reply.status()) || absl::IsFailedPrecondition(reply.status())) {
-      return true;
-    }
-    if (i + 1 < tries) absl::SleepFor(absl::Milliseconds(200) * (i + 1));
-  }
-  return false;
+  // Progress is sent once (the next report carries newer numbers); a final
+  // report is retried while the scheduler is unreachable.
+  RetryPolicy policy;
+  policy.max_attempts = final_state == v1::JOB_STATE_UNSPECIFIED ? 1 : 5;
+  policy.initial_backoff = absl::Milliseconds(200);
+  policy.max_backoff = absl::Seconds(2);
+  RetryHooks hooks;
+  hooks.on_retry = [](const absl::Status& s, int attempts, absl::Duration wait) {
+    DT_LOG(WARNING) << s << "; retrying in " << wait;
+  };
+  bool stop = false;
+  const absl::Status s = Retry(
+      policy,
+      [&] {
+        absl::StatusOr<v1::ReportProgressReply> reply = cluster_->ReportProgress(r);
+        if (reply.ok()) stop = reply->stop();
+        return reply.status();
+      },
+      hooks);
+  if (s.ok()) return stop;
+  DT_LOG(WARNING) << s;
+  // The job is no longer ours (the scheduler restarted or requeued it).
+  return absl::IsNotFound(s) || absl::IsFailedPrecondition(s);
 }
 
 void Agent::Work(Job* job) {
@@ -369,7 +381,7 @@ void Agent::Work(Job* job) {
     reason = std::string(s.message());
     // A peer, the network or a kvstore shard failed, not this job's
     // definition: the scheduler may run the job again.
-    last.set_retryable(absl::IsUnavailable(s) || absl::IsAborted(s) || absl::IsDeadlineExceeded(s));
+    last.set_retryable(IsTransient(s));
   }
   DT_LOG(INFO) << "job " << a.job_id() << " rank " << a.rank() << " "
                << v1::JobState_Name(final_state) << ": " << reason;

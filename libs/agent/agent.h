@@ -27,11 +27,11 @@
 // finished"); CANCELLED ("cancelled at epoch E step S") when the scheduler
 // cancelled it (a cancel_job_ids entry, or stop in a progress reply);
 // FAILED with the error's message otherwise, marked retryable when a peer,
-// the network or a kvstore shard failed (UNAVAILABLE, ABORTED,
-// DEADLINE_EXCEEDED) so that the scheduler requeues it. A job that cannot
+// the network or a kvstore shard failed (a transient error: IsTransient in
+// libs/base/retry.h) so that the scheduler requeues it. A job that cannot
 // start (a bad assignment, devices this trainer lacks, a failed rendezvous)
 // is such a FAILED job: it never disappears silently. Final reports are
-// tried up to 5 times.
+// tried up to 5 times while the error is transient.
 //
 // One job at a time. An assignment that arrives while a job is ending (its
 // final report under way), or a newer attempt of the running job (which
