@@ -74,9 +74,9 @@ def names(expr):
 
 
 # The services whose gRPC server is the scaffold of libs/rpc/server.h, which
-# exports dtrain_rpc_server_*. (The trainer daemon's health server joins
-# when it moves to the scaffold.)
-RPC_SERVERS = "dtrain-kvstore,dtrain-scheduler"
+# exports dtrain_rpc_server_* (the trainer's serves health, reflection and
+# Admin.Ping: its probes' calls).
+RPC_SERVERS = "dtrain-kvstore,dtrain-scheduler,dtrain-trainer"
 
 
 def exporter(name):

@@ -68,14 +68,15 @@ timeout 90 "$CTL" submit --name=ingest --model=mlp --epochs=1 --train_limit=2048
   || { cat "$dir/trainctl.log" >&2; fail "the job did not succeed"; }
 grep -q SUCCEEDED "$dir/trainctl.log" || { cat "$dir/trainctl.log" >&2; fail "job not SUCCEEDED"; }
 
-# One gRPC health check of each server (over h2c with curl): the kvstore
-# serves no other call in this allreduce job, and its per-method RPC series
-# appear with the first call.
-for f in scheduler kvstore; do
+# One gRPC health check of each server (over h2c with curl), as the kubelet's
+# probes make: the kvstore serves no other call in this allreduce job and the
+# trainer's gRPC port serves only probes, and per-method RPC series appear
+# with the first call.
+for f in scheduler.port kvstore.port trainer-0.health_port; do
   printf '\0\0\0\0\0' | curl -sf --http2-prior-knowledge -H 'content-type: application/grpc' \
     -H 'te: trailers' --data-binary @- \
-    "http://127.0.0.1:$(cat "$dir/$f.port")/grpc.health.v1.Health/Check" >/dev/null \
-    || fail "gRPC health check of $f"
+    "http://127.0.0.1:$(cat "$dir/$f")/grpc.health.v1.Health/Check" >/dev/null \
+    || fail "gRPC health check of ${f%%.*}"
 done
 
 python3 "$R/k8s/tests/metric_names.py" "$R"/k8s/monitoring/rules/*.yml "$R"/k8s/dashboards/*.json \
@@ -121,7 +122,8 @@ def check():
                 'dtrain_rpc_server_requests_total{job="dtrain-scheduler",grpc_service="dtrain.scheduler.v1.JobService",grpc_method="Submit",grpc_code="OK"}',
                 'dtrain_rpc_server_requests_total{job="dtrain-scheduler",grpc_service="dtrain.scheduler.v1.ClusterService",grpc_method="Heartbeat",grpc_code="OK"}',
                 'dtrain_rpc_server_requests_total{job="dtrain-kvstore",grpc_service="grpc.health.v1.Health",grpc_method="Check",grpc_code="OK"}',
-                'dtrain_rpc_server_request_duration_seconds_bucket{job="dtrain-kvstore",grpc_service="grpc.health.v1.Health",grpc_method="Check"}']:
+                'dtrain_rpc_server_request_duration_seconds_bucket{job="dtrain-kvstore",grpc_service="grpc.health.v1.Health",grpc_method="Check"}',
+                'dtrain_rpc_server_requests_total{job="dtrain-trainer",grpc_service="grpc.health.v1.Health",grpc_method="Check",grpc_code="OK"}']:
         if series(sel): good.append(f"ok   {sel}")
         else: bad.append(f"{sel}: no such series")
     return bad, good, skipped

@@ -64,10 +64,6 @@ struct JobConfig {
   // Between the ranks (not owned): a communicator (allreduce) or a kvstore
   // client (one worker per rank), or neither for one rank.
   collective::Communicator* communicator = nullptr;
-  // Unused: the trainer's gradient sync (libs/train/gradient_sync.h) puts
-  // collective buffers where its communicator wants them (NCCL: the trainer's
-  // one CUDA device). Kept until services/trainer stops setting it.
-  Device communicator_device = Device::Cpu(0);
   kvstore::ParameterServer* kvstore = nullptr;
   kvstore::Consistency kvstore_consistency = kvstore::Consistency::kSync;
   int kvstore_max_staleness = 0;

@@ -84,18 +84,17 @@
 //   ends; only rank 0 evaluates), dtrain_job_samples_per_second (the whole
 //   job's), dtrain_job_epoch (epochs done)   gauges {job_id, rank}
 // The series of a job stay until the next job starts (one job's worth of
-// series at a time). --health_listen (e.g. :9403) serves grpc.health.v1
-// (and reflection) only, SERVING while the daemon runs; --metrics_port_file
-// and --health_port_file receive the bound ports (for tests with port 0).
-#include <grpcpp/ext/proto_server_reflection_plugin.h>
+// series at a time). --health_listen (e.g. :9403) serves grpc.health.v1,
+// reflection and Admin.Ping only, SERVING while the daemon runs, and /metrics
+// also has the calls to them (dtrain_rpc_server_*, libs/rpc/server.h: the
+// scaffold every service shares); --metrics_port_file and --health_port_file
+// receive the bound ports (for tests with port 0).
 #include <grpcpp/grpcpp.h>
-#include <grpcpp/health_check_service_interface.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
-#include <fstream>
 #include <memory>
 #include <string>
 #include <thread>
@@ -116,7 +115,7 @@
 #include "libs/base/status.h"
 #include "libs/cuda/devices.h"
 #include "libs/kvstore/client.h"
-#include "libs/metrics/metrics.h"
+#include "libs/rpc/server.h"
 #include "services/trainer/grpc_cluster_client.h"
 #include "services/trainer/trainer_metrics.h"
 
@@ -149,22 +148,6 @@ ABSL_FLAG(std::string, metrics_port_file, "",
           "if set, the bound metrics port is written to this file");
 ABSL_FLAG(std::string, health_port_file, "",
           "if set, the bound health port is written to this file");
-
-namespace dtrain {
-namespace {
-
-bool WriteFileAtomically(const std::string& path, const std::string& text) {
-  std::string tmp = absl::StrCat(path, ".tmp.", getpid());
-  {
-    std::ofstream f(tmp, std::ios::trunc);
-    f << text;
-    if (!f.good()) return false;
-  }
-  return std::rename(tmp.c_str(), path.c_str()) == 0;
-}
-
-}  // namespace
-}  // namespace dtrain
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage("The dtrain trainer daemon: trains the jobs the scheduler assigns.");
@@ -219,44 +202,19 @@ int main(int argc, char** argv) {
     return 2;
   }
   dtrain::trainer::TrainerMetrics metrics;
-  std::unique_ptr<dtrain::metrics::MetricsServer> metrics_server;
-  if (const std::string listen = absl::GetFlag(FLAGS_metrics_listen); !listen.empty()) {
-    absl::StatusOr<std::unique_ptr<dtrain::metrics::MetricsServer>> m =
-        dtrain::metrics::MetricsServer::Start(listen);
-    if (!m.ok()) {
-      std::fprintf(stderr, "trainer: --metrics_listen=%s: %s\n", listen.c_str(),
-                   std::string(m.status().message()).c_str());
-      return 2;
-    }
-    metrics_server = *std::move(m);
-    metrics_server->Expose(metrics.registry());
-    DT_LOG(INFO) << "metrics on port " << metrics_server->port();
-    const std::string port_file = absl::GetFlag(FLAGS_metrics_port_file);
-    if (!port_file.empty() &&
-        !dtrain::WriteFileAtomically(port_file, absl::StrCat(metrics_server->port()))) {
-      std::fprintf(stderr, "trainer: cannot write --metrics_port_file=%s\n", port_file.c_str());
-      return 2;
-    }
-  }
-  // A gRPC server with only the health-checking service (and reflection):
-  // the kubelet's grpc probes.
-  std::unique_ptr<grpc::Server> health_server;
-  if (const std::string listen = absl::GetFlag(FLAGS_health_listen); !listen.empty()) {
-    grpc::EnableDefaultHealthCheckService(true);
-    grpc::reflection::InitProtoReflectionServerBuilderPlugin();
-    grpc::ServerBuilder builder;
-    int port = 0;
-    builder.AddListeningPort(listen, grpc::InsecureServerCredentials(), &port);
-    health_server = builder.BuildAndStart();
-    if (health_server == nullptr || port == 0) {
-      std::fprintf(stderr, "trainer: cannot listen on --health_listen=%s\n", listen.c_str());
-      return 2;
-    }
-    if (auto* health = health_server->GetHealthCheckService()) health->SetServingStatus(true);
-    DT_LOG(INFO) << "gRPC health on port " << port;
-    const std::string port_file = absl::GetFlag(FLAGS_health_port_file);
-    if (!port_file.empty() && !dtrain::WriteFileAtomically(port_file, absl::StrCat(port))) {
-      std::fprintf(stderr, "trainer: cannot write --health_port_file=%s\n", port_file.c_str());
+  // /metrics, and a gRPC server with health, reflection and Admin.Ping only
+  // (the kubelet's grpc probes): the services' common scaffold.
+  dtrain::rpc::ServerOptions server_options;
+  server_options.service = "trainer";
+  server_options.listen = absl::GetFlag(FLAGS_health_listen);
+  server_options.port_file = absl::GetFlag(FLAGS_health_port_file);
+  server_options.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
+  server_options.metrics_port_file = absl::GetFlag(FLAGS_metrics_port_file);
+  dtrain::rpc::Server server(server_options);
+  server.Expose(metrics.registry());
+  if (!server_options.listen.empty() || !server_options.metrics_listen.empty()) {
+    if (absl::Status started = server.Start(); !started.ok()) {
+      std::fprintf(stderr, "trainer: %s\n", started.ToString().c_str());
       return 2;
     }
   }
@@ -315,10 +273,6 @@ int main(int argc, char** argv) {
   });
   agent.Run();
   on_signal.join();
-  if (health_server != nullptr) {
-    if (auto* health = health_server->GetHealthCheckService()) health->SetServingStatus(false);
-    health_server->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(1)));
-  }
-  metrics_server.reset();
+  server.Shutdown(absl::Seconds(1));
   return 0;
 }
