@@ -23,7 +23,8 @@
 // started and exits, and `up` fails with its error (naming the log to read).
 //
 // The supervisor is the parent of the processes, as a Deployment's
-// controller would be: with --restart=always (the default) a process that
+// controller would be (libs/base/supervisor.h): with --restart=always (the
+// default) a process that
 // exits is started again with the same flags, on the same ports (the
 // scheduler's and the kvstore shards' addresses are in cluster.json and in
 // the trainers' flags), data directory and log, after a backoff of 1 s that
@@ -76,6 +77,7 @@
 #include "libs/base/files.h"
 #include "libs/base/grpc_status.h"
 #include "libs/base/subprocess.h"
+#include "libs/base/supervisor.h"
 #include "protos/admin.grpc.pb.h"
 
 namespace dtrain {
@@ -151,9 +153,9 @@ absl::StatusOr<std::string> FindBinary(const std::string& flag, const std::strin
                                           "); build it or pass its path with a flag"));
 }
 
-// Starts `argv` in a new session with stdout and stderr appended to `log`.
-absl::StatusOr<std::unique_ptr<Subprocess>> Spawn(const std::vector<std::string>& argv,
-                                                  const std::string& log) {
+// How a cluster process runs: a session of its own, stdout and stderr
+// appended to `log`.
+SubprocessOptions ProcessOptions(const std::vector<std::string>& argv, const std::string& log) {
   SubprocessOptions options;
   options.argv = argv;
   options.output_file = log;
@@ -162,7 +164,7 @@ absl::StatusOr<std::unique_ptr<Subprocess>> Spawn(const std::vector<std::string>
   // threads that spin while waiting (libgomp's default) slow each other
   // down several-fold; sleeping waits cost little (unless the user chose).
   if (std::getenv("OMP_WAIT_POLICY") == nullptr) options.env = {{"OMP_WAIT_POLICY", "PASSIVE"}};
-  return Subprocess::Start(options);
+  return options;
 }
 
 // Alive and not a zombie (an orphan may wait a while to be reaped).
@@ -328,45 +330,6 @@ bool SupervisorAlive(const Cluster& c, const std::string& dir) {
   return cmdline.find("supervise") != std::string::npos && cmdline.find(dir) != std::string::npos;
 }
 
-const char* SignalName(int sig) {
-  switch (sig) {
-    case SIGKILL:
-      return "SIGKILL";
-    case SIGTERM:
-      return "SIGTERM";
-    case SIGINT:
-      return "SIGINT";
-    case SIGHUP:
-      return "SIGHUP";
-    case SIGQUIT:
-      return "SIGQUIT";
-    case SIGABRT:
-      return "SIGABRT";
-    case SIGSEGV:
-      return "SIGSEGV";
-    case SIGBUS:
-      return "SIGBUS";
-    case SIGFPE:
-      return "SIGFPE";
-    case SIGILL:
-      return "SIGILL";
-    case SIGPIPE:
-      return "SIGPIPE";
-    default:
-      return nullptr;
-  }
-}
-
-// "killed by SIGKILL", "exited with status 3".
-std::string ExitReason(const ExitStatus& e) {
-  if (e.signaled()) {
-    const char* name = SignalName(e.signal());
-    return name != nullptr ? absl::StrCat("killed by ", name)
-                           : absl::StrCat("killed by signal ", e.signal());
-  }
-  return absl::StrCat("exited with status ", e.exit_code());
-}
-
 // "12s ago", "3m ago", "2h ago".
 std::string Ago(int64_t unix_ms, absl::Time now) {
   const int64_t s = std::max<int64_t>(0, absl::ToInt64Seconds(now - absl::FromUnixMillis(unix_ms)));
@@ -446,18 +409,13 @@ void SetFlag(std::vector<std::string>* argv, const std::string& name, const std:
   }
 }
 
-// A process the supervisor owns: how to start it again and when.
+// A process started by StartAll, and how to start it again (with the ports
+// it got the first time).
 struct Child {
-  std::unique_ptr<Subprocess> process;  // null while it is down
-  std::vector<std::string> argv;        // with the ports it got the first time
+  std::unique_ptr<Subprocess> process;
+  std::vector<std::string> argv;
   absl::Time started;
-  absl::Time restart_at = absl::InfiniteFuture();
-  absl::Duration backoff = absl::Seconds(1);
 };
-
-constexpr absl::Duration kFirstBackoff = absl::Seconds(1);
-constexpr absl::Duration kMaxBackoff = absl::Seconds(30);
-constexpr absl::Duration kResetBackoffAfter = absl::Minutes(1);
 
 volatile sig_atomic_t g_stop_supervisor = 0;
 void OnStopSignal(int) { g_stop_supervisor = 1; }
@@ -480,7 +438,7 @@ absl::Status StartAll(const ClusterOptions& o, const std::string& dir, std::vect
       argv.push_back("--port_file=" + port_file);
       argv.push_back("--metrics_listen=127.0.0.1:0");
     }
-    auto child = Spawn(argv, p.log);
+    auto child = Subprocess::Start(ProcessOptions(argv, p.log));
     if (!child.ok()) return child.status();
     Child c;
     c.process = *std::move(child);
@@ -616,69 +574,40 @@ int Supervise(const ClusterOptions& o) {
     return 1;
   }
   log("all processes started");
+  SupervisorOptions so;  // 1 s doubling to 30 s, reset after a minute up
+  so.restart = always ? RestartPolicy::kAlways : RestartPolicy::kNever;
+  Supervisor supervisor(so);
+  for (size_t i = 0; i < children.size(); ++i) {
+    Child& c = children[i];
+    supervisor.Adopt(cluster.procs[i].name, std::move(c.process),
+                     ProcessOptions(c.argv, cluster.procs[i].log), c.started);
+  }
   while (!g_stop_supervisor) {
-    const absl::Time now = absl::Now();
-    bool changed = false;
-    for (size_t i = 0; i < children.size(); ++i) {
-      Child& c = children[i];
-      Proc& p = cluster.procs[i];
-      if (c.process != nullptr && !c.process->Running()) {
-        absl::StatusOr<ExitStatus> e = c.process->Wait(absl::ZeroDuration());
-        p.last_exit = e.ok() ? ExitReason(*e) : std::string(e.status().message());
-        p.last_exit_unix_ms = absl::ToUnixMillis(now);
-        const absl::Duration up = now - c.started;
-        c.process.reset();
-        if (always) {
-          if (up >= kResetBackoffAfter) c.backoff = kFirstBackoff;
-          c.restart_at = now + c.backoff;
-          p.state = "restarting";
-          log(absl::StrCat(p.name, " (pid ", p.pid, ") ", p.last_exit, " after up ",
-                           absl::FormatDuration(absl::Trunc(up, absl::Milliseconds(100))),
-                           "; restarting in ", absl::FormatDuration(c.backoff)));
-          c.backoff = std::min(c.backoff * 2, kMaxBackoff);
-        } else {
-          p.state = "exited";
-          log(absl::StrCat(p.name, " (pid ", p.pid, ") ", p.last_exit,
-                           "; not restarted (--restart=never)"));
-        }
-        changed = true;
+    std::vector<std::string> events = supervisor.Poll(absl::Now());
+    if (!events.empty()) {
+      for (const std::string& e : events) log(e);
+      for (size_t i = 0; i < cluster.procs.size(); ++i) {
+        const SupervisedProcess& sp = supervisor.processes()[i];
+        Proc& p = cluster.procs[i];
+        p.pid = sp.pid;
+        p.restarts = sp.restarts;
+        p.last_exit = sp.last_exit;
+        p.last_exit_unix_ms = p.last_exit.empty() ? 0 : absl::ToUnixMillis(sp.last_exit_time);
+        p.state = sp.state == SupervisedProcess::State::kRunning      ? "running"
+                  : sp.state == SupervisedProcess::State::kRestarting ? "restarting"
+                                                                      : "exited";
       }
-      if (c.process == nullptr && now >= c.restart_at) {
-        c.restart_at = absl::InfiniteFuture();
-        absl::StatusOr<std::unique_ptr<Subprocess>> child = Spawn(c.argv, p.log);
-        ++p.restarts;
-        if (child.ok()) {
-          c.process = *std::move(child);
-          c.started = now;
-          p.pid = c.process->pid();
-          p.state = "running";
-          log(absl::StrCat("restarted ", p.name, " (pid ", p.pid, ", restart ", p.restarts, ")"));
-        } else {
-          p.last_exit = absl::StrCat("cannot start: ", child.status().message());
-          p.last_exit_unix_ms = absl::ToUnixMillis(now);
-          c.restart_at = now + c.backoff;
-          log(absl::StrCat(p.name, ": ", p.last_exit, "; trying again in ",
-                           absl::FormatDuration(c.backoff)));
-          c.backoff = std::min(c.backoff * 2, kMaxBackoff);
-        }
-        changed = true;
-      }
-    }
-    if (changed) {
       absl::Status w = WriteFileAtomically(json_path, JsonOf(ToStruct(dir, cluster), true) + "\n");
       if (!w.ok()) log(absl::StrCat("cannot update cluster.json: ", w.message()));
     }
-    if (!always && std::none_of(children.begin(), children.end(),
-                                [](const Child& c) { return c.process != nullptr; })) {
+    if (!supervisor.AnyLeft()) {
       log("every process exited; nothing left to supervise");
       return 0;
     }
     absl::SleepFor(absl::Milliseconds(100));
   }
   // `cluster down` stops the processes (by the pids in cluster.json).
-  for (Child& c : children) {
-    if (c.process != nullptr) c.process->Release();
-  }
+  supervisor.ReleaseAll();
   log("stopped supervising (signal); the processes are left to `cluster down`");
   return 0;
 }
