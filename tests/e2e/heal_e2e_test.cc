@@ -1,7 +1,8 @@
 // End to end, with real processes and real signals: a local cluster heals as
 // a Kubernetes deployment would (`trainctl cluster up` restarts a SIGKILLed
 // kvstore shard and trainer on their ports; --restart=never leaves them
-// down; `cluster down` leaves no process behind), and `trainctl watch`
+// down; a lost supervisor shows in `cluster status`; `cluster down` leaves
+// no process behind), and `trainctl watch`
 // notices a scheduler that keeps its connection open but stops answering
 // (SIGSTOP) instead of waiting forever.
 #include <signal.h>
@@ -278,6 +279,38 @@ TEST(HealE2eTest, RestartNeverLeavesThemDown) {
   out = Trainctl("cluster down --dir=" + dir, &rc);
   EXPECT_EQ(rc, 0) << out;
   EXPECT_EQ(Count(out, "was not running"), 2) << out;
+  for (int pid : Pids(before)) EXPECT_FALSE(ProcessAlive(pid)) << "pid " << pid << " runs";
+}
+
+TEST(HealE2eTest, ALostSupervisorShowsAndDownStillStopsEverything) {
+  const std::string dir = TmpDir("heal-supervisor");
+  Guard guard(dir);
+  int rc;
+  std::string out = Trainctl("cluster up --trainers=0 --kvstore_shards=1 --dir=" + dir, &rc);
+  ASSERT_EQ(rc, 0) << out;
+  std::string raw;
+  Status before = ClusterStatus(dir, &rc, &raw);
+  ASSERT_TRUE(before.parsed) << raw;
+  for (int pid : Pids(before)) guard.Add(pid);
+  const int supervisor = static_cast<int>(before.Top("supervisor_pid")->number_value());
+  ASSERT_EQ(kill(supervisor, SIGKILL), 0);
+  WaitGone(supervisor);
+  // The processes run on, but nothing would restart them: unhealthy.
+  Status after = ClusterStatus(dir, &rc, &raw);
+  EXPECT_EQ(rc, 1) << raw;
+  EXPECT_FALSE(after.Top("supervisor_alive")->bool_value()) << raw;
+  EXPECT_FALSE(after.Top("healthy")->bool_value()) << raw;
+  EXPECT_TRUE(after.Bool("kvstore-0", "alive")) << raw;
+  EXPECT_TRUE(after.Bool("scheduler", "alive")) << raw;
+  out = Trainctl("cluster status --dir=" + dir, &rc);
+  EXPECT_NE(out.find("supervisor pid " + std::to_string(supervisor) + " NOT RUNNING"),
+            std::string::npos)
+      << out;
+  out = Trainctl("cluster down --dir=" + dir, &rc);
+  EXPECT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("supervisor (pid " + std::to_string(supervisor) + "): was not running"),
+            std::string::npos)
+      << out;
   for (int pid : Pids(before)) EXPECT_FALSE(ProcessAlive(pid)) << "pid " << pid << " runs";
 }
 
