@@ -462,6 +462,9 @@ absl::Status StartAll(const ClusterOptions& o, const std::string& dir, std::vect
     children->push_back(std::move(c));
     return s;
   };
+  // Checkpoints go to a directory every trainer shares, so a job whose
+  // trainer is lost resumes on the others.
+  mkdir(absl::StrCat(dir, "/checkpoints").c_str(), 0755);
   absl::Status s;
   for (int i = 0; s.ok() && i < o.kvstore_shards; ++i) {
     Proc p;
