@@ -233,6 +233,19 @@ TEST(HealE2eTest, KilledShardAndTrainerComeBackOnTheirPorts) {
   EXPECT_NE(access((dir + "/cluster.json").c_str(), F_OK), 0);
 }
 
+TEST(HealE2eTest, BadFlagsAreRefusedNamingThem) {
+  int rc;
+  const std::string dir = TmpDir("heal-bad");
+  std::string out = Trainctl("cluster up --restart=sometimes --dir=" + dir, &rc);
+  EXPECT_EQ(rc, 2) << out;
+  EXPECT_NE(out.find("--restart must be always or never, not 'sometimes'"), std::string::npos)
+      << out;
+  EXPECT_NE(access((dir + "/cluster.json").c_str(), F_OK), 0);
+  out = Trainctl("--watch_timeout_s=0 watch job-000001", &rc);
+  EXPECT_EQ(rc, 2) << out;
+  EXPECT_NE(out.find("--watch_timeout_s must be >= 1"), std::string::npos) << out;
+}
+
 TEST(HealE2eTest, RestartNeverLeavesThemDown) {
   const std::string dir = TmpDir("heal-never");
   Guard guard(dir);
