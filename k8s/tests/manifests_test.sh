@@ -7,7 +7,9 @@
 #     deliberately broken object is rejected (the validator is live);
 #  2. checks the project's policies (policy_check.py): security contexts,
 #     requests and limits, gRPC probes, GPUs only in the gpu overlay, no
-#     Secret objects, NetworkPolicies, scrape annotations, ...;
+#     Secret objects, NetworkPolicies, scrape annotations, the trainers'
+#     --kvstore naming every kvstore shard by its DNS name, ...; and that a
+#     wrong shard list and a kvstore Service that is not headless fail them;
 #  3. checks that no file under k8s/ holds a key, token or password.
 set -euo pipefail
 fail() { echo "FAIL: $*" >&2; exit 1; }
@@ -53,6 +55,30 @@ grep -q "replicas must be" "$out/bad1.log" || { cat "$out/bad1.log"; fail "unexp
 grep -q "selector" "$out/bad2.log" || { cat "$out/bad2.log"; fail "unexpected error for bad2"; }
 n=$((n+1))
 python3 "$K/tests/policy_check.py" "$out"/{cpu,gpu,cpu-operator,gpu-operator}.yaml; n=$((n+1))
+# Negative control: a third kvstore shard the trainers' --kvstore does not
+# name, and a kvstore Service that is not headless, must be rejected.
+python3 - "$out/cpu.yaml" "$out/bad3.yaml" "$out/bad4.yaml" <<'EOP'
+import sys, yaml
+docs = list(yaml.safe_load_all(open(sys.argv[1])))
+for d in docs:
+    if d["kind"] == "StatefulSet" and d["metadata"]["name"] == "dtrain-kvstore":
+        d["spec"]["replicas"] = 3
+yaml.safe_dump_all(docs, open(sys.argv[2], "w"))
+docs = list(yaml.safe_load_all(open(sys.argv[1])))
+for d in docs:
+    if d["kind"] == "Service" and d["metadata"]["name"] == "dtrain-kvstore":
+        del d["spec"]["clusterIP"]
+yaml.safe_dump_all(docs, open(sys.argv[3], "w"))
+EOP
+if python3 "$K/tests/policy_check.py" "$out/bad3.yaml" >"$out/bad3.log" 2>&1; then
+  fail "policy_check accepted 3 kvstore shards with --kvstore naming 1"; fi
+grep -q "dtrain-kvstore-2.dtrain-kvstore.dtrain.svc.cluster.local:7070" "$out/bad3.log" ||
+  { cat "$out/bad3.log"; fail "unexpected error for bad3"; }
+if python3 "$K/tests/policy_check.py" "$out/bad4.yaml" >"$out/bad4.log" 2>&1; then
+  fail "policy_check accepted a kvstore Service that is not headless"; fi
+grep -q "dtrain-kvstore needs a StatefulSet with a headless Service" "$out/bad4.log" ||
+  { cat "$out/bad4.log"; fail "unexpected error for bad4"; }
+n=$((n+1))
 # No credentials committed: private keys, tokens, passwords, Secrets with data.
 if grep -rIlE --exclude=k8s_validate.mjs --exclude=manifests_test.sh -e '-----BEGIN [A-Z ]*PRIVATE KEY-----|\b(ghp|gho|glpat|xox[bp])[-_][A-Za-z0-9]{10,}|AKIA[0-9A-Z]{16}|"auths"[[:space:]]*:|password[[:space:]]*[:=][[:space:]]*[^[:space:]<$]' \
     "$K"; then

@@ -76,6 +76,29 @@ for f in sys.argv[1:]:
     kv = by.get("StatefulSet", {}).get("dtrain-kvstore")
     if kv and not kv["spec"].get("volumeClaimTemplates"):
         errors.append(f"{f}: kvstore needs a volume per shard")
+    # KVSTORE jobs: the trainers' --kvstore names every shard, in shard order,
+    # by its stable DNS name under the headless Service
+    # (<pod>.<service>.<namespace>.svc.cluster.local:<grpc port>), and the
+    # shard index is the pod's ordinal.
+    kv_svc = by.get("Service", {}).get("dtrain-kvstore")
+    tr = by.get("StatefulSet", {}).get("dtrain-trainer")
+    if kv and kv_svc and tr:
+        ns = kv["metadata"]["namespace"]
+        port = next(p["port"] for p in kv_svc["spec"]["ports"] if p["name"] == "grpc")
+        want = ",".join(f"dtrain-kvstore-{i}.{kv['spec']['serviceName']}.{ns}.svc.cluster.local:{port}"
+                        for i in range(kv["spec"].get("replicas", 1)))
+        cms = [v["configMap"]["name"] for v in tr["spec"]["template"]["spec"].get("volumes", [])
+               if "configMap" in v]
+        flags = [line for cm in cms for data in by.get("ConfigMap", {}).get(cm, {}).get("data", {}).values()
+                 for line in data.splitlines()]
+        got = [line.split("=", 1)[1] for line in flags if line.startswith("--kvstore=")]
+        if got != [want]:
+            err(f, tr, f"trainer flags must hold --kvstore={want} (one per kvstore replica), not {got}")
+        c = kv["spec"]["template"]["spec"]["containers"][0]
+        env = {e["name"]: e.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") for e in c.get("env", [])}
+        if "--shard_index=$(SHARD_INDEX)" not in c.get("args", []) or \
+                env.get("SHARD_INDEX") != "metadata.labels['apps.kubernetes.io/pod-index']":
+            err(f, kv, "--shard_index must be the pod's ordinal (SHARD_INDEX from apps.kubernetes.io/pod-index)")
     sched = by.get("Deployment", {}).get("dtrain-scheduler")
     if sched and sched["spec"].get("strategy", {}).get("type") != "Recreate":
         errors.append(f"{f}: the scheduler's RWO log volume needs strategy Recreate")

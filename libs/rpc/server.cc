@@ -235,6 +235,10 @@ absl::Status Server::Start() {
     grpc::reflection::InitProtoReflectionServerBuilderPlugin();
     grpc::ServerBuilder builder;
     builder.AddListeningPort(options_.listen, grpc::InsecureServerCredentials(), &port_);
+    // Clients may send HTTP/2 keepalive pings every 10 s during a call (trainctl
+    // watch does, to notice a dead connection); gRPC's default (5 min) would
+    // answer such pings with GOAWAY too_many_pings and break a quiet stream.
+    builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 5000);
     if (options_.max_message_bytes > 0) {
       builder.SetMaxReceiveMessageSize(static_cast<int>(options_.max_message_bytes));
       builder.SetMaxSendMessageSize(static_cast<int>(options_.max_message_bytes));

@@ -1,30 +1,45 @@
 // trainctl cluster: starts, checks and stops a local cluster.
 //
 //   trainctl cluster up --dir=DIR [--trainers=N] [--kvstore_shards=M] [--devices_per_trainer=K]
+//                       [--restart=always|never]
 //   trainctl cluster status --dir=DIR
 //   trainctl cluster down --dir=DIR [--grace_s=15]
 //
-// `up` starts kvstore shards (kvstore-0..M-1), the scheduler and trainer
-// daemons (trainer-0..N-1), each in its own session (setsid) with its own
-// data directory DIR/<name> and its output in DIR/<name>.log. Servers listen
-// on 127.0.0.1 port 0 and write their ports to DIR/<name>.port; their
-// Prometheus endpoints (127.0.0.1:0) are read from their logs. The binaries
-// are found next to trainctl (bazel-bin layout: ../scheduler/scheduler_server,
+// `up` starts a supervisor (this binary, `trainctl cluster supervise`, in a
+// session of its own, its output in DIR/supervisor.log) and waits until it
+// has started everything or failed. The supervisor starts kvstore shards
+// (kvstore-0..M-1), the scheduler and trainer daemons (trainer-0..N-1), each
+// in its own session (setsid) with its own data directory DIR/<name> and its
+// output appended to DIR/<name>.log. Servers listen on 127.0.0.1 port 0 and
+// write their ports to DIR/<name>.port; their Prometheus endpoints
+// (127.0.0.1:0) are read from their logs. The binaries are found next to
+// trainctl (bazel-bin layout: ../scheduler/scheduler_server,
 // ../trainer/trainer, ../kvstore/kvstore_server relative to trainctl's
 // directory, via argv[0] and then /proc/self/exe) unless --scheduler_bin,
 // --trainer_bin or --kvstore_bin say otherwise. When everything started,
 // DIR/cluster.json lists the processes (pid, address, metrics URL, data
-// directory, log) and `up` prints them; if one fails to start, the ones
-// already started are stopped and `up` fails naming the log to read.
+// directory, log, restarts, last exit) and the supervisor's pid, and `up`
+// prints them; if one fails to start, the supervisor stops the ones already
+// started and exits, and `up` fails with its error (naming the log to read).
 //
-// `status` checks that each pid is alive (and still one of this cluster's
-// processes) and that the scheduler and the kvstore shards answer Admin.Ping.
-// `down` sends SIGTERM to every process group (trainers first), waits up to
-// --grace_s, sends SIGKILL to what is left, reports what happened to each,
-// and removes cluster.json (logs and data directories stay).
+// The supervisor is the parent of the processes, as a Deployment's
+// controller would be (libs/base/supervisor.h): with --restart=always (the
+// default) a process that
+// exits is started again with the same flags, on the same ports (the
+// scheduler's and the kvstore shards' addresses are in cluster.json and in
+// the trainers' flags), data directory and log, after a backoff of 1 s that
+// doubles up to 30 s and starts over once a process ran for a minute. Each
+// exit and restart is recorded in cluster.json (rewritten atomically) and
+// logged. With --restart=never the exit is recorded and the process stays
+// down; the supervisor exits when none is left.
 //
-// The trainer daemons do not use the kvstore shards yet (KVSTORE-mode jobs
-// fail with a reason); the shards are there for clients and for when they do.
+// `status` shows each process (alive and still one of this cluster's
+// processes; servers answering Admin.Ping), its restarts and last exit
+// ("killed by SIGKILL 12s ago"), and whether the supervisor runs. `down`
+// stops the supervisor first (so nothing is restarted), then sends SIGTERM
+// to every process group (trainers first), waits up to --grace_s, sends
+// SIGKILL to what is left, reports what happened to each, and removes
+// cluster.json (logs and data directories stay).
 #include "services/trainctl/cluster.h"
 
 #include <errno.h>
@@ -37,10 +52,12 @@
 
 #include <algorithm>
 #include <climits>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <memory>
 #include <sstream>
 #include <string>
@@ -48,6 +65,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -59,6 +77,7 @@
 #include "libs/base/files.h"
 #include "libs/base/grpc_status.h"
 #include "libs/base/subprocess.h"
+#include "libs/base/supervisor.h"
 #include "protos/admin.grpc.pb.h"
 
 namespace dtrain {
@@ -73,6 +92,19 @@ struct Proc {
   std::string metrics_url;  // servers: http://127.0.0.1:port/metrics
   std::string data_dir;
   std::string log;
+  // Kept by the supervisor (cluster.json): restarts so far, how the last
+  // run ended and when, and running / restarting / exited.
+  int restarts = 0;
+  std::string last_exit;
+  int64_t last_exit_unix_ms = 0;
+  std::string state = "running";
+};
+
+// What cluster.json holds.
+struct Cluster {
+  std::vector<Proc> procs;
+  int supervisor_pid = -1;  // -1: none (a cluster.json of an older trainctl)
+  std::string restart = "always";
 };
 
 std::string ReadFile(const std::string& path) {
@@ -121,9 +153,9 @@ absl::StatusOr<std::string> FindBinary(const std::string& flag, const std::strin
                                           "); build it or pass its path with a flag"));
 }
 
-// Starts `argv` in a new session with stdout and stderr appended to `log`;
-// the process outlives trainctl.
-absl::StatusOr<int> Spawn(const std::vector<std::string>& argv, const std::string& log) {
+// How a cluster process runs: a session of its own, stdout and stderr
+// appended to `log`.
+SubprocessOptions ProcessOptions(const std::vector<std::string>& argv, const std::string& log) {
   SubprocessOptions options;
   options.argv = argv;
   options.output_file = log;
@@ -132,10 +164,7 @@ absl::StatusOr<int> Spawn(const std::vector<std::string>& argv, const std::strin
   // threads that spin while waiting (libgomp's default) slow each other
   // down several-fold; sleeping waits cost little (unless the user chose).
   if (std::getenv("OMP_WAIT_POLICY") == nullptr) options.env = {{"OMP_WAIT_POLICY", "PASSIVE"}};
-  absl::StatusOr<std::unique_ptr<Subprocess>> child = Subprocess::Start(options);
-  if (!child.ok()) return child.status();
-  (*child)->Release();  // `cluster down` stops it, by the pid in cluster.json
-  return static_cast<int>((*child)->pid());
+  return options;
 }
 
 // Alive and not a zombie (an orphan may wait a while to be reaped).
@@ -166,13 +195,15 @@ void Signal(int pid, int sig) {
 }
 
 // Waits until `p` wrote its port file (and its metrics port to its log).
-absl::Status WaitServing(Proc* p, const std::string& port_file, absl::Duration timeout) {
+// `alive` tells whether it still runs.
+absl::Status WaitServing(Proc* p, const std::string& port_file, absl::Duration timeout,
+                         const std::function<bool()>& alive) {
   const absl::Time deadline = absl::Now() + timeout;
   int port = 0;
   while (absl::Now() < deadline) {
     std::string text(absl::StripAsciiWhitespace(ReadFile(port_file)));
     if (!text.empty() && absl::SimpleAtoi(text, &port) && port > 0) break;
-    if (!Alive(p->pid)) {
+    if (!alive()) {
       return absl::UnavailableError(absl::StrCat(p->name, " exited while starting; see ", p->log));
     }
     absl::SleepFor(absl::Milliseconds(50));
@@ -220,11 +251,13 @@ std::string JsonOf(const google::protobuf::Message& m, bool multiline) {
   return out;
 }
 
-google::protobuf::Struct ToStruct(const std::string& dir, const std::vector<Proc>& procs) {
+google::protobuf::Struct ToStruct(const std::string& dir, const Cluster& c) {
   google::protobuf::Struct root;
   (*root.mutable_fields())["dir"].set_string_value(dir);
+  (*root.mutable_fields())["supervisor_pid"].set_number_value(c.supervisor_pid);
+  (*root.mutable_fields())["restart"].set_string_value(c.restart);
   auto* list = (*root.mutable_fields())["processes"].mutable_list_value();
-  for (const Proc& p : procs) {
+  for (const Proc& p : c.procs) {
     auto* f = list->add_values()->mutable_struct_value()->mutable_fields();
     (*f)["name"].set_string_value(p.name);
     (*f)["role"].set_string_value(p.role);
@@ -233,11 +266,17 @@ google::protobuf::Struct ToStruct(const std::string& dir, const std::vector<Proc
     if (!p.metrics_url.empty()) (*f)["metrics_url"].set_string_value(p.metrics_url);
     (*f)["data_dir"].set_string_value(p.data_dir);
     (*f)["log"].set_string_value(p.log);
+    (*f)["restarts"].set_number_value(p.restarts);
+    (*f)["state"].set_string_value(p.state);
+    if (!p.last_exit.empty()) {
+      (*f)["last_exit"].set_string_value(p.last_exit);
+      (*f)["last_exit_unix_ms"].set_number_value(static_cast<double>(p.last_exit_unix_ms));
+    }
   }
   return root;
 }
 
-absl::StatusOr<std::vector<Proc>> LoadCluster(const std::string& dir) {
+absl::StatusOr<Cluster> LoadCluster(const std::string& dir) {
   const std::string path = dir + "/cluster.json";
   if (!Exists(path)) {
     return absl::NotFoundError(absl::StrCat("no cluster in ", dir, " (no ", path, ")"));
@@ -246,27 +285,57 @@ absl::StatusOr<std::vector<Proc>> LoadCluster(const std::string& dir) {
   if (!google::protobuf::util::JsonStringToMessage(ReadFile(path), &root).ok()) {
     return absl::DataLossError(absl::StrCat(path, " is not valid JSON"));
   }
-  std::vector<Proc> procs;
+  Cluster c;
   auto it = root.fields().find("processes");
   if (it == root.fields().end()) return absl::DataLossError(path + " has no processes");
+  if (auto sup = root.fields().find("supervisor_pid"); sup != root.fields().end()) {
+    c.supervisor_pid = static_cast<int>(sup->second.number_value());
+  }
+  if (auto r = root.fields().find("restart"); r != root.fields().end()) {
+    c.restart = r->second.string_value();
+  }
   for (const auto& v : it->second.list_value().values()) {
     const auto& f = v.struct_value().fields();
     auto str = [&](const char* k) {
       auto i = f.find(k);
       return i == f.end() ? std::string() : i->second.string_value();
     };
+    auto num = [&](const char* k, double fallback) {
+      auto i = f.find(k);
+      return i == f.end() ? fallback : i->second.number_value();
+    };
     Proc p;
     p.name = str("name");
     p.role = str("role");
-    auto pid = f.find("pid");
-    p.pid = pid == f.end() ? -1 : static_cast<int>(pid->second.number_value());
+    p.pid = static_cast<int>(num("pid", -1));
     p.address = str("address");
     p.metrics_url = str("metrics_url");
     p.data_dir = str("data_dir");
     p.log = str("log");
-    procs.push_back(p);
+    p.restarts = static_cast<int>(num("restarts", 0));
+    p.state = str("state");
+    p.last_exit = str("last_exit");
+    p.last_exit_unix_ms = static_cast<int64_t>(num("last_exit_unix_ms", 0));
+    c.procs.push_back(p);
   }
-  return procs;
+  return c;
+}
+
+// The supervisor of `c` runs (and is one: its command line names the
+// supervise command and the cluster directory).
+bool SupervisorAlive(const Cluster& c, const std::string& dir) {
+  if (!Alive(c.supervisor_pid)) return false;
+  std::string cmdline = ReadFile(absl::StrCat("/proc/", c.supervisor_pid, "/cmdline"));
+  if (cmdline.empty()) return true;  // no /proc access: trust the pid
+  return cmdline.find("supervise") != std::string::npos && cmdline.find(dir) != std::string::npos;
+}
+
+// "12s ago", "3m ago", "2h ago".
+std::string Ago(int64_t unix_ms, absl::Time now) {
+  const int64_t s = std::max<int64_t>(0, absl::ToInt64Seconds(now - absl::FromUnixMillis(unix_ms)));
+  if (s < 120) return absl::StrCat(s, "s ago");
+  if (s < 2 * 3600) return absl::StrCat(s / 60, "m ago");
+  return absl::StrCat(s / 3600, "h ago");
 }
 
 // Stops `procs` (trainers first): SIGTERM, up to `grace`, then SIGKILL.
@@ -327,6 +396,225 @@ void PrintProcs(const std::vector<Proc>& procs) {
   }
 }
 
+void PrintError(const absl::Status& s) {
+  std::fprintf(stderr, "trainctl: %s: %s\n", absl::StatusCodeToString(s.code()).c_str(),
+               std::string(s.message()).c_str());
+}
+
+// `argv` with the flag --<name>=... replaced by --<name>=<value>.
+void SetFlag(std::vector<std::string>* argv, const std::string& name, const std::string& value) {
+  const std::string prefix = absl::StrCat("--", name, "=");
+  for (std::string& a : *argv) {
+    if (absl::StartsWith(a, prefix)) a = prefix + value;
+  }
+}
+
+// A process started by StartAll, and how to start it again (with the ports
+// it got the first time).
+struct Child {
+  std::unique_ptr<Subprocess> process;
+  std::vector<std::string> argv;
+  absl::Time started;
+};
+
+volatile sig_atomic_t g_stop_supervisor = 0;
+void OnStopSignal(int) { g_stop_supervisor = 1; }
+
+// Starts the kvstore shards, the scheduler and the trainers (in that order:
+// each needs the addresses of the ones before), appending to `procs` and
+// `children` as it goes (so that the caller can stop them on failure).
+absl::Status StartAll(const ClusterOptions& o, const std::string& dir, std::vector<Proc>* procs,
+                      std::vector<Child>* children) {
+  const absl::Duration timeout = absl::Seconds(o.start_timeout_s);
+  // Starts one process; servers: waits until they serve.
+  auto start = [&](Proc p, std::vector<std::string> argv, bool server) -> absl::Status {
+    p.data_dir = absl::StrCat(dir, "/", p.name);
+    p.log = absl::StrCat(dir, "/", p.name, ".log");
+    const std::string port_file = absl::StrCat(dir, "/", p.name, ".port");
+    std::remove(port_file.c_str());
+    mkdir(p.data_dir.c_str(), 0755);
+    if (server) {
+      argv.push_back("--listen=127.0.0.1:0");
+      argv.push_back("--port_file=" + port_file);
+      argv.push_back("--metrics_listen=127.0.0.1:0");
+    }
+    auto child = Subprocess::Start(ProcessOptions(argv, p.log));
+    if (!child.ok()) return child.status();
+    Child c;
+    c.process = *std::move(child);
+    c.started = absl::Now();
+    p.pid = c.process->pid();
+    Subprocess* sp = c.process.get();
+    absl::Status s = server ? WaitServing(&p, port_file, timeout, [sp] { return sp->Running(); })
+                            : absl::OkStatus();
+    if (s.ok() && server) {
+      // Started again, it listens where it listened the first time.
+      SetFlag(&argv, "listen", p.address);
+      const std::string metrics_prefix = "http://";
+      if (absl::StartsWith(p.metrics_url, metrics_prefix)) {
+        std::string hostport = p.metrics_url.substr(metrics_prefix.size());
+        hostport = hostport.substr(0, hostport.find('/'));
+        SetFlag(&argv, "metrics_listen", hostport);
+      }
+    }
+    c.argv = argv;
+    procs->push_back(p);
+    children->push_back(std::move(c));
+    return s;
+  };
+  // Checkpoints go to a directory every trainer shares, so a job whose
+  // trainer is lost resumes on the others.
+  mkdir(absl::StrCat(dir, "/checkpoints").c_str(), 0755);
+  absl::Status s;
+  for (int i = 0; s.ok() && i < o.kvstore_shards; ++i) {
+    Proc p;
+    p.name = absl::StrCat("kvstore-", i);
+    p.role = "kvstore";
+    s = start(p,
+              {o.kvstore_binary, absl::StrCat("--data_dir=", dir, "/", p.name),
+               absl::StrCat("--shard_index=", i)},
+              true);
+  }
+  std::string scheduler_address;
+  if (s.ok()) {
+    Proc p;
+    p.name = "scheduler";
+    p.role = "scheduler";
+    std::vector<std::string> argv = {o.scheduler_binary,
+                                     absl::StrCat("--data_dir=", dir, "/scheduler")};
+    if (o.heartbeat_timeout_s > 0) {
+      argv.push_back(absl::StrCat("--heartbeat_timeout_s=", o.heartbeat_timeout_s));
+    }
+    s = start(p, argv, true);
+    if (s.ok()) scheduler_address = procs->back().address;
+  }
+  std::vector<std::string> devices(o.devices_per_trainer);
+  for (int d = 0; d < o.devices_per_trainer; ++d) {
+    devices[d] = o.devices_per_trainer == 1 ? "cpu" : absl::StrCat("cpu:", d);
+  }
+  std::vector<std::string> kvstore_addresses;
+  for (const Proc& p : *procs) {
+    if (p.role == "kvstore") kvstore_addresses.push_back(p.address);
+  }
+  for (int i = 0; s.ok() && i < o.trainers; ++i) {
+    Proc p;
+    p.name = absl::StrCat("trainer-", i);
+    p.role = "trainer";
+    s = start(
+        p,
+        {o.trainer_binary, "--scheduler=" + scheduler_address, "--name=" + p.name,
+         "--devices=" + absl::StrJoin(devices, ","), absl::StrCat("--work_dir=", dir, "/", p.name),
+         absl::StrCat("--checkpoint_dir=", dir, "/checkpoints"), "--collective_host=127.0.0.1",
+         "--metrics_listen=127.0.0.1:0", "--kvstore=" + absl::StrJoin(kvstore_addresses, ","),
+         absl::StrCat("--metrics_port_file=", dir, "/", p.name, ".metrics_port")},
+        false);
+  }
+  if (s.ok() && o.trainers > 0) {
+    // Trainers serve no gRPC port: wait for their metrics port (which also
+    // shows they got past flag parsing), or for them to exit.
+    absl::Time deadline = absl::Now() + timeout;
+    for (size_t i = 0; i < procs->size() && s.ok(); ++i) {
+      Proc& p = (*procs)[i];
+      Child& c = (*children)[i];
+      if (p.role != "trainer") continue;
+      const std::string file = absl::StrCat(dir, "/", p.name, ".metrics_port");
+      for (;;) {
+        std::ifstream in(file);
+        int port = 0;
+        if (in >> port && port > 0) {
+          p.metrics_url = absl::StrCat("http://127.0.0.1:", port, "/metrics");
+          SetFlag(&c.argv, "metrics_listen", absl::StrCat("127.0.0.1:", port));
+          break;
+        }
+        if (!c.process->Running()) {
+          s = absl::UnavailableError(absl::StrCat(p.name, " exited while starting; see ", p.log));
+          break;
+        }
+        if (absl::Now() > deadline) {
+          s = absl::DeadlineExceededError(
+              absl::StrCat(p.name, " did not open its metrics port; see ", p.log));
+          break;
+        }
+        absl::SleepFor(absl::Milliseconds(20));
+      }
+    }
+  }
+  return s;
+}
+
+// `trainctl cluster supervise` (started by `up`): starts the cluster, writes
+// cluster.json, then restarts what exits until SIGTERM (from `down`). Its
+// output goes to DIR/supervisor.log; a start failure is its last line
+// ("trainctl: CODE: message"), which `up` shows.
+int Supervise(const ClusterOptions& o) {
+  const std::string dir = o.dir;
+  const bool always = o.restart == "always";
+  Cluster cluster;
+  cluster.supervisor_pid = getpid();
+  cluster.restart = o.restart;
+  std::vector<Child> children;
+  // SIGTERM (cluster down) or SIGINT: stop supervising, leave the processes
+  // to `down`. No terminal: SIGHUP is of no concern.
+  signal(SIGTERM, OnStopSignal);
+  signal(SIGINT, OnStopSignal);
+  signal(SIGHUP, SIG_IGN);
+  auto log = [](const std::string& line) {
+    std::printf("%s supervisor: %s\n",
+                absl::FormatTime("%Y-%m-%d %H:%M:%S", absl::Now(), absl::LocalTimeZone()).c_str(),
+                line.c_str());
+    std::fflush(stdout);
+  };
+  log(absl::StrCat("starting the cluster in ", dir, " (restart=", o.restart, ")"));
+  absl::Status s = StartAll(o, dir, &cluster.procs, &children);
+  const std::string json_path = dir + "/cluster.json";
+  if (s.ok()) s = WriteFileAtomically(json_path, JsonOf(ToStruct(dir, cluster), true) + "\n");
+  if (!s.ok()) {
+    for (auto it = children.rbegin(); it != children.rend(); ++it) {
+      if (it->process != nullptr) (void)it->process->Stop(absl::Seconds(5));
+    }
+    std::fflush(stdout);
+    PrintError(s);
+    return 1;
+  }
+  log("all processes started");
+  SupervisorOptions so;  // 1 s doubling to 30 s, reset after a minute up
+  so.restart = always ? RestartPolicy::kAlways : RestartPolicy::kNever;
+  Supervisor supervisor(so);
+  for (size_t i = 0; i < children.size(); ++i) {
+    Child& c = children[i];
+    supervisor.Adopt(cluster.procs[i].name, std::move(c.process),
+                     ProcessOptions(c.argv, cluster.procs[i].log), c.started);
+  }
+  while (!g_stop_supervisor) {
+    std::vector<std::string> events = supervisor.Poll(absl::Now());
+    if (!events.empty()) {
+      for (const std::string& e : events) log(e);
+      for (size_t i = 0; i < cluster.procs.size(); ++i) {
+        const SupervisedProcess& sp = supervisor.processes()[i];
+        Proc& p = cluster.procs[i];
+        p.pid = sp.pid;
+        p.restarts = sp.restarts;
+        p.last_exit = sp.last_exit;
+        p.last_exit_unix_ms = p.last_exit.empty() ? 0 : absl::ToUnixMillis(sp.last_exit_time);
+        p.state = sp.state == SupervisedProcess::State::kRunning      ? "running"
+                  : sp.state == SupervisedProcess::State::kRestarting ? "restarting"
+                                                                      : "exited";
+      }
+      absl::Status w = WriteFileAtomically(json_path, JsonOf(ToStruct(dir, cluster), true) + "\n");
+      if (!w.ok()) log(absl::StrCat("cannot update cluster.json: ", w.message()));
+    }
+    if (!supervisor.AnyLeft()) {
+      log("every process exited; nothing left to supervise");
+      return 0;
+    }
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+  // `cluster down` stops the processes (by the pids in cluster.json).
+  supervisor.ReleaseAll();
+  log("stopped supervising (signal); the processes are left to `cluster down`");
+  return 0;
+}
+
 int Up(const ClusterOptions& o) {
   if (o.trainers < 0 || o.trainers > 64) {
     std::fprintf(stderr, "trainctl: --trainers must be in 0..64\n");
@@ -340,9 +628,13 @@ int Up(const ClusterOptions& o) {
     std::fprintf(stderr, "trainctl: --devices_per_trainer must be in 1..64\n");
     return 2;
   }
+  if (o.restart != "always" && o.restart != "never") {
+    std::fprintf(stderr, "trainctl: --restart must be always or never, not '%s'\n",
+                 o.restart.c_str());
+    return 2;
+  }
   auto fail = [](const absl::Status& s) {
-    std::fprintf(stderr, "trainctl: %s: %s\n", absl::StatusCodeToString(s.code()).c_str(),
-                 std::string(s.message()).c_str());
+    PrintError(s);
     return 1;
   };
   if (mkdir(o.dir.c_str(), 0755) != 0 && errno != EEXIST) {
@@ -353,8 +645,14 @@ int Up(const ClusterOptions& o) {
     return fail(absl::InternalError(absl::StrCat("cannot resolve ", o.dir, ": ", strerror(errno))));
   }
   const std::string dir = real;
+  const std::string json_path = dir + "/cluster.json";
   if (auto old = LoadCluster(dir); old.ok()) {
-    for (const Proc& p : *old) {
+    if (SupervisorAlive(*old, dir)) {
+      return fail(absl::AlreadyExistsError(absl::StrCat(
+          "a cluster is already up in ", dir, " (its supervisor, pid ", old->supervisor_pid,
+          ", is running); run `trainctl cluster down --dir=", dir, "` first")));
+    }
+    for (const Proc& p : old->procs) {
       if (AliveAndOurs(p)) {
         return fail(absl::AlreadyExistsError(
             absl::StrCat("a cluster is already up in ", dir, " (", p.name, " pid ", p.pid,
@@ -362,138 +660,107 @@ int Up(const ClusterOptions& o) {
       }
     }
   }
-  auto scheduler_bin = FindBinary(o.scheduler_binary, "scheduler/scheduler_server", o.argv0);
-  if (!scheduler_bin.ok()) return fail(scheduler_bin.status());
-  auto trainer_bin = FindBinary(o.trainer_binary, "trainer/trainer", o.argv0);
-  if (o.trainers > 0 && !trainer_bin.ok()) return fail(trainer_bin.status());
-  auto kvstore_bin = FindBinary(o.kvstore_binary, "kvstore/kvstore_server", o.argv0);
-  if (o.kvstore_shards > 0 && !kvstore_bin.ok()) return fail(kvstore_bin.status());
-
-  std::vector<Proc> procs;
-  const absl::Duration timeout = absl::Seconds(o.start_timeout_s);
-  // Starts one process; on failure stops the ones already started.
-  auto start = [&](Proc p, std::vector<std::string> argv, bool server) -> absl::Status {
-    p.data_dir = absl::StrCat(dir, "/", p.name);
-    p.log = absl::StrCat(dir, "/", p.name, ".log");
-    const std::string port_file = absl::StrCat(dir, "/", p.name, ".port");
-    std::remove(port_file.c_str());
-    mkdir(p.data_dir.c_str(), 0755);
-    if (server) {
-      argv.push_back("--listen=127.0.0.1:0");
-      argv.push_back("--port_file=" + port_file);
-      argv.push_back("--metrics_listen=127.0.0.1:0");
-    }
-    auto pid = Spawn(argv, p.log);
-    if (!pid.ok()) return pid.status();
-    p.pid = *pid;
-    absl::Status s = server ? WaitServing(&p, port_file, timeout) : absl::OkStatus();
-    procs.push_back(p);
-    return s;
+  std::remove(json_path.c_str());  // a stale one (nothing of it runs)
+  auto absolute = [](absl::StatusOr<std::string> path) -> absl::StatusOr<std::string> {
+    if (!path.ok()) return path;
+    char buf[PATH_MAX];
+    if (realpath(path->c_str(), buf) == nullptr) return path;
+    return std::string(buf);
   };
-  // Checkpoints go to a directory every trainer shares, so a job whose
-  // trainer is lost resumes on the others.
-  mkdir(absl::StrCat(dir, "/checkpoints").c_str(), 0755);
-  absl::Status s;
-  for (int i = 0; s.ok() && i < o.kvstore_shards; ++i) {
-    Proc p;
-    p.name = absl::StrCat("kvstore-", i);
-    p.role = "kvstore";
-    s = start(p,
-              {*kvstore_bin, absl::StrCat("--data_dir=", dir, "/", p.name),
-               absl::StrCat("--shard_index=", i)},
-              true);
-  }
-  std::string scheduler_address;
-  if (s.ok()) {
-    Proc p;
-    p.name = "scheduler";
-    p.role = "scheduler";
-    std::vector<std::string> argv = {*scheduler_bin,
-                                     absl::StrCat("--data_dir=", dir, "/scheduler")};
-    if (o.heartbeat_timeout_s > 0) {
-      argv.push_back(absl::StrCat("--heartbeat_timeout_s=", o.heartbeat_timeout_s));
-    }
-    s = start(p, argv, true);
-    if (s.ok()) scheduler_address = procs.back().address;
-  }
-  std::vector<std::string> devices(o.devices_per_trainer);
-  for (int d = 0; d < o.devices_per_trainer; ++d) {
-    devices[d] = o.devices_per_trainer == 1 ? "cpu" : absl::StrCat("cpu:", d);
-  }
-  std::vector<std::string> kvstore_addresses;
-  for (const Proc& p : procs) {
-    if (p.role == "kvstore") kvstore_addresses.push_back(p.address);
-  }
-  for (int i = 0; s.ok() && i < o.trainers; ++i) {
-    Proc p;
-    p.name = absl::StrCat("trainer-", i);
-    p.role = "trainer";
-    s = start(
-        p,
-        {*trainer_bin, "--scheduler=" + scheduler_address, "--name=" + p.name,
-         "--devices=" + absl::StrJoin(devices, ","), absl::StrCat("--work_dir=", dir, "/", p.name),
-         absl::StrCat("--checkpoint_dir=", dir, "/checkpoints"), "--collective_host=127.0.0.1",
-         "--metrics_listen=127.0.0.1:0", "--kvstore=" + absl::StrJoin(kvstore_addresses, ","),
-         absl::StrCat("--metrics_port_file=", dir, "/", p.name, ".metrics_port")},
-        false);
-  }
-  if (s.ok() && o.trainers > 0) {
-    // Trainers serve no gRPC port: wait for their metrics port (which also
-    // shows they got past flag parsing), or for them to exit.
-    absl::Time deadline = absl::Now() + timeout;
-    for (Proc& p : procs) {
-      if (p.role != "trainer" || !s.ok()) continue;
-      const std::string file = absl::StrCat(dir, "/", p.name, ".metrics_port");
-      for (;;) {
-        std::ifstream in(file);
-        int port = 0;
-        if (in >> port && port > 0) {
-          p.metrics_url = absl::StrCat("http://127.0.0.1:", port, "/metrics");
-          break;
+  auto scheduler_bin =
+      absolute(FindBinary(o.scheduler_binary, "scheduler/scheduler_server", o.argv0));
+  if (!scheduler_bin.ok()) return fail(scheduler_bin.status());
+  auto trainer_bin = absolute(FindBinary(o.trainer_binary, "trainer/trainer", o.argv0));
+  if (o.trainers > 0 && !trainer_bin.ok()) return fail(trainer_bin.status());
+  auto kvstore_bin = absolute(FindBinary(o.kvstore_binary, "kvstore/kvstore_server", o.argv0));
+  if (o.kvstore_shards > 0 && !kvstore_bin.ok()) return fail(kvstore_bin.status());
+  char self[PATH_MAX];
+  ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+  if (n <= 0) return fail(absl::InternalError("cannot find trainctl itself (/proc/self/exe)"));
+  self[n] = '\0';
+
+  // The supervisor: this binary in the hidden mode `cluster supervise`.
+  std::vector<std::string> argv = {
+      self,
+      "cluster",
+      "supervise",
+      "--dir=" + dir,
+      absl::StrCat("--trainers=", o.trainers),
+      absl::StrCat("--kvstore_shards=", o.kvstore_shards),
+      absl::StrCat("--devices_per_trainer=", o.devices_per_trainer),
+      "--scheduler_bin=" + *scheduler_bin,
+      absl::StrCat("--start_timeout_s=", o.start_timeout_s),
+      absl::StrCat("--heartbeat_timeout_s=", o.heartbeat_timeout_s),
+      "--restart=" + o.restart,
+  };
+  if (o.trainers > 0) argv.push_back("--trainer_bin=" + *trainer_bin);
+  if (o.kvstore_shards > 0) argv.push_back("--kvstore_bin=" + *kvstore_bin);
+  const std::string log = dir + "/supervisor.log";
+  const size_t log_start = ReadFile(log).size();
+  SubprocessOptions so;
+  so.argv = argv;
+  so.output_file = log;
+  so.new_session = true;
+  auto supervisor = Subprocess::Start(so);
+  if (!supervisor.ok()) return fail(supervisor.status());
+  // Every process gets start_timeout_s; the supervisor gives up before this.
+  const absl::Time deadline =
+      absl::Now() + absl::Seconds(o.start_timeout_s * (o.trainers + o.kvstore_shards + 2) + 10);
+  for (;;) {
+    if (auto c = LoadCluster(dir); c.ok() && c->supervisor_pid == (*supervisor)->pid()) {
+      (*supervisor)->Release();  // it outlives `up`; `down` stops it
+      google::protobuf::Struct root = ToStruct(dir, *c);
+      if (o.json) {
+        std::printf("%s\n", JsonOf(root, false).c_str());
+      } else {
+        std::printf("cluster up in %s (%s/cluster.json, restart=%s)\n", dir.c_str(), dir.c_str(),
+                    o.restart.c_str());
+        PrintProcs(c->procs);
+        for (const Proc& p : c->procs) {
+          if (p.role == "scheduler") {
+            std::printf("export DTRAIN_SCHEDULER=%s\n", p.address.c_str());
+          }
         }
-        if (!Alive(p.pid)) {
-          s = absl::UnavailableError(absl::StrCat(p.name, " exited while starting; see ", p.log));
-          break;
-        }
-        if (absl::Now() > deadline) {
-          s = absl::DeadlineExceededError(
-              absl::StrCat(p.name, " did not open its metrics port; see ", p.log));
-          break;
-        }
-        absl::SleepFor(absl::Milliseconds(20));
       }
+      std::fflush(stdout);
+      return 0;
     }
+    if (!(*supervisor)->Running()) {
+      // Its error is the last "trainctl: " line of its output.
+      const std::string out = ReadFile(log).substr(log_start);
+      size_t at = out.rfind("trainctl: ");
+      if (at != std::string::npos) {
+        std::fprintf(stderr, "%s", out.substr(at).c_str());
+      } else {
+        std::fprintf(stderr, "trainctl: the cluster's supervisor exited; see %s\n", log.c_str());
+      }
+      return 1;
+    }
+    if (absl::Now() > deadline) {
+      (void)(*supervisor)->Signal(SIGKILL);
+      return fail(absl::DeadlineExceededError(
+          absl::StrCat("the cluster did not start in time; see ", log)));
+    }
+    absl::SleepFor(absl::Milliseconds(50));
   }
-  google::protobuf::Struct root = ToStruct(dir, procs);
-  if (s.ok()) s = WriteFileAtomically(dir + "/cluster.json", JsonOf(root, true) + "\n");
-  if (!s.ok()) {
-    StopAll(procs, absl::Seconds(5));
-    return fail(s);
-  }
-  if (o.json) {
-    std::printf("%s\n", JsonOf(root, false).c_str());
-  } else {
-    std::printf("cluster up in %s (%s/cluster.json)\n", dir.c_str(), dir.c_str());
-    PrintProcs(procs);
-    std::printf("export DTRAIN_SCHEDULER=%s\n", scheduler_address.c_str());
-  }
-  std::fflush(stdout);
-  return 0;
 }
 
 int Status(const ClusterOptions& o) {
-  auto procs = LoadCluster(o.dir);
-  if (!procs.ok()) {
-    std::fprintf(stderr, "trainctl: %s: %s\n",
-                 absl::StatusCodeToString(procs.status().code()).c_str(),
-                 std::string(procs.status().message()).c_str());
+  auto cluster = LoadCluster(o.dir);
+  if (!cluster.ok()) {
+    PrintError(cluster.status());
     return 1;
   }
+  const absl::Time now = absl::Now();
   bool healthy = true;
-  google::protobuf::Struct root = ToStruct(o.dir, *procs);
+  google::protobuf::Struct root = ToStruct(o.dir, *cluster);
   auto* list = (*root.mutable_fields())["processes"].mutable_list_value();
-  for (size_t i = 0; i < procs->size(); ++i) {
-    const Proc& p = (*procs)[i];
+  if (!o.json) {
+    std::printf("%-12s %-7s %-10s %-8s %-21s %s\n", "NAME", "PID", "STATE", "RESTARTS", "ADDRESS",
+                "SERVING / LAST EXIT / METRICS");
+  }
+  for (size_t i = 0; i < cluster->procs.size(); ++i) {
+    const Proc& p = cluster->procs[i];
     const bool alive = AliveAndOurs(p);
     std::string serving = "-";
     if (alive && !p.address.empty()) {
@@ -504,19 +771,34 @@ int Status(const ClusterOptions& o) {
       if (!ping.ok()) healthy = false;
     }
     if (!alive) healthy = false;
+    const std::string last_exit =
+        p.last_exit.empty() ? "" : absl::StrCat(p.last_exit, " ", Ago(p.last_exit_unix_ms, now));
     auto* f = list->mutable_values(i)->mutable_struct_value()->mutable_fields();
     (*f)["alive"].set_bool_value(alive);
     if (!p.address.empty()) (*f)["serving"].set_string_value(serving);
+    if (!last_exit.empty()) (*f)["last_exit"].set_string_value(last_exit);
     if (!o.json) {
-      std::printf("%-12s pid %-7d %-8s %-21s %s%s%s\n", p.name.c_str(), p.pid,
-                  alive ? "running" : "DEAD", p.address.empty() ? "-" : p.address.c_str(),
-                  serving.c_str(), p.metrics_url.empty() ? "" : "  ", p.metrics_url.c_str());
+      const std::string state = alive ? "running" : p.state == "restarting" ? "RESTARTING" : "DEAD";
+      std::string detail = serving;
+      if (!last_exit.empty()) absl::StrAppend(&detail, "  last exit: ", last_exit);
+      if (!p.metrics_url.empty()) absl::StrAppend(&detail, "  ", p.metrics_url);
+      std::printf("%-12s %-7d %-10s %-8d %-21s %s\n", p.name.c_str(), p.pid, state.c_str(),
+                  p.restarts, p.address.empty() ? "-" : p.address.c_str(), detail.c_str());
     }
   }
+  const bool supervised = SupervisorAlive(*cluster, o.dir);
+  // Without its supervisor a cluster with --restart=always heals no more.
+  if (!supervised && cluster->restart == "always") healthy = false;
+  (*root.mutable_fields())["supervisor_alive"].set_bool_value(supervised);
   (*root.mutable_fields())["healthy"].set_bool_value(healthy);
   if (o.json) {
     std::printf("%s\n", JsonOf(root, false).c_str());
   } else {
+    if (cluster->supervisor_pid > 0) {
+      std::printf("supervisor pid %d %s (restart=%s)\n", cluster->supervisor_pid,
+                  supervised ? "running" : "NOT RUNNING: nothing restarts processes that exit",
+                  cluster->restart.c_str());
+    }
     std::printf("cluster %s\n", healthy ? "healthy" : "UNHEALTHY");
   }
   std::fflush(stdout);
@@ -524,16 +806,39 @@ int Status(const ClusterOptions& o) {
 }
 
 int Down(const ClusterOptions& o) {
-  auto procs = LoadCluster(o.dir);
-  if (!procs.ok()) {
-    std::fprintf(stderr, "trainctl: %s: %s\n",
-                 absl::StatusCodeToString(procs.status().code()).c_str(),
-                 std::string(procs.status().message()).c_str());
+  auto cluster = LoadCluster(o.dir);
+  if (!cluster.ok()) {
+    PrintError(cluster.status());
     return 1;
   }
-  std::vector<std::string> report = StopAll(*procs, absl::Seconds(o.grace_s));
-  bool all_gone = true;
-  for (const Proc& p : *procs) all_gone = all_gone && !Alive(p.pid);
+  std::vector<std::string> report;
+  const int supervisor = cluster->supervisor_pid;
+  if (supervisor > 0) {
+    // First the supervisor, so that nothing is restarted; then the processes
+    // at the pids it last wrote.
+    if (SupervisorAlive(*cluster, o.dir)) {
+      kill(supervisor, SIGTERM);
+      const absl::Time deadline = absl::Now() + absl::Seconds(5);
+      while (Alive(supervisor) && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(20));
+      if (Alive(supervisor)) {
+        kill(supervisor, SIGKILL);
+        const absl::Time kill_deadline = absl::Now() + absl::Seconds(5);
+        while (Alive(supervisor) && absl::Now() < kill_deadline) {
+          absl::SleepFor(absl::Milliseconds(20));
+        }
+      }
+      report.push_back(absl::StrCat("supervisor (pid ", supervisor,
+                                    "): ", Alive(supervisor) ? "still running" : "stopped"));
+      if (auto again = LoadCluster(o.dir); again.ok()) cluster = *std::move(again);
+    } else {
+      report.push_back(absl::StrCat("supervisor (pid ", supervisor, "): was not running"));
+    }
+  }
+  for (const std::string& line : StopAll(cluster->procs, absl::Seconds(o.grace_s))) {
+    report.push_back(line);
+  }
+  bool all_gone = supervisor <= 0 || !Alive(supervisor);
+  for (const Proc& p : cluster->procs) all_gone = all_gone && !Alive(p.pid);
   if (all_gone) std::remove((o.dir + "/cluster.json").c_str());
   if (o.json) {
     google::protobuf::Struct root;
@@ -561,8 +866,13 @@ int ClusterMain(const std::vector<std::string>& args, const ClusterOptions& opti
     return 2;
   }
   if (args[0] == "up") return Up(options);
-  if (args[0] == "status") return Status(options);
-  if (args[0] == "down") return Down(options);
+  // The supervisor's command line names the directory as `up` resolved it.
+  ClusterOptions resolved = options;
+  char real[PATH_MAX];
+  if (realpath(options.dir.c_str(), real) != nullptr) resolved.dir = real;
+  if (args[0] == "status") return Status(resolved);
+  if (args[0] == "down") return Down(resolved);
+  if (args[0] == "supervise") return Supervise(resolved);  // started by `up`
   std::fprintf(stderr, "trainctl: unknown cluster command '%s' (up, down or status)\n",
                args[0].c_str());
   return 2;

@@ -1,6 +1,7 @@
 // trainctl cluster up|down|status: a whole cluster on one machine (the
 // scheduler, kvstore shards and trainer daemons), each a process on loopback
-// ports with its own data directory under --dir. See cluster.cc.
+// ports with its own data directory under --dir, under a supervisor process
+// that restarts what exits (--restart=always, with backoff). See cluster.cc.
 #ifndef DTRAIN_SERVICES_TRAINCTL_CLUSTER_H_
 #define DTRAIN_SERVICES_TRAINCTL_CLUSTER_H_
 
@@ -21,12 +22,14 @@ struct ClusterOptions {
   std::string kvstore_binary;
   double start_timeout_s = 30;     // up: per process
   double heartbeat_timeout_s = 0;  // up: the scheduler's (0: its default)
+  std::string restart = "always";  // up: always or never (restart what exits)
   double grace_s = 15;             // down: SIGTERM, then SIGKILL after this
   bool json = false;               // -o json
   std::string argv0;               // trainctl's argv[0] (finds the binaries)
 };
 
-// Runs `trainctl cluster <args...>` (args[0] is up, down or status). Returns
+// Runs `trainctl cluster <args...>` (args[0] is up, down or status; or
+// supervise, the hidden mode `up` starts the supervisor in). Returns
 // the exit status: 0 success, 1 failure, 2 bad usage.
 int ClusterMain(const std::vector<std::string>& args, const ClusterOptions& options);
 

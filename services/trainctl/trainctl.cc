@@ -13,7 +13,10 @@
 // libs/base/retry.h: the scheduler is UNAVAILABLE, ...) (Submit carries a
 // random request id, so a retry never queues a job twice); watch and submit
 // --wait stream without a deadline, reconnect when the stream breaks (a
-// scheduler restart) and stop when the job finishes. Errors
+// scheduler restart) or stays silent while the scheduler does not answer
+// either (--watch_timeout_s, 30 s: a stopped or hung scheduler, a half-open
+// connection; HTTP/2 keepalive pings also close a dead connection) and stop
+// when the job finishes. Errors
 // print the gRPC status code and message. Exit status: 0 success (for
 // --wait and watch: the job SUCCEEDED), 1 a failed call or a job that did
 // not succeed, 2 bad usage.
@@ -29,6 +32,7 @@
 #include <random>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/flags/flag.h"
@@ -38,6 +42,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "google/protobuf/util/json_util.h"
@@ -95,6 +100,13 @@ ABSL_FLAG(double, heartbeat_timeout_s, 0,
           "cluster up: seconds without a heartbeat before the scheduler declares a trainer lost "
           "(0: the scheduler's default, 10)");
 ABSL_FLAG(double, grace_s, 15, "cluster down: seconds after SIGTERM before SIGKILL");
+ABSL_FLAG(std::string, restart, "always",
+          "cluster up: always (a process that exits is started again, on the same ports, after "
+          "a backoff of 1 s doubling to 30 s) or never");
+ABSL_FLAG(double, watch_timeout_s, 30,
+          "watch, submit --wait: a stream silent this long is checked with a Get; if the "
+          "scheduler does not answer (stopped, hung, a dead connection), the stream is dropped "
+          "and opened again");
 
 namespace {
 
@@ -108,10 +120,12 @@ constexpr char kUsage[] =
     "  trainctl cancel ID [--reason=...]\n"
     "  trainctl watch ID\n"
     "  trainctl cluster up --dir=DIR [--trainers=1] [--kvstore_shards=0] "
-    "[--devices_per_trainer=1]\n"
+    "[--devices_per_trainer=1] [--restart=always|never]\n"
     "      starts a local cluster (scheduler, kvstore shards, trainers; loopback ports, data\n"
-    "      and logs under DIR) and prints the endpoints and metrics URLs\n"
-    "  trainctl cluster status --dir=DIR    processes alive, servers answering Admin.Ping\n"
+    "      and logs under DIR) under a supervisor that restarts what exits, and prints the\n"
+    "      endpoints and metrics URLs\n"
+    "  trainctl cluster status --dir=DIR    processes alive, servers answering Admin.Ping,\n"
+    "      restarts and last exits\n"
     "  trainctl cluster down --dir=DIR [--grace_s=15]   SIGTERM, then SIGKILL after the grace\n"
     "Common flags: --scheduler=host:port (or $DTRAIN_SCHEDULER), -o json, --timeout_s=10";
 
@@ -209,8 +223,80 @@ void Print(const v1::JobStatus& j, bool detail) {
 
 bool Final(v1::JobState s) { return s == v1::SUCCEEDED || s == v1::FAILED || s == v1::CANCELLED; }
 
-// Streams the job's changes until it ends; 0 when it SUCCEEDED.
-int Watch(v1::JobService::Stub* stub, const std::string& id) {
+// Watches one Watch stream for silence: once `limit` passed without a
+// message (Touch), it asks the scheduler for the job (a Get on the same
+// channel, with a deadline of a third of `limit`, started after two thirds);
+// an answer means the job just did not change, no answer means the
+// connection is open but nobody answers (a stopped or hung scheduler, a
+// half-open connection), and the stream is cancelled, so that Read returns.
+class SilenceWatchdog {
+ public:
+  SilenceWatchdog(v1::JobService::Stub* stub, const std::string& id, const std::string& address,
+                  absl::Duration limit, grpc::ClientContext* stream)
+      : last_(absl::Now()) {
+    thread_ = std::thread([=] { Run(stub, id, address, limit, stream); });
+  }
+  ~SilenceWatchdog() {
+    {
+      absl::MutexLock l(&mu_);
+      done_ = true;
+    }
+    thread_.join();
+  }
+  void Touch() {
+    absl::MutexLock l(&mu_);
+    last_ = absl::Now();
+  }
+  // Why the stream was cancelled; empty if it was not.
+  std::string reason() {
+    absl::MutexLock l(&mu_);
+    return reason_;
+  }
+
+ private:
+  void Run(v1::JobService::Stub* stub, const std::string& id, const std::string& address,
+           absl::Duration limit, grpc::ClientContext* stream) {
+    const absl::Duration probe = limit / 3;
+    absl::MutexLock l(&mu_);
+    while (!done_) {
+      if (mu_.AwaitWithDeadline(absl::Condition(&done_), last_ + limit - probe)) break;
+      if (absl::Now() < last_ + limit - probe) continue;  // touched meanwhile
+      mu_.Unlock();
+      grpc::ClientContext ctx;
+      ctx.set_deadline(absl::ToChronoTime(absl::Now() + probe));
+      v1::GetRequest req;
+      req.set_id(id);
+      v1::JobStatus job;
+      const grpc::Status s = stub->Get(&ctx, req, &job);
+      mu_.Lock();
+      if (done_) break;
+      if (s.ok() || (s.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED &&
+                     s.error_code() != grpc::StatusCode::UNAVAILABLE)) {
+        last_ = absl::Now();  // it answers: the job just did not change
+        continue;
+      }
+      reason_ =
+          absl::StrCat("the scheduler at ", address, " sent nothing for ",
+                       absl::FormatDuration(absl::Trunc(absl::Now() - last_, absl::Seconds(1))),
+                       " and did not answer a Get within ", absl::FormatDuration(probe), " (",
+                       s.error_message(), "): stopped, hung or unreachable; see --watch_timeout_s");
+      stream->TryCancel();
+      break;
+    }
+  }
+
+  absl::Mutex mu_;
+  bool done_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Time last_ ABSL_GUARDED_BY(mu_);
+  std::string reason_ ABSL_GUARDED_BY(mu_);
+  std::thread thread_;
+};
+
+// Streams the job's changes until it ends; 0 when it SUCCEEDED. A stream
+// silent for --watch_timeout_s whose scheduler does not answer either is
+// dropped and opened again (SilenceWatchdog), as one that breaks is.
+int Watch(v1::JobService::Stub* stub, const std::string& id, const std::string& address) {
+  const absl::Duration silence_limit = absl::Seconds(absl::GetFlag(FLAGS_watch_timeout_s));
   v1::WatchRequest req;
   req.set_id(id);
   v1::JobStatus st;
@@ -227,7 +313,9 @@ int Watch(v1::JobService::Stub* stub, const std::string& id) {
   for (;;) {
     grpc::ClientContext ctx;  // no deadline: a job may train for days
     auto reader = stub->Watch(&ctx, req);
+    auto watchdog = std::make_unique<SilenceWatchdog>(stub, id, address, silence_limit, &ctx);
     while (reader->Read(&st)) {
+      watchdog->Touch();
       failing_since = absl::InfiniteFuture();
       backoff = absl::Milliseconds(200);
       if (Json()) {
@@ -253,7 +341,10 @@ int Watch(v1::JobService::Stub* stub, const std::string& id) {
       last = st.state();
       last_epoch = st.epoch();
     }
+    const std::string silent = watchdog->reason();
+    watchdog.reset();
     s = dtrain::FromGrpcStatus(reader->Finish(), "JobService.Watch");
+    if (!silent.empty()) s = absl::UnavailableError(silent);  // cancelled by the watchdog
     if (Final(last) || !(s.ok() || dtrain::IsTransient(s))) break;
     const absl::Time now = absl::Now();
     if (failing_since == absl::InfiniteFuture()) failing_since = now;
@@ -369,6 +460,7 @@ int main(int argc, char** argv) {
     o.heartbeat_timeout_s = absl::GetFlag(FLAGS_heartbeat_timeout_s);
     if (o.heartbeat_timeout_s < 0) return Usage("--heartbeat_timeout_s must be >= 0");
     o.grace_s = absl::GetFlag(FLAGS_grace_s);
+    o.restart = absl::GetFlag(FLAGS_restart);
     o.json = Json();
     o.argv0 = argv[0];
     if (!(o.start_timeout_s > 0) || !(o.grace_s >= 0)) {
@@ -381,8 +473,17 @@ int main(int argc, char** argv) {
     const char* env = std::getenv("DTRAIN_SCHEDULER");
     address = env != nullptr && *env ? env : "127.0.0.1:7000";
   }
-  auto stub =
-      v1::JobService::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  if (!(absl::GetFlag(FLAGS_watch_timeout_s) >= 1)) return Usage("--watch_timeout_s must be >= 1");
+  // HTTP/2 keepalive: a ping every 10 s while a call is open (watch), and a
+  // connection whose pings go unanswered for 10 s is closed, so a dead peer
+  // or a half-open connection fails the stream instead of hanging it (the
+  // servers accept pings this often: libs/rpc/server.cc).
+  grpc::ChannelArguments channel_args;
+  channel_args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 10000);
+  channel_args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 10000);
+  channel_args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
+  auto stub = v1::JobService::NewStub(
+      grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), channel_args));
   auto need_id = [&]() -> std::string { return args.size() == 3 ? args[2] : ""; };
 
   if (cmd == "submit") {
@@ -405,12 +506,12 @@ int main(int argc, char** argv) {
       std::printf("submitted %s\n", job.id().c_str());
       std::fflush(stdout);
     }
-    return absl::GetFlag(FLAGS_wait) ? Watch(stub.get(), job.id()) : 0;
+    return absl::GetFlag(FLAGS_wait) ? Watch(stub.get(), job.id(), address) : 0;
   }
   if (cmd == "get" || cmd == "cancel" || cmd == "watch") {
     std::string id = need_id();
     if (id.empty()) return Usage(cmd + " needs one job id");
-    if (cmd == "watch") return Watch(stub.get(), id);
+    if (cmd == "watch") return Watch(stub.get(), id, address);
     v1::JobStatus job;
     absl::Status s;
     if (cmd == "get") {

@@ -88,7 +88,10 @@ TEST(ClusterE2eTest, UpStatusDownRoundTrip) {
   ClusterGuard guard(dir);
   int rc;
   // The binaries are found next to trainctl (its runfiles here).
-  std::string out = Trainctl("cluster up --dir=" + dir + " --trainers=2 --kvstore_shards=2", &rc);
+  // --restart=never: the trainer killed below must stay dead (heal_e2e_test
+  // covers restarts).
+  std::string out =
+      Trainctl("cluster up --dir=" + dir + " --trainers=2 --kvstore_shards=2 --restart=never", &rc);
   ASSERT_EQ(rc, 0) << out;
   std::fprintf(stderr, "%s", out.c_str());
   std::vector<ClusterProcess> procs = ReadCluster(dir);

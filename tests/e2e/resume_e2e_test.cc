@@ -44,8 +44,8 @@ class ResumeE2eTest : public ::testing::Test {
     dir_ = TmpDir("resume-cluster");
     int rc;
     std::string out =
-        Trainctl(absl::StrCat("cluster up --trainers=3 --heartbeat_timeout_s=", kHeartbeatTimeoutS,
-                              " --dir=", dir_),
+        Trainctl(absl::StrCat("cluster up --restart=never --trainers=3 --heartbeat_timeout_s=",
+                              kHeartbeatTimeoutS, " --dir=", dir_),
                  &rc);
     ASSERT_EQ(rc, 0) << out;
     for (const ClusterProcess& p : ReadCluster(dir_)) {
