@@ -296,7 +296,7 @@ absl::Status NcclCommunicator::CheckPointer(const char* op, const char* name, co
   return absl::OkStatus();
 }
 
-absl::Status NcclCommunicator::AllReduce(const Tensor& send, Tensor* recv, ReduceOp op,
+absl::Status NcclCommunicator::Allreduce(const Tensor& send, Tensor* recv, ReduceOp op,
                                          Stream* stream) {
   DT_RETURN_IF_ERROR(CheckTensor("allreduce", "send", send));
   DT_RETURN_IF_ERROR(CheckTensor("allreduce", "recv", *recv));
@@ -305,7 +305,7 @@ absl::Status NcclCommunicator::AllReduce(const Tensor& send, Tensor* recv, Reduc
                                                    send.DebugString(), ", recv ",
                                                    recv->DebugString()));
   }
-  return AllReduce(send.raw_data(), recv->raw_data(), static_cast<size_t>(send.numel()),
+  return Allreduce(send.raw_data(), recv->raw_data(), static_cast<size_t>(send.numel()),
                    send.dtype(), op, StreamFor(stream));
 }
 
@@ -315,7 +315,7 @@ absl::Status NcclCommunicator::Broadcast(Tensor* t, int root, Stream* stream) {
                    StreamFor(stream));
 }
 
-absl::Status NcclCommunicator::AllGather(const Tensor& send, Tensor* recv, Stream* stream) {
+absl::Status NcclCommunicator::Allgather(const Tensor& send, Tensor* recv, Stream* stream) {
   DT_RETURN_IF_ERROR(CheckTensor("allgather", "send", send));
   DT_RETURN_IF_ERROR(CheckTensor("allgather", "recv", *recv));
   if (recv->numel() != send.numel() * world_size_ || send.dtype() != recv->dtype()) {
@@ -323,7 +323,7 @@ absl::Status NcclCommunicator::AllGather(const Tensor& send, Tensor* recv, Strea
                                                    recv->DebugString(), " must hold ", world_size_,
                                                    " times send ", send.DebugString()));
   }
-  return AllGather(send.raw_data(), recv->raw_data(), static_cast<size_t>(send.numel()),
+  return Allgather(send.raw_data(), recv->raw_data(), static_cast<size_t>(send.numel()),
                    send.dtype(), StreamFor(stream));
 }
 
@@ -340,7 +340,7 @@ absl::Status NcclCommunicator::ReduceScatter(const Tensor& send, Tensor* recv, R
                        send.dtype(), op, StreamFor(stream));
 }
 
-absl::Status NcclCommunicator::AllReduce(const void* send, void* recv, size_t count, DType dtype,
+absl::Status NcclCommunicator::Allreduce(const void* send, void* recv, size_t count, DType dtype,
                                          ReduceOp op, cudaStream_t stream) {
   DT_RETURN_IF_ERROR(CheckPointer("allreduce", "send", send, count));
   DT_RETURN_IF_ERROR(CheckPointer("allreduce", "recv", recv, count));
@@ -363,7 +363,7 @@ absl::Status NcclCommunicator::Broadcast(const void* send, void* recv, size_t co
                 ncclBroadcast(send, recv, count, NcclType(dtype), root, comm_, stream));
 }
 
-absl::Status NcclCommunicator::AllGather(const void* send, void* recv, size_t send_count,
+absl::Status NcclCommunicator::Allgather(const void* send, void* recv, size_t send_count,
                                          DType dtype, cudaStream_t stream) {
   DT_RETURN_IF_ERROR(CheckPointer("allgather", "send", send, send_count));
   DT_RETURN_IF_ERROR(CheckPointer("allgather", "recv", recv, send_count * world_size_));

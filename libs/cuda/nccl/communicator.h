@@ -4,7 +4,7 @@
 //   collective::FileStore store("/tmp/job42");      // or any Store all ranks reach
 //   DT_ASSIGN_OR_RETURN(auto comm,
 //                       NcclCommunicator::Create(rank, world_size, /*device=*/rank, &store));
-//   DT_RETURN_IF_ERROR(comm->AllReduce(grad, &grad, ReduceOp::kSum));  // enqueued
+//   DT_RETURN_IF_ERROR(comm->Allreduce(grad, &grad, ReduceOp::kSum));  // enqueued
 //   DT_RETURN_IF_ERROR(comm->Synchronize());                         // waited for
 //
 // Rendezvous. Rank 0 creates NCCL's unique id and publishes it in the store
@@ -93,30 +93,30 @@ class NcclCommunicator {
   // `stream` (null: the device's CurrentStream) and asynchronous: wait with
   // Synchronize (or order later work on the same stream). All ranks must make
   // the same calls in the same order with matching sizes and dtypes.
-  //   AllReduce: recv = op over ranks of send (same shape; recv may be send).
+  //   Allreduce: recv = op over ranks of send (same shape; recv may be send).
   //   Broadcast: t on every rank = t on `root`.
-  //   AllGather: recv (world_size * send.numel() elements) = the ranks'
+  //   Allgather: recv (world_size * send.numel() elements) = the ranks'
   //              sends, concatenated in rank order.
   //   ReduceScatter: recv (send.numel() / world_size elements) = block `rank`
   //              of the reduction of the sends.
-  absl::Status AllReduce(const Tensor& send, Tensor* recv, ReduceOp op, Stream* stream = nullptr);
+  absl::Status Allreduce(const Tensor& send, Tensor* recv, ReduceOp op, Stream* stream = nullptr);
   absl::Status Broadcast(Tensor* t, int root, Stream* stream = nullptr);
-  absl::Status AllGather(const Tensor& send, Tensor* recv, Stream* stream = nullptr);
+  absl::Status Allgather(const Tensor& send, Tensor* recv, Stream* stream = nullptr);
   absl::Status ReduceScatter(const Tensor& send, Tensor* recv, ReduceOp op,
                              Stream* stream = nullptr);
 
   // The same on raw pointers into memory of this communicator's device
   // (INVALID_ARGUMENT, before any communication, for other pointers), counts
   // in elements of `dtype`, enqueued on `stream` (a stream of the device).
-  // In place: AllReduce and Broadcast with send == recv, AllGather with send
+  // In place: Allreduce and Broadcast with send == recv, Allgather with send
   // == recv + rank * send_count, ReduceScatter with recv == send + rank *
   // recv_count. nccl_collective.h builds the collective::Communicator on
   // these.
-  absl::Status AllReduce(const void* send, void* recv, size_t count, DType dtype, ReduceOp op,
+  absl::Status Allreduce(const void* send, void* recv, size_t count, DType dtype, ReduceOp op,
                          cudaStream_t stream);
   absl::Status Broadcast(const void* send, void* recv, size_t count, DType dtype, int root,
                          cudaStream_t stream);
-  absl::Status AllGather(const void* send, void* recv, size_t send_count, DType dtype,
+  absl::Status Allgather(const void* send, void* recv, size_t send_count, DType dtype,
                          cudaStream_t stream);
   absl::Status ReduceScatter(const void* send, void* recv, size_t recv_count, DType dtype,
                              ReduceOp op, cudaStream_t stream);

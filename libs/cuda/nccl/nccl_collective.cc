@@ -101,7 +101,7 @@ class NcclCollective final : public Communicator {
                  absl::StrCat("(", count, " x ", DTypeName(dtype), ", ",
                               collective::ReduceOpName(op), ", nccl)"),
                  timeout, valid, [=](cudaStream_t s) {
-                   return nccl_->AllReduce(data, data, count, dtype, ToNcclOp(op), s);
+                   return nccl_->Allreduce(data, data, count, dtype, ToNcclOp(op), s);
                  });
   }
 
@@ -127,7 +127,7 @@ class NcclCollective final : public Communicator {
     if (valid.ok()) valid = CheckCount(count, dtype, size());
     return Issue("allgather", absl::StrCat("(", count, " x ", DTypeName(dtype), " per rank, nccl)"),
                  timeout, valid,
-                 [=](cudaStream_t s) { return nccl_->AllGather(input, output, count, dtype, s); });
+                 [=](cudaStream_t s) { return nccl_->Allgather(input, output, count, dtype, s); });
   }
 
   std::shared_ptr<Work> DoBroadcastAsync(void* data, size_t count, DType dtype, int root,
@@ -147,7 +147,7 @@ class NcclCollective final : public Communicator {
   std::shared_ptr<Work> DoBarrierAsync(absl::Duration timeout) override {
     return Issue("barrier", "(nccl allreduce of 1 x f32)", timeout, absl::OkStatus(),
                  [this](cudaStream_t s) {
-                   return nccl_->AllReduce(barrier_buffer_, barrier_buffer_, 1, DType::kF32,
+                   return nccl_->Allreduce(barrier_buffer_, barrier_buffer_, 1, DType::kF32,
                                            ReduceOp::kSum, s);
                  });
   }

@@ -73,9 +73,9 @@ TEST_F(GpuNcclTest, SingleRankCollectives) {
   EXPECT_EQ(c.rank(), 0);
   EXPECT_EQ(c.world_size(), 1);
   Tensor t = Tensor::FromVector<float>({1, 2, 3, 4}, {4}, Device::Cuda(0));
-  ASSERT_TRUE(c.AllReduce(t, &t, ReduceOp::kSum).ok());
+  ASSERT_TRUE(c.Allreduce(t, &t, ReduceOp::kSum).ok());
   Tensor g = Tensor::Empty({4}, DType::kF32, Device::Cuda(0));
-  ASSERT_TRUE(c.AllGather(t, &g).ok());
+  ASSERT_TRUE(c.Allgather(t, &g).ok());
   Tensor rs = Tensor::Empty({4}, DType::kF32, Device::Cuda(0));
   ASSERT_TRUE(c.ReduceScatter(t, &rs, ReduceOp::kMax).ok());
   ASSERT_TRUE(c.Broadcast(&rs, 0).ok());
@@ -84,11 +84,11 @@ TEST_F(GpuNcclTest, SingleRankCollectives) {
   EXPECT_EQ(rs.ToVector<float>(), (std::vector<float>{1, 2, 3, 4}));
   // Size mismatches are argument errors, not NCCL failures.
   Tensor small = Tensor::Empty({3}, DType::kF32, Device::Cuda(0));
-  EXPECT_EQ(c.AllReduce(t, &small, ReduceOp::kSum).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(c.Allreduce(t, &small, ReduceOp::kSum).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_FALSE(c.aborted());
   // An aborted communicator fails every later call, naming the rank.
   c.Abort("test");
-  absl::Status s = c.AllReduce(t, &t, ReduceOp::kSum);
+  absl::Status s = c.Allreduce(t, &t, ReduceOp::kSum);
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_TRUE(Contains(s, "rank 0 of 1 (cuda:0)")) << s;
 }
@@ -149,8 +149,8 @@ TEST(MultiGpuNcclTest, CollectivesMatchTheHost) {
     Tensor gathered = Tensor::Empty({len * n}, DType::kF32, dev);
     Tensor scattered = Tensor::Empty({len / n}, DType::kF32, dev);
     Tensor b = Tensor::Full({5}, static_cast<float>(r), DType::kF32, dev);
-    absl::Status s = c.AllReduce(t, &sum, ReduceOp::kSum);
-    if (s.ok()) s = c.AllGather(t, &gathered);
+    absl::Status s = c.Allreduce(t, &sum, ReduceOp::kSum);
+    if (s.ok()) s = c.Allgather(t, &gathered);
     if (s.ok()) s = c.ReduceScatter(t, &scattered, ReduceOp::kMax);
     if (s.ok()) s = c.Broadcast(&b, n - 1);
     if (s.ok()) s = c.Synchronize();
@@ -197,7 +197,7 @@ TEST(MultiGpuNcclTest, APeerThatStopsIsAnErrorNotAHang) {
       return;
     }
     Tensor t = Tensor::Full({1 << 20}, 1.0f, DType::kF32, Device::Cuda(0));
-    result[0] = (*comm)->AllReduce(t, &t, ReduceOp::kSum);
+    result[0] = (*comm)->Allreduce(t, &t, ReduceOp::kSum);
     if (result[0].ok()) result[0] = (*comm)->Synchronize();
   });
   ASSERT_FALSE(result[0].ok());
