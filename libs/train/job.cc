@@ -86,12 +86,12 @@ absl::StatusOr<int> LoadCheckpoint(const JobConfig& c, nn::Module* model, nn::Sg
     }
     int world = 0;
     auto w = meta->find("world_size");
-    if (*steps_done > 0 && (w == meta->end() || !absl::SimpleAtoi(w->second, &world) ||
-                            world != c.world_size)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "world_size: ", c.resume_from, " was taken mid-epoch by ",
-          w == meta->end() ? "?" : w->second, " trainers; it resumes only on as many, not ",
-          c.world_size));
+    if (*steps_done > 0 &&
+        (w == meta->end() || !absl::SimpleAtoi(w->second, &world) || world != c.world_size)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("world_size: ", c.resume_from, " was taken mid-epoch by ",
+                       w == meta->end() ? "?" : w->second,
+                       " trainers; it resumes only on as many, not ", c.world_size));
     }
   }
   double value = 0;
@@ -143,8 +143,8 @@ absl::StatusOr<Partial> ReadPartial(const std::string& path, int epoch, int64_t 
   Partial p;
   if (!(in >> p.epoch >> p.step >> p.loss_sum >> p.seen >> p.correct) || p.epoch != epoch ||
       p.step != step) {
-    return absl::DataLossError(absl::StrCat(path, ": not the partial statistics of epoch ",
-                                            epoch + 1, " step ", step));
+    return absl::DataLossError(
+        absl::StrCat(path, ": not the partial statistics of epoch ", epoch + 1, " step ", step));
   }
   return p;
 }
@@ -251,8 +251,7 @@ absl::Status Run(const JobConfig& c, JobObserver* observer, JobProgress* progres
   if (!c.resume_from.empty()) {
     o.restore = [&c, &first_epoch, &first_step, progress](nn::Module* model,
                                                           nn::Sgd* optimizer) -> absl::Status {
-      DT_ASSIGN_OR_RETURN(first_epoch,
-                          LoadCheckpoint(c, model, optimizer, progress, &first_step));
+      DT_ASSIGN_OR_RETURN(first_epoch, LoadCheckpoint(c, model, optimizer, progress, &first_step));
       return absl::OkStatus();
     };
   }
