@@ -170,8 +170,10 @@ absl::Status Drain(const JobConfig& c, DataParallelTrainer* trainer, const Parti
   }
   DT_RETURN_IF_ERROR(Annotate(WritePartial(PartialPath(c.checkpoint_path, c.rank), at),
                               absl::StrCat("rank ", c.rank, " draining at ", where)));
-  float one = 1;
-  DT_RETURN_IF_ERROR(Annotate(trainer->AverageStatistics(&one, 1),
+  // One more statistics round (the synchronous kvstore takes exactly three
+  // values): a meeting of the ranks.
+  float meet[3] = {0, 0, 1};
+  DT_RETURN_IF_ERROR(Annotate(trainer->AverageStatistics(meet, 3),
                               absl::StrCat("rank ", c.rank, " draining at ", where)));
   if (c.rank == 0) {
     DT_RETURN_IF_ERROR(trainer->PullLatestWeights());

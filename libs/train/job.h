@@ -25,7 +25,7 @@
 // attempt's rendezvous store). Then each rank writes its partial epoch
 // statistics (loss sum, samples, correct predictions) next to the
 // checkpoint ("<checkpoint_path>.rank<R>.partial"), the ranks meet once
-// (AverageStatistics of one value, so the files exist before the
+// (one more AverageStatistics round, so the files exist before the
 // checkpoint does; strategies without a common round, kvstore-held
 // weights, do not wait), rank 0 checkpoints the parameters, buffers and
 // momentum with "epochs_done" and "steps_done" (the steps of the next epoch
