@@ -5,6 +5,7 @@
 #include <thread>
 #include <utility>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "libs/base/logging.h"
 #include "libs/base/retry.h"
@@ -69,22 +70,8 @@ class Agent::Progress : public train::JobObserver {
       if (store_ == nullptr) {
         if (job_->drain) drain_at_ = steps_done;
       } else {
-        if (job_->drain && !claimed_) {
-          absl::StatusOr<int64_t> claim = store_->Add(kDrainClaim, 1);
-          if (claim.ok()) claimed_ = true;
-          // The first claimant names the step; the others read it.
-          if (claim.ok() && *claim == 1) {
-            absl::StatusOr<int64_t> at = store_->Add(kDrainStep, steps_done + 1);
-            if (at.ok()) drain_at_ = *at;
-            if (!at.ok()) DT_LOG(WARNING) << "drain: " << at.status();
-          } else if (!claim.ok()) {
-            DT_LOG(WARNING) << "drain: " << claim.status() << "; trying again at the next step";
-          }
-        }
-        if (drain_at_ < 0) {
-          absl::StatusOr<int64_t> at = store_->Add(kDrainStep, 0);
-          if (at.ok() && *at > 0) drain_at_ = *at;
-        }
+        if (job_->drain && !claimed_) Claim(steps_done);
+        if (drain_at_ < 0 && absl::Now() >= next_poll_) Poll();
       }
       if (drain_at_ >= 0) {
         DT_LOG(INFO) << "job " << job_->assignment.job_id() << " rank " << job_->assignment.rank()
@@ -114,6 +101,38 @@ class Agent::Progress : public train::JobObserver {
   bool StopRequested() override { return job_->stop; }
 
  private:
+  // The first claimant names the step: after the one it is about to do.
+  void Claim(int64_t steps_done) {
+    absl::StatusOr<int64_t> claim = store_->Add(kDrainClaim, 1);
+    if (!claim.ok()) {
+      DT_LOG(WARNING) << "drain: " << claim.status() << "; trying again at the next step";
+      return;
+    }
+    claimed_ = true;
+    if (*claim != 1) return;  // another rank's claim: its step is read below
+    absl::Status s = store_->Set(kDrainStep, absl::StrCat(steps_done + 1));
+    if (s.ok()) {
+      drain_at_ = steps_done + 1;
+    } else {
+      DT_LOG(WARNING) << "drain: " << s << "; the job is not drained";
+    }
+  }
+
+  // Whether a rank named the step (a read that adds nothing to the store).
+  // While the store cannot be read, training goes on and reads again after
+  // a second (a drain published meanwhile may then be missed by this rank:
+  // it fails the attempt like a lost peer).
+  void Poll() {
+    absl::StatusOr<std::string> at = store_->Get(kDrainStep, absl::ZeroDuration());
+    int64_t n = 0;
+    if (at.ok() && absl::SimpleAtoi(*at, &n) && n > 0) {
+      drain_at_ = n;
+    } else if (!at.ok() && !absl::IsDeadlineExceeded(at.status())) {
+      DT_LOG(WARNING) << "drain: " << at.status() << "; reading it again in a second";
+      next_poll_ = absl::Now() + absl::Seconds(1);
+    }
+  }
+
   void Send(const train::JobProgress& p) {
     const v1::ProgressReport r = ToReport(p);
     if (agent_->Report(job_->assignment, v1::JOB_STATE_UNSPECIFIED, "", &r)) {
@@ -127,6 +146,7 @@ class Agent::Progress : public train::JobObserver {
   absl::Time last_report_ = absl::InfinitePast();
   bool claimed_ = false;
   int64_t drain_at_ = -1;  // steps of this attempt after which it drains
+  absl::Time next_poll_ = absl::InfinitePast();
 };
 
 Agent::Agent(ClusterClient* cluster, AgentOptions options, AgentObserver* observer)

@@ -52,11 +52,16 @@
 // rendezvous store (ClusterClient::RendezvousStore; jobs of one rank need
 // no agreement): a rank asked to drain claims the drain (StoreAdd
 // "dtrain/drain/claim" 1; the first claimant wins) and, before its next
-// step s+1, publishes it (StoreAdd "dtrain/drain/step" s+1: stop once s+1
+// step s+1, publishes it (StoreSet "dtrain/drain/step" s+1: stop once s+1
 // steps of this attempt are done). No rank can finish step s+1 before the
-// claimant took part in it, so every rank, which reads the key (StoreAdd 0)
-// before each of its steps, sees it in time; ALLREDUCE and synchronous
-// KVSTORE jobs alike (the read is one scheduler call per step and rank).
+// claimant took part in it, so every rank, which reads the key (StoreGet
+// without waiting, which adds nothing to the store) before each of its
+// steps, sees it in time; ALLREDUCE and synchronous KVSTORE jobs alike.
+// The cost: one scheduler call per step and rank. While the store cannot
+// be read a rank trains on and reads again a second later (if a drain was
+// published meanwhile the ranks may part: the attempt fails like one with a
+// lost peer). Asynchronous KVSTORE ranks are not in lockstep; they stop
+// at the same step count, not at the same moment.
 // Then train::RunJob drains (libs/train/job.h: partial statistics, rank 0's
 // checkpoint at that step) and every rank reports FAILED with retryable and
 // drained ("drained at epoch E step S"); rank 0's report carries the

@@ -734,6 +734,17 @@ void AssignPair(FakeCluster* cluster, v1::Assignment a, const std::string& rank0
   cluster->Assign(a, rank1);
 }
 
+// Drains its agent (as SIGTERM does) once its job has done step 3 of epoch
+// 2: on the job thread, so the step is deterministic.
+class DrainAtStep : public AgentObserver {
+ public:
+  void OnStep(const train::JobProgress& p, const train::StepTimes& t) override {
+    Agent* a = agent.load();
+    if (p.epoch == 1 && p.step == 3 && a != nullptr) a->Drain();
+  }
+  std::atomic<Agent*> agent{nullptr};
+};
+
 // Drain (SIGTERM) of rank 1's agent mid-epoch: both ranks stop at the same
 // step, rank 0 checkpoints it, both report FAILED retryable drained, and the
 // drained agent's Run() returns. The job resumed from that checkpoint on
@@ -742,7 +753,8 @@ TEST(AgentTest, DrainStopsEveryRankAtOneStepAndTheJobResumesThere) {
   FakeCluster cluster;
   RunningAgent first(&cluster, Options());
   RunningAgent spare(&cluster, Options());
-  auto second = std::make_unique<Agent>(&cluster, Options());
+  DrainAtStep drain_at;
+  auto second = std::make_unique<Agent>(&cluster, Options(), &drain_at);
   std::atomic<bool> returned{false};
   std::thread runner([&] {
     second->Run();
@@ -754,14 +766,8 @@ TEST(AgentTest, DrainStopsEveryRankAtOneStepAndTheJobResumesThere) {
   }));
   v1::Assignment a = SmallJob("job-drain", 20);
   a.mutable_spec()->set_checkpoint_interval_epochs(1);
+  drain_at.agent = second.get();
   AssignPair(&cluster, a, first.agent().trainer_id(), second->trainer_id());
-  ASSERT_TRUE(cluster.WaitUntil([&]() {
-    for (const v1::ProgressReport& r : cluster.Progress("job-drain")) {
-      if (r.epoch() >= 1 && r.step() >= 2) return true;
-    }
-    return false;
-  }));
-  second->Drain();
   std::map<int, v1::ProgressReport> drained = WaitForFinals(cluster, "job-drain", 1, 2);
   runner.join();
   EXPECT_TRUE(returned);
@@ -777,12 +783,17 @@ TEST(AgentTest, DrainStopsEveryRankAtOneStepAndTheJobResumesThere) {
   EXPECT_EQ(r0.checkpoint_path(), TmpDir() + "/job-drain.ckpt");
   EXPECT_EQ(r0.reason(), absl::StrCat("drained at epoch ", r0.checkpoint_epoch() + 1, " step ",
                                       r0.checkpoint_step()));
-  EXPECT_GT(r0.checkpoint_step(), 0);  // mid-epoch
+  // Asked before step 4 of epoch 2 (8 steps an epoch): the claimant names
+  // the step after the one it was about to do.
+  EXPECT_EQ(r0.checkpoint_epoch(), 1);
+  EXPECT_EQ(r0.checkpoint_step(), 4);
   EXPECT_TRUE(drained[1].checkpoint_path().empty());
   bool said_draining = false;
   for (const v1::HeartbeatRequest& h : cluster.heartbeats()) {
     if (h.trainer_id() == second->trainer_id()) said_draining |= h.draining();
-    if (h.trainer_id() == first.agent().trainer_id()) EXPECT_FALSE(h.draining());
+    if (h.trainer_id() == first.agent().trainer_id()) {
+      EXPECT_FALSE(h.draining());
+    }
   }
   EXPECT_TRUE(said_draining);
 

@@ -141,10 +141,16 @@ absl::StatusOr<Partial> ReadPartial(const std::string& path, int epoch, int64_t 
         absl::StrCat(path, ": missing (the partial epoch statistics of a drained job)"));
   }
   Partial p;
-  if (!(in >> p.epoch >> p.step >> p.loss_sum >> p.seen >> p.correct) || p.epoch != epoch ||
-      p.step != step) {
-    return absl::DataLossError(
-        absl::StrCat(path, ": not the partial statistics of epoch ", epoch + 1, " step ", step));
+  if (!(in >> p.epoch >> p.step >> p.loss_sum >> p.seen >> p.correct)) {
+    return absl::DataLossError(absl::StrCat(path, ": not partial epoch statistics"));
+  }
+  if (p.epoch != epoch || p.step != step) {
+    // Ranks that are not in lockstep (asynchronous kvstore modes) drain at
+    // different steps: the epoch's statistics restart with the resumed steps.
+    DT_LOG(WARNING) << path << " holds the statistics of epoch " << p.epoch + 1 << " step "
+                    << p.step << ", not of the checkpoint's epoch " << epoch + 1 << " step " << step
+                    << "; the epoch's loss and accuracy count the resumed steps only";
+    return Partial{epoch, step, 0, 0, 0};
   }
   return p;
 }

@@ -34,6 +34,9 @@
 // epoch depends on it) skips the first steps_done batches of that epoch's
 // order (DataLoader::StartEpoch) and restores its partial statistics, so it
 // continues exactly as the undisturbed job: no step is lost or repeated.
+// (Ranks not in lockstep, asynchronous kvstore modes, may have drained at
+// other steps than rank 0: their statistics file is then ignored, with a
+// warning, and the epoch's loss counts only the resumed steps.)
 //
 // Thread-safety: RunJob runs on the calling thread; the observer is called
 // on it.
