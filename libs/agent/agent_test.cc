@@ -863,6 +863,41 @@ TEST(AgentTest, SchedulerDrainOfAKvstoreJob) {
   EXPECT_EQ(cluster.Final("job-after")->final_state(), v1::SUCCEEDED);
 }
 
+// A one-rank job drains at its next step (nothing to agree on): rank 0
+// checkpoints, reports drained, and Run() returns; an idle draining agent
+// returns at once after telling the scheduler.
+TEST(AgentTest, DrainOfAOneRankJobAndOfAnIdleAgent) {
+  FakeCluster cluster;
+  Agent agent(&cluster, Options());
+  std::thread runner([&] { agent.Run(); });
+  v1::Assignment a = SmallJob("job-solo", 10000);
+  a.mutable_spec()->set_checkpoint_interval_epochs(1);
+  cluster.Assign(a);
+  ASSERT_TRUE(cluster.WaitUntil([&]() { return !cluster.Progress("job-solo").empty(); }));
+  agent.Drain();
+  runner.join();
+  const std::optional<v1::ProgressReport> last = cluster.Final("job-solo");
+  ASSERT_TRUE(last.has_value());
+  EXPECT_EQ(last->final_state(), v1::FAILED);
+  EXPECT_TRUE(last->retryable());
+  EXPECT_TRUE(last->drained());
+  EXPECT_EQ(last->checkpoint_path(), TmpDir() + "/job-solo.ckpt");
+  EXPECT_EQ(last->reason(), absl::StrCat("drained at epoch ", last->checkpoint_epoch() + 1,
+                                         " step ", last->checkpoint_step()));
+  EXPECT_TRUE(cluster.rendezvous().empty());  // one rank: no agreement
+  EXPECT_EQ(cluster.FinalCount(), 1);
+
+  FakeCluster idle_cluster;
+  Agent idle(&idle_cluster, Options());
+  std::thread idle_runner([&] { idle.Run(); });
+  ASSERT_TRUE(idle_cluster.WaitUntil([&]() { return !idle_cluster.heartbeats().empty(); }));
+  idle.Drain();
+  idle_runner.join();  // Run() returned
+  const std::vector<v1::HeartbeatRequest> beats = idle_cluster.heartbeats();
+  EXPECT_TRUE(beats.back().draining());
+  EXPECT_FALSE(beats.front().draining());
+}
+
 // SIGTERM, as the daemon wires it: the running job stops at its next step,
 // is reported FAILED ("trainer shutting down"), and Run() returns.
 TEST(AgentTest, SigtermStopsTheJobAndRunReturns) {
