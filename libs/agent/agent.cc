@@ -472,6 +472,9 @@ void Agent::Work(Job* job) {
     absl::MutexLock lock(&mu_);
     final_state = job->stop_reason == "cancelled" ? v1::CANCELLED : v1::FAILED;
     reason = absl::StrCat(job->stop_reason, " at epoch ", last.epoch() + 1, " step ", last.step());
+    // The trainer went away (a drain that took too long): not the job's
+    // fault; the scheduler requeues it from its newest checkpoint.
+    last.set_retryable(job->stop_reason == "trainer shutting down");
   } else if (!s.ok()) {
     final_state = v1::FAILED;
     reason = std::string(s.message());

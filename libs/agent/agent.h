@@ -40,8 +40,10 @@
 // "trainer is already running job X"). A repeated delivery of the running
 // attempt is ignored.
 //
-// Shutdown() stops the running job at its next step (FAILED, "trainer
-// shutting down at epoch E step S"), reports it and makes Run() return.
+// Shutdown() stops the running job at its next step (FAILED and retryable,
+// "trainer shutting down at epoch E step S": the scheduler requeues it from
+// its newest checkpoint, counting the attempt), reports it and makes Run()
+// return.
 //
 // Drain() (SIGTERM) drains instead: heartbeats say draining (the scheduler
 // places no new work here), the running job (and one that arrives

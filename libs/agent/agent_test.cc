@@ -898,8 +898,9 @@ TEST(AgentTest, DrainOfAOneRankJobAndOfAnIdleAgent) {
   EXPECT_FALSE(beats.front().draining());
 }
 
-// SIGTERM, as the daemon wires it: the running job stops at its next step,
-// is reported FAILED ("trainer shutting down"), and Run() returns.
+// SIGTERM wired to Shutdown() (the daemon's path once --drain_timeout_s has
+// passed): the running job stops at its next step, is reported FAILED and
+// retryable ("trainer shutting down"), and Run() returns.
 TEST(AgentTest, SigtermStopsTheJobAndRunReturns) {
   FakeCluster cluster;
   ShutdownSignal& signal = ShutdownSignal::Install();
@@ -925,7 +926,8 @@ TEST(AgentTest, SigtermStopsTheJobAndRunReturns) {
   ASSERT_TRUE(last.has_value());
   EXPECT_EQ(last->final_state(), v1::FAILED);
   EXPECT_THAT(last->reason(), StartsWith("trainer shutting down at epoch "));
-  EXPECT_FALSE(last->retryable());
+  EXPECT_TRUE(last->retryable());  // the trainer went away, not the job's fault
+  EXPECT_FALSE(last->drained());
   EXPECT_EQ(cluster.FinalCount(), 1);
 }
 

@@ -66,7 +66,8 @@
 // all its ranks agree on, rank 0 checkpoints it, it is reported drained and
 // the scheduler resumes it elsewhere; then the daemon exits 0. A drain
 // taking longer than --drain_timeout_s (0: do not drain) stops the job at
-// its next step instead (FAILED, "trainer shutting down"); a second signal
+// its next step instead (FAILED, retryable: "trainer shutting down"; the
+// scheduler requeues it from its newest checkpoint); a second signal
 // exits at once. Kubernetes: terminationGracePeriodSeconds must cover
 // --drain_timeout_s (k8s/base/trainer.yaml). Exit status 2 for bad flags.
 //
