@@ -5,6 +5,7 @@
 #include <thread>
 #include <utility>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "libs/base/logging.h"
 #include "libs/base/retry.h"
@@ -19,6 +20,8 @@ namespace v1 = scheduler::v1;
 struct Agent::Job {
   v1::Assignment assignment;
   std::atomic<bool> stop{false};
+  // Drain it (Agent::Drain, or the scheduler's drain_job_ids).
+  std::atomic<bool> drain{false};
   std::string stop_reason;  // guarded by Agent::mu_; set once, with stop
   // Sending the final report; about to end.
   std::atomic<bool> finishing{false};
@@ -40,6 +43,7 @@ v1::ProgressReport ToReport(const train::JobProgress& p) {
   r.set_epoch_seconds(p.epoch_seconds);
   r.set_checkpoint_path(p.checkpoint_path);
   r.set_checkpoint_epoch(p.checkpoint_epoch);
+  r.set_checkpoint_step(p.checkpoint_step);
   return r;
 }
 
@@ -50,10 +54,32 @@ AgentObserver* NoObserver() {
 
 }  // namespace
 
-// A running job's progress: to the observer, and (rank 0) to the scheduler.
+// The rendezvous store keys of a drain (see agent.h).
+constexpr char kDrainClaim[] = "dtrain/drain/claim";
+constexpr char kDrainStep[] = "dtrain/drain/step";
+
+// A running job's progress: to the observer, and (rank 0) to the scheduler;
+// its drain, agreed through `store` (null: one rank, nothing to agree).
 class Agent::Progress : public train::JobObserver {
  public:
-  Progress(Agent* agent, Job* job) : agent_(agent), job_(job) {}
+  Progress(Agent* agent, Job* job, collective::Store* store)
+      : agent_(agent), job_(job), store_(store) {}
+
+  bool DrainRequested(int64_t steps_done) override {
+    if (drain_at_ < 0) {
+      if (store_ == nullptr) {
+        if (job_->drain) drain_at_ = steps_done;
+      } else {
+        if (job_->drain && !claimed_) Claim(steps_done);
+        if (drain_at_ < 0 && absl::Now() >= next_poll_) Poll();
+      }
+      if (drain_at_ >= 0) {
+        DT_LOG(INFO) << "job " << job_->assignment.job_id() << " rank " << job_->assignment.rank()
+                     << ": draining after " << drain_at_ << " steps of this attempt";
+      }
+    }
+    return drain_at_ >= 0 && steps_done >= drain_at_;
+  }
 
   void OnStep(const train::JobProgress& p, const train::StepTimes& t) override {
     agent_->observer_->OnStep(p, t);
@@ -75,6 +101,38 @@ class Agent::Progress : public train::JobObserver {
   bool StopRequested() override { return job_->stop; }
 
  private:
+  // The first claimant names the step: after the one it is about to do.
+  void Claim(int64_t steps_done) {
+    absl::StatusOr<int64_t> claim = store_->Add(kDrainClaim, 1);
+    if (!claim.ok()) {
+      DT_LOG(WARNING) << "drain: " << claim.status() << "; trying again at the next step";
+      return;
+    }
+    claimed_ = true;
+    if (*claim != 1) return;  // another rank's claim: its step is read below
+    absl::Status s = store_->Set(kDrainStep, absl::StrCat(steps_done + 1));
+    if (s.ok()) {
+      drain_at_ = steps_done + 1;
+    } else {
+      DT_LOG(WARNING) << "drain: " << s << "; the job is not drained";
+    }
+  }
+
+  // Whether a rank named the step (a read that adds nothing to the store).
+  // While the store cannot be read, training goes on and reads again after
+  // a second (a drain published meanwhile may then be missed by this rank:
+  // it fails the attempt like a lost peer).
+  void Poll() {
+    absl::StatusOr<std::string> at = store_->Get(kDrainStep, absl::ZeroDuration());
+    int64_t n = 0;
+    if (at.ok() && absl::SimpleAtoi(*at, &n) && n > 0) {
+      drain_at_ = n;
+    } else if (!at.ok() && !absl::IsDeadlineExceeded(at.status())) {
+      DT_LOG(WARNING) << "drain: " << at.status() << "; reading it again in a second";
+      next_poll_ = absl::Now() + absl::Seconds(1);
+    }
+  }
+
   void Send(const train::JobProgress& p) {
     const v1::ProgressReport r = ToReport(p);
     if (agent_->Report(job_->assignment, v1::JOB_STATE_UNSPECIFIED, "", &r)) {
@@ -84,7 +142,11 @@ class Agent::Progress : public train::JobObserver {
 
   Agent* const agent_;
   Job* const job_;
+  collective::Store* const store_;
   absl::Time last_report_ = absl::InfinitePast();
+  bool claimed_ = false;
+  int64_t drain_at_ = -1;  // steps of this attempt after which it drains
+  absl::Time next_poll_ = absl::InfinitePast();
 };
 
 Agent::Agent(ClusterClient* cluster, AgentOptions options, AgentObserver* observer)
@@ -122,6 +184,14 @@ void Agent::Shutdown() {
   shutdown_ = true;
 }
 
+void Agent::Drain() {
+  absl::MutexLock lock(&mu_);
+  if (!draining_) DT_LOG(INFO) << "draining";
+  draining_ = true;
+  wake_ = true;
+  if (current_ != nullptr) current_->drain = true;
+}
+
 bool Agent::WaitForWake(absl::Duration timeout) {
   absl::MutexLock lock(&mu_);
   auto woken = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return shutdown_ || wake_; };
@@ -139,6 +209,10 @@ void Agent::Run() {
       if (shutdown_) break;
     }
     if (trainer_id().empty()) {
+      {
+        absl::MutexLock lock(&mu_);
+        if (draining_ && current_ == nullptr && !next_.has_value()) break;
+      }
       if (absl::Status s = Register(&interval); !s.ok()) {
         DT_LOG(WARNING) << s << "; retrying in " << backoff;
         WaitForWake(backoff);
@@ -149,6 +223,11 @@ void Agent::Run() {
     }
     Reap();
     Heartbeat();
+    {
+      // Drained: the scheduler heard it (when it could be reached).
+      absl::MutexLock lock(&mu_);
+      if (draining_ && current_ == nullptr && !next_.has_value()) break;
+    }
     WaitForWake(interval);
   }
   DT_LOG(INFO) << "shutting down";
@@ -190,6 +269,7 @@ void Agent::Heartbeat() {
   {
     absl::MutexLock lock(&mu_);
     request.set_trainer_id(trainer_id_);
+    request.set_draining(draining_);
     if (current_ != nullptr && !current_->done) {
       request.add_running_job_ids(current_->assignment.job_id());
     }
@@ -230,6 +310,14 @@ void Agent::Heartbeat() {
         current_->stop_reason = "cancelled";
         current_->stop = true;
       }
+    }
+  }
+  for (const std::string& id : reply->drain_job_ids()) {
+    absl::MutexLock lock(&mu_);
+    if (current_ != nullptr && !current_->done && current_->assignment.job_id() == id &&
+        !current_->drain) {
+      DT_LOG(INFO) << "job " << id << ": the scheduler drains this trainer";
+      current_->drain = true;
     }
   }
   for (const v1::Assignment& a : reply->assignments()) Accept(a);
@@ -284,6 +372,7 @@ void Agent::Accept(const v1::Assignment& a) {
 void Agent::StartLocked(const v1::Assignment& a) {
   current_ = std::make_unique<Job>();
   current_->assignment = a;
+  current_->drain = draining_;
   Job* job = current_.get();
   DT_LOG(INFO) << "starting job " << a.job_id() << " (" << a.spec().name() << ", "
                << a.spec().model() << ", " << a.spec().epochs() << " epochs) as rank " << a.rank()
@@ -372,10 +461,20 @@ void Agent::Work(Job* job) {
   v1::ProgressReport last = ToReport(progress);
   v1::JobState final_state = v1::SUCCEEDED;
   std::string reason = "training finished";
-  if (job->stop) {
+  if (progress.drained && absl::IsCancelled(s)) {
+    // Every rank stopped at the agreed step; rank 0's report carries the
+    // checkpoint. Not the job's fault: the scheduler requeues it.
+    final_state = v1::FAILED;
+    reason = std::string(s.message());
+    last.set_retryable(true);
+    last.set_drained(true);
+  } else if (job->stop) {
     absl::MutexLock lock(&mu_);
     final_state = job->stop_reason == "cancelled" ? v1::CANCELLED : v1::FAILED;
     reason = absl::StrCat(job->stop_reason, " at epoch ", last.epoch() + 1, " step ", last.step());
+    // The trainer went away (a drain that took too long): not the job's
+    // fault; the scheduler requeues it from its newest checkpoint.
+    last.set_retryable(job->stop_reason == "trainer shutting down");
   } else if (!s.ok()) {
     final_state = v1::FAILED;
     reason = std::string(s.message());
@@ -437,7 +536,11 @@ absl::Status Agent::RunAssignment(Job* job, train::JobProgress* progress) {
   for (const Device& d : plan.config.devices) {
     if (absl::StatusOr<Allocator*> alloc = GetAllocator(d); alloc.ok()) (*alloc)->ResetPeak();
   }
-  Progress observer(this, job);
+  // Several ranks agree on a drain through the attempt's store.
+  if (store == nullptr && world > 1) {
+    store = cluster_->RendezvousStore(trainer_id(), a.job_id(), a.attempt());
+  }
+  Progress observer(this, job, world > 1 ? store.get() : nullptr);
   return train::RunJob(plan.config, &observer, progress);
 }
 

@@ -40,8 +40,35 @@
 // "trainer is already running job X"). A repeated delivery of the running
 // attempt is ignored.
 //
-// Shutdown() stops the running job at its next step (FAILED, "trainer
-// shutting down at epoch E step S"), reports it and makes Run() return.
+// Shutdown() stops the running job at its next step (FAILED and retryable,
+// "trainer shutting down at epoch E step S": the scheduler requeues it from
+// its newest checkpoint, counting the attempt), reports it and makes Run()
+// return.
+//
+// Drain() (SIGTERM) drains instead: heartbeats say draining (the scheduler
+// places no new work here), the running job (and one that arrives
+// meanwhile) is drained, and Run() returns once no job is left. A
+// scheduler's HeartbeatReply.drain_job_ids (trainctl drain) drains the job
+// the same way without ending Run(). Draining a job: the ranks must stop at
+// the same step (they meet every step), so they agree through the attempt's
+// rendezvous store (ClusterClient::RendezvousStore; jobs of one rank need
+// no agreement): a rank asked to drain claims the drain (StoreAdd
+// "dtrain/drain/claim" 1; the first claimant wins) and, before its next
+// step s+1, publishes it (StoreSet "dtrain/drain/step" s+1: stop once s+1
+// steps of this attempt are done). No rank can finish step s+1 before the
+// claimant took part in it, so every rank, which reads the key (StoreGet
+// without waiting, which adds nothing to the store) before each of its
+// steps, sees it in time; ALLREDUCE and synchronous KVSTORE jobs alike.
+// The cost: one scheduler call per step and rank. While the store cannot
+// be read a rank trains on and reads again a second later (if a drain was
+// published meanwhile the ranks may part: the attempt fails like one with a
+// lost peer). Asynchronous KVSTORE ranks are not in lockstep; they stop
+// at the same step count, not at the same moment.
+// Then train::RunJob drains (libs/train/job.h: partial statistics, rank 0's
+// checkpoint at that step) and every rank reports FAILED with retryable and
+// drained ("drained at epoch E step S"); rank 0's report carries the
+// checkpoint (checkpoint_step) and the scheduler requeues the job from it
+// without counting the attempt.
 //
 // Thread-safety: Shutdown() may be called from any thread at any time; Run()
 // is called once. The observer is called on job threads, one job at a time.
@@ -134,6 +161,11 @@ class Agent {
   // Asks Run() to stop and return. Returns at once.
   void Shutdown();
 
+  // Asks Run() to drain its job (see above) and return when no job is left.
+  // Returns at once. Shutdown() afterwards stops a drain that takes too
+  // long.
+  void Drain();
+
   // The id the scheduler gave at the last registration ("" while
   // unregistered).
   std::string trainer_id() const;
@@ -162,6 +194,7 @@ class Agent {
 
   mutable absl::Mutex mu_;
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
+  bool draining_ ABSL_GUARDED_BY(mu_) = false;
   bool wake_ ABSL_GUARDED_BY(mu_) = false;  // a job ended: reap it now
   std::string trainer_id_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<Job> current_ ABSL_GUARDED_BY(mu_);

@@ -71,6 +71,9 @@ class FakeCluster : public ClusterClient {
     }
     for (std::string& id : to_cancel_) reply.add_cancel_job_ids(std::move(id));
     to_cancel_.clear();
+    for (const auto& [trainer, job] : to_drain_) {
+      if (trainer == request.trainer_id()) reply.add_drain_job_ids(job);
+    }
     return reply;
   }
 
@@ -104,6 +107,11 @@ class FakeCluster : public ClusterClient {
   void Cancel(const std::string& job_id) {
     absl::MutexLock lock(&mu_);
     to_cancel_.push_back(job_id);
+  }
+  // Every heartbeat reply to `trainer_id` asks it to drain `job_id`.
+  void DrainInReplies(const std::string& trainer_id, const std::string& job_id) {
+    absl::MutexLock lock(&mu_);
+    to_drain_.emplace_back(trainer_id, job_id);
   }
   void StopInReplies(const std::string& job_id) {
     absl::MutexLock lock(&mu_);
@@ -191,6 +199,7 @@ class FakeCluster : public ClusterClient {
   std::set<std::string> known_ ABSL_GUARDED_BY(mu_);
   std::vector<std::pair<std::string, v1::Assignment>> to_assign_ ABSL_GUARDED_BY(mu_);
   std::vector<std::string> to_cancel_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::pair<std::string, std::string>> to_drain_ ABSL_GUARDED_BY(mu_);
   std::set<std::string> stop_jobs_ ABSL_GUARDED_BY(mu_);
   bool unavailable_ ABSL_GUARDED_BY(mu_) = false;
   int fail_reports_ ABSL_GUARDED_BY(mu_) = 0;
@@ -690,14 +699,208 @@ TEST(AgentTest, TwoAgentsTrainThroughTheKvstore) {
   EXPECT_EQ(finals[0].epoch(), 1);
   EXPECT_DOUBLE_EQ(finals[0].loss(), finals[1].loss());
   EXPECT_GT(finals[0].test_accuracy(), 0.3);  // chance is 0.1
-  EXPECT_TRUE(cluster.rendezvous().empty());
+  // No communicator; the store only carries drain agreements.
+  EXPECT_EQ(cluster.rendezvous().size(), 2u);
   absl::MutexLock lock(&mu);
   EXPECT_THAT(calls,
               ::testing::UnorderedElementsAre("job-kvpair-a3 worker 0", "job-kvpair-a3 worker 1"));
 }
 
-// SIGTERM, as the daemon wires it: the running job stops at its next step,
-// is reported FAILED ("trainer shutting down"), and Run() returns.
+// The final reports of `job_id` attempt `attempt` by rank, once `n` arrived.
+std::map<int, v1::ProgressReport> WaitForFinals(const FakeCluster& cluster,
+                                                const std::string& job_id, int attempt, int n) {
+  std::map<int, v1::ProgressReport> finals;
+  EXPECT_TRUE(cluster.WaitUntil([&]() {
+    finals.clear();
+    for (const v1::ProgressReport& r : cluster.reports()) {
+      if (r.job_id() == job_id && r.attempt() == attempt &&
+          r.final_state() != v1::JOB_STATE_UNSPECIFIED) {
+        finals[r.rank()] = r;
+      }
+    }
+    return static_cast<int>(finals.size()) == n;
+  })) << job_id;
+  return finals;
+}
+
+// Assigns a two-rank job to two agents.
+void AssignPair(FakeCluster* cluster, v1::Assignment a, const std::string& rank0,
+                const std::string& rank1) {
+  a.set_world_size(2);
+  a.mutable_spec()->set_num_trainers(2);
+  a.set_rank(0);
+  cluster->Assign(a, rank0);
+  a.set_rank(1);
+  cluster->Assign(a, rank1);
+}
+
+// Drains its agent (as SIGTERM does) once its job has done step 3 of epoch
+// 2: on the job thread, so the step is deterministic.
+class DrainAtStep : public AgentObserver {
+ public:
+  void OnStep(const train::JobProgress& p, const train::StepTimes& t) override {
+    Agent* a = agent.load();
+    if (p.epoch == 1 && p.step == 3 && a != nullptr) a->Drain();
+  }
+  std::atomic<Agent*> agent{nullptr};
+};
+
+// Drain (SIGTERM) of rank 1's agent mid-epoch: both ranks stop at the same
+// step, rank 0 checkpoints it, both report FAILED retryable drained, and the
+// drained agent's Run() returns. The job resumed from that checkpoint on
+// rank 0's agent and a spare ends exactly like an undisturbed run.
+TEST(AgentTest, DrainStopsEveryRankAtOneStepAndTheJobResumesThere) {
+  FakeCluster cluster;
+  RunningAgent first(&cluster, Options());
+  RunningAgent spare(&cluster, Options());
+  DrainAtStep drain_at;
+  auto second = std::make_unique<Agent>(&cluster, Options(), &drain_at);
+  std::atomic<bool> returned{false};
+  std::thread runner([&] {
+    second->Run();
+    returned = true;
+  });
+  ASSERT_TRUE(cluster.WaitUntil([&]() {
+    return !first.agent().trainer_id().empty() && !second->trainer_id().empty() &&
+           !spare.agent().trainer_id().empty();
+  }));
+  v1::Assignment a = SmallJob("job-drain", 20);
+  a.mutable_spec()->set_checkpoint_interval_epochs(1);
+  drain_at.agent = second.get();
+  AssignPair(&cluster, a, first.agent().trainer_id(), second->trainer_id());
+  std::map<int, v1::ProgressReport> drained = WaitForFinals(cluster, "job-drain", 1, 2);
+  runner.join();
+  EXPECT_TRUE(returned);
+  ASSERT_EQ(drained.size(), 2u);
+  for (const auto& [rank, r] : drained) {
+    EXPECT_EQ(r.final_state(), v1::FAILED) << rank;
+    EXPECT_TRUE(r.retryable()) << rank;
+    EXPECT_TRUE(r.drained()) << rank;
+    EXPECT_THAT(r.reason(), StartsWith("drained at epoch ")) << rank;
+  }
+  EXPECT_EQ(drained[0].reason(), drained[1].reason());  // the same step
+  const v1::ProgressReport& r0 = drained[0];
+  EXPECT_EQ(r0.checkpoint_path(), TmpDir() + "/job-drain.ckpt");
+  EXPECT_EQ(r0.reason(), absl::StrCat("drained at epoch ", r0.checkpoint_epoch() + 1, " step ",
+                                      r0.checkpoint_step()));
+  // Asked before step 4 of epoch 2 (8 steps an epoch): the claimant names
+  // the step after the one it was about to do.
+  EXPECT_EQ(r0.checkpoint_epoch(), 1);
+  EXPECT_EQ(r0.checkpoint_step(), 4);
+  EXPECT_TRUE(drained[1].checkpoint_path().empty());
+  bool said_draining = false;
+  for (const v1::HeartbeatRequest& h : cluster.heartbeats()) {
+    if (h.trainer_id() == second->trainer_id()) said_draining |= h.draining();
+    if (h.trainer_id() == first.agent().trainer_id()) {
+      EXPECT_FALSE(h.draining());
+    }
+  }
+  EXPECT_TRUE(said_draining);
+
+  v1::Assignment resumed = a;
+  resumed.set_attempt(2);
+  resumed.set_resume_checkpoint(r0.checkpoint_path());
+  resumed.set_resume_epoch(r0.checkpoint_epoch());
+  resumed.set_resume_step(r0.checkpoint_step());
+  AssignPair(&cluster, resumed, first.agent().trainer_id(), spare.agent().trainer_id());
+  std::map<int, v1::ProgressReport> done = WaitForFinals(cluster, "job-drain", 2, 2);
+  v1::Assignment undisturbed = a;
+  undisturbed.set_job_id("job-undrained");
+  AssignPair(&cluster, undisturbed, first.agent().trainer_id(), spare.agent().trainer_id());
+  std::map<int, v1::ProgressReport> reference = WaitForFinals(cluster, "job-undrained", 1, 2);
+  ASSERT_EQ(done[0].final_state(), v1::SUCCEEDED) << done[0].reason();
+  ASSERT_EQ(reference[0].final_state(), v1::SUCCEEDED) << reference[0].reason();
+  EXPECT_EQ(done[0].epoch(), 20);
+  EXPECT_DOUBLE_EQ(done[0].loss(), reference[0].loss());
+  EXPECT_DOUBLE_EQ(done[0].test_accuracy(), reference[0].test_accuracy());
+}
+
+// The scheduler drains a KVSTORE job (HeartbeatReply.drain_job_ids to rank
+// 1's trainer, as trainctl drain does): both workers stop at the same step,
+// rank 0 checkpoints, and the agents keep running.
+TEST(AgentTest, SchedulerDrainOfAKvstoreJob) {
+  kvstore::InProcessOptions ko;
+  ko.num_shards = 2;
+  absl::StatusOr<std::unique_ptr<kvstore::InProcessKVStore>> kv =
+      kvstore::InProcessKVStore::Create(ko);
+  ASSERT_TRUE(kv.ok()) << kv.status();
+  AgentOptions o = Options();
+  o.connect_parameter_server =
+      [&](const std::string& job,
+          int worker) -> absl::StatusOr<std::unique_ptr<kvstore::ParameterServer>> {
+    DT_ASSIGN_OR_RETURN(std::unique_ptr<kvstore::InProcessParameterServer> ps,
+                        (*kv)->Connect(job, worker));
+    return std::unique_ptr<kvstore::ParameterServer>(std::move(ps));
+  };
+  FakeCluster cluster;
+  RunningAgent first(&cluster, o);
+  RunningAgent second(&cluster, o);
+  ASSERT_TRUE(cluster.WaitUntil([&]() {
+    return !first.agent().trainer_id().empty() && !second.agent().trainer_id().empty();
+  }));
+  v1::Assignment a = SmallJob("job-kvdrain", 20);
+  a.mutable_spec()->set_checkpoint_interval_epochs(1);
+  a.mutable_spec()->mutable_sync()->set_mode(v1::KVSTORE);
+  AssignPair(&cluster, a, first.agent().trainer_id(), second.agent().trainer_id());
+  ASSERT_TRUE(cluster.WaitUntil([&]() {
+    for (const v1::ProgressReport& r : cluster.Progress("job-kvdrain")) {
+      if (r.step() >= 2) return true;
+    }
+    return false;
+  }));
+  cluster.DrainInReplies(second.agent().trainer_id(), "job-kvdrain");
+  std::map<int, v1::ProgressReport> drained = WaitForFinals(cluster, "job-kvdrain", 1, 2);
+  ASSERT_EQ(drained.size(), 2u);
+  EXPECT_TRUE(drained[0].drained()) << drained[0].reason();
+  EXPECT_TRUE(drained[1].drained()) << drained[1].reason();
+  EXPECT_THAT(drained[0].reason(), StartsWith("drained at epoch "));
+  EXPECT_EQ(drained[0].reason(), drained[1].reason());
+  EXPECT_EQ(drained[0].checkpoint_path(), TmpDir() + "/job-kvdrain.ckpt");
+  EXPECT_LT(drained[0].epoch(), 20);
+  // Still running: another job goes through.
+  cluster.Assign(SmallJob("job-after", 1), second.agent().trainer_id());
+  ASSERT_TRUE(cluster.WaitUntil([&]() { return cluster.HasFinal("job-after"); }));
+  EXPECT_EQ(cluster.Final("job-after")->final_state(), v1::SUCCEEDED);
+}
+
+// A one-rank job drains at its next step (nothing to agree on): rank 0
+// checkpoints, reports drained, and Run() returns; an idle draining agent
+// returns at once after telling the scheduler.
+TEST(AgentTest, DrainOfAOneRankJobAndOfAnIdleAgent) {
+  FakeCluster cluster;
+  Agent agent(&cluster, Options());
+  std::thread runner([&] { agent.Run(); });
+  v1::Assignment a = SmallJob("job-solo", 10000);
+  a.mutable_spec()->set_checkpoint_interval_epochs(1);
+  cluster.Assign(a);
+  ASSERT_TRUE(cluster.WaitUntil([&]() { return !cluster.Progress("job-solo").empty(); }));
+  agent.Drain();
+  runner.join();
+  const std::optional<v1::ProgressReport> last = cluster.Final("job-solo");
+  ASSERT_TRUE(last.has_value());
+  EXPECT_EQ(last->final_state(), v1::FAILED);
+  EXPECT_TRUE(last->retryable());
+  EXPECT_TRUE(last->drained());
+  EXPECT_EQ(last->checkpoint_path(), TmpDir() + "/job-solo.ckpt");
+  EXPECT_EQ(last->reason(), absl::StrCat("drained at epoch ", last->checkpoint_epoch() + 1,
+                                         " step ", last->checkpoint_step()));
+  EXPECT_TRUE(cluster.rendezvous().empty());  // one rank: no agreement
+  EXPECT_EQ(cluster.FinalCount(), 1);
+
+  FakeCluster idle_cluster;
+  Agent idle(&idle_cluster, Options());
+  std::thread idle_runner([&] { idle.Run(); });
+  ASSERT_TRUE(idle_cluster.WaitUntil([&]() { return !idle_cluster.heartbeats().empty(); }));
+  idle.Drain();
+  idle_runner.join();  // Run() returned
+  const std::vector<v1::HeartbeatRequest> beats = idle_cluster.heartbeats();
+  EXPECT_TRUE(beats.back().draining());
+  EXPECT_FALSE(beats.front().draining());
+}
+
+// SIGTERM wired to Shutdown() (the daemon's path once --drain_timeout_s has
+// passed): the running job stops at its next step, is reported FAILED and
+// retryable ("trainer shutting down"), and Run() returns.
 TEST(AgentTest, SigtermStopsTheJobAndRunReturns) {
   FakeCluster cluster;
   ShutdownSignal& signal = ShutdownSignal::Install();
@@ -723,7 +926,8 @@ TEST(AgentTest, SigtermStopsTheJobAndRunReturns) {
   ASSERT_TRUE(last.has_value());
   EXPECT_EQ(last->final_state(), v1::FAILED);
   EXPECT_THAT(last->reason(), StartsWith("trainer shutting down at epoch "));
-  EXPECT_FALSE(last->retryable());
+  EXPECT_TRUE(last->retryable());  // the trainer went away, not the job's fault
+  EXPECT_FALSE(last->drained());
   EXPECT_EQ(cluster.FinalCount(), 1);
 }
 

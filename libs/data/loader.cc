@@ -92,7 +92,7 @@ DataLoader::~DataLoader() {
   if (producer_.joinable()) producer_.join();
 }
 
-void DataLoader::StartEpoch(int64_t epoch) {
+void DataLoader::StartEpoch(int64_t epoch, int64_t first_batch) {
   absl::StatusOr<std::vector<int64_t>> order =
       ShardOrder(EpochOrder(data_->size, options_.seed, epoch, options_.shuffle), options_.rank,
                  options_.world_size);
@@ -104,8 +104,8 @@ void DataLoader::StartEpoch(int64_t epoch) {
     ++generation_;
     started_ = true;
     order_ = std::move(shared);
-    next_to_fill_ = 0;
-    next_to_return_ = 0;
+    next_to_fill_ = std::clamp<int64_t>(first_batch, 0, batches_per_epoch_);
+    next_to_return_ = next_to_fill_;
     while (!ready_.empty()) {
       spare_.push_back(std::move(ready_.front()));
       ready_.pop_front();

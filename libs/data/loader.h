@@ -82,8 +82,11 @@ class DataLoader {
   // Begins `epoch` (any value; usually 0, 1, 2, ...): the next Next() returns
   // its first batch. Abandons what is left of the previous epoch, so it may
   // also be called mid-epoch, and calling it again with the same epoch
-  // replays the same batches.
-  void StartEpoch(int64_t epoch);
+  // replays the same batches. `first_batch` > 0 starts the epoch at that
+  // batch (a job resumed mid-epoch): the batches before it are skipped
+  // without being prepared, and the rest are exactly those of the whole
+  // epoch from that index on (clamped to batches_per_epoch()).
+  void StartEpoch(int64_t epoch, int64_t first_batch = 0);
 
   // Moves the next batch of the epoch into `*out` and returns true, or
   // returns false (leaving `*out` alone) when the epoch is over or no epoch

@@ -258,6 +258,37 @@ TEST(LoaderTest, RestartingAnEpochMidwayReplaysIt) {
   }
 }
 
+// A job resumed at batch 30 of an epoch sees exactly the rest of that
+// epoch's batches, with or without prefetch, on every rank.
+TEST(LoaderTest, StartingAnEpochAtABatchSkipsExactlyTheOnesBefore) {
+  const Dataset data = MakeDataset(500);
+  for (int prefetch : {0, 2}) {
+    for (int rank : {0, 1}) {
+      LoaderOptions options;
+      options.batch_size = 7;
+      options.seed = 11;
+      options.rank = rank;
+      options.world_size = 2;
+      options.prefetch = prefetch;
+      std::unique_ptr<DataLoader> loader = MakeLoader(&data, options);
+      ASSERT_NE(loader, nullptr);
+      const std::vector<Batch> full = Epoch(loader.get(), 4);
+      ASSERT_EQ(static_cast<int64_t>(full.size()), loader->batches_per_epoch());
+      loader->StartEpoch(4, 30);
+      Batch batch;
+      for (size_t i = 30; i < full.size(); ++i) {
+        ASSERT_TRUE(loader->Next(&batch)) << i;
+        EXPECT_EQ(batch.index, full[i].index);
+        EXPECT_EQ(batch.images, full[i].images);
+        EXPECT_EQ(batch.labels, full[i].labels);
+      }
+      EXPECT_FALSE(loader->Next(&batch));
+      loader->StartEpoch(4, loader->batches_per_epoch() + 5);  // past the end: empty
+      EXPECT_FALSE(loader->Next(&batch));
+    }
+  }
+}
+
 TEST(LoaderTest, DestroyingMidEpochDoesNotHang) {
   const Dataset data = MakeDataset(2000);
   WithDeadline(60, [&] {

@@ -290,6 +290,10 @@ absl::StatusOr<HeartbeatReply> Scheduler::Heartbeat(const HeartbeatRequest& requ
   }
   Trainer& t = it->second;
   t.last_heartbeat = options_.now();
+  if (request.draining() && !t.draining) {
+    // Its next heartbeat tries again when the log refuses.
+    if (absl::Status s = StartDrain(&t, "it is going away"); !s.ok()) LogRefusal(s);
+  }
   HeartbeatReply reply;
   std::set<std::string> running(request.running_job_ids().begin(), request.running_job_ids().end());
   // Jobs the trainer still runs but should not (cancelled, reassigned).
@@ -333,10 +337,12 @@ absl::StatusOr<HeartbeatReply> Scheduler::Heartbeat(const HeartbeatRequest& requ
       a->set_attempt(jt->second.status.attempts());
       a->set_resume_checkpoint(jt->second.status.checkpoint_path());
       a->set_resume_epoch(jt->second.status.checkpoint_epoch());
+      a->set_resume_step(jt->second.status.checkpoint_step());
       *a->mutable_trainer_ids() = jt->second.status.trainers();
       t.delivered = true;
     }
   }
+  if (t.draining && !t.job_id.empty() && t.delivered) reply.add_drain_job_ids(t.job_id);
   for (std::string& c : t.cancels) reply.add_cancel_job_ids(std::move(c));
   t.cancels.clear();
   Schedule();
@@ -388,12 +394,15 @@ absl::StatusOr<bool> Scheduler::ReportProgress(const ProgressReport& r) {
     next.set_samples_per_second(r.samples_per_second());
     if (r.steps_per_epoch() > 0) next.set_steps_per_epoch(r.steps_per_epoch());
     if (r.epoch_seconds() > 0) next.set_epoch_seconds(r.epoch_seconds());
-    const bool new_checkpoint = !r.checkpoint_path().empty() && r.checkpoint_epoch() > 0 &&
+    const bool new_checkpoint = !r.checkpoint_path().empty() &&
+                                (r.checkpoint_epoch() > 0 || r.checkpoint_step() > 0) &&
                                 (r.checkpoint_path() != next.checkpoint_path() ||
-                                 r.checkpoint_epoch() != next.checkpoint_epoch());
+                                 r.checkpoint_epoch() != next.checkpoint_epoch() ||
+                                 r.checkpoint_step() != next.checkpoint_step());
     if (new_checkpoint) {
       next.set_checkpoint_path(r.checkpoint_path());
       next.set_checkpoint_epoch(r.checkpoint_epoch());
+      next.set_checkpoint_step(r.checkpoint_step());
     }
     Touch(&next);
     // Steps, losses and rates between epochs are not logged.
@@ -424,11 +433,21 @@ absl::StatusOr<bool> Scheduler::ReportProgress(const ProgressReport& r) {
     if (r.rank() >= 0 && r.rank() < static_cast<int>(job.rank_done.size())) {
       job.rank_done[r.rank()] = true;
     }
+  } else if (r.final_state() == v1::FAILED && r.retryable() && r.drained() && r.rank() != 0) {
+    // Drained: rank 0's report (with the checkpoint) requeues the job; this
+    // rank's trainer is free (or stays DRAINING).
+    if (r.rank() >= 0 && r.rank() < static_cast<int>(job.rank_done.size())) {
+      job.rank_done[r.rank()] = true;
+    }
+    job.status = std::move(next);
   } else {
     JobState state = r.final_state() == v1::CANCELLED ? v1::CANCELLED : v1::FAILED;
     const std::string why = absl::StrCat("rank ", r.rank(), " on trainer ", t.id, ": ",
                                          r.reason().empty() ? "no reason given" : r.reason());
-    const bool requeue = state == v1::FAILED && r.retryable() && options_.requeue_on_trainer_loss;
+    const bool drained = state == v1::FAILED && r.retryable() && r.drained();
+    const bool requeue =
+        drained || (state == v1::FAILED && r.retryable() && options_.requeue_on_trainer_loss);
+    if (drained) next.set_drains(next.drains() + 1);
     if (requeue) {
       Requeue(&next, why);
     } else {
@@ -436,7 +455,7 @@ absl::StatusOr<bool> Scheduler::ReportProgress(const ProgressReport& r) {
     }
     DT_RETURN_IF_ERROR(Commit(&job, std::move(next)));
     ReleaseTrainers(job.status.id(), placed, t.id);
-    if (requeue) {
+    if (requeue && !drained) {
       // A peer may be dead without being declared lost yet: the others must
       // show they are alive before the job is placed on them again.
       const absl::Time now = options_.now();
@@ -459,18 +478,94 @@ bool Scheduler::InPlacement(const Job& job, const Trainer& t) {
 }
 
 void Scheduler::Requeue(JobStatus* status, const std::string& why) {
-  if (status->attempts() >= options_.max_attempts) {
+  // Drained attempts do not count.
+  if (status->attempts() - status->drains() >= options_.max_attempts) {
     SetState(status, v1::FAILED,
              absl::StrCat(why, "; not requeued: the job has been placed ", status->attempts(),
                           " times (the limit)"));
     return;
   }
   status->clear_trainers();
+  const std::string at = status->checkpoint_step() > 0
+                             ? absl::StrCat("epoch ", status->checkpoint_epoch() + 1, " step ",
+                                            status->checkpoint_step())
+                             : absl::StrCat("epoch ", status->checkpoint_epoch());
   SetState(status, v1::QUEUED,
            status->checkpoint_path().empty()
                ? absl::StrCat(why, "; requeued from the start (no checkpoint yet)")
-               : absl::StrCat(why, "; requeued, resuming from ", status->checkpoint_path(),
-                              " (epoch ", status->checkpoint_epoch(), ")"));
+               : absl::StrCat(why, "; requeued, resuming from ", status->checkpoint_path(), " (",
+                              at, ")"));
+}
+
+absl::Status Scheduler::StartDrain(Trainer* t, const std::string& why) {
+  if (!t->job_id.empty() && !t->delivered) {
+    auto jt = jobs_.find(t->job_id);
+    if (jt != jobs_.end() && jt->second.status.state() == v1::RUNNING &&
+        InPlacement(jt->second, *t)) {
+      const std::vector<std::string> placed = Placement(jt->second);
+      JobStatus next = jt->second.status;
+      next.set_drains(next.drains() + 1);
+      Requeue(&next, absl::StrCat("trainer ", t->id, " is draining (", why,
+                                  ") and had not received the job"));
+      DT_RETURN_IF_ERROR(Commit(&jt->second, std::move(next)));
+      ReleaseTrainers(jt->first, placed, t->id);
+    }
+    t->job_id.clear();
+    t->rank = -1;
+    t->delivered = false;
+  }
+  if (!t->draining) {
+    DT_LOG(INFO) << "trainer " << t->id << " (" << t->name << ") draining: " << why;
+  }
+  t->draining = true;
+  return absl::OkStatus();
+}
+
+v1::TrainerStatus Scheduler::ToStatus(const Trainer& t, v1::TrainerState state) {
+  v1::TrainerStatus s;
+  s.set_id(t.id);
+  s.set_name(t.name);
+  for (const auto& [kind, count] : t.devices) s.add_devices(absl::StrCat(count, " ", kind));
+  s.set_state(state);
+  if (!t.job_id.empty()) s.add_job_ids(t.job_id);
+  s.set_rank(t.job_id.empty() ? -1 : t.rank);
+  s.set_last_heartbeat_unix_ms(absl::ToUnixMillis(t.last_heartbeat));
+  return s;
+}
+
+absl::StatusOr<v1::TrainerStatus> Scheduler::DrainTrainer(const std::string& trainer) {
+  absl::MutexLock lock(&mu_);
+  auto it = trainers_.find(trainer);
+  if (it == trainers_.end()) {
+    int matches = 0;
+    for (auto t = trainers_.begin(); t != trainers_.end(); ++t) {
+      if (!trainer.empty() && t->second.name == trainer) {
+        ++matches;
+        it = t;
+      }
+    }
+    if (matches == 0) {
+      return absl::NotFoundError(
+          absl::StrCat("no trainer with id or name '", trainer, "' (see trainctl trainers)"));
+    }
+    if (matches > 1) {
+      return absl::InvalidArgumentError(absl::StrCat("trainer: ", matches, " trainers are named '",
+                                                     trainer, "'; name one by its id"));
+    }
+  }
+  DT_RETURN_IF_ERROR(StartDrain(&it->second, "drained by an operator"));
+  Schedule();
+  return ToStatus(it->second, v1::DRAINING);
+}
+
+std::vector<v1::TrainerStatus> Scheduler::ListTrainers() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<v1::TrainerStatus> out;
+  for (const auto& [id, t] : trainers_) {
+    out.push_back(ToStatus(t, t.draining ? v1::DRAINING : t.job_id.empty() ? v1::IDLE : v1::BUSY));
+  }
+  out.insert(out.end(), lost_.begin(), lost_.end());
+  return out;
 }
 
 std::vector<std::string> Scheduler::Placement(const Job& job) {
@@ -513,7 +608,9 @@ void Scheduler::Schedule() {
   });
   std::vector<Trainer*> free;
   for (auto& [id, t] : trainers_) {
-    if (t.job_id.empty() && t.last_heartbeat > t.placeable_after) free.push_back(&t);
+    if (t.job_id.empty() && !t.draining && t.last_heartbeat > t.placeable_after) {
+      free.push_back(&t);
+    }
   }
   std::sort(free.begin(), free.end(),
             [](const Trainer* a, const Trainer* b) { return a->order < b->order; });
@@ -703,6 +800,8 @@ bool Scheduler::LoseTrainer(const std::string& trainer_id, const std::string& wh
     }
   }
   DT_LOG(WARNING) << "trainer " << trainer_id << " lost: " << why;
+  lost_.push_back(ToStatus(it->second, v1::LOST));
+  if (lost_.size() > kMaxLostTrainersListed) lost_.pop_front();
   trainers_.erase(it);
   if (placed_here) ReleaseTrainers(job_id, placed, "");
   return true;

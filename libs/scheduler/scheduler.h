@@ -28,6 +28,20 @@
 // resumes from the newest one (Assignment.resume_checkpoint), so a requeued
 // job loses at most checkpoint_interval_epochs of work.
 //
+// Drain: a trainer is DRAINING once DrainTrainer names it or it heartbeats
+// with draining set (it got SIGTERM); no work is placed on it again (until
+// it registers anew). An assignment it has not received yet is taken back
+// (the job is requeued, not counted). Its running job is told to drain
+// (HeartbeatReply.drain_job_ids): the ranks stop at one step, rank 0
+// checkpoints it and every rank reports FAILED with retryable and drained.
+// Rank 0's drained report requeues the job from that checkpoint (resuming
+// at its epoch and step: Assignment.resume_step) and adds one to
+// JobStatus.drains; attempts still counts the placement, but max_attempts
+// limits attempts - drains, so drains never fail a job. The other ranks'
+// drained reports only free their trainers (the job waits for rank 0's
+// checkpoint). ListTrainers shows IDLE, BUSY, DRAINING and the last
+// kMaxLostTrainersListed trainers declared lost (LOST).
+//
 // Durability: every job change that matters after a restart (submission,
 // state changes, completed epochs, checkpoints) is appended to a
 // write-ahead log (wal.h) as the job's full JobStatus before the call
@@ -73,6 +87,7 @@
 #define DTRAIN_LIBS_SCHEDULER_SCHEDULER_H_
 
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -111,6 +126,8 @@ inline constexpr size_t kMaxStoreKeys = 4096;
 inline constexpr size_t kMaxStoreBytes = 8 << 20;
 // The longest a StoreGet waits inside the scheduler.
 inline constexpr absl::Duration kMaxStoreWait = absl::Seconds(5);
+// Lost trainers ListTrainers keeps showing (the newest).
+inline constexpr size_t kMaxLostTrainersListed = 32;
 
 struct SchedulerOptions {
   // The write-ahead log; empty: nothing survives a restart (tests).
@@ -217,6 +234,16 @@ class Scheduler {
 
   SchedulerStats Stats() const;
 
+  // Marks a trainer DRAINING (see "Drain" above). `trainer` is an id, or a
+  // name when no id matches. kNotFound for an unknown trainer,
+  // kInvalidArgument for a name several trainers have; kUnavailable when
+  // taking back an undelivered assignment cannot be logged (nothing
+  // changed).
+  absl::StatusOr<v1::TrainerStatus> DrainTrainer(const std::string& trainer);
+
+  // Registered trainers by id, then recently lost ones.
+  std::vector<v1::TrainerStatus> ListTrainers() const;
+
  private:
   struct Job {
     JobStatus status;
@@ -243,6 +270,7 @@ class Scheduler {
     absl::Time placeable_after = absl::InfinitePast();
     std::vector<std::string> cancels;
     int64_t order = 0;
+    bool draining = false;  // no new work (DrainTrainer, or SIGTERM)
   };
 
   explicit Scheduler(SchedulerOptions options) : options_(std::move(options)) {}
@@ -293,6 +321,11 @@ class Scheduler {
   // FAILED once it has been placed max_attempts times (on the status; the
   // caller commits it and releases the trainers).
   void Requeue(JobStatus* status, const std::string& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Marks `t` draining; takes back an assignment it has not received
+  // (requeueing the job as a drain); kUnavailable, changing nothing, when
+  // that cannot be logged.
+  absl::Status StartDrain(Trainer* t, const std::string& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  static v1::TrainerStatus ToStatus(const Trainer& t, v1::TrainerState state);
 
   const SchedulerOptions options_;
   mutable absl::Mutex mu_;
@@ -300,7 +333,8 @@ class Scheduler {
   std::map<std::string, Job> jobs_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, std::string> by_request_id_ ABSL_GUARDED_BY(mu_);  // -> job id
   std::map<std::string, Trainer> trainers_ ABSL_GUARDED_BY(mu_);
-  std::map<std::string, Kv> kv_ ABSL_GUARDED_BY(mu_);  // by job id, RUNNING jobs only
+  std::deque<v1::TrainerStatus> lost_ ABSL_GUARDED_BY(mu_);  // newest last
+  std::map<std::string, Kv> kv_ ABSL_GUARDED_BY(mu_);        // by job id, RUNNING jobs only
   int64_t next_job_ = 1 ABSL_GUARDED_BY(mu_);
   int64_t next_trainer_ = 1 ABSL_GUARDED_BY(mu_);
   int64_t version_ ABSL_GUARDED_BY(mu_) = 0;

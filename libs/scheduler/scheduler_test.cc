@@ -3,6 +3,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
@@ -349,6 +350,165 @@ TEST_F(SchedulerTest, RequeuedJobResumesFromTheNewestCheckpoint) {
   EXPECT_NE(st->events().rbegin()->reason().find("resuming from /ckpt/a-e2.ckpt (epoch 2)"),
             std::string::npos)
       << st->events().rbegin()->reason();
+}
+
+// SIGTERM of rank 1's trainer: it heartbeats draining (no new work, its job
+// is told to drain); rank 1's drained report frees it, rank 0's (with the
+// drain's checkpoint) requeues the job, which resumes at that step on the
+// spare trainer. With max_attempts 1 a counted attempt would have failed it.
+TEST_F(SchedulerTest, DrainedReportRequeuesWithoutCountingAndResumesAtTheStep) {
+  SchedulerOptions o = Options();
+  o.max_attempts = 1;
+  auto s = Open(o);
+  auto job = s->Submit(Spec("a", 2));
+  std::string t1 = AddTrainer(s.get());
+  std::string t2 = AddTrainer(s.get());
+  HeartbeatReply first = Beat(s.get(), t1);
+  ASSERT_EQ(first.assignments_size(), 1);
+  ASSERT_EQ(Beat(s.get(), t2).assignments_size(), 1);
+  const bool t1_rank0 = first.assignments(0).rank() == 0;
+  const std::string r0 = t1_rank0 ? t1 : t2, r1 = t1_rank0 ? t2 : t1;
+  std::string spare = AddTrainer(s.get());
+  Beat(s.get(), spare);
+
+  HeartbeatRequest going;
+  going.set_trainer_id(r1);
+  going.add_running_job_ids(job->id());
+  going.set_draining(true);
+  absl::StatusOr<HeartbeatReply> hb = s->Heartbeat(going);
+  ASSERT_TRUE(hb.ok()) << hb.status();
+  ASSERT_EQ(hb->drain_job_ids_size(), 1);
+  EXPECT_EQ(hb->drain_job_ids(0), job->id());
+  EXPECT_EQ(Beat(s.get(), r0, {job->id()}).drain_job_ids_size(), 0);
+
+  ProgressReport d1 = Final(r1, job->id(), 1, v1::FAILED);
+  d1.set_epoch(1);
+  d1.set_step(5);
+  d1.set_retryable(true);
+  d1.set_drained(true);
+  d1.set_attempt(1);
+  d1.set_reason("drained at epoch 2 step 5");
+  ASSERT_TRUE(s->ReportProgress(d1).ok());
+  // Waits for rank 0's checkpoint.
+  EXPECT_EQ(s->Get(job->id())->state(), v1::RUNNING);
+  ProgressReport d0 = d1;
+  d0.set_trainer_id(r0);
+  d0.set_rank(0);
+  d0.set_checkpoint_path("/ckpt/a.ckpt");
+  d0.set_checkpoint_epoch(1);
+  d0.set_checkpoint_step(5);
+  ASSERT_TRUE(s->ReportProgress(d0).ok());
+
+  auto st = s->Get(job->id());
+  ASSERT_TRUE(st.ok());
+  EXPECT_EQ(st->state(), v1::RUNNING) << st->events().rbegin()->reason();
+  EXPECT_EQ(st->attempts(), 2);
+  EXPECT_EQ(st->drains(), 1);
+  EXPECT_EQ(st->checkpoint_epoch(), 1);
+  EXPECT_EQ(st->checkpoint_step(), 5);
+  const std::string requeued = st->events(st->events_size() - 2).reason();
+  EXPECT_NE(requeued.find("drained at epoch 2 step 5"), std::string::npos) << requeued;
+  EXPECT_NE(requeued.find("resuming from /ckpt/a.ckpt (epoch 2 step 5)"), std::string::npos)
+      << requeued;
+  // Placed on r0 and the spare, never on the draining trainer.
+  std::vector<std::string> placed(st->trainers().begin(), st->trainers().end());
+  std::sort(placed.begin(), placed.end());
+  std::vector<std::string> expected = {r0, spare};
+  std::sort(expected.begin(), expected.end());
+  EXPECT_EQ(placed, expected);
+  EXPECT_EQ(Beat(s.get(), r1).assignments_size(), 0);
+  HeartbeatReply again = Beat(s.get(), spare);
+  ASSERT_EQ(again.assignments_size(), 1);
+  EXPECT_EQ(again.assignments(0).resume_checkpoint(), "/ckpt/a.ckpt");
+  EXPECT_EQ(again.assignments(0).resume_epoch(), 1);
+  EXPECT_EQ(again.assignments(0).resume_step(), 5);
+  EXPECT_EQ(again.assignments(0).attempt(), 2);
+
+  // A failure that is not a drain still counts: attempts 2 - drains 1
+  // reaches max_attempts 1.
+  ASSERT_EQ(Beat(s.get(), r0).assignments_size(), 1);
+  ProgressReport f = Final(spare, job->id(), again.assignments(0).rank(), v1::FAILED);
+  f.set_retryable(true);
+  f.set_attempt(2);
+  f.set_reason("peer gone");
+  ASSERT_TRUE(s->ReportProgress(f).ok());
+  st = s->Get(job->id());
+  EXPECT_EQ(st->state(), v1::FAILED);
+  EXPECT_NE(st->events().rbegin()->reason().find("placed 2 times (the limit)"), std::string::npos)
+      << st->events().rbegin()->reason();
+}
+
+// trainctl drain: an assignment the trainer has not received is taken back
+// (the job goes to another trainer, not counted); a busy trainer's job is
+// told to drain; ListTrainers shows IDLE, BUSY, DRAINING and LOST.
+TEST_F(SchedulerTest, DrainTrainerAndListTrainers) {
+  auto s = Open(Options());
+  auto Register = [&](const std::string& name) {
+    RegisterTrainerRequest r;
+    r.set_name(name);
+    r.add_devices("cpu");
+    r.add_devices("cpu:1");
+    auto reply = s->RegisterTrainer(r);
+    EXPECT_TRUE(reply.ok()) << reply.status();
+    return reply->trainer_id();
+  };
+  const std::string a = Register("pod-a");
+  const std::string b = Register("pod-b");
+  const std::string c = Register("pod-b");  // names need not be unique
+  auto job = s->Submit(Spec("j"));
+  ASSERT_EQ(s->Get(job->id())->trainers(0), a);  // not delivered yet
+
+  auto drained = s->DrainTrainer("pod-a");  // by name
+  ASSERT_TRUE(drained.ok()) << drained.status();
+  EXPECT_EQ(drained->id(), a);
+  EXPECT_EQ(drained->state(), v1::DRAINING);
+  EXPECT_EQ(drained->job_ids_size(), 0);
+  auto st = s->Get(job->id());
+  EXPECT_EQ(st->state(), v1::RUNNING);
+  EXPECT_EQ(st->trainers(0), b);
+  EXPECT_EQ(st->attempts(), 2);
+  EXPECT_EQ(st->drains(), 1);
+  EXPECT_EQ(Beat(s.get(), a).assignments_size(), 0);
+  ASSERT_EQ(Beat(s.get(), b).assignments_size(), 1);
+
+  EXPECT_EQ(s->DrainTrainer("nobody").status().code(), absl::StatusCode::kNotFound);
+  auto ambiguous = s->DrainTrainer("pod-b");
+  EXPECT_EQ(ambiguous.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(ambiguous.status().message().find("2 trainers are named 'pod-b'"), std::string::npos)
+      << ambiguous.status();
+
+  // c goes silent and is lost.
+  now_ += absl::Seconds(8);
+  Beat(s.get(), a);
+  Beat(s.get(), b, {job->id()});
+  now_ += absl::Seconds(5);
+  EXPECT_EQ(s->CheckLiveness(), 1);
+  std::vector<v1::TrainerStatus> list = s->ListTrainers();
+  ASSERT_EQ(list.size(), 3u);
+  EXPECT_EQ(list[0].id(), a);
+  EXPECT_EQ(list[0].state(), v1::DRAINING);
+  EXPECT_EQ(list[0].name(), "pod-a");
+  ASSERT_EQ(list[0].devices_size(), 1);
+  EXPECT_EQ(list[0].devices(0), "2 cpu");
+  EXPECT_EQ(list[1].id(), b);
+  EXPECT_EQ(list[1].state(), v1::BUSY);
+  ASSERT_EQ(list[1].job_ids_size(), 1);
+  EXPECT_EQ(list[1].job_ids(0), job->id());
+  EXPECT_EQ(list[1].rank(), 0);
+  EXPECT_EQ(list[2].id(), c);
+  EXPECT_EQ(list[2].state(), v1::LOST);
+  EXPECT_EQ(list[2].rank(), -1);
+
+  // Draining the busy trainer: its job is told to drain at every heartbeat;
+  // draining it again changes nothing.
+  ASSERT_TRUE(s->DrainTrainer(b).ok());
+  auto twice = s->DrainTrainer(b);
+  ASSERT_TRUE(twice.ok());
+  EXPECT_EQ(twice->job_ids_size(), 1);
+  HeartbeatReply hb = Beat(s.get(), b, {job->id()});
+  ASSERT_EQ(hb.drain_job_ids_size(), 1);
+  EXPECT_EQ(hb.drain_job_ids(0), job->id());
+  EXPECT_EQ(s->ListTrainers()[1].state(), v1::DRAINING);
 }
 
 // A retried Submit (same request id) returns the first job, also after a

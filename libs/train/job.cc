@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <fstream>
 #include <memory>
 
 #include "absl/strings/numbers.h"
@@ -57,10 +59,11 @@ absl::Status Validate(const JobConfig& c) {
 }
 
 // Loads `c.resume_from` into one replica (parameters, buffers, momentum);
-// returns the epochs it holds and restores that epoch's loss and test
-// accuracy into *progress.
+// returns the epochs it holds, sets *steps_done to the steps of the next
+// epoch it holds (a drain's checkpoint; 0 otherwise) and restores that
+// epoch's loss and test accuracy into *progress.
 absl::StatusOr<int> LoadCheckpoint(const JobConfig& c, nn::Module* model, nn::Sgd* optimizer,
-                                   JobProgress* progress) {
+                                   JobProgress* progress, int64_t* steps_done) {
   absl::StatusOr<std::map<std::string, std::string>> meta =
       LoadTrainingState(c.resume_from, c.model, model, optimizer);
   if (!meta.ok()) {
@@ -75,6 +78,22 @@ absl::StatusOr<int> LoadCheckpoint(const JobConfig& c, nn::Module* model, nn::Sg
     return absl::DataLossError(
         absl::StrCat(c.resume_from, ": no valid epochs_done in the checkpoint"));
   }
+  *steps_done = 0;
+  if (auto st = meta->find("steps_done"); st != meta->end()) {
+    if (!absl::SimpleAtoi(st->second, steps_done) || *steps_done < 0) {
+      return absl::DataLossError(
+          absl::StrCat(c.resume_from, ": steps_done '", st->second, "' is not a step count"));
+    }
+    int world = 0;
+    auto w = meta->find("world_size");
+    if (*steps_done > 0 &&
+        (w == meta->end() || !absl::SimpleAtoi(w->second, &world) || world != c.world_size)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("world_size: ", c.resume_from, " was taken mid-epoch by ",
+                       w == meta->end() ? "?" : w->second,
+                       " trainers; it resumes only on as many, not ", c.world_size));
+    }
+  }
   double value = 0;
   if (auto l = meta->find("loss"); l != meta->end() && absl::SimpleAtod(l->second, &value)) {
     progress->loss = value;
@@ -86,6 +105,56 @@ absl::StatusOr<int> LoadCheckpoint(const JobConfig& c, nn::Module* model, nn::Sg
   return epochs_done;
 }
 
+// A rank's partial statistics of the epoch a drain interrupted.
+struct Partial {
+  int epoch = 0;
+  int64_t step = 0;
+  double loss_sum = 0;
+  int64_t seen = 0;
+  int64_t correct = 0;
+};
+
+std::string PartialPath(const std::string& checkpoint, int rank) {
+  return absl::StrCat(checkpoint, ".rank", rank, ".partial");
+}
+
+absl::Status WritePartial(const std::string& path, const Partial& p) {
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    char loss[64];
+    std::snprintf(loss, sizeof(loss), "%.17g", p.loss_sum);
+    out << p.epoch << " " << p.step << " " << loss << " " << p.seen << " " << p.correct << "\n";
+    out.close();
+    if (!out) return absl::UnavailableError(absl::StrCat("writing ", tmp));
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    return absl::UnavailableError(absl::StrCat("renaming ", tmp, " to ", path));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Partial> ReadPartial(const std::string& path, int epoch, int64_t step) {
+  std::ifstream in(path);
+  if (!in) {
+    return absl::DataLossError(
+        absl::StrCat(path, ": missing (the partial epoch statistics of a drained job)"));
+  }
+  Partial p;
+  if (!(in >> p.epoch >> p.step >> p.loss_sum >> p.seen >> p.correct)) {
+    return absl::DataLossError(absl::StrCat(path, ": not partial epoch statistics"));
+  }
+  if (p.epoch != epoch || p.step != step) {
+    // Ranks that are not in lockstep (asynchronous kvstore modes) drain at
+    // different steps: the epoch's statistics restart with the resumed steps.
+    DT_LOG(WARNING) << path << " holds the statistics of epoch " << p.epoch + 1 << " step "
+                    << p.step << ", not of the checkpoint's epoch " << epoch + 1 << " step " << step
+                    << "; the epoch's loss and accuracy count the resumed steps only";
+    return Partial{epoch, step, 0, 0, 0};
+  }
+  return p;
+}
+
 // Test accuracy of replica 0 (0 for an empty test set). A failed evaluation
 // fails the job with its reason: it is never reported as accuracy 0.
 absl::StatusOr<double> Evaluate(DataParallelTrainer* trainer, const data::Dataset& test,
@@ -95,6 +164,41 @@ absl::StatusOr<double> Evaluate(DataParallelTrainer* trainer, const data::Datase
       [trainer](const Tensor& x, const Tensor& y) { return trainer->CountCorrect(x, y); });
   if (!accuracy.ok()) return Annotate(accuracy.status(), "evaluating on the test set");
   return accuracy;
+}
+
+// Every rank at the same step `at` (see "Drain" in job.h): partial
+// statistics, one meeting, rank 0's checkpoint. Returns Cancelled.
+absl::Status Drain(const JobConfig& c, DataParallelTrainer* trainer, const Partial& at,
+                   JobProgress* progress) {
+  const std::string where = absl::StrCat("epoch ", at.epoch + 1, " step ", at.step);
+  if (c.checkpoint_path.empty()) {
+    return absl::CancelledError(absl::StrCat("drained at ", where, " without a checkpoint"));
+  }
+  DT_RETURN_IF_ERROR(Annotate(WritePartial(PartialPath(c.checkpoint_path, c.rank), at),
+                              absl::StrCat("rank ", c.rank, " draining at ", where)));
+  // One more statistics round (the synchronous kvstore takes exactly three
+  // values): a meeting of the ranks.
+  float meet[3] = {0, 0, 1};
+  DT_RETURN_IF_ERROR(Annotate(trainer->AverageStatistics(meet, 3),
+                              absl::StrCat("rank ", c.rank, " draining at ", where)));
+  if (c.rank == 0) {
+    DT_RETURN_IF_ERROR(trainer->PullLatestWeights());
+    std::map<std::string, std::string> meta = c.checkpoint_metadata;
+    meta["epochs_done"] = absl::StrCat(at.epoch);
+    meta["steps_done"] = absl::StrCat(at.step);
+    meta["seed"] = absl::StrCat(c.seed);
+    meta["world_size"] = absl::StrCat(c.world_size);
+    meta["devices_per_trainer"] = absl::StrCat(c.devices.size());
+    meta["test_accuracy"] = absl::StrCat(progress->test_accuracy);
+    DT_RETURN_IF_ERROR(SaveTrainingState(c.checkpoint_path, c.model, trainer->replica(0),
+                                         trainer->optimizer(0), meta));
+    progress->checkpoint_path = c.checkpoint_path;
+    progress->checkpoint_epoch = at.epoch;
+    progress->checkpoint_step = at.step;
+    DT_LOG(INFO) << "job " << c.name << ": drained at " << where << "; checkpoint in "
+                 << c.checkpoint_path;
+  }
+  return absl::CancelledError(absl::StrCat("drained at ", where));
 }
 
 absl::Status Run(const JobConfig& c, JobObserver* observer, JobProgress* progress) {
@@ -151,10 +255,11 @@ absl::Status Run(const JobConfig& c, JobObserver* observer, JobProgress* progres
   // Resuming: every replica loads the checkpoint before the weights are
   // shared (with the other trainers, or the kvstore's shards).
   int first_epoch = 0;
+  int64_t first_step = 0;
   if (!c.resume_from.empty()) {
-    o.restore = [&c, &first_epoch, progress](nn::Module* model,
-                                             nn::Sgd* optimizer) -> absl::Status {
-      DT_ASSIGN_OR_RETURN(first_epoch, LoadCheckpoint(c, model, optimizer, progress));
+    o.restore = [&c, &first_epoch, &first_step, progress](nn::Module* model,
+                                                          nn::Sgd* optimizer) -> absl::Status {
+      DT_ASSIGN_OR_RETURN(first_epoch, LoadCheckpoint(c, model, optimizer, progress, &first_step));
       return absl::OkStatus();
     };
   }
@@ -163,10 +268,15 @@ absl::Status Run(const JobConfig& c, JobObserver* observer, JobProgress* progres
     DT_LOG(INFO) << "job " << c.name << " rank " << rank << ": synchronized batch norm over " << k
                  << " devices x " << world << " trainers";
   }
+  Partial resumed;  // the interrupted epoch's statistics so far
   if (!c.resume_from.empty()) {
     progress->epoch = first_epoch;
+    if (first_step > 0) {
+      DT_ASSIGN_OR_RETURN(resumed,
+                          ReadPartial(PartialPath(c.resume_from, rank), first_epoch, first_step));
+    }
     DT_LOG(INFO) << "job " << c.name << " rank " << rank << ": resumed from " << c.resume_from
-                 << " after epoch " << first_epoch;
+                 << " after epoch " << first_epoch << " step " << first_step;
   }
   // hybridize: the whole step as one compiled plan over replica 0's
   // parameters, which it updates in place (so evaluation and checkpoints see
@@ -184,11 +294,18 @@ absl::Status Run(const JobConfig& c, JobObserver* observer, JobProgress* progres
   }
   progress->steps_per_epoch = loader->batches_per_epoch();
 
+  int64_t steps_run = 0;  // by this call, over all epochs
   for (int epoch = first_epoch; epoch < c.epochs; ++epoch) {
-    loader->StartEpoch(epoch);
     data::Batch b;
     double loss_sum = 0;
     int64_t correct = 0, seen = 0, step = 0;
+    if (epoch == first_epoch && first_step > 0) {
+      step = first_step;
+      loss_sum = resumed.loss_sum;
+      seen = resumed.seen;
+      correct = resumed.correct;
+    }
+    loader->StartEpoch(epoch, step);
     const absl::Time start = absl::Now();
     for (;;) {
       const absl::Time step_start = absl::Now();
@@ -196,6 +313,10 @@ absl::Status Run(const JobConfig& c, JobObserver* observer, JobProgress* progres
       if (!loader->Next(&b)) break;
       const double data_wait = std::max(0.0, loader->wait_seconds() - waited_before);
       if (observer->StopRequested()) return absl::CancelledError("stopped");
+      if (observer->DrainRequested(steps_run)) {
+        progress->drained = true;
+        return Drain(c, trainer.get(), Partial{epoch, step, loss_sum, seen, correct}, progress);
+      }
       auto [x, y] = ToTensors(b, sample_shape, Device::Cpu(0));
       absl::StatusOr<float> stepped = hybrid ? hybrid->Run(x, y) : trainer->Step(x, y);
       if (!stepped.ok()) {
@@ -217,6 +338,7 @@ absl::Status Run(const JobConfig& c, JobObserver* observer, JobProgress* progres
       correct += hybrid ? ops::CountCorrect(hybrid->logits(), y) : trainer->last_correct();
       seen += b.size;
       ++step;
+      ++steps_run;
       progress->epoch = epoch;
       progress->step = step;
       progress->loss = loss_sum / seen;
@@ -260,6 +382,7 @@ absl::Status Run(const JobConfig& c, JobObserver* observer, JobProgress* progres
                                              trainer->optimizer(0), meta));
         progress->checkpoint_path = c.checkpoint_path;
         progress->checkpoint_epoch = epoch + 1;
+        progress->checkpoint_step = 0;
         DT_LOG(INFO) << "job " << c.name << ": checkpoint of epoch " << epoch + 1 << " in "
                      << c.checkpoint_path;
       }

@@ -19,6 +19,25 @@
 // job resumed from the checkpoint of epoch e continues exactly as the
 // undisturbed job would (same devices, ranks and thread counts).
 //
+// Drain. JobObserver::DrainRequested is polled before every step with the
+// steps this run has done; when it returns true every rank must be at the
+// same step (the caller agrees on it: libs/agent does it through the job
+// attempt's rendezvous store). Then each rank writes its partial epoch
+// statistics (loss sum, samples, correct predictions) next to the
+// checkpoint ("<checkpoint_path>.rank<R>.partial"), the ranks meet once
+// (one more AverageStatistics round, so the files exist before the
+// checkpoint does; strategies without a common round, kvstore-held
+// weights, do not wait), rank 0 checkpoints the parameters, buffers and
+// momentum with "epochs_done" and "steps_done" (the steps of the next epoch
+// done), and RunJob returns Cancelled with progress->drained set. A job
+// resumed from such a checkpoint (same world_size: each rank's shard of the
+// epoch depends on it) skips the first steps_done batches of that epoch's
+// order (DataLoader::StartEpoch) and restores its partial statistics, so it
+// continues exactly as the undisturbed job: no step is lost or repeated.
+// (Ranks not in lockstep, asynchronous kvstore modes, may have drained at
+// other steps than rank 0: their statistics file is then ignored, with a
+// warning, and the epoch's loss counts only the resumed steps.)
+//
 // Thread-safety: RunJob runs on the calling thread; the observer is called
 // on it.
 #ifndef DTRAIN_LIBS_TRAIN_JOB_H_
@@ -88,6 +107,8 @@ struct JobProgress {
   double epoch_seconds = 0;       // wall time of the last completed epoch
   std::string checkpoint_path;    // rank 0: the newest checkpoint written
   int checkpoint_epoch = 0;
+  int64_t checkpoint_step = 0;  // steps of epoch checkpoint_epoch + 1 it holds (a drain's)
+  bool drained = false;         // RunJob stopped for DrainRequested (Cancelled)
 };
 
 // A step's wall time split by phase: waiting for the data loader, the
@@ -108,6 +129,11 @@ class JobObserver {
   virtual void OnEpoch(const JobProgress& progress) {}
   // Polled before every step: true stops the job (RunJob returns Cancelled).
   virtual bool StopRequested() { return false; }
+  // Polled before every step (after StopRequested) with the steps this
+  // RunJob call has done, over all epochs: true drains the job before the
+  // next step (see "Drain" above; RunJob returns Cancelled with
+  // progress->drained). Every rank must answer true at the same count.
+  virtual bool DrainRequested(int64_t steps_done) { return false; }
 };
 
 // Runs this rank's share of the job to its end. *progress holds the last
@@ -115,7 +141,10 @@ class JobObserver {
 // run (naming the field); the data set's, the collectives' (UNAVAILABLE,
 // ABORTED or DEADLINE_EXCEEDED when a peer failed) and the checkpoint's;
 // FailedPrecondition when the loss diverges; Cancelled when the observer
-// asked to stop.
+// asked to stop or to drain (then progress->drained is set, and on rank 0
+// progress->checkpoint_* name the drain's checkpoint); InvalidArgument when
+// resuming a mid-epoch checkpoint with another world_size; DataLoss when
+// its partial statistics file is missing or malformed.
 absl::Status RunJob(const JobConfig& config, JobObserver* observer, JobProgress* progress);
 
 }  // namespace train

@@ -47,9 +47,14 @@ class Recorder : public JobObserver {
   }
   void OnEpoch(const JobProgress& p) override { epochs.push_back(p); }
   bool StopRequested() override { return stop_after >= 0 && steps >= stop_after; }
+  bool DrainRequested(int64_t steps_done) override {
+    EXPECT_EQ(steps_done, steps);
+    return drain_after >= 0 && steps_done >= drain_after;
+  }
 
   int steps = 0;
   int stop_after = -1;
+  int drain_after = -1;
   std::vector<JobProgress> epochs;
 };
 
@@ -116,6 +121,50 @@ TEST(JobTest, ResumedJobEndsWhereTheUndisturbedOneDoes) {
   absl::Status s = RunJob(corrupt, nullptr, &pd);
   EXPECT_FALSE(s.ok());
   EXPECT_NE(s.message().find(bad), std::string::npos) << s;
+}
+
+// Drained at epoch 2 step 5 (21 steps in) and resumed from the drain's
+// checkpoint: the rest of epoch 2 and epoch 3 only, ending exactly where the
+// undisturbed job does (loss of every epoch included).
+TEST(JobTest, DrainedJobResumesAtTheStepItStoppedAt) {
+  Recorder undisturbed_r;
+  JobProgress undisturbed;
+  ASSERT_TRUE(RunJob(SmallJob(3), &undisturbed_r, &undisturbed).ok());
+  ASSERT_EQ(undisturbed_r.epochs.size(), 3u);
+
+  JobConfig first = SmallJob(3);
+  first.checkpoint_interval_epochs = 1;
+  first.checkpoint_path = TmpPath("drain.ckpt");
+  Recorder r1;
+  r1.drain_after = 21;
+  JobProgress p1;
+  absl::Status s = RunJob(first, &r1, &p1);
+  EXPECT_EQ(s.code(), absl::StatusCode::kCancelled) << s;
+  EXPECT_NE(s.message().find("drained at epoch 2 step 5"), std::string::npos) << s;
+  EXPECT_TRUE(p1.drained);
+  EXPECT_EQ(r1.steps, 21);
+  EXPECT_EQ(p1.checkpoint_path, first.checkpoint_path);
+  EXPECT_EQ(p1.checkpoint_epoch, 1);
+  EXPECT_EQ(p1.checkpoint_step, 5);
+
+  JobConfig resumed = SmallJob(3);
+  resumed.resume_from = first.checkpoint_path;
+  Recorder r2;
+  JobProgress p2;
+  ASSERT_TRUE(RunJob(resumed, &r2, &p2).ok());
+  EXPECT_EQ(r2.steps, 48 - 21);  // nothing lost, nothing repeated
+  ASSERT_EQ(r2.epochs.size(), 2u);
+  EXPECT_DOUBLE_EQ(r2.epochs[0].loss, undisturbed_r.epochs[1].loss);
+  EXPECT_DOUBLE_EQ(r2.epochs[0].train_accuracy, undisturbed_r.epochs[1].train_accuracy);
+  EXPECT_DOUBLE_EQ(p2.loss, undisturbed.loss);
+  EXPECT_DOUBLE_EQ(p2.test_accuracy, undisturbed.test_accuracy);
+
+  // A missing partial statistics file is an error naming it.
+  JobProgress p3;
+  ASSERT_EQ(std::remove((first.checkpoint_path + ".rank0.partial").c_str()), 0);
+  s = RunJob(resumed, nullptr, &p3);
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+  EXPECT_NE(s.message().find(first.checkpoint_path + ".rank0.partial"), std::string::npos) << s;
 }
 
 TEST(JobTest, StopsWhenAskedAndRejectsBadConfigs) {

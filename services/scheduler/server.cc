@@ -73,6 +73,22 @@ class JobServiceImpl final : public v1::JobService::Service {
                      grpc::ServerWriter<v1::JobStatus>* writer) override {
     return m_->Observe("Watch", [&] { return DoWatch(ctx, req, writer); });
   }
+  grpc::Status DrainTrainer(grpc::ServerContext*, const v1::DrainTrainerRequest* req,
+                            v1::TrainerStatus* reply) override {
+    return m_->Observe("DrainTrainer", [&] {
+      absl::StatusOr<v1::TrainerStatus> r = s_->DrainTrainer(req->trainer());
+      if (!r.ok()) return ToGrpcStatus(r.status());
+      *reply = std::move(*r);
+      return grpc::Status::OK;
+    });
+  }
+  grpc::Status ListTrainers(grpc::ServerContext*, const v1::ListTrainersRequest*,
+                            v1::ListTrainersReply* reply) override {
+    return m_->Observe("ListTrainers", [&] {
+      for (v1::TrainerStatus& t : s_->ListTrainers()) *reply->add_trainers() = std::move(t);
+      return grpc::Status::OK;
+    });
+  }
 
  private:
   grpc::Status DoSubmit(const v1::SubmitRequest* req, v1::JobStatus* reply) {

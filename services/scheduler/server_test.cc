@@ -65,6 +65,33 @@ TEST_F(ServerTest, BadSpecIsInvalidArgumentNamingTheField) {
   EXPECT_EQ(jobs_->Get(Ctx().get(), g, &reply).error_code(), grpc::StatusCode::NOT_FOUND);
 }
 
+// DrainTrainer and ListTrainers over gRPC: errors keep their codes.
+TEST_F(ServerTest, DrainTrainerAndListTrainersOverGrpc) {
+  v1::RegisterTrainerRequest reg;
+  reg.set_name("pod-0");
+  reg.add_devices("cpu");
+  v1::RegisterTrainerReply registered;
+  ASSERT_TRUE(cluster_->RegisterTrainer(Ctx().get(), reg, &registered).ok());
+  v1::DrainTrainerRequest d;
+  d.set_trainer("pod-9");
+  v1::TrainerStatus t;
+  grpc::Status s = jobs_->DrainTrainer(Ctx().get(), d, &t);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::NOT_FOUND) << s.error_message();
+  EXPECT_NE(s.error_message().find("pod-9"), std::string::npos) << s.error_message();
+  v1::ListTrainersReply list;
+  ASSERT_TRUE(jobs_->ListTrainers(Ctx().get(), v1::ListTrainersRequest(), &list).ok());
+  ASSERT_EQ(list.trainers_size(), 1);
+  EXPECT_EQ(list.trainers(0).state(), v1::IDLE);
+  d.set_trainer("pod-0");
+  ASSERT_TRUE(jobs_->DrainTrainer(Ctx().get(), d, &t).ok());
+  EXPECT_EQ(t.id(), registered.trainer_id());
+  EXPECT_EQ(t.state(), v1::DRAINING);
+  list.Clear();
+  ASSERT_TRUE(jobs_->ListTrainers(Ctx().get(), v1::ListTrainersRequest(), &list).ok());
+  ASSERT_EQ(list.trainers_size(), 1);
+  EXPECT_EQ(list.trainers(0).state(), v1::DRAINING);
+}
+
 TEST_F(ServerTest, JobLifecycleOverGrpcWithWatchAndMetrics) {
   v1::JobStatus job;
   ASSERT_TRUE(jobs_->Submit(Ctx().get(), Submit("a"), &job).ok());

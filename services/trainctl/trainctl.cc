@@ -4,6 +4,10 @@
 //   trainctl submit -f job.yaml [--wait]      # a JobSpec: YAML (yaml.h) or protobuf JSON
 //   trainctl get ID | list | cancel ID | watch ID
 //   trainctl -o json list                     # JSON instead of text
+//   trainctl trainers                         # trainers: state (IDLE, BUSY, DRAINING,
+//                                             # LOST) and jobs; -o json too
+//   trainctl drain TRAINER                    # id or name: no new work; its job is
+//                                             # drained and resumes on other trainers
 //   trainctl cluster up --dir=DIR --trainers=N --kvstore_shards=M [--devices_per_trainer=K]
 //   trainctl cluster status|down --dir=DIR    # see cluster.cc
 //
@@ -119,6 +123,9 @@ constexpr char kUsage[] =
     "  trainctl list [--state=RUNNING]\n"
     "  trainctl cancel ID [--reason=...]\n"
     "  trainctl watch ID\n"
+    "  trainctl trainers                 trainers with their state and jobs\n"
+    "  trainctl drain TRAINER            no new work on it (id or name); its job drains\n"
+    "      (checkpoint at a step) and resumes on other trainers\n"
     "  trainctl cluster up --dir=DIR [--trainers=1] [--kvstore_shards=0] "
     "[--devices_per_trainer=1] [--restart=always|never]\n"
     "      starts a local cluster (scheduler, kvstore shards, trainers; loopback ports, data\n"
@@ -202,12 +209,15 @@ void Print(const v1::JobStatus& j, bool detail) {
   } else {
     std::printf("%s\n", Line(j).c_str());
     if (detail) {
-      std::printf("  trainers: %s  (attempt %d)\n",
+      std::printf("  trainers: %s  (attempt %d%s)\n",
                   j.trainers().empty() ? "-" : absl::StrJoin(j.trainers(), ", ").c_str(),
-                  j.attempts());
+                  j.attempts(),
+                  j.drains() > 0 ? absl::StrCat(", ", j.drains(), " drained").c_str() : "");
       if (!j.checkpoint_path().empty()) {
-        std::printf("  checkpoint: %s (epoch %d)\n", j.checkpoint_path().c_str(),
-                    j.checkpoint_epoch());
+        std::printf(
+            "  checkpoint: %s (epoch %d%s)\n", j.checkpoint_path().c_str(), j.checkpoint_epoch(),
+            j.checkpoint_step() > 0 ? absl::StrCat(" + ", j.checkpoint_step(), " steps").c_str()
+                                    : "");
       }
       for (const auto& e : j.events()) {
         std::printf("  %s  %-9s %s\n",
@@ -557,6 +567,52 @@ int main(int argc, char** argv) {
     } else {
       for (const auto& j : reply.jobs()) Print(j, false);
     }
+    return 0;
+  }
+  if (cmd == "trainers") {
+    if (args.size() != 2) return Usage("trainers takes no arguments");
+    v1::ListTrainersReply reply;
+    absl::Status s = WithRetries("JobService.ListTrainers", [&](grpc::ClientContext* ctx) {
+      return stub->ListTrainers(ctx, v1::ListTrainersRequest(), &reply);
+    });
+    if (!s.ok()) return Fail(s);
+    if (Json()) {
+      std::printf("%s\n", ToJson(reply, false).c_str());
+    } else {
+      std::printf("%-24s %-9s %-20s %-12s %s\n", "ID", "STATE", "NAME", "DEVICES", "JOB");
+      for (const v1::TrainerStatus& t : reply.trainers()) {
+        std::string state = v1::TrainerState_Name(t.state());
+        std::printf(
+            "%-24s %-9s %-20s %-12s %s\n", t.id().c_str(), state.c_str(), t.name().c_str(),
+            absl::StrJoin(t.devices(), ",").c_str(),
+            t.job_ids().empty()
+                ? "-"
+                : absl::StrCat(absl::StrJoin(t.job_ids(), ","), " rank ", t.rank()).c_str());
+      }
+    }
+    std::fflush(stdout);
+    return 0;
+  }
+  if (cmd == "drain") {
+    std::string trainer = need_id();
+    if (trainer.empty()) return Usage("drain needs one trainer id or name");
+    v1::DrainTrainerRequest req;
+    req.set_trainer(trainer);
+    v1::TrainerStatus t;
+    // Idempotent: draining a draining trainer changes nothing.
+    absl::Status s = WithRetries("JobService.DrainTrainer", [&](grpc::ClientContext* ctx) {
+      return stub->DrainTrainer(ctx, req, &t);
+    });
+    if (!s.ok()) return Fail(s);
+    if (Json()) {
+      std::printf("%s\n", ToJson(t, false).c_str());
+    } else {
+      std::printf("%s DRAINING%s\n", t.id().c_str(),
+                  t.job_ids().empty()
+                      ? ""
+                      : absl::StrCat(": job ", absl::StrJoin(t.job_ids(), ","), " drains").c_str());
+    }
+    std::fflush(stdout);
     return 0;
   }
   return Usage("unknown subcommand '" + cmd + "'");

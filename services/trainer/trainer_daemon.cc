@@ -61,9 +61,15 @@
 // epoch's steps, before each update) and the epoch's wall time.
 //
 // When the scheduler forgets the trainer (restart, or it was declared lost)
-// the daemon registers again. SIGTERM or SIGINT: stops the job at the next
-// step, reports it FAILED ("trainer shutting down") and exits 0. Exit status
-// 2 for bad flags.
+// the daemon registers again. SIGTERM or SIGINT drains (libs/agent/agent.h):
+// the scheduler places no new work here, the running job stops at a step
+// all its ranks agree on, rank 0 checkpoints it, it is reported drained and
+// the scheduler resumes it elsewhere; then the daemon exits 0. A drain
+// taking longer than --drain_timeout_s (0: do not drain) stops the job at
+// its next step instead (FAILED, retryable: "trainer shutting down"; the
+// scheduler requeues it from its newest checkpoint); a second signal
+// exits at once. Kubernetes: terminationGracePeriodSeconds must cover
+// --drain_timeout_s (k8s/base/trainer.yaml). Exit status 2 for bad flags.
 //
 // Observability. --metrics_listen (e.g. :9402) serves Prometheus /metrics:
 //   dtrain_trainer_busy                  gauge, 1 while a job runs
@@ -107,6 +113,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "libs/agent/agent.h"
 #include "libs/agent/job_plan.h"
@@ -131,6 +138,9 @@ ABSL_FLAG(std::string, checkpoint_dir, "",
           "where jobs' checkpoints go; share it between trainers so a job can resume on another "
           "trainer (default: --work_dir)");
 ABSL_FLAG(double, rpc_timeout_s, 5, "deadline of each call to the scheduler");
+ABSL_FLAG(double, drain_timeout_s, 60,
+          "on SIGTERM, how long the running job may take to drain (finish its step, "
+          "checkpoint, report) before it is stopped; 0: stop it at once");
 ABSL_FLAG(std::string, collective_host, "",
           "address other trainers reach this one at for allreduce (default: the host name)");
 ABSL_FLAG(std::string, kvstore, "",
@@ -266,13 +276,24 @@ int main(int argc, char** argv) {
   dtrain::trainer::GrpcClusterClient cluster(
       grpc::CreateChannel(address, grpc::InsecureChannelCredentials()), absl::Seconds(timeout_s));
   dtrain::agent::Agent agent(&cluster, std::move(options), &metrics);
-  // SIGTERM / SIGINT: the agent stops its job, reports it and returns.
-  std::thread on_signal([&shutdown, &agent] {
+  // SIGTERM / SIGINT: the agent drains its job (at most drain_timeout),
+  // reports it and returns.
+  const absl::Duration drain_timeout = absl::Seconds(absl::GetFlag(FLAGS_drain_timeout_s));
+  absl::Notification ran;
+  std::thread on_signal([&shutdown, &agent, &ran, drain_timeout] {
     shutdown.Wait();
+    if (drain_timeout > absl::ZeroDuration()) {
+      DT_LOG(INFO) << "draining (at most " << drain_timeout << ")";
+      agent.Drain();
+      if (ran.WaitForNotificationWithTimeout(drain_timeout)) return;
+      DT_LOG(WARNING) << "the drain took longer than " << drain_timeout << "; stopping the job";
+    }
     agent.Shutdown();
   });
   agent.Run();
+  ran.Notify();
   on_signal.join();
   server.Shutdown(absl::Seconds(1));
+  DT_LOG(INFO) << "trainer exiting with status 0";
   return 0;
 }

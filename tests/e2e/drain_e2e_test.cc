@@ -1,0 +1,308 @@
+// End to end: graceful drain. `trainctl cluster up` starts a scheduler and
+// three trainer daemons sharing <cluster>/checkpoints; a two-trainer LeNet
+// job (momentum, a checkpoint after every epoch) runs undisturbed, then
+// again with rank 0's trainer sent SIGTERM in the middle of epoch 2 (what a
+// Kubernetes drain or rolling update does). The trainer must finish its
+// step, checkpoint it with its peer, report the job drained and exit 0; the
+// scheduler must requeue the job without counting a failed attempt and
+// resume it at that very step on the survivor and the spare trainer; the
+// job must end exactly like the undisturbed run. A second test drains a
+// trainer with `trainctl drain` and watches `trainctl trainers`.
+#include <grpcpp/grpcpp.h>
+#include <signal.h>
+
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "google/protobuf/util/json_util.h"
+#include "gtest/gtest.h"
+#include "libs/base/grpc_status.h"
+#include "protos/scheduler.grpc.pb.h"
+#include "tests/e2e/e2e_util.h"
+
+namespace dtrain {
+namespace e2e {
+namespace {
+
+namespace v1 = scheduler::v1;
+
+class DrainE2eTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = TmpDir(::testing::UnitTest::GetInstance()->current_test_info()->name());
+    int rc;
+    std::string out =
+        Trainctl("cluster up --trainers=3 --heartbeat_timeout_s=5 --dir=" + dir_, &rc);
+    ASSERT_EQ(rc, 0) << out;
+    for (const ClusterProcess& p : ReadCluster(dir_)) {
+      if (p.role == "scheduler") scheduler_ = p.address;
+    }
+    ASSERT_NE(scheduler_, "") << out;
+    stub_ = v1::JobService::NewStub(
+        grpc::CreateChannel(scheduler_, grpc::InsecureChannelCredentials()));
+  }
+
+  void TearDown() override {
+    int rc;
+    Trainctl("cluster down --grace_s=10 --dir=" + dir_, &rc);
+    for (const ClusterProcess& p : ReadCluster(dir_)) {
+      if (ProcessAlive(p.pid)) kill(p.pid, SIGKILL);
+    }
+  }
+
+  static std::unique_ptr<grpc::ClientContext> Ctx() {
+    auto ctx = std::make_unique<grpc::ClientContext>();
+    ctx->set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+    return ctx;
+  }
+
+  static v1::SubmitRequest Job(const std::string& name, int epochs) {
+    v1::SubmitRequest r;
+    v1::JobSpec* s = r.mutable_spec();
+    s->set_name(name);
+    s->set_model("lenet");
+    s->set_epochs(epochs);
+    s->set_global_batch_size(128);
+    s->set_lr(0.05);
+    s->set_momentum(0.9);
+    s->set_init("kaiming");
+    s->set_seed(3);
+    s->set_train_limit(12288);  // 96 steps an epoch
+    s->set_test_limit(2000);
+    s->set_threads(1);
+    s->set_num_trainers(2);
+    s->set_checkpoint_interval_epochs(1);
+    s->mutable_sync()->set_mode(v1::ALLREDUCE);
+    return r;
+  }
+
+  v1::JobStatus Get(const std::string& id) {
+    v1::GetRequest get;
+    get.set_id(id);
+    v1::JobStatus st;
+    absl::Status s = FromGrpcStatus(stub_->Get(Ctx().get(), get, &st), "Get");
+    EXPECT_TRUE(s.ok()) << s;
+    return st;
+  }
+
+  v1::JobStatus WatchToEnd(const std::string& id) {
+    absl::StatusOr<v1::JobStatus> last = e2e::WatchToEnd(stub_.get(), id, absl::Seconds(300));
+    EXPECT_TRUE(last.ok()) << last.status();
+    return last.ok() ? *last : v1::JobStatus();
+  }
+
+  // Polls until the job runs in the first half of epoch `epoch` (1-based):
+  // rank 0's reports lag (one a second), and a drain must still land inside
+  // the epoch.
+  v1::JobStatus WaitMidEpoch(const std::string& id, int epoch) {
+    v1::JobStatus job = Get(id);
+    for (absl::Time deadline = absl::Now() + absl::Seconds(180);
+         !(job.state() == v1::RUNNING && job.epoch() == epoch - 1 && job.step() >= 1 &&
+           job.step() <= 48) &&
+         absl::Now() < deadline;
+         absl::SleepFor(absl::Milliseconds(20))) {
+      job = Get(id);
+      EXPECT_FALSE(job.state() == v1::SUCCEEDED || job.state() == v1::FAILED) << job.DebugString();
+      if (job.epoch() >= epoch) break;
+    }
+    return job;
+  }
+
+  // The trainer processes' logs, by trainer id ("registered as <id>").
+  struct TrainerProc {
+    int pid = -1;
+    std::string log_path;
+  };
+  std::map<std::string, TrainerProc> Trainers() {
+    std::map<std::string, TrainerProc> out;
+    for (const ClusterProcess& p : ReadCluster(dir_)) {
+      if (p.role != "trainer") continue;
+      const std::string path = absl::StrCat(dir_, "/", p.name, ".log");
+      const std::string t = ReadFile(path);
+      const std::string key = "registered as ";
+      for (size_t at = t.find(key); at != std::string::npos; at = t.find(key, at + 1)) {
+        size_t end = t.find(';', at);
+        out[t.substr(at + key.size(), end - at - key.size())] = {p.pid, path};
+      }
+    }
+    return out;
+  }
+
+  static std::string ReadFile(const std::string& path) {
+    std::ifstream in(path);
+    std::stringstream text;
+    text << in.rdbuf();
+    return text.str();
+  }
+
+  // Lines of every trainer log holding all of `parts`.
+  std::vector<std::string> LogLines(const std::vector<std::string>& parts) {
+    std::vector<std::string> out;
+    for (const ClusterProcess& p : ReadCluster(dir_)) {
+      if (p.role != "trainer") continue;
+      std::ifstream log(absl::StrCat(dir_, "/", p.name, ".log"));
+      for (std::string line; std::getline(log, line);) {
+        bool all = true;
+        for (const std::string& part : parts) all = all && line.find(part) != std::string::npos;
+        if (all) out.push_back(line);
+      }
+    }
+    return out;
+  }
+
+  // The number after `key` in `text` (-1 when absent).
+  static int64_t NumberAfter(const std::string& text, const std::string& key) {
+    size_t at = text.find(key);
+    if (at == std::string::npos) return -1;
+    at += key.size();
+    size_t end = at;
+    while (end < text.size() && isdigit(static_cast<unsigned char>(text[end]))) ++end;
+    int64_t n = -1;
+    return absl::SimpleAtoi(text.substr(at, end - at), &n) ? n : -1;
+  }
+
+  std::string dir_, scheduler_;
+  std::unique_ptr<v1::JobService::Stub> stub_;
+};
+
+TEST_F(DrainE2eTest, SigtermedTrainerDrainsAndTheJobResumesAtItsStep) {
+  v1::JobStatus ref;
+  ASSERT_TRUE(stub_->Submit(Ctx().get(), Job("undisturbed", 3), &ref).ok());
+  ref = WatchToEnd(ref.id());
+  ASSERT_EQ(ref.state(), v1::SUCCEEDED) << ref.DebugString();
+  ASSERT_GT(ref.test_accuracy(), 0.6);  // it did learn
+
+  v1::JobStatus job;
+  ASSERT_TRUE(stub_->Submit(Ctx().get(), Job("drained", 3), &job).ok());
+  job = WaitMidEpoch(job.id(), 2);
+  ASSERT_EQ(job.state(), v1::RUNNING) << job.DebugString();
+  ASSERT_EQ(job.epoch(), 1) << "not in epoch 2: " << job.DebugString();
+  const int64_t spe = job.steps_per_epoch();
+  ASSERT_EQ(spe, 96);  // 6,144 images per rank, 64 a step
+  const int64_t seen_at_sigterm = job.epoch() * spe + job.step();
+  std::map<std::string, TrainerProc> procs = Trainers();
+  ASSERT_EQ(procs.size(), 3u);
+  ASSERT_EQ(job.trainers_size(), 2);
+  const std::string victim = job.trainers(0);  // rank 0: it writes the checkpoint
+  ASSERT_EQ(procs.count(victim), 1u) << victim;
+  const int pid = procs[victim].pid;
+  ASSERT_EQ(kill(pid, SIGTERM), 0);
+  const absl::Time sent = absl::Now();
+
+  // The victim exits on its own, well within --drain_timeout_s (60 s), and
+  // says so as its last words (status 0, not the timeout's stop).
+  while (ProcessAlive(pid) && absl::Now() - sent < absl::Seconds(60)) {
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  EXPECT_FALSE(ProcessAlive(pid));
+  const absl::Duration exited_after = absl::Now() - sent;
+  EXPECT_LT(exited_after, absl::Seconds(30));
+  const std::string victim_log = ReadFile(procs[victim].log_path);
+  EXPECT_NE(victim_log.find("trainer exiting with status 0"), std::string::npos);
+  EXPECT_EQ(victim_log.find("stopping the job"), std::string::npos);
+  EXPECT_EQ(victim_log.find("trainer shutting down"), std::string::npos);
+
+  v1::JobStatus done = WatchToEnd(job.id());
+  ASSERT_EQ(done.state(), v1::SUCCEEDED) << done.DebugString();
+  // Two placements, one of them drained: no failed attempt counted.
+  EXPECT_EQ(done.attempts(), 2) << done.DebugString();
+  EXPECT_EQ(done.drains(), 1) << done.DebugString();
+  for (const std::string& t : done.trainers()) EXPECT_NE(t, victim);
+  std::string requeue;
+  for (const v1::JobEvent& e : done.events()) {
+    EXPECT_NE(e.state(), v1::FAILED) << e.reason();
+    if (e.state() == v1::QUEUED && e.reason().find("drained at") != std::string::npos) {
+      requeue = e.reason();
+    }
+  }
+  ASSERT_NE(requeue, "") << done.DebugString();
+  // "... drained at epoch E step S; requeued, resuming from <ckpt> (epoch E step S)"
+  const int64_t epoch = NumberAfter(requeue, "drained at epoch ");
+  const int64_t step = NumberAfter(requeue, "drained at epoch " + absl::StrCat(epoch) + " step ");
+  EXPECT_EQ(epoch, 2) << requeue;
+  EXPECT_GT(step, 0) << requeue;  // mid-epoch
+  EXPECT_NE(requeue.find(absl::StrCat("(epoch ", epoch, " step ", step, ")")), std::string::npos)
+      << requeue;
+  const int64_t drained_at = (epoch - 1) * spe + step;
+  // Work lost: the steps the first attempt did beyond its checkpoint (its
+  // ranks log how many steps they did before draining) and steps done before
+  // the SIGTERM that the checkpoint lacks: at most one.
+  std::vector<std::string> agreed = LogLines({done.id() + " rank", "draining after"});
+  ASSERT_EQ(agreed.size(), 2u) << victim_log;
+  for (const std::string& line : agreed) {
+    EXPECT_EQ(NumberAfter(line, "draining after "), drained_at) << line;
+  }
+  EXPECT_GE(drained_at + 1, seen_at_sigterm);
+  // Both ranks of the second attempt resumed at that step.
+  std::vector<std::string> resumed =
+      LogLines({done.id() + " rank", absl::StrCat("after epoch ", epoch - 1, " step ", step)});
+  EXPECT_EQ(resumed.size(), 2u);
+  std::fprintf(stderr,
+               "drained at epoch %lld step %lld (seen at SIGTERM: step %lld of the job); trainer "
+               "exited after %s; loss %.6f vs %.6f, test accuracy %.4f vs %.4f\n",
+               static_cast<long long>(epoch), static_cast<long long>(step),
+               static_cast<long long>(seen_at_sigterm), absl::FormatDuration(exited_after).c_str(),
+               done.loss(), ref.loss(), done.test_accuracy(), ref.test_accuracy());
+  // Nothing lost or repeated: the same run as the undisturbed one.
+  EXPECT_NEAR(done.test_accuracy(), ref.test_accuracy(), 0.01);
+  EXPECT_DOUBLE_EQ(done.test_accuracy(), ref.test_accuracy());
+  EXPECT_DOUBLE_EQ(done.loss(), ref.loss());
+}
+
+TEST_F(DrainE2eTest, TrainctlDrainMovesTheJobAndListsTheTrainer) {
+  int rc;
+  std::string out = Trainctl("--scheduler=" + scheduler_ + " drain no-such-trainer", &rc);
+  EXPECT_EQ(rc, 1) << out;
+  EXPECT_NE(out.find("NOT_FOUND"), std::string::npos) << out;
+
+  v1::JobStatus job;
+  ASSERT_TRUE(stub_->Submit(Ctx().get(), Job("moved", 2), &job).ok());
+  job = WaitMidEpoch(job.id(), 1);
+  ASSERT_EQ(job.state(), v1::RUNNING) << job.DebugString();
+  ASSERT_EQ(job.trainers_size(), 2);
+  const std::string drained = job.trainers(1);
+  out = Trainctl("--scheduler=" + scheduler_ + " drain " + drained, &rc);
+  ASSERT_EQ(rc, 0) << out;
+  EXPECT_EQ(out, absl::StrCat(drained, " DRAINING: job ", job.id(), " drains\n"));
+
+  v1::JobStatus done = WatchToEnd(job.id());
+  ASSERT_EQ(done.state(), v1::SUCCEEDED) << done.DebugString();
+  EXPECT_EQ(done.attempts(), 2);
+  EXPECT_EQ(done.drains(), 1);
+  for (const std::string& t : done.trainers()) EXPECT_NE(t, drained);
+
+  // The drained trainer still runs, idle and DRAINING; the others are IDLE.
+  std::map<std::string, TrainerProc> procs = Trainers();
+  ASSERT_EQ(procs.count(drained), 1u);
+  EXPECT_TRUE(ProcessAlive(procs[drained].pid));
+  out = Trainctl("--scheduler=" + scheduler_ + " -o json trainers", &rc);
+  ASSERT_EQ(rc, 0) << out;
+  v1::ListTrainersReply list;
+  ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(out, &list).ok()) << out;
+  ASSERT_EQ(list.trainers_size(), 3) << out;
+  for (const v1::TrainerStatus& t : list.trainers()) {
+    EXPECT_EQ(t.state(), t.id() == drained ? v1::DRAINING : v1::IDLE) << out;
+    EXPECT_EQ(t.job_ids_size(), 0) << out;
+  }
+  out = Trainctl("--scheduler=" + scheduler_ + " trainers", &rc);
+  ASSERT_EQ(rc, 0) << out;
+  std::vector<std::string> lines = absl::StrSplit(out, '\n', absl::SkipEmpty());
+  ASSERT_EQ(lines.size(), 4u) << out;
+  EXPECT_EQ(lines[0].substr(0, 2), "ID");
+  for (size_t i = 1; i < lines.size(); ++i) {
+    const bool is_drained = lines[i].substr(0, drained.size() + 1) == drained + " ";
+    EXPECT_NE(lines[i].find(is_drained ? " DRAINING " : " IDLE "), std::string::npos) << out;
+  }
+}
+
+}  // namespace
+}  // namespace e2e
+}  // namespace dtrain
