@@ -136,6 +136,9 @@ ABSL_FLAG(std::string, collective_host, "",
           "address other trainers reach this one at for allreduce (default: the host name)");
 ABSL_FLAG(std::string, kvstore, "",
           "kvstore shard addresses host:port,... in shard order (for KVSTORE-mode jobs)");
+ABSL_FLAG(double, kvstore_unavailable_timeout_s, 5,
+          "how long a kvstore shard may stay unreachable before the job's kvstore calls fail "
+          "(the job then fails retryably); bounds failure detection of a dead shard");
 ABSL_FLAG(std::string, cuda_collective, "auto",
           "between trainers of CUDA jobs: auto (NCCL when each trainer has one GPU, else TCP with "
           "gradients staged through host memory), nccl (the same), or tcp");
@@ -196,6 +199,11 @@ int main(int argc, char** argv) {
   const double timeout_s = absl::GetFlag(FLAGS_rpc_timeout_s);
   if (!(timeout_s > 0)) {
     std::fprintf(stderr, "trainer: --rpc_timeout_s must be > 0\n");
+    return 2;
+  }
+  const double kv_unavailable_s = absl::GetFlag(FLAGS_kvstore_unavailable_timeout_s);
+  if (!(kv_unavailable_s > 0)) {
+    std::fprintf(stderr, "trainer: --kvstore_unavailable_timeout_s must be > 0\n");
     return 2;
   }
   std::string name = absl::GetFlag(FLAGS_name);
@@ -274,13 +282,13 @@ int main(int argc, char** argv) {
     if (!kv.empty()) {
       // Gradients of KVSTORE jobs go through the shards: one kvstore job per
       // attempt, every trainer a worker.
-      options.connect_parameter_server =
-          [kv](const std::string& job,
-               int worker) -> absl::StatusOr<std::unique_ptr<dtrain::kvstore::ParameterServer>> {
+      options.connect_parameter_server = [kv, kv_unavailable_s](const std::string& job, int worker)
+          -> absl::StatusOr<std::unique_ptr<dtrain::kvstore::ParameterServer>> {
         dtrain::kvstore::ClientOptions ko;
         ko.servers = kv;
         ko.job = job;
         ko.worker = worker;
+        ko.unavailable_timeout = absl::Seconds(kv_unavailable_s);
         DT_ASSIGN_OR_RETURN(std::unique_ptr<dtrain::kvstore::KVClient> client,
                             dtrain::kvstore::KVClient::Connect(ko));
         DT_LOG(INFO) << "kvstore job " << job << " worker " << worker << ": synchronizing through "
