@@ -1,0 +1,99 @@
+// End to end: nothing leaks over many short KVSTORE jobs.
+//
+// A local cluster (`trainctl cluster up`: scheduler, 2 kvstore shards, 2
+// trainers) runs 100 tiny 2-trainer MLP jobs (2 steps each) through the
+// kvstore shards, in batches of 10. After job 10 and after job 100 the test
+// reads the resident memory (VmRSS) of the scheduler and both shards; after
+// 100 it must be within 10% of what it was after 10, plus an absolute
+// slack of 1 MiB (the scheduler keeps 90 more finished-job records under the
+// default --finished_job_retention of 7 days, about 1-2 KB each, and malloc
+// grows its heap in 128 KiB-plus steps). Every shard must hold no job
+// afterwards, and have created and deleted all 100.
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "gtest/gtest.h"
+#include "tests/e2e/kvstore_cluster.h"
+
+namespace dtrain {
+namespace e2e {
+namespace {
+
+namespace v1 = scheduler::v1;
+
+constexpr int kBatch = 10;
+constexpr int kJobs = 100;
+
+TEST(KvstoreMemoryE2eTest, MemoryIsFlatOverAHundredJobsAndShardsEndEmpty) {
+  KvstoreCluster cluster("memory");
+  ASSERT_TRUE(cluster.status().ok()) << cluster.status();
+  std::vector<std::string> kv_jobs;
+  auto run_batch = [&](int first) {
+    std::vector<std::string> ids;
+    for (int j = first; j < first + kBatch; ++j) {
+      absl::StatusOr<v1::JobStatus> st =
+          cluster.Submit(KvstoreCluster::KvstoreJob(absl::StrCat("tiny-", j), 1, 128));
+      ASSERT_TRUE(st.ok()) << st.status();
+      ids.push_back(st->id());
+    }
+    for (const std::string& id : ids) {
+      absl::StatusOr<v1::JobStatus> done = WatchToEnd(cluster.jobs(), id, absl::Seconds(120));
+      ASSERT_TRUE(done.ok()) << id << ": " << done.status();
+      ASSERT_EQ(done->state(), v1::SUCCEEDED) << done->DebugString();
+      ASSERT_EQ(done->attempts(), 1) << done->DebugString();
+      kv_jobs.push_back(id + "-a1");
+    }
+  };
+  // Waits until both shards hold no job (the last ranks leave after their
+  // final reports); true if they do within 10 s.
+  auto shards_empty = [&] {
+    for (absl::Time end = absl::Now() + absl::Seconds(10); absl::Now() < end;
+         absl::SleepFor(absl::Milliseconds(100))) {
+      absl::StatusOr<std::vector<std::string>> a = cluster.ShardJobs(0), b = cluster.ShardJobs(1);
+      if (a.ok() && b.ok() && a->empty() && b->empty()) return true;
+    }
+    return false;
+  };
+  const std::vector<ClusterProcess> measured = {cluster.scheduler(), cluster.shard(0),
+                                                cluster.shard(1)};
+  auto rss = [&] {
+    std::vector<int64_t> out;
+    for (const ClusterProcess& p : measured) out.push_back(ResidentBytes(p.pid));
+    return out;
+  };
+
+  run_batch(0);
+  if (HasFatalFailure()) return;
+  ASSERT_TRUE(shards_empty());
+  const std::vector<int64_t> after10 = rss();
+  for (int first = kBatch; first < kJobs; first += kBatch) {
+    run_batch(first);
+    if (HasFatalFailure()) return;
+  }
+  ASSERT_TRUE(shards_empty());
+  const std::vector<int64_t> after100 = rss();
+
+  constexpr int64_t kSlack = 1 << 20;
+  for (size_t i = 0; i < measured.size(); ++i) {
+    RecordProperty(measured[i].name + "_rss_after_10", static_cast<int>(after10[i] >> 10));
+    RecordProperty(measured[i].name + "_rss_after_100", static_cast<int>(after100[i] >> 10));
+    ASSERT_GT(after10[i], 0) << measured[i].name;
+    EXPECT_LE(after100[i], after10[i] + after10[i] / 10 + kSlack)
+        << measured[i].name << ": VmRSS " << after10[i] << " bytes after " << kBatch << " jobs, "
+        << after100[i] << " after " << kJobs;
+  }
+  // Every job went through both shards and was dropped by both.
+  ASSERT_EQ(kv_jobs.size(), static_cast<size_t>(kJobs));
+  for (const char* shard : {"kvstore-0", "kvstore-1"}) {
+    EXPECT_EQ(cluster.CountInLog(shard, "created job="), kJobs) << shard;
+    EXPECT_EQ(cluster.CountInLog(shard, "(every worker left)"), kJobs) << shard;
+    EXPECT_EQ(cluster.CountInLog(shard, "deleted job '" + kv_jobs.back() + "'"), 1) << shard;
+  }
+}
+
+}  // namespace
+}  // namespace e2e
+}  // namespace dtrain
