@@ -250,10 +250,10 @@ TEST(KVStoreServerTest, IdleJobsExpireFromMemoryMetricsAndSnapshots) {
   };
   ASSERT_TRUE(metrics::SampleValue(scrape(), "dtrain_kvstore_slices{job=\"orphan\"}").ok());
 
-  // "busy" is used every 100 ms for 2.5 TTLs; "orphan" is not.
+  // "busy" is used every 100 ms for almost 4 TTLs; "orphan" is not.
   const absl::Time start = absl::Now();
   absl::Duration orphan_gone = absl::InfiniteDuration();
-  while (absl::Now() - start < absl::Milliseconds(2000)) {
+  while (absl::Now() - start < absl::Milliseconds(3000)) {
     std::vector<float> v(16);
     ASSERT_TRUE(busy->Pull({{"w", v.data(), 0}}).ok());
     scrape();
@@ -264,9 +264,10 @@ TEST(KVStoreServerTest, IdleJobsExpireFromMemoryMetricsAndSnapshots) {
     }
     absl::SleepFor(absl::Milliseconds(100));
   }
-  // Expired after the TTL, within a check period (TTL / 4) and slack.
+  // Expired after the TTL, within a check period (TTL / 4) and slack for a
+  // loaded machine.
   EXPECT_GE(orphan_gone, absl::Milliseconds(800));
-  EXPECT_LE(orphan_gone, absl::Milliseconds(1500));
+  EXPECT_LE(orphan_gone, absl::Milliseconds(2500));
   EXPECT_EQ((*server)->store().JobNames(), std::vector<std::string>{"busy"});
   EXPECT_EQ(orphan->GetJob(0, false).status().code(), absl::StatusCode::kNotFound);
   const std::string text = scrape();

@@ -34,7 +34,13 @@
 // a rank that stops closes its communicator, which makes its peers' next
 // allreduce fail at once, so all ranks stop within about a step; a rank
 // whose peer failed reports a retryable failure and the scheduler requeues
-// the job.
+// the job. A kvstore shard that dies fails the kvstore calls that need it
+// within --kvstore_unavailable_timeout_s (5 s; the rank reports a retryable
+// failure); the other ranks, which may wait on a live shard for a round that
+// never completes, are cancelled by the scheduler at their next heartbeat,
+// which also cancels their kvstore calls. When a rank's attempt ends its
+// kvstore job is left (SUCCEEDED) or deleted. Every call to the scheduler
+// has the deadline --rpc_timeout_s.
 //
 // Resume. When the scheduler places a job again after a lost trainer, the
 // assignment names the newest checkpoint: every rank loads it (so
