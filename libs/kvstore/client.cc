@@ -279,6 +279,12 @@ absl::Status KVClient::CreateJob(const JobConfig& config) {
   });
 }
 
+absl::Duration KVClient::CleanupTimeout() const {
+  // Cleanup must not hold a trainer long: a shard that is gone or hung is
+  // left to its job TTL.
+  return std::min(options_.rpc_timeout, options_.unavailable_timeout);
+}
+
 absl::Status KVClient::DeleteJob() {
   v1::DeleteJobRequest request;
   request.set_job(options_.job);
@@ -287,7 +293,7 @@ absl::Status KVClient::DeleteJob() {
         [&] {
           auto stub = v1::KVStore::NewStub(channels_[static_cast<size_t>(i)]);
           grpc::ClientContext ctx;
-          ctx.set_deadline(Deadline(options_.rpc_timeout));
+          ctx.set_deadline(Deadline(CleanupTimeout()));
           v1::DeleteJobResponse response;
           return FromGrpcStatus(stub->DeleteJob(&ctx, request, &response),
                                 absl::StrCat("KVStore.DeleteJob to ", options_.servers[i]));
@@ -306,7 +312,7 @@ absl::Status KVClient::LeaveJob() {
         [&] {
           auto stub = v1::KVStore::NewStub(channels_[static_cast<size_t>(i)]);
           grpc::ClientContext ctx;
-          ctx.set_deadline(Deadline(options_.rpc_timeout));
+          ctx.set_deadline(Deadline(CleanupTimeout()));
           v1::DeleteJobResponse response;
           return FromGrpcStatus(stub->DeleteJob(&ctx, request, &response),
                                 absl::StrCat("KVStore.DeleteJob (leave) to ", options_.servers[i]));

@@ -134,7 +134,9 @@ class KVClient : public ParameterServer {
   // config.job must equal options().job.
   absl::Status CreateJob(const JobConfig& config) override;
   // Drops the job on every shard (the error of the first shard that failed;
-  // the others are still asked). Not affected by Cancel.
+  // the others are still asked). Not affected by Cancel. Each attempt's
+  // deadline is min(rpc_timeout, unavailable_timeout): cleanup of a lost
+  // shard is left to its job TTL rather than holding the caller.
   absl::Status DeleteJob() override;
   // This worker is done with the job; each shard drops it once every worker
   // left (see ParameterServer::LeaveJob). Not affected by Cancel.
@@ -204,6 +206,8 @@ class KVClient : public ParameterServer {
   absl::Status WithRetries(const std::function<absl::Status()>& attempt, bool cancellable = true);
   // OK, or the status Cancel set.
   absl::Status CancelStatus() const;
+  // Deadline per attempt of DeleteJob and LeaveJob.
+  absl::Duration CleanupTimeout() const;
   // Runs fn(i) for every server in parallel; returns the first error.
   absl::Status ForEachServer(const std::function<absl::Status(int)>& fn);
 
