@@ -18,6 +18,7 @@
 #include "libs/base/logging.h"
 #include "libs/base/status.h"
 #include "libs/kvstore/chunks.h"
+#include "libs/kvstore/malloc_tuning.h"
 #include "libs/kvstore/proto_convert.h"
 #include "libs/kvstore/wire.h"
 #include "libs/metrics/metrics.h"
@@ -147,12 +148,14 @@ class KVStoreServer::Impl {
       response->set_deleted(deleted);
       if (deleted) {
         DT_LOG(INFO) << "deleted job '" << request.job() << "' (every worker left)";
+        ReleaseFreeMemory();
       }
       return absl::OkStatus();
     }
     DT_RETURN_IF_ERROR(store_->DeleteJob(request.job()));
     response->set_deleted(true);
     DT_LOG(INFO) << "deleted job '" << request.job() << "'";
+    ReleaseFreeMemory();
     return absl::OkStatus();
   }
 
@@ -661,6 +664,7 @@ void KVStoreServer::Reap(absl::Duration every) {
     for (const std::string& job : dropped) {
       DT_LOG(INFO) << "expired job '" << job << "': no call named it for " << options_.job_ttl;
     }
+    if (!dropped.empty()) ReleaseFreeMemory();
     if (!dropped.empty() && !options_.data_dir.empty()) {
       // The dropped jobs leave the snapshot now, not at the next interval.
       absl::StatusOr<bool> wrote = snapshotter_->SnapshotIfChanged();

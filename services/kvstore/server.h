@@ -30,6 +30,9 @@
 //   dtrain_kvstore_snapshots_total
 //
 // Jobs no call named for job_ttl are dropped (logged "expired job").
+// Dropping a job (DeleteJob, the last LeaveJob, expiry) gives the freed
+// memory back to the OS (ReleaseFreeMemory, malloc_tuning.h), so resident
+// memory follows the jobs held.
 //
 // Calls block a gRPC server thread while a pull waits for its round; the
 // wait ends at the call's deadline, at max_pull_wait, or when the call is

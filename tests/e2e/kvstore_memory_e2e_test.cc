@@ -4,11 +4,12 @@
 // trainers) runs 100 tiny 2-trainer MLP jobs (2 steps each) through the
 // kvstore shards, in batches of 10. After job 10 and after job 100 the test
 // reads the resident memory (VmRSS) of the scheduler and both shards; after
-// 100 it must be within 10% of what it was after 10, plus an absolute
-// slack of 1 MiB (the scheduler keeps 90 more finished-job records under the
-// default --finished_job_retention of 7 days, about 1-2 KB each, and malloc
-// grows its heap in 128 KiB-plus steps). Every shard must hold no job
-// afterwards, and have created and deleted all 100.
+// 100 it must be within 10% of what it was after 10, plus an absolute slack
+// of 2 MiB (see kSlack: the shards' RSS moves that much between batches
+// without a trend). The scheduler keeps its finished jobs (default
+// --finished_job_retention, 7 days): 90 more records of ~1-3 KB each, which
+// the margin covers (measured: +0.3 MiB on 18 MiB). Every shard must hold no
+// job after every batch, and have created and deleted all 100.
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -25,6 +26,7 @@ namespace {
 namespace v1 = scheduler::v1;
 
 constexpr int kBatch = 10;
+
 constexpr int kJobs = 100;
 
 TEST(KvstoreMemoryE2eTest, MemoryIsFlatOverAHundredJobsAndShardsEndEmpty) {
@@ -72,11 +74,22 @@ TEST(KvstoreMemoryE2eTest, MemoryIsFlatOverAHundredJobsAndShardsEndEmpty) {
   for (int first = kBatch; first < kJobs; first += kBatch) {
     run_batch(first);
     if (HasFatalFailure()) return;
+    ASSERT_TRUE(shards_empty()) << "after job " << first + kBatch;
+    // The trend, for whoever reads the test's XML (test.xml properties).
+    const std::vector<int64_t> now = rss();
+    for (size_t i = 0; i < measured.size(); ++i) {
+      RecordProperty(absl::StrCat(measured[i].name, "_rss_kb_after_", first + kBatch),
+                     static_cast<int>(now[i] >> 10));
+    }
   }
-  ASSERT_TRUE(shards_empty());
   const std::vector<int64_t> after100 = rss();
 
-  constexpr int64_t kSlack = 1 << 20;
+  // Between batches, with no job held, the shards' VmRSS moves by up to
+  // about 3 MiB with no trend (20.9 to 23.8 MiB over batches 2..10 in one
+  // run): glibc's per-thread arenas and the 20 server threads' stacks. One
+  // leaked job is ~0.8 MiB per shard (the MLP's 203,530 f32 values plus a
+  // round accumulator, over 2 shards), so 90 of them would show ~70 MiB.
+  constexpr int64_t kSlack = 2 << 20;
   for (size_t i = 0; i < measured.size(); ++i) {
     RecordProperty(measured[i].name + "_rss_after_10", static_cast<int>(after10[i] >> 10));
     RecordProperty(measured[i].name + "_rss_after_100", static_cast<int>(after100[i] >> 10));
