@@ -19,8 +19,10 @@ namespace e2e {
 
 class KvstoreCluster {
  public:
-  // Starts the cluster in $TEST_TMPDIR/<name>; ok() says whether it did.
-  explicit KvstoreCluster(const std::string& name);
+  // Starts the cluster in $TEST_TMPDIR/<name>, its processes with the
+  // environment assignments `env` ("VAR=value ..."); status() says whether
+  // it started.
+  explicit KvstoreCluster(const std::string& name, const std::string& env = "");
   // `trainctl cluster down`, then SIGKILL to anything left.
   ~KvstoreCluster();
 
