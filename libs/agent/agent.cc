@@ -26,6 +26,10 @@ struct Agent::Job {
   // Sending the final report; about to end.
   std::atomic<bool> finishing{false};
   bool done = false;  // guarded by Agent::mu_: the thread may be joined
+  // The job's parameter server while it runs (guarded by Agent::mu_):
+  // stopping the job cancels its operations, so that a pull waiting for a
+  // round that will never complete (a peer's push failed) ends at once.
+  kvstore::ParameterServer* ps = nullptr;
   std::thread thread;
 };
 
@@ -306,10 +310,7 @@ void Agent::Heartbeat() {
     absl::MutexLock lock(&mu_);
     if (current_ != nullptr && !current_->done && current_->assignment.job_id() == id) {
       DT_LOG(INFO) << "job " << id << " cancelled; stopping";
-      if (!current_->stop) {
-        current_->stop_reason = "cancelled";
-        current_->stop = true;
-      }
+      StopLocked(current_.get(), "cancelled");
     }
   }
   for (const std::string& id : reply->drain_job_ids()) {
@@ -349,8 +350,7 @@ void Agent::Accept(const v1::Assignment& a) {
       if (r.job_id() == a.job_id() && r.attempt() != a.attempt() && !running->stop) {
         DT_LOG(INFO) << "job " << a.job_id() << ": attempt " << a.attempt()
                      << " supersedes attempt " << r.attempt();
-        running->stop_reason = absl::StrCat("superseded by attempt ", a.attempt());
-        running->stop = true;
+        StopLocked(running, absl::StrCat("superseded by attempt ", a.attempt()));
       }
       if (running->stop || running->finishing) {
         displaced = std::move(next_);
@@ -407,10 +407,14 @@ void Agent::Reap() {
 
 void Agent::Stop(Job* job, const std::string& reason) {
   absl::MutexLock lock(&mu_);
-  if (!job->stop) {
-    job->stop_reason = reason;
-    job->stop = true;
-  }
+  StopLocked(job, reason);
+}
+
+void Agent::StopLocked(Job* job, const std::string& reason) {
+  if (job->stop) return;
+  job->stop_reason = reason;
+  job->stop = true;
+  if (job->ps != nullptr) job->ps->Cancel(absl::StrCat("job stopped: ", reason));
 }
 
 void Agent::Refuse(const v1::Assignment& a, v1::JobState state, const std::string& reason) {
@@ -457,7 +461,8 @@ bool Agent::Report(const v1::Assignment& a, v1::JobState final_state, const std:
 void Agent::Work(Job* job) {
   const v1::Assignment& a = job->assignment;
   train::JobProgress progress;
-  const absl::Status s = RunAssignment(job, &progress);
+  std::unique_ptr<kvstore::ParameterServer> ps;
+  const absl::Status s = RunAssignment(job, &progress, &ps);
   v1::ProgressReport last = ToReport(progress);
   v1::JobState final_state = v1::SUCCEEDED;
   std::string reason = "training finished";
@@ -486,13 +491,39 @@ void Agent::Work(Job* job) {
                << v1::JobState_Name(final_state) << ": " << reason;
   job->finishing = true;
   Report(a, final_state, reason, &last);
+  if (ps != nullptr) {
+    // After the report, so the scheduler has the failure (and requeues)
+    // before peers see the job vanish.
+    EndKvstoreJob(ps.get(), a, final_state);
+    absl::MutexLock lock(&mu_);
+    job->ps = nullptr;
+  }
+  ps.reset();
   observer_->OnJobEnd(a.job_id(), final_state);
   absl::MutexLock lock(&mu_);
   job->done = true;
   wake_ = true;
 }
 
-absl::Status Agent::RunAssignment(Job* job, train::JobProgress* progress) {
+void Agent::EndKvstoreJob(kvstore::ParameterServer* ps, const v1::Assignment& a,
+                          v1::JobState final_state) {
+  // SUCCEEDED: this rank leaves; the shards drop the job once every rank
+  // left, so a rank still reading the last round is not cut off. Otherwise
+  // the attempt is over for every rank (the next attempt has a kvstore job
+  // of its own): drop it now; kNotFound means a peer already did.
+  const bool leave = final_state == v1::SUCCEEDED;
+  const absl::Status s = leave ? ps->LeaveJob() : ps->DeleteJob();
+  if (s.ok() || absl::IsNotFound(s)) {
+    DT_LOG(INFO) << "job " << a.job_id() << " rank " << a.rank() << ": kvstore job " << ps->job()
+                 << (leave ? " left" : " deleted");
+  } else {
+    DT_LOG(WARNING) << "job " << a.job_id() << " rank " << a.rank() << ": kvstore job " << ps->job()
+                    << " not cleaned up (the shards drop it after their job TTL): " << s;
+  }
+}
+
+absl::Status Agent::RunAssignment(Job* job, train::JobProgress* progress,
+                                  std::unique_ptr<kvstore::ParameterServer>* ps) {
   const v1::Assignment& a = job->assignment;
   absl::StatusOr<JobPlan> planned = PlanJob(a, options_.resources);
   observer_->OnJobStart(a.job_id(), a.rank(),
@@ -502,7 +533,6 @@ absl::Status Agent::RunAssignment(Job* job, train::JobProgress* progress) {
   const int rank = plan.config.rank;
   const int world = plan.config.world_size;
 
-  std::unique_ptr<kvstore::ParameterServer> ps;
   std::unique_ptr<collective::Store> store;
   std::unique_ptr<collective::Communicator> comm;
   switch (plan.gradient_path) {
@@ -512,8 +542,11 @@ absl::Status Agent::RunAssignment(Job* job, train::JobProgress* progress) {
       absl::StatusOr<std::unique_ptr<kvstore::ParameterServer>> made =
           options_.connect_parameter_server(plan.kvstore_job, rank);
       if (!made.ok()) return Annotate(made.status(), "connecting to the kvstore");
-      ps = *std::move(made);
-      plan.config.kvstore = ps.get();
+      *ps = *std::move(made);
+      plan.config.kvstore = ps->get();
+      absl::MutexLock lock(&mu_);
+      job->ps = ps->get();
+      if (job->stop) job->ps->Cancel(absl::StrCat("job stopped: ", job->stop_reason));
       break;
     }
     case GradientPath::kAllreduceTcp:

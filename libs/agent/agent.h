@@ -28,7 +28,13 @@
 // cancelled it (a cancel_job_ids entry, or stop in a progress reply);
 // FAILED with the error's message otherwise, marked retryable when a peer,
 // the network or a kvstore shard failed (a transient error: IsTransient in
-// libs/base/retry.h) so that the scheduler requeues it. A job that cannot
+// libs/base/retry.h) so that the scheduler requeues it. Stopping a job
+// (cancelled, superseded, shutdown) also cancels its kvstore operations
+// (ParameterServer::Cancel), so a rank waiting for a round a failed peer
+// never pushes stops as soon as the scheduler tells it (its next
+// heartbeat). After the final report a KVSTORE job's kvstore job is left
+// (SUCCEEDED: the shards drop it when every rank left) or deleted (any other
+// end), so nothing stays on the shards. A job that cannot
 // start (a bad assignment, devices this trainer lacks, a failed rendezvous)
 // is such a FAILED job: it never disappears silently. Final reports are
 // tried up to 5 times while the error is transient.
@@ -181,12 +187,20 @@ class Agent {
   void StartLocked(const scheduler::v1::Assignment& a) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Reap();
   void Stop(Job* job, const std::string& reason);
+  // Sets the job's stop reason (once) and cancels its kvstore operations.
+  void StopLocked(Job* job, const std::string& reason) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Refuse(const scheduler::v1::Assignment& a, scheduler::v1::JobState state,
               const std::string& reason);
   bool Report(const scheduler::v1::Assignment& a, scheduler::v1::JobState final_state,
               const std::string& reason, const scheduler::v1::ProgressReport* stats = nullptr);
   void Work(Job* job);
-  absl::Status RunAssignment(Job* job, train::JobProgress* progress);
+  // `ps` receives the job's parameter server (KVSTORE jobs), which Work
+  // cleans up after the final report.
+  absl::Status RunAssignment(Job* job, train::JobProgress* progress,
+                             std::unique_ptr<kvstore::ParameterServer>* ps);
+  // Leaves (SUCCEEDED) or deletes (any other end) the attempt's kvstore job.
+  void EndKvstoreJob(kvstore::ParameterServer* ps, const scheduler::v1::Assignment& a,
+                     scheduler::v1::JobState final_state);
 
   ClusterClient* const cluster_;
   AgentOptions options_;

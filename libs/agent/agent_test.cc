@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "gmock/gmock.h"
@@ -701,9 +702,66 @@ TEST(AgentTest, TwoAgentsTrainThroughTheKvstore) {
   EXPECT_GT(finals[0].test_accuracy(), 0.3);  // chance is 0.1
   // No communicator; the store only carries drain agreements.
   EXPECT_EQ(cluster.rendezvous().size(), 2u);
-  absl::MutexLock lock(&mu);
-  EXPECT_THAT(calls,
-              ::testing::UnorderedElementsAre("job-kvpair-a3 worker 0", "job-kvpair-a3 worker 1"));
+  {
+    absl::MutexLock lock(&mu);
+    EXPECT_THAT(
+        calls, ::testing::UnorderedElementsAre("job-kvpair-a3 worker 0", "job-kvpair-a3 worker 1"));
+  }
+  // Both ranks left the kvstore job after their final reports: the shards
+  // dropped it.
+  EXPECT_TRUE(cluster.WaitUntil([&]() {
+    return (*kv)->shard(0).JobNames().empty() && (*kv)->shard(1).JobNames().empty();
+  })) << "kvstore jobs left: "
+      << absl::StrJoin((*kv)->shard(0).JobNames(), ",");
+}
+
+// A rank waiting on the kvstore for a round its peer never pushes (the
+// peer's shard died) stops as soon as the scheduler cancels the attempt:
+// the agent cancels the parameter server's operations instead of waiting
+// out the pull timeout (5 minutes), reports, and deletes the kvstore job.
+TEST(AgentTest, CancelEndsAKvstoreWaitAndDeletesTheKvstoreJob) {
+  kvstore::InProcessOptions ko;
+  ko.num_shards = 2;
+  absl::StatusOr<std::unique_ptr<kvstore::InProcessKVStore>> kv =
+      kvstore::InProcessKVStore::Create(ko);
+  ASSERT_TRUE(kv.ok()) << kv.status();
+  AgentOptions o = Options();
+  o.connect_parameter_server =
+      [&](const std::string& job,
+          int worker) -> absl::StatusOr<std::unique_ptr<kvstore::ParameterServer>> {
+    DT_ASSIGN_OR_RETURN(std::unique_ptr<kvstore::InProcessParameterServer> ps,
+                        (*kv)->Connect(job, worker));
+    return std::unique_ptr<kvstore::ParameterServer>(std::move(ps));
+  };
+  FakeCluster cluster;
+  RunningAgent agent(&cluster, o);
+  ASSERT_TRUE(cluster.WaitUntil([&]() { return !agent.agent().trainer_id().empty(); }));
+  v1::Assignment a = SmallJob("job-kvwait", 1, 1);
+  a.set_world_size(2);
+  a.mutable_spec()->set_num_trainers(2);
+  a.mutable_spec()->mutable_sync()->set_mode(v1::KVSTORE);
+  a.set_rank(0);  // rank 1 never comes
+  cluster.Assign(a, agent.agent().trainer_id());
+  // Rank 0 created the kvstore job and waits in its first round.
+  ASSERT_TRUE(cluster.WaitUntil([&]() {
+    absl::StatusOr<kvstore::JobStatus> job = (*kv)->shard(0).GetJob("job-kvwait-a1", 0, true);
+    if (!job.ok()) return false;
+    for (const kvstore::SliceStatus& s : job->slices) {
+      if (s.pushed_round > 0) return true;
+    }
+    return false;
+  }));
+  absl::SleepFor(absl::Milliseconds(200));
+  EXPECT_FALSE(cluster.HasFinal("job-kvwait"));
+  const absl::Time cancelled = absl::Now();
+  cluster.Cancel("job-kvwait");
+  ASSERT_TRUE(cluster.WaitUntil([&]() { return cluster.HasFinal("job-kvwait"); }));
+  EXPECT_LT(absl::Now() - cancelled, absl::Seconds(5));
+  const v1::ProgressReport last = *cluster.Final("job-kvwait");
+  EXPECT_EQ(last.final_state(), v1::CANCELLED) << last.reason();
+  EXPECT_THAT(last.reason(), StartsWith("cancelled at epoch "));
+  EXPECT_TRUE(cluster.WaitUntil(
+      [&]() { return (*kv)->shard(0).JobNames().empty() && (*kv)->shard(1).JobNames().empty(); }));
 }
 
 // The final reports of `job_id` attempt `attempt` by rank, once `n` arrived.

@@ -168,16 +168,81 @@ absl::StatusOr<std::unique_ptr<KVClient>> KVClient::Connect(ClientOptions option
   return client;
 }
 
-absl::Status KVClient::WithRetries(const std::function<absl::Status()>& attempt) {
+// A call Cancel can end: registered while it runs.
+class KVClient::TrackedCall {
+ public:
+  TrackedCall(KVClient* client, grpc::ClientContext* ctx) : client_(client), ctx_(ctx) {
+    absl::MutexLock lock(&client_->calls_mu_);
+    client_->calls_.insert(ctx_);
+    if (!client_->cancelled_.ok()) ctx_->TryCancel();
+  }
+  ~TrackedCall() {
+    absl::MutexLock lock(&client_->calls_mu_);
+    client_->calls_.erase(ctx_);
+  }
+  TrackedCall(const TrackedCall&) = delete;
+  TrackedCall& operator=(const TrackedCall&) = delete;
+
+ private:
+  KVClient* const client_;
+  grpc::ClientContext* const ctx_;
+};
+
+void KVClient::Cancel(const std::string& reason) {
+  absl::MutexLock lock(&calls_mu_);
+  if (!cancelled_.ok()) return;
+  cancelled_ = absl::CancelledError(
+      absl::StrCat("kvstore job ", options_.job, " worker ", options_.worker, ": ", reason));
+  for (grpc::ClientContext* ctx : calls_) ctx->TryCancel();
+}
+
+absl::Status KVClient::CancelStatus() const {
+  absl::MutexLock lock(&calls_mu_);
+  return cancelled_;
+}
+
+absl::Status KVClient::WithRetries(const std::function<absl::Status()>& attempt, bool cancellable) {
   RetryPolicy policy;
-  policy.max_attempts = options_.max_attempts;
+  policy.max_attempts = 0;  // counted below: UNAVAILABLE is bounded by time instead
   policy.initial_backoff = options_.retry_backoff;
   policy.max_backoff = std::max(options_.retry_backoff, absl::Seconds(1));
+  int failed = 0;  // attempts that failed with a transient error other than UNAVAILABLE
+  absl::Time unavailable_since = absl::InfiniteFuture();
+  bool give_up = false;
   RetryHooks hooks;
   hooks.on_retry = [](const absl::Status& error, int attempts, absl::Duration wait) {
     DT_LOG(DEBUG) << "attempt " << attempts << ": " << error << "; retrying in " << wait;
   };
-  return Retry(policy, attempt, hooks);
+  hooks.wait = [&](absl::Duration wait) {
+    if (give_up) return true;
+    if (!cancellable) {
+      absl::SleepFor(wait);
+      return false;
+    }
+    absl::MutexLock lock(&calls_mu_);
+    auto cancelled = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(calls_mu_) { return !cancelled_.ok(); };
+    calls_mu_.AwaitWithTimeout(absl::Condition(&cancelled), wait);
+    return !cancelled_.ok();
+  };
+  absl::Status status = Retry(
+      policy,
+      [&]() -> absl::Status {
+        if (cancellable) DT_RETURN_IF_ERROR(CancelStatus());
+        absl::Status s = attempt();
+        if (s.ok()) return s;
+        if (cancellable) DT_RETURN_IF_ERROR(CancelStatus());
+        if (absl::IsUnavailable(s)) {
+          const absl::Time now = absl::Now();
+          unavailable_since = std::min(unavailable_since, now);
+          give_up = now - unavailable_since >= options_.unavailable_timeout;
+        } else if (IsTransient(s)) {
+          give_up = ++failed >= options_.max_attempts;
+        }
+        return s;
+      },
+      hooks);
+  if (cancellable && !status.ok()) DT_RETURN_IF_ERROR(CancelStatus());
+  return status;
 }
 
 absl::Status KVClient::ForEachServer(const std::function<absl::Status(int)>& fn) {
@@ -205,8 +270,8 @@ absl::Status KVClient::CreateJob(const JobConfig& config) {
     return WithRetries([&] {
       auto stub = v1::KVStore::NewStub(channels_[static_cast<size_t>(i)]);
       grpc::ClientContext ctx;
+      TrackedCall tracked(this, &ctx);
       ctx.set_deadline(Deadline(options_.rpc_timeout));
-      ctx.set_wait_for_ready(true);
       v1::CreateJobResponse response;
       return FromGrpcStatus(stub->CreateJob(&ctx, request, &response),
                             absl::StrCat("KVStore.CreateJob to ", options_.servers[i]));
@@ -214,16 +279,45 @@ absl::Status KVClient::CreateJob(const JobConfig& config) {
   });
 }
 
+absl::Duration KVClient::CleanupTimeout() const {
+  // Cleanup must not hold a trainer long: a shard that is gone or hung is
+  // left to its job TTL.
+  return std::min(options_.rpc_timeout, options_.unavailable_timeout);
+}
+
 absl::Status KVClient::DeleteJob() {
   v1::DeleteJobRequest request;
   request.set_job(options_.job);
   return ForEachServer([&](int i) {
-    auto stub = v1::KVStore::NewStub(channels_[static_cast<size_t>(i)]);
-    grpc::ClientContext ctx;
-    ctx.set_deadline(Deadline(options_.rpc_timeout));
-    v1::DeleteJobResponse response;
-    return FromGrpcStatus(stub->DeleteJob(&ctx, request, &response),
-                          absl::StrCat("KVStore.DeleteJob to ", options_.servers[i]));
+    return WithRetries(
+        [&] {
+          auto stub = v1::KVStore::NewStub(channels_[static_cast<size_t>(i)]);
+          grpc::ClientContext ctx;
+          ctx.set_deadline(Deadline(CleanupTimeout()));
+          v1::DeleteJobResponse response;
+          return FromGrpcStatus(stub->DeleteJob(&ctx, request, &response),
+                                absl::StrCat("KVStore.DeleteJob to ", options_.servers[i]));
+        },
+        /*cancellable=*/false);
+  });
+}
+
+absl::Status KVClient::LeaveJob() {
+  v1::DeleteJobRequest request;
+  request.set_job(options_.job);
+  request.set_leave(true);
+  request.set_worker(options_.worker);
+  return ForEachServer([&](int i) {
+    return WithRetries(
+        [&] {
+          auto stub = v1::KVStore::NewStub(channels_[static_cast<size_t>(i)]);
+          grpc::ClientContext ctx;
+          ctx.set_deadline(Deadline(CleanupTimeout()));
+          v1::DeleteJobResponse response;
+          return FromGrpcStatus(stub->DeleteJob(&ctx, request, &response),
+                                absl::StrCat("KVStore.DeleteJob (leave) to ", options_.servers[i]));
+        },
+        /*cancellable=*/false);
   });
 }
 
@@ -274,8 +368,8 @@ absl::Status KVClient::Init(const std::vector<KeySpec>& keys) {
     return WithRetries([&]() -> absl::Status {
       auto stub = v1::KVStore::NewStub(channels_[static_cast<size_t>(i)]);
       grpc::ClientContext ctx;
+      TrackedCall tracked(this, &ctx);
       ctx.set_deadline(Deadline(options_.rpc_timeout));
-      ctx.set_wait_for_ready(true);
       v1::InitResponse response;
       std::unique_ptr<grpc::ClientWriter<v1::InitRequest>> writer(stub->Init(&ctx, &response));
       v1::InitRequest message;
@@ -644,8 +738,8 @@ absl::Status KVClient::PushOnce(int server, const std::vector<SliceOp>& work, bo
   token.reset();  // the slices in `messages` hold the pin now
 
   grpc::ClientContext ctx;
+  TrackedCall tracked(this, &ctx);
   ctx.set_deadline(Deadline(pull_back ? options_.pull_timeout : options_.rpc_timeout));
-  ctx.set_wait_for_ready(true);
   int64_t reply_bytes = 0;
   for (const SliceOp& w : work) reply_bytes += SliceBytes(w.slice->spec);
   if (messages.size() == 1 && (!pull_back || reply_bytes <= options_.chunk_bytes)) {
@@ -724,8 +818,8 @@ absl::Status KVClient::PullOnce(int server, const std::vector<SliceOp>& work) {
     targets.push_back({&w.slice->spec, w.dst});
   }
   grpc::ClientContext ctx;
+  TrackedCall tracked(this, &ctx);
   ctx.set_deadline(Deadline(options_.pull_timeout));
-  ctx.set_wait_for_ready(true);
   int64_t reply_bytes = 0;
   for (const SliceOp& w : work) reply_bytes += SliceBytes(w.slice->spec);
   if (reply_bytes <= options_.chunk_bytes) {
@@ -764,8 +858,8 @@ absl::StatusOr<JobStatus> KVClient::GetJob(int server, bool include_slices) {
   v1::GetJobResponse response;
   DT_RETURN_IF_ERROR(WithRetries([&] {
     grpc::ClientContext ctx;
+    TrackedCall tracked(this, &ctx);
     ctx.set_deadline(Deadline(options_.rpc_timeout));
-    ctx.set_wait_for_ready(true);
     return FromGrpcStatus(
         stub->GetJob(&ctx, request, &response),
         absl::StrCat("KVStore.GetJob to ", options_.servers[static_cast<size_t>(server)]));
@@ -807,8 +901,8 @@ absl::StatusOr<std::vector<std::string>> KVClient::Snapshot() {
     v1::SnapshotResponse response;
     DT_RETURN_IF_ERROR(WithRetries([&] {
       grpc::ClientContext ctx;
+      TrackedCall tracked(this, &ctx);
       ctx.set_deadline(Deadline(options_.rpc_timeout));
-      ctx.set_wait_for_ready(true);
       return FromGrpcStatus(stub->Snapshot(&ctx, request, &response),
                             absl::StrCat("KVStore.Snapshot to ", options_.servers[i]));
     }));

@@ -25,11 +25,23 @@
 // this worker pushed last, so under SYNC consistency it returns the result of
 // that round once every worker has pushed it. Operations on the same key run
 // in the order they were issued (a pull waits for the preceding push of its
-// key to be acknowledged). Pushes and pulls that fail with UNAVAILABLE,
-// DEADLINE_EXCEEDED or ABORTED are retried (max_attempts), as are the
-// idempotent control calls (CreateJob, Init, GetJob, Snapshot); the shard
-// applies a retried push at most once. After a shard restarted from a snapshot,
-// Resync() reloads the rounds from the shards.
+// key to be acknowledged). Pushes and pulls that fail with DEADLINE_EXCEEDED
+// or ABORTED are retried (max_attempts), as are the idempotent control calls
+// (CreateJob, Init, GetJob, Snapshot); the shard applies a retried push at
+// most once. After a shard restarted from a snapshot, Resync() reloads the
+// rounds from the shards.
+//
+// Failure detection. Calls do not wait for a connection (no gRPC
+// wait_for_ready): a call to a shard that is down fails at once with
+// UNAVAILABLE (connection refused or reset), and is retried with backoff
+// until unavailable_timeout has passed since its first UNAVAILABLE, then the
+// operation fails with that error. So a dead shard fails the operation
+// within about unavailable_timeout (5 s), not rpc_timeout or pull_timeout,
+// while a shard that restarts within it is waited for. A pull that waits on
+// a live shard for a round another worker can never complete (that worker's
+// push failed) is ended by Cancel(), which the trainer's agent calls when
+// the scheduler stops the attempt. Not covered: a shard whose host vanishes
+// without closing connections; its calls end at their deadlines.
 //
 // Buffers. Push sources and pull destinations are the caller's memory,
 // holding the whole key in its dtype (row-major). Pushes send it without
@@ -57,6 +69,7 @@
 
 #include "absl/base/attributes.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
@@ -67,6 +80,7 @@
 
 namespace grpc {
 class Channel;
+class ClientContext;
 }  // namespace grpc
 
 namespace dtrain {
@@ -97,6 +111,9 @@ struct ClientOptions {
   // doubles per attempt, with jitter).
   int max_attempts = 3;
   absl::Duration retry_backoff = absl::Milliseconds(50);
+  // How long a shard may stay unreachable (UNAVAILABLE) before an operation
+  // on it fails (see "Failure detection"). Not counted in max_attempts.
+  absl::Duration unavailable_timeout = absl::Seconds(5);
 };
 
 class KVClient : public ParameterServer {
@@ -116,7 +133,19 @@ class KVClient : public ParameterServer {
   // Creates the job on every shard (idempotent; see KVStore.CreateJob).
   // config.job must equal options().job.
   absl::Status CreateJob(const JobConfig& config) override;
+  // Drops the job on every shard (the error of the first shard that failed;
+  // the others are still asked). Not affected by Cancel. Each attempt's
+  // deadline is min(rpc_timeout, unavailable_timeout): cleanup of a lost
+  // shard is left to its job TTL rather than holding the caller.
   absl::Status DeleteJob() override;
+  // This worker is done with the job; each shard drops it once every worker
+  // left (see ParameterServer::LeaveJob). Not affected by Cancel.
+  absl::Status LeaveJob() override;
+
+  // Cancels this client's operations in flight (their gRPC calls end at
+  // once) and makes later ones fail at once, all with kCancelled carrying
+  // `reason`; DeleteJob and LeaveJob still work. Irreversible.
+  void Cancel(const std::string& reason) override;
 
   // Places the keys and creates their slices on the shards (idempotent: a
   // key that exists with the same spec keeps its value). Every worker calls
@@ -155,6 +184,7 @@ class KVClient : public ParameterServer {
  private:
   struct Key;
   struct SliceOp;
+  class TrackedCall;  // a call Cancel can end
   enum class Op { kPush, kPull, kPushPull };
 
   explicit KVClient(ClientOptions options);
@@ -170,9 +200,14 @@ class KVClient : public ParameterServer {
   absl::Status PushOnce(int server, const std::vector<SliceOp>& work, bool pull_back,
                         const std::shared_ptr<Work::State>& state);
   absl::Status PullOnce(int server, const std::vector<SliceOp>& work);
-  // Runs `attempt` until it succeeds, fails with a non-transient error, or
-  // max_attempts were made.
-  absl::Status WithRetries(const std::function<absl::Status()>& attempt);
+  // Runs `attempt` until it succeeds, fails with a non-transient error,
+  // max_attempts failed with DEADLINE_EXCEEDED or ABORTED, UNAVAILABLE
+  // lasted unavailable_timeout, or (when `cancellable`) Cancel was called.
+  absl::Status WithRetries(const std::function<absl::Status()>& attempt, bool cancellable = true);
+  // OK, or the status Cancel set.
+  absl::Status CancelStatus() const;
+  // Deadline per attempt of DeleteJob and LeaveJob.
+  absl::Duration CleanupTimeout() const;
   // Runs fn(i) for every server in parallel; returns the first error.
   absl::Status ForEachServer(const std::function<absl::Status(int)>& fn);
 
@@ -181,6 +216,9 @@ class KVClient : public ParameterServer {
   std::unique_ptr<ElasticThreadPool> pool_;
   mutable absl::Mutex mu_;
   absl::flat_hash_map<std::string, std::unique_ptr<Key>> keys_ ABSL_GUARDED_BY(mu_);
+  mutable absl::Mutex calls_mu_;
+  absl::flat_hash_set<grpc::ClientContext*> calls_ ABSL_GUARDED_BY(calls_mu_);
+  absl::Status cancelled_ ABSL_GUARDED_BY(calls_mu_);
 };
 
 }  // namespace kvstore

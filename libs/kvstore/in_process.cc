@@ -139,6 +139,20 @@ absl::Status InProcessParameterServer::DeleteJob() {
   });
 }
 
+absl::Status InProcessParameterServer::LeaveJob() {
+  return ForEachShard(static_cast<int>(shards_->stores.size()), [&](int i) {
+    return shards_->stores[static_cast<size_t>(i)]->LeaveJob(job_, worker_).status();
+  });
+}
+
+void InProcessParameterServer::Cancel(const std::string& reason) {
+  absl::MutexLock lock(&mu_);
+  if (!cancelled_.ok()) return;
+  cancelled_ =
+      absl::CancelledError(absl::StrCat("kvstore job ", job_, " worker ", worker_, ": ", reason));
+  is_cancelled_ = true;
+}
+
 absl::Status InProcessParameterServer::Init(const std::vector<KeySpec>& keys) {
   const int num_shards = static_cast<int>(shards_->stores.size());
   // Place every key and check it against what this worker knows.
@@ -322,6 +336,11 @@ Work InProcessParameterServer::Issue(Op op, std::vector<Request> requests, bool 
 
 absl::Status InProcessParameterServer::RunOnShard(Op op, int shard,
                                                   const std::vector<SliceOp>& work) {
+  auto cancelled = [this] {
+    absl::MutexLock lock(&mu_);
+    return cancelled_;
+  };
+  if (is_cancelled_) return cancelled();
   Store& store = *shards_->stores[static_cast<size_t>(shard)];
   if (op != Op::kPull) {
     std::vector<PushItem> items(work.size());
@@ -345,7 +364,10 @@ absl::Status InProcessParameterServer::RunOnShard(Op op, int shard,
   }
   PullOptions options;
   options.deadline = absl::Now() + shards_->options.pull_timeout;
-  DT_ASSIGN_OR_RETURN(std::vector<PulledValue> values, store.Pull(job_, worker_, items, options));
+  options.cancelled = [this] { return is_cancelled_.load(); };
+  absl::StatusOr<std::vector<PulledValue>> pulled = store.Pull(job_, worker_, items, options);
+  if (absl::IsCancelled(pulled.status())) return cancelled();
+  DT_ASSIGN_OR_RETURN(std::vector<PulledValue> values, std::move(pulled));
   DT_CHECK(values.size() == work.size()) << values.size() << " values for " << work.size();
   for (size_t i = 0; i < work.size(); ++i) {
     const SliceSpec& spec = work[i].slice->spec;

@@ -40,6 +40,7 @@
 #ifndef DTRAIN_LIBS_KVSTORE_IN_PROCESS_H_
 #define DTRAIN_LIBS_KVSTORE_IN_PROCESS_H_
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -113,6 +114,9 @@ class InProcessParameterServer : public ParameterServer {
   // On every shard. config.job must equal job().
   absl::Status CreateJob(const JobConfig& config) override;
   absl::Status DeleteJob() override;
+  absl::Status LeaveJob() override;
+  // A waiting pull notices within a few milliseconds.
+  void Cancel(const std::string& reason) override;
   absl::Status Init(const std::vector<KeySpec>& keys) override;
 
   Work PushAsync(std::vector<PushSource> items) override;
@@ -147,6 +151,8 @@ class InProcessParameterServer : public ParameterServer {
   const int worker_;
   mutable absl::Mutex mu_;
   absl::flat_hash_map<std::string, std::unique_ptr<Key>> keys_ ABSL_GUARDED_BY(mu_);
+  absl::Status cancelled_ ABSL_GUARDED_BY(mu_);
+  std::atomic<bool> is_cancelled_{false};
   std::unique_ptr<ElasticThreadPool> pool_;  // last: destroyed (joined) first
 };
 

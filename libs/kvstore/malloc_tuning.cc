@@ -20,5 +20,13 @@ bool TuneMallocForBulkTransfers() {
 #endif
 }
 
+bool ReleaseFreeMemory() {
+#if defined(__GLIBC__)
+  return malloc_trim(0) == 1;
+#else
+  return false;
+#endif
+}
+
 }  // namespace kvstore
 }  // namespace dtrain

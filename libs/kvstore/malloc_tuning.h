@@ -19,6 +19,13 @@
 namespace dtrain {
 namespace kvstore {
 
+// Returns free heap memory of every malloc arena to the OS (glibc's
+// malloc_trim). TuneMallocForBulkTransfers keeps freed memory in the
+// process; a server calls this after a large, rare free (a dropped job) so
+// that its resident memory follows the jobs it holds. Returns whether any
+// memory was released (false where not glibc).
+bool ReleaseFreeMemory();
+
 // Returns false if the C library refused a setting (non-glibc builds do
 // nothing and return false).
 bool TuneMallocForBulkTransfers();

@@ -115,7 +115,19 @@ class ParameterServer {
   // Creates the job (idempotent; kAlreadyExists for a different config).
   // config.job must equal job().
   virtual absl::Status CreateJob(const JobConfig& config) = 0;
+  // Drops the job now, on every shard (kNotFound if a shard does not have
+  // it). Other workers' calls on it fail from then on.
   virtual absl::Status DeleteJob() = 0;
+  // This worker is done with the job: a shard drops it once every worker of
+  // the job has left, so no worker still reading its last round is cut off.
+  // Leaving twice is harmless; kNotFound if the job is gone.
+  virtual absl::Status LeaveJob() = 0;
+
+  // Ends this worker's operations in flight and makes later ones fail at
+  // once, with kCancelled carrying `reason`: for when the job's attempt
+  // ended elsewhere while an operation waits for a round that will never
+  // complete. DeleteJob and LeaveJob still work. Irreversible.
+  virtual void Cancel(const std::string& reason) = 0;
 
   // Creates the keys (idempotent: a key that exists with the same spec keeps
   // its value). Every worker calls Init for the keys it uses.

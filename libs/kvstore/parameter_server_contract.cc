@@ -386,5 +386,59 @@ TEST_P(ParameterServerContractTest, AnOperationWaitsForTheOneBeforeItOnItsKey) {
   EXPECT_EQ(round2, Filled(kN, 22));
 }
 
+// LeaveJob: the job stays while any worker has not left (a worker reading
+// its last round is not cut off), and is gone once every worker left.
+TEST_P(ParameterServerContractTest, LeaveJobDropsTheJobOnceEveryWorkerLeft) {
+  const JobConfig config = Config("leave", 2, Consistency::kSync);
+  std::vector<std::unique_ptr<ParameterServer>> w;
+  w.push_back(Connect(config.job, 0));
+  w.push_back(Connect(config.job, 1));
+  ASSERT_NE(w[0], nullptr);
+  ASSERT_NE(w[1], nullptr);
+  ASSERT_TRUE(w[0]->CreateJob(config).ok());
+  for (auto& ps : w) ASSERT_TRUE(ps->Init({{"w", {kSlicedElements}}}).ok());
+  std::vector<float> g0 = Filled(kSlicedElements, 1), g1 = Filled(kSlicedElements, 3);
+  Work round0 = w[0]->PushPullAsync({{"w", g0.data(), g0.data()}});
+  ASSERT_TRUE(w[1]->Push({{"w", g1.data()}}).ok());
+  ASSERT_TRUE(round0.Wait().ok());
+  ASSERT_TRUE(w[0]->LeaveJob().ok());
+  ASSERT_TRUE(w[0]->LeaveJob().ok());  // twice: harmless
+  // Worker 1 still pulls its last round after worker 0 left.
+  std::vector<float> out(static_cast<size_t>(kSlicedElements), 0);
+  ASSERT_TRUE(w[1]->Pull({{"w", out.data()}}).ok());
+  EXPECT_EQ(out, Filled(kSlicedElements, 4));  // the sum of 1 and 3
+  ASSERT_TRUE(w[1]->LeaveJob().ok());
+  EXPECT_EQ(w[1]->Pull({{"w", out.data()}}).code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(w[0]->DeleteJob().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(w[1]->LeaveJob().code(), absl::StatusCode::kNotFound);
+}
+
+// Cancel ends a pull that waits for a round no one will complete, at once
+// and with the reason; later calls fail the same way; DeleteJob still works.
+TEST_P(ParameterServerContractTest, CancelEndsAWaitingPullAndLaterCalls) {
+  const JobConfig config = Config("cancel", 2, Consistency::kSync);
+  std::unique_ptr<ParameterServer> w0 = Connect(config.job, 0);
+  std::unique_ptr<ParameterServer> w1 = Connect(config.job, 1);
+  ASSERT_NE(w0, nullptr);
+  ASSERT_NE(w1, nullptr);
+  ASSERT_TRUE(w0->CreateJob(config).ok());
+  ASSERT_TRUE(w0->Init({{"w", {4}}}).ok());
+  std::vector<float> g = Filled(4, 1);
+  Work waiting = w0->PushPullAsync({{"w", g.data(), g.data()}});  // worker 1 never pushes
+  EXPECT_FALSE(DoneWithin(waiting, absl::Milliseconds(200)));
+  const absl::Time cancelled = absl::Now();
+  w0->Cancel("peer rank 1 failed");
+  ASSERT_TRUE(DoneWithin(waiting, absl::Seconds(2)));
+  EXPECT_LT(absl::Now() - cancelled, absl::Seconds(2));
+  const absl::Status s = waiting.Wait();
+  EXPECT_EQ(s.code(), absl::StatusCode::kCancelled) << s;
+  EXPECT_NE(s.message().find("peer rank 1 failed"), absl::string_view::npos) << s;
+  EXPECT_EQ(w0->Push({{"w", g.data()}}).code(), absl::StatusCode::kCancelled);
+  // The other worker is not affected; cleanup still works.
+  ASSERT_TRUE(w1->Init({{"w", {4}}}).ok());
+  ASSERT_TRUE(w0->DeleteJob().ok());
+  EXPECT_EQ(w1->Init({{"w", {4}}}).code(), absl::StatusCode::kNotFound);
+}
+
 }  // namespace kvstore
 }  // namespace dtrain

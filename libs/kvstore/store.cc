@@ -41,6 +41,10 @@ struct Store::Job {
   std::map<std::pair<std::string, int32_t>, std::shared_ptr<Slice>> slices ABSL_GUARDED_BY(mu);
   int64_t held_bytes ABSL_GUARDED_BY(mu) = 0;
   std::atomic<int64_t> rounds_completed{0};
+  // When a call last named the job (absl::ToUnixNanos), for DropIdleJobs.
+  std::atomic<int64_t> last_used_ns{absl::ToUnixNanos(absl::Now())};
+  // Workers that called LeaveJob (guarded by Store::mu_).
+  std::vector<bool> left;
 };
 
 namespace {
@@ -106,12 +110,16 @@ int64_t Store::SliceBytes(const JobConfig& config, int64_t count) const {
   return buffers * count * static_cast<int64_t>(sizeof(float));
 }
 
-absl::StatusOr<std::shared_ptr<Store::Job>> Store::FindJob(absl::string_view job) const {
+absl::StatusOr<std::shared_ptr<Store::Job>> Store::FindJob(absl::string_view job,
+                                                           bool touch) const {
   absl::MutexLock lock(&mu_);
   auto it = jobs_.find(job);
   if (it == jobs_.end()) {
     return absl::NotFoundError(absl::StrCat("job '", job, "' not found on kvstore shard ",
                                             options_.shard_index, " (CreateJob first)"));
+  }
+  if (touch) {
+    it->second->last_used_ns.store(absl::ToUnixNanos(absl::Now()), std::memory_order_relaxed);
   }
   return it->second;
 }
@@ -143,6 +151,7 @@ absl::StatusOr<bool> Store::CreateJob(const JobConfig& config) {
   absl::MutexLock lock(&mu_);
   auto it = jobs_.find(config.job);
   if (it != jobs_.end()) {
+    it->second->last_used_ns.store(absl::ToUnixNanos(absl::Now()), std::memory_order_relaxed);
     if (it->second->config == config) return false;
     return absl::AlreadyExistsError(absl::StrCat(
         "job '", config.job, "' exists with another configuration (",
@@ -161,6 +170,41 @@ absl::Status Store::DeleteJob(absl::string_view job) {
   }
   Bump();
   return absl::OkStatus();
+}
+
+absl::StatusOr<bool> Store::LeaveJob(absl::string_view job, int worker) {
+  absl::MutexLock lock(&mu_);
+  auto it = jobs_.find(job);
+  if (it == jobs_.end()) {
+    return absl::NotFoundError(
+        absl::StrCat("job '", job, "' not found on kvstore shard ", options_.shard_index));
+  }
+  Job& j = *it->second;
+  DT_RETURN_IF_ERROR(CheckWorker(j, worker));
+  j.last_used_ns.store(absl::ToUnixNanos(absl::Now()), std::memory_order_relaxed);
+  j.left.resize(static_cast<size_t>(j.config.num_workers), false);
+  j.left[static_cast<size_t>(worker)] = true;
+  if (std::find(j.left.begin(), j.left.end(), false) != j.left.end()) return false;
+  jobs_.erase(it);
+  Bump();
+  return true;
+}
+
+std::vector<std::string> Store::DropIdleJobs(absl::Time idle_since) {
+  const int64_t cutoff = absl::ToUnixNanos(idle_since);
+  std::vector<std::string> dropped;
+  absl::MutexLock lock(&mu_);
+  for (auto it = jobs_.begin(); it != jobs_.end();) {
+    if (it->second->last_used_ns.load(std::memory_order_relaxed) < cutoff) {
+      dropped.push_back(it->first);
+      jobs_.erase(it++);
+    } else {
+      ++it;
+    }
+  }
+  if (!dropped.empty()) Bump();
+  std::sort(dropped.begin(), dropped.end());
+  return dropped;
 }
 
 absl::StatusOr<Store::InitPlan> Store::PlanInit(const Job& job,
@@ -204,11 +248,12 @@ absl::StatusOr<Store::InitPlan> Store::PlanInit(const Job& job,
   }
   if (options_.quota_bytes_per_job > 0 &&
       job.held_bytes + plan.new_bytes > options_.quota_bytes_per_job) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("job '", job_name, "' would hold ", job.held_bytes + plan.new_bytes,
-                     " bytes on kvstore shard ", options_.shard_index, " (", job.held_bytes,
-                     " held + ", plan.new_bytes, " for this Init), over its quota of ",
-                     options_.quota_bytes_per_job, " bytes"));
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "job '", job_name, "' would hold ", job.held_bytes + plan.new_bytes,
+        " bytes on kvstore shard ", options_.shard_index, " (", job.held_bytes, " held + ",
+        plan.new_bytes, " for this Init), over its quota of ", options_.quota_bytes_per_job,
+        " bytes per job per shard (raise it with kvstore_server "
+        "--quota_bytes_per_job, or spread the job over more shards)"));
   }
   return plan;
 }
@@ -526,7 +571,7 @@ absl::StatusOr<std::vector<PulledValue>> Store::Pull(absl::string_view job_name,
 
 absl::StatusOr<JobStatus> Store::GetJob(absl::string_view job_name, int worker,
                                         bool include_slices) const {
-  DT_ASSIGN_OR_RETURN(std::shared_ptr<Job> job, FindJob(job_name));
+  DT_ASSIGN_OR_RETURN(std::shared_ptr<Job> job, FindJob(job_name, /*touch=*/false));
   JobStatus status;
   status.config = job->config;
   status.shard_index = options_.shard_index;

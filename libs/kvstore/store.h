@@ -188,6 +188,19 @@ class Store {
   // the job finish on the dropped state.
   absl::Status DeleteJob(absl::string_view job);
 
+  // Worker `worker` is done with the job: once every worker of the job has
+  // left, the job is dropped as by DeleteJob. Returns true if this call
+  // dropped it. Leaving twice is harmless. kNotFound for an unknown job,
+  // kInvalidArgument for a worker out of range. This is how a finished job
+  // is cleaned up without cutting off a worker still reading its last round.
+  absl::StatusOr<bool> LeaveJob(absl::string_view job, int worker);
+
+  // Drops every job that no worker call (CreateJob, Init, Push, Pull,
+  // LeaveJob; not GetJob, which monitoring makes) has named since
+  // `idle_since`: the orphans of workers that died or never cleaned up.
+  // Returns the dropped jobs' names, sorted.
+  std::vector<std::string> DropIdleJobs(absl::Time idle_since);
+
   // Creates slices (see InitItem); all or none.
   absl::StatusOr<InitResult> Init(absl::string_view job, absl::Span<const InitItem> items);
 
@@ -249,7 +262,8 @@ class Store {
   // REQUIRES: job.mu held.
   absl::StatusOr<InitPlan> PlanInit(const Job& job, absl::Span<const SliceSpec> specs) const;
 
-  absl::StatusOr<std::shared_ptr<Job>> FindJob(absl::string_view job) const;
+  // `touch`: the call counts as use of the job (DropIdleJobs).
+  absl::StatusOr<std::shared_ptr<Job>> FindJob(absl::string_view job, bool touch = true) const;
   absl::Status CheckWorker(const Job& job, int worker) const;
   absl::StatusOr<std::shared_ptr<Slice>> FindSlice(const Job& job, absl::string_view key,
                                                    int32_t slice) const;

@@ -375,6 +375,60 @@ TEST_F(StoreTest, ConcurrentPushesOfManySlices) {
   EXPECT_EQ(store_.GetJob("j", 0, false)->rounds_completed, kKeys * kRounds);
 }
 
+TEST_F(StoreTest, LeaveJobDropsTheJobOnceEveryWorkerLeft) {
+  SetUpJob(Config(2));
+  ASSERT_TRUE(Push(0, 1, {1, 1, 1, 1}).ok());
+  ASSERT_TRUE(Push(1, 1, {1, 1, 1, 1}).ok());
+  absl::StatusOr<bool> first = store_.LeaveJob("j", 0);
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_FALSE(*first);
+  // Worker 1 still reads its last round after worker 0 left.
+  absl::StatusOr<std::vector<float>> last = Pull(1, 1);
+  ASSERT_TRUE(last.ok()) << last.status();
+  EXPECT_EQ(*last, (std::vector<float>{2, 2, 2, 2}));
+  EXPECT_FALSE(*store_.LeaveJob("j", 0));  // leaving twice changes nothing
+  EXPECT_EQ(store_.JobNames(), std::vector<std::string>{"j"});
+  EXPECT_EQ(store_.LeaveJob("j", 2).status().code(), absl::StatusCode::kInvalidArgument);
+  const uint64_t version = store_.version();
+  absl::StatusOr<bool> second = store_.LeaveJob("j", 1);
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_TRUE(*second);
+  EXPECT_TRUE(store_.JobNames().empty());
+  EXPECT_GT(store_.version(), version);  // the next snapshot drops it too
+  EXPECT_EQ(store_.LeaveJob("j", 1).status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(StoreTest, DropIdleJobsDropsOnlyJobsNoCallNamedSince) {
+  JobConfig idle = Config(1);
+  idle.job = "idle";
+  JobConfig busy = Config(1);
+  busy.job = "busy";
+  ASSERT_TRUE(store_.CreateJob(idle).ok());
+  ASSERT_TRUE(store_.CreateJob(busy).ok());
+  absl::SleepFor(absl::Milliseconds(20));
+  const absl::Time since = absl::Now();
+  absl::SleepFor(absl::Milliseconds(20));
+  // A worker's call naming "busy" after `since` keeps it; GetJob (what
+  // monitoring calls) does not keep "idle".
+  ASSERT_TRUE(store_.CreateJob(busy).ok());
+  ASSERT_TRUE(store_.GetJob("idle", 0, false).ok());
+  EXPECT_EQ(store_.DropIdleJobs(since), std::vector<std::string>{"idle"});
+  EXPECT_EQ(store_.JobNames(), std::vector<std::string>{"busy"});
+  EXPECT_TRUE(store_.DropIdleJobs(since).empty());
+  EXPECT_EQ(store_.DropIdleJobs(absl::Now() + absl::Seconds(1)), std::vector<std::string>{"busy"});
+  EXPECT_TRUE(store_.JobNames().empty());
+}
+
+TEST_F(StoreTest, QuotaErrorSaysHowToRaiseIt) {
+  Store store(StoreOptions{3, /*quota_bytes_per_job=*/64});
+  ASSERT_TRUE(store.CreateJob(Config(1)).ok());
+  absl::Status over = store.Init("j", {{Spec("big", {100}), {}}}).status();
+  EXPECT_EQ(over.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_TRUE(absl::StrContains(over.message(), "quota of 64 bytes")) << over;
+  EXPECT_TRUE(absl::StrContains(over.message(), "--quota_bytes_per_job")) << over;
+  EXPECT_TRUE(absl::StrContains(over.message(), "shard 3")) << over;
+}
+
 }  // namespace
 }  // namespace kvstore
 }  // namespace dtrain

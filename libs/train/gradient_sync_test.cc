@@ -146,6 +146,8 @@ class UnusedParameterServer : public kvstore::ParameterServer {
   int worker() const override { return 0; }
   absl::Status CreateJob(const kvstore::JobConfig&) override { return Unused(); }
   absl::Status DeleteJob() override { return Unused(); }
+  absl::Status LeaveJob() override { return Unused(); }
+  void Cancel(const std::string&) override {}
   absl::Status Init(const std::vector<kvstore::KeySpec>&) override { return Unused(); }
   kvstore::Work PushAsync(std::vector<kvstore::PushSource>) override {
     return kvstore::Work::Done(Unused());

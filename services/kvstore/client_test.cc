@@ -855,6 +855,49 @@ TEST(KVClientTest, ClientSideErrors) {
   EXPECT_TRUE(absl::StrContains(gone.message(), "KVStoreData.PushUnary to 127.0.0.1:")) << gone;
 }
 
+// A shard that dies fails the operations that need it within
+// unavailable_timeout (UNAVAILABLE, naming the shard), instead of waiting
+// for it up to rpc_timeout / pull_timeout per attempt; the live shard is
+// unaffected.
+TEST(KVClientTest, DeadShardFailsOperationsWithinUnavailableTimeout) {
+  Cluster cluster(2);
+  JobConfig config;
+  config.job = "dead";
+  config.num_workers = 1;
+  ClientOptions options;
+  options.unavailable_timeout = absl::Seconds(1);
+  options.pull_timeout = absl::Minutes(5);
+  auto w = cluster.Client("dead", 0, options);
+  ASSERT_TRUE(w->CreateJob(config).ok());
+  // 512 KiB: sliced over both shards.
+  const int64_t n = 128 << 10;
+  ASSERT_TRUE(w->Init({{"big", {n}, DType::kF32, nullptr}}).ok());
+  std::vector<float> g(static_cast<size_t>(n), 1.0f);
+  ASSERT_TRUE(w->PushPull({{"big", g.data(), g.data()}}).ok());
+  const std::string dead = cluster.addresses[1];
+  cluster.servers[1].reset();  // shut down: connections closed, port refused
+
+  for (int op = 0; op < 3; ++op) {
+    const absl::Time start = absl::Now();
+    absl::Status s;
+    if (op == 0) s = w->PushPull({{"big", g.data(), g.data()}});
+    if (op == 1) s = w->Pull({{"big", g.data(), 0}});
+    if (op == 2) s = w->GetJob(1, false).status();
+    const absl::Duration took = absl::Now() - start;
+    EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << op << ": " << s;
+    EXPECT_NE(s.message().find(dead), absl::string_view::npos) << s;
+    // Retried for the timeout (a shard restarting within it is waited
+    // for), then given up: far below rpc_timeout (60 s).
+    EXPECT_GE(took, absl::Milliseconds(900)) << op;
+    EXPECT_LE(took, absl::Seconds(3)) << op;
+  }
+  absl::StatusOr<JobStatus> live = w->GetJob(0, false);
+  EXPECT_TRUE(live.ok()) << live.status();
+  // Cleanup reaches the live shard even though the dead one fails.
+  EXPECT_EQ(w->DeleteJob().code(), absl::StatusCode::kUnavailable);
+  EXPECT_TRUE(absl::IsNotFound(cluster.servers[0]->store().GetJob("dead", 0, false).status()));
+}
+
 }  // namespace
 }  // namespace kvstore
 }  // namespace dtrain

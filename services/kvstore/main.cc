@@ -3,6 +3,15 @@
 //   kvstore_server --listen=0.0.0.0:7070 --shard_index=0 --data_dir=/var/lib/kvstore
 //                  --metrics_listen=:9100 --snapshot_interval_s=60
 //                  --quota_bytes_per_job=8589934592 --max_message_bytes=4194304
+//                  --job_ttl_s=3600
+//
+// Defaults that keep a shard from growing without bound: a job may hold
+// --quota_bytes_per_job (4 GiB: ResNet-18's 11.7M f32 parameters with SGD
+// momentum and a round accumulator are 140 MB, so this is room for models
+// ~30x larger while one runaway job cannot take a 16 GiB node; 0 lifts the
+// limit), and a job no call named for --job_ttl_s (1 h, far above the
+// longest pull wait of 10 min) is dropped as an orphan. Trainers delete
+// their jobs when an attempt ends; the TTL catches the ones they could not.
 //
 // Serves dtrain.kvstore.v1.KVStore and KVStoreData, dtrain.admin.Admin, gRPC
 // health checking and reflection (see server.h). Resumes from the snapshot
@@ -29,7 +38,12 @@ ABSL_FLAG(int, shard_index, 0, "this shard's index in the clients' server list")
 ABSL_FLAG(std::string, metrics_listen, "",
           "Prometheus /metrics address, e.g. :9100 (empty: no endpoint)");
 ABSL_FLAG(double, snapshot_interval_s, 60, "seconds between snapshots (<= 0: only at shutdown)");
-ABSL_FLAG(int64_t, quota_bytes_per_job, 0, "bytes a job may hold on this shard (0: no limit)");
+ABSL_FLAG(int64_t, quota_bytes_per_job, int64_t{4} << 30,
+          "bytes a job may hold on this shard (0: no limit); an Init over it fails with "
+          "RESOURCE_EXHAUSTED");
+ABSL_FLAG(double, job_ttl_s, 3600,
+          "drop a job no call named for this many seconds (orphans of dead workers; "
+          "<= 0: never)");
 ABSL_FLAG(int64_t, max_message_bytes, 4 << 20, "gRPC send/receive limit per message");
 ABSL_FLAG(double, shutdown_grace_s, 10, "seconds calls in flight get to finish at shutdown");
 ABSL_FLAG(std::string, port_file, "",
@@ -51,6 +65,7 @@ int main(int argc, char** argv) {
   options.snapshot_interval = absl::Seconds(absl::GetFlag(FLAGS_snapshot_interval_s));
   options.quota_bytes_per_job = absl::GetFlag(FLAGS_quota_bytes_per_job);
   options.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
+  options.job_ttl = absl::Seconds(absl::GetFlag(FLAGS_job_ttl_s));
   if (options.shard_index < 0 || options.max_message_bytes <= 0 ||
       options.quota_bytes_per_job < 0) {
     std::fprintf(stderr,

@@ -5,6 +5,7 @@
 #include <grpcpp/support/method_handler.h>
 #include <grpcpp/support/sync_stream.h>
 
+#include <algorithm>
 #include <chrono>
 #include <deque>
 #include <functional>
@@ -17,6 +18,7 @@
 #include "libs/base/logging.h"
 #include "libs/base/status.h"
 #include "libs/kvstore/chunks.h"
+#include "libs/kvstore/malloc_tuning.h"
 #include "libs/kvstore/proto_convert.h"
 #include "libs/kvstore/wire.h"
 #include "libs/metrics/metrics.h"
@@ -140,9 +142,20 @@ class KVStoreServer::Impl {
     return absl::OkStatus();
   }
 
-  absl::Status DeleteJob(const v1::DeleteJobRequest& request) {
+  absl::Status DeleteJob(const v1::DeleteJobRequest& request, v1::DeleteJobResponse* response) {
+    if (request.leave()) {
+      DT_ASSIGN_OR_RETURN(bool deleted, store_->LeaveJob(request.job(), request.worker()));
+      response->set_deleted(deleted);
+      if (deleted) {
+        DT_LOG(INFO) << "deleted job '" << request.job() << "' (every worker left)";
+        ReleaseFreeMemory();
+      }
+      return absl::OkStatus();
+    }
     DT_RETURN_IF_ERROR(store_->DeleteJob(request.job()));
+    response->set_deleted(true);
     DT_LOG(INFO) << "deleted job '" << request.job() << "'";
+    ReleaseFreeMemory();
     return absl::OkStatus();
   }
 
@@ -498,8 +511,8 @@ class ControlService final : public v1::KVStore::Service {
     return impl_->Run("CreateJob", [&] { return impl_->CreateJob(*request, response); });
   }
   grpc::Status DeleteJob(grpc::ServerContext*, const v1::DeleteJobRequest* request,
-                         v1::DeleteJobResponse*) override {
-    return impl_->Run("DeleteJob", [&] { return impl_->DeleteJob(*request); });
+                         v1::DeleteJobResponse* response) override {
+    return impl_->Run("DeleteJob", [&] { return impl_->DeleteJob(*request, response); });
   }
   grpc::Status GetJob(grpc::ServerContext*, const v1::GetJobRequest* request,
                       v1::GetJobResponse* response) override {
@@ -637,7 +650,27 @@ absl::StatusOr<std::unique_ptr<KVStoreServer>> KVStoreServer::Start(const Server
   server->rpc_->Expose(server->impl_->registry());
   server->rpc_->Expose(server->impl_->store_metrics());
   DT_RETURN_IF_ERROR(server->rpc_->Start());
+  if (options.job_ttl > absl::ZeroDuration()) {
+    const absl::Duration every = std::min(options.job_ttl / 4, absl::Minutes(1));
+    KVStoreServer* s = server.get();
+    server->reaper_ = std::thread([s, every] { s->Reap(every); });
+  }
   return server;
+}
+
+void KVStoreServer::Reap(absl::Duration every) {
+  while (!reaper_stop_.WaitForNotificationWithTimeout(every)) {
+    const std::vector<std::string> dropped = store_->DropIdleJobs(absl::Now() - options_.job_ttl);
+    for (const std::string& job : dropped) {
+      DT_LOG(INFO) << "expired job '" << job << "': no call named it for " << options_.job_ttl;
+    }
+    if (!dropped.empty()) ReleaseFreeMemory();
+    if (!dropped.empty() && !options_.data_dir.empty()) {
+      // The dropped jobs leave the snapshot now, not at the next interval.
+      absl::StatusOr<bool> wrote = snapshotter_->SnapshotIfChanged();
+      if (!wrote.ok()) DT_LOG(ERROR) << "snapshot after expiring jobs failed: " << wrote.status();
+    }
+  }
 }
 
 KVStoreServer::~KVStoreServer() {
@@ -648,6 +681,8 @@ KVStoreServer::~KVStoreServer() {
 absl::Status KVStoreServer::Shutdown(absl::Duration grace) {
   if (shut_down_) return absl::OkStatus();
   shut_down_ = true;
+  reaper_stop_.Notify();
+  if (reaper_.joinable()) reaper_.join();
   // Calls in flight finish (or are cancelled) before the final snapshot.
   if (rpc_) rpc_->Shutdown(grace);
   absl::Status status;

@@ -29,6 +29,11 @@
 //   dtrain_kvstore_held_bytes{job}, dtrain_kvstore_quota_bytes
 //   dtrain_kvstore_snapshots_total
 //
+// Jobs no call named for job_ttl are dropped (logged "expired job").
+// Dropping a job (DeleteJob, the last LeaveJob, expiry) gives the freed
+// memory back to the OS (ReleaseFreeMemory, malloc_tuning.h), so resident
+// memory follows the jobs held.
+//
 // Calls block a gRPC server thread while a pull waits for its round; the
 // wait ends at the call's deadline, at max_pull_wait, or when the call is
 // cancelled (also by Shutdown).
@@ -41,9 +46,11 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <thread>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "libs/kvstore/snapshot.h"
 #include "libs/kvstore/store.h"
@@ -77,6 +84,11 @@ struct ServerOptions {
   // Longest a pull waits for its round when the call has a later deadline
   // (or none).
   absl::Duration max_pull_wait = absl::Minutes(10);
+  // A job no call has named for this long is an orphan (its workers died
+  // without deleting it) and is dropped, from memory, metrics and the next
+  // snapshot; checked every job_ttl / 4 (at most every minute). Keep it well
+  // above max_pull_wait. <= 0: jobs never expire.
+  absl::Duration job_ttl = absl::Hours(1);
 };
 
 class KVStoreServer {
@@ -113,6 +125,8 @@ class KVStoreServer {
 
  private:
   KVStoreServer() = default;
+  // Drops expired jobs every `every` until reaper_stop_.
+  void Reap(absl::Duration every);
 
   ServerOptions options_;
   std::unique_ptr<Store> store_;
@@ -123,6 +137,8 @@ class KVStoreServer {
   std::unique_ptr<rpc::Server> rpc_;
   bool resumed_ = false;
   bool shut_down_ = false;
+  absl::Notification reaper_stop_;
+  std::thread reaper_;
 };
 
 }  // namespace kvstore

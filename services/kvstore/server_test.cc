@@ -9,6 +9,7 @@
 #include <grpcpp/security/credentials.h>
 #include <grpcpp/support/sync_stream.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <fstream>
 #include <string>
@@ -213,6 +214,74 @@ TEST(KVStoreServerTest, ShutdownSnapshotsAndRestartResumes) {
   ASSERT_TRUE((*client)->PushPull({{"w", g.data(), now.data()}}).ok());
   EXPECT_NE(now, w);
   EXPECT_EQ((*client)->GetJob(0, true)->slices[0].completed_round, 4);
+}
+
+// A job no worker call names for job_ttl is dropped: from GetJob, the
+// per-job metric series and the snapshot; a job in use stays, and scraping
+// the metrics (which reads every job) does not keep a job alive.
+TEST(KVStoreServerTest, IdleJobsExpireFromMemoryMetricsAndSnapshots) {
+  const std::string dir = TempDir("ttl");
+  ServerOptions options;
+  options.data_dir = dir;
+  options.snapshot_interval = absl::ZeroDuration();
+  options.metrics_listen = "127.0.0.1:0";
+  options.job_ttl = absl::Milliseconds(800);
+  auto server = KVStoreServer::Start(options);
+  ASSERT_TRUE(server.ok()) << server.status();
+  auto connect = [&](const std::string& job) {
+    ClientOptions o;
+    o.servers = {(*server)->local_address()};
+    o.job = job;
+    auto c = KVClient::Connect(o);
+    EXPECT_TRUE(c.ok()) << c.status();
+    JobConfig config;
+    config.job = job;
+    EXPECT_TRUE((*c)->CreateJob(config).ok());
+    EXPECT_TRUE((*c)->Init({{"w", {16}, DType::kF32, nullptr}}).ok());
+    return std::move(*c);
+  };
+  std::unique_ptr<KVClient> orphan = connect("orphan");
+  std::unique_ptr<KVClient> busy = connect("busy");
+  ASSERT_TRUE((*server)->snapshotter().SnapshotNow().ok());
+  auto scrape = [&] {
+    absl::StatusOr<std::string> text = metrics::Scrape((*server)->metrics_port());
+    EXPECT_TRUE(text.ok()) << text.status();
+    return text.ok() ? *text : "";
+  };
+  ASSERT_TRUE(metrics::SampleValue(scrape(), "dtrain_kvstore_slices{job=\"orphan\"}").ok());
+
+  // "busy" is used every 100 ms for almost 4 TTLs; "orphan" is not.
+  const absl::Time start = absl::Now();
+  absl::Duration orphan_gone = absl::InfiniteDuration();
+  while (absl::Now() - start < absl::Milliseconds(3000)) {
+    std::vector<float> v(16);
+    ASSERT_TRUE(busy->Pull({{"w", v.data(), 0}}).ok());
+    scrape();
+    const std::vector<std::string> jobs = (*server)->store().JobNames();
+    if (orphan_gone == absl::InfiniteDuration() &&
+        std::find(jobs.begin(), jobs.end(), "orphan") == jobs.end()) {
+      orphan_gone = absl::Now() - start;
+    }
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+  // Expired after the TTL, within a check period (TTL / 4) and slack for a
+  // loaded machine.
+  EXPECT_GE(orphan_gone, absl::Milliseconds(800));
+  EXPECT_LE(orphan_gone, absl::Milliseconds(2500));
+  EXPECT_EQ((*server)->store().JobNames(), std::vector<std::string>{"busy"});
+  EXPECT_EQ(orphan->GetJob(0, false).status().code(), absl::StatusCode::kNotFound);
+  const std::string text = scrape();
+  EXPECT_FALSE(metrics::SampleValue(text, "dtrain_kvstore_slices{job=\"orphan\"}").ok()) << text;
+  EXPECT_TRUE(metrics::SampleValue(text, "dtrain_kvstore_slices{job=\"busy\"}").ok()) << text;
+
+  // The snapshot was rewritten without it: a restart brings back only "busy".
+  (*server)->Shutdown(absl::ZeroDuration()).IgnoreError();
+  server->reset();
+  options.job_ttl = absl::ZeroDuration();
+  options.metrics_listen = "";
+  auto restarted = KVStoreServer::Start(options);
+  ASSERT_TRUE(restarted.ok()) << restarted.status();
+  EXPECT_EQ((*restarted)->store().JobNames(), std::vector<std::string>{"busy"});
 }
 
 }  // namespace

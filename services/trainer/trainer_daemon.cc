@@ -34,7 +34,13 @@
 // a rank that stops closes its communicator, which makes its peers' next
 // allreduce fail at once, so all ranks stop within about a step; a rank
 // whose peer failed reports a retryable failure and the scheduler requeues
-// the job.
+// the job. A kvstore shard that dies fails the kvstore calls that need it
+// within --kvstore_unavailable_timeout_s (5 s; the rank reports a retryable
+// failure); the other ranks, which may wait on a live shard for a round that
+// never completes, are cancelled by the scheduler at their next heartbeat,
+// which also cancels their kvstore calls. When a rank's attempt ends its
+// kvstore job is left (SUCCEEDED) or deleted. Every call to the scheduler
+// has the deadline --rpc_timeout_s.
 //
 // Resume. When the scheduler places a job again after a lost trainer, the
 // assignment names the newest checkpoint: every rank loads it (so
@@ -145,6 +151,9 @@ ABSL_FLAG(std::string, collective_host, "",
           "address other trainers reach this one at for allreduce (default: the host name)");
 ABSL_FLAG(std::string, kvstore, "",
           "kvstore shard addresses host:port,... in shard order (for KVSTORE-mode jobs)");
+ABSL_FLAG(double, kvstore_unavailable_timeout_s, 5,
+          "how long a kvstore shard may stay unreachable before the job's kvstore calls fail "
+          "(the job then fails retryably); bounds failure detection of a dead shard");
 ABSL_FLAG(std::string, cuda_collective, "auto",
           "between trainers of CUDA jobs: auto (NCCL when each trainer has one GPU, else TCP with "
           "gradients staged through host memory), nccl (the same), or tcp");
@@ -189,6 +198,11 @@ int main(int argc, char** argv) {
   const double timeout_s = absl::GetFlag(FLAGS_rpc_timeout_s);
   if (!(timeout_s > 0)) {
     std::fprintf(stderr, "trainer: --rpc_timeout_s must be > 0\n");
+    return 2;
+  }
+  const double kv_unavailable_s = absl::GetFlag(FLAGS_kvstore_unavailable_timeout_s);
+  if (!(kv_unavailable_s > 0)) {
+    std::fprintf(stderr, "trainer: --kvstore_unavailable_timeout_s must be > 0\n");
     return 2;
   }
   std::string name = absl::GetFlag(FLAGS_name);
@@ -242,13 +256,13 @@ int main(int argc, char** argv) {
     if (!kv.empty()) {
       // Gradients of KVSTORE jobs go through the shards: one kvstore job per
       // attempt, every trainer a worker.
-      options.connect_parameter_server =
-          [kv](const std::string& job,
-               int worker) -> absl::StatusOr<std::unique_ptr<dtrain::kvstore::ParameterServer>> {
+      options.connect_parameter_server = [kv, kv_unavailable_s](const std::string& job, int worker)
+          -> absl::StatusOr<std::unique_ptr<dtrain::kvstore::ParameterServer>> {
         dtrain::kvstore::ClientOptions ko;
         ko.servers = kv;
         ko.job = job;
         ko.worker = worker;
+        ko.unavailable_timeout = absl::Seconds(kv_unavailable_s);
         DT_ASSIGN_OR_RETURN(std::unique_ptr<dtrain::kvstore::KVClient> client,
                             dtrain::kvstore::KVClient::Connect(ko));
         DT_LOG(INFO) << "kvstore job " << job << " worker " << worker << ": synchronizing through "

@@ -1,0 +1,71 @@
+// A local cluster for the kvstore end-to-end tests: `trainctl cluster up`
+// with one scheduler, two kvstore shards and two trainer daemons, and what
+// the tests read from it (processes, logs, metrics, kvstore jobs, RSS).
+#ifndef DTRAIN_TESTS_E2E_KVSTORE_CLUSTER_H_
+#define DTRAIN_TESTS_E2E_KVSTORE_CLUSTER_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "protos/scheduler.grpc.pb.h"
+#include "tests/e2e/e2e_util.h"
+
+namespace dtrain {
+namespace e2e {
+
+class KvstoreCluster {
+ public:
+  // Starts the cluster in $TEST_TMPDIR/<name>, its processes with the
+  // environment assignments `env` ("VAR=value ..."); status() says whether
+  // it started.
+  explicit KvstoreCluster(const std::string& name, const std::string& env = "");
+  // `trainctl cluster down`, then SIGKILL to anything left.
+  ~KvstoreCluster();
+
+  absl::Status status() const { return status_; }
+  const std::string& dir() const { return dir_; }
+  scheduler::v1::JobService::Stub* jobs() { return stub_.get(); }
+  // kvstore-<i>, as cluster.json lists it.
+  const ClusterProcess& shard(int i) const { return shards_[static_cast<size_t>(i)]; }
+  const ClusterProcess& scheduler() const { return scheduler_; }
+
+  // A 2-trainer MLP job synchronizing through the kvstore (SYNCHRONOUS).
+  static scheduler::v1::SubmitRequest KvstoreJob(const std::string& name, int epochs,
+                                                 int64_t train_limit);
+  absl::StatusOr<scheduler::v1::JobStatus> Submit(const scheduler::v1::SubmitRequest& r);
+  absl::StatusOr<scheduler::v1::JobStatus> Get(const std::string& id);
+  absl::Status Cancel(const std::string& id);
+
+  // The text of <dir>/<process>.log.
+  std::string Log(const std::string& process) const;
+  // Occurrences of `needle` in <dir>/<process>.log.
+  int CountInLog(const std::string& process, const std::string& needle) const;
+
+  // GetJob of kvstore job `kv_job` on shard `i`: OK, NOT_FOUND, or the error.
+  absl::Status KvstoreJobOnShard(int i, const std::string& kv_job) const;
+  // The jobs shard `i` reports in its per-job metric series
+  // (dtrain_kvstore_slices{job=...}), or an error if it cannot be scraped.
+  absl::StatusOr<std::vector<std::string>> ShardJobs(int i) const;
+
+ private:
+  std::string dir_;
+  absl::Status status_;
+  ClusterProcess scheduler_;
+  std::vector<ClusterProcess> shards_;
+  std::unique_ptr<scheduler::v1::JobService::Stub> stub_;
+};
+
+// VmRSS of `pid` in bytes (from /proc/<pid>/status), or -1.
+int64_t ResidentBytes(int pid);
+
+// The port of a "http://127.0.0.1:<port>/metrics" URL, or 0.
+int PortOfUrl(const std::string& url);
+
+}  // namespace e2e
+}  // namespace dtrain
+
+#endif  // DTRAIN_TESTS_E2E_KVSTORE_CLUSTER_H_
