@@ -494,7 +494,7 @@ void Agent::Work(Job* job) {
   if (ps != nullptr) {
     // After the report, so the scheduler has the failure (and requeues)
     // before peers see the job vanish.
-    EndKvstoreJob(ps.get(), a, final_state);
+    EndKvstoreJob(ps.get(), a, final_state, last.drained());
     absl::MutexLock lock(&mu_);
     job->ps = nullptr;
   }
@@ -506,12 +506,14 @@ void Agent::Work(Job* job) {
 }
 
 void Agent::EndKvstoreJob(kvstore::ParameterServer* ps, const v1::Assignment& a,
-                          v1::JobState final_state) {
-  // SUCCEEDED: this rank leaves; the shards drop the job once every rank
-  // left, so a rank still reading the last round is not cut off. Otherwise
-  // the attempt is over for every rank (the next attempt has a kvstore job
-  // of its own): drop it now; kNotFound means a peer already did.
-  const bool leave = final_state == v1::SUCCEEDED;
+                          v1::JobState final_state, bool drained) {
+  // SUCCEEDED or drained (every rank stopped at an agreed step, and a rank
+  // may still exchange the drained epoch's statistics through the job): this
+  // rank leaves; the shards drop the job once every rank left, so a rank
+  // still reading the last round is not cut off. Otherwise the attempt is
+  // over for every rank (the next attempt has a kvstore job of its own): drop
+  // it now; kNotFound means a peer already did.
+  const bool leave = final_state == v1::SUCCEEDED || drained;
   const absl::Status s = leave ? ps->LeaveJob() : ps->DeleteJob();
   if (s.ok() || absl::IsNotFound(s)) {
     DT_LOG(INFO) << "job " << a.job_id() << " rank " << a.rank() << ": kvstore job " << ps->job()

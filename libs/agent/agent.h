@@ -198,9 +198,10 @@ class Agent {
   // cleans up after the final report.
   absl::Status RunAssignment(Job* job, train::JobProgress* progress,
                              std::unique_ptr<kvstore::ParameterServer>* ps);
-  // Leaves (SUCCEEDED) or deletes (any other end) the attempt's kvstore job.
+  // Leaves (SUCCEEDED, or drained) or deletes (any other end) the attempt's
+  // kvstore job.
   void EndKvstoreJob(kvstore::ParameterServer* ps, const scheduler::v1::Assignment& a,
-                     scheduler::v1::JobState final_state);
+                     scheduler::v1::JobState final_state, bool drained);
 
   ClusterClient* const cluster_;
   AgentOptions options_;

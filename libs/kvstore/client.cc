@@ -592,10 +592,20 @@ Work KVClient::Start(Op op, std::vector<SliceOp> work,
 
 absl::Status KVClient::RunOnServer(Op op, int server, const std::vector<SliceOp>& work,
                                    const std::shared_ptr<Work::State>& state) {
-  return WithRetries([&] {
+  absl::Status s = WithRetries([&] {
     return op == Op::kPull ? PullOnce(server, work)
                            : PushOnce(server, work, op == Op::kPushPull, state);
   });
+  if (absl::IsNotFound(s)) {
+    // Every key of `work` was Init'ed through this client (unknown keys are
+    // refused before anything is sent), so a shard that answers NOT_FOUND has
+    // lost the job or key since: it restarted without its state (no snapshot,
+    // or one older than the job). This job's rounds cannot go on there;
+    // ABORTED (transient) ends the attempt so that the job starts again from
+    // its checkpoint instead of failing for good.
+    return LostJobStateError(s);
+  }
+  return s;
 }
 
 namespace {

@@ -322,7 +322,10 @@ Work InProcessParameterServer::Issue(Op op, std::vector<Request> requests, bool 
                                   shared_deps]() {
       // Operations on the same keys run in the order they were issued.
       for (const auto& dep : *shared_deps) dep->WaitTasks();
-      state->Finish(RunOnShard(op, shard, w));
+      absl::Status s = RunOnShard(op, shard, w);
+      // Every key was Init'ed through this worker: NOT_FOUND means the
+      // shard dropped the job or key since.
+      state->Finish(absl::IsNotFound(s) ? LostJobStateError(s) : s);
     };
     if (run_one_inline && !inline_task) {
       inline_task = std::move(task);

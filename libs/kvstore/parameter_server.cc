@@ -2,6 +2,8 @@
 
 #include <utility>
 
+#include "absl/strings/str_cat.h"
+
 namespace dtrain {
 namespace kvstore {
 
@@ -15,6 +17,13 @@ void Work::State::WaitTasks() {
   absl::MutexLock lock(&mu);
   mu.Await(absl::Condition(
       +[](State* s) ABSL_NO_THREAD_SAFETY_ANALYSIS { return s->remaining == 0; }, this));
+}
+
+absl::Status LostJobStateError(const absl::Status& not_found) {
+  return absl::AbortedError(absl::StrCat(not_found.message(),
+                                         " (the shard no longer has this job's state: it was "
+                                         "dropped, or the shard restarted; the job must start a "
+                                         "new attempt)"));
 }
 
 Work Work::Done(absl::Status status) {

@@ -105,6 +105,13 @@ class ABSL_MUST_USE_RESULT Work {
   std::shared_ptr<State> state_;
 };
 
+// What a push or pull answers when a shard no longer has the job or key the
+// worker Init'ed (it was dropped, or the shard restarted without its state):
+// `not_found` as ABORTED, a transient error (libs/base/retry.h), so the
+// job's attempt ends and the job starts again from its checkpoint instead of
+// failing for good. Both implementations use it.
+absl::Status LostJobStateError(const absl::Status& not_found);
+
 class ParameterServer {
  public:
   virtual ~ParameterServer() = default;
@@ -133,7 +140,8 @@ class ParameterServer {
   // its value). Every worker calls Init for the keys it uses.
   virtual absl::Status Init(const std::vector<KeySpec>& keys) = 0;
 
-  // Pushes gradients as this worker's next round of each key.
+  // Pushes gradients as this worker's next round of each key. Pushes and
+  // pulls of a job or key the shard no longer has are LostJobStateError.
   virtual Work PushAsync(std::vector<PushSource> items) = 0;
   // Copies values into the caller's buffers.
   virtual Work PullAsync(std::vector<PullTarget> items) = 0;

@@ -850,9 +850,13 @@ TEST(KVClientTest, ClientSideErrors) {
   EXPECT_EQ(client->Push({{"w", g.data()}, {"w", g.data()}}).code(),
             absl::StatusCode::kInvalidArgument);
   ASSERT_TRUE(client->DeleteJob().ok());
+  // The shard no longer has the job this client Init'ed: ABORTED, transient,
+  // so a trainer's attempt ends retryably (LostJobStateError).
   absl::Status gone = client->Push({{"w", g.data()}});
-  EXPECT_EQ(gone.code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(gone.code(), absl::StatusCode::kAborted);
   EXPECT_TRUE(absl::StrContains(gone.message(), "KVStoreData.PushUnary to 127.0.0.1:")) << gone;
+  EXPECT_TRUE(absl::StrContains(gone.message(), "not found")) << gone;
+  EXPECT_TRUE(absl::StrContains(gone.message(), "new attempt")) << gone;
 }
 
 // A shard that dies fails the operations that need it within

@@ -99,14 +99,15 @@ class DrainE2eTest : public ::testing::Test {
     return last.ok() ? *last : v1::JobStatus();
   }
 
-  // Polls until the job runs in the first half of epoch `epoch` (1-based):
-  // rank 0's reports lag (one a second), and a drain must still land inside
-  // the epoch.
+  // Polls until the job runs in the first two thirds of epoch `epoch`
+  // (1-based): rank 0's reports lag (one a second), so a window of half an
+  // epoch was missed under load; the drain lands in this epoch or, on a very
+  // loaded machine, early in the next one.
   v1::JobStatus WaitMidEpoch(const std::string& id, int epoch) {
     v1::JobStatus job = Get(id);
     for (absl::Time deadline = absl::Now() + absl::Seconds(180);
          !(job.state() == v1::RUNNING && job.epoch() == epoch - 1 && job.step() >= 1 &&
-           job.step() <= 48) &&
+           job.step() <= 64) &&
          absl::Now() < deadline;
          absl::SleepFor(absl::Milliseconds(20))) {
       job = Get(id);
@@ -227,8 +228,8 @@ TEST_F(DrainE2eTest, SigtermedTrainerDrainsAndTheJobResumesAtItsStep) {
   // "... drained at epoch E step S; requeued, resuming from <ckpt> (epoch E step S)"
   const int64_t epoch = NumberAfter(requeue, "drained at epoch ");
   const int64_t step = NumberAfter(requeue, "drained at epoch " + absl::StrCat(epoch) + " step ");
-  EXPECT_EQ(epoch, 2) << requeue;
-  EXPECT_GT(step, 0) << requeue;  // mid-epoch
+  EXPECT_TRUE(epoch == 2 || epoch == 3) << requeue;  // of 3: mid-job
+  EXPECT_GT(step, 0) << requeue;                     // mid-epoch
   EXPECT_NE(requeue.find(absl::StrCat("(epoch ", epoch, " step ", step, ")")), std::string::npos)
       << requeue;
   const int64_t drained_at = (epoch - 1) * spe + step;

@@ -30,14 +30,14 @@ std::unique_ptr<grpc::ClientContext> Ctx() {
 
 }  // namespace
 
-KvstoreCluster::KvstoreCluster(const std::string& name, const std::string& env)
+KvstoreCluster::KvstoreCluster(const std::string& name, const std::string& env, bool restart)
     : dir_(TmpDir(name)) {
   int rc;
-  const std::string out =
-      Run(absl::StrCat(
-              env, " ", Runfile("services/trainctl/trainctl"),
-              " cluster up --trainers=2 --kvstore_shards=2 --heartbeat_timeout_s=3 --dir=", dir_),
-          &rc);
+  const std::string out = Run(
+      absl::StrCat(env, " ", Runfile("services/trainctl/trainctl"),
+                   " cluster up --trainers=2 --kvstore_shards=2 --heartbeat_timeout_s=3 --restart=",
+                   restart ? "always" : "never", " --dir=", dir_),
+      &rc);
   if (rc != 0) {
     status_ = absl::InternalError(absl::StrCat("trainctl cluster up failed: ", out));
     return;

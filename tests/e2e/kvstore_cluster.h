@@ -21,8 +21,10 @@ class KvstoreCluster {
  public:
   // Starts the cluster in $TEST_TMPDIR/<name>, its processes with the
   // environment assignments `env` ("VAR=value ..."); status() says whether
-  // it started.
-  explicit KvstoreCluster(const std::string& name, const std::string& env = "");
+  // it started. Processes that die stay dead unless `restart` (then the
+  // cluster's supervisor restarts them, as Kubernetes would).
+  explicit KvstoreCluster(const std::string& name, const std::string& env = "",
+                          bool restart = false);
   // `trainctl cluster down`, then SIGKILL to anything left.
   ~KvstoreCluster();
 

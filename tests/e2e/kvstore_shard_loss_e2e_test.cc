@@ -10,7 +10,10 @@
 // fails fast too (its CreateJob cannot reach shard 1), until the scheduler's
 // attempt limit. The surviving shard keeps none of the attempts' kvstore
 // jobs (deleted after FAILED). Jobs that end SUCCEEDED or CANCELLED leave
-// nothing on either shard either.
+// nothing on either shard either. And a shard that is restarted (as
+// Kubernetes or `cluster up` restarts it) comes back without the job: the
+// attempt ends retryably (the client's ABORTED, LostJobStateError) and the
+// job resumes on a new attempt and succeeds.
 #include <signal.h>
 
 #include <string>
@@ -165,6 +168,44 @@ TEST(KvstoreShardLossE2eTest, SucceededAndCancelledJobsLeaveNothingOnTheShards) 
     ASSERT_TRUE(left.ok()) << left.status();
     EXPECT_TRUE(left->empty()) << "shard " << i << " still holds " << (*left)[0];
   }
+}
+
+// SIGKILL of a shard that the cluster's supervisor restarts: the shard
+// comes back empty on the same address, the ranks' pushes there are
+// ABORTED ("no longer has this job's state"), the scheduler requeues the
+// job, and the new attempt runs to SUCCEEDED, within 120 s of the kill.
+TEST(KvstoreShardLossE2eTest, RestartedShardLosesTheJobAndTheJobResumesOnANewAttempt) {
+  KvstoreCluster cluster("shard-restart", "", /*restart=*/true);
+  ASSERT_TRUE(cluster.status().ok()) << cluster.status();
+  absl::StatusOr<v1::JobStatus> submitted =
+      cluster.Submit(KvstoreCluster::KvstoreJob("shard-restart", 60, 2048));
+  ASSERT_TRUE(submitted.ok()) << submitted.status();
+  const std::string id = submitted->id();
+  const v1::JobStatus running = WaitForProgress(cluster, id);
+  ASSERT_EQ(running.state(), v1::RUNNING) << running.DebugString();
+  ASSERT_TRUE(cluster.KvstoreJobOnShard(1, id + "-a1").ok());
+  const int old_pid = cluster.shard(1).pid;
+  ASSERT_EQ(kill(old_pid, SIGKILL), 0);
+  const absl::Time killed = absl::Now();
+
+  absl::StatusOr<v1::JobStatus> done =
+      WatchToEnd(cluster.jobs(), id, absl::Seconds(120) - (absl::Now() - killed));
+  ASSERT_TRUE(done.ok()) << "no final state within 120 s of the kill: " << done.status();
+  RecordProperty("final_state_ms",
+                 static_cast<int>(absl::ToInt64Milliseconds(absl::Now() - killed)));
+  EXPECT_EQ(done->state(), v1::SUCCEEDED) << done->DebugString();
+  EXPECT_GE(done->attempts(), 2) << done->DebugString();
+  // Requeued because of shard 1 (its address in the rank's reason: while
+  // it restarts UNAVAILABLE, once back ABORTED, no longer having the job).
+  bool requeued_for_shard = false;
+  for (const v1::JobEvent& e : done->events()) {
+    requeued_for_shard =
+        requeued_for_shard ||
+        (e.state() == v1::QUEUED && e.reason().find(cluster.shard(1).address) != std::string::npos);
+  }
+  EXPECT_TRUE(requeued_for_shard) << done->DebugString();
+  // The supervisor restarted shard 1: it listened again on its address.
+  EXPECT_GE(cluster.CountInLog("kvstore-1", "kvstore listening on port"), 2);
 }
 
 }  // namespace
