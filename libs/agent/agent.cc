@@ -75,7 +75,7 @@ class Agent::Progress : public train::JobObserver {
         if (job_->drain) drain_at_ = steps_done;
       } else {
         if (job_->drain && !claimed_) Claim(steps_done);
-        if (drain_at_ < 0 && absl::Now() >= next_poll_) Poll();
+        if (drain_at_ < 0 && steps_done % PollSteps() == 0 && absl::Now() >= next_poll_) Poll();
       }
       if (drain_at_ >= 0) {
         DT_LOG(INFO) << "job " << job_->assignment.job_id() << " rank " << job_->assignment.rank()
@@ -105,7 +105,10 @@ class Agent::Progress : public train::JobObserver {
   bool StopRequested() override { return job_->stop; }
 
  private:
-  // The first claimant names the step: after the one it is about to do.
+  int64_t PollSteps() const { return std::max(1, agent_->options_.drain_poll_steps); }
+
+  // The first claimant names the step: the first multiple of PollSteps()
+  // after the ones done, where every rank reads it (see agent.h).
   void Claim(int64_t steps_done) {
     absl::StatusOr<int64_t> claim = store_->Add(kDrainClaim, 1);
     if (!claim.ok()) {
@@ -114,9 +117,10 @@ class Agent::Progress : public train::JobObserver {
     }
     claimed_ = true;
     if (*claim != 1) return;  // another rank's claim: its step is read below
-    absl::Status s = store_->Set(kDrainStep, absl::StrCat(steps_done + 1));
+    const int64_t at = (steps_done / PollSteps() + 1) * PollSteps();
+    absl::Status s = store_->Set(kDrainStep, absl::StrCat(at));
     if (s.ok()) {
-      drain_at_ = steps_done + 1;
+      drain_at_ = at;
     } else {
       DT_LOG(WARNING) << "drain: " << s << "; the job is not drained";
     }

@@ -809,10 +809,13 @@ class DrainAtStep : public AgentObserver {
 // rank 0's agent and a spare ends exactly like an undisturbed run.
 TEST(AgentTest, DrainStopsEveryRankAtOneStepAndTheJobResumesThere) {
   FakeCluster cluster;
-  RunningAgent first(&cluster, Options());
-  RunningAgent spare(&cluster, Options());
+  // Ranks read the drain step every 5 steps (every agent of a job alike).
+  AgentOptions o = Options();
+  o.drain_poll_steps = 5;
+  RunningAgent first(&cluster, o);
+  RunningAgent spare(&cluster, o);
   DrainAtStep drain_at;
-  auto second = std::make_unique<Agent>(&cluster, Options(), &drain_at);
+  auto second = std::make_unique<Agent>(&cluster, o, &drain_at);
   std::atomic<bool> returned{false};
   std::thread runner([&] {
     second->Run();
@@ -841,10 +844,11 @@ TEST(AgentTest, DrainStopsEveryRankAtOneStepAndTheJobResumesThere) {
   EXPECT_EQ(r0.checkpoint_path(), TmpDir() + "/job-drain.ckpt");
   EXPECT_EQ(r0.reason(), absl::StrCat("drained at epoch ", r0.checkpoint_epoch() + 1, " step ",
                                       r0.checkpoint_step()));
-  // Asked before step 4 of epoch 2 (8 steps an epoch): the claimant names
-  // the step after the one it was about to do.
+  // Asked before step 4 of epoch 2 (8 steps an epoch: 11 steps done): the
+  // claimant names the first multiple of drain_poll_steps after 11, 15,
+  // where every rank reads it: epoch 2 step 7.
   EXPECT_EQ(r0.checkpoint_epoch(), 1);
-  EXPECT_EQ(r0.checkpoint_step(), 4);
+  EXPECT_EQ(r0.checkpoint_step(), 7);
   EXPECT_TRUE(drained[1].checkpoint_path().empty());
   bool said_draining = false;
   for (const v1::HeartbeatRequest& h : cluster.heartbeats()) {
