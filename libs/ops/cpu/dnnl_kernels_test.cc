@@ -20,6 +20,7 @@
 #include "gtest/gtest.h"
 #include "libs/ops/ops.h"
 #include "libs/ops/registry.h"
+#include "libs/ops/testing/dnnl_cases.h"
 #include "libs/ops/testing/gradcheck.h"
 
 namespace dtrain {
@@ -27,6 +28,10 @@ namespace ops {
 namespace {
 
 using cpu::ConvLayout;
+using testing::BatchNormInput;
+using testing::ConvCase;
+using testing::LayoutGuard;
+using testing::LayoutName;
 using testing::NumericGradient;
 using testing::RandomTensor;
 using testing::TensorsNear;
@@ -220,48 +225,13 @@ Tensor RefNormalize(const Tensor& x, const std::vector<double>& mean,
   return y;
 }
 
-// Input with a clearly non-zero variance and a per-channel offset.
-Tensor BatchNormInput(const Shape& shape, uint64_t seed) {
-  Tensor x = RandomTensor(shape, seed, -2.0f, 2.0f);
-  const int64_t c = shape[1];
-  const int64_t hw = x.numel() / (shape[0] * c);
-  for (int64_t i = 0; i < x.numel(); ++i) x.data<float>()[i] += 0.5f * ((i / hw) % c);
-  return x;
-}
-
 Tensor Vec(const std::vector<double>& v) {
   Tensor t = Tensor::Empty({static_cast<int64_t>(v.size())});
   for (size_t i = 0; i < v.size(); ++i) t.data<float>()[i] = static_cast<float>(v[i]);
   return t;
 }
 
-// Restores the default layout choice at the end of a test.
-class LayoutGuard {
- public:
-  explicit LayoutGuard(ConvLayout layout) { cpu::SetConvLayoutForTesting(layout); }
-  ~LayoutGuard() { cpu::SetConvLayoutForTesting(ConvLayout::kAuto); }
-};
-
-const char* LayoutName(ConvLayout l) {
-  switch (l) {
-    case ConvLayout::kAuto:
-      return "auto";
-    case ConvLayout::kPlain:
-      return "plain";
-    case ConvLayout::kBlocked:
-      return "blocked";
-    case ConvLayout::kChannelsLast:
-      return "nhwc";
-  }
-  return "?";
-}
-
 // ---- convolution ----
-
-struct ConvCase {
-  int64_t n, c, h, w, o, k;
-  int stride, pad;
-};
 
 std::string CaseName(const ConvCase& cc) {
   char buf[160];

@@ -2,7 +2,8 @@
 // models (tests/reference/models.py), as the executor calls them (outputs
 // preallocated). A benchmark, not a test: it prints timings, best of a few
 // runs on a shared machine; results from this machine are in the header
-// comment of dnnl_kernels.cc.
+// comment of dnnl_kernels.cc. lenet and resnet18 end with one key=value
+// line ("dnnl_layer_bench model=... layers_ms_per_step=...").
 //
 //   bazel run //libs/ops:dnnl_layer_bench -- lenet      # LeNet, batch 256, 2 threads
 //   bazel run //libs/ops:dnnl_layer_bench -- resnet18   # ResNet-18, batch 32, 2 threads
@@ -23,6 +24,7 @@
 #include "libs/ops/cpu/dnnl_kernels.h"
 #include "libs/ops/ops.h"
 #include "libs/ops/registry.h"
+#include "libs/ops/testing/dnnl_cases.h"
 #include "libs/ops/testing/gradcheck.h"
 
 namespace dtrain {
@@ -30,43 +32,11 @@ namespace ops {
 namespace {
 
 using cpu::ConvLayout;
+using testing::BatchNormInput;
+using testing::ConvCase;
+using testing::LayoutGuard;
+using testing::LayoutName;
 using testing::RandomTensor;
-
-// Input with a clearly non-zero variance and a per-channel offset.
-Tensor BatchNormInput(const Shape& shape, uint64_t seed) {
-  Tensor x = RandomTensor(shape, seed, -2.0f, 2.0f);
-  const int64_t c = shape[1];
-  const int64_t hw = x.numel() / (shape[0] * c);
-  for (int64_t i = 0; i < x.numel(); ++i) x.data<float>()[i] += 0.5f * ((i / hw) % c);
-  return x;
-}
-
-class LayoutGuard {
- public:
-  explicit LayoutGuard(ConvLayout layout) { cpu::SetConvLayoutForTesting(layout); }
-  ~LayoutGuard() { cpu::SetConvLayoutForTesting(ConvLayout::kAuto); }
-};
-
-const char* LayoutName(ConvLayout l) {
-  switch (l) {
-    case ConvLayout::kAuto:
-      return "auto";
-    case ConvLayout::kPlain:
-      return "plain";
-    case ConvLayout::kBlocked:
-      return "blocked";
-    case ConvLayout::kChannelsLast:
-      return "nhwc";
-  }
-  return "?";
-}
-
-// ---- convolution ----
-
-struct ConvCase {
-  int64_t n, c, h, w, o, k;
-  int stride, pad;
-};
 
 // Best-of-`iters` wall time in milliseconds after two warm-up calls (the
 // machine is shared, so the minimum is the most repeatable statistic).
@@ -173,6 +143,7 @@ void LeNetBatch256TwoThreads() {
     total += f + bw;
   }
   std::printf("  sum over the layers above: %.3f ms per step\n", total);
+  std::printf("dnnl_layer_bench model=lenet batch=256 threads=2 layers_ms_per_step=%.3f\n", total);
 }
 
 // Per-op timings of ResNet-18 (tests/reference/models.py, 1x28x28 input) at
@@ -241,6 +212,10 @@ void ResNet18Batch32TwoThreads() {
   }
   std::printf("  conv + batch norm per training step: %.1f ms (%.0f samples/s from these alone)\n",
               total, n * 1000.0 / total);
+  std::printf(
+      "dnnl_layer_bench model=resnet18 batch=32 threads=2 conv_bn_ms_per_step=%.3f "
+      "samples_per_second=%.0f\n",
+      total, n * 1000.0 / total);
 }
 
 // Compares convolution layouts at LeNet and ResNet-18 (28x28 input) shapes.
