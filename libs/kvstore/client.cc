@@ -324,29 +324,20 @@ absl::Status KVClient::LeaveJob() {
 absl::Status KVClient::Init(const std::vector<KeySpec>& keys) {
   // Place every key and check it against what this client knows.
   std::vector<std::unique_ptr<Key>> placed;
-  std::set<std::string> names;
   {
     absl::MutexLock lock(&mu_);
-    for (const KeySpec& spec : keys) {
-      if (!names.insert(spec.key).second) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("key '", spec.key, "' appears twice in one Init"));
-      }
-      DT_ASSIGN_OR_RETURN(std::vector<PlacedSlice> slices,
-                          PlaceKey(spec.key, spec.shape, spec.dtype,
-                                   static_cast<int>(channels_.size()), options_.placement));
-      auto it = keys_.find(spec.key);
-      if (it != keys_.end() &&
-          (it->second->spec.shape != spec.shape || it->second->spec.dtype != spec.dtype)) {
-        return absl::AlreadyExistsError(
-            absl::StrCat("key '", spec.key, "' was initialized as ",
-                         DTypeName(it->second->spec.dtype), ShapeString(it->second->spec.shape),
-                         "; this Init says ", DTypeName(spec.dtype), ShapeString(spec.shape)));
-      }
+    DT_ASSIGN_OR_RETURN(std::vector<std::vector<PlacedSlice>> slices,
+                        PlaceInitKeys(keys, static_cast<int>(channels_.size()), options_.placement,
+                                      [this](const std::string& name)
+                                          ABSL_NO_THREAD_SAFETY_ANALYSIS -> const KeySpec* {
+                                            auto it = keys_.find(name);
+                                            return it == keys_.end() ? nullptr : &it->second->spec;
+                                          }));
+    for (size_t k = 0; k < keys.size(); ++k) {
       auto key = std::make_unique<Key>();
-      key->spec = spec;
+      key->spec = keys[k];
       key->spec.initial = nullptr;
-      key->slices = std::move(slices);
+      key->slices = std::move(slices[k]);
       key->pushed.assign(key->slices.size(), 0);
       placed.push_back(std::move(key));
     }

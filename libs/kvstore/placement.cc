@@ -1,6 +1,7 @@
 #include "libs/kvstore/placement.h"
 
 #include <algorithm>
+#include <set>
 
 #include "absl/strings/str_cat.h"
 #include "libs/base/status.h"
@@ -52,6 +53,30 @@ absl::StatusOr<std::vector<PlacedSlice>> PlaceKey(const std::string& key,
     out.push_back(std::move(p));
   }
   return out;
+}
+
+absl::StatusOr<std::vector<std::vector<PlacedSlice>>> PlaceInitKeys(
+    const std::vector<KeySpec>& keys, int num_servers, const PlacementOptions& options,
+    const std::function<const KeySpec*(const std::string& key)>& known) {
+  std::vector<std::vector<PlacedSlice>> placed;
+  std::set<std::string> names;
+  for (const KeySpec& spec : keys) {
+    if (!names.insert(spec.key).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("key '", spec.key, "' appears twice in one Init"));
+    }
+    DT_ASSIGN_OR_RETURN(std::vector<PlacedSlice> slices,
+                        PlaceKey(spec.key, spec.shape, spec.dtype, num_servers, options));
+    const KeySpec* before = known(spec.key);
+    if (before != nullptr && (before->shape != spec.shape || before->dtype != spec.dtype)) {
+      return absl::AlreadyExistsError(absl::StrCat("key '", spec.key, "' was initialized as ",
+                                                   DTypeName(before->dtype),
+                                                   ShapeString(before->shape), "; this Init says ",
+                                                   DTypeName(spec.dtype), ShapeString(spec.shape)));
+    }
+    placed.push_back(std::move(slices));
+  }
+  return placed;
 }
 
 }  // namespace kvstore

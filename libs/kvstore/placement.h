@@ -18,11 +18,13 @@
 #define DTRAIN_LIBS_KVSTORE_PLACEMENT_H_
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "libs/kvstore/parameter_server.h"
 #include "libs/kvstore/types.h"
 
 namespace dtrain {
@@ -47,6 +49,15 @@ uint64_t Fnv1a(absl::string_view s);
 absl::StatusOr<std::vector<PlacedSlice>> PlaceKey(const std::string& key,
                                                   const std::vector<int64_t>& shape, DType dtype,
                                                   int num_servers, const PlacementOptions& options);
+
+// What every ParameterServer's Init checks before it creates anything: the
+// slices of each of `keys` (in order), or kInvalidArgument for a key named
+// twice or one PlaceKey refuses, kAlreadyExists for a key that `known`
+// (this worker's earlier Init of that name, or null) gave another shape or
+// dtype.
+absl::StatusOr<std::vector<std::vector<PlacedSlice>>> PlaceInitKeys(
+    const std::vector<KeySpec>& keys, int num_servers, const PlacementOptions& options,
+    const std::function<const KeySpec*(const std::string& key)>& known);
 
 }  // namespace kvstore
 }  // namespace dtrain
