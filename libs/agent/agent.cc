@@ -96,10 +96,10 @@ class Agent::Progress : public train::JobObserver {
 
   void OnEpoch(const train::JobProgress& p) override {
     agent_->observer_->OnEpoch(p);
-    if (job_->assignment.rank() == 0) {
-      last_report_ = absl::Now();
-      Send(p);
-    }
+    // An epoch's report does not restart the progress reports' clock: with
+    // it, a job whose epoch lasts a little longer than report_interval was
+    // only ever seen at the same step of each epoch.
+    if (job_->assignment.rank() == 0) Send(p);
   }
 
   bool StopRequested() override { return job_->stop; }

@@ -1,7 +1,7 @@
 // End to end: graceful drain. `trainctl cluster up` starts a scheduler and
 // three trainer daemons sharing <cluster>/checkpoints; a two-trainer LeNet
 // job (momentum, a checkpoint after every epoch) runs undisturbed, then
-// again with rank 0's trainer sent SIGTERM in the middle of epoch 2 (what a
+// again with rank 0's trainer sent SIGTERM in the middle of epoch 2 or 3 (what a
 // Kubernetes drain or rolling update does). The trainer must finish its
 // step, checkpoint it with its peer, report the job drained and exit 0; the
 // scheduler must requeue the job without counting a failed attempt and
@@ -99,20 +99,23 @@ class DrainE2eTest : public ::testing::Test {
     return last.ok() ? *last : v1::JobStatus();
   }
 
-  // Polls until the job runs in the first two thirds of epoch `epoch`
-  // (1-based): rank 0's reports lag (one a second), so a window of half an
-  // epoch was missed under load; the drain lands in this epoch or, on a very
-  // loaded machine, early in the next one.
-  v1::JobStatus WaitMidEpoch(const std::string& id, int epoch) {
+  // Polls until the job runs in one of the epochs
+  // `first`..`last` (1-based), early enough that the drain (at the next
+  // multiple of 16 steps) still lands inside that epoch. Rank 0 reports once a second and an epoch
+  // takes about 1.5 s, so under load a report inside one given epoch's window
+  // can be missed (CI saw a report from epoch 1 and the next from epoch 2's
+  // end): any of several mid-job epochs will do.
+  v1::JobStatus WaitMidEpoch(const std::string& id, int first, int last) {
     v1::JobStatus job = Get(id);
+    auto in_window = [&](const v1::JobStatus& j) {
+      return j.state() == v1::RUNNING && j.epoch() >= first - 1 && j.epoch() <= last - 1 &&
+             j.step() >= 1 && j.step() + 16 < j.steps_per_epoch();
+    };
     for (absl::Time deadline = absl::Now() + absl::Seconds(180);
-         !(job.state() == v1::RUNNING && job.epoch() == epoch - 1 && job.step() >= 1 &&
-           job.step() <= 64) &&
-         absl::Now() < deadline;
-         absl::SleepFor(absl::Milliseconds(20))) {
+         !in_window(job) && absl::Now() < deadline; absl::SleepFor(absl::Milliseconds(20))) {
       job = Get(id);
       EXPECT_FALSE(job.state() == v1::SUCCEEDED || job.state() == v1::FAILED) << job.DebugString();
-      if (job.epoch() >= epoch) break;
+      if (job.epoch() >= last) break;
     }
     return job;
   }
@@ -176,16 +179,16 @@ class DrainE2eTest : public ::testing::Test {
 
 TEST_F(DrainE2eTest, SigtermedTrainerDrainsAndTheJobResumesAtItsStep) {
   v1::JobStatus ref;
-  ASSERT_TRUE(stub_->Submit(Ctx().get(), Job("undisturbed", 3), &ref).ok());
+  ASSERT_TRUE(stub_->Submit(Ctx().get(), Job("undisturbed", 4), &ref).ok());
   ref = WatchToEnd(ref.id());
   ASSERT_EQ(ref.state(), v1::SUCCEEDED) << ref.DebugString();
   ASSERT_GT(ref.test_accuracy(), 0.6);  // it did learn
 
   v1::JobStatus job;
-  ASSERT_TRUE(stub_->Submit(Ctx().get(), Job("drained", 3), &job).ok());
-  job = WaitMidEpoch(job.id(), 2);
+  ASSERT_TRUE(stub_->Submit(Ctx().get(), Job("drained", 4), &job).ok());
+  job = WaitMidEpoch(job.id(), 2, 3);
   ASSERT_EQ(job.state(), v1::RUNNING) << job.DebugString();
-  ASSERT_EQ(job.epoch(), 1) << "not in epoch 2: " << job.DebugString();
+  ASSERT_TRUE(job.epoch() == 1 || job.epoch() == 2) << "not in epoch 2 or 3: " << job.DebugString();
   const int64_t spe = job.steps_per_epoch();
   ASSERT_EQ(spe, 96);  // 6,144 images per rank, 64 a step
   const int64_t seen_at_sigterm = job.epoch() * spe + job.step();
@@ -228,7 +231,7 @@ TEST_F(DrainE2eTest, SigtermedTrainerDrainsAndTheJobResumesAtItsStep) {
   // "... drained at epoch E step S; requeued, resuming from <ckpt> (epoch E step S)"
   const int64_t epoch = NumberAfter(requeue, "drained at epoch ");
   const int64_t step = NumberAfter(requeue, "drained at epoch " + absl::StrCat(epoch) + " step ");
-  EXPECT_TRUE(epoch == 2 || epoch == 3) << requeue;  // of 3: mid-job
+  EXPECT_TRUE(epoch >= 2 && epoch <= 4) << requeue;  // of 4: mid-job
   EXPECT_GT(step, 0) << requeue;                     // mid-epoch
   EXPECT_NE(requeue.find(absl::StrCat("(epoch ", epoch, " step ", step, ")")), std::string::npos)
       << requeue;
@@ -265,8 +268,8 @@ TEST_F(DrainE2eTest, TrainctlDrainMovesTheJobAndListsTheTrainer) {
   EXPECT_NE(out.find("NOT_FOUND"), std::string::npos) << out;
 
   v1::JobStatus job;
-  ASSERT_TRUE(stub_->Submit(Ctx().get(), Job("moved", 2), &job).ok());
-  job = WaitMidEpoch(job.id(), 1);
+  ASSERT_TRUE(stub_->Submit(Ctx().get(), Job("moved", 3), &job).ok());
+  job = WaitMidEpoch(job.id(), 1, 2);
   ASSERT_EQ(job.state(), v1::RUNNING) << job.DebugString();
   ASSERT_EQ(job.trainers_size(), 2);
   const std::string drained = job.trainers(1);
