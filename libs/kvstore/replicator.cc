@@ -39,7 +39,8 @@ absl::StatusOr<MutationResult> ApplyMutation(Store* store, const v1::Mutation& m
       }
       for (const v1::Chunk& c : init.chunks()) {
         if (c.item() < 0 || c.item() >= init.slices_size()) {
-          return absl::InvalidArgumentError(absl::StrCat("replicated Init: chunk of item ", c.item()));
+          return absl::InvalidArgumentError(
+              absl::StrCat("replicated Init: chunk of item ", c.item()));
         }
         items[static_cast<size_t>(c.item())].data.push_back(c.data());
       }
@@ -125,7 +126,8 @@ void Replicator::SetMap(const v1::ShardMap& map) {
   const bool member = IsMemberLocked();
   const v1::ChainMember* me = FindMember(map_, options_.shard, options_.replica);
   if (!member) {
-    if (has_state_) DT_LOG(WARNING) << WhoLocked() << " is no longer in its chain; it serves nothing";
+    if (has_state_)
+      DT_LOG(WARNING) << WhoLocked() << " is no longer in its chain; it serves nothing";
     has_state_ = false;
   } else if (me->state() == v1::REPLICA_ACTIVE) {
     has_state_ = true;
@@ -153,8 +155,9 @@ void Replicator::SetMap(const v1::ShardMap& map) {
   if (next.replica < 0) {
     // The tail now (every live replica applied them), or out of the chain.
     CompleteLocked(&queue_, member ? absl::OkStatus()
-                                   : absl::UnavailableError(absl::StrCat(
-                                         WhoLocked(), " left its chain before the write was "
+                                   : absl::UnavailableError(
+                                         absl::StrCat(WhoLocked(),
+                                                      " left its chain before the write was "
                                                       "replicated; retry on the new head")));
     need_transfer_ = false;
   } else {
@@ -192,6 +195,32 @@ absl::Status Replicator::CheckServesReads() const {
   return absl::OkStatus();
 }
 
+absl::Status Replicator::CheckIsHeadLocked() const {
+  const v1::ChainMember* head = ChainHead(map_, options_.shard);
+  if (!IsMemberLocked() || head == nullptr || head->replica() != options_.replica || !has_state_) {
+    return absl::UnavailableError(
+        absl::StrCat(WhoLocked(), " is not the head of its chain; refresh the shard map"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Replicator::CheckIsHead() const {
+  absl::MutexLock lock(&mu_);
+  return CheckIsHeadLocked();
+}
+
+std::string Replicator::Role() const {
+  absl::MutexLock lock(&mu_);
+  if (!IsMemberLocked()) return "none";
+  const v1::ChainMember* me = FindMember(map_, options_.shard, options_.replica);
+  if (me->state() != v1::REPLICA_ACTIVE) return "joining";
+  const v1::ChainMember* head = ChainHead(map_, options_.shard);
+  if (head != nullptr && head->replica() == options_.replica) return "head";
+  const v1::ChainMember* tail = ChainTail(map_, options_.shard);
+  if (tail != nullptr && tail->replica() == options_.replica) return "tail";
+  return "middle";
+}
+
 absl::StatusOr<MutationResult> Replicator::ApplyAndQueueLocked(const v1::Mutation& mutation,
                                                                std::shared_ptr<Pending>* queued) {
   DT_ASSIGN_OR_RETURN(MutationResult result, ApplyMutation(store_, mutation));
@@ -219,11 +248,7 @@ absl::StatusOr<MutationResult> Replicator::Submit(const v1::Mutation& mutation,
   absl::StatusOr<MutationResult> result;
   {
     absl::MutexLock lock(&mu_);
-    if (!IsMemberLocked() || ChainHead(map_, options_.shard) == nullptr ||
-        ChainHead(map_, options_.shard)->replica() != options_.replica || !has_state_) {
-      return absl::UnavailableError(
-          absl::StrCat(WhoLocked(), " is not the head of its chain; refresh the shard map"));
-    }
+    DT_RETURN_IF_ERROR(CheckIsHeadLocked());
     result = ApplyAndQueueLocked(mutation, &queued);
   }
   if (result.ok() && queued != nullptr) DT_RETURN_IF_ERROR(Await(queued, deadline));
@@ -240,10 +265,10 @@ absl::StatusOr<v1::ReplicateReply> Replicator::Receive(const v1::ReplicateBatch&
     if (!IsMemberLocked() || batch.map_version() != map_.version() || pred == nullptr ||
         pred->replica() != batch.from_replica() ||
         pred->incarnation() != batch.from_incarnation() || batch.shard() != options_.shard) {
-      return absl::UnavailableError(absl::StrCat(
-          WhoLocked(), " does not take batches from shard ", batch.shard(), " replica ",
-          batch.from_replica(), " at map version ", batch.map_version(),
-          pred == nullptr ? " (it has no predecessor)" : ""));
+      return absl::UnavailableError(
+          absl::StrCat(WhoLocked(), " does not take batches from shard ", batch.shard(),
+                       " replica ", batch.from_replica(), " at map version ", batch.map_version(),
+                       pred == nullptr ? " (it has no predecessor)" : ""));
     }
     if (batch.has_state()) {
       checkpoint::Checkpoint ckpt;
@@ -351,8 +376,8 @@ void Replicator::Forward() {
     ++stats_.send_failures;
     if (stats_.send_failures % 50 == 1) {
       DT_LOG(WARNING) << WhoLocked() << ": sending to replica " << to.replica << " at "
-                      << to.address << " failed (retrying until the map changes): "
-                      << reply.status();
+                      << to.address
+                      << " failed (retrying until the map changes): " << reply.status();
     }
     while (!inflight_.empty()) {
       queue_.push_front(std::move(inflight_.back()));

@@ -89,11 +89,11 @@ struct ReplicatorOptions {
 };
 
 struct ReplicatorStats {
-  int64_t forwarded = 0;        // mutations the successor acknowledged
-  int64_t transfers = 0;        // state transfers the successor acknowledged
-  int64_t transfer_bytes = 0;   // their value bytes
-  int64_t send_failures = 0;    // batches sent again
-  int64_t received = 0;         // mutations applied from the predecessor
+  int64_t forwarded = 0;       // mutations the successor acknowledged
+  int64_t transfers = 0;       // state transfers the successor acknowledged
+  int64_t transfer_bytes = 0;  // their value bytes
+  int64_t send_failures = 0;   // batches sent again
+  int64_t received = 0;        // mutations applied from the predecessor
 };
 
 class Replicator {
@@ -128,6 +128,11 @@ class Replicator {
   // OK if this replica may serve reads (an ACTIVE member with the state);
   // kUnavailable naming the reason otherwise.
   absl::Status CheckServesReads() const;
+  // OK if this replica is the ACTIVE head holding the state (where writes
+  // go); kUnavailable otherwise. Submit checks it too.
+  absl::Status CheckIsHead() const;
+  // "head", "middle", "tail", "joining" or "none" (not in the map).
+  std::string Role() const;
 
   ReplicatorStats stats() const;
 
@@ -140,6 +145,7 @@ class Replicator {
   };
 
   bool IsMemberLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status CheckIsHeadLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::string WhoLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Applies and, with a successor, queues; returns the queued entry or null.
   absl::StatusOr<MutationResult> ApplyAndQueueLocked(const v1::Mutation& mutation,

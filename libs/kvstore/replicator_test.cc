@@ -23,7 +23,6 @@ namespace dtrain {
 namespace kvstore {
 namespace {
 
-
 // Delivers batches to replicas of this process; addresses in `down` fail.
 class Link : public ReplicaLink {
  public:
