@@ -18,15 +18,18 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "libs/base/grpc_status.h"
 #include "libs/base/logging.h"
 #include "libs/base/retry.h"
 #include "libs/base/status.h"
 #include "libs/kvstore/codec.h"
 #include "libs/kvstore/proto_convert.h"
+#include "libs/kvstore/shard_map.h"
 #include "libs/kvstore/thread_pool.h"
 #include "libs/kvstore/wire.h"
 #include "protos/kvstore.grpc.pb.h"
+#include "protos/replication.grpc.pb.h"
 
 namespace dtrain {
 namespace kvstore {
@@ -61,6 +64,19 @@ class PinToken {
 namespace {
 
 Work Failed(absl::Status status) { return Work::Done(std::move(status)); }
+
+std::shared_ptr<grpc::Channel> NewChannel(const std::string& address, int64_t max_message_bytes) {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(static_cast<int>(max_message_bytes));
+  args.SetMaxSendMessageSize(static_cast<int>(max_message_bytes));
+  // A connection of our own per server (not shared with other clients in
+  // the process), and quick reconnection after a shard restarts.
+  args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+}
 
 std::chrono::system_clock::time_point Deadline(absl::Duration timeout) {
   return absl::ToChronoTime(absl::Now() + timeout);
@@ -151,19 +167,16 @@ absl::StatusOr<std::unique_ptr<KVClient>> KVClient::Connect(ClientOptions option
         " for headers"));
   }
   if (options.max_attempts < 1) options.max_attempts = 1;
+  if (options.replicas < 1 || options.servers.size() % static_cast<size_t>(options.replicas) != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "kvstore client: ", options.servers.size(), " servers are not ", options.replicas,
+        " replicas of each shard (list every replica, shard-major)"));
+  }
   std::unique_ptr<KVClient> client(new KVClient(options));
+  client->num_shards_ = static_cast<int>(options.servers.size()) / options.replicas;
+  if (options.replicas > 1) return client;  // channels follow the shard map
   for (const std::string& server : options.servers) {
-    grpc::ChannelArguments args;
-    args.SetMaxReceiveMessageSize(static_cast<int>(options.max_message_bytes));
-    args.SetMaxSendMessageSize(static_cast<int>(options.max_message_bytes));
-    // A connection of our own per server (not shared with other clients in
-    // the process), and quick reconnection after a shard restarts.
-    args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
-    args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
-    args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
-    args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
-    client->channels_.push_back(
-        grpc::CreateCustomChannel(server, grpc::InsecureChannelCredentials(), args));
+    client->channels_.push_back(NewChannel(server, options.max_message_bytes));
   }
   return client;
 }
@@ -232,6 +245,10 @@ absl::Status KVClient::WithRetries(const std::function<absl::Status()>& attempt,
         if (s.ok()) return s;
         if (cancellable) DT_RETURN_IF_ERROR(CancelStatus());
         if (absl::IsUnavailable(s)) {
+          if (options_.replicas > 1) {
+            absl::MutexLock lock(&map_mu_);
+            map_stale_ = true;
+          }
           const absl::Time now = absl::Now();
           unavailable_since = std::min(unavailable_since, now);
           give_up = now - unavailable_since >= options_.unavailable_timeout;
@@ -246,7 +263,7 @@ absl::Status KVClient::WithRetries(const std::function<absl::Status()>& attempt,
 }
 
 absl::Status KVClient::ForEachServer(const std::function<absl::Status(int)>& fn) {
-  const int n = static_cast<int>(channels_.size());
+  const int n = num_shards_;
   std::vector<absl::Status> results(static_cast<size_t>(n));
   std::vector<std::thread> threads;
   for (int i = 1; i < n; ++i) {
@@ -258,6 +275,78 @@ absl::Status KVClient::ForEachServer(const std::function<absl::Status(int)>& fn)
   return absl::OkStatus();
 }
 
+std::shared_ptr<grpc::Channel> KVClient::ChannelTo(const std::string& address) {
+  std::shared_ptr<grpc::Channel>& channel = by_address_[address];
+  if (channel == nullptr) channel = NewChannel(address, options_.max_message_bytes);
+  return channel;
+}
+
+void KVClient::RefreshMap() {
+  absl::MutexLock refresh(&refresh_mu_);
+  std::vector<std::string> addresses;
+  {
+    absl::MutexLock lock(&map_mu_);
+    if (!map_stale_ && map_ != nullptr) return;  // another thread just refreshed
+    addresses = options_.servers;
+    if (map_ != nullptr) {
+      for (const v1::Chain& c : map_->chains()) {
+        for (const v1::ChainMember& m : c.members()) addresses.push_back(m.address());
+      }
+    }
+  }
+  std::sort(addresses.begin(), addresses.end());
+  addresses.erase(std::unique(addresses.begin(), addresses.end()), addresses.end());
+  std::unique_ptr<v1::ShardMap> best;
+  for (const std::string& address : addresses) {
+    std::shared_ptr<grpc::Channel> channel;
+    {
+      absl::MutexLock lock(&map_mu_);
+      channel = ChannelTo(address);
+    }
+    auto stub = v1::Replica::NewStub(channel);
+    grpc::ClientContext ctx;
+    ctx.set_deadline(Deadline(absl::Milliseconds(500)));
+    auto map = std::make_unique<v1::ShardMap>();
+    grpc::Status s = stub->GetShardMap(&ctx, v1::GetShardMapRequest(), map.get());
+    if (!s.ok() || map->num_shards() != num_shards_) continue;
+    if (best == nullptr || map->version() > best->version()) best = std::move(map);
+  }
+  absl::MutexLock lock(&map_mu_);
+  if (best != nullptr && (map_ == nullptr || best->version() >= map_->version())) {
+    if (map_ == nullptr || best->version() != map_->version()) {
+      DT_LOG(DEBUG) << "kvstore job " << options_.job << " worker " << options_.worker
+                    << ": shard map version " << best->version();
+    }
+    map_ = std::move(best);
+  }
+  map_stale_ = false;
+}
+
+absl::StatusOr<KVClient::Endpoint> KVClient::Route(int shard, bool write) {
+  if (options_.replicas == 1) {
+    return Endpoint{channels_[static_cast<size_t>(shard)],
+                    options_.servers[static_cast<size_t>(shard)]};
+  }
+  bool stale;
+  {
+    absl::MutexLock lock(&map_mu_);
+    stale = map_stale_ || map_ == nullptr;
+  }
+  if (stale) RefreshMap();
+  absl::MutexLock lock(&map_mu_);
+  if (map_ == nullptr) {
+    return absl::UnavailableError(absl::StrCat("kvstore shard ", shard,
+                                               ": no replica answers with a shard map (tried ",
+                                               absl::StrJoin(options_.servers, ", "), ")"));
+  }
+  const v1::ChainMember* m = write ? ChainHead(*map_, shard) : ChainTail(*map_, shard);
+  if (m == nullptr) {
+    return absl::UnavailableError(absl::StrCat("kvstore ", DescribeChain(*map_, shard), " has no ",
+                                               write ? "head" : "tail", " to take the call"));
+  }
+  return Endpoint{ChannelTo(m->address()), m->address()};
+}
+
 absl::Status KVClient::CreateJob(const JobConfig& config) {
   if (config.job != options_.job) {
     return absl::InvalidArgumentError(absl::StrCat("CreateJob of job '", config.job,
@@ -267,14 +356,15 @@ absl::Status KVClient::CreateJob(const JobConfig& config) {
   v1::CreateJobRequest request;
   *request.mutable_config() = ToProto(config);
   return ForEachServer([&](int i) {
-    return WithRetries([&] {
-      auto stub = v1::KVStore::NewStub(channels_[static_cast<size_t>(i)]);
+    return WithRetries([&]() -> absl::Status {
+      DT_ASSIGN_OR_RETURN(Endpoint to, Route(i, /*write=*/true));
+      auto stub = v1::KVStore::NewStub(to.channel);
       grpc::ClientContext ctx;
       TrackedCall tracked(this, &ctx);
       ctx.set_deadline(Deadline(options_.rpc_timeout));
       v1::CreateJobResponse response;
       return FromGrpcStatus(stub->CreateJob(&ctx, request, &response),
-                            absl::StrCat("KVStore.CreateJob to ", options_.servers[i]));
+                            absl::StrCat("KVStore.CreateJob to ", to.address));
     });
   });
 }
@@ -290,13 +380,14 @@ absl::Status KVClient::DeleteJob() {
   request.set_job(options_.job);
   return ForEachServer([&](int i) {
     return WithRetries(
-        [&] {
-          auto stub = v1::KVStore::NewStub(channels_[static_cast<size_t>(i)]);
+        [&]() -> absl::Status {
+          DT_ASSIGN_OR_RETURN(Endpoint to, Route(i, /*write=*/true));
+          auto stub = v1::KVStore::NewStub(to.channel);
           grpc::ClientContext ctx;
           ctx.set_deadline(Deadline(CleanupTimeout()));
           v1::DeleteJobResponse response;
           return FromGrpcStatus(stub->DeleteJob(&ctx, request, &response),
-                                absl::StrCat("KVStore.DeleteJob to ", options_.servers[i]));
+                                absl::StrCat("KVStore.DeleteJob to ", to.address));
         },
         /*cancellable=*/false);
   });
@@ -309,13 +400,14 @@ absl::Status KVClient::LeaveJob() {
   request.set_worker(options_.worker);
   return ForEachServer([&](int i) {
     return WithRetries(
-        [&] {
-          auto stub = v1::KVStore::NewStub(channels_[static_cast<size_t>(i)]);
+        [&]() -> absl::Status {
+          DT_ASSIGN_OR_RETURN(Endpoint to, Route(i, /*write=*/true));
+          auto stub = v1::KVStore::NewStub(to.channel);
           grpc::ClientContext ctx;
           ctx.set_deadline(Deadline(CleanupTimeout()));
           v1::DeleteJobResponse response;
           return FromGrpcStatus(stub->DeleteJob(&ctx, request, &response),
-                                absl::StrCat("KVStore.DeleteJob (leave) to ", options_.servers[i]));
+                                absl::StrCat("KVStore.DeleteJob (leave) to ", to.address));
         },
         /*cancellable=*/false);
   });
@@ -327,7 +419,7 @@ absl::Status KVClient::Init(const std::vector<KeySpec>& keys) {
   {
     absl::MutexLock lock(&mu_);
     DT_ASSIGN_OR_RETURN(std::vector<std::vector<PlacedSlice>> slices,
-                        PlaceInitKeys(keys, static_cast<int>(channels_.size()), options_.placement,
+                        PlaceInitKeys(keys, num_shards_, options_.placement,
                                       [this](const std::string& name)
                                           ABSL_NO_THREAD_SAFETY_ANALYSIS -> const KeySpec* {
                                             auto it = keys_.find(name);
@@ -343,7 +435,8 @@ absl::Status KVClient::Init(const std::vector<KeySpec>& keys) {
     }
   }
   // Send each server its slices, with initial values in chunks.
-  std::vector<std::vector<std::pair<const PlacedSlice*, const char*>>> per_server(channels_.size());
+  std::vector<std::vector<std::pair<const PlacedSlice*, const char*>>> per_server(
+      static_cast<size_t>(num_shards_));
   for (size_t k = 0; k < keys.size(); ++k) {
     const size_t esize = DTypeSize(keys[k].dtype);
     for (const PlacedSlice& s : placed[k]->slices) {
@@ -357,7 +450,8 @@ absl::Status KVClient::Init(const std::vector<KeySpec>& keys) {
     const auto& slices = per_server[static_cast<size_t>(i)];
     if (slices.empty()) return absl::OkStatus();
     return WithRetries([&]() -> absl::Status {
-      auto stub = v1::KVStore::NewStub(channels_[static_cast<size_t>(i)]);
+      DT_ASSIGN_OR_RETURN(Endpoint to, Route(i, /*write=*/true));
+      auto stub = v1::KVStore::NewStub(to.channel);
       grpc::ClientContext ctx;
       TrackedCall tracked(this, &ctx);
       ctx.set_deadline(Deadline(options_.rpc_timeout));
@@ -389,8 +483,7 @@ absl::Status KVClient::Init(const std::vector<KeySpec>& keys) {
         }
       }
       if (ok) writer->WriteLast(message, grpc::WriteOptions());
-      return FromGrpcStatus(writer->Finish(),
-                            absl::StrCat("KVStore.Init to ", options_.servers[i]));
+      return FromGrpcStatus(writer->Finish(), absl::StrCat("KVStore.Init to ", to.address));
     });
   }));
   absl::MutexLock lock(&mu_);
@@ -697,7 +790,14 @@ absl::Status ReadPullReply(const std::function<bool(grpc::ByteBuffer*)>& read,
 
 absl::Status KVClient::PushOnce(int server, const std::vector<SliceOp>& work, bool pull_back,
                                 const std::shared_ptr<Work::State>& state) {
-  const std::string& address = options_.servers[static_cast<size_t>(server)];
+  if (pull_back && options_.replicas > 1) {
+    // Writes at the head, reads at the tail.
+    DT_RETURN_IF_ERROR(PushOnce(server, work, /*pull_back=*/false, state));
+    return PullOnce(server, work);
+  }
+  DT_ASSIGN_OR_RETURN(Endpoint to, Route(server, /*write=*/true));
+  const std::string& address = to.address;
+  grpc::Channel* const channel = to.channel.get();
   v1::PushRequest header;
   header.set_job(options_.job);
   header.set_worker(options_.worker);
@@ -750,7 +850,7 @@ absl::Status KVClient::PushOnce(int server, const std::vector<SliceOp>& work, bo
                                      grpc::internal::RpcMethod::NORMAL_RPC);
     grpc::ByteBuffer response;
     grpc::Status status = grpc::internal::BlockingUnaryCall<grpc::ByteBuffer, grpc::ByteBuffer>(
-        channels_[static_cast<size_t>(server)].get(), method, &ctx, messages[0], &response);
+        channel, method, &ctx, messages[0], &response);
     messages.clear();
     DT_RETURN_IF_ERROR(
         FromGrpcStatus(status, absl::StrCat("KVStoreData.", which, "Unary to ", address)));
@@ -768,8 +868,8 @@ absl::Status KVClient::PushOnce(int server, const std::vector<SliceOp>& work, bo
                                      grpc::internal::RpcMethod::CLIENT_STREAMING);
     grpc::ByteBuffer response;
     std::unique_ptr<grpc::ClientWriter<grpc::ByteBuffer>> writer(
-        grpc::internal::ClientWriterFactory<grpc::ByteBuffer>::Create(
-            channels_[static_cast<size_t>(server)].get(), method, &ctx, &response));
+        grpc::internal::ClientWriterFactory<grpc::ByteBuffer>::Create(channel, method, &ctx,
+                                                                      &response));
     for (size_t m = 0; m < messages.size(); ++m) {
       bool ok = m + 1 < messages.size()
                     ? writer->Write(messages[m])
@@ -786,7 +886,7 @@ absl::Status KVClient::PushOnce(int server, const std::vector<SliceOp>& work, bo
                                    grpc::internal::RpcMethod::BIDI_STREAMING);
   std::unique_ptr<grpc::ClientReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer>> stream(
       grpc::internal::ClientReaderWriterFactory<grpc::ByteBuffer, grpc::ByteBuffer>::Create(
-          channels_[static_cast<size_t>(server)].get(), method, &ctx));
+          channel, method, &ctx));
   for (size_t m = 0; m < messages.size(); ++m) {
     bool ok = m + 1 < messages.size()
                   ? stream->Write(messages[m])
@@ -806,7 +906,9 @@ absl::Status KVClient::PushOnce(int server, const std::vector<SliceOp>& work, bo
 }
 
 absl::Status KVClient::PullOnce(int server, const std::vector<SliceOp>& work) {
-  const std::string& address = options_.servers[static_cast<size_t>(server)];
+  DT_ASSIGN_OR_RETURN(Endpoint to, Route(server, /*write=*/false));
+  const std::string& address = to.address;
+  grpc::Channel* const channel = to.channel.get();
   v1::PullRequest request;
   request.set_job(options_.job);
   request.set_worker(options_.worker);
@@ -828,17 +930,15 @@ absl::Status KVClient::PullOnce(int server, const std::vector<SliceOp>& work) {
                                      grpc::internal::RpcMethod::NORMAL_RPC);
     grpc::ByteBuffer response;
     grpc::Status status = grpc::internal::BlockingUnaryCall<grpc::ByteBuffer, grpc::ByteBuffer>(
-        channels_[static_cast<size_t>(server)].get(), method, &ctx, wire::SerializeSmall(request),
-        &response);
+        channel, method, &ctx, wire::SerializeSmall(request), &response);
     DT_RETURN_IF_ERROR(FromGrpcStatus(status, absl::StrCat("KVStoreData.PullUnary to ", address)));
     return ReadPullReply(Once(response), targets, address);
   }
   grpc::internal::RpcMethod method(PullMethod().c_str(),
                                    grpc::internal::RpcMethod::SERVER_STREAMING);
   std::unique_ptr<grpc::ClientReader<grpc::ByteBuffer>> reader(
-      grpc::internal::ClientReaderFactory<grpc::ByteBuffer>::Create(
-          channels_[static_cast<size_t>(server)].get(), method, &ctx,
-          wire::SerializeSmall(request)));
+      grpc::internal::ClientReaderFactory<grpc::ByteBuffer>::Create(channel, method, &ctx,
+                                                                    wire::SerializeSmall(request)));
   absl::Status read =
       ReadPullReply([&](grpc::ByteBuffer* b) { return reader->Read(b); }, targets, address);
   if (!read.ok()) ctx.TryCancel();
@@ -848,28 +948,28 @@ absl::Status KVClient::PullOnce(int server, const std::vector<SliceOp>& work) {
 }
 
 absl::StatusOr<JobStatus> KVClient::GetJob(int server, bool include_slices) {
-  if (server < 0 || server >= static_cast<int>(channels_.size())) {
+  if (server < 0 || server >= num_shards_) {
     return absl::InvalidArgumentError(absl::StrCat("no server ", server));
   }
-  auto stub = v1::KVStore::NewStub(channels_[static_cast<size_t>(server)]);
   v1::GetJobRequest request;
   request.set_job(options_.job);
   request.set_worker(options_.worker);
   request.set_include_slices(include_slices);
   v1::GetJobResponse response;
-  DT_RETURN_IF_ERROR(WithRetries([&] {
+  DT_RETURN_IF_ERROR(WithRetries([&]() -> absl::Status {
+    DT_ASSIGN_OR_RETURN(Endpoint to, Route(server, /*write=*/false));
+    auto stub = v1::KVStore::NewStub(to.channel);
     grpc::ClientContext ctx;
     TrackedCall tracked(this, &ctx);
     ctx.set_deadline(Deadline(options_.rpc_timeout));
-    return FromGrpcStatus(
-        stub->GetJob(&ctx, request, &response),
-        absl::StrCat("KVStore.GetJob to ", options_.servers[static_cast<size_t>(server)]));
+    return FromGrpcStatus(stub->GetJob(&ctx, request, &response),
+                          absl::StrCat("KVStore.GetJob to ", to.address));
   }));
   return FromProto(response);
 }
 
 absl::Status KVClient::Resync() {
-  std::vector<JobStatus> states(channels_.size());
+  std::vector<JobStatus> states(static_cast<size_t>(num_shards_));
   DT_RETURN_IF_ERROR(ForEachServer([&](int i) -> absl::Status {
     DT_ASSIGN_OR_RETURN(states[static_cast<size_t>(i)], GetJob(i, /*include_slices=*/true));
     return absl::OkStatus();
@@ -895,17 +995,18 @@ absl::Status KVClient::Resync() {
 }
 
 absl::StatusOr<std::vector<std::string>> KVClient::Snapshot() {
-  std::vector<std::string> paths(channels_.size());
+  std::vector<std::string> paths(static_cast<size_t>(num_shards_));
   DT_RETURN_IF_ERROR(ForEachServer([&](int i) -> absl::Status {
-    auto stub = v1::KVStore::NewStub(channels_[static_cast<size_t>(i)]);
     v1::SnapshotRequest request;
     v1::SnapshotResponse response;
-    DT_RETURN_IF_ERROR(WithRetries([&] {
+    DT_RETURN_IF_ERROR(WithRetries([&]() -> absl::Status {
+      DT_ASSIGN_OR_RETURN(Endpoint to, Route(i, /*write=*/true));
+      auto stub = v1::KVStore::NewStub(to.channel);
       grpc::ClientContext ctx;
       TrackedCall tracked(this, &ctx);
       ctx.set_deadline(Deadline(options_.rpc_timeout));
       return FromGrpcStatus(stub->Snapshot(&ctx, request, &response),
-                            absl::StrCat("KVStore.Snapshot to ", options_.servers[i]));
+                            absl::StrCat("KVStore.Snapshot to ", to.address));
     }));
     paths[static_cast<size_t>(i)] = response.path();
     return absl::OkStatus();

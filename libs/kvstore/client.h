@@ -43,6 +43,16 @@
 // the scheduler stops the attempt. Not covered: a shard whose host vanishes
 // without closing connections; its calls end at their deadlines.
 //
+// Replicated shards (replicas > 1). The client follows the shard map the
+// replicas serve (Replica.GetShardMap; the scheduler owns it): writes
+// (CreateJob, Init, Push, DeleteJob, LeaveJob) go to each chain's head, reads
+// (Pull, GetJob) to its tail; a push-pull is a push to the head, then a pull
+// from the tail. A call that fails with UNAVAILABLE (a replica died, or is
+// no longer what the map said) makes the client refresh its map from the
+// replicas and retry, within unavailable_timeout: failover takes the
+// scheduler's heartbeat timeout plus a refresh. A retried push is a
+// duplicate wherever the chain had applied it, so nothing is applied twice.
+//
 // Buffers. Push sources and pull destinations are the caller's memory,
 // holding the whole key in its dtype (row-major). Pushes send it without
 // copying, so a source must stay valid and unchanged until the operation's
@@ -85,12 +95,20 @@ class ClientContext;
 
 namespace dtrain {
 namespace kvstore {
+namespace v1 {
+class ShardMap;
+}  // namespace v1
 
 class ElasticThreadPool;
 
 struct ClientOptions {
   // "host:port" of every shard; shard i must run with --shard_index=i.
+  // With replicas > 1: every replica, shard-major (shard i replica j at
+  // servers[i * replicas + j]), the seeds of the shard map (see
+  // "Replicated shards").
   std::vector<std::string> servers;
+  // Replicas per shard (chain replication, protos/replication.proto).
+  int replicas = 1;
   std::string job;
   int worker = 0;
   // Encoding of pushed f32 values (halves push traffic; see Compression).
@@ -208,11 +226,31 @@ class KVClient : public ParameterServer {
   absl::Status CancelStatus() const;
   // Deadline per attempt of DeleteJob and LeaveJob.
   absl::Duration CleanupTimeout() const;
-  // Runs fn(i) for every server in parallel; returns the first error.
+  // Runs fn(i) for every shard in parallel; returns the first error.
   absl::Status ForEachServer(const std::function<absl::Status(int)>& fn);
 
+  // Where a call to `shard` goes: the shard's server, or (replicated) its
+  // chain's head for writes and tail for reads.
+  struct Endpoint {
+    std::shared_ptr<grpc::Channel> channel;
+    std::string address;
+  };
+  absl::StatusOr<Endpoint> Route(int shard, bool write);
+  // Replicated: fetches the newest shard map the replicas serve.
+  void RefreshMap();
+  std::shared_ptr<grpc::Channel> ChannelTo(const std::string& address)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(map_mu_);
+
   const ClientOptions options_;
-  std::vector<std::shared_ptr<grpc::Channel>> channels_;
+  int num_shards_ = 0;
+  std::vector<std::shared_ptr<grpc::Channel>> channels_;  // by server (unreplicated)
+  // Replicated: the map followed, and a channel per replica address.
+  absl::Mutex map_mu_;
+  std::unique_ptr<v1::ShardMap> map_ ABSL_GUARDED_BY(map_mu_);
+  bool map_stale_ ABSL_GUARDED_BY(map_mu_) = true;
+  absl::flat_hash_map<std::string, std::shared_ptr<grpc::Channel>> by_address_
+      ABSL_GUARDED_BY(map_mu_);
+  absl::Mutex refresh_mu_;  // one refresh at a time
   std::unique_ptr<ElasticThreadPool> pool_;
   mutable absl::Mutex mu_;
   absl::flat_hash_map<std::string, std::unique_ptr<Key>> keys_ ABSL_GUARDED_BY(mu_);

@@ -206,13 +206,10 @@ std::string SnapshotPath(const std::string& data_dir, int shard_index) {
   return absl::StrCat(data_dir, "/kvstore-shard-", shard_index, ".dtckpt");
 }
 
-absl::StatusOr<SnapshotInfo> WriteSnapshot(const Store& store, const std::string& data_dir) {
-  SnapshotInfo info;
-  info.version = store.version();
-  std::vector<JobState> jobs = store.Export();
+checkpoint::Checkpoint EncodeState(const std::vector<JobState>& jobs, int shard_index) {
   checkpoint::Checkpoint ckpt;
   ckpt.metadata[kFormatKey] = kFormat;
-  ckpt.metadata[kShardKey] = absl::StrCat(store.options().shard_index);
+  ckpt.metadata[kShardKey] = absl::StrCat(shard_index);
   ckpt.metadata[kJobCountKey] = absl::StrCat(jobs.size());
   for (size_t j = 0; j < jobs.size(); ++j) {
     const JobState& job = jobs[j];
@@ -225,24 +222,13 @@ absl::StatusOr<SnapshotInfo> WriteSnapshot(const Store& store, const std::string
       ckpt.tensors.push_back(FloatRecord(base + ".value", *s.value));
       if (s.momentum) ckpt.tensors.push_back(FloatRecord(base + ".momentum", *s.momentum));
       if (s.accum) ckpt.tensors.push_back(FloatRecord(base + ".accum", *s.accum));
-      ++info.slices;
     }
   }
-  jobs.clear();  // drop the shared buffers before the (slow) write
-  info.path = SnapshotPath(data_dir, store.options().shard_index);
-  DT_RETURN_IF_ERROR(checkpoint::WriteCheckpoint(info.path, ckpt));
-  struct stat st;
-  if (stat(info.path.c_str(), &st) == 0) info.bytes = static_cast<int64_t>(st.st_size);
-  return info;
+  return ckpt;
 }
 
-absl::StatusOr<bool> LoadSnapshot(const std::string& data_dir, Store* store) {
-  const std::string path = SnapshotPath(data_dir, store->options().shard_index);
-  absl::StatusOr<checkpoint::Checkpoint> read = checkpoint::ReadCheckpoint(path);
-  if (absl::IsNotFound(read.status())) return false;
-  if (!read.ok()) return read.status();
-  const checkpoint::Checkpoint& ckpt = *read;
-  const std::string what = absl::StrCat("kvstore snapshot ", path);
+absl::StatusOr<std::vector<JobState>> DecodeState(const checkpoint::Checkpoint& ckpt,
+                                                  int shard_index, const std::string& what) {
   auto meta = [&](const std::string& key) -> absl::StatusOr<std::string> {
     auto it = ckpt.metadata.find(key);
     if (it == ckpt.metadata.end()) {
@@ -256,10 +242,9 @@ absl::StatusOr<bool> LoadSnapshot(const std::string& data_dir, Store* store) {
         absl::StrCat(what, ": format ", format, ", this build reads format ", kFormat));
   }
   DT_ASSIGN_OR_RETURN(std::string shard, meta(kShardKey));
-  if (shard != absl::StrCat(store->options().shard_index)) {
-    return absl::FailedPreconditionError(absl::StrCat(what, ": belongs to shard ", shard,
-                                                      ", this server is shard ",
-                                                      store->options().shard_index));
+  if (shard != absl::StrCat(shard_index)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(what, ": belongs to shard ", shard, ", this server is shard ", shard_index));
   }
   DT_ASSIGN_OR_RETURN(std::string job_count_text, meta(kJobCountKey));
   int64_t job_count = 0;
@@ -287,6 +272,33 @@ absl::StatusOr<bool> LoadSnapshot(const std::string& data_dir, Store* store) {
     }
     jobs.push_back(std::move(job));
   }
+  return jobs;
+}
+
+absl::StatusOr<SnapshotInfo> WriteSnapshot(const Store& store, const std::string& data_dir) {
+  SnapshotInfo info;
+  info.version = store.version();
+  checkpoint::Checkpoint ckpt;
+  {
+    std::vector<JobState> jobs = store.Export();
+    for (const JobState& job : jobs) info.slices += static_cast<int64_t>(job.slices.size());
+    ckpt = EncodeState(jobs, store.options().shard_index);
+  }  // drop the shared buffers before the (slow) write
+  info.path = SnapshotPath(data_dir, store.options().shard_index);
+  DT_RETURN_IF_ERROR(checkpoint::WriteCheckpoint(info.path, ckpt));
+  struct stat st;
+  if (stat(info.path.c_str(), &st) == 0) info.bytes = static_cast<int64_t>(st.st_size);
+  return info;
+}
+
+absl::StatusOr<bool> LoadSnapshot(const std::string& data_dir, Store* store) {
+  const std::string path = SnapshotPath(data_dir, store->options().shard_index);
+  absl::StatusOr<checkpoint::Checkpoint> read = checkpoint::ReadCheckpoint(path);
+  if (absl::IsNotFound(read.status())) return false;
+  if (!read.ok()) return read.status();
+  const std::string what = absl::StrCat("kvstore snapshot ", path);
+  DT_ASSIGN_OR_RETURN(std::vector<JobState> jobs,
+                      DecodeState(*read, store->options().shard_index, what));
   absl::Status imported = store->Import(std::move(jobs));
   if (absl::IsInvalidArgument(imported) || absl::IsResourceExhausted(imported)) {
     return absl::DataLossError(absl::StrCat(what, ": ", imported.message()));

@@ -24,15 +24,26 @@
 #include <cstdint>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
+#include "libs/checkpoint/checkpoint.h"
 #include "libs/kvstore/store.h"
 
 namespace dtrain {
 namespace kvstore {
+
+// A store's jobs (Store::Export) as a checkpoint in the snapshot format, and
+// back: what snapshots write and read, and what a replica transfers to a
+// joining one (libs/kvstore/replicator.h). DecodeState's errors start with
+// `what`: kFailedPrecondition for another shard or format version,
+// kDataLoss for missing or malformed entries.
+checkpoint::Checkpoint EncodeState(const std::vector<JobState>& jobs, int shard_index);
+absl::StatusOr<std::vector<JobState>> DecodeState(const checkpoint::Checkpoint& ckpt,
+                                                  int shard_index, const std::string& what);
 
 // <data_dir>/kvstore-shard-<shard_index>.dtckpt
 std::string SnapshotPath(const std::string& data_dir, int shard_index);

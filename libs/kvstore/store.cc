@@ -646,6 +646,15 @@ std::vector<JobState> Store::Export() const {
   return out;
 }
 
+absl::Status Store::ReplaceAll(std::vector<JobState> jobs) {
+  {
+    absl::MutexLock lock(&mu_);
+    jobs_.clear();
+  }
+  Bump();
+  return Import(std::move(jobs));
+}
+
 absl::Status Store::Import(std::vector<JobState> jobs) ABSL_NO_THREAD_SAFETY_ANALYSIS {
   // Validate everything first.
   std::map<std::string, int> names;

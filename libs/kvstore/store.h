@@ -244,6 +244,11 @@ class Store {
   // match, rounds out of order, over quota.
   absl::Status Import(std::vector<JobState> jobs);
 
+  // Drops every job, then imports `jobs`: how a replica takes over the
+  // state its predecessor transferred. Errors as for Import (the store is
+  // left empty then).
+  absl::Status ReplaceAll(std::vector<JobState> jobs);
+
   // Increases on every change of state; lets a snapshotter skip unchanged
   // stores.
   uint64_t version() const { return version_.load(std::memory_order_acquire); }

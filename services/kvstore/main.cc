@@ -4,6 +4,8 @@
 //                  --metrics_listen=:9100 --snapshot_interval_s=60
 //                  --quota_bytes_per_job=8589934592 --max_message_bytes=4194304
 //                  --job_ttl_s=3600
+//   kvstore_server ... --scheduler=scheduler:7000 --num_shards=2 --shard_index=1
+//                  --replica_index=0 --advertise=kvstore-2.kvstore:7070   # replicated
 //
 // Defaults that keep a shard from growing without bound: a job may hold
 // --quota_bytes_per_job (4 GiB: ResNet-18's 11.7M f32 parameters with SGD
@@ -46,6 +48,13 @@ ABSL_FLAG(double, job_ttl_s, 3600,
           "<= 0: never)");
 ABSL_FLAG(int64_t, max_message_bytes, 4 << 20, "gRPC send/receive limit per message");
 ABSL_FLAG(double, shutdown_grace_s, 10, "seconds calls in flight get to finish at shutdown");
+ABSL_FLAG(std::string, scheduler, "",
+          "replicated shard: the scheduler (host:port) that owns the shard map; this server is "
+          "replica --replica_index of shard --shard_index (empty: an unreplicated shard)");
+ABSL_FLAG(int, replica_index, 0, "this replica's index within its shard (with --scheduler)");
+ABSL_FLAG(int, num_shards, 1, "shards of the kvstore (with --scheduler)");
+ABSL_FLAG(std::string, advertise, "",
+          "host:port peers and clients dial (with --scheduler; default 127.0.0.1:<port>)");
 ABSL_FLAG(std::string, port_file, "",
           "write the bound gRPC port here once serving (for scripts and tests)");
 
@@ -66,6 +75,10 @@ int main(int argc, char** argv) {
   options.quota_bytes_per_job = absl::GetFlag(FLAGS_quota_bytes_per_job);
   options.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
   options.job_ttl = absl::Seconds(absl::GetFlag(FLAGS_job_ttl_s));
+  options.scheduler = absl::GetFlag(FLAGS_scheduler);
+  options.replica_index = absl::GetFlag(FLAGS_replica_index);
+  options.num_shards = absl::GetFlag(FLAGS_num_shards);
+  options.advertise = absl::GetFlag(FLAGS_advertise);
   if (options.shard_index < 0 || options.max_message_bytes <= 0 ||
       options.quota_bytes_per_job < 0) {
     std::fprintf(stderr,

@@ -10,6 +10,7 @@
 #include <deque>
 #include <functional>
 #include <map>
+#include <random>
 #include <utility>
 #include <vector>
 
@@ -24,6 +25,7 @@
 #include "libs/metrics/metrics.h"
 #include "libs/rpc/server.h"
 #include "protos/kvstore.grpc.pb.h"
+#include "services/kvstore/replication.h"
 
 namespace dtrain {
 namespace kvstore {
@@ -77,10 +79,11 @@ const char* CodeName(absl::StatusCode code) {
 // Everything behind the gRPC services: handlers and their metrics.
 class KVStoreServer::Impl {
  public:
-  Impl(const ServerOptions& options, Store* store, Snapshotter* snapshotter)
+  Impl(const ServerOptions& options, Store* store, Snapshotter* snapshotter, Replicator* replicator)
       : options_(options),
         store_(store),
         snapshotter_(snapshotter),
+        replicator_(replicator),
         registry_(std::make_shared<prometheus::Registry>()),
         requests_(metrics::AddCounter(*registry_, "dtrain_kvstore_requests_total",
                                       "kvstore RPCs handled, by method and status code.")),
@@ -132,17 +135,50 @@ class KVStoreServer::Impl {
     return ToGrpcStatus(status);
   }
 
+  // ---- Replication: writes go through the chain, reads need an ACTIVE member ----
+
+  absl::Status CheckWrites() const {
+    return replicator_ == nullptr ? absl::OkStatus() : replicator_->CheckIsHead();
+  }
+  absl::Status CheckReads() const {
+    return replicator_ == nullptr ? absl::OkStatus() : replicator_->CheckServesReads();
+  }
+  absl::StatusOr<MutationResult> Replicate(const v1::Mutation& m) {
+    return replicator_->Submit(m, absl::Now() + options_.replication_timeout);
+  }
+
   // ---- KVStore (control) ----
 
   absl::Status CreateJob(const v1::CreateJobRequest& request, v1::CreateJobResponse* response) {
     DT_ASSIGN_OR_RETURN(JobConfig config, FromProto(request.config()));
-    DT_ASSIGN_OR_RETURN(bool created, store_->CreateJob(config));
+    DT_RETURN_IF_ERROR(CheckWrites());
+    bool created;
+    if (replicator_ != nullptr) {
+      v1::Mutation m;
+      *m.mutable_create_job() = request;
+      DT_ASSIGN_OR_RETURN(MutationResult r, Replicate(m));
+      created = r.created;
+    } else {
+      DT_ASSIGN_OR_RETURN(created, store_->CreateJob(config));
+    }
     response->set_created(created);
     if (created) DT_LOG(INFO) << "created " << DescribeJobConfig(config);
     return absl::OkStatus();
   }
 
   absl::Status DeleteJob(const v1::DeleteJobRequest& request, v1::DeleteJobResponse* response) {
+    DT_RETURN_IF_ERROR(CheckWrites());
+    if (replicator_ != nullptr) {
+      v1::Mutation m;
+      *m.mutable_delete_job() = request;
+      DT_ASSIGN_OR_RETURN(MutationResult r, Replicate(m));
+      response->set_deleted(r.deleted);
+      if (r.deleted) {
+        DT_LOG(INFO) << "deleted job '" << request.job() << "'";
+        ReleaseFreeMemory();
+      }
+      return absl::OkStatus();
+    }
     if (request.leave()) {
       DT_ASSIGN_OR_RETURN(bool deleted, store_->LeaveJob(request.job(), request.worker()));
       response->set_deleted(deleted);
@@ -160,6 +196,7 @@ class KVStoreServer::Impl {
   }
 
   absl::Status GetJob(const v1::GetJobRequest& request, v1::GetJobResponse* response) {
+    DT_RETURN_IF_ERROR(CheckReads());
     DT_ASSIGN_OR_RETURN(JobStatus status,
                         store_->GetJob(request.job(), request.worker(), request.include_slices()));
     *response = ToProto(status);
@@ -173,6 +210,7 @@ class KVStoreServer::Impl {
       return absl::InvalidArgumentError("Init: empty request stream");
     }
     const v1::InitRequest& first = messages.front();
+    DT_RETURN_IF_ERROR(CheckWrites());
     std::vector<InitItem> items;
     std::vector<std::pair<std::string, int64_t>> sizes;
     for (const v1::SliceSpec& proto : first.slices()) {
@@ -201,7 +239,25 @@ class KVStoreServer::Impl {
     }
     DT_RETURN_IF_ERROR(Annotate(assembler.Finish(/*allow_empty=*/true), "Init"));
     for (size_t i = 0; i < items.size(); ++i) items[i].data = assembler.pieces(i);
-    DT_ASSIGN_OR_RETURN(InitResult result, store_->Init(first.job(), items));
+    InitResult result;
+    if (replicator_ != nullptr) {
+      v1::Mutation m;
+      v1::InitRequest* init = m.mutable_init();
+      init->set_job(first.job());
+      *init->mutable_slices() = first.slices();
+      for (size_t i = 0; i < items.size(); ++i) {
+        if (items[i].data.empty()) continue;  // zeros
+        v1::Chunk* c = init->add_chunks();
+        c->set_item(static_cast<int32_t>(i));
+        for (absl::string_view piece : items[i].data) {
+          c->mutable_data()->append(piece.data(), piece.size());
+        }
+      }
+      DT_ASSIGN_OR_RETURN(MutationResult r, Replicate(m));
+      result = r.init;
+    } else {
+      DT_ASSIGN_OR_RETURN(result, store_->Init(first.job(), items));
+    }
     response->set_created(result.created);
     response->set_existing(result.existing);
     return absl::OkStatus();
@@ -231,6 +287,7 @@ class KVStoreServer::Impl {
   };
 
   absl::Status ReceivePush(const std::function<bool(grpc::ByteBuffer*)>& read, ReceivedPush* p) {
+    DT_RETURN_IF_ERROR(CheckWrites());
     grpc::ByteBuffer buffer;
     if (!read(&buffer)) return absl::InvalidArgumentError("push: empty request stream");
     p->messages.emplace_back();
@@ -278,8 +335,24 @@ class KVStoreServer::Impl {
   }
 
   absl::StatusOr<PushResult> ApplyPush(const ReceivedPush& p) {
-    DT_ASSIGN_OR_RETURN(PushResult result,
-                        store_->Push(p.header.job(), p.header.worker(), p.compression, p.items));
+    PushResult result;
+    if (replicator_ != nullptr) {
+      v1::Mutation m;
+      v1::ReplicatedPush* push = m.mutable_push();
+      push->set_job(p.header.job());
+      push->set_worker(p.header.worker());
+      push->set_compression(p.header.compression());
+      *push->mutable_items() = p.header.items();
+      for (const PushItem& item : p.items) {
+        std::string* data = push->add_data();
+        for (absl::string_view piece : item.data) data->append(piece.data(), piece.size());
+      }
+      DT_ASSIGN_OR_RETURN(MutationResult r, Replicate(m));
+      result = r.push;
+    } else {
+      DT_ASSIGN_OR_RETURN(result,
+                          store_->Push(p.header.job(), p.header.worker(), p.compression, p.items));
+    }
     if (result.duplicates > 0) duplicates_.Increment(result.duplicates);
     return result;
   }
@@ -365,6 +438,7 @@ class KVStoreServer::Impl {
 
   absl::Status Pull(grpc::ServerContext* ctx, const grpc::ByteBuffer* request,
                     grpc::ServerWriter<grpc::ByteBuffer>* writer) {
+    DT_RETURN_IF_ERROR(CheckReads());
     v1::PullRequest r;
     DT_RETURN_IF_ERROR(wire::ParseSmall(*request, &r, "PullRequest"));
     std::vector<PullRequestItem> items;
@@ -425,6 +499,7 @@ class KVStoreServer::Impl {
 
   absl::Status PullUnary(grpc::ServerContext* ctx, const grpc::ByteBuffer* request,
                          grpc::ByteBuffer* response) {
+    DT_RETURN_IF_ERROR(CheckReads());
     v1::PullRequest r;
     DT_RETURN_IF_ERROR(wire::ParseSmall(*request, &r, "PullRequest"));
     std::vector<PullRequestItem> items;
@@ -461,7 +536,7 @@ class KVStoreServer::Impl {
       held.push_back({labels, static_cast<double>(s->held_bytes)});
     }
     using prometheus::MetricType;
-    return {
+    std::vector<prometheus::MetricFamily> families = {
         metrics::MakeFamily("dtrain_kvstore_rounds_completed_total",
                             "Slice-rounds completed on this shard since it started, per job.",
                             MetricType::Counter, rounds),
@@ -479,11 +554,41 @@ class KVStoreServer::Impl {
                             MetricType::Counter,
                             {{{}, static_cast<double>(snapshotter_->snapshots_written())}}),
     };
+    if (replicator_ != nullptr) {
+      const ReplicatorStats st = replicator_->stats();
+      const std::string role = replicator_->Role();
+      std::vector<metrics::Sample> roles;
+      for (const char* r : {"head", "middle", "tail", "joining", "none"}) {
+        roles.push_back({{{"role", r}}, role == r ? 1.0 : 0.0});
+      }
+      auto counter = [&](const char* name, const char* help, int64_t v) {
+        families.push_back(
+            metrics::MakeFamily(name, help, MetricType::Counter, {{{}, static_cast<double>(v)}}));
+      };
+      families.push_back(metrics::MakeFamily(
+          "dtrain_kvstore_replica_map_version", "Version of the shard map this replica follows.",
+          MetricType::Gauge, {{{}, static_cast<double>(replicator_->map().version())}}));
+      families.push_back(metrics::MakeFamily("dtrain_kvstore_replica_role",
+                                             "1 for this replica's role in its chain.",
+                                             MetricType::Gauge, roles));
+      counter("dtrain_kvstore_replica_forwarded_total",
+              "Writes the successor acknowledged (batched).", st.forwarded);
+      counter("dtrain_kvstore_replica_received_total", "Writes applied from the predecessor.",
+              st.received);
+      counter("dtrain_kvstore_replica_transfers_total",
+              "Whole-state transfers the successor acknowledged.", st.transfers);
+      counter("dtrain_kvstore_replica_transfer_bytes_total", "Value bytes of those transfers.",
+              st.transfer_bytes);
+      counter("dtrain_kvstore_replica_send_failures_total",
+              "Batches to the successor that failed and went again.", st.send_failures);
+    }
+    return families;
   }
 
   const ServerOptions options_;
   Store* const store_;
   Snapshotter* const snapshotter_;
+  Replicator* const replicator_;  // null: unreplicated
   int64_t chunk_bytes_ = 1 << 20;
   std::shared_ptr<prometheus::Registry> registry_;
   prometheus::Family<prometheus::Counter>& requests_;
@@ -597,6 +702,7 @@ class DataService final : public grpc::Service {
 struct KVStoreServer::Services {
   std::unique_ptr<ControlService> control;
   std::unique_ptr<DataService> data;
+  std::unique_ptr<ReplicaService> replica;
 };
 
 absl::StatusOr<std::unique_ptr<KVStoreServer>> KVStoreServer::Start(const ServerOptions& options) {
@@ -627,7 +733,26 @@ absl::StatusOr<std::unique_ptr<KVStoreServer>> KVStoreServer::Start(const Server
   }
   server->snapshotter_ = std::make_unique<Snapshotter>(server->store_.get(), options.data_dir,
                                                        options.snapshot_interval);
-  server->impl_ = std::make_unique<Impl>(options, server->store_.get(), server->snapshotter_.get());
+  uint64_t r_incarnation = 0;
+  if (!options.scheduler.empty()) {
+    if (options.num_shards < 1 || options.shard_index >= options.num_shards ||
+        options.replica_index < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "replication needs 0 <= shard_index < num_shards and replica_index >= 0, got shard ",
+          options.shard_index, " of ", options.num_shards, ", replica ", options.replica_index));
+    }
+    server->link_ = std::make_unique<GrpcReplicaLink>(options.replication_timeout);
+    ReplicatorOptions r;
+    r.shard = options.shard_index;
+    r.replica = options.replica_index;
+    std::random_device random;
+    r.incarnation = (static_cast<uint64_t>(random()) << 32) ^ random() ^ 1;
+    r_incarnation = r.incarnation;
+    server->replicator_ =
+        std::make_unique<Replicator>(server->store_.get(), server->link_.get(), r);
+  }
+  server->impl_ = std::make_unique<Impl>(options, server->store_.get(), server->snapshotter_.get(),
+                                         server->replicator_.get());
   server->services_ = std::make_unique<Services>();
   server->services_->control = std::make_unique<ControlService>(server->impl_.get());
   server->services_->data = std::make_unique<DataService>(server->impl_.get());
@@ -647,9 +772,27 @@ absl::StatusOr<std::unique_ptr<KVStoreServer>> KVStoreServer::Start(const Server
   server->rpc_ = std::make_unique<rpc::Server>(rpc_options);
   server->rpc_->AddService(server->services_->control.get());
   server->rpc_->AddService(server->services_->data.get());
+  if (server->replicator_ != nullptr) {
+    // A state transfer carries the whole shard.
+    server->services_->replica =
+        std::make_unique<ReplicaService>(server->replicator_.get(), int64_t{16} << 30);
+    server->rpc_->AddService(server->services_->replica.get());
+  }
   server->rpc_->Expose(server->impl_->registry());
   server->rpc_->Expose(server->impl_->store_metrics());
   DT_RETURN_IF_ERROR(server->rpc_->Start());
+  if (server->replicator_ != nullptr) {
+    MapHeartbeatOptions h;
+    h.scheduler = options.scheduler;
+    h.shard = options.shard_index;
+    h.replica = options.replica_index;
+    h.num_shards = options.num_shards;
+    h.address = options.advertise.empty() ? server->local_address() : options.advertise;
+    h.incarnation = r_incarnation;
+    server->heartbeat_ = std::make_unique<MapHeartbeat>(server->replicator_.get(), h);
+    DT_LOG(INFO) << "kvstore shard " << options.shard_index << " replica " << options.replica_index
+                 << " at " << h.address << " follows the shard map of " << options.scheduler;
+  }
   if (options.job_ttl > absl::ZeroDuration()) {
     const absl::Duration every = std::min(options.job_ttl / 4, absl::Minutes(1));
     KVStoreServer* s = server.get();
@@ -683,6 +826,7 @@ absl::Status KVStoreServer::Shutdown(absl::Duration grace) {
   shut_down_ = true;
   reaper_stop_.Notify();
   if (reaper_.joinable()) reaper_.join();
+  heartbeat_.reset();
   // Calls in flight finish (or are cancelled) before the final snapshot.
   if (rpc_) rpc_->Shutdown(grace);
   absl::Status status;

@@ -29,6 +29,12 @@
 //   dtrain_kvstore_held_bytes{job}, dtrain_kvstore_quota_bytes
 //   dtrain_kvstore_snapshots_total
 //
+// Replicated (ServerOptions.scheduler set): also dtrain.kvstore.v1.Replica,
+// and the metrics
+//   dtrain_kvstore_replica_map_version, dtrain_kvstore_replica_role{role}
+//   dtrain_kvstore_replica_forwarded_total, ..._received_total,
+//   ..._transfers_total, ..._transfer_bytes_total, ..._send_failures_total
+//
 // Jobs no call named for job_ttl are dropped (logged "expired job").
 // Dropping a job (DeleteJob, the last LeaveJob, expiry) gives the freed
 // memory back to the OS (ReleaseFreeMemory, malloc_tuning.h), so resident
@@ -52,6 +58,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
+#include "libs/kvstore/replicator.h"
 #include "libs/kvstore/snapshot.h"
 #include "libs/kvstore/store.h"
 
@@ -89,7 +96,24 @@ struct ServerOptions {
   // snapshot; checked every job_ttl / 4 (at most every minute). Keep it well
   // above max_pull_wait. <= 0: jobs never expire.
   absl::Duration job_ttl = absl::Hours(1);
+
+  // Chain replication (protos/replication.proto). With a scheduler address,
+  // this server is replica `replica_index` of shard `shard_index` (of
+  // `num_shards`): it heartbeats to the scheduler, follows its shard map,
+  // takes writes only as its chain's head and reads only as an ACTIVE
+  // member, and forwards every write to its successor. Empty: an
+  // unreplicated shard that takes every call.
+  std::string scheduler;
+  int replica_index = 0;
+  int num_shards = 1;
+  // host:port that peers and clients dial; empty: 127.0.0.1:<bound port>.
+  std::string advertise;
+  // How long a write waits for the chain to acknowledge it, and a batch for
+  // the successor to take it.
+  absl::Duration replication_timeout = absl::Seconds(30);
 };
+
+class MapHeartbeat;
 
 class KVStoreServer {
  public:
@@ -119,6 +143,8 @@ class KVStoreServer {
   bool resumed() const { return resumed_; }
 
   Store& store() { return *store_; }
+  // Null for an unreplicated shard.
+  Replicator* replicator() { return replicator_.get(); }
   Snapshotter& snapshotter() { return *snapshotter_; }
 
   class Impl;
@@ -131,10 +157,13 @@ class KVStoreServer {
   ServerOptions options_;
   std::unique_ptr<Store> store_;
   std::unique_ptr<Snapshotter> snapshotter_;
+  std::unique_ptr<ReplicaLink> link_;
+  std::unique_ptr<Replicator> replicator_;
   std::unique_ptr<Impl> impl_;
   struct Services;
   std::unique_ptr<Services> services_;  // outlives rpc_
   std::unique_ptr<rpc::Server> rpc_;
+  std::unique_ptr<MapHeartbeat> heartbeat_;  // after rpc_: peers dial us once it runs
   bool resumed_ = false;
   bool shut_down_ = false;
   absl::Notification reaper_stop_;

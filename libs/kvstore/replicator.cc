@@ -1,0 +1,395 @@
+#include "libs/kvstore/replicator.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
+#include "libs/base/logging.h"
+#include "libs/base/status.h"
+#include "libs/kvstore/proto_convert.h"
+#include "libs/kvstore/shard_map.h"
+#include "libs/kvstore/snapshot.h"
+
+namespace dtrain {
+namespace kvstore {
+
+absl::StatusOr<MutationResult> ApplyMutation(Store* store, const v1::Mutation& m) {
+  MutationResult result;
+  switch (m.op_case()) {
+    case v1::Mutation::kCreateJob: {
+      DT_ASSIGN_OR_RETURN(JobConfig config, FromProto(m.create_job().config()));
+      DT_ASSIGN_OR_RETURN(result.created, store->CreateJob(config));
+      return result;
+    }
+    case v1::Mutation::kDeleteJob: {
+      const v1::DeleteJobRequest& d = m.delete_job();
+      if (d.leave()) {
+        DT_ASSIGN_OR_RETURN(result.deleted, store->LeaveJob(d.job(), d.worker()));
+      } else {
+        DT_RETURN_IF_ERROR(store->DeleteJob(d.job()));
+        result.deleted = true;
+      }
+      return result;
+    }
+    case v1::Mutation::kInit: {
+      const v1::InitRequest& init = m.init();
+      std::vector<InitItem> items(static_cast<size_t>(init.slices_size()));
+      for (int i = 0; i < init.slices_size(); ++i) {
+        DT_ASSIGN_OR_RETURN(items[static_cast<size_t>(i)].spec, FromProto(init.slices(i)));
+      }
+      for (const v1::Chunk& c : init.chunks()) {
+        if (c.item() < 0 || c.item() >= init.slices_size()) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("replicated Init: chunk of item ", c.item()));
+        }
+        items[static_cast<size_t>(c.item())].data.push_back(c.data());
+      }
+      DT_ASSIGN_OR_RETURN(result.init, store->Init(init.job(), items));
+      return result;
+    }
+    case v1::Mutation::kPush: {
+      const v1::ReplicatedPush& p = m.push();
+      if (p.data_size() != p.items_size()) {
+        return absl::InvalidArgumentError(absl::StrCat("replicated push: ", p.data_size(),
+                                                       " values for ", p.items_size(), " items"));
+      }
+      DT_ASSIGN_OR_RETURN(Compression compression, FromProto(p.compression()));
+      std::vector<PushItem> items;
+      for (int i = 0; i < p.items_size(); ++i) {
+        const v1::PushItem& proto = p.items(i);
+        PushItem item;
+        item.key = proto.key();
+        item.slice = proto.slice();
+        item.round = proto.round();
+        DT_ASSIGN_OR_RETURN(item.dtype, DTypeFromWire(proto.dtype()));
+        item.shape.assign(proto.shape().begin(), proto.shape().end());
+        item.data = {p.data(i)};
+        items.push_back(std::move(item));
+      }
+      DT_ASSIGN_OR_RETURN(result.push, store->Push(p.job(), p.worker(), compression, items));
+      return result;
+    }
+    case v1::Mutation::OP_NOT_SET:
+      break;
+  }
+  return absl::InvalidArgumentError("replicated mutation with no operation");
+}
+
+// A mutation applied here and queued for the successor.
+struct Replicator::Pending {
+  v1::Mutation mutation;
+  absl::Notification done;
+  absl::Status status;  // written once, before done
+};
+
+Replicator::Replicator(Store* store, ReplicaLink* link, ReplicatorOptions options)
+    : store_(store), link_(link), options_(options) {
+  forwarder_ = std::thread([this] { Forward(); });
+}
+
+Replicator::~Replicator() {
+  {
+    absl::MutexLock lock(&mu_);
+    stop_ = true;
+  }
+  forwarder_.join();
+  absl::MutexLock lock(&mu_);
+  const absl::Status stopped = absl::UnavailableError(
+      absl::StrCat(WhoLocked(), " is shutting down; the write may not have reached every replica"));
+  CompleteLocked(&inflight_, stopped);
+  CompleteLocked(&queue_, stopped);
+}
+
+std::string Replicator::WhoLocked() const {
+  return absl::StrCat("kvstore shard ", options_.shard, " replica ", options_.replica,
+                      " (map version ", map_.version(), ")");
+}
+
+bool Replicator::IsMemberLocked() const {
+  const v1::ChainMember* me = FindMember(map_, options_.shard, options_.replica);
+  return me != nullptr && me->incarnation() == options_.incarnation;
+}
+
+void Replicator::CompleteLocked(std::deque<std::shared_ptr<Pending>>* entries,
+                                const absl::Status& status) {
+  for (const std::shared_ptr<Pending>& p : *entries) {
+    p->status = status;
+    p->done.Notify();
+  }
+  entries->clear();
+}
+
+void Replicator::SetMap(const v1::ShardMap& map) {
+  absl::MutexLock lock(&mu_);
+  if (map.version() <= map_.version()) return;
+  map_ = map;
+  const bool member = IsMemberLocked();
+  const v1::ChainMember* me = FindMember(map_, options_.shard, options_.replica);
+  if (!member) {
+    if (has_state_)
+      DT_LOG(WARNING) << WhoLocked() << " is no longer in its chain; it serves nothing";
+    has_state_ = false;
+  } else if (me->state() == v1::REPLICA_ACTIVE) {
+    has_state_ = true;
+  }
+  Peer next;
+  if (member) {
+    if (const v1::ChainMember* s = Successor(map_, options_.shard, options_.replica)) {
+      next = {s->replica(), s->incarnation(), s->address()};
+    }
+  }
+  if (next.replica == successor_.replica && next.incarnation == successor_.incarnation &&
+      next.address == successor_.address) {
+    return;
+  }
+  DT_LOG(INFO) << WhoLocked() << ": " << DescribeChain(map_, options_.shard);
+  successor_ = next;
+  ++successor_epoch_;
+  caught_up_ = {-1, 0};
+  // Writes sent to the old successor and not acknowledged go again, inside
+  // the state transfer to the new one.
+  while (!inflight_.empty()) {
+    queue_.push_front(std::move(inflight_.back()));
+    inflight_.pop_back();
+  }
+  if (next.replica < 0) {
+    // The tail now (every live replica applied them), or out of the chain.
+    CompleteLocked(&queue_, member ? absl::OkStatus()
+                                   : absl::UnavailableError(
+                                         absl::StrCat(WhoLocked(),
+                                                      " left its chain before the write was "
+                                                      "replicated; retry on the new head")));
+    need_transfer_ = false;
+  } else {
+    need_transfer_ = true;
+  }
+}
+
+v1::ShardMap Replicator::map() const {
+  absl::MutexLock lock(&mu_);
+  return map_;
+}
+
+bool Replicator::has_state() const {
+  absl::MutexLock lock(&mu_);
+  return has_state_;
+}
+
+std::pair<int, uint64_t> Replicator::caught_up() const {
+  absl::MutexLock lock(&mu_);
+  return caught_up_;
+}
+
+ReplicatorStats Replicator::stats() const {
+  absl::MutexLock lock(&mu_);
+  return stats_;
+}
+
+absl::Status Replicator::CheckServesReads() const {
+  absl::MutexLock lock(&mu_);
+  const v1::ChainMember* me = FindMember(map_, options_.shard, options_.replica);
+  if (!IsMemberLocked() || me->state() != v1::REPLICA_ACTIVE || !has_state_) {
+    return absl::UnavailableError(absl::StrCat(
+        WhoLocked(), " is not an active member of its chain yet; refresh the shard map"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Replicator::CheckIsHeadLocked() const {
+  const v1::ChainMember* head = ChainHead(map_, options_.shard);
+  if (!IsMemberLocked() || head == nullptr || head->replica() != options_.replica || !has_state_) {
+    return absl::UnavailableError(
+        absl::StrCat(WhoLocked(), " is not the head of its chain; refresh the shard map"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Replicator::CheckIsHead() const {
+  absl::MutexLock lock(&mu_);
+  return CheckIsHeadLocked();
+}
+
+std::string Replicator::Role() const {
+  absl::MutexLock lock(&mu_);
+  if (!IsMemberLocked()) return "none";
+  const v1::ChainMember* me = FindMember(map_, options_.shard, options_.replica);
+  if (me->state() != v1::REPLICA_ACTIVE) return "joining";
+  const v1::ChainMember* head = ChainHead(map_, options_.shard);
+  if (head != nullptr && head->replica() == options_.replica) return "head";
+  const v1::ChainMember* tail = ChainTail(map_, options_.shard);
+  if (tail != nullptr && tail->replica() == options_.replica) return "tail";
+  return "middle";
+}
+
+absl::StatusOr<MutationResult> Replicator::ApplyAndQueueLocked(const v1::Mutation& mutation,
+                                                               std::shared_ptr<Pending>* queued) {
+  DT_ASSIGN_OR_RETURN(MutationResult result, ApplyMutation(store_, mutation));
+  if (successor_.replica >= 0) {
+    auto p = std::make_shared<Pending>();
+    p->mutation = mutation;
+    queue_.push_back(p);
+    *queued = std::move(p);
+  }
+  return result;
+}
+
+absl::Status Replicator::Await(const std::shared_ptr<Pending>& p, absl::Time deadline) {
+  if (!p->done.WaitForNotificationWithDeadline(deadline)) {
+    return absl::DeadlineExceededError(
+        "the write was applied at the head but not yet acknowledged by every replica; retry (a "
+        "retried push is not applied twice)");
+  }
+  return p->status;
+}
+
+absl::StatusOr<MutationResult> Replicator::Submit(const v1::Mutation& mutation,
+                                                  absl::Time deadline) {
+  std::shared_ptr<Pending> queued;
+  absl::StatusOr<MutationResult> result;
+  {
+    absl::MutexLock lock(&mu_);
+    DT_RETURN_IF_ERROR(CheckIsHeadLocked());
+    result = ApplyAndQueueLocked(mutation, &queued);
+  }
+  if (result.ok() && queued != nullptr) DT_RETURN_IF_ERROR(Await(queued, deadline));
+  return result;
+}
+
+absl::StatusOr<v1::ReplicateReply> Replicator::Receive(const v1::ReplicateBatch& batch,
+                                                       absl::Time deadline) {
+  std::vector<std::shared_ptr<Pending>> queued;
+  v1::ReplicateReply reply;
+  {
+    absl::MutexLock lock(&mu_);
+    const v1::ChainMember* pred = Predecessor(map_, options_.shard, options_.replica);
+    if (!IsMemberLocked() || batch.map_version() != map_.version() || pred == nullptr ||
+        pred->replica() != batch.from_replica() ||
+        pred->incarnation() != batch.from_incarnation() || batch.shard() != options_.shard) {
+      return absl::UnavailableError(
+          absl::StrCat(WhoLocked(), " does not take batches from shard ", batch.shard(),
+                       " replica ", batch.from_replica(), " at map version ", batch.map_version(),
+                       pred == nullptr ? " (it has no predecessor)" : ""));
+    }
+    if (batch.has_state()) {
+      checkpoint::Checkpoint ckpt;
+      ckpt.metadata.insert(batch.state().metadata().begin(), batch.state().metadata().end());
+      for (const v1::TensorBytes& t : batch.state().tensors()) {
+        checkpoint::TensorRecord r;
+        r.name = t.name();
+        r.dtype = static_cast<int32_t>(DType::kF32);
+        r.shape = {static_cast<int64_t>(t.data().size() / sizeof(float))};
+        r.data = t.data();
+        ckpt.tensors.push_back(std::move(r));
+      }
+      const std::string what = absl::StrCat("state transfer to ", WhoLocked());
+      DT_ASSIGN_OR_RETURN(std::vector<JobState> jobs, DecodeState(ckpt, options_.shard, what));
+      const size_t job_count = jobs.size();
+      DT_RETURN_IF_ERROR(store_->ReplaceAll(std::move(jobs)));
+      has_state_ = true;
+      DT_LOG(INFO) << WhoLocked() << ": took over the state of " << job_count
+                   << " jobs from replica " << batch.from_replica();
+      // Whatever follows this replica must get the new state too.
+      if (successor_.replica >= 0) need_transfer_ = true;
+    }
+    if (!has_state_ && batch.mutations_size() > 0) {
+      return absl::UnavailableError(
+          absl::StrCat(WhoLocked(), " has no state yet; send the state first"));
+    }
+    for (const v1::Mutation& m : batch.mutations()) {
+      std::shared_ptr<Pending> p;
+      absl::StatusOr<MutationResult> r = ApplyAndQueueLocked(m, &p);
+      reply.add_codes(static_cast<int32_t>(r.status().code()));
+      if (p != nullptr) queued.push_back(std::move(p));
+      ++stats_.received;
+    }
+  }
+  for (const std::shared_ptr<Pending>& p : queued) DT_RETURN_IF_ERROR(Await(p, deadline));
+  return reply;
+}
+
+void Replicator::Forward() {
+  absl::MutexLock lock(&mu_);
+  for (;;) {
+    auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return stop_ || (successor_.replica >= 0 && (need_transfer_ || !queue_.empty()));
+    };
+    mu_.Await(absl::Condition(&ready));
+    if (stop_) return;
+    const uint64_t epoch = successor_epoch_;
+    const Peer to = successor_;
+    v1::ReplicateBatch batch;
+    batch.set_map_version(map_.version());
+    batch.set_shard(options_.shard);
+    batch.set_from_replica(options_.replica);
+    batch.set_from_incarnation(options_.incarnation);
+    const bool transfer = need_transfer_;
+    std::vector<JobState> jobs;
+    if (transfer) {
+      // Everything queued is in the store already: the state covers it.
+      jobs = store_->Export();
+      need_transfer_ = false;
+      while (!queue_.empty()) {
+        inflight_.push_back(std::move(queue_.front()));
+        queue_.pop_front();
+      }
+    } else {
+      for (int i = 0; i < options_.max_batch && !queue_.empty(); ++i) {
+        *batch.add_mutations() = queue_.front()->mutation;
+        inflight_.push_back(std::move(queue_.front()));
+        queue_.pop_front();
+      }
+    }
+    const size_t sent = inflight_.size();
+    int64_t state_bytes = 0;
+    absl::StatusOr<v1::ReplicateReply> reply;
+    {
+      mu_.Unlock();
+      if (transfer) {
+        checkpoint::Checkpoint ckpt = EncodeState(jobs, options_.shard);
+        jobs.clear();
+        v1::StateTransfer* state = batch.mutable_state();
+        state->mutable_metadata()->insert(ckpt.metadata.begin(), ckpt.metadata.end());
+        for (checkpoint::TensorRecord& t : ckpt.tensors) {
+          v1::TensorBytes* out = state->add_tensors();
+          out->set_name(std::move(t.name));
+          state_bytes += static_cast<int64_t>(t.data.size());
+          out->set_data(std::move(t.data));
+        }
+      }
+      reply = link_->Replicate(to.address, batch);
+      mu_.Lock();
+    }
+    if (epoch != successor_epoch_) continue;  // SetMap took care of inflight_
+    if (reply.ok()) {
+      if (transfer) {
+        ++stats_.transfers;
+        stats_.transfer_bytes += state_bytes;
+        caught_up_ = {to.replica, to.incarnation};
+        DT_LOG(INFO) << WhoLocked() << ": replica " << to.replica << " at " << to.address
+                     << " took over this replica's state (" << state_bytes << " value bytes)";
+      } else {
+        stats_.forwarded += static_cast<int64_t>(sent);
+      }
+      CompleteLocked(&inflight_, absl::OkStatus());
+      continue;
+    }
+    ++stats_.send_failures;
+    if (stats_.send_failures % 50 == 1) {
+      DT_LOG(WARNING) << WhoLocked() << ": sending to replica " << to.replica << " at "
+                      << to.address
+                      << " failed (retrying until the map changes): " << reply.status();
+    }
+    while (!inflight_.empty()) {
+      queue_.push_front(std::move(inflight_.back()));
+      inflight_.pop_back();
+    }
+    if (transfer) need_transfer_ = true;
+    auto woken = [this, epoch]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return stop_ || epoch != successor_epoch_;
+    };
+    mu_.AwaitWithTimeout(absl::Condition(&woken), options_.retry_backoff);
+  }
+}
+
+}  // namespace kvstore
+}  // namespace dtrain

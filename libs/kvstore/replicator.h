@@ -1,0 +1,180 @@
+// Replicator: one replica of a chain-replicated kvstore shard
+// (protos/replication.proto states the protocol).
+//
+//   Replicator r(&store, &link, {.shard = 0, .replica = 1, .incarnation = id});
+//   r.SetMap(heartbeat_reply.map());              // whenever the owner answers
+//   // at the head, for a client's write:
+//   DT_ASSIGN_OR_RETURN(MutationResult done, r.Submit(mutation, deadline));
+//   // on any replica, for a batch from its predecessor:
+//   DT_ASSIGN_OR_RETURN(v1::ReplicateReply reply, r.Receive(batch, deadline));
+//
+// Order. Submit and Receive apply a mutation to the store and queue it for
+// the successor under one lock, so the successor receives the mutations in
+// exactly the order this replica applied them, and applies them in that
+// order too. A forwarder thread sends the queue in batches (one batch in
+// flight); a write returns only when the successor (and so every replica
+// after it) applied it. A mutation the store refuses changes nothing (the
+// store is all or nothing) and is not forwarded: the other replicas would
+// refuse it the same way.
+//
+// Failures. A batch that fails (the successor died, or its map is older or
+// newer than ours) is sent again after a backoff until the map changes.
+// When the successor changes (the owner removed a dead one, or one joined),
+// this replica sends its whole state (Store::Export, as snapshot.h encodes
+// it) before any further mutation; writes waiting for the old successor are
+// covered by that transfer and complete when it is acknowledged, or at once
+// when this replica became the tail. caught_up() then names the successor,
+// which the heartbeat reports so the owner can make a joining replica
+// ACTIVE. A client's retried push is a duplicate wherever it was applied
+// already (the store's rounds): nothing is lost and nothing applied twice.
+//
+// Roles come from the map: Submit only at an ACTIVE head holding the state,
+// Receive only from this replica's predecessor in a map of the same
+// version; otherwise kUnavailable, which clients and predecessors retry
+// after refreshing their map.
+//
+// Thread-safety: all methods are thread-safe.
+#ifndef DTRAIN_LIBS_KVSTORE_REPLICATOR_H_
+#define DTRAIN_LIBS_KVSTORE_REPLICATOR_H_
+
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "libs/kvstore/store.h"
+#include "protos/replication.pb.h"
+
+namespace dtrain {
+namespace kvstore {
+
+// What a mutation did (the fields of its kind).
+struct MutationResult {
+  bool created = false;  // CreateJob
+  bool deleted = false;  // DeleteJob / LeaveJob
+  InitResult init;
+  PushResult push;
+};
+
+// Applies one mutation to `store`, as the client's call would have.
+absl::StatusOr<MutationResult> ApplyMutation(Store* store, const v1::Mutation& mutation);
+
+// How a replica reaches its successor (gRPC in services/kvstore).
+class ReplicaLink {
+ public:
+  virtual ~ReplicaLink() = default;
+  // Sends `batch` to the replica at `address` and returns its reply once it
+  // (and the replicas after it) applied the batch.
+  virtual absl::StatusOr<v1::ReplicateReply> Replicate(const std::string& address,
+                                                       const v1::ReplicateBatch& batch) = 0;
+};
+
+struct ReplicatorOptions {
+  int shard = 0;
+  int replica = 0;
+  // This process's random id: a restarted replica is a new member.
+  uint64_t incarnation = 0;
+  // Wait before sending a failed batch again.
+  absl::Duration retry_backoff = absl::Milliseconds(20);
+  // Mutations per batch.
+  int max_batch = 256;
+};
+
+struct ReplicatorStats {
+  int64_t forwarded = 0;       // mutations the successor acknowledged
+  int64_t transfers = 0;       // state transfers the successor acknowledged
+  int64_t transfer_bytes = 0;  // their value bytes
+  int64_t send_failures = 0;   // batches sent again
+  int64_t received = 0;        // mutations applied from the predecessor
+};
+
+class Replicator {
+ public:
+  // `store` and `link` must outlive the Replicator.
+  Replicator(Store* store, ReplicaLink* link, ReplicatorOptions options);
+  // Stops the forwarder; writes still waiting fail with kUnavailable.
+  ~Replicator();
+  Replicator(const Replicator&) = delete;
+  Replicator& operator=(const Replicator&) = delete;
+
+  // Follows `map` if it is newer than the current one.
+  void SetMap(const v1::ShardMap& map);
+  v1::ShardMap map() const;
+  // Whether this replica holds the shard's state (an ACTIVE member, or a
+  // joining one whose transfer arrived).
+  bool has_state() const;
+  // The successor (replica, incarnation) that acknowledged this replica's
+  // state transfer and receives its mutations; (-1, 0) if none.
+  std::pair<int, uint64_t> caught_up() const;
+
+  // A client's write, at the head: applies it, forwards it, and returns its
+  // result once the chain applied it (kDeadlineExceeded at `deadline`:
+  // the client retries, and the retry is a duplicate).
+  absl::StatusOr<MutationResult> Submit(const v1::Mutation& mutation, absl::Time deadline);
+
+  // A batch from the predecessor: applies the state (if any) and the
+  // mutations in order, forwards them, and replies once the successor
+  // acknowledged them.
+  absl::StatusOr<v1::ReplicateReply> Receive(const v1::ReplicateBatch& batch, absl::Time deadline);
+
+  // OK if this replica may serve reads (an ACTIVE member with the state);
+  // kUnavailable naming the reason otherwise.
+  absl::Status CheckServesReads() const;
+  // OK if this replica is the ACTIVE head holding the state (where writes
+  // go); kUnavailable otherwise. Submit checks it too.
+  absl::Status CheckIsHead() const;
+  // "head", "middle", "tail", "joining" or "none" (not in the map).
+  std::string Role() const;
+
+  ReplicatorStats stats() const;
+
+ private:
+  struct Pending;
+  struct Peer {
+    int replica = -1;
+    uint64_t incarnation = 0;
+    std::string address;
+  };
+
+  bool IsMemberLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status CheckIsHeadLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::string WhoLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Applies and, with a successor, queues; returns the queued entry or null.
+  absl::StatusOr<MutationResult> ApplyAndQueueLocked(const v1::Mutation& mutation,
+                                                     std::shared_ptr<Pending>* queued)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void CompleteLocked(std::deque<std::shared_ptr<Pending>>* entries, const absl::Status& status)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  static absl::Status Await(const std::shared_ptr<Pending>& p, absl::Time deadline);
+  void Forward();
+
+  Store* const store_;
+  ReplicaLink* const link_;
+  const ReplicatorOptions options_;
+
+  mutable absl::Mutex mu_;  // also the order of mutations
+  v1::ShardMap map_ ABSL_GUARDED_BY(mu_);
+  bool has_state_ ABSL_GUARDED_BY(mu_) = false;
+  Peer successor_ ABSL_GUARDED_BY(mu_);
+  uint64_t successor_epoch_ ABSL_GUARDED_BY(mu_) = 0;  // raised when the successor changes
+  bool need_transfer_ ABSL_GUARDED_BY(mu_) = false;
+  std::deque<std::shared_ptr<Pending>> queue_ ABSL_GUARDED_BY(mu_);     // not yet sent
+  std::deque<std::shared_ptr<Pending>> inflight_ ABSL_GUARDED_BY(mu_);  // sent, unacknowledged
+  std::pair<int, uint64_t> caught_up_ ABSL_GUARDED_BY(mu_) = {-1, 0};
+  ReplicatorStats stats_ ABSL_GUARDED_BY(mu_);
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread forwarder_;
+};
+
+}  // namespace kvstore
+}  // namespace dtrain
+
+#endif  // DTRAIN_LIBS_KVSTORE_REPLICATOR_H_

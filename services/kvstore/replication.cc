@@ -1,0 +1,154 @@
+#include "services/kvstore/replication.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <algorithm>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "libs/base/grpc_status.h"
+#include "libs/base/logging.h"
+#include "libs/base/status.h"
+#include "protos/scheduler.grpc.pb.h"
+
+namespace dtrain {
+namespace kvstore {
+
+std::shared_ptr<grpc::Channel> GrpcReplicaLink::Channel(const std::string& address) {
+  absl::MutexLock lock(&mu_);
+  std::shared_ptr<grpc::Channel>& channel = channels_[address];
+  if (channel == nullptr) {
+    grpc::ChannelArguments args;
+    args.SetMaxSendMessageSize(static_cast<int>(chunk_bytes_ + (64 << 10)));
+    args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+    args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+    args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+    channel = grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+  }
+  return channel;
+}
+
+absl::StatusOr<v1::ReplicateReply> GrpcReplicaLink::Replicate(const std::string& address,
+                                                              const v1::ReplicateBatch& batch) {
+  const std::string bytes = batch.SerializeAsString();
+  auto stub = v1::Replica::NewStub(Channel(address));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + timeout_));
+  v1::ReplicateReply reply;
+  std::unique_ptr<grpc::ClientWriter<v1::ReplicateChunk>> writer = stub->Replicate(&ctx, &reply);
+  v1::ReplicateChunk chunk;
+  size_t at = 0;
+  do {
+    const size_t take = std::min(bytes.size() - at, static_cast<size_t>(chunk_bytes_));
+    chunk.set_data(bytes.data() + at, take);
+    at += take;
+    if (!writer->Write(chunk)) break;  // Finish says why
+  } while (at < bytes.size());
+  writer->WritesDone();
+  DT_RETURN_IF_ERROR(
+      FromGrpcStatus(writer->Finish(), absl::StrCat("Replica.Replicate to ", address)));
+  return reply;
+}
+
+grpc::Status ReplicaService::Replicate(grpc::ServerContext* ctx,
+                                       grpc::ServerReader<v1::ReplicateChunk>* reader,
+                                       v1::ReplicateReply* reply) {
+  std::string bytes;
+  v1::ReplicateChunk chunk;
+  while (reader->Read(&chunk)) {
+    if (static_cast<int64_t>(bytes.size() + chunk.data().size()) > batch_limit_) {
+      return ToGrpcStatus(absl::ResourceExhaustedError(
+          absl::StrCat("Replicate: a batch over ", batch_limit_, " bytes")));
+    }
+    bytes += chunk.data();
+  }
+  v1::ReplicateBatch batch;
+  if (!batch.ParseFromString(bytes)) {
+    return ToGrpcStatus(absl::InvalidArgumentError("Replicate: the batch does not parse"));
+  }
+  bytes.clear();
+  absl::Time deadline = absl::FromChrono(ctx->deadline());
+  absl::StatusOr<v1::ReplicateReply> r = replicator_->Receive(batch, deadline);
+  if (!r.ok()) return ToGrpcStatus(r.status());
+  *reply = std::move(*r);
+  return grpc::Status::OK;
+}
+
+grpc::Status ReplicaService::GetShardMap(grpc::ServerContext*, const v1::GetShardMapRequest*,
+                                         v1::ShardMap* map) {
+  *map = replicator_->map();
+  return grpc::Status::OK;
+}
+
+MapHeartbeat::MapHeartbeat(Replicator* replicator, MapHeartbeatOptions options)
+    : replicator_(replicator), options_(std::move(options)) {
+  thread_ = std::thread([this] { Loop(); });
+}
+
+MapHeartbeat::~MapHeartbeat() {
+  stop_.Notify();
+  thread_.join();
+}
+
+int64_t MapHeartbeat::failures() const {
+  absl::MutexLock lock(&mu_);
+  return failures_;
+}
+
+void MapHeartbeat::Loop() {
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  auto stub = scheduler::v1::ClusterService::NewStub(
+      grpc::CreateCustomChannel(options_.scheduler, grpc::InsecureChannelCredentials(), args));
+  absl::Duration interval = options_.interval;
+  int64_t failed_in_a_row = 0;
+  do {
+    v1::KvstoreHeartbeatRequest request;
+    request.set_shard(options_.shard);
+    request.set_replica(options_.replica);
+    request.set_num_shards(options_.num_shards);
+    request.set_address(options_.address);
+    request.set_incarnation(options_.incarnation);
+    *request.mutable_map() = replicator_->map();
+    request.set_has_state(replicator_->has_state());
+    const auto [succ, succ_incarnation] = replicator_->caught_up();
+    if (succ >= 0) {
+      request.set_caught_up_replica(succ);
+      request.set_caught_up_incarnation(succ_incarnation);
+    }
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + options_.timeout));
+    v1::KvstoreHeartbeatReply reply;
+    absl::Status s =
+        FromGrpcStatus(stub->KvstoreHeartbeat(&ctx, request, &reply),
+                       absl::StrCat("ClusterService.KvstoreHeartbeat to ", options_.scheduler));
+    if (s.ok()) {
+      if (failed_in_a_row > 0) {
+        DT_LOG(INFO) << "kvstore shard " << options_.shard << " replica " << options_.replica
+                     << ": the scheduler answers again";
+      }
+      failed_in_a_row = 0;
+      replicator_->SetMap(reply.map());
+      if (reply.heartbeat_interval_ms() > 0) {
+        interval = absl::Milliseconds(reply.heartbeat_interval_ms());
+      }
+    } else {
+      {
+        absl::MutexLock lock(&mu_);
+        ++failures_;
+      }
+      // The map stays as it was: the chain keeps serving while the
+      // scheduler restarts.
+      if (failed_in_a_row++ % 25 == 0) {
+        DT_LOG(WARNING) << "kvstore shard " << options_.shard << " replica " << options_.replica
+                        << ": " << s << " (keeping map version " << replicator_->map().version()
+                        << ")";
+      }
+    }
+  } while (!stop_.WaitForNotificationWithTimeout(interval));
+}
+
+}  // namespace kvstore
+}  // namespace dtrain

@@ -1,0 +1,96 @@
+// The gRPC side of a replicated kvstore shard (protos/replication.proto):
+// the link to the successor, the Replica service, and the heartbeat that
+// keeps the replica's shard map current. The protocol itself is
+// libs/kvstore/replicator.h.
+#ifndef DTRAIN_SERVICES_KVSTORE_REPLICATION_H_
+#define DTRAIN_SERVICES_KVSTORE_REPLICATION_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/time.h"
+#include "libs/kvstore/replicator.h"
+#include "protos/replication.grpc.pb.h"
+
+namespace grpc {
+class Channel;
+}  // namespace grpc
+
+namespace dtrain {
+namespace kvstore {
+
+// Sends batches over gRPC (Replica.Replicate), cut into chunk_bytes pieces.
+class GrpcReplicaLink : public ReplicaLink {
+ public:
+  explicit GrpcReplicaLink(absl::Duration timeout, int64_t chunk_bytes = 1 << 20)
+      : timeout_(timeout), chunk_bytes_(chunk_bytes) {}
+  absl::StatusOr<v1::ReplicateReply> Replicate(const std::string& address,
+                                               const v1::ReplicateBatch& batch) override;
+
+ private:
+  std::shared_ptr<grpc::Channel> Channel(const std::string& address);
+
+  const absl::Duration timeout_;
+  const int64_t chunk_bytes_;
+  absl::Mutex mu_;
+  absl::flat_hash_map<std::string, std::shared_ptr<grpc::Channel>> channels_ ABSL_GUARDED_BY(mu_);
+};
+
+// dtrain.kvstore.v1.Replica over a Replicator.
+class ReplicaService final : public v1::Replica::Service {
+ public:
+  // batch_limit: the most bytes one Replicate call may bring.
+  ReplicaService(Replicator* replicator, int64_t batch_limit)
+      : replicator_(replicator), batch_limit_(batch_limit) {}
+  grpc::Status Replicate(grpc::ServerContext* ctx, grpc::ServerReader<v1::ReplicateChunk>* reader,
+                         v1::ReplicateReply* reply) override;
+  grpc::Status GetShardMap(grpc::ServerContext* ctx, const v1::GetShardMapRequest* request,
+                           v1::ShardMap* map) override;
+
+ private:
+  Replicator* const replicator_;
+  const int64_t batch_limit_;
+};
+
+struct MapHeartbeatOptions {
+  std::string scheduler;  // host:port
+  int shard = 0;
+  int replica = 0;
+  int num_shards = 1;
+  std::string address;  // what peers and clients dial
+  uint64_t incarnation = 0;
+  absl::Duration interval = absl::Milliseconds(200);  // until the scheduler says otherwise
+  absl::Duration timeout = absl::Seconds(1);
+};
+
+// Heartbeats to the scheduler (ClusterService.KvstoreHeartbeat) on a thread
+// and hands every map it answers to the Replicator.
+class MapHeartbeat {
+ public:
+  MapHeartbeat(Replicator* replicator, MapHeartbeatOptions options);
+  ~MapHeartbeat();  // stops the thread
+  MapHeartbeat(const MapHeartbeat&) = delete;
+  MapHeartbeat& operator=(const MapHeartbeat&) = delete;
+
+  int64_t failures() const;
+
+ private:
+  void Loop();
+
+  Replicator* const replicator_;
+  const MapHeartbeatOptions options_;
+  absl::Notification stop_;
+  mutable absl::Mutex mu_;
+  int64_t failures_ ABSL_GUARDED_BY(mu_) = 0;
+  std::thread thread_;
+};
+
+}  // namespace kvstore
+}  // namespace dtrain
+
+#endif  // DTRAIN_SERVICES_KVSTORE_REPLICATION_H_
