@@ -237,6 +237,56 @@ TEST_F(ClusterReplicasTest, UpFailsClearlyWhenAReplicaNeverCatchesUp) {
   EXPECT_TRUE(PidsMentioning(dir_).empty());
 }
 
+// The real kvstore_server replicas and the real scheduler: up returns once
+// both shards have 2 ACTIVE replicas (the second caught up by a state
+// transfer); a SIGKILLed head is restarted by the supervisor, rejoins as
+// JOINING behind the surviving replica (now the head) and becomes ACTIVE
+// again after its transfer.
+TEST_F(ClusterReplicasTest, RealReplicasFormChainsAndAKilledHeadRejoins) {
+  dir_ = TmpDir("real");
+  int rc;
+  const std::string out =
+      Trainctl(absl::StrCat("cluster up --dir=", dir_, " --trainers=0 --kvstore_shards=2"), &rc);
+  ASSERT_EQ(rc, 0) << out;
+  std::vector<Proc> procs = Procs(dir_);
+  ASSERT_EQ(procs.size(), 5u) << out;
+  const std::string scheduler = procs[0].address;
+  kvstore::v1::ShardMap map = MapOf(scheduler);
+  ASSERT_EQ(map.chains_size(), 2) << map.DebugString();
+  for (const auto& chain : map.chains()) {
+    ASSERT_EQ(chain.members_size(), 2) << map.DebugString();
+    for (const auto& m : chain.members()) {
+      EXPECT_EQ(m.state(), kvstore::v1::REPLICA_ACTIVE) << map.DebugString();
+      EXPECT_EQ(m.address(), procs[1 + chain.shard() * 2 + m.replica()].address);
+    }
+  }
+  const int head = map.chains(1).members(0).replica();
+  const uint64_t old_incarnation = map.chains(1).members(0).incarnation();
+  const absl::Time killed = absl::Now();
+  ASSERT_EQ(kill(procs[1 + 2 + head].pid, SIGKILL), 0);
+  bool left = false, healed = false;
+  absl::Duration left_after;
+  while (absl::Now() - killed < absl::Seconds(30) && !healed) {
+    absl::SleepFor(absl::Milliseconds(100));
+    map = MapOf(scheduler);
+    const auto& members = map.chains(1).members();
+    if (!left && (members.empty() || members[0].replica() != head)) {
+      left = true;
+      left_after = absl::Now() - killed;
+    }
+    healed = members.size() == 2 && members[0].replica() == 1 - head &&
+             members[1].replica() == head && members[1].incarnation() != old_incarnation &&
+             members[1].state() == kvstore::v1::REPLICA_ACTIVE;
+  }
+  ASSERT_TRUE(healed) << map.DebugString();
+  // The new incarnation replaced the old one at once (it restarted within
+  // the 2 s timeout: the supervisor's backoff is 1 s), or the old one timed out.
+  EXPECT_TRUE(left);
+  EXPECT_LT(left_after, absl::Seconds(5));
+  // Shard 0 was never touched.
+  EXPECT_EQ(map.chains(0).members_size(), 2);
+}
+
 // --kvstore_replicas=1: unreplicated shards exactly as before replication.
 TEST_F(ClusterReplicasTest, OneReplicaKeepsUnreplicatedShards) {
   dir_ = TmpDir("unreplicated");
