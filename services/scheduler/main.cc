@@ -37,6 +37,10 @@ ABSL_FLAG(int, max_attempts, 5,
           "checkpoint) until it has run this many times, then fails");
 ABSL_FLAG(absl::Duration, finished_job_retention, absl::Hours(7 * 24),
           "how long SUCCEEDED, FAILED and CANCELLED jobs are kept (e.g. 168h, 30m; inf: forever)");
+ABSL_FLAG(double, kvstore_heartbeat_timeout_s, 2,
+          "seconds without a heartbeat before a kvstore replica leaves its shard's chain");
+ABSL_FLAG(int, kvstore_heartbeat_interval_ms, 200,
+          "how often kvstore replicas heartbeat (told to them in every reply)");
 ABSL_FLAG(double, shutdown_grace_s, 2, "seconds calls in flight get to finish at shutdown");
 ABSL_FLAG(std::string, port_file, "",
           "write the bound gRPC port here once serving (for scripts and tests)");
@@ -69,6 +73,18 @@ int main(int argc, char** argv) {
                  absl::FormatDuration(options.finished_job_retention).c_str());
     return 2;
   }
+
+  const double kv_timeout_s = absl::GetFlag(FLAGS_kvstore_heartbeat_timeout_s);
+  const int kv_interval_ms = absl::GetFlag(FLAGS_kvstore_heartbeat_interval_ms);
+  if (!(kv_interval_ms > 0) || !(kv_timeout_s * 1000 > kv_interval_ms)) {
+    std::fprintf(stderr,
+                 "scheduler_server: --kvstore_heartbeat_interval_ms must be > 0 and below "
+                 "--kvstore_heartbeat_timeout_s, got %d ms and %g s\n",
+                 kv_interval_ms, kv_timeout_s);
+    return 2;
+  }
+  options.kvstore_heartbeat_interval = absl::Milliseconds(kv_interval_ms);
+  options.kvstore_heartbeat_timeout = absl::Seconds(kv_timeout_s);
 
   if (!options.data_dir.empty() && mkdir(options.data_dir.c_str(), 0755) != 0 && errno != EEXIST) {
     std::fprintf(stderr, "scheduler_server: cannot create --data_dir=%s: %s\n",

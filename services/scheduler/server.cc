@@ -2,6 +2,8 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "libs/base/grpc_status.h"
 #include "libs/base/logging.h"
@@ -51,8 +53,9 @@ class RpcMetrics {
 
 class JobServiceImpl final : public v1::JobService::Service {
  public:
-  JobServiceImpl(Scheduler* s, const absl::Notification* stopping, RpcMetrics* m)
-      : s_(s), stopping_(stopping), m_(m) {}
+  JobServiceImpl(Scheduler* s, KvstoreMembership* kv, const absl::Notification* stopping,
+                 RpcMetrics* m)
+      : s_(s), kv_(kv), stopping_(stopping), m_(m) {}
 
   grpc::Status Submit(grpc::ServerContext*, const v1::SubmitRequest* req,
                       v1::JobStatus* reply) override {
@@ -86,6 +89,13 @@ class JobServiceImpl final : public v1::JobService::Service {
                             v1::ListTrainersReply* reply) override {
     return m_->Observe("ListTrainers", [&] {
       for (v1::TrainerStatus& t : s_->ListTrainers()) *reply->add_trainers() = std::move(t);
+      return grpc::Status::OK;
+    });
+  }
+  grpc::Status GetKvstoreMap(grpc::ServerContext*, const kvstore::v1::GetShardMapRequest*,
+                             kvstore::v1::ShardMap* reply) override {
+    return m_->Observe("GetKvstoreMap", [&] {
+      *reply = kv_->Map();
       return grpc::Status::OK;
     });
   }
@@ -144,13 +154,14 @@ class JobServiceImpl final : public v1::JobService::Service {
   }
 
   Scheduler* s_;
+  KvstoreMembership* kv_;
   const absl::Notification* stopping_;
   RpcMetrics* m_;
 };
 
 class ClusterServiceImpl final : public v1::ClusterService::Service {
  public:
-  ClusterServiceImpl(Scheduler* s, RpcMetrics* m) : s_(s), m_(m) {}
+  ClusterServiceImpl(Scheduler* s, KvstoreMembership* kv, RpcMetrics* m) : s_(s), kv_(kv), m_(m) {}
 
   grpc::Status RegisterTrainer(grpc::ServerContext*, const v1::RegisterTrainerRequest* req,
                                v1::RegisterTrainerReply* reply) override {
@@ -163,6 +174,16 @@ class ClusterServiceImpl final : public v1::ClusterService::Service {
   grpc::Status ReportProgress(grpc::ServerContext*, const v1::ProgressReport* req,
                               v1::ReportProgressReply* reply) override {
     return m_->Observe("ReportProgress", [&] { return DoReport(req, reply); });
+  }
+  grpc::Status KvstoreHeartbeat(grpc::ServerContext*,
+                                const kvstore::v1::KvstoreHeartbeatRequest* req,
+                                kvstore::v1::KvstoreHeartbeatReply* reply) override {
+    return m_->Observe("KvstoreHeartbeat", [&] {
+      absl::StatusOr<kvstore::v1::KvstoreHeartbeatReply> r = kv_->Heartbeat(*req, absl::Now());
+      if (!r.ok()) return ToGrpcStatus(r.status());
+      *reply = std::move(*r);
+      return grpc::Status::OK;
+    });
   }
   grpc::Status StoreSet(grpc::ServerContext*, const v1::StoreSetRequest* req,
                         v1::StoreSetReply*) override {
@@ -220,11 +241,21 @@ class ClusterServiceImpl final : public v1::ClusterService::Service {
   }
 
   Scheduler* s_;
+  KvstoreMembership* kv_;
   RpcMetrics* m_;
 };
 
-std::vector<prometheus::MetricFamily> Collect(Scheduler* s) {
+std::vector<prometheus::MetricFamily> Collect(Scheduler* s, KvstoreMembership* kv) {
   SchedulerStats st = s->Stats();
+  KvstoreMembershipStats kst = kv->Stats();
+  std::vector<metrics::Sample> replicas;
+  for (const auto& [shard, counts] : kst.replicas) {
+    const std::string label = absl::StrCat(shard);
+    replicas.push_back(
+        {{{"shard", label}, {"state", "ACTIVE"}}, static_cast<double>(counts.first)});
+    replicas.push_back(
+        {{{"shard", label}, {"state", "JOINING"}}, static_cast<double>(counts.second)});
+  }
   std::vector<metrics::Sample> by_state;
   for (const auto& [state, n] : st.jobs_by_state) {
     by_state.push_back({{{"state", v1::JobState_Name(state)}}, static_cast<double>(n)});
@@ -241,6 +272,16 @@ std::vector<prometheus::MetricFamily> Collect(Scheduler* s) {
       metrics::MakeFamily("dtrain_scheduler_trainers_busy", "Trainers working on a job.",
                           prometheus::MetricType::Gauge,
                           {{{}, static_cast<double>(st.trainers_busy)}}),
+      metrics::MakeFamily("dtrain_scheduler_kvstore_map_version",
+                          "Version of the kvstore shard map (0: no replica heartbeated yet).",
+                          prometheus::MetricType::Gauge, {{{}, static_cast<double>(kst.version)}}),
+      metrics::MakeFamily("dtrain_scheduler_kvstore_replicas",
+                          "Members of each kvstore shard's chain, by state (ACTIVE, JOINING).",
+                          prometheus::MetricType::Gauge, replicas),
+      metrics::MakeFamily("dtrain_scheduler_kvstore_map_changes_total",
+                          "Changes of the kvstore shard map since the scheduler started.",
+                          prometheus::MetricType::Counter,
+                          {{{}, static_cast<double>(kst.changes)}}),
   };
 }
 
@@ -248,8 +289,8 @@ std::vector<prometheus::MetricFamily> Collect(Scheduler* s) {
 
 class SchedulerServer::Services {
  public:
-  Services(Scheduler* s, const absl::Notification* stopping)
-      : jobs(s, stopping, &rpc_metrics), cluster(s, &rpc_metrics) {}
+  Services(Scheduler* s, KvstoreMembership* kv, const absl::Notification* stopping)
+      : jobs(s, kv, stopping, &rpc_metrics), cluster(s, kv, &rpc_metrics) {}
   RpcMetrics rpc_metrics;  // before the services, which use it
   JobServiceImpl jobs;
   ClusterServiceImpl cluster;
@@ -261,6 +302,11 @@ absl::StatusOr<std::unique_ptr<SchedulerServer>> SchedulerServer::Start(
     return absl::InvalidArgumentError("heartbeat_timeout must be > 0");
   }
   if (options.max_attempts < 1) return absl::InvalidArgumentError("max_attempts must be >= 1");
+  if (options.kvstore_heartbeat_interval <= absl::ZeroDuration() ||
+      options.kvstore_heartbeat_timeout <= options.kvstore_heartbeat_interval) {
+    return absl::InvalidArgumentError(
+        "kvstore_heartbeat_interval must be > 0 and kvstore_heartbeat_timeout above it");
+  }
   std::unique_ptr<SchedulerServer> server(new SchedulerServer());
   SchedulerOptions so;
   if (!options.data_dir.empty()) so.wal_path = options.data_dir + "/jobs.wal";
@@ -271,8 +317,14 @@ absl::StatusOr<std::unique_ptr<SchedulerServer>> SchedulerServer::Start(
       std::max(absl::Milliseconds(100), std::min(absl::Seconds(5), options.heartbeat_timeout / 4));
   DT_ASSIGN_OR_RETURN(server->scheduler_, Scheduler::Open(so));
   Scheduler* sched = server->scheduler_.get();
+  KvstoreMembershipOptions ko;
+  ko.heartbeat_interval = options.kvstore_heartbeat_interval;
+  ko.heartbeat_timeout = options.kvstore_heartbeat_timeout;
+  ko.startup_grace = options.kvstore_startup_grace;
+  server->kvstore_map_ = std::make_unique<KvstoreMembership>(ko);
+  KvstoreMembership* kv = server->kvstore_map_.get();
 
-  server->services_ = std::make_unique<Services>(sched, &server->stopping_);
+  server->services_ = std::make_unique<Services>(sched, kv, &server->stopping_);
   rpc::ServerOptions rpc_options;
   rpc_options.service = "scheduler";
   rpc_options.listen = options.listen;
@@ -282,14 +334,26 @@ absl::StatusOr<std::unique_ptr<SchedulerServer>> SchedulerServer::Start(
   server->rpc_->AddService(&server->services_->jobs);
   server->rpc_->AddService(&server->services_->cluster);
   server->rpc_->Expose(
-      std::make_shared<metrics::CallbackCollectable>([sched] { return Collect(sched); }));
+      std::make_shared<metrics::CallbackCollectable>([sched, kv] { return Collect(sched, kv); }));
   server->rpc_->Expose(server->services_->rpc_metrics.registry());
   DT_RETURN_IF_ERROR(server->rpc_->Start());
 
+  // Trainers every heartbeat_timeout / 4, kvstore replicas every
+  // kvstore_heartbeat_timeout / 4 (a dead replica stalls its chain's pushes
+  // until it leaves the map).
   const absl::Duration period = options.heartbeat_timeout / 4;
+  const absl::Duration kv_period = options.kvstore_heartbeat_timeout / 4;
   SchedulerServer* raw = server.get();
-  server->liveness_ = std::thread([raw, sched, period] {
-    while (!raw->stopping_.WaitForNotificationWithTimeout(period)) sched->CheckLiveness();
+  server->liveness_ = std::thread([raw, sched, kv, period, kv_period] {
+    absl::Time next_trainers = absl::Now() + period;
+    while (!raw->stopping_.WaitForNotificationWithTimeout(std::min(period, kv_period))) {
+      const absl::Time now = absl::Now();
+      kv->Expire(now);
+      if (now >= next_trainers) {
+        sched->CheckLiveness();
+        next_trainers = now + period;
+      }
+    }
   });
   return server;
 }

@@ -8,9 +8,12 @@
 //   server->Shutdown(absl::Seconds(5));
 //
 // Serves on one port:
-//   dtrain.scheduler.v1.JobService      Submit, Get, List, Cancel, Watch (trainctl)
+//   dtrain.scheduler.v1.JobService      Submit, Get, List, Cancel, Watch, DrainTrainer,
+//                                       ListTrainers, GetKvstoreMap (trainctl)
 //   dtrain.scheduler.v1.ClusterService  RegisterTrainer, Heartbeat, ReportProgress,
-//                                       StoreSet, StoreGet, StoreAdd (rendezvous)
+//                                       StoreSet, StoreGet, StoreAdd (rendezvous),
+//                                       KvstoreHeartbeat (kvstore replicas: the
+//                                       shard map, libs/scheduler/kvstore_map.h)
 // and, through the server scaffold (libs/rpc/server.h), dtrain.admin.Admin
 // (Ping), grpc.health.v1.Health (SERVING until shutdown starts),
 // grpc.reflection, the port file, and, when metrics_listen is set,
@@ -21,7 +24,11 @@
 //   dtrain_scheduler_trainers_busy      of those, working on a job
 //   dtrain_scheduler_requests_total{method,code}
 //   dtrain_scheduler_request_duration_seconds{method}   (histogram)
-// A thread declares silent trainers lost every heartbeat_timeout / 4.
+//   dtrain_scheduler_kvstore_map_version          the shard map's version
+//   dtrain_scheduler_kvstore_replicas{shard,state}  chain members (ACTIVE, JOINING)
+//   dtrain_scheduler_kvstore_map_changes_total    map changes since start
+// A thread declares silent trainers lost every heartbeat_timeout / 4, and
+// silent kvstore replicas every kvstore_heartbeat_timeout / 4.
 //
 // Thread-safety: Start, Shutdown and the destructor belong to the owner;
 // the accessors are thread-safe.
@@ -36,6 +43,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
+#include "libs/scheduler/kvstore_map.h"
 #include "libs/scheduler/scheduler.h"
 
 namespace dtrain {
@@ -59,6 +67,12 @@ struct ServerOptions {
   int max_attempts = 5;
   // How long finished jobs are kept (SchedulerOptions).
   absl::Duration finished_job_retention = absl::Hours(7 * 24);
+  // The kvstore shard map (KvstoreMembershipOptions): how often replicas
+  // heartbeat, when a silent one leaves its chain, and the startup grace
+  // (negative: kvstore_heartbeat_timeout).
+  absl::Duration kvstore_heartbeat_interval = absl::Milliseconds(200);
+  absl::Duration kvstore_heartbeat_timeout = absl::Seconds(2);
+  absl::Duration kvstore_startup_grace = absl::Seconds(-1);
 };
 
 class SchedulerServer {
@@ -77,6 +91,7 @@ class SchedulerServer {
   int port() const;
   int metrics_port() const;
   Scheduler* scheduler() { return scheduler_.get(); }
+  KvstoreMembership* kvstore_map() { return kvstore_map_.get(); }
 
   class Services;
 
@@ -84,6 +99,7 @@ class SchedulerServer {
   SchedulerServer() = default;
 
   std::unique_ptr<Scheduler> scheduler_;
+  std::unique_ptr<KvstoreMembership> kvstore_map_;
   std::unique_ptr<Services> services_;
   std::unique_ptr<rpc::Server> rpc_;
   absl::Notification stopping_;

@@ -228,6 +228,114 @@ TEST_F(ServerTest, ShutdownEndsWatches) {
   EXPECT_LT(absl::Now() - start, absl::Seconds(5));
 }
 
+// The kvstore shard map over gRPC: replicas' heartbeats build the chain,
+// GetKvstoreMap shows it, a silent replica leaves it without any further
+// call (the server's own expiry), bad input keeps its code, metrics follow.
+TEST(KvstoreMapServerTest, HeartbeatsBuildTheMapAndSilentReplicasLeave) {
+  ServerOptions o;
+  o.metrics_listen = "127.0.0.1:0";
+  o.kvstore_heartbeat_interval = absl::Milliseconds(50);
+  o.kvstore_heartbeat_timeout = absl::Milliseconds(600);
+  o.kvstore_startup_grace = absl::ZeroDuration();
+  auto server = SchedulerServer::Start(o);
+  ASSERT_TRUE(server.ok()) << server.status();
+  auto channel = grpc::CreateChannel(absl::StrCat("127.0.0.1:", (*server)->port()),
+                                     grpc::InsecureChannelCredentials());
+  auto jobs = v1::JobService::NewStub(channel);
+  auto cluster = v1::ClusterService::NewStub(channel);
+  auto ctx = [] {
+    auto c = std::make_unique<grpc::ClientContext>();
+    c->set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    return c;
+  };
+  auto get_map = [&] {
+    kvstore::v1::ShardMap m;
+    grpc::Status s = jobs->GetKvstoreMap(ctx().get(), kvstore::v1::GetShardMapRequest(), &m);
+    EXPECT_TRUE(s.ok()) << s.error_message();
+    return m;
+  };
+  EXPECT_EQ(get_map().version(), 0u);
+
+  auto request = [](int replica, uint64_t incarnation) {
+    kvstore::v1::KvstoreHeartbeatRequest r;
+    r.set_shard(0);
+    r.set_replica(replica);
+    r.set_address(absl::StrCat("127.0.0.1:", 9000 + replica));
+    r.set_incarnation(incarnation);
+    r.set_num_shards(1);
+    return r;
+  };
+  kvstore::v1::KvstoreHeartbeatReply a, b;
+  ASSERT_TRUE(cluster->KvstoreHeartbeat(ctx().get(), request(0, 11), &a).ok());
+  ASSERT_TRUE(cluster->KvstoreHeartbeat(ctx().get(), request(1, 22), &b).ok());
+  EXPECT_EQ(b.heartbeat_interval_ms(), 50);
+  ASSERT_EQ(b.map().chains_size(), 1);
+  ASSERT_EQ(b.map().chains(0).members_size(), 2);
+  EXPECT_EQ(b.map().chains(0).members(0).state(), kvstore::v1::REPLICA_ACTIVE);
+  EXPECT_EQ(b.map().chains(0).members(1).state(), kvstore::v1::REPLICA_JOINING);
+  EXPECT_EQ(b.map().chains(0).members(1).address(), "127.0.0.1:9001");
+  EXPECT_EQ(get_map().DebugString(), b.map().DebugString());
+
+  // Replica 0 reports replica 1 caught up: both ACTIVE.
+  kvstore::v1::KvstoreHeartbeatRequest caught = request(0, 11);
+  *caught.mutable_map() = b.map();
+  caught.set_has_state(true);
+  caught.set_caught_up_replica(1);
+  caught.set_caught_up_incarnation(22);
+  ASSERT_TRUE(cluster->KvstoreHeartbeat(ctx().get(), caught, &a).ok());
+  EXPECT_EQ(a.map().chains(0).members(1).state(), kvstore::v1::REPLICA_ACTIVE);
+  EXPECT_EQ(a.map().version(), 3u);
+
+  // Bad input: INVALID_ARGUMENT naming the field; the map is unchanged.
+  kvstore::v1::KvstoreHeartbeatRequest bad = request(0, 11);
+  bad.set_num_shards(2);
+  grpc::Status s = cluster->KvstoreHeartbeat(ctx().get(), bad, &a);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(s.error_message().rfind("num_shards:", 0), 0u) << s.error_message();
+
+  auto text = metrics::Scrape((*server)->metrics_port());
+  ASSERT_TRUE(text.ok()) << text.status();
+  EXPECT_EQ(*metrics::SampleValue(*text, "dtrain_scheduler_kvstore_map_version"), 3);
+  EXPECT_EQ(*metrics::SampleValue(*text, "dtrain_scheduler_kvstore_map_changes_total"), 3);
+  EXPECT_EQ(*metrics::SampleValue(
+                *text, "dtrain_scheduler_kvstore_replicas{shard=\"0\",state=\"ACTIVE\"}"),
+            2);
+  EXPECT_EQ(*metrics::SampleValue(
+                *text, "dtrain_scheduler_kvstore_replicas{shard=\"0\",state=\"JOINING\"}"),
+            0);
+  EXPECT_EQ(
+      *metrics::SampleValue(
+          *text,
+          "dtrain_scheduler_requests_total{code=\"INVALID_ARGUMENT\",method=\"KvstoreHeartbeat\"}"),
+      1);
+
+  // Only replica 1 goes on heartbeating: replica 0 (the head) leaves the
+  // chain within the timeout plus one expiry period, by the server's thread.
+  const absl::Time start = absl::Now();
+  kvstore::v1::ShardMap m;
+  while (absl::Now() - start < absl::Seconds(5)) {
+    kvstore::v1::KvstoreHeartbeatRequest r = request(1, 22);
+    *r.mutable_map() = a.map();
+    r.set_has_state(true);
+    ASSERT_TRUE(cluster->KvstoreHeartbeat(ctx().get(), r, &b).ok());
+    m = get_map();
+    if (m.chains(0).members_size() == 1) break;
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  const absl::Duration took = absl::Now() - start;
+  ASSERT_EQ(m.chains(0).members_size(), 1) << m.DebugString();
+  EXPECT_EQ(m.chains(0).members(0).replica(), 1);
+  EXPECT_EQ(m.chains(0).members(0).state(), kvstore::v1::REPLICA_ACTIVE);
+  EXPECT_EQ(m.version(), 4u);
+  EXPECT_GE(took, absl::Milliseconds(400));
+  EXPECT_LT(took, absl::Seconds(2));
+  // With no heartbeat at all, the server's expiry alone empties the chain.
+  absl::SleepFor(absl::Milliseconds(1000));
+  m = get_map();
+  EXPECT_EQ(m.chains(0).members_size(), 0) << m.DebugString();
+  EXPECT_EQ(m.version(), 5u);
+}
+
 }  // namespace
 }  // namespace scheduler
 }  // namespace dtrain

@@ -1,7 +1,7 @@
 // trainctl cluster: starts, checks and stops a local cluster.
 //
-//   trainctl cluster up --dir=DIR [--trainers=N] [--kvstore_shards=M] [--devices_per_trainer=K]
-//                       [--restart=always|never]
+//   trainctl cluster up --dir=DIR [--trainers=N] [--kvstore_shards=M] [--kvstore_replicas=R]
+//                       [--devices_per_trainer=K] [--restart=always|never]
 //   trainctl cluster status --dir=DIR
 //   trainctl cluster down --dir=DIR [--grace_s=15]
 //
@@ -10,7 +10,24 @@
 // has started everything or failed. The supervisor starts kvstore shards
 // (kvstore-0..M-1), the scheduler and trainer daemons (trainer-0..N-1), each
 // in its own session (setsid) with its own data directory DIR/<name> and its
-// output appended to DIR/<name>.log. Servers listen on 127.0.0.1 port 0 and
+// output appended to DIR/<name>.log.
+//
+// Replicated shards (--kvstore_replicas=R > 1, the default 2 whenever
+// --kvstore_shards > 0): the scheduler starts first, then M * R kvstore
+// servers kvstore-<i>-<j> (shard i, replica j; data in DIR/kvstore-<i>-<j>)
+// with --shard_index=i --replica_index=j --num_shards=M --scheduler=<its
+// address>; they heartbeat to the scheduler, which owns the shard map
+// (chains of replicas). Trainers get --kvstore=<all M * R addresses,
+// shard-major: shard i replica j at index i * R + j> --kvstore_replicas=R.
+// The cluster is reported up only once the scheduler's map
+// (JobService.GetKvstoreMap) shows M chains with R ACTIVE replicas each,
+// within --start_timeout_s (else `up` fails saying which shard lacks which
+// replica). cluster.json gives these processes role "kvstore" and the
+// fields "shard" and "replica". With R = 1 the shards are kvstore-<i>,
+// started before the scheduler, as unreplicated servers (--shard_index=i
+// only) that never heartbeat.
+//
+// Servers listen on 127.0.0.1 port 0 and
 // write their ports to DIR/<name>.port; their Prometheus endpoints
 // (127.0.0.1:0) are read from their logs. The binaries are found next to
 // trainctl (bazel-bin layout: ../scheduler/scheduler_server,
@@ -35,7 +52,9 @@
 //
 // `status` shows each process (alive and still one of this cluster's
 // processes; servers answering Admin.Ping), its restarts and last exit
-// ("killed by SIGKILL 12s ago"), and whether the supervisor runs. `down`
+// ("killed by SIGKILL 12s ago"), whether the supervisor runs, and, for
+// replicated kvstore servers, their state and role in the scheduler's shard
+// map ("ACTIVE head", "JOINING joining", "not in the map"). `down`
 // stops the supervisor first (so nothing is restarted), then sends SIGTERM
 // to every process group (trainers first), waits up to --grace_s, sends
 // SIGKILL to what is left, reports what happened to each, and removes
@@ -59,6 +78,7 @@
 #include <fstream>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -79,6 +99,8 @@
 #include "libs/base/subprocess.h"
 #include "libs/base/supervisor.h"
 #include "protos/admin.grpc.pb.h"
+#include "protos/scheduler.grpc.pb.h"
+#include "services/trainctl/shard_map_view.h"
 
 namespace dtrain {
 namespace trainctl {
@@ -87,6 +109,9 @@ namespace {
 struct Proc {
   std::string name;  // scheduler, kvstore-0, trainer-0, ...
   std::string role;  // scheduler, kvstore or trainer
+  // Replicated kvstore servers: their shard and replica (-1: none).
+  int shard = -1;
+  int replica = -1;
   int pid = -1;
   std::string address;      // servers: 127.0.0.1:port
   std::string metrics_url;  // servers: http://127.0.0.1:port/metrics
@@ -261,6 +286,10 @@ google::protobuf::Struct ToStruct(const std::string& dir, const Cluster& c) {
     auto* f = list->add_values()->mutable_struct_value()->mutable_fields();
     (*f)["name"].set_string_value(p.name);
     (*f)["role"].set_string_value(p.role);
+    if (p.shard >= 0) {
+      (*f)["shard"].set_number_value(p.shard);
+      (*f)["replica"].set_number_value(p.replica);
+    }
     (*f)["pid"].set_number_value(p.pid);
     if (!p.address.empty()) (*f)["address"].set_string_value(p.address);
     if (!p.metrics_url.empty()) (*f)["metrics_url"].set_string_value(p.metrics_url);
@@ -307,6 +336,8 @@ absl::StatusOr<Cluster> LoadCluster(const std::string& dir) {
     Proc p;
     p.name = str("name");
     p.role = str("role");
+    p.shard = static_cast<int>(num("shard", -1));
+    p.replica = static_cast<int>(num("replica", -1));
     p.pid = static_cast<int>(num("pid", -1));
     p.address = str("address");
     p.metrics_url = str("metrics_url");
@@ -420,6 +451,59 @@ struct Child {
 volatile sig_atomic_t g_stop_supervisor = 0;
 void OnStopSignal(int) { g_stop_supervisor = 1; }
 
+// Waits until the scheduler's kvstore shard map shows `shards` chains with
+// `replicas` ACTIVE members each. Fails when a kvstore process exits, or
+// after `timeout`, naming what is missing and the logs to read.
+absl::Status WaitForShardMap(const std::string& scheduler, int shards, int replicas,
+                             absl::Duration timeout, const std::vector<Proc>& procs,
+                             const std::vector<Child>& children) {
+  auto stub = scheduler::v1::JobService::NewStub(
+      grpc::CreateChannel(scheduler, grpc::InsecureChannelCredentials()));
+  const absl::Time deadline = absl::Now() + timeout;
+  absl::Status last = absl::UnavailableError("the scheduler did not answer GetKvstoreMap");
+  kvstore::v1::ShardMap map;
+  for (;;) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(3)));
+    kvstore::v1::ShardMap got;
+    absl::Status call = FromGrpcStatus(
+        stub->GetKvstoreMap(&ctx, kvstore::v1::GetShardMapRequest(), &got), "GetKvstoreMap");
+    if (call.ok()) {
+      map = got;
+      last = ChainsReady(map, shards, replicas);
+      if (last.ok()) return last;
+    } else {
+      last = call;
+    }
+    for (size_t i = 0; i < procs.size(); ++i) {
+      if (procs[i].role == "kvstore" && !children[i].process->Running()) {
+        return absl::UnavailableError(
+            absl::StrCat(procs[i].name, " exited while joining its chain; see ", procs[i].log));
+      }
+    }
+    if (absl::Now() > deadline) break;
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+  // The replicas not ACTIVE in the last map, and their logs.
+  std::vector<std::string> logs;
+  for (const Proc& p : procs) {
+    if (p.role != "kvstore" || p.shard < 0) continue;
+    bool active = false;
+    for (const auto& chain : map.chains()) {
+      for (const auto& m : chain.members()) {
+        active |= chain.shard() == p.shard && m.replica() == p.replica &&
+                  m.state() == kvstore::v1::REPLICA_ACTIVE;
+      }
+    }
+    if (!active) logs.push_back(p.log);
+  }
+  return absl::DeadlineExceededError(
+      absl::StrCat("the kvstore shards did not form ", shards, " chains of ", replicas,
+                   " ACTIVE replicas within ", absl::FormatDuration(timeout), " (", last.message(),
+                   "); see ", logs.empty() ? "the kvstore logs" : absl::StrJoin(logs, ", "),
+                   " and the scheduler's log (`trainctl kvstore` shows the map)"));
+}
+
 // Starts the kvstore shards, the scheduler and the trainers (in that order:
 // each needs the addresses of the ones before), appending to `procs` and
 // `children` as it goes (so that the caller can stop them on failure).
@@ -466,7 +550,10 @@ absl::Status StartAll(const ClusterOptions& o, const std::string& dir, std::vect
   // trainer is lost resumes on the others.
   mkdir(absl::StrCat(dir, "/checkpoints").c_str(), 0755);
   absl::Status s;
-  for (int i = 0; s.ok() && i < o.kvstore_shards; ++i) {
+  const int replicas = o.kvstore_replicas > 0 ? o.kvstore_replicas : 2;
+  // Unreplicated shards start first (the scheduler does not know them);
+  // replicated ones after the scheduler, whose address they need.
+  for (int i = 0; s.ok() && replicas == 1 && i < o.kvstore_shards; ++i) {
     Proc p;
     p.name = absl::StrCat("kvstore-", i);
     p.role = "kvstore";
@@ -488,6 +575,21 @@ absl::Status StartAll(const ClusterOptions& o, const std::string& dir, std::vect
     s = start(p, argv, true);
     if (s.ok()) scheduler_address = procs->back().address;
   }
+  for (int i = 0; s.ok() && replicas > 1 && i < o.kvstore_shards; ++i) {
+    for (int j = 0; s.ok() && j < replicas; ++j) {
+      Proc p;
+      p.name = absl::StrCat("kvstore-", i, "-", j);
+      p.role = "kvstore";
+      p.shard = i;
+      p.replica = j;
+      s = start(
+          p,
+          {o.kvstore_binary, absl::StrCat("--data_dir=", dir, "/", p.name),
+           absl::StrCat("--shard_index=", i), absl::StrCat("--replica_index=", j),
+           absl::StrCat("--num_shards=", o.kvstore_shards), "--scheduler=" + scheduler_address},
+          true);
+    }
+  }
   std::vector<std::string> devices(o.devices_per_trainer);
   for (int d = 0; d < o.devices_per_trainer; ++d) {
     devices[d] = o.devices_per_trainer == 1 ? "cpu" : absl::StrCat("cpu:", d);
@@ -500,14 +602,21 @@ absl::Status StartAll(const ClusterOptions& o, const std::string& dir, std::vect
     Proc p;
     p.name = absl::StrCat("trainer-", i);
     p.role = "trainer";
-    s = start(
-        p,
-        {o.trainer_binary, "--scheduler=" + scheduler_address, "--name=" + p.name,
-         "--devices=" + absl::StrJoin(devices, ","), absl::StrCat("--work_dir=", dir, "/", p.name),
-         absl::StrCat("--checkpoint_dir=", dir, "/checkpoints"), "--collective_host=127.0.0.1",
-         "--metrics_listen=127.0.0.1:0", "--kvstore=" + absl::StrJoin(kvstore_addresses, ","),
-         absl::StrCat("--metrics_port_file=", dir, "/", p.name, ".metrics_port")},
-        false);
+    std::vector<std::string> argv = {
+        o.trainer_binary,
+        "--scheduler=" + scheduler_address,
+        "--name=" + p.name,
+        "--devices=" + absl::StrJoin(devices, ","),
+        absl::StrCat("--work_dir=", dir, "/", p.name),
+        absl::StrCat("--checkpoint_dir=", dir, "/checkpoints"),
+        "--collective_host=127.0.0.1",
+        "--metrics_listen=127.0.0.1:0",
+        "--kvstore=" + absl::StrJoin(kvstore_addresses, ","),
+        absl::StrCat("--metrics_port_file=", dir, "/", p.name, ".metrics_port")};
+    if (replicas > 1 && o.kvstore_shards > 0) {
+      argv.push_back(absl::StrCat("--kvstore_replicas=", replicas));
+    }
+    s = start(p, argv, false);
   }
   if (s.ok() && o.trainers > 0) {
     // Trainers serve no gRPC port: wait for their metrics port (which also
@@ -538,6 +647,9 @@ absl::Status StartAll(const ClusterOptions& o, const std::string& dir, std::vect
         absl::SleepFor(absl::Milliseconds(20));
       }
     }
+  }
+  if (s.ok() && replicas > 1 && o.kvstore_shards > 0) {
+    s = WaitForShardMap(scheduler_address, o.kvstore_shards, replicas, timeout, *procs, *children);
   }
   return s;
 }
@@ -624,6 +736,10 @@ int Up(const ClusterOptions& o) {
     std::fprintf(stderr, "trainctl: --kvstore_shards must be in 0..64\n");
     return 2;
   }
+  if (o.kvstore_replicas < 0 || o.kvstore_replicas > 8) {
+    std::fprintf(stderr, "trainctl: --kvstore_replicas must be in 1..8 (0: 2 with shards)\n");
+    return 2;
+  }
   if (o.devices_per_trainer < 1 || o.devices_per_trainer > 64) {
     std::fprintf(stderr, "trainctl: --devices_per_trainer must be in 1..64\n");
     return 2;
@@ -637,6 +753,7 @@ int Up(const ClusterOptions& o) {
     PrintError(s);
     return 1;
   };
+  const int replicas = o.kvstore_replicas > 0 ? o.kvstore_replicas : 2;
   if (mkdir(o.dir.c_str(), 0755) != 0 && errno != EEXIST) {
     return fail(absl::InternalError(absl::StrCat("cannot create ", o.dir, ": ", strerror(errno))));
   }
@@ -687,6 +804,7 @@ int Up(const ClusterOptions& o) {
       "--dir=" + dir,
       absl::StrCat("--trainers=", o.trainers),
       absl::StrCat("--kvstore_shards=", o.kvstore_shards),
+      absl::StrCat("--kvstore_replicas=", replicas),
       absl::StrCat("--devices_per_trainer=", o.devices_per_trainer),
       "--scheduler_bin=" + *scheduler_bin,
       absl::StrCat("--start_timeout_s=", o.start_timeout_s),
@@ -705,7 +823,8 @@ int Up(const ClusterOptions& o) {
   if (!supervisor.ok()) return fail(supervisor.status());
   // Every process gets start_timeout_s; the supervisor gives up before this.
   const absl::Time deadline =
-      absl::Now() + absl::Seconds(o.start_timeout_s * (o.trainers + o.kvstore_shards + 2) + 10);
+      absl::Now() +
+      absl::Seconds(o.start_timeout_s * (o.trainers + o.kvstore_shards * replicas + 3) + 10);
   for (;;) {
     if (auto c = LoadCluster(dir); c.ok() && c->supervisor_pid == (*supervisor)->pid()) {
       (*supervisor)->Release();  // it outlives `up`; `down` stops it
@@ -754,6 +873,35 @@ int Status(const ClusterOptions& o) {
   const absl::Time now = absl::Now();
   bool healthy = true;
   google::protobuf::Struct root = ToStruct(o.dir, *cluster);
+  // Replicated kvstore servers: their state and role in the scheduler's map.
+  std::optional<kvstore::v1::ShardMap> map;
+  for (const Proc& p : cluster->procs) {
+    if (p.role != "scheduler" || p.address.empty()) continue;
+    if (std::none_of(cluster->procs.begin(), cluster->procs.end(),
+                     [](const Proc& q) { return q.shard >= 0; })) {
+      break;
+    }
+    auto stub = scheduler::v1::JobService::NewStub(
+        grpc::CreateChannel(p.address, grpc::InsecureChannelCredentials()));
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(3)));
+    kvstore::v1::ShardMap got;
+    if (stub->GetKvstoreMap(&ctx, kvstore::v1::GetShardMapRequest(), &got).ok()) map = got;
+  }
+  // "ACTIVE head", "JOINING joining", "not in the shard map" or "" (unknown).
+  auto chain_state = [&map](const Proc& p) -> std::string {
+    if (p.shard < 0 || !map.has_value()) return "";
+    for (const auto& chain : map->chains()) {
+      if (chain.shard() != p.shard) continue;
+      for (int i = 0; i < chain.members_size(); ++i) {
+        const auto& m = chain.members(i);
+        if (m.replica() != p.replica) continue;
+        return absl::StrCat(m.state() == kvstore::v1::REPLICA_ACTIVE ? "ACTIVE" : "JOINING", " ",
+                            ChainRole(chain, i));
+      }
+    }
+    return "not in the shard map";
+  };
   auto* list = (*root.mutable_fields())["processes"].mutable_list_value();
   if (!o.json) {
     std::printf("%-12s %-7s %-10s %-8s %-21s %s\n", "NAME", "PID", "STATE", "RESTARTS", "ADDRESS",
@@ -775,11 +923,16 @@ int Status(const ClusterOptions& o) {
         p.last_exit.empty() ? "" : absl::StrCat(p.last_exit, " ", Ago(p.last_exit_unix_ms, now));
     auto* f = list->mutable_values(i)->mutable_struct_value()->mutable_fields();
     (*f)["alive"].set_bool_value(alive);
+    const std::string in_chain = chain_state(p);
+    if (!in_chain.empty()) (*f)["chain"].set_string_value(in_chain);
     if (!p.address.empty()) (*f)["serving"].set_string_value(serving);
     if (!last_exit.empty()) (*f)["last_exit"].set_string_value(last_exit);
     if (!o.json) {
       const std::string state = alive ? "running" : p.state == "restarting" ? "RESTARTING" : "DEAD";
       std::string detail = serving;
+      if (!in_chain.empty()) {
+        absl::StrAppend(&detail, "  shard ", p.shard, " replica ", p.replica, ": ", in_chain);
+      }
       if (!last_exit.empty()) absl::StrAppend(&detail, "  last exit: ", last_exit);
       if (!p.metrics_url.empty()) absl::StrAppend(&detail, "  ", p.metrics_url);
       std::printf("%-12s %-7d %-10s %-8d %-21s %s\n", p.name.c_str(), p.pid, state.c_str(),

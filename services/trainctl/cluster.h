@@ -13,9 +13,12 @@ namespace trainctl {
 
 // Options of `trainctl cluster`, from trainctl's flags.
 struct ClusterOptions {
-  std::string dir;               // required: the cluster's directory
-  int trainers = 1;              // up: trainer daemons
-  int kvstore_shards = 0;        // up: kvstore shards
+  std::string dir;         // required: the cluster's directory
+  int trainers = 1;        // up: trainer daemons
+  int kvstore_shards = 0;  // up: kvstore shards
+  // up: replicas per kvstore shard (chain replication); 0: 2 when
+  // kvstore_shards > 0. 1: unreplicated shards, as before replication.
+  int kvstore_replicas = 0;
   int devices_per_trainer = 1;   // up: CPU devices each trainer offers
   std::string scheduler_binary;  // up: empty = next to trainctl
   std::string trainer_binary;

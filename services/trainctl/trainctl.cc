@@ -6,9 +6,12 @@
 //   trainctl -o json list                     # JSON instead of text
 //   trainctl trainers                         # trainers: state (IDLE, BUSY, DRAINING,
 //                                             # LOST) and jobs; -o json too
+//   trainctl kvstore                          # the kvstore shard map (chains of
+//                                             # replicas, states, roles); -o json too
 //   trainctl drain TRAINER                    # id or name: no new work; its job is
 //                                             # drained and resumes on other trainers
-//   trainctl cluster up --dir=DIR --trainers=N --kvstore_shards=M [--devices_per_trainer=K]
+//   trainctl cluster up --dir=DIR --trainers=N --kvstore_shards=M [--kvstore_replicas=R]
+//                       [--devices_per_trainer=K]
 //   trainctl cluster status|down --dir=DIR    # see cluster.cc
 //
 // The scheduler's address comes from --scheduler, else $DTRAIN_SCHEDULER,
@@ -55,6 +58,7 @@
 #include "protos/scheduler.grpc.pb.h"
 #include "services/trainctl/cluster.h"
 #include "services/trainctl/progress.h"
+#include "services/trainctl/shard_map_view.h"
 #include "services/trainctl/yaml.h"
 
 ABSL_FLAG(std::string, scheduler, "",
@@ -95,6 +99,9 @@ ABSL_FLAG(int, threads, 0, "submit: CPU threads per trainer");
 ABSL_FLAG(std::string, dir, "", "cluster: the cluster's directory (data, logs, cluster.json)");
 ABSL_FLAG(int, trainers, 1, "cluster up: trainer daemons");
 ABSL_FLAG(int, kvstore_shards, 0, "cluster up: kvstore shards");
+ABSL_FLAG(int, kvstore_replicas, 0,
+          "cluster up: replicas per kvstore shard (chain replication; 0: 2 when --kvstore_shards "
+          "> 0; 1: unreplicated)");
 ABSL_FLAG(std::string, scheduler_bin, "",
           "cluster up: scheduler_server (default: next to trainctl)");
 ABSL_FLAG(std::string, trainer_bin, "", "cluster up: trainer daemon (default: next to trainctl)");
@@ -124,10 +131,12 @@ constexpr char kUsage[] =
     "  trainctl cancel ID [--reason=...]\n"
     "  trainctl watch ID\n"
     "  trainctl trainers                 trainers with their state and jobs\n"
+    "  trainctl kvstore                  the kvstore shard map: each shard's chain of\n"
+    "      replicas (head, middle, tail; joining ones catching up) and the map's version\n"
     "  trainctl drain TRAINER            no new work on it (id or name); its job drains\n"
     "      (checkpoint at a step) and resumes on other trainers\n"
     "  trainctl cluster up --dir=DIR [--trainers=1] [--kvstore_shards=0] "
-    "[--devices_per_trainer=1] [--restart=always|never]\n"
+    "[--kvstore_replicas=2] [--devices_per_trainer=1] [--restart=always|never]\n"
     "      starts a local cluster (scheduler, kvstore shards, trainers; loopback ports, data\n"
     "      and logs under DIR) under a supervisor that restarts what exits, and prints the\n"
     "      endpoints and metrics URLs\n"
@@ -462,6 +471,7 @@ int main(int argc, char** argv) {
     o.dir = absl::GetFlag(FLAGS_dir);
     o.trainers = absl::GetFlag(FLAGS_trainers);
     o.kvstore_shards = absl::GetFlag(FLAGS_kvstore_shards);
+    o.kvstore_replicas = absl::GetFlag(FLAGS_kvstore_replicas);
     o.devices_per_trainer = std::max(1, absl::GetFlag(FLAGS_devices_per_trainer));
     o.scheduler_binary = absl::GetFlag(FLAGS_scheduler_bin);
     o.trainer_binary = absl::GetFlag(FLAGS_trainer_bin);
@@ -567,6 +577,37 @@ int main(int argc, char** argv) {
     } else {
       for (const auto& j : reply.jobs()) Print(j, false);
     }
+    return 0;
+  }
+  if (cmd == "kvstore") {
+    if (args.size() != 2) return Usage("kvstore takes no arguments");
+    dtrain::kvstore::v1::ShardMap map;
+    absl::Status s = WithRetries("JobService.GetKvstoreMap", [&](grpc::ClientContext* ctx) {
+      return stub->GetKvstoreMap(ctx, dtrain::kvstore::v1::GetShardMapRequest(), &map);
+    });
+    if (!s.ok()) return Fail(s);
+    if (Json()) {
+      std::printf("%s\n", ToJson(map, false).c_str());
+      return 0;
+    }
+    if (map.version() == 0) {
+      std::printf(
+          "no kvstore shard map yet: no replicated kvstore replica has heartbeated to this "
+          "scheduler (unreplicated shards, --kvstore_replicas=1, never do)\n");
+      return 0;
+    }
+    std::printf("%-6s %-8s %-21s %-8s %s\n", "SHARD", "REPLICA", "ADDRESS", "STATE", "ROLE");
+    for (const auto& chain : map.chains()) {
+      if (chain.members().empty()) {
+        std::printf("%-6d %-8s %-21s %-8s %s\n", chain.shard(), "-", "-", "NONE",
+                    "no replica: the shard is unavailable");
+      }
+      for (const std::string& line : dtrain::trainctl::ChainRows(chain)) {
+        std::printf("%s\n", line.c_str());
+      }
+    }
+    std::printf("map version %llu, %d shards\n", static_cast<unsigned long long>(map.version()),
+                map.num_shards());
     return 0;
   }
   if (cmd == "trainers") {

@@ -135,7 +135,7 @@ TEST(HealE2eTest, KilledShardAndTrainerComeBackOnTheirPorts) {
   const std::string dir = TmpDir("heal-always");
   Guard guard(dir);
   int rc;
-  std::string out = Trainctl("cluster up --trainers=1 --kvstore_shards=1 --dir=" + dir, &rc);
+  std::string out = Trainctl("cluster up --trainers=1 --kvstore_shards=1 --kvstore_replicas=1 --dir=" + dir, &rc);
   ASSERT_EQ(rc, 0) << out;
   EXPECT_NE(out.find("restart=always"), std::string::npos) << out;
   std::string raw;
@@ -251,7 +251,7 @@ TEST(HealE2eTest, RestartNeverLeavesThemDown) {
   Guard guard(dir);
   int rc;
   std::string out =
-      Trainctl("cluster up --trainers=1 --kvstore_shards=1 --restart=never --dir=" + dir, &rc);
+      Trainctl("cluster up --trainers=1 --kvstore_shards=1 --kvstore_replicas=1 --restart=never --dir=" + dir, &rc);
   ASSERT_EQ(rc, 0) << out;
   std::string raw;
   Status before = ClusterStatus(dir, &rc, &raw);
@@ -299,7 +299,7 @@ TEST(HealE2eTest, ALostSupervisorShowsAndDownStillStopsEverything) {
   const std::string dir = TmpDir("heal-supervisor");
   Guard guard(dir);
   int rc;
-  std::string out = Trainctl("cluster up --trainers=0 --kvstore_shards=1 --dir=" + dir, &rc);
+  std::string out = Trainctl("cluster up --trainers=0 --kvstore_shards=1 --kvstore_replicas=1 --dir=" + dir, &rc);
   ASSERT_EQ(rc, 0) << out;
   std::string raw;
   Status before = ClusterStatus(dir, &rc, &raw);

@@ -35,7 +35,7 @@ KvstoreCluster::KvstoreCluster(const std::string& name, const std::string& env, 
   int rc;
   const std::string out = Run(
       absl::StrCat(env, " ", Runfile("services/trainctl/trainctl"),
-                   " cluster up --trainers=2 --kvstore_shards=2 --heartbeat_timeout_s=3 --restart=",
+                   " cluster up --trainers=2 --kvstore_shards=2 --kvstore_replicas=1 --heartbeat_timeout_s=3 --restart=",
                    restart ? "always" : "never", " --dir=", dir_),
       &rc);
   if (rc != 0) {
