@@ -53,7 +53,7 @@ absl::Status Scheduler::Replay(const std::vector<std::string>& records) {
     if (numbered) job.seq = n;
   }
   for (auto& [id, job] : jobs_) {
-    job.status.set_version(++version_);
+    job.status.set_version(NextVersion());
     if (job.status.state() == v1::RUNNING) {
       JobStatus next = job.status;
       next.clear_trainers();

@@ -98,6 +98,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "libs/scheduler/wal.h"
 #include "protos/scheduler.pb.h"
@@ -295,7 +296,7 @@ class Scheduler {
   void SetState(JobStatus* status, JobState state, const std::string& reason)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Touch(JobStatus* status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    status->set_version(++version_);
+    status->set_version(NextVersion());
   }
   static std::vector<std::string> Placement(const Job& job);
   // Frees the trainers `placed` on job_id; those still working on it are
@@ -337,6 +338,14 @@ class Scheduler {
   std::map<std::string, Kv> kv_ ABSL_GUARDED_BY(mu_);        // by job id, RUNNING jobs only
   int64_t next_job_ = 1 ABSL_GUARDED_BY(mu_);
   int64_t next_trainer_ = 1 ABSL_GUARDED_BY(mu_);
+  // Versions are hybrid logical clock readings: the larger of the last one
+  // plus one and the time in microseconds since the epoch, so they keep
+  // increasing across a restart (which replays only logged changes, not the
+  // progress reports in between) without logging every version.
+  int64_t NextVersion() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    version_ = std::max(version_ + 1, absl::ToUnixMicros(absl::Now()));
+    return version_;
+  }
   int64_t version_ ABSL_GUARDED_BY(mu_) = 0;
   // A failed compaction is retried once the log holds this many records.
   int64_t next_compaction_ ABSL_GUARDED_BY(mu_) = 0;

@@ -325,11 +325,18 @@ TEST_F(SchedulerTest, RequeuedJobResumesFromTheNewestCheckpoint) {
   ASSERT_TRUE(s->ReportProgress(other).ok());
   EXPECT_EQ(s->Get(job->id())->checkpoint_path(), "/ckpt/a-e2.ckpt");
 
-  // The scheduler restarts: the job is requeued and keeps its checkpoint.
+  // Progress reports are not logged, but raise the version.
+  for (int i = 0; i < 100; ++i) ASSERT_TRUE(s->ReportProgress(p).ok());
+  const int64_t version_before = s->Get(job->id())->version();
+
+  // The scheduler restarts: the job is requeued and keeps its checkpoint,
+  // and its version went on increasing (a Watch client never sees it go
+  // back).
   s.reset();
   s = Open(Options(wal));
   auto st = s->Get(job->id());
   ASSERT_TRUE(st.ok());
+  EXPECT_GT(st->version(), version_before);
   EXPECT_EQ(st->state(), v1::QUEUED);
   EXPECT_EQ(st->checkpoint_path(), "/ckpt/a-e2.ckpt");
   EXPECT_EQ(st->checkpoint_epoch(), 2);

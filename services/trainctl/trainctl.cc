@@ -110,6 +110,9 @@ ABSL_FLAG(double, start_timeout_s, 30, "cluster up: seconds each server gets to 
 ABSL_FLAG(double, heartbeat_timeout_s, 0,
           "cluster up: seconds without a heartbeat before the scheduler declares a trainer lost "
           "(0: the scheduler's default, 10)");
+ABSL_FLAG(int, max_attempts, 0,
+          "cluster up: placements of a job before it fails for good (0: the scheduler's "
+          "default, 5)");
 ABSL_FLAG(double, grace_s, 15, "cluster down: seconds after SIGTERM before SIGKILL");
 ABSL_FLAG(std::string, restart, "always",
           "cluster up: always (a process that exits is started again, on the same ports, after "
@@ -479,6 +482,8 @@ int main(int argc, char** argv) {
     o.start_timeout_s = absl::GetFlag(FLAGS_start_timeout_s);
     o.heartbeat_timeout_s = absl::GetFlag(FLAGS_heartbeat_timeout_s);
     if (o.heartbeat_timeout_s < 0) return Usage("--heartbeat_timeout_s must be >= 0");
+    o.max_attempts = absl::GetFlag(FLAGS_max_attempts);
+    if (o.max_attempts < 0) return Usage("--max_attempts must be >= 0");
     o.grace_s = absl::GetFlag(FLAGS_grace_s);
     o.restart = absl::GetFlag(FLAGS_restart);
     o.json = Json();

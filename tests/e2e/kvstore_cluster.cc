@@ -32,13 +32,17 @@ std::unique_ptr<grpc::ClientContext> Ctx() {
 
 KvstoreCluster::KvstoreCluster(const std::string& name, const std::string& env, bool restart,
                                int replicas)
-    : dir_(TmpDir(name)), replicas_(replicas) {
+    : KvstoreCluster(name, KvstoreClusterOptions{env, restart, replicas}) {}
+
+KvstoreCluster::KvstoreCluster(const std::string& name, const KvstoreClusterOptions& options)
+    : dir_(TmpDir(name)), replicas_(options.replicas) {
   int rc;
   const std::string out =
-      Run(absl::StrCat(env, " ", Runfile("services/trainctl/trainctl"),
-                       " cluster up --trainers=2 --kvstore_shards=2 --kvstore_replicas=", replicas,
-                       " --heartbeat_timeout_s=3 --restart=", restart ? "always" : "never",
-                       " --dir=", dir_),
+      Run(absl::StrCat(options.env, " ", Runfile("services/trainctl/trainctl"),
+                       " cluster up --trainers=", options.trainers,
+                       " --kvstore_shards=2 --kvstore_replicas=", options.replicas,
+                       " --heartbeat_timeout_s=3 --restart=", options.restart ? "always" : "never",
+                       " ", options.flags, " --dir=", dir_),
           &rc);
   if (rc != 0) {
     status_ = absl::InternalError(absl::StrCat("trainctl cluster up failed: ", out));

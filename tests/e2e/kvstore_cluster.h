@@ -17,8 +17,20 @@
 namespace dtrain {
 namespace e2e {
 
+struct KvstoreClusterOptions {
+  // Environment assignments for the cluster's processes ("VAR=value ...").
+  std::string env;
+  // The supervisor restarts processes that die (as Kubernetes would).
+  bool restart = false;
+  int replicas = 1;  // per shard
+  int trainers = 2;
+  // More `trainctl cluster up` flags.
+  std::string flags;
+};
+
 class KvstoreCluster {
  public:
+  KvstoreCluster(const std::string& name, const KvstoreClusterOptions& options);
   // Starts the cluster in $TEST_TMPDIR/<name>, its processes with the
   // environment assignments `env` ("VAR=value ..."); status() says whether
   // it started. Processes that die stay dead unless `restart` (then the

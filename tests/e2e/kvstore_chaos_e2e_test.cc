@@ -1,0 +1,157 @@
+// Chaos, end to end: processes SIGKILLed at random under a KVSTORE job.
+//
+// A local cluster (`trainctl cluster up`: scheduler, 3 trainers, 2 kvstore
+// shards of 2 replicas each; the supervisor restarts what dies, as
+// Kubernetes restarts a pod) runs a 2-trainer MLP job through the kvstore
+// (SYNCHRONOUS rounds, a checkpoint after every epoch) undisturbed, then
+// again while, every 8-12 s, a random trainer, kvstore replica or the
+// scheduler is SIGKILLed. The disturbed job must SUCCEED with a test
+// accuracy within 0.01 of the undisturbed one; nothing the scheduler
+// acknowledged may be lost: jobs submitted during the chaos all exist and
+// succeed, and every state the job was seen in appears in its final event
+// history, in order, with versions that never went back.
+#include <signal.h>
+
+#include <map>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "gtest/gtest.h"
+#include "tests/e2e/kvstore_cluster.h"
+
+namespace dtrain {
+namespace e2e {
+namespace {
+
+namespace v1 = scheduler::v1;
+
+bool Final(v1::JobState s) { return s == v1::SUCCEEDED || s == v1::FAILED || s == v1::CANCELLED; }
+
+v1::SubmitRequest Job(const std::string& name) {
+  // ~2.5 s an epoch on two cores: the chaos lasts about 50 s.
+  v1::SubmitRequest r = KvstoreCluster::KvstoreJob(name, 16, 16384);
+  r.mutable_spec()->set_checkpoint_interval_epochs(1);
+  r.mutable_spec()->set_test_limit(2000);
+  return r;
+}
+
+// A one-trainer job for the submissions made during the chaos.
+v1::SubmitRequest Small(const std::string& name) {
+  v1::SubmitRequest r;
+  v1::JobSpec* s = r.mutable_spec();
+  s->set_name(name);
+  s->set_model("mlp");
+  s->set_epochs(1);
+  s->set_global_batch_size(64);
+  s->set_lr(0.1);
+  s->set_train_limit(512);
+  s->set_test_limit(64);
+  s->set_threads(1);
+  return r;
+}
+
+TEST(KvstoreChaosE2eTest, RandomKillsEveryTenSecondsLoseNothing) {
+  KvstoreClusterOptions options;
+  options.restart = true;
+  options.replicas = 2;
+  options.trainers = 3;
+  // Trainer and scheduler kills end attempts (the job resumes from its
+  // checkpoint); allow enough of them.
+  options.flags = "--max_attempts=50";
+  KvstoreCluster cluster("chaos", options);
+  ASSERT_TRUE(cluster.status().ok()) << cluster.status();
+
+  absl::StatusOr<v1::JobStatus> ref = cluster.Submit(Job("undisturbed"));
+  ASSERT_TRUE(ref.ok()) << ref.status();
+  absl::StatusOr<v1::JobStatus> ref_done =
+      WatchToEnd(cluster.jobs(), ref->id(), absl::Seconds(300));
+  ASSERT_TRUE(ref_done.ok()) << ref_done.status();
+  ASSERT_EQ(ref_done->state(), v1::SUCCEEDED) << ref_done->DebugString();
+
+  absl::StatusOr<v1::JobStatus> job = cluster.Submit(Job("chaos"));
+  ASSERT_TRUE(job.ok()) << job.status();
+  std::mt19937 rng(20261201);
+  std::vector<std::string> kills;         // "t=12s kvstore-1-0", for failure messages
+  std::vector<std::string> submitted;     // small jobs acknowledged during the chaos
+  std::vector<v1::JobState> seen_states;  // the chaos job's states, as polled
+  int64_t last_version = 0;
+  const absl::Time start = absl::Now();
+  absl::Time next_kill = start + absl::Seconds(8);
+  v1::JobStatus st = *job;
+  const absl::Time deadline = start + absl::Seconds(600);
+  while (!Final(st.state()) && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(100));
+    absl::StatusOr<v1::JobStatus> got = cluster.Get(job->id());
+    if (got.ok()) {
+      // The scheduler may be down (restarting); otherwise it never forgets.
+      EXPECT_GE(got->version(), last_version) << absl::StrJoin(kills, ", ");
+      last_version = std::max<int64_t>(last_version, got->version());
+      if (seen_states.empty() || seen_states.back() != got->state()) {
+        seen_states.push_back(got->state());
+      }
+      st = *got;
+    } else {
+      EXPECT_TRUE(absl::IsUnavailable(got.status()) || absl::IsDeadlineExceeded(got.status()))
+          << got.status();
+    }
+    if (absl::Now() < next_kill || Final(st.state())) continue;
+    // A random kind, then a random process of that kind.
+    std::vector<ClusterProcess> procs = ReadCluster(cluster.dir());
+    const char* kinds[] = {"trainer", "kvstore", "scheduler"};
+    const std::string kind = kinds[rng() % 3];
+    std::vector<ClusterProcess> candidates;
+    for (const ClusterProcess& p : procs) {
+      if (p.role == kind && ProcessAlive(p.pid)) candidates.push_back(p);
+    }
+    if (!candidates.empty()) {
+      const ClusterProcess& victim = candidates[rng() % candidates.size()];
+      ASSERT_EQ(kill(victim.pid, SIGKILL), 0);
+      kills.push_back(
+          absl::StrCat("t=", absl::ToInt64Seconds(absl::Now() - start), "s ", victim.name));
+      if (kind == "scheduler") {
+        // A submission the restarted scheduler acknowledges must stay.
+        for (absl::Time end = absl::Now() + absl::Seconds(30); absl::Now() < end;
+             absl::SleepFor(absl::Milliseconds(200))) {
+          absl::StatusOr<v1::JobStatus> s =
+              cluster.Submit(Small(absl::StrCat("during-chaos-", submitted.size())));
+          if (s.ok()) {
+            submitted.push_back(s->id());
+            break;
+          }
+        }
+      }
+    }
+    next_kill = absl::Now() + absl::Seconds(8 + rng() % 5);
+  }
+  const std::string schedule = absl::StrJoin(kills, ", ");
+  ASSERT_TRUE(Final(st.state())) << "still " << st.DebugString() << "\nkills: " << schedule;
+  ASSERT_EQ(st.state(), v1::SUCCEEDED) << st.DebugString() << "\nkills: " << schedule;
+  EXPECT_GE(kills.size(), 3u) << schedule;  // the chaos did happen
+  EXPECT_NEAR(st.test_accuracy(), ref_done->test_accuracy(), 0.01) << schedule;
+
+  // Every state seen appears in the job's history, in order.
+  size_t at = 0;
+  for (const v1::JobEvent& e : st.events()) {
+    if (at < seen_states.size() && e.state() == seen_states[at]) ++at;
+  }
+  EXPECT_EQ(at, seen_states.size()) << st.DebugString() << "\nkills: " << schedule;
+  // The jobs submitted during the chaos were not lost, and they run.
+  for (const std::string& id : submitted) {
+    absl::StatusOr<v1::JobStatus> s = WatchToEnd(cluster.jobs(), id, absl::Seconds(300));
+    ASSERT_TRUE(s.ok()) << id << ": " << s.status();
+    EXPECT_EQ(s->state(), v1::SUCCEEDED) << s->DebugString();
+  }
+  std::fprintf(stderr,
+               "chaos: %zu kills (%s); job SUCCEEDED after %d attempts, test accuracy %.4f vs "
+               "%.4f undisturbed; %zu jobs submitted during it all SUCCEEDED\n",
+               kills.size(), schedule.c_str(), st.attempts(), st.test_accuracy(),
+               ref_done->test_accuracy(), submitted.size());
+}
+
+}  // namespace
+}  // namespace e2e
+}  // namespace dtrain
