@@ -15,13 +15,16 @@ namespace dtrain {
 namespace kvstore {
 namespace {
 
-constexpr char kRunfilesPath[] = "dtrain/services/kvstore/kvstore_server";
-
 bool Executable(const std::string& path) { return access(path.c_str(), X_OK) == 0; }
 
 }  // namespace
 
 absl::StatusOr<std::string> KVStoreServerBinary(const char* argv0) {
+  return RunfilesBinary("services/kvstore/kvstore_server", argv0);
+}
+
+absl::StatusOr<std::string> RunfilesBinary(const std::string& path, const char* argv0) {
+  const std::string kRunfilesPath = "dtrain/" + path;
   std::vector<std::string> candidates;
   for (const char* var : {"TEST_SRCDIR", "RUNFILES_DIR"}) {
     if (const char* dir = std::getenv(var))
@@ -32,7 +35,7 @@ absl::StatusOr<std::string> KVStoreServerBinary(const char* argv0) {
     if (Executable(c)) return c;
   }
   return absl::NotFoundError(absl::StrCat(
-      "kvstore_server not found in runfiles (looked for ", kRunfilesPath,
+      path, " not found in runfiles (looked for ", kRunfilesPath,
       " under $TEST_SRCDIR, $RUNFILES_DIR and <argv0>.runfiles); add it as a data dependency"));
 }
 

@@ -36,6 +36,9 @@ namespace kvstore {
 // The kvstore_server binary in this test's or binary's runfiles
 // ($TEST_SRCDIR, $RUNFILES_DIR or <argv0>.runfiles), or kNotFound.
 absl::StatusOr<std::string> KVStoreServerBinary(const char* argv0 = nullptr);
+// The same for any binary of the workspace, e.g.
+// "services/scheduler/scheduler_server".
+absl::StatusOr<std::string> RunfilesBinary(const std::string& path, const char* argv0 = nullptr);
 
 class ServerProcess {
  public:

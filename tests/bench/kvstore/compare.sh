@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # kvstore push+pull throughput vs single-stream loopback TCP (iperf3), and
-# push+pull latency of a small key, measured back to back on this machine.
+# push+pull latency of a small key, measured back to back on this machine;
+# each kvstore figure also with 2 replicas per shard (the kvstore_replication
+# lines: the cost of chain replication in the same run).
 # Prints the bench lines, iperf3's figure and one summary line:
 #   compare kvstore_GBps=<x> iperf3_GBps=<y> ratio=<x/y> (goal >= 0.6)
 #   compare latency bytes=4096 p50_us=<a> p99_us=<b> (goals: p50 <= 200, p99 <= 1000)
@@ -37,11 +39,12 @@ wait $server 2>/dev/null || true
 tcp=$(python3 -c 'import json,sys; print("%.3f" % (json.load(sys.stdin)["end"]["sum_received"]["bits_per_second"] / 8e9))' <<<"$json")
 echo "iperf3 streams=1 seconds=$seconds GBps=$tcp"
 
-ours=$("$bin" --workers="$workers" --servers="$servers" --bytes="$bytes")
+ours=$("$bin" --workers="$workers" --servers="$servers" --bytes="$bytes" --replicas=1,2)
 echo "$ours"
-small=$("$bin" --workers="$workers" --servers="$servers" --bytes=4096 --keys=1)
+small=$("$bin" --workers="$workers" --servers="$servers" --bytes=4096 --keys=1 --replicas=1,2)
 echo "$small"
-get() { sed -n "s/.*$2=\([0-9.]*\).*/\1/p" <<<"$1" | tail -1; }
+# The unreplicated run's figures (replicas=1), then replication's cost.
+get() { grep ' replicas=1 ' <<<"$1" | sed -n "s/.*$2=\([0-9.]*\).*/\1/p" | tail -1; }
 x=$(get "$ours" pushpull_GBps)
 echo "compare kvstore_GBps=$x iperf3_GBps=$tcp ratio=$(awk "BEGIN{printf \"%.2f\", $x/$tcp}") (goal >= 0.6)"
 echo "compare latency bytes=4096 p50_us=$(get "$small" p50_us) p99_us=$(get "$small" p99_us) (goals: p50 <= 200, p99 <= 1000)"

@@ -9,14 +9,23 @@
 // SYNC consistency and server-side SGD holds --keys keys of --bytes bytes in
 // all (f32); every step each worker push-pulls all keys (one PushPull call:
 // the gradients go up, the round's weights come back). After --warmup steps,
-// --steps steps are timed. Prints one line:
+// --steps steps are timed. Prints one line per --replicas value:
 //
-//   kvstore workers=<w> servers=<s> bytes=<b> pushpull_GBps=<x> p50_us=<y> p99_us=<z>
+//   kvstore workers=<w> servers=<s> replicas=<r> bytes=<b> pushpull_GBps=<x> p50_us=<y>
+//           p99_us=<z>
+//
+// With --replicas=1,2 (the default) every shard also runs as a chain of 2
+// replicas (a scheduler_server owns the shard map), the same workload again,
+// and a last line gives the cost of replication in the same run:
+//
+//   kvstore_replication replicas=2 p50_ratio=<p50 r2 / p50 r1> GBps_ratio=<r2 / r1>
 //
 // pushpull_GBps = 2 * workers * bytes * steps / wall time / 1e9: all bytes
 // moved (pushed and pulled, every worker) per second, comparable to the
 // single-stream loopback TCP figure of iperf3 (see compare.sh). p50_us and
 // p99_us are percentiles of the duration of one worker's push-pull step.
+#include <grpcpp/grpcpp.h>
+
 #include <algorithm>
 #include <atomic>
 #include <csignal>
@@ -27,16 +36,23 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "libs/base/status.h"
 #include "libs/kvstore/client.h"
 #include "libs/kvstore/malloc_tuning.h"
+#include "protos/replication.grpc.pb.h"
 #include "services/kvstore/testing/server_process.h"
 
 ABSL_FLAG(int, workers, 2, "workers (threads with their own client and connections)");
-ABSL_FLAG(int, servers, 2, "kvstore_server processes");
+ABSL_FLAG(int, servers, 2, "kvstore shards");
+ABSL_FLAG(std::string, replicas, "1,2",
+          "replicas per shard, one run each (comma-separated; > 1 starts a scheduler_server to "
+          "own the shard map)");
 ABSL_FLAG(int64_t, bytes, 64 << 20, "parameter bytes in all (f32)");
 ABSL_FLAG(int, keys, 8, "keys the bytes are split into");
 ABSL_FLAG(int, steps, 0, "timed steps (0: 20 for >= 1 MiB, else 2000)");
@@ -51,7 +67,11 @@ namespace dtrain {
 namespace kvstore {
 namespace {
 
-int Run(const char* argv0) {
+struct Result {
+  double gbps = 0, p50 = 0, p99 = 0;
+};
+
+absl::StatusOr<Result> RunOnce(const char* argv0, int replicas) {
   const int workers = absl::GetFlag(FLAGS_workers);
   const int servers = absl::GetFlag(FLAGS_servers);
   const int64_t bytes = absl::GetFlag(FLAGS_bytes);
@@ -60,32 +80,57 @@ int Run(const char* argv0) {
   if (steps <= 0) steps = bytes >= (1 << 20) ? 20 : 2000;
   int warmup = absl::GetFlag(FLAGS_warmup);
   if (warmup <= 0) warmup = std::max(2, steps / 10);
-  if (workers < 1 || servers < 1 || keys < 1 || bytes < 4 * keys) {
-    std::fprintf(stderr, "kvstore_bench: bad --workers, --servers, --keys or --bytes\n");
-    return 2;
-  }
   std::string binary = absl::GetFlag(FLAGS_server_binary);
   if (binary.empty()) {
-    absl::StatusOr<std::string> found = KVStoreServerBinary(argv0);
-    if (!found.ok()) {
-      std::fprintf(stderr, "kvstore_bench: %s\n", found.status().ToString().c_str());
-      return 1;
-    }
-    binary = *found;
+    DT_ASSIGN_OR_RETURN(binary, KVStoreServerBinary(argv0));
   }
   std::vector<std::unique_ptr<ServerProcess>> procs;
   std::vector<std::string> addresses;
-  for (int i = 0; i < servers; ++i) {
+  std::string scheduler;
+  if (replicas > 1) {
+    DT_ASSIGN_OR_RETURN(std::string scheduler_binary,
+                        RunfilesBinary("services/scheduler/scheduler_server", argv0));
     auto p = std::make_unique<ServerProcess>();
-    absl::Status s = p->Start(
-        binary, {absl::StrCat("--shard_index=", i), "--snapshot_interval_s=0",
-                 absl::StrCat("--max_message_bytes=", absl::GetFlag(FLAGS_max_message_bytes))});
-    if (!s.ok()) {
-      std::fprintf(stderr, "kvstore_bench: %s\n", s.ToString().c_str());
-      return 1;
-    }
-    addresses.push_back(p->address());
+    DT_RETURN_IF_ERROR(p->Start(scheduler_binary, {}));
+    scheduler = p->address();
     procs.push_back(std::move(p));
+  }
+  for (int i = 0; i < servers; ++i) {
+    for (int j = 0; j < replicas; ++j) {
+      auto p = std::make_unique<ServerProcess>();
+      std::vector<std::string> flags = {
+          absl::StrCat("--shard_index=", i), "--snapshot_interval_s=0",
+          absl::StrCat("--max_message_bytes=", absl::GetFlag(FLAGS_max_message_bytes))};
+      if (replicas > 1) {
+        flags.push_back("--scheduler=" + scheduler);
+        flags.push_back(absl::StrCat("--replica_index=", j));
+        flags.push_back(absl::StrCat("--num_shards=", servers));
+      }
+      DT_RETURN_IF_ERROR(p->Start(binary, flags));
+      addresses.push_back(p->address());
+      procs.push_back(std::move(p));
+    }
+  }
+  if (replicas > 1) {
+    // Until every chain has all its replicas ACTIVE.
+    auto stub =
+        v1::Replica::NewStub(grpc::CreateChannel(addresses[0], grpc::InsecureChannelCredentials()));
+    for (absl::Time end = absl::Now() + absl::Seconds(30);;
+         absl::SleepFor(absl::Milliseconds(50))) {
+      grpc::ClientContext ctx;
+      v1::ShardMap map;
+      int active = 0;
+      if (stub->GetShardMap(&ctx, v1::GetShardMapRequest(), &map).ok()) {
+        for (const v1::Chain& c : map.chains()) {
+          for (const v1::ChainMember& m : c.members()) active += m.state() == v1::REPLICA_ACTIVE;
+        }
+      }
+      if (active == servers * replicas) break;
+      if (absl::Now() > end) {
+        return absl::DeadlineExceededError(absl::StrCat(
+            "the shard map has ", active, " ACTIVE replicas after 30 s, not ", servers * replicas));
+      }
+    }
   }
 
   JobConfig config;
@@ -114,6 +159,7 @@ int Run(const char* argv0) {
     threads.emplace_back([&, w] {
       ClientOptions options;
       options.servers = addresses;
+      options.replicas = replicas;
       options.job = config.job;
       options.worker = w;
       options.compression = compression;
@@ -163,7 +209,7 @@ int Run(const char* argv0) {
   }
   for (auto& t : threads) t.join();
   end = absl::Now();
-  if (failures > 0) return 1;
+  if (failures > 0) return absl::InternalError("a worker failed");
   std::vector<double> all;
   for (const auto& d : durations) all.insert(all.end(), d.begin(), d.end());
   std::sort(all.begin(), all.end());
@@ -173,13 +219,52 @@ int Run(const char* argv0) {
   };
   const double seconds = absl::ToDoubleSeconds(end - start);
   const double moved = 2.0 * workers * static_cast<double>(elements * 4) * steps;
+  Result result{moved / seconds / 1e9, pct(0.50), pct(0.99)};
   std::printf(
-      "kvstore workers=%d servers=%d bytes=%lld pushpull_GBps=%.3f p50_us=%.0f p99_us=%.0f\n",
-      workers, servers, static_cast<long long>(elements * 4), moved / seconds / 1e9, pct(0.50),
-      pct(0.99));
+      "kvstore workers=%d servers=%d replicas=%d bytes=%lld pushpull_GBps=%.3f p50_us=%.0f "
+      "p99_us=%.0f\n",
+      workers, servers, replicas, static_cast<long long>(elements * 4), result.gbps, result.p50,
+      result.p99);
   std::fflush(stdout);
-  for (auto& p : procs) (void)p->Kill(SIGTERM);
+  for (auto it = procs.rbegin(); it != procs.rend(); ++it) (void)(*it)->Kill(SIGTERM);
   for (auto& p : procs) (void)p->Wait();
+  return result;
+}
+
+int Run(const char* argv0) {
+  const int workers = absl::GetFlag(FLAGS_workers);
+  const int servers = absl::GetFlag(FLAGS_servers);
+  const int keys = absl::GetFlag(FLAGS_keys);
+  const int64_t bytes = absl::GetFlag(FLAGS_bytes);
+  if (workers < 1 || servers < 1 || keys < 1 || bytes < 4 * keys) {
+    std::fprintf(stderr, "kvstore_bench: bad --workers, --servers, --keys or --bytes\n");
+    return 2;
+  }
+  std::vector<int> replicas;
+  for (absl::string_view r : absl::StrSplit(absl::GetFlag(FLAGS_replicas), ',')) {
+    int n = 0;
+    if (!absl::SimpleAtoi(r, &n) || n < 1) {
+      std::fprintf(stderr, "kvstore_bench: --replicas takes counts >= 1, got '%s'\n",
+                   std::string(r).c_str());
+      return 2;
+    }
+    replicas.push_back(n);
+  }
+  std::vector<Result> results;
+  for (int r : replicas) {
+    absl::StatusOr<Result> result = RunOnce(argv0, r);
+    if (!result.ok()) {
+      std::fprintf(stderr, "kvstore_bench: replicas=%d: %s\n", r,
+                   result.status().ToString().c_str());
+      return 1;
+    }
+    results.push_back(*result);
+  }
+  for (size_t i = 1; i < replicas.size(); ++i) {
+    if (replicas[0] != 1) break;
+    std::printf("kvstore_replication replicas=%d p50_ratio=%.2f GBps_ratio=%.2f\n", replicas[i],
+                results[i].p50 / results[0].p50, results[i].gbps / results[0].gbps);
+  }
   return 0;
 }
 
