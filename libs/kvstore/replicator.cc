@@ -77,7 +77,7 @@ absl::StatusOr<MutationResult> ApplyMutation(Store* store, const v1::Mutation& m
 
 // A mutation applied here and queued for the successor.
 struct Replicator::Pending {
-  v1::Mutation mutation;
+  std::shared_ptr<const v1::Mutation> mutation;
   absl::Notification done;
   absl::Status status;  // written once, before done
 };
@@ -221,12 +221,12 @@ std::string Replicator::Role() const {
   return "middle";
 }
 
-absl::StatusOr<MutationResult> Replicator::ApplyAndQueueLocked(const v1::Mutation& mutation,
-                                                               std::shared_ptr<Pending>* queued) {
-  DT_ASSIGN_OR_RETURN(MutationResult result, ApplyMutation(store_, mutation));
+absl::StatusOr<MutationResult> Replicator::ApplyAndQueueLocked(
+    std::shared_ptr<const v1::Mutation> mutation, std::shared_ptr<Pending>* queued) {
+  DT_ASSIGN_OR_RETURN(MutationResult result, ApplyMutation(store_, *mutation));
   if (successor_.replica >= 0) {
     auto p = std::make_shared<Pending>();
-    p->mutation = mutation;
+    p->mutation = std::move(mutation);
     queue_.push_back(p);
     *queued = std::move(p);
   }
@@ -242,20 +242,20 @@ absl::Status Replicator::Await(const std::shared_ptr<Pending>& p, absl::Time dea
   return p->status;
 }
 
-absl::StatusOr<MutationResult> Replicator::Submit(const v1::Mutation& mutation,
-                                                  absl::Time deadline) {
+absl::StatusOr<MutationResult> Replicator::Submit(v1::Mutation mutation, absl::Time deadline) {
+  auto shared = std::make_shared<const v1::Mutation>(std::move(mutation));
   std::shared_ptr<Pending> queued;
   absl::StatusOr<MutationResult> result;
   {
     absl::MutexLock lock(&mu_);
     DT_RETURN_IF_ERROR(CheckIsHeadLocked());
-    result = ApplyAndQueueLocked(mutation, &queued);
+    result = ApplyAndQueueLocked(std::move(shared), &queued);
   }
   if (result.ok() && queued != nullptr) DT_RETURN_IF_ERROR(Await(queued, deadline));
   return result;
 }
 
-absl::StatusOr<v1::ReplicateReply> Replicator::Receive(const v1::ReplicateBatch& batch,
+absl::StatusOr<v1::ReplicateReply> Replicator::Receive(v1::ReplicateBatch batch,
                                                        absl::Time deadline) {
   std::vector<std::shared_ptr<Pending>> queued;
   v1::ReplicateReply reply;
@@ -295,9 +295,10 @@ absl::StatusOr<v1::ReplicateReply> Replicator::Receive(const v1::ReplicateBatch&
       return absl::UnavailableError(
           absl::StrCat(WhoLocked(), " has no state yet; send the state first"));
     }
-    for (const v1::Mutation& m : batch.mutations()) {
+    for (v1::Mutation& m : *batch.mutable_mutations()) {
       std::shared_ptr<Pending> p;
-      absl::StatusOr<MutationResult> r = ApplyAndQueueLocked(m, &p);
+      absl::StatusOr<MutationResult> r =
+          ApplyAndQueueLocked(std::make_shared<const v1::Mutation>(std::move(m)), &p);
       reply.add_codes(static_cast<int32_t>(r.status().code()));
       if (p != nullptr) queued.push_back(std::move(p));
       ++stats_.received;
@@ -324,6 +325,7 @@ void Replicator::Forward() {
     batch.set_from_incarnation(options_.incarnation);
     const bool transfer = need_transfer_;
     std::vector<JobState> jobs;
+    std::vector<std::shared_ptr<const v1::Mutation>> mutations;
     if (transfer) {
       // Everything queued is in the store already: the state covers it.
       jobs = store_->Export();
@@ -334,7 +336,7 @@ void Replicator::Forward() {
       }
     } else {
       for (int i = 0; i < options_.max_batch && !queue_.empty(); ++i) {
-        *batch.add_mutations() = queue_.front()->mutation;
+        mutations.push_back(queue_.front()->mutation);
         inflight_.push_back(std::move(queue_.front()));
         queue_.pop_front();
       }
@@ -356,7 +358,27 @@ void Replicator::Forward() {
           out->set_data(std::move(t.data));
         }
       }
-      reply = link_->Replicate(to.address, batch);
+      // The batch's bytes: its header, then each mutation as field 7
+      // (concatenated messages merge), without copying the mutations into
+      // a batch message first.
+      std::string bytes = batch.SerializeAsString();
+      batch.Clear();
+      for (const std::shared_ptr<const v1::Mutation>& m : mutations) {
+        const size_t size = m->ByteSizeLong();
+        bytes.push_back(static_cast<char>((v1::ReplicateBatch::kMutationsFieldNumber << 3) | 2));
+        for (size_t v = size;; v >>= 7) {
+          if (v < 0x80) {
+            bytes.push_back(static_cast<char>(v));
+            break;
+          }
+          bytes.push_back(static_cast<char>((v & 0x7f) | 0x80));
+        }
+        const size_t at = bytes.size();
+        bytes.resize(at + size);
+        m->SerializeWithCachedSizesToArray(reinterpret_cast<uint8_t*>(&bytes[at]));
+      }
+      mutations.clear();
+      reply = link_->Replicate(to.address, bytes);
       mu_.Lock();
     }
     if (epoch != successor_epoch_) continue;  // SetMap took care of inflight_

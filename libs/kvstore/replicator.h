@@ -71,10 +71,10 @@ absl::StatusOr<MutationResult> ApplyMutation(Store* store, const v1::Mutation& m
 class ReplicaLink {
  public:
   virtual ~ReplicaLink() = default;
-  // Sends `batch` to the replica at `address` and returns its reply once it
-  // (and the replicas after it) applied the batch.
+  // Sends a serialized v1::ReplicateBatch to the replica at `address` and
+  // returns its reply once it (and the replicas after it) applied the batch.
   virtual absl::StatusOr<v1::ReplicateReply> Replicate(const std::string& address,
-                                                       const v1::ReplicateBatch& batch) = 0;
+                                                       const std::string& batch) = 0;
 };
 
 struct ReplicatorOptions {
@@ -118,12 +118,12 @@ class Replicator {
   // A client's write, at the head: applies it, forwards it, and returns its
   // result once the chain applied it (kDeadlineExceeded at `deadline`:
   // the client retries, and the retry is a duplicate).
-  absl::StatusOr<MutationResult> Submit(const v1::Mutation& mutation, absl::Time deadline);
+  absl::StatusOr<MutationResult> Submit(v1::Mutation mutation, absl::Time deadline);
 
   // A batch from the predecessor: applies the state (if any) and the
   // mutations in order, forwards them, and replies once the successor
   // acknowledged them.
-  absl::StatusOr<v1::ReplicateReply> Receive(const v1::ReplicateBatch& batch, absl::Time deadline);
+  absl::StatusOr<v1::ReplicateReply> Receive(v1::ReplicateBatch batch, absl::Time deadline);
 
   // OK if this replica may serve reads (an ACTIVE member with the state);
   // kUnavailable naming the reason otherwise.
@@ -148,7 +148,7 @@ class Replicator {
   absl::Status CheckIsHeadLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::string WhoLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Applies and, with a successor, queues; returns the queued entry or null.
-  absl::StatusOr<MutationResult> ApplyAndQueueLocked(const v1::Mutation& mutation,
+  absl::StatusOr<MutationResult> ApplyAndQueueLocked(std::shared_ptr<const v1::Mutation> mutation,
                                                      std::shared_ptr<Pending>* queued)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void CompleteLocked(std::deque<std::shared_ptr<Pending>>* entries, const absl::Status& status)

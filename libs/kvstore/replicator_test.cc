@@ -27,7 +27,9 @@ namespace {
 class Link : public ReplicaLink {
  public:
   absl::StatusOr<v1::ReplicateReply> Replicate(const std::string& address,
-                                               const v1::ReplicateBatch& batch) override {
+                                               const std::string& bytes) override {
+    v1::ReplicateBatch batch;
+    if (!batch.ParseFromString(bytes)) return absl::InvalidArgumentError("bad batch");
     absl::Notification* gate;
     {
       absl::MutexLock lock(&mu_);

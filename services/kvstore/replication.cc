@@ -29,8 +29,7 @@ std::shared_ptr<grpc::Channel> GrpcReplicaLink::Channel(const std::string& addre
 }
 
 absl::StatusOr<v1::ReplicateReply> GrpcReplicaLink::Replicate(const std::string& address,
-                                                              const v1::ReplicateBatch& batch) {
-  const std::string bytes = batch.SerializeAsString();
+                                                              const std::string& bytes) {
   auto stub = v1::Replica::NewStub(Channel(address));
   grpc::ClientContext ctx;
   ctx.set_deadline(absl::ToChronoTime(absl::Now() + timeout_));
@@ -68,7 +67,7 @@ grpc::Status ReplicaService::Replicate(grpc::ServerContext* ctx,
   }
   bytes.clear();
   absl::Time deadline = absl::FromChrono(ctx->deadline());
-  absl::StatusOr<v1::ReplicateReply> r = replicator_->Receive(batch, deadline);
+  absl::StatusOr<v1::ReplicateReply> r = replicator_->Receive(std::move(batch), deadline);
   if (!r.ok()) return ToGrpcStatus(r.status());
   *reply = std::move(*r);
   return grpc::Status::OK;

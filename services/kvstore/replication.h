@@ -30,7 +30,7 @@ class GrpcReplicaLink : public ReplicaLink {
   explicit GrpcReplicaLink(absl::Duration timeout, int64_t chunk_bytes = 1 << 20)
       : timeout_(timeout), chunk_bytes_(chunk_bytes) {}
   absl::StatusOr<v1::ReplicateReply> Replicate(const std::string& address,
-                                               const v1::ReplicateBatch& batch) override;
+                                               const std::string& batch) override;
 
  private:
   std::shared_ptr<grpc::Channel> Channel(const std::string& address);

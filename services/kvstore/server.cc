@@ -143,8 +143,8 @@ class KVStoreServer::Impl {
   absl::Status CheckReads() const {
     return replicator_ == nullptr ? absl::OkStatus() : replicator_->CheckServesReads();
   }
-  absl::StatusOr<MutationResult> Replicate(const v1::Mutation& m) {
-    return replicator_->Submit(m, absl::Now() + options_.replication_timeout);
+  absl::StatusOr<MutationResult> Replicate(v1::Mutation m) {
+    return replicator_->Submit(std::move(m), absl::Now() + options_.replication_timeout);
   }
 
   // ---- KVStore (control) ----
@@ -156,7 +156,7 @@ class KVStoreServer::Impl {
     if (replicator_ != nullptr) {
       v1::Mutation m;
       *m.mutable_create_job() = request;
-      DT_ASSIGN_OR_RETURN(MutationResult r, Replicate(m));
+      DT_ASSIGN_OR_RETURN(MutationResult r, Replicate(std::move(m)));
       created = r.created;
     } else {
       DT_ASSIGN_OR_RETURN(created, store_->CreateJob(config));
@@ -171,7 +171,7 @@ class KVStoreServer::Impl {
     if (replicator_ != nullptr) {
       v1::Mutation m;
       *m.mutable_delete_job() = request;
-      DT_ASSIGN_OR_RETURN(MutationResult r, Replicate(m));
+      DT_ASSIGN_OR_RETURN(MutationResult r, Replicate(std::move(m)));
       response->set_deleted(r.deleted);
       if (r.deleted) {
         DT_LOG(INFO) << "deleted job '" << request.job() << "'";
@@ -253,7 +253,7 @@ class KVStoreServer::Impl {
           c->mutable_data()->append(piece.data(), piece.size());
         }
       }
-      DT_ASSIGN_OR_RETURN(MutationResult r, Replicate(m));
+      DT_ASSIGN_OR_RETURN(MutationResult r, Replicate(std::move(m)));
       result = r.init;
     } else {
       DT_ASSIGN_OR_RETURN(result, store_->Init(first.job(), items));
@@ -347,7 +347,7 @@ class KVStoreServer::Impl {
         std::string* data = push->add_data();
         for (absl::string_view piece : item.data) data->append(piece.data(), piece.size());
       }
-      DT_ASSIGN_OR_RETURN(MutationResult r, Replicate(m));
+      DT_ASSIGN_OR_RETURN(MutationResult r, Replicate(std::move(m)));
       result = r.push;
     } else {
       DT_ASSIGN_OR_RETURN(result,

@@ -151,6 +151,9 @@ ABSL_FLAG(std::string, collective_host, "",
           "address other trainers reach this one at for allreduce (default: the host name)");
 ABSL_FLAG(std::string, kvstore, "",
           "kvstore shard addresses host:port,... in shard order (for KVSTORE-mode jobs)");
+ABSL_FLAG(int, kvstore_replicas, 1,
+          "replicas per kvstore shard; > 1: --kvstore lists every replica, shard-major (shard i "
+          "replica j at index i * R + j), and the trainer follows the shard map they serve");
 ABSL_FLAG(double, kvstore_unavailable_timeout_s, 5,
           "how long a kvstore shard may stay unreachable before the job's kvstore calls fail "
           "(the job then fails retryably); bounds failure detection of a dead shard");
@@ -253,20 +256,31 @@ int main(int argc, char** argv) {
          absl::StrSplit(absl::GetFlag(FLAGS_kvstore), ',', absl::SkipEmpty())) {
       kv.emplace_back(a);
     }
+    const int replicas = absl::GetFlag(FLAGS_kvstore_replicas);
+    if (replicas < 1 || kv.size() % static_cast<size_t>(replicas) != 0) {
+      std::fprintf(stderr,
+                   "trainer: --kvstore lists %zu addresses, not --kvstore_replicas=%d replicas of "
+                   "each shard\n",
+                   kv.size(), replicas);
+      return 2;
+    }
     if (!kv.empty()) {
       // Gradients of KVSTORE jobs go through the shards: one kvstore job per
       // attempt, every trainer a worker.
-      options.connect_parameter_server = [kv, kv_unavailable_s](const std::string& job, int worker)
+      options.connect_parameter_server = [kv, replicas, kv_unavailable_s](const std::string& job,
+                                                                          int worker)
           -> absl::StatusOr<std::unique_ptr<dtrain::kvstore::ParameterServer>> {
         dtrain::kvstore::ClientOptions ko;
         ko.servers = kv;
+        ko.replicas = replicas;
         ko.job = job;
         ko.worker = worker;
         ko.unavailable_timeout = absl::Seconds(kv_unavailable_s);
         DT_ASSIGN_OR_RETURN(std::unique_ptr<dtrain::kvstore::KVClient> client,
                             dtrain::kvstore::KVClient::Connect(ko));
         DT_LOG(INFO) << "kvstore job " << job << " worker " << worker << ": synchronizing through "
-                     << kv.size() << " kvstore shards";
+                     << kv.size() / static_cast<size_t>(replicas) << " kvstore shards"
+                     << (replicas > 1 ? absl::StrCat(" of ", replicas, " replicas") : "");
         return client;
       };
     }
