@@ -30,14 +30,16 @@ std::unique_ptr<grpc::ClientContext> Ctx() {
 
 }  // namespace
 
-KvstoreCluster::KvstoreCluster(const std::string& name, const std::string& env, bool restart)
-    : dir_(TmpDir(name)) {
+KvstoreCluster::KvstoreCluster(const std::string& name, const std::string& env, bool restart,
+                               int replicas)
+    : dir_(TmpDir(name)), replicas_(replicas) {
   int rc;
-  const std::string out = Run(
-      absl::StrCat(env, " ", Runfile("services/trainctl/trainctl"),
-                   " cluster up --trainers=2 --kvstore_shards=2 --kvstore_replicas=1 --heartbeat_timeout_s=3 --restart=",
-                   restart ? "always" : "never", " --dir=", dir_),
-      &rc);
+  const std::string out =
+      Run(absl::StrCat(env, " ", Runfile("services/trainctl/trainctl"),
+                       " cluster up --trainers=2 --kvstore_shards=2 --kvstore_replicas=", replicas,
+                       " --heartbeat_timeout_s=3 --restart=", restart ? "always" : "never",
+                       " --dir=", dir_),
+          &rc);
   if (rc != 0) {
     status_ = absl::InternalError(absl::StrCat("trainctl cluster up failed: ", out));
     return;
@@ -46,7 +48,9 @@ KvstoreCluster::KvstoreCluster(const std::string& name, const std::string& env, 
     if (p.role == "scheduler") scheduler_ = p;
     if (p.role == "kvstore") shards_.push_back(p);
   }
-  if (scheduler_.address.empty() || shards_.size() != 2 || shards_[0].name != "kvstore-0") {
+  const std::string first = replicas_ == 1 ? "kvstore-0" : "kvstore-0-0";
+  if (scheduler_.address.empty() || shards_.size() != static_cast<size_t>(2 * replicas_) ||
+      shards_[0].name != first) {
     status_ = absl::InternalError(absl::StrCat("unexpected cluster.json: ", out));
     return;
   }
@@ -119,8 +123,23 @@ int KvstoreCluster::CountInLog(const std::string& process, const std::string& ne
   return n;
 }
 
+absl::StatusOr<kvstore::v1::ShardMap> KvstoreCluster::KvstoreMap() {
+  kvstore::v1::ShardMap map;
+  DT_RETURN_IF_ERROR(FromGrpcStatus(
+      stub_->GetKvstoreMap(Ctx().get(), kvstore::v1::GetShardMapRequest(), &map), "GetKvstoreMap"));
+  return map;
+}
+
 absl::Status KvstoreCluster::KvstoreJobOnShard(int i, const std::string& kv_job) const {
   kvstore::ClientOptions o;
+  if (replicas_ > 1) {
+    for (const ClusterProcess& p : shards_) o.servers.push_back(p.address);
+    o.replicas = replicas_;
+    o.job = kv_job;
+    o.unavailable_timeout = absl::Seconds(1);
+    DT_ASSIGN_OR_RETURN(std::unique_ptr<kvstore::KVClient> client, kvstore::KVClient::Connect(o));
+    return client->GetJob(i, false).status();
+  }
   o.servers = {shards_[static_cast<size_t>(i)].address};
   o.job = kv_job;
   o.unavailable_timeout = absl::Seconds(1);

@@ -23,16 +23,25 @@ class KvstoreCluster {
   // environment assignments `env` ("VAR=value ..."); status() says whether
   // it started. Processes that die stay dead unless `restart` (then the
   // cluster's supervisor restarts them, as Kubernetes would).
+  // With replicas > 1 each shard is a chain of that many replicas
+  // (kvstore-<i>-<j> in cluster.json).
   explicit KvstoreCluster(const std::string& name, const std::string& env = "",
-                          bool restart = false);
+                          bool restart = false, int replicas = 1);
   // `trainctl cluster down`, then SIGKILL to anything left.
   ~KvstoreCluster();
 
   absl::Status status() const { return status_; }
   const std::string& dir() const { return dir_; }
   scheduler::v1::JobService::Stub* jobs() { return stub_.get(); }
-  // kvstore-<i>, as cluster.json lists it.
+  // kvstore-<i>, as cluster.json lists it (replicas == 1).
   const ClusterProcess& shard(int i) const { return shards_[static_cast<size_t>(i)]; }
+  // kvstore-<i>-<j> (replicas > 1).
+  const ClusterProcess& replica(int shard, int j) const {
+    return shards_[static_cast<size_t>(shard * replicas_ + j)];
+  }
+  int replicas() const { return replicas_; }
+  // The scheduler's shard map (JobService.GetKvstoreMap).
+  absl::StatusOr<kvstore::v1::ShardMap> KvstoreMap();
   const ClusterProcess& scheduler() const { return scheduler_; }
 
   // A 2-trainer MLP job synchronizing through the kvstore (SYNCHRONOUS).
@@ -57,6 +66,7 @@ class KvstoreCluster {
   std::string dir_;
   absl::Status status_;
   ClusterProcess scheduler_;
+  int replicas_ = 1;
   std::vector<ClusterProcess> shards_;
   std::unique_ptr<scheduler::v1::JobService::Stub> stub_;
 };

@@ -1,0 +1,189 @@
+// End to end: a kvstore replica SIGKILLed under a running KVSTORE job.
+//
+// A local cluster (`trainctl cluster up --kvstore_shards=2
+// --kvstore_replicas=2`: scheduler, 2 chains of 2 kvstore replicas, 2
+// trainers; the supervisor restarts what dies, as Kubernetes would) runs a
+// 2-trainer MLP job synchronizing through both shards (SYNCHRONOUS rounds,
+// a checkpoint after every epoch) undisturbed, then again with the head of
+// shard 0 SIGKILLed mid-job. The job must SUCCEED on its first attempt (no
+// requeue), and its final parameters (its last checkpoint) must equal the
+// undisturbed run's within 1e-6 relative: no push lost or applied twice. The
+// killed replica comes back as a new process and rejoins its chain (state
+// transfer while the job runs); both chains end with 2 ACTIVE replicas.
+#include <signal.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "gtest/gtest.h"
+#include "libs/checkpoint/checkpoint.h"
+#include "libs/kvstore/shard_map.h"
+#include "libs/tensor/dtype.h"
+#include "tests/e2e/kvstore_cluster.h"
+
+namespace dtrain {
+namespace e2e {
+namespace {
+
+namespace v1 = scheduler::v1;
+
+bool Final(v1::JobState s) { return s == v1::SUCCEEDED || s == v1::FAILED || s == v1::CANCELLED; }
+
+v1::SubmitRequest Job(const std::string& name) {
+  v1::SubmitRequest r = KvstoreCluster::KvstoreJob(name, 3, 16384);  // ~2 s an epoch
+  r.mutable_spec()->set_checkpoint_interval_epochs(1);
+  r.mutable_spec()->set_momentum(0.9);
+  r.mutable_spec()->set_test_limit(1000);
+  return r;
+}
+
+v1::JobStatus WatchToEnd(KvstoreCluster& cluster, const std::string& id) {
+  absl::StatusOr<v1::JobStatus> last = e2e::WatchToEnd(cluster.jobs(), id, absl::Seconds(300));
+  EXPECT_TRUE(last.ok()) << last.status();
+  return last.ok() ? *last : v1::JobStatus();
+}
+
+// Chains of `map` with `replicas` ACTIVE members each.
+bool Full(const kvstore::v1::ShardMap& map, int replicas) {
+  if (map.chains_size() != 2) return false;
+  for (const kvstore::v1::Chain& c : map.chains()) {
+    int active = 0;
+    for (const kvstore::v1::ChainMember& m : c.members()) {
+      active += m.state() == kvstore::v1::REPLICA_ACTIVE;
+    }
+    if (active != replicas || c.members_size() != replicas) return false;
+  }
+  return true;
+}
+
+// Largest relative difference between two checkpoints' f32 tensors (1 when
+// they differ in names or shapes).
+double MaxRelativeDifference(const checkpoint::Checkpoint& a, const checkpoint::Checkpoint& b,
+                             int* compared) {
+  *compared = 0;
+  if (a.tensors.size() != b.tensors.size()) return 1;
+  double worst = 0;
+  for (const checkpoint::TensorRecord& ta : a.tensors) {
+    const checkpoint::TensorRecord* tb = b.Find(ta.name);
+    if (tb == nullptr || tb->shape != ta.shape || tb->data.size() != ta.data.size()) return 1;
+    if (ta.dtype != static_cast<int32_t>(DType::kF32)) {
+      if (ta.data != tb->data) return 1;
+      continue;
+    }
+    const size_t n = ta.data.size() / sizeof(float);
+    for (size_t i = 0; i < n; ++i) {
+      float x, y;
+      std::memcpy(&x, ta.data.data() + i * 4, 4);
+      std::memcpy(&y, tb->data.data() + i * 4, 4);
+      const double scale = std::max({std::fabs(x), std::fabs(y), 1e-12f});
+      worst = std::max(worst, std::fabs(static_cast<double>(x) - y) / scale);
+    }
+    ++*compared;
+  }
+  return worst;
+}
+
+TEST(KvstoreReplicaE2eTest, AKilledReplicaCostsNoAttemptAndNoPrecision) {
+  KvstoreCluster cluster("replica", "", /*restart=*/true, /*replicas=*/2);
+  ASSERT_TRUE(cluster.status().ok()) << cluster.status();
+  absl::StatusOr<kvstore::v1::ShardMap> map = cluster.KvstoreMap();
+  ASSERT_TRUE(map.ok()) << map.status();
+  ASSERT_TRUE(Full(*map, 2)) << map->DebugString();
+
+  absl::StatusOr<v1::JobStatus> ref = cluster.Submit(Job("undisturbed"));
+  ASSERT_TRUE(ref.ok()) << ref.status();
+  *ref = WatchToEnd(cluster, ref->id());
+  ASSERT_EQ(ref->state(), v1::SUCCEEDED) << ref->DebugString();
+
+  absl::StatusOr<v1::JobStatus> job = cluster.Submit(Job("replica-killed"));
+  ASSERT_TRUE(job.ok()) << job.status();
+  // Mid-job: epoch 2 has begun.
+  v1::JobStatus st = *job;
+  for (absl::Time end = absl::Now() + absl::Seconds(120);
+       !(st.state() == v1::RUNNING && st.epoch() >= 1 && st.step() > 0) && !Final(st.state()) &&
+       absl::Now() < end;
+       absl::SleepFor(absl::Milliseconds(20))) {
+    absl::StatusOr<v1::JobStatus> got = cluster.Get(job->id());
+    ASSERT_TRUE(got.ok()) << got.status();
+    st = *got;
+  }
+  ASSERT_EQ(st.state(), v1::RUNNING) << st.DebugString();
+  ASSERT_EQ(st.epoch(), 1) << "not in epoch 2 of 3: " << st.DebugString();
+  map = cluster.KvstoreMap();
+  ASSERT_TRUE(map.ok()) << map.status();
+  const kvstore::v1::ChainMember* head = kvstore::ChainHead(*map, 0);
+  ASSERT_NE(head, nullptr) << map->DebugString();
+  const ClusterProcess& victim = cluster.replica(0, head->replica());
+  ASSERT_EQ(victim.address, head->address());
+  const int64_t seen_at_kill = st.epoch() * st.steps_per_epoch() + st.step();
+  ASSERT_EQ(kill(victim.pid, SIGKILL), 0);
+  const absl::Time killed = absl::Now();
+
+  // The scheduler's map drops the dead head (it timed out, or came back as
+  // a new process); training goes on past the step seen at the kill.
+  absl::Duration map_changed = absl::InfiniteDuration(), progressed = absl::InfiniteDuration();
+  for (absl::Time end = killed + absl::Seconds(60);
+       absl::Now() < end &&
+       (map_changed == absl::InfiniteDuration() || progressed == absl::InfiniteDuration());
+       absl::SleepFor(absl::Milliseconds(20))) {
+    absl::StatusOr<kvstore::v1::ShardMap> now = cluster.KvstoreMap();
+    if (now.ok() && map_changed == absl::InfiniteDuration()) {
+      const kvstore::v1::ChainMember* h = kvstore::ChainHead(*now, 0);
+      if (h == nullptr || h->incarnation() != head->incarnation())
+        map_changed = absl::Now() - killed;
+    }
+    absl::StatusOr<v1::JobStatus> got = cluster.Get(job->id());
+    if (got.ok() && got->epoch() * got->steps_per_epoch() + got->step() > seen_at_kill + 1 &&
+        progressed == absl::InfiniteDuration()) {
+      progressed = absl::Now() - killed;
+    }
+    if (got.ok() && Final(got->state())) break;
+  }
+  v1::JobStatus done = WatchToEnd(cluster, job->id());
+  ASSERT_EQ(done.state(), v1::SUCCEEDED) << done.DebugString();
+  EXPECT_EQ(done.attempts(), 1) << done.DebugString();
+  int queued = 0;
+  for (const v1::JobEvent& e : done.events()) {
+    queued += e.state() == v1::QUEUED;
+    EXPECT_NE(e.state(), v1::FAILED) << e.reason();
+  }
+  EXPECT_EQ(queued, 1) << done.DebugString();  // submitted, never requeued
+  EXPECT_LT(map_changed, absl::Seconds(10));
+  EXPECT_LT(progressed, absl::Seconds(15));
+
+  // The same parameters as the undisturbed run.
+  absl::StatusOr<checkpoint::Checkpoint> a = checkpoint::ReadCheckpoint(ref->checkpoint_path());
+  absl::StatusOr<checkpoint::Checkpoint> b = checkpoint::ReadCheckpoint(done.checkpoint_path());
+  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ(done.checkpoint_epoch(), 3);
+  int compared = 0;
+  const double diff = MaxRelativeDifference(*a, *b, &compared);
+  EXPECT_GE(compared, 2);  // MLP weights and biases at least
+  EXPECT_LE(diff, 1e-6);
+  EXPECT_DOUBLE_EQ(done.test_accuracy(), ref->test_accuracy());
+
+  // The killed replica came back (the supervisor) and rejoined its chain.
+  bool full = false;
+  for (absl::Time end = absl::Now() + absl::Seconds(60); !full && absl::Now() < end;
+       absl::SleepFor(absl::Milliseconds(100))) {
+    map = cluster.KvstoreMap();
+    full = map.ok() && Full(*map, 2);
+  }
+  EXPECT_TRUE(full) << (map.ok() ? map->DebugString() : map.status().ToString());
+  EXPECT_GE(cluster.CountInLog(cluster.replica(0, 1 - head->replica()).name, "took over"), 1);
+  std::fprintf(stderr,
+               "head of shard 0 killed at step %lld: map changed after %s, training past it after "
+               "%s; %d tensors, max relative difference %g; attempts %d\n",
+               static_cast<long long>(seen_at_kill), absl::FormatDuration(map_changed).c_str(),
+               absl::FormatDuration(progressed).c_str(), compared, diff, done.attempts());
+}
+
+}  // namespace
+}  // namespace e2e
+}  // namespace dtrain
