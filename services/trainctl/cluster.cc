@@ -27,9 +27,10 @@
 // started before the scheduler, as unreplicated servers (--shard_index=i
 // only) that never heartbeat.
 //
-// Servers listen on 127.0.0.1 port 0 and
-// write their ports to DIR/<name>.port; their Prometheus endpoints
-// (127.0.0.1:0) are read from their logs. The binaries are found next to
+// Servers listen on 127.0.0.1, on free ports picked below the ephemeral
+// range (so that a restarted server finds its port free again), and write
+// their ports to DIR/<name>.port; their Prometheus endpoints are read from
+// their logs. The binaries are found next to
 // trainctl (bazel-bin layout: ../scheduler/scheduler_server,
 // ../trainer/trainer, ../kvstore/kvstore_server relative to trainctl's
 // directory, via argv[0] and then /proc/self/exe) unless --scheduler_bin,
@@ -63,7 +64,9 @@
 
 #include <errno.h>
 #include <grpcpp/grpcpp.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/types.h>
 #include <sys/wait.h>
@@ -79,6 +82,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <random>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -432,6 +436,32 @@ void PrintError(const absl::Status& s) {
                std::string(s.message()).c_str());
 }
 
+// A free TCP port on 127.0.0.1 below Linux's ephemeral range (32768 and up),
+// for a server the supervisor may restart on the same port: a port bound
+// with port 0 comes from the ephemeral range, where an outgoing connection
+// of any process can take it while the server is down ("Address already in
+// use" on restart, seen under load). 0 if none was found.
+int PickListenPort() {
+  static std::mt19937 rng(static_cast<uint32_t>(getpid()) ^
+                          static_cast<uint32_t>(absl::ToUnixNanos(absl::Now())));
+  for (int attempt = 0; attempt < 200; ++attempt) {
+    const int port = 20000 + static_cast<int>(rng() % 12000);
+    const int fd = socket(AF_INET, SOCK_STREAM, 0);
+    if (fd < 0) return 0;
+    sockaddr_in addr = {};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    addr.sin_port = htons(static_cast<uint16_t>(port));
+    const bool free = bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+    close(fd);
+    if (free) return port;
+  }
+  return 0;
+}
+
+// "127.0.0.1:<a free port below the ephemeral range>" (port 0 if none).
+std::string LoopbackListen() { return absl::StrCat("127.0.0.1:", PickListenPort()); }
+
 // `argv` with the flag --<name>=... replaced by --<name>=<value>.
 void SetFlag(std::vector<std::string>* argv, const std::string& name, const std::string& value) {
   const std::string prefix = absl::StrCat("--", name, "=");
@@ -518,9 +548,9 @@ absl::Status StartAll(const ClusterOptions& o, const std::string& dir, std::vect
     std::remove(port_file.c_str());
     mkdir(p.data_dir.c_str(), 0755);
     if (server) {
-      argv.push_back("--listen=127.0.0.1:0");
+      argv.push_back("--listen=" + LoopbackListen());
       argv.push_back("--port_file=" + port_file);
-      argv.push_back("--metrics_listen=127.0.0.1:0");
+      argv.push_back("--metrics_listen=" + LoopbackListen());
     }
     auto child = Subprocess::Start(ProcessOptions(argv, p.log));
     if (!child.ok()) return child.status();
@@ -611,7 +641,7 @@ absl::Status StartAll(const ClusterOptions& o, const std::string& dir, std::vect
         absl::StrCat("--work_dir=", dir, "/", p.name),
         absl::StrCat("--checkpoint_dir=", dir, "/checkpoints"),
         "--collective_host=127.0.0.1",
-        "--metrics_listen=127.0.0.1:0",
+        "--metrics_listen=" + LoopbackListen(),
         "--kvstore=" + absl::StrJoin(kvstore_addresses, ","),
         absl::StrCat("--metrics_port_file=", dir, "/", p.name, ".metrics_port")};
     if (replicas > 1 && o.kvstore_shards > 0) {
