@@ -174,7 +174,8 @@ class KVStoreServer::Impl {
       DT_ASSIGN_OR_RETURN(MutationResult r, Replicate(std::move(m)));
       response->set_deleted(r.deleted);
       if (r.deleted) {
-        DT_LOG(INFO) << "deleted job '" << request.job() << "'";
+        DT_LOG(INFO) << "deleted job '" << request.job() << "'"
+                     << (request.leave() ? " (every worker left)" : "");
         ReleaseFreeMemory();
       }
       return absl::OkStatus();
