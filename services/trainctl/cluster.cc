@@ -64,9 +64,7 @@
 
 #include <errno.h>
 #include <grpcpp/grpcpp.h>
-#include <netinet/in.h>
 #include <signal.h>
-#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/types.h>
 #include <sys/wait.h>
@@ -82,7 +80,6 @@
 #include <functional>
 #include <memory>
 #include <optional>
-#include <random>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -100,6 +97,7 @@
 #include "google/protobuf/util/json_util.h"
 #include "libs/base/files.h"
 #include "libs/base/grpc_status.h"
+#include "libs/base/ports.h"
 #include "libs/base/subprocess.h"
 #include "libs/base/supervisor.h"
 #include "protos/admin.grpc.pb.h"
@@ -436,31 +434,9 @@ void PrintError(const absl::Status& s) {
                std::string(s.message()).c_str());
 }
 
-// A free TCP port on 127.0.0.1 below Linux's ephemeral range (32768 and up),
-// for a server the supervisor may restart on the same port: a port bound
-// with port 0 comes from the ephemeral range, where an outgoing connection
-// of any process can take it while the server is down ("Address already in
-// use" on restart, seen under load). 0 if none was found.
-int PickListenPort() {
-  static std::mt19937 rng(static_cast<uint32_t>(getpid()) ^
-                          static_cast<uint32_t>(absl::ToUnixNanos(absl::Now())));
-  for (int attempt = 0; attempt < 200; ++attempt) {
-    const int port = 20000 + static_cast<int>(rng() % 12000);
-    const int fd = socket(AF_INET, SOCK_STREAM, 0);
-    if (fd < 0) return 0;
-    sockaddr_in addr = {};
-    addr.sin_family = AF_INET;
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    addr.sin_port = htons(static_cast<uint16_t>(port));
-    const bool free = bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
-    close(fd);
-    if (free) return port;
-  }
-  return 0;
-}
-
 // "127.0.0.1:<a free port below the ephemeral range>" (port 0 if none).
-std::string LoopbackListen() { return absl::StrCat("127.0.0.1:", PickListenPort()); }
+// (ports.h: a restarted server finds its port free again.)
+std::string LoopbackListen() { return absl::StrCat("127.0.0.1:", PickRestartablePort()); }
 
 // `argv` with the flag --<name>=... replaced by --<name>=<value>.
 void SetFlag(std::vector<std::string>* argv, const std::string& name, const std::string& value) {
