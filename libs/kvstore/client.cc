@@ -26,6 +26,7 @@
 #include "libs/kvstore/proto_convert.h"
 #include "libs/kvstore/thread_pool.h"
 #include "libs/kvstore/wire.h"
+#include "libs/rpc/credentials.h"
 #include "protos/kvstore.grpc.pb.h"
 
 namespace dtrain {
@@ -163,7 +164,7 @@ absl::StatusOr<std::unique_ptr<KVClient>> KVClient::Connect(ClientOptions option
     args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
     args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
     client->channels_.push_back(
-        grpc::CreateCustomChannel(server, grpc::InsecureChannelCredentials(), args));
+        dtrain::rpc::NewChannel(server, args));
   }
   return client;
 }

@@ -35,6 +35,8 @@ TlsFiles TlsFilesFromFlags() {
   return f;
 }
 
+bool InsecureFlag() { return absl::GetFlag(FLAGS_insecure); }
+
 bool InsecureFromFlags() {
   if (absl::GetFlag(FLAGS_insecure)) return true;
   const char* e = std::getenv("DTRAIN_INSECURE");

@@ -26,6 +26,9 @@ absl::StatusOr<std::shared_ptr<const Credentials>> CredentialsFromFlags(absl::st
 // neither says), and whether --insecure was asked for.
 TlsFiles TlsFilesFromFlags();
 bool InsecureFromFlags();
+// --insecure alone (not the environment): what `cluster up` goes by, so that a
+// shell's DTRAIN_INSECURE from an earlier cluster does not turn TLS off.
+bool InsecureFlag();
 
 }  // namespace rpc
 }  // namespace dtrain

@@ -1,5 +1,6 @@
 // The scaffold on loopback: health, reflection, admin, the RPC metrics,
 // port files, graceful shutdown, and the signal tail of mains.
+#include "libs/rpc/credentials.h"
 #include "libs/rpc/server.h"
 
 #include <grpcpp/client_context.h>
@@ -59,7 +60,7 @@ std::string Flatten(const grpc::ByteBuffer& b) {
 }
 
 std::shared_ptr<grpc::Channel> Channel(const Server& server) {
-  return grpc::CreateChannel(server.local_address(), grpc::InsecureChannelCredentials());
+  return dtrain::rpc::NewChannel(server.local_address());
 }
 
 // grpc.health.v1.Health/Check for the whole server: the serialized reply,

@@ -29,6 +29,7 @@
 #include "libs/base/logging.h"
 #include "libs/base/signals.h"
 #include "libs/kvstore/malloc_tuning.h"
+#include "libs/rpc/credential_flags.h"
 #include "libs/rpc/server.h"
 #include "services/kvstore/server.h"
 
@@ -56,6 +57,15 @@ int main(int argc, char** argv) {
   // Debian's Abseil is built with mutex deadlock detection on, which gRPC's
   // many short-lived mutexes pay for on every call.
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
+  {
+    absl::StatusOr<std::shared_ptr<const dtrain::rpc::Credentials>> credentials =
+        dtrain::rpc::CredentialsFromFlags("kvstore_server");
+    if (!credentials.ok()) {
+      std::fprintf(stderr, "kvstore_server: %s\n", std::string(credentials.status().message()).c_str());
+      return 2;
+    }
+    dtrain::rpc::SetDefaultCredentials(*std::move(credentials));
+  }
   dtrain::kvstore::ServerOptions options;
   options.listen = absl::GetFlag(FLAGS_listen);
   options.data_dir = absl::GetFlag(FLAGS_data_dir);

@@ -1,5 +1,6 @@
 // The server's gRPC surface: health, reflection, admin, metrics, shutdown
 // with a final snapshot and resumption from it.
+#include "libs/rpc/credentials.h"
 #include "services/kvstore/server.h"
 
 #include <grpcpp/client_context.h>
@@ -42,7 +43,7 @@ std::string Flatten(const grpc::ByteBuffer& b) {
 }
 
 std::shared_ptr<grpc::Channel> Channel(const std::string& address) {
-  return grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
+  return dtrain::rpc::NewChannel(address);
 }
 
 TEST(KVStoreServerTest, HealthReflectionAndAdmin) {

@@ -24,6 +24,7 @@
 #include "absl/time/time.h"
 #include "libs/base/logging.h"
 #include "libs/base/signals.h"
+#include "libs/rpc/credential_flags.h"
 #include "libs/rpc/server.h"
 #include "services/scheduler/server.h"
 
@@ -45,6 +46,15 @@ int main(int argc, char** argv) {
   absl::SetProgramUsageMessage("The dtrain job scheduler.");
   absl::ParseCommandLine(argc, argv);
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
+  {
+    absl::StatusOr<std::shared_ptr<const dtrain::rpc::Credentials>> credentials =
+        dtrain::rpc::CredentialsFromFlags("scheduler_server");
+    if (!credentials.ok()) {
+      std::fprintf(stderr, "scheduler_server: %s\n", std::string(credentials.status().message()).c_str());
+      return 2;
+    }
+    dtrain::rpc::SetDefaultCredentials(*std::move(credentials));
+  }
   dtrain::scheduler::ServerOptions options;
   options.listen = absl::GetFlag(FLAGS_listen);
   options.data_dir = absl::GetFlag(FLAGS_data_dir);

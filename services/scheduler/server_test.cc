@@ -1,3 +1,4 @@
+#include "libs/rpc/credentials.h"
 #include "services/scheduler/server.h"
 
 #include <grpcpp/grpcpp.h>
@@ -25,8 +26,7 @@ class ServerTest : public ::testing::Test {
     auto s = SchedulerServer::Start(o);
     ASSERT_TRUE(s.ok()) << s.status();
     server_ = std::move(*s);
-    channel_ = grpc::CreateChannel(absl::StrCat("127.0.0.1:", server_->port()),
-                                   grpc::InsecureChannelCredentials());
+    channel_ = dtrain::rpc::NewChannel(absl::StrCat("127.0.0.1:", server_->port()));
     jobs_ = v1::JobService::NewStub(channel_);
     cluster_ = v1::ClusterService::NewStub(channel_);
   }

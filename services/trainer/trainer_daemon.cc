@@ -128,6 +128,8 @@
 #include "libs/base/status.h"
 #include "libs/cuda/devices.h"
 #include "libs/kvstore/client.h"
+#include "libs/rpc/credential_flags.h"
+#include "libs/rpc/credentials.h"
 #include "libs/rpc/server.h"
 #include "services/trainer/grpc_cluster_client.h"
 #include "services/trainer/trainer_metrics.h"
@@ -172,6 +174,15 @@ int main(int argc, char** argv) {
   absl::SetProgramUsageMessage("The dtrain trainer daemon: trains the jobs the scheduler assigns.");
   absl::ParseCommandLine(argc, argv);
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
+  {
+    absl::StatusOr<std::shared_ptr<const dtrain::rpc::Credentials>> credentials =
+        dtrain::rpc::CredentialsFromFlags("trainer");
+    if (!credentials.ok()) {
+      std::fprintf(stderr, "trainer: %s\n", std::string(credentials.status().message()).c_str());
+      return 2;
+    }
+    dtrain::rpc::SetDefaultCredentials(*std::move(credentials));
+  }
   std::string address = absl::GetFlag(FLAGS_scheduler);
   if (address.empty()) {
     const char* env = std::getenv("DTRAIN_SCHEDULER");
@@ -288,7 +299,7 @@ int main(int argc, char** argv) {
   }
   options.resources.cuda_collective = *parsed;
   dtrain::trainer::GrpcClusterClient cluster(
-      grpc::CreateChannel(address, grpc::InsecureChannelCredentials()), absl::Seconds(timeout_s));
+      dtrain::rpc::NewChannel(address), absl::Seconds(timeout_s));
   dtrain::agent::Agent agent(&cluster, std::move(options), &metrics);
   // SIGTERM / SIGINT: the agent drains its job (at most drain_timeout),
   // reports it and returns.

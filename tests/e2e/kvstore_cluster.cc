@@ -1,3 +1,4 @@
+#include "libs/rpc/credentials.h"
 #include "tests/e2e/kvstore_cluster.h"
 
 #include <grpcpp/grpcpp.h>
@@ -51,7 +52,7 @@ KvstoreCluster::KvstoreCluster(const std::string& name, const std::string& env, 
     return;
   }
   stub_ = v1::JobService::NewStub(
-      grpc::CreateChannel(scheduler_.address, grpc::InsecureChannelCredentials()));
+      dtrain::rpc::NewChannel(scheduler_.address));
 }
 
 KvstoreCluster::~KvstoreCluster() {

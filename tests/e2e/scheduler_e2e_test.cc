@@ -17,6 +17,7 @@
 #include "gtest/gtest.h"
 #include "libs/base/grpc_status.h"
 #include "libs/base/subprocess.h"
+#include "libs/rpc/credentials.h"
 #include "protos/scheduler.grpc.pb.h"
 #include "services/kvstore/testing/server_process.h"
 #include "tests/e2e/e2e_util.h"
@@ -55,7 +56,7 @@ class SchedulerE2eTest : public ::testing::Test {
  protected:
   void Connect() {
     stub_ = v1::JobService::NewStub(
-        grpc::CreateChannel(scheduler_.address(), grpc::InsecureChannelCredentials()));
+        dtrain::rpc::NewChannel(scheduler_.address()));
   }
 
   std::unique_ptr<grpc::ClientContext> Ctx(absl::Duration timeout = absl::Seconds(10)) {
