@@ -158,10 +158,14 @@ absl::StatusOr<std::unique_ptr<KVClient>> KVClient::Connect(ClientOptions option
     args.SetMaxReceiveMessageSize(static_cast<int>(options.max_message_bytes));
     args.SetMaxSendMessageSize(static_cast<int>(options.max_message_bytes));
     // A connection of our own per server (not shared with other clients in
-    // the process), and quick reconnection after a shard restarts.
+    // the process), and quick reconnection after a shard restarts. gRPC
+    // also gives each connection attempt MIN_RECONNECT_BACKOFF to finish
+    // (TCP, the TLS handshake, HTTP/2 settings): 100 ms was too short for a
+    // TLS handshake on a loaded machine; a refused attempt still retries
+    // after INITIAL_RECONNECT_BACKOFF.
     args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
     args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
-    args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+    args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 2000);
     args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
     client->channels_.push_back(
         dtrain::rpc::NewChannel(server, args));

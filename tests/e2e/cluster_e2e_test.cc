@@ -316,6 +316,7 @@ TEST(ClusterE2eTest, UpFailsCleanlyAndBadUsage) {
 class HostileInputTest : public ::testing::Test {
  protected:
   void SetUp() override {
+    e2e::UseTestCredentials();  // the scheduler and trainctl on mutual TLS
     ASSERT_TRUE(scheduler_
                     .Start(Runfile("services/scheduler/scheduler_server"),
                            {"--data_dir=" + TmpDir("hostile-scheduler")})

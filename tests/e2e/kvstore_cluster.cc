@@ -43,6 +43,7 @@ KvstoreCluster::KvstoreCluster(const std::string& name, const std::string& env, 
     status_ = absl::InternalError(absl::StrCat("trainctl cluster up failed: ", out));
     return;
   }
+  UseClusterCredentials(dir_);
   for (const ClusterProcess& p : ReadCluster(dir_)) {
     if (p.role == "scheduler") scheduler_ = p;
     if (p.role == "kvstore") shards_.push_back(p);

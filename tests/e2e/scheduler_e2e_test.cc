@@ -54,6 +54,9 @@ class Child {
 
 class SchedulerE2eTest : public ::testing::Test {
  protected:
+  // The scheduler, trainers and trainctl run on mutual TLS as the test's admin.
+  void SetUp() override { e2e::UseTestCredentials(); }
+
   void Connect() {
     stub_ = v1::JobService::NewStub(
         dtrain::rpc::NewChannel(scheduler_.address()));
@@ -273,6 +276,7 @@ TEST_F(SchedulerE2eTest, SubmitTrainCancelRestart) {
 // CPU (with one log line saying why) on a machine without any, like this one
 // when no GPU is present.
 TEST(TrainerDevicesTest, FallsBackToCpuWithOneLogLine) {
+  e2e::UseTestCredentials();
   int rc;
   std::string out = e2e::Run(
       absl::StrCat(

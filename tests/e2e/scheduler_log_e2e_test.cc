@@ -35,6 +35,9 @@ namespace v1 = scheduler::v1;
 
 class SchedulerLogE2eTest : public ::testing::Test {
  protected:
+  // The scheduler and trainctl run on mutual TLS as the test's admin.
+  void SetUp() override { e2e::UseTestCredentials(); }
+
   void Connect() {
     channel_ = dtrain::rpc::NewChannel(scheduler_.address());
     stub_ = v1::JobService::NewStub(channel_);
