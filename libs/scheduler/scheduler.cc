@@ -138,7 +138,8 @@ void Scheduler::SetState(JobStatus* status, JobState state, const std::string& r
   Touch(status);
 }
 
-absl::StatusOr<JobStatus> Scheduler::Submit(JobSpec spec, const std::string& request_id) {
+absl::StatusOr<JobStatus> Scheduler::Submit(JobSpec spec, const std::string& request_id,
+                                            const std::string& owner) {
   if (request_id.size() > 128) {
     return absl::InvalidArgumentError(
         absl::StrCat("request_id: at most 128 bytes, got ", request_id.size()));
@@ -155,6 +156,7 @@ absl::StatusOr<JobStatus> Scheduler::Submit(JobSpec spec, const std::string& req
   job.seq = next_job_;
   job.status.set_id(id);
   job.status.set_submit_request_id(request_id);
+  job.status.set_owner(owner);
   *job.status.mutable_spec() = std::move(spec);
   job.status.set_test_accuracy(-1);
   job.status.set_submit_time_unix_ms(absl::ToUnixMillis(options_.now()));
@@ -188,7 +190,8 @@ std::vector<JobStatus> Scheduler::List(JobState state) const {
 }
 
 absl::StatusOr<JobPage> Scheduler::ListPage(JobState state, int page_size,
-                                            const std::string& page_token) const {
+                                            const std::string& page_token,
+                                            const std::string* owner) const {
   if (page_size < 0) {
     return absl::InvalidArgumentError(absl::StrCat("page_size: must be >= 0, got ", page_size));
   }
@@ -205,6 +208,7 @@ absl::StatusOr<JobPage> Scheduler::ListPage(JobState state, int page_size,
   std::vector<const Job*> sorted;
   for (const auto& [id, job] : jobs_) {
     if (job.seq <= after && !page_token.empty()) continue;
+    if (owner != nullptr && job.status.owner() != *owner) continue;
     if (state == v1::JOB_STATE_UNSPECIFIED || job.status.state() == state) sorted.push_back(&job);
   }
   std::sort(sorted.begin(), sorted.end(),

@@ -179,8 +179,10 @@ class Scheduler {
   // queues the job. Returns its status (QUEUED, or RUNNING if it was
   // placed at once).
   // `request_id` (optional, at most 128 bytes): a Submit with the id of an
-  // earlier one returns that job instead (a client's retry).
-  absl::StatusOr<JobStatus> Submit(JobSpec spec, const std::string& request_id = "");
+  // earlier one returns that job instead (a client's retry). `owner`: who
+  // submits it (JobStatus.owner).
+  absl::StatusOr<JobStatus> Submit(JobSpec spec, const std::string& request_id = "",
+                                   const std::string& owner = "");
 
   // kNotFound for an unknown id.
   absl::StatusOr<JobStatus> Get(const std::string& id) const;
@@ -192,8 +194,9 @@ class Scheduler {
   // of the page that returned `page_token` ("" for the first page). Jobs
   // submitted or dropped in between neither shift nor repeat the others.
   // kInvalidArgument for a negative page_size or a token no reply gave.
-  absl::StatusOr<JobPage> ListPage(JobState state, int page_size,
-                                   const std::string& page_token) const;
+  // `owner` non-null: only that owner's jobs.
+  absl::StatusOr<JobPage> ListPage(JobState state, int page_size, const std::string& page_token,
+                                   const std::string* owner = nullptr) const;
 
   // QUEUED or RUNNING -> CANCELLED (the trainers are told to stop on their
   // next heartbeat). kFailedPrecondition for a finished job, kNotFound.

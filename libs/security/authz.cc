@@ -5,6 +5,10 @@
 namespace dtrain {
 namespace security {
 
+Action KvstoreAction(absl::string_view method) {
+  return method == "Snapshot" ? Action::kKvAdmin : Action::kKvData;
+}
+
 const char* ActionName(Action action) {
   switch (action) {
     case Action::kSubmitJob:

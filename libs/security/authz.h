@@ -47,6 +47,10 @@ enum class Action {
   kKvAdmin,
 };
 
+// What a call of the kvstore's `method` ("Push", "Snapshot", ...) does:
+// kKvAdmin for Snapshot, kKvData for the rest.
+Action KvstoreAction(absl::string_view method);
+
 // "submit jobs", "read job", ... (for messages).
 const char* ActionName(Action action);
 

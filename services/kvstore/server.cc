@@ -22,7 +22,9 @@
 #include "libs/kvstore/proto_convert.h"
 #include "libs/kvstore/wire.h"
 #include "libs/metrics/metrics.h"
+#include "libs/rpc/credentials.h"
 #include "libs/rpc/server.h"
+#include "libs/security/authz.h"
 #include "protos/kvstore.grpc.pb.h"
 
 namespace dtrain {
@@ -74,6 +76,17 @@ const char* CodeName(absl::StatusCode code) {
 
 }  // namespace
 
+namespace {
+
+// The kvstore's one authorization point (Run): the caller of `ctx` may call
+// `method` (rules: libs/security/authz.h).
+absl::Status Authorized(const grpc::ServerContext& ctx, const char* method) {
+  DT_ASSIGN_OR_RETURN(security::Identity who, rpc::PeerIdentity(ctx));
+  return security::Authorize(who, security::KvstoreAction(method));
+}
+
+}  // namespace
+
 // Everything behind the gRPC services: handlers and their metrics.
 class KVStoreServer::Impl {
  public:
@@ -115,9 +128,13 @@ class KVStoreServer::Impl {
   // Handles one call: times it, records its status in the kvstore's own
   // metrics, and converts the status for gRPC. (Calls in flight and the
   // dtrain_rpc_server_* metrics are the scaffold's interceptor's.)
-  grpc::Status Run(const char* method, const std::function<absl::Status()>& handler) {
+  // Every call of both services: authorizes the caller of `ctx` for
+  // `method` (libs/security/authz.h: KvstoreAction), runs `handler`, counts.
+  grpc::Status Run(const char* method, const grpc::ServerContext* ctx,
+                   const std::function<absl::Status()>& handler) {
     const Clock::time_point start = Clock::now();
-    const absl::Status status = handler();
+    absl::Status status = Authorized(*ctx, method);
+    if (status.ok()) status = handler();
     double seconds = std::chrono::duration<double>(Clock::now() - start).count();
     const MethodMetrics& m = methods_.at(method);
     if (status.ok()) {
@@ -506,25 +523,25 @@ class ControlService final : public v1::KVStore::Service {
  public:
   explicit ControlService(KVStoreServer::Impl* impl) : impl_(impl) {}
 
-  grpc::Status CreateJob(grpc::ServerContext*, const v1::CreateJobRequest* request,
+  grpc::Status CreateJob(grpc::ServerContext* ctx, const v1::CreateJobRequest* request,
                          v1::CreateJobResponse* response) override {
-    return impl_->Run("CreateJob", [&] { return impl_->CreateJob(*request, response); });
+    return impl_->Run("CreateJob", ctx, [&] { return impl_->CreateJob(*request, response); });
   }
-  grpc::Status DeleteJob(grpc::ServerContext*, const v1::DeleteJobRequest* request,
+  grpc::Status DeleteJob(grpc::ServerContext* ctx, const v1::DeleteJobRequest* request,
                          v1::DeleteJobResponse* response) override {
-    return impl_->Run("DeleteJob", [&] { return impl_->DeleteJob(*request, response); });
+    return impl_->Run("DeleteJob", ctx, [&] { return impl_->DeleteJob(*request, response); });
   }
-  grpc::Status GetJob(grpc::ServerContext*, const v1::GetJobRequest* request,
+  grpc::Status GetJob(grpc::ServerContext* ctx, const v1::GetJobRequest* request,
                       v1::GetJobResponse* response) override {
-    return impl_->Run("GetJob", [&] { return impl_->GetJob(*request, response); });
+    return impl_->Run("GetJob", ctx, [&] { return impl_->GetJob(*request, response); });
   }
-  grpc::Status Init(grpc::ServerContext*, grpc::ServerReader<v1::InitRequest>* reader,
+  grpc::Status Init(grpc::ServerContext* ctx, grpc::ServerReader<v1::InitRequest>* reader,
                     v1::InitResponse* response) override {
-    return impl_->Run("Init", [&] { return impl_->Init(reader, response); });
+    return impl_->Run("Init", ctx, [&] { return impl_->Init(reader, response); });
   }
-  grpc::Status Snapshot(grpc::ServerContext*, const v1::SnapshotRequest*,
+  grpc::Status Snapshot(grpc::ServerContext* ctx, const v1::SnapshotRequest*,
                         v1::SnapshotResponse* response) override {
-    return impl_->Run("Snapshot", [&] { return impl_->Snapshot(response); });
+    return impl_->Run("Snapshot", ctx, [&] { return impl_->Snapshot(response); });
   }
 
  private:
@@ -544,37 +561,35 @@ class DataService final : public grpc::Service {
         "Push", RpcMethod::CLIENT_STREAMING,
         [](DataService* s, ServerContext* ctx, grpc::ServerReader<ByteBuffer>* reader,
            ByteBuffer* response) {
-          return s->impl_->Run("Push", [&] { return s->impl_->Push(ctx, reader, response); });
+          return s->impl_->Run("Push", ctx, [&] { return s->impl_->Push(ctx, reader, response); });
         });
     Add<grpc::internal::ServerStreamingHandler<DataService, ByteBuffer, ByteBuffer>>(
         "Pull", RpcMethod::SERVER_STREAMING,
         [](DataService* s, ServerContext* ctx, const ByteBuffer* request,
            grpc::ServerWriter<ByteBuffer>* writer) {
-          return s->impl_->Run("Pull", [&] { return s->impl_->Pull(ctx, request, writer); });
+          return s->impl_->Run("Pull", ctx, [&] { return s->impl_->Pull(ctx, request, writer); });
         });
     Add<grpc::internal::BidiStreamingHandler<DataService, ByteBuffer, ByteBuffer>>(
         "PushPull", RpcMethod::BIDI_STREAMING,
         [](DataService* s, ServerContext* ctx,
            grpc::ServerReaderWriter<ByteBuffer, ByteBuffer>* stream) {
-          return s->impl_->Run("PushPull", [&] { return s->impl_->PushPull(ctx, stream); });
+          return s->impl_->Run("PushPull", ctx, [&] { return s->impl_->PushPull(ctx, stream); });
         });
     using Unary = grpc::internal::RpcMethodHandler<DataService, ByteBuffer, ByteBuffer>;
     Add<Unary>("PushUnary", RpcMethod::NORMAL_RPC,
-               [](DataService* s, ServerContext*, const ByteBuffer* request, ByteBuffer* response) {
-                 return s->impl_->Run("PushUnary",
-                                      [&] { return s->impl_->PushUnary(request, response); });
+               [](DataService* s, ServerContext* ctx, const ByteBuffer* request,
+                  ByteBuffer* response) {
+                 return s->impl_->Run("PushUnary", ctx, [&] { return s->impl_->PushUnary(request, response); });
                });
     Add<Unary>(
         "PullUnary", RpcMethod::NORMAL_RPC,
         [](DataService* s, ServerContext* ctx, const ByteBuffer* request, ByteBuffer* response) {
-          return s->impl_->Run("PullUnary",
-                               [&] { return s->impl_->PullUnary(ctx, request, response); });
+          return s->impl_->Run("PullUnary", ctx, [&] { return s->impl_->PullUnary(ctx, request, response); });
         });
     Add<Unary>(
         "PushPullUnary", RpcMethod::NORMAL_RPC,
         [](DataService* s, ServerContext* ctx, const ByteBuffer* request, ByteBuffer* response) {
-          return s->impl_->Run("PushPullUnary",
-                               [&] { return s->impl_->PushPullUnary(ctx, request, response); });
+          return s->impl_->Run("PushPullUnary", ctx, [&] { return s->impl_->PushPullUnary(ctx, request, response); });
         });
   }
 
