@@ -501,8 +501,8 @@ TEST(AgentTest, KvstoreJobsConnectThroughTheFactory) {
   std::vector<std::string> calls;
   AgentOptions o = Options();
   o.connect_parameter_server =
-      [&](const std::string& job,
-          int worker) -> absl::StatusOr<std::unique_ptr<kvstore::ParameterServer>> {
+      [&](const std::string& job, int worker,
+          const std::string& /*token*/) -> absl::StatusOr<std::unique_ptr<kvstore::ParameterServer>> {
     absl::MutexLock lock(&mu);
     calls.push_back(absl::StrCat(job, " worker ", worker));
     return absl::UnavailableError("shard 0 is down");
@@ -659,8 +659,8 @@ TEST(AgentTest, TwoAgentsTrainThroughTheKvstore) {
   std::vector<std::string> calls;
   AgentOptions o = Options();
   o.connect_parameter_server =
-      [&](const std::string& job,
-          int worker) -> absl::StatusOr<std::unique_ptr<kvstore::ParameterServer>> {
+      [&](const std::string& job, int worker,
+          const std::string& /*token*/) -> absl::StatusOr<std::unique_ptr<kvstore::ParameterServer>> {
     {
       absl::MutexLock lock(&mu);
       calls.push_back(absl::StrCat(job, " worker ", worker));
@@ -727,8 +727,8 @@ TEST(AgentTest, CancelEndsAKvstoreWaitAndDeletesTheKvstoreJob) {
   ASSERT_TRUE(kv.ok()) << kv.status();
   AgentOptions o = Options();
   o.connect_parameter_server =
-      [&](const std::string& job,
-          int worker) -> absl::StatusOr<std::unique_ptr<kvstore::ParameterServer>> {
+      [&](const std::string& job, int worker,
+          const std::string& /*token*/) -> absl::StatusOr<std::unique_ptr<kvstore::ParameterServer>> {
     DT_ASSIGN_OR_RETURN(std::unique_ptr<kvstore::InProcessParameterServer> ps,
                         (*kv)->Connect(job, worker));
     return std::unique_ptr<kvstore::ParameterServer>(std::move(ps));
@@ -888,8 +888,8 @@ TEST(AgentTest, SchedulerDrainOfAKvstoreJob) {
   ASSERT_TRUE(kv.ok()) << kv.status();
   AgentOptions o = Options();
   o.connect_parameter_server =
-      [&](const std::string& job,
-          int worker) -> absl::StatusOr<std::unique_ptr<kvstore::ParameterServer>> {
+      [&](const std::string& job, int worker,
+          const std::string& /*token*/) -> absl::StatusOr<std::unique_ptr<kvstore::ParameterServer>> {
     DT_ASSIGN_OR_RETURN(std::unique_ptr<kvstore::InProcessParameterServer> ps,
                         (*kv)->Connect(job, worker));
     return std::unique_ptr<kvstore::ParameterServer>(std::move(ps));

@@ -27,6 +27,7 @@
 #include "libs/kvstore/thread_pool.h"
 #include "libs/kvstore/wire.h"
 #include "libs/rpc/credentials.h"
+#include "libs/security/job_token.h"
 #include "protos/kvstore.grpc.pb.h"
 
 namespace dtrain {
@@ -173,6 +174,10 @@ absl::StatusOr<std::unique_ptr<KVClient>> KVClient::Connect(ClientOptions option
   return client;
 }
 
+void KVClient::AddToken(grpc::ClientContext* ctx) const {
+  if (!options_.token.empty()) ctx->AddMetadata(security::kJobTokenMetadata, options_.token);
+}
+
 // A call Cancel can end: registered while it runs.
 class KVClient::TrackedCall {
  public:
@@ -275,6 +280,7 @@ absl::Status KVClient::CreateJob(const JobConfig& config) {
     return WithRetries([&] {
       auto stub = v1::KVStore::NewStub(channels_[static_cast<size_t>(i)]);
       grpc::ClientContext ctx;
+      AddToken(&ctx);
       TrackedCall tracked(this, &ctx);
       ctx.set_deadline(Deadline(options_.rpc_timeout));
       v1::CreateJobResponse response;
@@ -298,6 +304,7 @@ absl::Status KVClient::DeleteJob() {
         [&] {
           auto stub = v1::KVStore::NewStub(channels_[static_cast<size_t>(i)]);
           grpc::ClientContext ctx;
+          AddToken(&ctx);
           ctx.set_deadline(Deadline(CleanupTimeout()));
           v1::DeleteJobResponse response;
           return FromGrpcStatus(stub->DeleteJob(&ctx, request, &response),
@@ -317,6 +324,7 @@ absl::Status KVClient::LeaveJob() {
         [&] {
           auto stub = v1::KVStore::NewStub(channels_[static_cast<size_t>(i)]);
           grpc::ClientContext ctx;
+          AddToken(&ctx);
           ctx.set_deadline(Deadline(CleanupTimeout()));
           v1::DeleteJobResponse response;
           return FromGrpcStatus(stub->DeleteJob(&ctx, request, &response),
@@ -364,6 +372,7 @@ absl::Status KVClient::Init(const std::vector<KeySpec>& keys) {
     return WithRetries([&]() -> absl::Status {
       auto stub = v1::KVStore::NewStub(channels_[static_cast<size_t>(i)]);
       grpc::ClientContext ctx;
+      AddToken(&ctx);
       TrackedCall tracked(this, &ctx);
       ctx.set_deadline(Deadline(options_.rpc_timeout));
       v1::InitResponse response;
@@ -744,6 +753,7 @@ absl::Status KVClient::PushOnce(int server, const std::vector<SliceOp>& work, bo
   token.reset();  // the slices in `messages` hold the pin now
 
   grpc::ClientContext ctx;
+  AddToken(&ctx);
   TrackedCall tracked(this, &ctx);
   ctx.set_deadline(Deadline(pull_back ? options_.pull_timeout : options_.rpc_timeout));
   int64_t reply_bytes = 0;
@@ -824,6 +834,7 @@ absl::Status KVClient::PullOnce(int server, const std::vector<SliceOp>& work) {
     targets.push_back({&w.slice->spec, w.dst});
   }
   grpc::ClientContext ctx;
+  AddToken(&ctx);
   TrackedCall tracked(this, &ctx);
   ctx.set_deadline(Deadline(options_.pull_timeout));
   int64_t reply_bytes = 0;
@@ -864,6 +875,7 @@ absl::StatusOr<JobStatus> KVClient::GetJob(int server, bool include_slices) {
   v1::GetJobResponse response;
   DT_RETURN_IF_ERROR(WithRetries([&] {
     grpc::ClientContext ctx;
+    AddToken(&ctx);
     TrackedCall tracked(this, &ctx);
     ctx.set_deadline(Deadline(options_.rpc_timeout));
     return FromGrpcStatus(
@@ -907,6 +919,7 @@ absl::StatusOr<std::vector<std::string>> KVClient::Snapshot() {
     v1::SnapshotResponse response;
     DT_RETURN_IF_ERROR(WithRetries([&] {
       grpc::ClientContext ctx;
+      AddToken(&ctx);
       TrackedCall tracked(this, &ctx);
       ctx.set_deadline(Deadline(options_.rpc_timeout));
       return FromGrpcStatus(stub->Snapshot(&ctx, request, &response),

@@ -10,6 +10,7 @@
 #include "libs/base/logging.h"
 #include "libs/base/status.h"
 #include "libs/scheduler/spec.h"
+#include "libs/security/job_token.h"
 
 namespace dtrain {
 namespace scheduler {
@@ -343,6 +344,11 @@ absl::StatusOr<HeartbeatReply> Scheduler::Heartbeat(const HeartbeatRequest& requ
       a->set_resume_epoch(jt->second.status.checkpoint_epoch());
       a->set_resume_step(jt->second.status.checkpoint_step());
       *a->mutable_trainer_ids() = jt->second.status.trainers();
+      if (!options_.job_token_secret.empty() && a->spec().sync().mode() == v1::KVSTORE) {
+        a->set_kvstore_token(security::MintJobToken(
+            options_.job_token_secret, security::KvstoreJobName(a->job_id(), a->attempt()),
+            options_.now() + options_.job_token_lifetime));
+      }
       t.delivered = true;
     }
   }

@@ -144,6 +144,11 @@ struct SchedulerOptions {
   // Finished jobs are dropped this long after they finished
   // (absl::InfiniteDuration(): kept forever).
   absl::Duration finished_job_retention = absl::Hours(7 * 24);
+  // The cluster secret (libs/security/job_token.h); non-empty: every
+  // assignment of a KVSTORE job carries a kvstore token for its attempt,
+  // valid for job_token_lifetime.
+  std::string job_token_secret;
+  absl::Duration job_token_lifetime = absl::Hours(30 * 24);
   // The clock; tests inject a fake one.
   std::function<absl::Time()> now = [] { return absl::Now(); };
 };

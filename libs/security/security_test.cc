@@ -12,6 +12,7 @@
 #include "libs/security/authz.h"
 #include "libs/security/certs.h"
 #include "libs/security/identity.h"
+#include "libs/security/job_token.h"
 
 namespace dtrain {
 namespace security {
@@ -141,6 +142,47 @@ TEST(AuthzTest, TrainerIdsAreBoundToWhoRegisteredThem) {
   EXPECT_EQ(b.Check("tr-1", t1).code(), absl::StatusCode::kPermissionDenied);
   EXPECT_TRUE(b.Check("unknown", t1).ok());  // the scheduler answers NotFound
   EXPECT_TRUE(b.Check("tr-1", Anonymous()).ok());
+}
+
+TEST(JobTokenTest, GrantsOneJobUntilItExpires) {
+  const std::string secret(64, 'a'), other(64, 'b');
+  const absl::Time now = absl::FromUnixSeconds(1700000000);
+  const std::string job = KvstoreJobName("job-000007", 2);
+  EXPECT_EQ(job, "job-000007-a2");
+  const std::string token = MintJobToken(secret, job, now + absl::Hours(1));
+  absl::StatusOr<std::string> granted = VerifyJobToken(secret, token, now);
+  ASSERT_TRUE(granted.ok()) << granted.status();
+  EXPECT_EQ(*granted, job);
+  // Another cluster's secret, an expired token, a forged job or expiry.
+  EXPECT_EQ(VerifyJobToken(other, token, now).status().code(),
+            absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(VerifyJobToken(secret, token, now + absl::Hours(2)).status().code(),
+            absl::StatusCode::kPermissionDenied);
+  std::string forged = token;
+  forged.replace(forged.find("a2"), 2, "a3");
+  EXPECT_EQ(VerifyJobToken(secret, forged, now).status().code(),
+            absl::StatusCode::kPermissionDenied);
+  // The old signature on a later expiry.
+  const std::string extended =
+      absl::StrCat("v1|", job, "|", absl::ToUnixSeconds(now + absl::Hours(100)),
+                   token.substr(token.rfind('|')));
+  EXPECT_EQ(VerifyJobToken(secret, extended, now + absl::Hours(2)).status().code(),
+            absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(VerifyJobToken(secret, "v1|x", now).status().code(),
+            absl::StatusCode::kPermissionDenied);
+}
+
+TEST(JobTokenTest, AScopeConfinesItsThreadToOneJob) {
+  EXPECT_TRUE(JobScope::Check("anything").ok());
+  {
+    const std::string allowed = "job-1-a1";
+    JobScope scope(&allowed);
+    EXPECT_TRUE(JobScope::Check("job-1-a1").ok());
+    absl::Status s = JobScope::Check("job-2-a1");
+    EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied);
+    EXPECT_NE(s.message().find("job-2-a1"), std::string::npos) << s;
+  }
+  EXPECT_TRUE(JobScope::Check("job-2-a1").ok());
 }
 
 }  // namespace

@@ -31,6 +31,7 @@
 #include "libs/kvstore/malloc_tuning.h"
 #include "libs/rpc/credential_flags.h"
 #include "libs/rpc/server.h"
+#include "libs/security/job_token.h"
 #include "services/kvstore/server.h"
 
 ABSL_FLAG(std::string, listen, "0.0.0.0:7070", "gRPC address (port 0: any free port)");
@@ -47,6 +48,9 @@ ABSL_FLAG(double, job_ttl_s, 3600,
           "<= 0: never)");
 ABSL_FLAG(int64_t, max_message_bytes, 4 << 20, "gRPC send/receive limit per message");
 ABSL_FLAG(double, shutdown_grace_s, 10, "seconds calls in flight get to finish at shutdown");
+ABSL_FLAG(std::string, cluster_secret_file, "",
+          "the cluster secret (`trainctl certs init` writes cluster.secret): trainers' calls "
+          "then need the kvstore token of the job they name (empty: not checked)");
 ABSL_FLAG(std::string, port_file, "",
           "write the bound gRPC port here once serving (for scripts and tests)");
 
@@ -72,6 +76,16 @@ int main(int argc, char** argv) {
   options.shard_index = absl::GetFlag(FLAGS_shard_index);
   options.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
   options.port_file = absl::GetFlag(FLAGS_port_file);
+  if (!absl::GetFlag(FLAGS_cluster_secret_file).empty()) {
+    absl::StatusOr<std::string> secret =
+        dtrain::security::ReadClusterSecret(absl::GetFlag(FLAGS_cluster_secret_file));
+    if (!secret.ok()) {
+      std::fprintf(stderr, "kvstore_server: --cluster_secret_file: %s\n",
+                   std::string(secret.status().message()).c_str());
+      return 2;
+    }
+    options.job_token_secret = *secret;
+  }
   options.snapshot_interval = absl::Seconds(absl::GetFlag(FLAGS_snapshot_interval_s));
   options.quota_bytes_per_job = absl::GetFlag(FLAGS_quota_bytes_per_job);
   options.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);

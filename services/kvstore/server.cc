@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/types/optional.h"
 #include "libs/base/grpc_status.h"
 #include "libs/base/logging.h"
 #include "libs/base/status.h"
@@ -25,6 +26,7 @@
 #include "libs/rpc/credentials.h"
 #include "libs/rpc/server.h"
 #include "libs/security/authz.h"
+#include "libs/security/job_token.h"
 #include "protos/kvstore.grpc.pb.h"
 
 namespace dtrain {
@@ -79,10 +81,28 @@ const char* CodeName(absl::StatusCode code) {
 namespace {
 
 // The kvstore's one authorization point (Run): the caller of `ctx` may call
-// `method` (rules: libs/security/authz.h).
-absl::Status Authorized(const grpc::ServerContext& ctx, const char* method) {
+// `method` (rules: libs/security/authz.h). With a cluster secret, a
+// trainer's call must carry a kvstore token: then the job it grants, to
+// which the call is confined (security::JobScope); nullopt: unconfined.
+absl::StatusOr<absl::optional<std::string>> Authorized(const grpc::ServerContext& ctx,
+                                                       const char* method,
+                                                       const std::string& secret) {
   DT_ASSIGN_OR_RETURN(security::Identity who, rpc::PeerIdentity(ctx));
-  return security::Authorize(who, security::KvstoreAction(method));
+  DT_RETURN_IF_ERROR(security::Authorize(who, security::KvstoreAction(method)));
+  if (secret.empty() || !who.authenticated || who.role != security::Role::kTrainer) {
+    return absl::nullopt;
+  }
+  auto token = ctx.client_metadata().find(security::kJobTokenMetadata);
+  if (token == ctx.client_metadata().end()) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        who.ToString(), " sent no kvstore token (", security::kJobTokenMetadata,
+        " metadata; the scheduler's assignment carries it)"));
+  }
+  DT_ASSIGN_OR_RETURN(std::string job,
+                      security::VerifyJobToken(
+                          secret, absl::string_view(token->second.data(), token->second.size()),
+                          absl::Now()));
+  return absl::optional<std::string>(std::move(job));
 }
 
 }  // namespace
@@ -133,8 +153,10 @@ class KVStoreServer::Impl {
   grpc::Status Run(const char* method, const grpc::ServerContext* ctx,
                    const std::function<absl::Status()>& handler) {
     const Clock::time_point start = Clock::now();
-    absl::Status status = Authorized(*ctx, method);
-    if (status.ok()) status = handler();
+    absl::StatusOr<absl::optional<std::string>> job =
+        Authorized(*ctx, method, options_.job_token_secret);
+    security::JobScope scope(job.ok() && job->has_value() ? &**job : nullptr);
+    const absl::Status status = job.ok() ? handler() : job.status();
     double seconds = std::chrono::duration<double>(Clock::now() - start).count();
     const MethodMetrics& m = methods_.at(method);
     if (status.ok()) {
@@ -153,6 +175,7 @@ class KVStoreServer::Impl {
 
   absl::Status CreateJob(const v1::CreateJobRequest& request, v1::CreateJobResponse* response) {
     DT_ASSIGN_OR_RETURN(JobConfig config, FromProto(request.config()));
+    DT_RETURN_IF_ERROR(security::JobScope::Check(config.job));
     DT_ASSIGN_OR_RETURN(bool created, store_->CreateJob(config));
     response->set_created(created);
     if (created) DT_LOG(INFO) << "created " << DescribeJobConfig(config);
@@ -160,6 +183,7 @@ class KVStoreServer::Impl {
   }
 
   absl::Status DeleteJob(const v1::DeleteJobRequest& request, v1::DeleteJobResponse* response) {
+    DT_RETURN_IF_ERROR(security::JobScope::Check(request.job()));
     if (request.leave()) {
       DT_ASSIGN_OR_RETURN(bool deleted, store_->LeaveJob(request.job(), request.worker()));
       response->set_deleted(deleted);
@@ -177,6 +201,7 @@ class KVStoreServer::Impl {
   }
 
   absl::Status GetJob(const v1::GetJobRequest& request, v1::GetJobResponse* response) {
+    DT_RETURN_IF_ERROR(security::JobScope::Check(request.job()));
     DT_ASSIGN_OR_RETURN(JobStatus status,
                         store_->GetJob(request.job(), request.worker(), request.include_slices()));
     *response = ToProto(status);
@@ -190,6 +215,7 @@ class KVStoreServer::Impl {
       return absl::InvalidArgumentError("Init: empty request stream");
     }
     const v1::InitRequest& first = messages.front();
+    DT_RETURN_IF_ERROR(security::JobScope::Check(first.job()));
     std::vector<InitItem> items;
     std::vector<std::pair<std::string, int64_t>> sizes;
     for (const v1::SliceSpec& proto : first.slices()) {
@@ -295,6 +321,7 @@ class KVStoreServer::Impl {
   }
 
   absl::StatusOr<PushResult> ApplyPush(const ReceivedPush& p) {
+    DT_RETURN_IF_ERROR(security::JobScope::Check(p.header.job()));
     DT_ASSIGN_OR_RETURN(PushResult result,
                         store_->Push(p.header.job(), p.header.worker(), p.compression, p.items));
     if (result.duplicates > 0) duplicates_.Increment(result.duplicates);
@@ -384,6 +411,7 @@ class KVStoreServer::Impl {
                     grpc::ServerWriter<grpc::ByteBuffer>* writer) {
     v1::PullRequest r;
     DT_RETURN_IF_ERROR(wire::ParseSmall(*request, &r, "PullRequest"));
+    DT_RETURN_IF_ERROR(security::JobScope::Check(r.job()));
     std::vector<PullRequestItem> items;
     for (const v1::PullItem& p : r.items()) items.push_back({p.key(), p.slice(), p.round()});
     DT_ASSIGN_OR_RETURN(std::vector<PulledValue> values,
@@ -444,6 +472,7 @@ class KVStoreServer::Impl {
                          grpc::ByteBuffer* response) {
     v1::PullRequest r;
     DT_RETURN_IF_ERROR(wire::ParseSmall(*request, &r, "PullRequest"));
+    DT_RETURN_IF_ERROR(security::JobScope::Check(r.job()));
     std::vector<PullRequestItem> items;
     for (const v1::PullItem& p : r.items()) items.push_back({p.key(), p.slice(), p.round()});
     DT_ASSIGN_OR_RETURN(std::vector<PulledValue> values,

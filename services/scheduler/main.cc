@@ -26,6 +26,7 @@
 #include "libs/base/signals.h"
 #include "libs/rpc/credential_flags.h"
 #include "libs/rpc/server.h"
+#include "libs/security/job_token.h"
 #include "services/scheduler/server.h"
 
 ABSL_FLAG(std::string, listen, "0.0.0.0:7000", "gRPC address (port 0: any free port)");
@@ -39,6 +40,9 @@ ABSL_FLAG(int, max_attempts, 5,
 ABSL_FLAG(absl::Duration, finished_job_retention, absl::Hours(7 * 24),
           "how long SUCCEEDED, FAILED and CANCELLED jobs are kept (e.g. 168h, 30m; inf: forever)");
 ABSL_FLAG(double, shutdown_grace_s, 2, "seconds calls in flight get to finish at shutdown");
+ABSL_FLAG(std::string, cluster_secret_file, "",
+          "the cluster secret (`trainctl certs init` writes cluster.secret): KVSTORE "
+          "assignments then carry a kvstore token the shards check (empty: none)");
 ABSL_FLAG(std::string, port_file, "",
           "write the bound gRPC port here once serving (for scripts and tests)");
 
@@ -60,6 +64,16 @@ int main(int argc, char** argv) {
   options.data_dir = absl::GetFlag(FLAGS_data_dir);
   options.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
   options.port_file = absl::GetFlag(FLAGS_port_file);
+  if (!absl::GetFlag(FLAGS_cluster_secret_file).empty()) {
+    absl::StatusOr<std::string> secret =
+        dtrain::security::ReadClusterSecret(absl::GetFlag(FLAGS_cluster_secret_file));
+    if (!secret.ok()) {
+      std::fprintf(stderr, "scheduler_server: --cluster_secret_file: %s\n",
+                   std::string(secret.status().message()).c_str());
+      return 2;
+    }
+    options.job_token_secret = *secret;
+  }
   const double timeout_s = absl::GetFlag(FLAGS_heartbeat_timeout_s);
   if (!(timeout_s > 0)) {
     std::fprintf(stderr, "scheduler_server: --heartbeat_timeout_s must be > 0, got %g\n",

@@ -340,6 +340,7 @@ absl::StatusOr<std::unique_ptr<SchedulerServer>> SchedulerServer::Start(
   so.heartbeat_timeout = options.heartbeat_timeout;
   so.max_attempts = options.max_attempts;
   so.finished_job_retention = options.finished_job_retention;
+  so.job_token_secret = options.job_token_secret;
   so.heartbeat_interval =
       std::max(absl::Milliseconds(100), std::min(absl::Seconds(5), options.heartbeat_timeout / 4));
   DT_ASSIGN_OR_RETURN(server->scheduler_, Scheduler::Open(so));

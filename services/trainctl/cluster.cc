@@ -39,7 +39,9 @@
 // trainer-<i> (role trainer) for each trainer; every process gets --ca,
 // --cert and --key, and `up` prints the export lines of DTRAIN_SCHEDULER,
 // DTRAIN_CA, DTRAIN_CERT and DTRAIN_KEY (the admin credential) a shell needs
-// to use the cluster. `up --insecure` starts everything with --insecure,
+// to use the cluster. The scheduler and the shards share certs/cluster.secret:
+// KVSTORE assignments carry a per-attempt kvstore token, and a shard serves
+// a trainer only the job its token names. `up --insecure` starts everything with --insecure,
 // leaves DIR/insecure as a mark for `status`, and prints DTRAIN_INSECURE=1.
 // `status` and the supervisor call the servers with the admin credential.
 //
@@ -454,6 +456,10 @@ absl::Status StartAll(const ClusterOptions& o, const std::string& dir, std::vect
       argv.push_back(absl::StrCat("--ca=", dir, "/certs/ca.pem"));
       argv.push_back(absl::StrCat("--cert=", dir, "/certs/", cert, ".pem"));
       argv.push_back(absl::StrCat("--key=", dir, "/certs/", cert, ".key"));
+      // Per-job kvstore tokens: the scheduler mints, the shards check.
+      if (p.role != "trainer") {
+        argv.push_back(absl::StrCat("--cluster_secret_file=", dir, "/certs/cluster.secret"));
+      }
     }
     if (server) {
       argv.push_back("--listen=127.0.0.1:0");

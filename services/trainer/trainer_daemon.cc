@@ -267,12 +267,14 @@ int main(int argc, char** argv) {
     if (!kv.empty()) {
       // Gradients of KVSTORE jobs go through the shards: one kvstore job per
       // attempt, every trainer a worker.
-      options.connect_parameter_server = [kv, kv_unavailable_s](const std::string& job, int worker)
+      options.connect_parameter_server = [kv, kv_unavailable_s](const std::string& job, int worker,
+                                                                const std::string& token)
           -> absl::StatusOr<std::unique_ptr<dtrain::kvstore::ParameterServer>> {
         dtrain::kvstore::ClientOptions ko;
         ko.servers = kv;
         ko.job = job;
         ko.worker = worker;
+        ko.token = token;
         ko.unavailable_timeout = absl::Seconds(kv_unavailable_s);
         DT_ASSIGN_OR_RETURN(std::unique_ptr<dtrain::kvstore::KVClient> client,
                             dtrain::kvstore::KVClient::Connect(ko));

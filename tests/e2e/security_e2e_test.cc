@@ -8,6 +8,9 @@
 //   - a client without TLS, or with TLS but no client certificate, or with a
 //     certificate of another CA, cannot call the scheduler or a shard;
 //   - alice's user certificate cannot call ClusterService or the kvstore;
+//   - job B's trainers cannot read job A's keys: a shard serves a trainer
+//     only the job its kvstore token names (none, a token of another job or
+//     one signed with another secret: PERMISSION_DENIED);
 //   - a trainer certificate that did not register a trainer id cannot report
 //     for it (the attack of issue 16: a final FAILED report with an id
 //     published in JobStatus.trainers);
@@ -24,6 +27,7 @@
 #include "gtest/gtest.h"
 #include "libs/rpc/credentials.h"
 #include "libs/security/certs.h"
+#include "libs/security/job_token.h"
 #include "protos/admin.grpc.pb.h"
 #include "protos/kvstore.grpc.pb.h"
 #include "protos/scheduler.grpc.pb.h"
@@ -231,11 +235,53 @@ TEST_F(SecurityE2eTest, UsersOwnTheirJobsAndOnlyTrainersServeThem) {
               absl::StatusCode::kPermissionDenied);
   }
 
+  // Job B's trainers cannot read job A's keys: a shard serves a trainer only
+  // the job its kvstore token (minted by the scheduler under the cluster
+  // secret, here by the test as the scheduler would for job B) names.
+  absl::StatusOr<std::string> secret = security::ReadClusterSecret(certs_ + "/cluster.secret");
+  ASSERT_TRUE(secret.ok()) << secret.status();
+  const std::string job_b = security::KvstoreJobName("job-999999", 1);
+  const std::string b_token =
+      security::MintJobToken(*secret, job_b, absl::Now() + absl::Hours(1));
+  auto trainer_call = [&](const std::string& shard, const std::string& token,
+                          const std::string& job) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+    if (!token.empty()) ctx.AddMetadata(security::kJobTokenMetadata, token);
+    kv::GetJobRequest gj;
+    gj.set_job(job);
+    kv::GetJobResponse gjr;
+    return Code(kv::KVStore::NewStub(rpc::NewChannel(shard, rogue.get()))->GetJob(&ctx, gj, &gjr));
+  };
+  for (const std::string& shard : shards_) {
+    SCOPED_TRACE(shard);
+    // Its own job: past authorization (a job the shard does not hold).
+    EXPECT_EQ(trainer_call(shard, b_token, job_b), absl::StatusCode::kNotFound);
+    EXPECT_EQ(trainer_call(shard, b_token, kv_job), absl::StatusCode::kPermissionDenied);
+    EXPECT_EQ(trainer_call(shard, "", kv_job), absl::StatusCode::kPermissionDenied);
+    EXPECT_EQ(trainer_call(shard, security::MintJobToken(std::string(64, '0'), kv_job,
+                                                         absl::Now() + absl::Hours(1)),
+                           kv_job),
+              absl::StatusCode::kPermissionDenied);
+    auto data = kv::KVStoreData::NewStub(rpc::NewChannel(shard, rogue.get()));
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+    ctx.AddMetadata(security::kJobTokenMetadata, b_token);
+    kv::PullRequest pull;
+    pull.set_job(kv_job);
+    pull.add_items()->set_key("w0");
+    kv::PullResponse pr;
+    EXPECT_EQ(Code(data->PullUnary(&ctx, pull, &pr)), absl::StatusCode::kPermissionDenied);
+  }
+
   // A trainer certificate, but not the one that registered that trainer id.
   auto rogue_cluster = v1::ClusterService::NewStub(rpc::NewChannel(scheduler_, rogue.get()));
   grpc::Status forged = rogue_cluster->ReportProgress(Ctx().get(), kill, &reply);
   EXPECT_EQ(Code(forged), absl::StatusCode::kPermissionDenied) << forged.error_message();
-  EXPECT_NE(forged.error_message().find("trainer-0"), std::string::npos)
+  // "rogue (trainer) may not act as trainer <id>, which trainer-<i> registered"
+  EXPECT_NE(forged.error_message().find("rogue (trainer)"), std::string::npos)
+      << forged.error_message();
+  EXPECT_NE(forged.error_message().find("which trainer-"), std::string::npos)
       << forged.error_message();
 
   // No TLS, TLS without a client certificate, a certificate of another CA:
