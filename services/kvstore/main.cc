@@ -51,6 +51,9 @@ ABSL_FLAG(double, shutdown_grace_s, 10, "seconds calls in flight get to finish a
 ABSL_FLAG(std::string, cluster_secret_file, "",
           "the cluster secret (`trainctl certs init` writes cluster.secret): trainers' calls "
           "then need the kvstore token of the job they name (empty: not checked)");
+ABSL_FLAG(std::string, health_listen, "",
+          "a plain-text port that serves only gRPC health checking (grpc.health.v1), for "
+          "probes that cannot speak mutual TLS (the kubelet's); empty: none");
 ABSL_FLAG(std::string, port_file, "",
           "write the bound gRPC port here once serving (for scripts and tests)");
 
@@ -105,7 +108,20 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "kvstore_server: %s\n", server.status().ToString().c_str());
     return 1;
   }
+  // Probes: health only, plain text, SERVING while the shard serves.
+  dtrain::rpc::ServerOptions probe_options;
+  probe_options.service = "kvstore-health";
+  probe_options.listen = absl::GetFlag(FLAGS_health_listen);
+  probe_options.credentials = dtrain::rpc::Credentials::Insecure();
+  dtrain::rpc::Server probe(probe_options);
+  if (!probe_options.listen.empty()) {
+    if (absl::Status s = probe.Start(); !s.ok()) {
+      std::fprintf(stderr, "kvstore_server: --health_listen: %s\n", s.ToString().c_str());
+      return 1;
+    }
+  }
   return dtrain::rpc::RunUntilShutdownSignal("kvstore_server", [&] {
+    probe.Shutdown(absl::ZeroDuration());
     return (*server)->Shutdown(absl::Seconds(absl::GetFlag(FLAGS_shutdown_grace_s)));
   });
 }

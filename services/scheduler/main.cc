@@ -43,6 +43,9 @@ ABSL_FLAG(double, shutdown_grace_s, 2, "seconds calls in flight get to finish at
 ABSL_FLAG(std::string, cluster_secret_file, "",
           "the cluster secret (`trainctl certs init` writes cluster.secret): KVSTORE "
           "assignments then carry a kvstore token the shards check (empty: none)");
+ABSL_FLAG(std::string, health_listen, "",
+          "a plain-text port that serves only gRPC health checking (grpc.health.v1), for "
+          "probes that cannot speak mutual TLS (the kubelet's); empty: none");
 ABSL_FLAG(std::string, port_file, "",
           "write the bound gRPC port here once serving (for scripts and tests)");
 
@@ -105,7 +108,20 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "scheduler_server: %s\n", server.status().ToString().c_str());
     return 1;
   }
+  // Probes: health only, plain text, SERVING while the scheduler serves.
+  dtrain::rpc::ServerOptions probe_options;
+  probe_options.service = "scheduler-health";
+  probe_options.listen = absl::GetFlag(FLAGS_health_listen);
+  probe_options.credentials = dtrain::rpc::Credentials::Insecure();
+  dtrain::rpc::Server probe(probe_options);
+  if (!probe_options.listen.empty()) {
+    if (absl::Status s = probe.Start(); !s.ok()) {
+      std::fprintf(stderr, "scheduler_server: --health_listen: %s\n", s.ToString().c_str());
+      return 1;
+    }
+  }
   return dtrain::rpc::RunUntilShutdownSignal("scheduler_server", [&] {
+    probe.Shutdown(absl::ZeroDuration());
     (*server)->Shutdown(absl::Seconds(absl::GetFlag(FLAGS_shutdown_grace_s)));
     return absl::OkStatus();
   });

@@ -164,7 +164,8 @@ ABSL_FLAG(double, collective_timeout_s, 60,
 ABSL_FLAG(std::string, metrics_listen, "",
           "Prometheus /metrics address, e.g. :9402 or 127.0.0.1:0 (empty: no endpoint)");
 ABSL_FLAG(std::string, health_listen, "",
-          "gRPC health-checking (grpc.health.v1) address, e.g. :9403 (empty: none)");
+          "gRPC health-checking (grpc.health.v1) address, e.g. :9403, plain text (it serves no "
+          "API; the kubelet's probes cannot speak mutual TLS) (empty: none)");
 ABSL_FLAG(std::string, metrics_port_file, "",
           "if set, the bound metrics port is written to this file");
 ABSL_FLAG(std::string, health_port_file, "",
@@ -245,6 +246,9 @@ int main(int argc, char** argv) {
   server_options.port_file = absl::GetFlag(FLAGS_health_port_file);
   server_options.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
   server_options.metrics_port_file = absl::GetFlag(FLAGS_metrics_port_file);
+  // Plain text: the port serves no API (health, reflection, Admin.Ping), and
+  // the kubelet's gRPC probes cannot speak mutual TLS.
+  server_options.credentials = dtrain::rpc::Credentials::Insecure();
   dtrain::rpc::Server server(server_options);
   server.Expose(metrics.registry());
   if (!server_options.listen.empty() || !server_options.metrics_listen.empty()) {
