@@ -168,8 +168,7 @@ absl::StatusOr<std::unique_ptr<KVClient>> KVClient::Connect(ClientOptions option
     args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
     args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 2000);
     args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
-    client->channels_.push_back(
-        dtrain::rpc::NewChannel(server, args));
+    client->channels_.push_back(dtrain::rpc::NewChannel(server, args));
   }
   return client;
 }

@@ -59,7 +59,8 @@ absl::StatusOr<std::shared_ptr<const Credentials>> CredentialsFromFlags(absl::st
   if (f.ca.empty() || f.cert.empty() || f.key.empty()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "mutual TLS needs all of --ca, --cert and --key (or DTRAIN_CA, DTRAIN_CERT, DTRAIN_KEY); "
-        "missing:", f.ca.empty() ? " --ca" : "", f.cert.empty() ? " --cert" : "",
+        "missing:",
+        f.ca.empty() ? " --ca" : "", f.cert.empty() ? " --cert" : "",
         f.key.empty() ? " --key" : ""));
   }
   return Credentials::Load(f);

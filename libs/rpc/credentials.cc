@@ -17,8 +17,7 @@ namespace dtrain {
 namespace rpc {
 namespace {
 
-absl::StatusOr<std::string> ReadPem(const std::string& path, const char* what,
-                                    const char* marker) {
+absl::StatusOr<std::string> ReadPem(const std::string& path, const char* what, const char* marker) {
   if (path.empty()) return absl::InvalidArgumentError(absl::StrCat("no ", what, " file given"));
   std::ifstream in(path);
   if (!in) return absl::NotFoundError(absl::StrCat("cannot read the ", what, " file ", path));

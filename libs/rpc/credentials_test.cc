@@ -38,7 +38,8 @@ absl::StatusOr<std::string> Ping(std::shared_ptr<grpc::Channel> channel) {
   ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
   admin::PingReply reply;
   grpc::Status s = stub->Ping(&ctx, admin::PingRequest(), &reply);
-  if (!s.ok()) return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
+  if (!s.ok())
+    return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
   return reply.caller();
 }
 
@@ -81,8 +82,9 @@ TEST_F(CredentialsTest, AClientOfTheSameCaIsKnownByItsCertificate) {
 }
 
 TEST_F(CredentialsTest, PlainTextNoCertificateOrAnotherCaCannotCall) {
-  EXPECT_EQ(Ping(NewChannel(server_->local_address(), Credentials::Insecure().get())).status().code(),
-            absl::StatusCode::kUnavailable);
+  EXPECT_EQ(
+      Ping(NewChannel(server_->local_address(), Credentials::Insecure().get())).status().code(),
+      absl::StatusCode::kUnavailable);
   // TLS that trusts the CA but presents no client certificate.
   grpc::SslCredentialsOptions no_cert;
   std::ifstream in(Dir("ca") + "/ca.pem");

@@ -275,8 +275,8 @@ absl::Status Server::Start() {
       DT_LOG(WARNING) << options_.service
                       << ": serving PLAIN TEXT (--insecure): no encryption, no identities";
     } else {
-      DT_LOG(INFO) << options_.service << ": mutual TLS as "
-                   << credentials->identity().ToString() << ", client certificates required";
+      DT_LOG(INFO) << options_.service << ": mutual TLS as " << credentials->identity().ToString()
+                   << ", client certificates required";
     }
   }
   DT_LOG(INFO) << options_.service

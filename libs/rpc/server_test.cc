@@ -1,6 +1,5 @@
 // The scaffold on loopback: health, reflection, admin, the RPC metrics,
 // port files, graceful shutdown, and the signal tail of mains.
-#include "libs/rpc/credentials.h"
 #include "libs/rpc/server.h"
 
 #include <grpcpp/client_context.h>
@@ -29,6 +28,7 @@
 #include "gtest/gtest.h"
 #include "libs/metrics/metrics.h"
 #include "libs/metrics/scrape.h"
+#include "libs/rpc/credentials.h"
 #include "protos/admin.grpc.pb.h"
 #include "protos/scheduler.grpc.pb.h"
 

@@ -64,9 +64,8 @@ absl::Status Authorize(const Identity& who, Action action, absl::string_view own
       break;
   }
   if (ok) return absl::OkStatus();
-  return absl::PermissionDeniedError(
-      absl::StrCat(who.ToString(), " may not ", ActionName(action), " (role ", RoleName(who.role),
-                   ")"));
+  return absl::PermissionDeniedError(absl::StrCat(who.ToString(), " may not ", ActionName(action),
+                                                  " (role ", RoleName(who.role), ")"));
 }
 
 bool SeesAllJobs(const Identity& who) { return !who.authenticated || who.role == Role::kAdmin; }

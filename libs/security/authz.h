@@ -38,7 +38,7 @@ namespace security {
 enum class Action {
   kSubmitJob,
   kListJobs,
-  kReadJob,    // Get, Watch
+  kReadJob,  // Get, Watch
   kCancelJob,
   kListTrainers,
   kDrainTrainer,

@@ -123,9 +123,11 @@ absl::StatusOr<CertPtr> MakeCert(EVP_PKEY* key, const std::string& cn, const std
   X509* signer = issuer != nullptr ? issuer : cert.get();
   if (ca) {
     DT_RETURN_IF_ERROR(AddExtension(cert.get(), signer, NID_basic_constraints, "critical,CA:TRUE"));
-    DT_RETURN_IF_ERROR(AddExtension(cert.get(), signer, NID_key_usage, "critical,keyCertSign,cRLSign"));
+    DT_RETURN_IF_ERROR(
+        AddExtension(cert.get(), signer, NID_key_usage, "critical,keyCertSign,cRLSign"));
   } else {
-    DT_RETURN_IF_ERROR(AddExtension(cert.get(), signer, NID_basic_constraints, "critical,CA:FALSE"));
+    DT_RETURN_IF_ERROR(
+        AddExtension(cert.get(), signer, NID_basic_constraints, "critical,CA:FALSE"));
     DT_RETURN_IF_ERROR(
         AddExtension(cert.get(), signer, NID_key_usage, "critical,digitalSignature,keyAgreement"));
     std::vector<std::string> alt = {absl::StrCat("URI:dtrain://", ou, "/", cn)};
@@ -155,9 +157,8 @@ absl::Status Issue(const std::string& dir, X509* ca, EVP_PKEY* ca_key, const Cer
   DT_ASSIGN_OR_RETURN(KeyPtr key, NewKey());
   std::vector<std::string> sans = {"localhost", r.name, "127.0.0.1", "::1"};
   sans.insert(sans.end(), r.extra_sans.begin(), r.extra_sans.end());
-  DT_ASSIGN_OR_RETURN(CertPtr cert,
-                      MakeCert(key.get(), r.name, RoleName(r.role), ca, ca_key, false, sans,
-                               r.valid_days));
+  DT_ASSIGN_OR_RETURN(CertPtr cert, MakeCert(key.get(), r.name, RoleName(r.role), ca, ca_key, false,
+                                             sans, r.valid_days));
   DT_RETURN_IF_ERROR(WriteWithMode(absl::StrCat(dir, "/", r.name, ".key"), ToPem(key.get()), 0600));
   return WriteWithMode(absl::StrCat(dir, "/", r.name, ".pem"), ToPem(cert.get()), 0644);
 }
@@ -171,8 +172,10 @@ absl::Status InitCertDir(const std::string& dir, const InitOptions& options) {
   struct stat st;
   if (stat(absl::StrCat(dir, "/ca.pem").c_str(), &st) == 0) {
     return absl::AlreadyExistsError(absl::StrCat(
-        dir, "/ca.pem exists: this directory has a CA already (issue more certificates with "
-             "`trainctl certs issue --dir=", dir, "`)"));
+        dir,
+        "/ca.pem exists: this directory has a CA already (issue more certificates with "
+        "`trainctl certs issue --dir=",
+        dir, "`)"));
   }
   DT_ASSIGN_OR_RETURN(KeyPtr ca_key, NewKey());
   DT_ASSIGN_OR_RETURN(CertPtr ca, MakeCert(ca_key.get(), "dtrain-ca", "ca", nullptr, nullptr, true,
@@ -199,11 +202,14 @@ absl::Status IssueCert(const std::string& dir, const CertRequest& request) {
   absl::StatusOr<std::string> ca_pem = Slurp(dir + "/ca.pem");
   absl::StatusOr<std::string> key_pem = Slurp(dir + "/ca.key");
   if (!ca_pem.ok() || !key_pem.ok()) {
-    return absl::NotFoundError(absl::StrCat(dir, " has no CA (ca.pem and ca.key); run `trainctl certs init --dir=", dir, "` first"));
+    return absl::NotFoundError(absl::StrCat(
+        dir, " has no CA (ca.pem and ca.key); run `trainctl certs init --dir=", dir, "` first"));
   }
-  std::unique_ptr<BIO, decltype(&BIO_free)> cb(BIO_new_mem_buf(ca_pem->data(), static_cast<int>(ca_pem->size())), &BIO_free);
+  std::unique_ptr<BIO, decltype(&BIO_free)> cb(
+      BIO_new_mem_buf(ca_pem->data(), static_cast<int>(ca_pem->size())), &BIO_free);
   CertPtr ca(PEM_read_bio_X509(cb.get(), nullptr, nullptr, nullptr), &X509_free);
-  std::unique_ptr<BIO, decltype(&BIO_free)> kb(BIO_new_mem_buf(key_pem->data(), static_cast<int>(key_pem->size())), &BIO_free);
+  std::unique_ptr<BIO, decltype(&BIO_free)> kb(
+      BIO_new_mem_buf(key_pem->data(), static_cast<int>(key_pem->size())), &BIO_free);
   KeyPtr ca_key(PEM_read_bio_PrivateKey(kb.get(), nullptr, nullptr, nullptr), &EVP_PKEY_free);
   if (ca == nullptr || ca_key == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat(dir, "/ca.pem or ca.key is not PEM"));

@@ -48,8 +48,8 @@ absl::StatusOr<Role> ParseRole(absl::string_view name) {
   for (Role r : {Role::kUser, Role::kAdmin, Role::kTrainer, Role::kKvstore, Role::kScheduler}) {
     if (name == RoleName(r)) return r;
   }
-  return absl::InvalidArgumentError(absl::StrCat(
-      "role '", name, "' is not one of user, admin, trainer, kvstore, scheduler"));
+  return absl::InvalidArgumentError(
+      absl::StrCat("role '", name, "' is not one of user, admin, trainer, kvstore, scheduler"));
 }
 
 std::string Identity::ToString() const {
@@ -74,8 +74,8 @@ bool ValidName(absl::string_view name) {
 }
 
 absl::StatusOr<Identity> IdentityFromCertPem(absl::string_view pem) {
-  std::unique_ptr<BIO, decltype(&BIO_free)> bio(BIO_new_mem_buf(pem.data(), static_cast<int>(pem.size())),
-                                               &BIO_free);
+  std::unique_ptr<BIO, decltype(&BIO_free)> bio(
+      BIO_new_mem_buf(pem.data(), static_cast<int>(pem.size())), &BIO_free);
   if (bio == nullptr) return absl::InternalError("out of memory reading a certificate");
   std::unique_ptr<X509, decltype(&X509_free)> cert(
       PEM_read_bio_X509(bio.get(), nullptr, nullptr, nullptr), &X509_free);
@@ -90,8 +90,8 @@ absl::StatusOr<Identity> IdentityFromCertPem(absl::string_view pem) {
   const std::string ou = NameEntry(subject, NID_organizationalUnitName);
   absl::StatusOr<Role> role = ParseRole(ou);
   if (!role.ok()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("certificate of '", id.name, "' names no dtrain role (OU): ", role.status().message()));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "certificate of '", id.name, "' names no dtrain role (OU): ", role.status().message()));
   }
   id.role = *role;
   return id;

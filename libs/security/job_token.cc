@@ -34,8 +34,7 @@ std::string KvstoreJobName(absl::string_view job_id, int attempt) {
 
 std::string MintJobToken(absl::string_view secret, absl::string_view kvstore_job,
                          absl::Time expiry) {
-  const std::string payload =
-      absl::StrCat("v1|", kvstore_job, "|", absl::ToUnixSeconds(expiry));
+  const std::string payload = absl::StrCat("v1|", kvstore_job, "|", absl::ToUnixSeconds(expiry));
   return absl::StrCat(payload, "|", Mac(secret, payload));
 }
 
@@ -58,8 +57,7 @@ absl::StatusOr<std::string> VerifyJobToken(absl::string_view secret, absl::strin
   }
   if (absl::FromUnixSeconds(expiry) < now) {
     return absl::PermissionDeniedError(absl::StrCat("kvstore job token for '", parts[1],
-                                                    "' expired at ", parts[2],
-                                                    " (unix seconds)"));
+                                                    "' expired at ", parts[2], " (unix seconds)"));
   }
   return std::string(parts[1]);
 }
@@ -74,8 +72,8 @@ JobScope::~JobScope() { g_allowed_job = nullptr; }
 
 absl::Status JobScope::Check(absl::string_view job) {
   if (g_allowed_job == nullptr || *g_allowed_job == job) return absl::OkStatus();
-  return absl::PermissionDeniedError(absl::StrCat("this call's kvstore token is for job '",
-                                                  *g_allowed_job, "', not '", job, "'"));
+  return absl::PermissionDeniedError(
+      absl::StrCat("this call's kvstore token is for job '", *g_allowed_job, "', not '", job, "'"));
 }
 
 absl::StatusOr<std::string> ReadClusterSecret(const std::string& path) {

@@ -40,8 +40,9 @@ Identity Who(const std::string& name, Role role) {
 TEST(CertsTest, InitIssuesServiceCertificatesWithTheirIdentities) {
   const std::string dir = Dir("init");
   ASSERT_TRUE(InitCertDir(dir, {}).ok());
-  for (auto [name, role] : {std::pair{"scheduler", Role::kScheduler},
-                            std::pair{"kvstore", Role::kKvstore}, std::pair{"admin", Role::kAdmin}}) {
+  for (auto [name, role] :
+       {std::pair{"scheduler", Role::kScheduler}, std::pair{"kvstore", Role::kKvstore},
+        std::pair{"admin", Role::kAdmin}}) {
     absl::StatusOr<Identity> id = IdentityFromCertPem(Read(absl::StrCat(dir, "/", name, ".pem")));
     ASSERT_TRUE(id.ok()) << name << ": " << id.status();
     EXPECT_EQ(id->name, name);
@@ -114,15 +115,15 @@ TEST(AuthzTest, RolesAndServices) {
     bool allowed;
   };
   const Case cases[] = {
-      {Role::kUser, Action::kSubmitJob, true},      {Role::kTrainer, Action::kSubmitJob, false},
-      {Role::kKvstore, Action::kListJobs, false},   {Role::kUser, Action::kDrainTrainer, false},
-      {Role::kAdmin, Action::kDrainTrainer, true},  {Role::kUser, Action::kTrainerCall, false},
-      {Role::kAdmin, Action::kTrainerCall, true},   {Role::kTrainer, Action::kTrainerCall, true},
-      {Role::kScheduler, Action::kTrainerCall, false},
-      {Role::kUser, Action::kKvData, false},        {Role::kTrainer, Action::kKvData, true},
-      {Role::kScheduler, Action::kKvData, true},    {Role::kTrainer, Action::kKvAdmin, false},
-      {Role::kScheduler, Action::kKvAdmin, true},   {Role::kUser, Action::kKvAdmin, false},
-      {Role::kUser, Action::kListTrainers, true},   {Role::kTrainer, Action::kListTrainers, false},
+      {Role::kUser, Action::kSubmitJob, true},         {Role::kTrainer, Action::kSubmitJob, false},
+      {Role::kKvstore, Action::kListJobs, false},      {Role::kUser, Action::kDrainTrainer, false},
+      {Role::kAdmin, Action::kDrainTrainer, true},     {Role::kUser, Action::kTrainerCall, false},
+      {Role::kAdmin, Action::kTrainerCall, true},      {Role::kTrainer, Action::kTrainerCall, true},
+      {Role::kScheduler, Action::kTrainerCall, false}, {Role::kUser, Action::kKvData, false},
+      {Role::kTrainer, Action::kKvData, true},         {Role::kScheduler, Action::kKvData, true},
+      {Role::kTrainer, Action::kKvAdmin, false},       {Role::kScheduler, Action::kKvAdmin, true},
+      {Role::kUser, Action::kKvAdmin, false},          {Role::kUser, Action::kListTrainers, true},
+      {Role::kTrainer, Action::kListTrainers, false},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(absl::StrCat(RoleName(c.role), " ", ActionName(c.action)));
@@ -154,8 +155,7 @@ TEST(JobTokenTest, GrantsOneJobUntilItExpires) {
   ASSERT_TRUE(granted.ok()) << granted.status();
   EXPECT_EQ(*granted, job);
   // Another cluster's secret, an expired token, a forged job or expiry.
-  EXPECT_EQ(VerifyJobToken(other, token, now).status().code(),
-            absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(VerifyJobToken(other, token, now).status().code(), absl::StatusCode::kPermissionDenied);
   EXPECT_EQ(VerifyJobToken(secret, token, now + absl::Hours(2)).status().code(),
             absl::StatusCode::kPermissionDenied);
   std::string forged = token;
@@ -163,9 +163,8 @@ TEST(JobTokenTest, GrantsOneJobUntilItExpires) {
   EXPECT_EQ(VerifyJobToken(secret, forged, now).status().code(),
             absl::StatusCode::kPermissionDenied);
   // The old signature on a later expiry.
-  const std::string extended =
-      absl::StrCat("v1|", job, "|", absl::ToUnixSeconds(now + absl::Hours(100)),
-                   token.substr(token.rfind('|')));
+  const std::string extended = absl::StrCat(
+      "v1|", job, "|", absl::ToUnixSeconds(now + absl::Hours(100)), token.substr(token.rfind('|')));
   EXPECT_EQ(VerifyJobToken(secret, extended, now + absl::Hours(2)).status().code(),
             absl::StatusCode::kPermissionDenied);
   EXPECT_EQ(VerifyJobToken(secret, "v1|x", now).status().code(),

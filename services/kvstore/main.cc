@@ -68,7 +68,8 @@ int main(int argc, char** argv) {
     absl::StatusOr<std::shared_ptr<const dtrain::rpc::Credentials>> credentials =
         dtrain::rpc::CredentialsFromFlags("kvstore_server");
     if (!credentials.ok()) {
-      std::fprintf(stderr, "kvstore_server: %s\n", std::string(credentials.status().message()).c_str());
+      std::fprintf(stderr, "kvstore_server: %s\n",
+                   std::string(credentials.status().message()).c_str());
       return 2;
     }
     dtrain::rpc::SetDefaultCredentials(*std::move(credentials));

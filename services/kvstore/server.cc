@@ -94,14 +94,14 @@ absl::StatusOr<absl::optional<std::string>> Authorized(const grpc::ServerContext
   }
   auto token = ctx.client_metadata().find(security::kJobTokenMetadata);
   if (token == ctx.client_metadata().end()) {
-    return absl::PermissionDeniedError(absl::StrCat(
-        who.ToString(), " sent no kvstore token (", security::kJobTokenMetadata,
-        " metadata; the scheduler's assignment carries it)"));
+    return absl::PermissionDeniedError(
+        absl::StrCat(who.ToString(), " sent no kvstore token (", security::kJobTokenMetadata,
+                     " metadata; the scheduler's assignment carries it)"));
   }
-  DT_ASSIGN_OR_RETURN(std::string job,
-                      security::VerifyJobToken(
-                          secret, absl::string_view(token->second.data(), token->second.size()),
-                          absl::Now()));
+  DT_ASSIGN_OR_RETURN(
+      std::string job,
+      security::VerifyJobToken(
+          secret, absl::string_view(token->second.data(), token->second.size()), absl::Now()));
   return absl::optional<std::string>(std::move(job));
 }
 
@@ -605,20 +605,23 @@ class DataService final : public grpc::Service {
           return s->impl_->Run("PushPull", ctx, [&] { return s->impl_->PushPull(ctx, stream); });
         });
     using Unary = grpc::internal::RpcMethodHandler<DataService, ByteBuffer, ByteBuffer>;
-    Add<Unary>("PushUnary", RpcMethod::NORMAL_RPC,
-               [](DataService* s, ServerContext* ctx, const ByteBuffer* request,
-                  ByteBuffer* response) {
-                 return s->impl_->Run("PushUnary", ctx, [&] { return s->impl_->PushUnary(request, response); });
-               });
+    Add<Unary>(
+        "PushUnary", RpcMethod::NORMAL_RPC,
+        [](DataService* s, ServerContext* ctx, const ByteBuffer* request, ByteBuffer* response) {
+          return s->impl_->Run("PushUnary", ctx,
+                               [&] { return s->impl_->PushUnary(request, response); });
+        });
     Add<Unary>(
         "PullUnary", RpcMethod::NORMAL_RPC,
         [](DataService* s, ServerContext* ctx, const ByteBuffer* request, ByteBuffer* response) {
-          return s->impl_->Run("PullUnary", ctx, [&] { return s->impl_->PullUnary(ctx, request, response); });
+          return s->impl_->Run("PullUnary", ctx,
+                               [&] { return s->impl_->PullUnary(ctx, request, response); });
         });
     Add<Unary>(
         "PushPullUnary", RpcMethod::NORMAL_RPC,
         [](DataService* s, ServerContext* ctx, const ByteBuffer* request, ByteBuffer* response) {
-          return s->impl_->Run("PushPullUnary", ctx, [&] { return s->impl_->PushPullUnary(ctx, request, response); });
+          return s->impl_->Run("PushPullUnary", ctx,
+                               [&] { return s->impl_->PushPullUnary(ctx, request, response); });
         });
   }
 

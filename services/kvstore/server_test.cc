@@ -1,6 +1,5 @@
 // The server's gRPC surface: health, reflection, admin, metrics, shutdown
 // with a final snapshot and resumption from it.
-#include "libs/rpc/credentials.h"
 #include "services/kvstore/server.h"
 
 #include <grpcpp/client_context.h>
@@ -20,6 +19,7 @@
 #include "gtest/gtest.h"
 #include "libs/kvstore/client.h"
 #include "libs/metrics/scrape.h"
+#include "libs/rpc/credentials.h"
 #include "protos/admin.grpc.pb.h"
 
 namespace dtrain {

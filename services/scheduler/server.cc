@@ -104,8 +104,7 @@ class JobServiceImpl final : public v1::JobService::Service {
   grpc::Status DrainTrainer(grpc::ServerContext* ctx, const v1::DrainTrainerRequest* req,
                             v1::TrainerStatus* reply) override {
     return m_->Observe("DrainTrainer", [&] {
-      absl::StatusOr<security::Identity> who =
-          Authorized(*ctx, security::Action::kDrainTrainer);
+      absl::StatusOr<security::Identity> who = Authorized(*ctx, security::Action::kDrainTrainer);
       if (!who.ok()) return ToGrpcStatus(who.status());
       absl::StatusOr<v1::TrainerStatus> r = s_->DrainTrainer(req->trainer());
       if (!r.ok()) return ToGrpcStatus(r.status());
@@ -116,8 +115,7 @@ class JobServiceImpl final : public v1::JobService::Service {
   grpc::Status ListTrainers(grpc::ServerContext* ctx, const v1::ListTrainersRequest*,
                             v1::ListTrainersReply* reply) override {
     return m_->Observe("ListTrainers", [&] {
-      absl::StatusOr<security::Identity> who =
-          Authorized(*ctx, security::Action::kListTrainers);
+      absl::StatusOr<security::Identity> who = Authorized(*ctx, security::Action::kListTrainers);
       if (!who.ok()) return ToGrpcStatus(who.status());
       for (v1::TrainerStatus& t : s_->ListTrainers()) *reply->add_trainers() = std::move(t);
       return grpc::Status::OK;

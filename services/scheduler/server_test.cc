@@ -1,4 +1,3 @@
-#include "libs/rpc/credentials.h"
 #include "services/scheduler/server.h"
 
 #include <grpcpp/grpcpp.h>
@@ -11,6 +10,7 @@
 #include "absl/synchronization/notification.h"
 #include "gtest/gtest.h"
 #include "libs/metrics/scrape.h"
+#include "libs/rpc/credentials.h"
 #include "protos/admin.grpc.pb.h"
 #include "protos/scheduler.grpc.pb.h"
 

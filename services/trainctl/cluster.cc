@@ -52,7 +52,6 @@
 // to every process group (trainers first), waits up to --grace_s, sends
 // SIGKILL to what is left, reports what happened to each, and removes
 // cluster.json (logs and data directories stay).
-#include "libs/rpc/credentials.h"
 #include "services/trainctl/cluster.h"
 
 #include <errno.h>
@@ -244,8 +243,7 @@ absl::Status WaitServing(Proc* p, const std::string& port_file, absl::Duration t
 }
 
 absl::StatusOr<admin::PingReply> Ping(const std::string& address) {
-  auto stub =
-      admin::Admin::NewStub(dtrain::rpc::NewChannel(address));
+  auto stub = admin::Admin::NewStub(dtrain::rpc::NewChannel(address));
   grpc::ClientContext ctx;
   ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(3)));
   admin::PingRequest req;
@@ -780,8 +778,9 @@ int Up(const ClusterOptions& o) {
         if (o.insecure) {
           std::printf("export DTRAIN_INSECURE=1\n");
         } else {
-          std::printf("export DTRAIN_CA=%s/ca.pem DTRAIN_CERT=%s/admin.pem DTRAIN_KEY=%s/admin.key\n",
-                      certs.c_str(), certs.c_str(), certs.c_str());
+          std::printf(
+              "export DTRAIN_CA=%s/ca.pem DTRAIN_CERT=%s/admin.pem DTRAIN_KEY=%s/admin.key\n",
+              certs.c_str(), certs.c_str(), certs.c_str());
         }
       }
       std::fflush(stdout);

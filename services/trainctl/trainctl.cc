@@ -59,10 +59,10 @@
 #include "google/protobuf/util/json_util.h"
 #include "libs/base/grpc_status.h"
 #include "libs/base/retry.h"
-#include "libs/rpc/credentials.h"
-#include "protos/scheduler.grpc.pb.h"
 #include "libs/rpc/credential_flags.h"
+#include "libs/rpc/credentials.h"
 #include "libs/security/certs.h"
+#include "protos/scheduler.grpc.pb.h"
 #include "services/trainctl/cluster.h"
 #include "services/trainctl/progress.h"
 #include "services/trainctl/yaml.h"
@@ -117,8 +117,7 @@ ABSL_FLAG(double, grace_s, 15, "cluster down: seconds after SIGTERM before SIGKI
 ABSL_FLAG(std::string, restart, "always",
           "cluster up: always (a process that exits is started again, on the same ports, after "
           "a backoff of 1 s doubling to 30 s) or never");
-ABSL_FLAG(std::string, role, "user",
-          "certs issue: user, admin, trainer, kvstore or scheduler");
+ABSL_FLAG(std::string, role, "user", "certs issue: user, admin, trainer, kvstore or scheduler");
 ABSL_FLAG(std::string, san, "",
           "certs init (service certificates) and issue: more names the certificate is valid "
           "for, comma-separated DNS names or IP addresses (e.g. scheduler.dtrain.svc)");
@@ -565,8 +564,7 @@ int main(int argc, char** argv) {
   channel_args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 10000);
   channel_args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 10000);
   channel_args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
-  auto stub = v1::JobService::NewStub(
-      dtrain::rpc::NewChannel(address, channel_args));
+  auto stub = v1::JobService::NewStub(dtrain::rpc::NewChannel(address, channel_args));
   auto need_id = [&]() -> std::string { return args.size() == 3 ? args[2] : ""; };
 
   if (cmd == "submit") {

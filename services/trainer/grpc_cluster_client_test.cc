@@ -1,7 +1,6 @@
 // GrpcClusterClient against a real scheduler server on loopback: each RPC
 // carries its messages and its errors (with the RPC's name), and the
 // rendezvous store is the attempt's.
-#include "libs/rpc/credentials.h"
 #include "services/trainer/grpc_cluster_client.h"
 
 #include <memory>
@@ -10,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "libs/rpc/credentials.h"
 #include "services/scheduler/server.h"
 
 namespace dtrain {
@@ -27,8 +27,7 @@ class GrpcClusterClientTest : public ::testing::Test {
     ASSERT_TRUE(server.ok()) << server.status();
     server_ = *std::move(server);
     client_ = std::make_unique<GrpcClusterClient>(
-        dtrain::rpc::NewChannel(absl::StrCat("127.0.0.1:", server_->port())),
-        absl::Seconds(5));
+        dtrain::rpc::NewChannel(absl::StrCat("127.0.0.1:", server_->port())), absl::Seconds(5));
   }
 
   std::string Register(const std::string& name) {

@@ -304,8 +304,8 @@ int main(int argc, char** argv) {
     return 2;
   }
   options.resources.cuda_collective = *parsed;
-  dtrain::trainer::GrpcClusterClient cluster(
-      dtrain::rpc::NewChannel(address), absl::Seconds(timeout_s));
+  dtrain::trainer::GrpcClusterClient cluster(dtrain::rpc::NewChannel(address),
+                                             absl::Seconds(timeout_s));
   dtrain::agent::Agent agent(&cluster, std::move(options), &metrics);
   // SIGTERM / SIGINT: the agent drains its job (at most drain_timeout),
   // reports it and returns.

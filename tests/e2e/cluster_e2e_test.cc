@@ -42,8 +42,7 @@ std::unique_ptr<grpc::ClientContext> Ctx(absl::Duration timeout = absl::Seconds(
 }
 
 absl::Status PingScheduler(const std::string& address) {
-  auto stub =
-      admin::Admin::NewStub(dtrain::rpc::NewChannel(address));
+  auto stub = admin::Admin::NewStub(dtrain::rpc::NewChannel(address));
   admin::PingRequest req;
   req.set_payload("e2e");
   admin::PingReply reply;
@@ -321,8 +320,7 @@ class HostileInputTest : public ::testing::Test {
                     .Start(Runfile("services/scheduler/scheduler_server"),
                            {"--data_dir=" + TmpDir("hostile-scheduler")})
                     .ok());
-    stub_ = v1::JobService::NewStub(
-        dtrain::rpc::NewChannel(scheduler_.address()));
+    stub_ = v1::JobService::NewStub(dtrain::rpc::NewChannel(scheduler_.address()));
   }
 
   std::string Ctl(const std::string& args, int* rc) {

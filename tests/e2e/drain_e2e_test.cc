@@ -47,8 +47,7 @@ class DrainE2eTest : public ::testing::Test {
       if (p.role == "scheduler") scheduler_ = p.address;
     }
     ASSERT_NE(scheduler_, "") << out;
-    stub_ = v1::JobService::NewStub(
-        dtrain::rpc::NewChannel(scheduler_));
+    stub_ = v1::JobService::NewStub(dtrain::rpc::NewChannel(scheduler_));
   }
 
   void TearDown() override {

@@ -100,7 +100,8 @@ void UseCredentials(const std::string& certs) {
   setenv("DTRAIN_CERT", cert.c_str(), 1);
   setenv("DTRAIN_KEY", key.c_str(), 1);
   unsetenv("DTRAIN_INSECURE");
-  absl::StatusOr<std::shared_ptr<const rpc::Credentials>> c = rpc::Credentials::Load({ca, cert, key});
+  absl::StatusOr<std::shared_ptr<const rpc::Credentials>> c =
+      rpc::Credentials::Load({ca, cert, key});
   DT_CHECK(c.ok()) << "test credentials in " << certs << ": " << c.status();
   rpc::SetDefaultCredentials(*c);
 }

@@ -1,4 +1,3 @@
-#include "libs/rpc/credentials.h"
 #include "tests/e2e/kvstore_cluster.h"
 
 #include <grpcpp/grpcpp.h>
@@ -15,6 +14,7 @@
 #include "libs/base/status.h"
 #include "libs/kvstore/client.h"
 #include "libs/metrics/scrape.h"
+#include "libs/rpc/credentials.h"
 
 namespace dtrain {
 namespace e2e {
@@ -52,8 +52,7 @@ KvstoreCluster::KvstoreCluster(const std::string& name, const std::string& env, 
     status_ = absl::InternalError(absl::StrCat("unexpected cluster.json: ", out));
     return;
   }
-  stub_ = v1::JobService::NewStub(
-      dtrain::rpc::NewChannel(scheduler_.address));
+  stub_ = v1::JobService::NewStub(dtrain::rpc::NewChannel(scheduler_.address));
 }
 
 KvstoreCluster::~KvstoreCluster() {

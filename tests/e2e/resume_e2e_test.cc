@@ -56,8 +56,7 @@ class ResumeE2eTest : public ::testing::Test {
       }
     }
     ASSERT_NE(scheduler_, "") << out;
-    stub_ = v1::JobService::NewStub(
-        dtrain::rpc::NewChannel(scheduler_));
+    stub_ = v1::JobService::NewStub(dtrain::rpc::NewChannel(scheduler_));
   }
 
   void TearDown() override {

@@ -57,10 +57,7 @@ class SchedulerE2eTest : public ::testing::Test {
   // The scheduler, trainers and trainctl run on mutual TLS as the test's admin.
   void SetUp() override { e2e::UseTestCredentials(); }
 
-  void Connect() {
-    stub_ = v1::JobService::NewStub(
-        dtrain::rpc::NewChannel(scheduler_.address()));
-  }
+  void Connect() { stub_ = v1::JobService::NewStub(dtrain::rpc::NewChannel(scheduler_.address())); }
 
   std::unique_ptr<grpc::ClientContext> Ctx(absl::Duration timeout = absl::Seconds(10)) {
     auto ctx = std::make_unique<grpc::ClientContext>();

@@ -46,7 +46,9 @@ std::unique_ptr<grpc::ClientContext> Ctx() {
   return ctx;
 }
 
-absl::StatusCode Code(const grpc::Status& s) { return static_cast<absl::StatusCode>(s.error_code()); }
+absl::StatusCode Code(const grpc::Status& s) {
+  return static_cast<absl::StatusCode>(s.error_code());
+}
 
 class SecurityE2eTest : public ::testing::Test {
  protected:
@@ -69,8 +71,8 @@ class SecurityE2eTest : public ::testing::Test {
     ASSERT_EQ(shards_.size(), 2u);
     certs_ = dir_ + "/certs";
     // Users and a trainer certificate no running trainer holds.
-    for (auto [name, role] : {std::pair{"alice", "user"}, std::pair{"bob", "user"},
-                              std::pair{"rogue", "trainer"}}) {
+    for (auto [name, role] :
+         {std::pair{"alice", "user"}, std::pair{"bob", "user"}, std::pair{"rogue", "trainer"}}) {
       out = Trainctl(absl::StrCat("certs issue --dir=", certs_, " --name=", name, " --role=", role),
                      &rc);
       ASSERT_EQ(rc, 0) << out;
@@ -99,10 +101,10 @@ class SecurityE2eTest : public ::testing::Test {
 
   // trainctl as `name` (its certificate by flag, over the admin's environment).
   std::string TrainctlAs(const std::string& name, const std::string& args, int* rc) {
-    return Trainctl(absl::StrCat("--scheduler=", scheduler_, " --ca=", certs_, "/ca.pem --cert=",
-                                 certs_, "/", name, ".pem --key=", certs_, "/", name, ".key ",
-                                 args),
-                    rc);
+    return Trainctl(
+        absl::StrCat("--scheduler=", scheduler_, " --ca=", certs_, "/ca.pem --cert=", certs_, "/",
+                     name, ".pem --key=", certs_, "/", name, ".key ", args),
+        rc);
   }
 
   static v1::SubmitRequest Job(const std::string& name) {
@@ -168,7 +170,10 @@ TEST_F(SecurityE2eTest, UsersOwnTheirJobsAndOnlyTrainersServeThem) {
   ASSERT_TRUE(bob_jobs->List(Ctx().get(), v1::ListRequest(), &list).ok());
   ASSERT_EQ(list.jobs_size(), 1);
   EXPECT_EQ(list.jobs(0).id(), bobs.id());
-  ASSERT_TRUE(bob_jobs->Cancel(Ctx().get(), [&] {
+  ASSERT_TRUE(bob_jobs
+                  ->Cancel(
+                      Ctx().get(),
+                      [&] {
                         v1::CancelRequest c;
                         c.set_id(bobs.id());
                         return c;
@@ -220,8 +225,7 @@ TEST_F(SecurityE2eTest, UsersOwnTheirJobsAndOnlyTrainersServeThem) {
     kv::DeleteJobRequest dj;
     dj.set_job(kv_job);
     kv::DeleteJobResponse djr;
-    EXPECT_EQ(Code(control->DeleteJob(Ctx().get(), dj, &djr)),
-              absl::StatusCode::kPermissionDenied);
+    EXPECT_EQ(Code(control->DeleteJob(Ctx().get(), dj, &djr)), absl::StatusCode::kPermissionDenied);
     auto data = kv::KVStoreData::NewStub(rpc::NewChannel(shard, alice.get()));
     kv::PullRequest pull;
     pull.set_job(kv_job);
@@ -241,8 +245,7 @@ TEST_F(SecurityE2eTest, UsersOwnTheirJobsAndOnlyTrainersServeThem) {
   absl::StatusOr<std::string> secret = security::ReadClusterSecret(certs_ + "/cluster.secret");
   ASSERT_TRUE(secret.ok()) << secret.status();
   const std::string job_b = security::KvstoreJobName("job-999999", 1);
-  const std::string b_token =
-      security::MintJobToken(*secret, job_b, absl::Now() + absl::Hours(1));
+  const std::string b_token = security::MintJobToken(*secret, job_b, absl::Now() + absl::Hours(1));
   auto trainer_call = [&](const std::string& shard, const std::string& token,
                           const std::string& job) {
     grpc::ClientContext ctx;
@@ -259,8 +262,9 @@ TEST_F(SecurityE2eTest, UsersOwnTheirJobsAndOnlyTrainersServeThem) {
     EXPECT_EQ(trainer_call(shard, b_token, job_b), absl::StatusCode::kNotFound);
     EXPECT_EQ(trainer_call(shard, b_token, kv_job), absl::StatusCode::kPermissionDenied);
     EXPECT_EQ(trainer_call(shard, "", kv_job), absl::StatusCode::kPermissionDenied);
-    EXPECT_EQ(trainer_call(shard, security::MintJobToken(std::string(64, '0'), kv_job,
-                                                         absl::Now() + absl::Hours(1)),
+    EXPECT_EQ(trainer_call(shard,
+                           security::MintJobToken(std::string(64, '0'), kv_job,
+                                                  absl::Now() + absl::Hours(1)),
                            kv_job),
               absl::StatusCode::kPermissionDenied);
     auto data = kv::KVStoreData::NewStub(rpc::NewChannel(shard, rogue.get()));
@@ -289,10 +293,10 @@ TEST_F(SecurityE2eTest, UsersOwnTheirJobsAndOnlyTrainersServeThem) {
   grpc::SslCredentialsOptions ca_only;
   std::ifstream ca(certs_ + "/ca.pem");
   ca_only.pem_root_certs.assign(std::istreambuf_iterator<char>(ca), {});
-  const std::vector<std::pair<std::string, std::shared_ptr<grpc::ChannelCredentials>>> strangers =
-      {{"plain text", grpc::InsecureChannelCredentials()},
-       {"TLS without a client certificate", grpc::SslCredentials(ca_only)},
-       {"another CA's admin", As("admin", TmpDir("other-ca"))->ChannelCredentials()}};
+  const std::vector<std::pair<std::string, std::shared_ptr<grpc::ChannelCredentials>>> strangers = {
+      {"plain text", grpc::InsecureChannelCredentials()},
+      {"TLS without a client certificate", grpc::SslCredentials(ca_only)},
+      {"another CA's admin", As("admin", TmpDir("other-ca"))->ChannelCredentials()}};
   for (const auto& [what, creds] : strangers) {
     for (const std::string& address : {scheduler_, shards_[0], shards_[1]}) {
       SCOPED_TRACE(what + " to " + address);
