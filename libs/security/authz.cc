@@ -6,7 +6,10 @@ namespace dtrain {
 namespace security {
 
 Action KvstoreAction(absl::string_view method) {
-  return method == "Snapshot" ? Action::kKvAdmin : Action::kKvData;
+  if (method == "Snapshot") return Action::kKvAdmin;
+  if (method == "Replicate") return Action::kReplicate;
+  if (method == "GetShardMap") return Action::kReadKvstoreMap;
+  return Action::kKvData;
 }
 
 const char* ActionName(Action action) {
@@ -29,6 +32,12 @@ const char* ActionName(Action action) {
       return "use the kvstore";
     case Action::kKvAdmin:
       return "administer the kvstore";
+    case Action::kReplicate:
+      return "replicate kvstore writes";
+    case Action::kKvstoreHeartbeat:
+      return "heartbeat as a kvstore replica";
+    case Action::kReadKvstoreMap:
+      return "read the kvstore map";
   }
   return "do this";
 }
@@ -61,6 +70,13 @@ absl::Status Authorize(const Identity& who, Action action, absl::string_view own
       break;
     case Action::kKvAdmin:
       ok = who.role == Role::kScheduler;
+      break;
+    case Action::kReplicate:
+    case Action::kKvstoreHeartbeat:
+      ok = who.role == Role::kKvstore;
+      break;
+    case Action::kReadKvstoreMap:
+      ok = true;
       break;
   }
   if (ok) return absl::OkStatus();

@@ -20,6 +20,11 @@
 //                                  GetJob: trainers create and delete their
 //                                  attempt's kvstore job themselves)
 //   kKvAdmin                       the scheduler, admins (Snapshot)
+//   kReplicate                     kvstore shards (a replica forwarding writes
+//                                  down its chain: Replica.Replicate)
+//   kKvstoreHeartbeat              kvstore shards (ClusterService.KvstoreHeartbeat)
+//   kReadKvstoreMap                any authenticated caller (the shard map:
+//                                  JobService.GetKvstoreMap, Replica.GetShardMap)
 #ifndef DTRAIN_LIBS_SECURITY_AUTHZ_H_
 #define DTRAIN_LIBS_SECURITY_AUTHZ_H_
 
@@ -45,10 +50,14 @@ enum class Action {
   kTrainerCall,
   kKvData,
   kKvAdmin,
+  kReplicate,
+  kKvstoreHeartbeat,
+  kReadKvstoreMap,
 };
 
 // What a call of the kvstore's `method` ("Push", "Snapshot", ...) does:
-// kKvAdmin for Snapshot, kKvData for the rest.
+// kKvAdmin for Snapshot, kReplicate for Replicate, kReadKvstoreMap for
+// GetShardMap, kKvData for the rest.
 Action KvstoreAction(absl::string_view method);
 
 // "submit jobs", "read job", ... (for messages).

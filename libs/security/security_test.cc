@@ -115,16 +115,34 @@ TEST(AuthzTest, RolesAndServices) {
     bool allowed;
   };
   const Case cases[] = {
-      {Role::kUser, Action::kSubmitJob, true},         {Role::kTrainer, Action::kSubmitJob, false},
-      {Role::kKvstore, Action::kListJobs, false},      {Role::kUser, Action::kDrainTrainer, false},
-      {Role::kAdmin, Action::kDrainTrainer, true},     {Role::kUser, Action::kTrainerCall, false},
-      {Role::kAdmin, Action::kTrainerCall, true},      {Role::kTrainer, Action::kTrainerCall, true},
-      {Role::kScheduler, Action::kTrainerCall, false}, {Role::kUser, Action::kKvData, false},
-      {Role::kTrainer, Action::kKvData, true},         {Role::kScheduler, Action::kKvData, true},
-      {Role::kTrainer, Action::kKvAdmin, false},       {Role::kScheduler, Action::kKvAdmin, true},
-      {Role::kUser, Action::kKvAdmin, false},          {Role::kUser, Action::kListTrainers, true},
+      {Role::kUser, Action::kSubmitJob, true},
+      {Role::kTrainer, Action::kSubmitJob, false},
+      {Role::kKvstore, Action::kListJobs, false},
+      {Role::kUser, Action::kDrainTrainer, false},
+      {Role::kAdmin, Action::kDrainTrainer, true},
+      {Role::kUser, Action::kTrainerCall, false},
+      {Role::kAdmin, Action::kTrainerCall, true},
+      {Role::kTrainer, Action::kTrainerCall, true},
+      {Role::kScheduler, Action::kTrainerCall, false},
+      {Role::kUser, Action::kKvData, false},
+      {Role::kTrainer, Action::kKvData, true},
+      {Role::kScheduler, Action::kKvData, true},
+      {Role::kTrainer, Action::kKvAdmin, false},
+      {Role::kScheduler, Action::kKvAdmin, true},
+      {Role::kUser, Action::kKvAdmin, false},
+      {Role::kUser, Action::kListTrainers, true},
       {Role::kTrainer, Action::kListTrainers, false},
+      {Role::kKvstore, Action::kReplicate, true},
+      {Role::kTrainer, Action::kReplicate, false},
+      {Role::kKvstore, Action::kKvstoreHeartbeat, true},
+      {Role::kTrainer, Action::kKvstoreHeartbeat, false},
+      {Role::kTrainer, Action::kReadKvstoreMap, true},
+      {Role::kUser, Action::kReadKvstoreMap, true},
   };
+  EXPECT_EQ(KvstoreAction("Snapshot"), Action::kKvAdmin);
+  EXPECT_EQ(KvstoreAction("Replicate"), Action::kReplicate);
+  EXPECT_EQ(KvstoreAction("GetShardMap"), Action::kReadKvstoreMap);
+  EXPECT_EQ(KvstoreAction("PushPull"), Action::kKvData);
   for (const Case& c : cases) {
     SCOPED_TRACE(absl::StrCat(RoleName(c.role), " ", ActionName(c.action)));
     absl::Status s = Authorize(Who("x", c.role), c.action, "x");
