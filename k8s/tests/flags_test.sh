@@ -4,7 +4,9 @@
 # removed flag crash-loops the pod), with paths and ports overridden so the
 # process can start here; and the trainer and server flag files keep the
 # endpoints the pods' probes and scrape annotations use (metrics and gRPC
-# health ports).
+# health ports, the TLS files). The processes run --insecure (and without
+# the cluster secret) here: the files the flags name live in the pods'
+# dtrain-tls Secret.
 set -uo pipefail
 fail=0
 R="${TEST_SRCDIR:-}/${TEST_WORKSPACE:-dtrain}"
@@ -15,14 +17,18 @@ while IFS= read -r f; do
   base=$(basename "$f" .flags)
   case "$base" in
     scheduler) bin="$R/services/scheduler/scheduler_server"
-               over=(--listen=127.0.0.1:0 --metrics_listen=127.0.0.1:0 "--data_dir=$tmp/s$n")
-               need=(--metrics_listen=0.0.0.0:9400) ;;
+               over=(--listen=127.0.0.1:0 --metrics_listen=127.0.0.1:0 "--data_dir=$tmp/s$n" --insecure
+                     --health_listen=127.0.0.1:0 --cluster_secret_file=)
+               need=(--metrics_listen=0.0.0.0:9400 --health_listen=0.0.0.0:7001
+                     --cluster_secret_file=/etc/dtrain-tls/cluster.secret) ;;
     kvstore)   bin="$R/services/kvstore/kvstore_server"
-               over=(--listen=127.0.0.1:0 --metrics_listen=127.0.0.1:0 "--data_dir=$tmp/k$n")
-               need=(--metrics_listen=0.0.0.0:9401) ;;
+               over=(--listen=127.0.0.1:0 --metrics_listen=127.0.0.1:0 "--data_dir=$tmp/k$n" --insecure
+                     --health_listen=127.0.0.1:0 --cluster_secret_file=)
+               need=(--metrics_listen=0.0.0.0:9401 --health_listen=0.0.0.0:7071
+                     --cluster_secret_file=/etc/dtrain-tls/cluster.secret) ;;
     trainer)   bin="$R/services/trainer/trainer"
                over=(--scheduler=127.0.0.1:1 --devices=cpu --metrics_listen=127.0.0.1:0
-                     --health_listen=127.0.0.1:0 "--work_dir=$tmp/t$n")
+                     --health_listen=127.0.0.1:0 "--work_dir=$tmp/t$n" --insecure)
                need=(--metrics_listen=0.0.0.0:9402 --health_listen=0.0.0.0:9403) ;;
     *) echo "FAIL: $f: no binary known for '$base'"; fail=1; continue ;;
   esac

@@ -58,10 +58,17 @@ for f in sys.argv[1:]:
                 if not any("--flagfile=/etc/dtrain/" in a for a in c.get("args", [])):
                     err(f, w, "flags must come from the ConfigMap flagfile")
                 if name in ("dtrain-scheduler", "dtrain-kvstore"):
-                    grpc_port = next(p["containerPort"] for p in c["ports"] if p["name"] == "grpc")
+                    # The API port is mutual TLS; the kubelet probes the
+                    # plain-text health-only port (--health_listen).
+                    health_port = next(p["containerPort"] for p in c["ports"] if p["name"] == "health")
                     for probe in ("livenessProbe", "readinessProbe", "startupProbe"):
-                        if c.get(probe, {}).get("grpc", {}).get("port") != grpc_port:
-                            err(f, w, f"{probe} must be a gRPC health check on port {grpc_port}")
+                        if c.get(probe, {}).get("grpc", {}).get("port") != health_port:
+                            err(f, w, f"{probe} must be a gRPC health check on port {health_port}")
+                if name in ("dtrain-scheduler", "dtrain-kvstore", "dtrain-trainer"):
+                    flags = " ".join(c.get("args", []))
+                    vols = {v["name"]: v for v in w["spec"]["template"]["spec"].get("volumes", [])}
+                    if vols.get("tls", {}).get("secret", {}).get("secretName") != "dtrain-tls":
+                        err(f, w, "needs the dtrain-tls Secret mounted (mutual TLS)")
                     ann = w["spec"]["template"]["metadata"].get("annotations", {})
                     mport = next(p["containerPort"] for p in c["ports"] if p["name"] == "metrics")
                     if ann.get("prometheus.io/scrape") != "true" or ann.get("prometheus.io/port") != str(mport):

@@ -18,6 +18,10 @@ KV=$(bin services/kvstore/kvstore_server)
 TRAINER=$(bin services/trainer/trainer)
 CTL=$(bin services/trainctl/trainctl)
 dir=$(mktemp -d "${TEST_TMPDIR:-/tmp}/ingest.XXXXXX")
+# Plain text on purpose: this test is about metric ingestion (Prometheus
+# scrapes /metrics over HTTP either way) and checks the gRPC health ports
+# with curl over h2c. The TLS paths are tests/e2e's.
+export DTRAIN_INSECURE=1
 pids=()
 cleanup() {
   for p in "${pids[@]+"${pids[@]}"}"; do kill -TERM "$p" 2>/dev/null || true; done

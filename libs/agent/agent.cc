@@ -546,7 +546,7 @@ absl::Status Agent::RunAssignment(Job* job, train::JobProgress* progress,
       break;
     case GradientPath::kKvstore: {
       absl::StatusOr<std::unique_ptr<kvstore::ParameterServer>> made =
-          options_.connect_parameter_server(plan.kvstore_job, rank);
+          options_.connect_parameter_server(plan.kvstore_job, rank, plan.kvstore_token);
       if (!made.ok()) return Annotate(made.status(), "connecting to the kvstore");
       *ps = *std::move(made);
       plan.config.kvstore = ps->get();

@@ -121,10 +121,12 @@ class AgentObserver {
   virtual void OnJobEnd(const std::string& job_id, scheduler::v1::JobState final_state) {}
 };
 
-// Makes the parameter server of one worker of a kvstore job.
+// Makes the parameter server of one worker of a kvstore job; `token` is the
+// attempt's kvstore capability (Assignment.kvstore_token; "" without one),
+// which the client presents with every call.
 using ParameterServerFactory =
     std::function<absl::StatusOr<std::unique_ptr<kvstore::ParameterServer>>(
-        const std::string& kvstore_job, int worker)>;
+        const std::string& kvstore_job, int worker, const std::string& token)>;
 
 // Makes the communicator of rank `rank` of `world` through `store` (which
 // outlives it). collective::Communicator::Create has this shape.

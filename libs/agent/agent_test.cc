@@ -500,9 +500,8 @@ TEST(AgentTest, KvstoreJobsConnectThroughTheFactory) {
   absl::Mutex mu;
   std::vector<std::string> calls;
   AgentOptions o = Options();
-  o.connect_parameter_server =
-      [&](const std::string& job,
-          int worker) -> absl::StatusOr<std::unique_ptr<kvstore::ParameterServer>> {
+  o.connect_parameter_server = [&](const std::string& job, int worker, const std::string& /*token*/)
+      -> absl::StatusOr<std::unique_ptr<kvstore::ParameterServer>> {
     absl::MutexLock lock(&mu);
     calls.push_back(absl::StrCat(job, " worker ", worker));
     return absl::UnavailableError("shard 0 is down");
@@ -658,9 +657,8 @@ TEST(AgentTest, TwoAgentsTrainThroughTheKvstore) {
   absl::Mutex mu;
   std::vector<std::string> calls;
   AgentOptions o = Options();
-  o.connect_parameter_server =
-      [&](const std::string& job,
-          int worker) -> absl::StatusOr<std::unique_ptr<kvstore::ParameterServer>> {
+  o.connect_parameter_server = [&](const std::string& job, int worker, const std::string& /*token*/)
+      -> absl::StatusOr<std::unique_ptr<kvstore::ParameterServer>> {
     {
       absl::MutexLock lock(&mu);
       calls.push_back(absl::StrCat(job, " worker ", worker));
@@ -726,9 +724,8 @@ TEST(AgentTest, CancelEndsAKvstoreWaitAndDeletesTheKvstoreJob) {
       kvstore::InProcessKVStore::Create(ko);
   ASSERT_TRUE(kv.ok()) << kv.status();
   AgentOptions o = Options();
-  o.connect_parameter_server =
-      [&](const std::string& job,
-          int worker) -> absl::StatusOr<std::unique_ptr<kvstore::ParameterServer>> {
+  o.connect_parameter_server = [&](const std::string& job, int worker, const std::string& /*token*/)
+      -> absl::StatusOr<std::unique_ptr<kvstore::ParameterServer>> {
     DT_ASSIGN_OR_RETURN(std::unique_ptr<kvstore::InProcessParameterServer> ps,
                         (*kv)->Connect(job, worker));
     return std::unique_ptr<kvstore::ParameterServer>(std::move(ps));
@@ -887,9 +884,8 @@ TEST(AgentTest, SchedulerDrainOfAKvstoreJob) {
       kvstore::InProcessKVStore::Create(ko);
   ASSERT_TRUE(kv.ok()) << kv.status();
   AgentOptions o = Options();
-  o.connect_parameter_server =
-      [&](const std::string& job,
-          int worker) -> absl::StatusOr<std::unique_ptr<kvstore::ParameterServer>> {
+  o.connect_parameter_server = [&](const std::string& job, int worker, const std::string& /*token*/)
+      -> absl::StatusOr<std::unique_ptr<kvstore::ParameterServer>> {
     DT_ASSIGN_OR_RETURN(std::unique_ptr<kvstore::InProcessParameterServer> ps,
                         (*kv)->Connect(job, worker));
     return std::unique_ptr<kvstore::ParameterServer>(std::move(ps));

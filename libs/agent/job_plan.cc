@@ -119,6 +119,7 @@ absl::StatusOr<JobPlan> PlanJob(const v1::Assignment& a, const TrainerResources&
     }
     plan.gradient_path = GradientPath::kKvstore;
     plan.kvstore_job = absl::StrCat(a.job_id(), "-a", a.attempt());
+    plan.kvstore_token = a.kvstore_token();
     switch (spec.sync().consistency()) {
       case v1::ASYNCHRONOUS:
         c.kvstore_consistency = kvstore::Consistency::kAsync;

@@ -89,6 +89,8 @@ struct JobPlan {
   // kKvstore: the parameter-server job of this attempt; config.rank is the
   // worker.
   std::string kvstore_job;
+  // Its capability (Assignment.kvstore_token).
+  std::string kvstore_token;
 };
 
 // Maps an assignment to the plan of this trainer's share (see the file

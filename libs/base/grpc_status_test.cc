@@ -8,6 +8,7 @@
 #include <string>
 
 #include "gtest/gtest.h"
+#include "libs/rpc/credentials.h"
 #include "protos/admin.grpc.pb.h"
 
 namespace dtrain {
@@ -32,13 +33,13 @@ class GrpcStatusTest : public testing::Test {
   void SetUp() override {
     grpc::ServerBuilder builder;
     int port = 0;
-    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+    builder.AddListeningPort("127.0.0.1:0", dtrain::rpc::DefaultCredentials()->ServerCredentials(),
+                             &port);
     builder.RegisterService(&impl_);
     server_ = builder.BuildAndStart();
     ASSERT_NE(server_, nullptr);
     ASSERT_GT(port, 0);
-    auto channel = grpc::CreateChannel("127.0.0.1:" + std::to_string(port),
-                                       grpc::InsecureChannelCredentials());
+    auto channel = dtrain::rpc::NewChannel("127.0.0.1:" + std::to_string(port));
     stub_ = admin::Admin::NewStub(channel);
   }
   void TearDown() override { server_->Shutdown(); }

@@ -28,6 +28,8 @@
 #include "libs/kvstore/shard_map.h"
 #include "libs/kvstore/thread_pool.h"
 #include "libs/kvstore/wire.h"
+#include "libs/rpc/credentials.h"
+#include "libs/security/job_token.h"
 #include "protos/kvstore.grpc.pb.h"
 #include "protos/replication.grpc.pb.h"
 
@@ -70,12 +72,16 @@ std::shared_ptr<grpc::Channel> NewChannel(const std::string& address, int64_t ma
   args.SetMaxReceiveMessageSize(static_cast<int>(max_message_bytes));
   args.SetMaxSendMessageSize(static_cast<int>(max_message_bytes));
   // A connection of our own per server (not shared with other clients in
-  // the process), and quick reconnection after a shard restarts.
+  // the process), and quick reconnection after a shard restarts. gRPC
+  // also gives each connection attempt MIN_RECONNECT_BACKOFF to finish
+  // (TCP, the TLS handshake, HTTP/2 settings): 100 ms was too short for a
+  // TLS handshake on a loaded machine; a refused attempt still retries
+  // after INITIAL_RECONNECT_BACKOFF.
   args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
-  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 2000);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
-  return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+  return rpc::NewChannel(address, args);
 }
 
 std::chrono::system_clock::time_point Deadline(absl::Duration timeout) {
@@ -179,6 +185,10 @@ absl::StatusOr<std::unique_ptr<KVClient>> KVClient::Connect(ClientOptions option
     client->channels_.push_back(NewChannel(server, options.max_message_bytes));
   }
   return client;
+}
+
+void KVClient::AddToken(grpc::ClientContext* ctx) const {
+  if (!options_.token.empty()) ctx->AddMetadata(security::kJobTokenMetadata, options_.token);
 }
 
 // A call Cancel can end: registered while it runs.
@@ -360,6 +370,7 @@ absl::Status KVClient::CreateJob(const JobConfig& config) {
       DT_ASSIGN_OR_RETURN(Endpoint to, Route(i, /*write=*/true));
       auto stub = v1::KVStore::NewStub(to.channel);
       grpc::ClientContext ctx;
+      AddToken(&ctx);
       TrackedCall tracked(this, &ctx);
       ctx.set_deadline(Deadline(options_.rpc_timeout));
       v1::CreateJobResponse response;
@@ -384,6 +395,7 @@ absl::Status KVClient::DeleteJob() {
           DT_ASSIGN_OR_RETURN(Endpoint to, Route(i, /*write=*/true));
           auto stub = v1::KVStore::NewStub(to.channel);
           grpc::ClientContext ctx;
+          AddToken(&ctx);
           ctx.set_deadline(Deadline(CleanupTimeout()));
           v1::DeleteJobResponse response;
           return FromGrpcStatus(stub->DeleteJob(&ctx, request, &response),
@@ -404,6 +416,7 @@ absl::Status KVClient::LeaveJob() {
           DT_ASSIGN_OR_RETURN(Endpoint to, Route(i, /*write=*/true));
           auto stub = v1::KVStore::NewStub(to.channel);
           grpc::ClientContext ctx;
+          AddToken(&ctx);
           ctx.set_deadline(Deadline(CleanupTimeout()));
           v1::DeleteJobResponse response;
           return FromGrpcStatus(stub->DeleteJob(&ctx, request, &response),
@@ -453,6 +466,7 @@ absl::Status KVClient::Init(const std::vector<KeySpec>& keys) {
       DT_ASSIGN_OR_RETURN(Endpoint to, Route(i, /*write=*/true));
       auto stub = v1::KVStore::NewStub(to.channel);
       grpc::ClientContext ctx;
+      AddToken(&ctx);
       TrackedCall tracked(this, &ctx);
       ctx.set_deadline(Deadline(options_.rpc_timeout));
       v1::InitResponse response;
@@ -839,6 +853,7 @@ absl::Status KVClient::PushOnce(int server, const std::vector<SliceOp>& work, bo
   token.reset();  // the slices in `messages` hold the pin now
 
   grpc::ClientContext ctx;
+  AddToken(&ctx);
   TrackedCall tracked(this, &ctx);
   ctx.set_deadline(Deadline(pull_back ? options_.pull_timeout : options_.rpc_timeout));
   int64_t reply_bytes = 0;
@@ -921,6 +936,7 @@ absl::Status KVClient::PullOnce(int server, const std::vector<SliceOp>& work) {
     targets.push_back({&w.slice->spec, w.dst});
   }
   grpc::ClientContext ctx;
+  AddToken(&ctx);
   TrackedCall tracked(this, &ctx);
   ctx.set_deadline(Deadline(options_.pull_timeout));
   int64_t reply_bytes = 0;
@@ -960,6 +976,7 @@ absl::StatusOr<JobStatus> KVClient::GetJob(int server, bool include_slices) {
     DT_ASSIGN_OR_RETURN(Endpoint to, Route(server, /*write=*/false));
     auto stub = v1::KVStore::NewStub(to.channel);
     grpc::ClientContext ctx;
+    AddToken(&ctx);
     TrackedCall tracked(this, &ctx);
     ctx.set_deadline(Deadline(options_.rpc_timeout));
     return FromGrpcStatus(stub->GetJob(&ctx, request, &response),
@@ -1003,6 +1020,7 @@ absl::StatusOr<std::vector<std::string>> KVClient::Snapshot() {
       DT_ASSIGN_OR_RETURN(Endpoint to, Route(i, /*write=*/true));
       auto stub = v1::KVStore::NewStub(to.channel);
       grpc::ClientContext ctx;
+      AddToken(&ctx);
       TrackedCall tracked(this, &ctx);
       ctx.set_deadline(Deadline(options_.rpc_timeout));
       return FromGrpcStatus(stub->Snapshot(&ctx, request, &response),

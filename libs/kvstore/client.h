@@ -111,6 +111,9 @@ struct ClientOptions {
   int replicas = 1;
   std::string job;
   int worker = 0;
+  // The job's kvstore capability (libs/security/job_token.h), sent with
+  // every call; "" sends none (shards without a cluster secret).
+  std::string token;
   // Encoding of pushed f32 values (halves push traffic; see Compression).
   Compression compression = Compression::kNone;
   PlacementOptions placement;
@@ -206,6 +209,8 @@ class KVClient : public ParameterServer {
   enum class Op { kPush, kPull, kPushPull };
 
   explicit KVClient(ClientOptions options);
+  // Adds options_.token to the call's metadata.
+  void AddToken(grpc::ClientContext* ctx) const;
   Work PushImpl(std::vector<PushSource> items, bool run_one_inline);
   Work PullImpl(std::vector<PullTarget> items, bool run_one_inline);
   Work PushPullImpl(std::vector<PushPullItem> items, bool run_one_inline);

@@ -19,6 +19,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "libs/base/files.h"
+#include "libs/base/grpc_status.h"
 #include "libs/base/logging.h"
 #include "libs/base/signals.h"
 #include "libs/base/status.h"
@@ -163,8 +164,12 @@ class Server::AdminService final : public admin::Admin::Service {
  public:
   explicit AdminService(std::string service) : service_(std::move(service)) {}
 
-  grpc::Status Ping(grpc::ServerContext*, const admin::PingRequest* request,
+  grpc::Status Ping(grpc::ServerContext* ctx, const admin::PingRequest* request,
                     admin::PingReply* reply) override {
+    // Any authenticated caller may ping (health and `cluster status`).
+    absl::StatusOr<security::Identity> who = PeerIdentity(*ctx);
+    if (!who.ok()) return ToGrpcStatus(who.status());
+    reply->set_caller(who->ToString());
     if (request->fail_with_code() != 0) {
       return grpc::Status(static_cast<grpc::StatusCode>(request->fail_with_code()),
                           request->payload());
@@ -234,7 +239,9 @@ absl::Status Server::Start() {
     grpc::EnableDefaultHealthCheckService(true);
     grpc::reflection::InitProtoReflectionServerBuilderPlugin();
     grpc::ServerBuilder builder;
-    builder.AddListeningPort(options_.listen, grpc::InsecureServerCredentials(), &port_);
+    std::shared_ptr<const Credentials> credentials =
+        options_.credentials != nullptr ? options_.credentials : DefaultCredentials();
+    builder.AddListeningPort(options_.listen, credentials->ServerCredentials(), &port_);
     // Clients may send HTTP/2 keepalive pings every 10 s during a call (trainctl
     // watch does, to notice a dead connection); gRPC's default (5 min) would
     // answer such pings with GOAWAY too_many_pings and break a quiet stream.
@@ -264,6 +271,13 @@ absl::Status Server::Start() {
           absl::StrCat(options_.service, ": cannot listen on '", options_.listen, "'"));
     }
     if (auto* health = server_->GetHealthCheckService()) health->SetServingStatus(true);
+    if (credentials->insecure()) {
+      DT_LOG(WARNING) << options_.service
+                      << ": serving PLAIN TEXT (--insecure): no encryption, no identities";
+    } else {
+      DT_LOG(INFO) << options_.service << ": mutual TLS as " << credentials->identity().ToString()
+                   << ", client certificates required";
+    }
   }
   DT_LOG(INFO) << options_.service
                << (port_ > 0 ? absl::StrCat(" listening on port ", port_) : std::string(" up"))

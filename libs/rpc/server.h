@@ -30,6 +30,10 @@
 // grpc_service is the full service name ("dtrain.kvstore.v1.KVStoreData"),
 // grpc_method the method's ("Push").
 //
+// The gRPC port serves mutual TLS with options.credentials (else the
+// process's DefaultCredentials(), credentials.h); handlers learn their
+// caller with PeerIdentity.
+//
 // A server without a gRPC API (the trainer daemon) sets `listen` for health,
 // reflection and admin only, or leaves it empty for metrics only.
 //
@@ -55,6 +59,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "libs/rpc/credentials.h"
 #include "prometheus/collectable.h"
 
 namespace grpc {
@@ -85,6 +90,9 @@ struct ServerOptions {
   std::string metrics_port_file;
   // gRPC send and receive limit per message; 0: gRPC's defaults.
   int64_t max_message_bytes = 0;
+  // Mutual TLS or plain text (credentials.h); nullptr: DefaultCredentials(),
+  // which a main sets from its flags.
+  std::shared_ptr<const Credentials> credentials;
   // Idle threads of gRPC's synchronous server; 0: gRPC's defaults.
   int min_pollers = 0;
   int max_pollers = 0;

@@ -28,6 +28,7 @@
 #include "gtest/gtest.h"
 #include "libs/metrics/metrics.h"
 #include "libs/metrics/scrape.h"
+#include "libs/rpc/credentials.h"
 #include "protos/admin.grpc.pb.h"
 #include "protos/scheduler.grpc.pb.h"
 
@@ -59,7 +60,7 @@ std::string Flatten(const grpc::ByteBuffer& b) {
 }
 
 std::shared_ptr<grpc::Channel> Channel(const Server& server) {
-  return grpc::CreateChannel(server.local_address(), grpc::InsecureChannelCredentials());
+  return dtrain::rpc::NewChannel(server.local_address());
 }
 
 // grpc.health.v1.Health/Check for the whole server: the serialized reply,

@@ -10,6 +10,7 @@
 #include "libs/base/logging.h"
 #include "libs/base/status.h"
 #include "libs/scheduler/spec.h"
+#include "libs/security/job_token.h"
 
 namespace dtrain {
 namespace scheduler {
@@ -138,7 +139,8 @@ void Scheduler::SetState(JobStatus* status, JobState state, const std::string& r
   Touch(status);
 }
 
-absl::StatusOr<JobStatus> Scheduler::Submit(JobSpec spec, const std::string& request_id) {
+absl::StatusOr<JobStatus> Scheduler::Submit(JobSpec spec, const std::string& request_id,
+                                            const std::string& owner) {
   if (request_id.size() > 128) {
     return absl::InvalidArgumentError(
         absl::StrCat("request_id: at most 128 bytes, got ", request_id.size()));
@@ -155,6 +157,7 @@ absl::StatusOr<JobStatus> Scheduler::Submit(JobSpec spec, const std::string& req
   job.seq = next_job_;
   job.status.set_id(id);
   job.status.set_submit_request_id(request_id);
+  job.status.set_owner(owner);
   *job.status.mutable_spec() = std::move(spec);
   job.status.set_test_accuracy(-1);
   job.status.set_submit_time_unix_ms(absl::ToUnixMillis(options_.now()));
@@ -188,7 +191,8 @@ std::vector<JobStatus> Scheduler::List(JobState state) const {
 }
 
 absl::StatusOr<JobPage> Scheduler::ListPage(JobState state, int page_size,
-                                            const std::string& page_token) const {
+                                            const std::string& page_token,
+                                            const std::string* owner) const {
   if (page_size < 0) {
     return absl::InvalidArgumentError(absl::StrCat("page_size: must be >= 0, got ", page_size));
   }
@@ -205,6 +209,7 @@ absl::StatusOr<JobPage> Scheduler::ListPage(JobState state, int page_size,
   std::vector<const Job*> sorted;
   for (const auto& [id, job] : jobs_) {
     if (job.seq <= after && !page_token.empty()) continue;
+    if (owner != nullptr && job.status.owner() != *owner) continue;
     if (state == v1::JOB_STATE_UNSPECIFIED || job.status.state() == state) sorted.push_back(&job);
   }
   std::sort(sorted.begin(), sorted.end(),
@@ -339,6 +344,11 @@ absl::StatusOr<HeartbeatReply> Scheduler::Heartbeat(const HeartbeatRequest& requ
       a->set_resume_epoch(jt->second.status.checkpoint_epoch());
       a->set_resume_step(jt->second.status.checkpoint_step());
       *a->mutable_trainer_ids() = jt->second.status.trainers();
+      if (!options_.job_token_secret.empty() && a->spec().sync().mode() == v1::KVSTORE) {
+        a->set_kvstore_token(security::MintJobToken(
+            options_.job_token_secret, security::KvstoreJobName(a->job_id(), a->attempt()),
+            options_.now() + options_.job_token_lifetime));
+      }
       t.delivered = true;
     }
   }

@@ -145,6 +145,11 @@ struct SchedulerOptions {
   // Finished jobs are dropped this long after they finished
   // (absl::InfiniteDuration(): kept forever).
   absl::Duration finished_job_retention = absl::Hours(7 * 24);
+  // The cluster secret (libs/security/job_token.h); non-empty: every
+  // assignment of a KVSTORE job carries a kvstore token for its attempt,
+  // valid for job_token_lifetime.
+  std::string job_token_secret;
+  absl::Duration job_token_lifetime = absl::Hours(30 * 24);
   // The clock; tests inject a fake one.
   std::function<absl::Time()> now = [] { return absl::Now(); };
 };
@@ -180,8 +185,10 @@ class Scheduler {
   // queues the job. Returns its status (QUEUED, or RUNNING if it was
   // placed at once).
   // `request_id` (optional, at most 128 bytes): a Submit with the id of an
-  // earlier one returns that job instead (a client's retry).
-  absl::StatusOr<JobStatus> Submit(JobSpec spec, const std::string& request_id = "");
+  // earlier one returns that job instead (a client's retry). `owner`: who
+  // submits it (JobStatus.owner).
+  absl::StatusOr<JobStatus> Submit(JobSpec spec, const std::string& request_id = "",
+                                   const std::string& owner = "");
 
   // kNotFound for an unknown id.
   absl::StatusOr<JobStatus> Get(const std::string& id) const;
@@ -193,8 +200,9 @@ class Scheduler {
   // of the page that returned `page_token` ("" for the first page). Jobs
   // submitted or dropped in between neither shift nor repeat the others.
   // kInvalidArgument for a negative page_size or a token no reply gave.
-  absl::StatusOr<JobPage> ListPage(JobState state, int page_size,
-                                   const std::string& page_token) const;
+  // `owner` non-null: only that owner's jobs.
+  absl::StatusOr<JobPage> ListPage(JobState state, int page_size, const std::string& page_token,
+                                   const std::string* owner = nullptr) const;
 
   // QUEUED or RUNNING -> CANCELLED (the trainers are told to stop on their
   // next heartbeat). kFailedPrecondition for a finished job, kNotFound.

@@ -20,6 +20,7 @@
 #include "libs/kvstore/proto_convert.h"
 #include "libs/kvstore/wire.h"
 #include "libs/metrics/scrape.h"
+#include "libs/rpc/credentials.h"
 #include "protos/kvstore.grpc.pb.h"
 #include "services/kvstore/server.h"
 
@@ -368,7 +369,7 @@ class RawStubs {
   explicit RawStubs(const std::string& address) {
     grpc::ChannelArguments args;
     args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
-    channel_ = grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+    channel_ = dtrain::rpc::NewChannel(address, args);
     data_ = v1::KVStoreData::NewStub(channel_);
     control_ = v1::KVStore::NewStub(channel_);
   }

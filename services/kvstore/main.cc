@@ -31,7 +31,9 @@
 #include "libs/base/logging.h"
 #include "libs/base/signals.h"
 #include "libs/kvstore/malloc_tuning.h"
+#include "libs/rpc/credential_flags.h"
 #include "libs/rpc/server.h"
+#include "libs/security/job_token.h"
 #include "services/kvstore/server.h"
 
 ABSL_FLAG(std::string, listen, "0.0.0.0:7070", "gRPC address (port 0: any free port)");
@@ -55,6 +57,12 @@ ABSL_FLAG(int, replica_index, 0, "this replica's index within its shard (with --
 ABSL_FLAG(int, num_shards, 1, "shards of the kvstore (with --scheduler)");
 ABSL_FLAG(std::string, advertise, "",
           "host:port peers and clients dial (with --scheduler; default 127.0.0.1:<port>)");
+ABSL_FLAG(std::string, cluster_secret_file, "",
+          "the cluster secret (`trainctl certs init` writes cluster.secret): trainers' calls "
+          "then need the kvstore token of the job they name (empty: not checked)");
+ABSL_FLAG(std::string, health_listen, "",
+          "a plain-text port that serves only gRPC health checking (grpc.health.v1), for "
+          "probes that cannot speak mutual TLS (the kubelet's); empty: none");
 ABSL_FLAG(std::string, port_file, "",
           "write the bound gRPC port here once serving (for scripts and tests)");
 
@@ -65,12 +73,32 @@ int main(int argc, char** argv) {
   // Debian's Abseil is built with mutex deadlock detection on, which gRPC's
   // many short-lived mutexes pay for on every call.
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
+  {
+    absl::StatusOr<std::shared_ptr<const dtrain::rpc::Credentials>> credentials =
+        dtrain::rpc::CredentialsFromFlags("kvstore_server");
+    if (!credentials.ok()) {
+      std::fprintf(stderr, "kvstore_server: %s\n",
+                   std::string(credentials.status().message()).c_str());
+      return 2;
+    }
+    dtrain::rpc::SetDefaultCredentials(*std::move(credentials));
+  }
   dtrain::kvstore::ServerOptions options;
   options.listen = absl::GetFlag(FLAGS_listen);
   options.data_dir = absl::GetFlag(FLAGS_data_dir);
   options.shard_index = absl::GetFlag(FLAGS_shard_index);
   options.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
   options.port_file = absl::GetFlag(FLAGS_port_file);
+  if (!absl::GetFlag(FLAGS_cluster_secret_file).empty()) {
+    absl::StatusOr<std::string> secret =
+        dtrain::security::ReadClusterSecret(absl::GetFlag(FLAGS_cluster_secret_file));
+    if (!secret.ok()) {
+      std::fprintf(stderr, "kvstore_server: --cluster_secret_file: %s\n",
+                   std::string(secret.status().message()).c_str());
+      return 2;
+    }
+    options.job_token_secret = *secret;
+  }
   options.snapshot_interval = absl::Seconds(absl::GetFlag(FLAGS_snapshot_interval_s));
   options.quota_bytes_per_job = absl::GetFlag(FLAGS_quota_bytes_per_job);
   options.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
@@ -94,7 +122,20 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "kvstore_server: %s\n", server.status().ToString().c_str());
     return 1;
   }
+  // Probes: health only, plain text, SERVING while the shard serves.
+  dtrain::rpc::ServerOptions probe_options;
+  probe_options.service = "kvstore-health";
+  probe_options.listen = absl::GetFlag(FLAGS_health_listen);
+  probe_options.credentials = dtrain::rpc::Credentials::Insecure();
+  dtrain::rpc::Server probe(probe_options);
+  if (!probe_options.listen.empty()) {
+    if (absl::Status s = probe.Start(); !s.ok()) {
+      std::fprintf(stderr, "kvstore_server: --health_listen: %s\n", s.ToString().c_str());
+      return 1;
+    }
+  }
   return dtrain::rpc::RunUntilShutdownSignal("kvstore_server", [&] {
+    probe.Shutdown(absl::ZeroDuration());
     return (*server)->Shutdown(absl::Seconds(absl::GetFlag(FLAGS_shutdown_grace_s)));
   });
 }

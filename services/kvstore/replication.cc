@@ -9,6 +9,8 @@
 #include "libs/base/grpc_status.h"
 #include "libs/base/logging.h"
 #include "libs/base/status.h"
+#include "libs/rpc/credentials.h"
+#include "libs/security/authz.h"
 #include "protos/scheduler.grpc.pb.h"
 
 namespace dtrain {
@@ -23,7 +25,8 @@ std::shared_ptr<grpc::Channel> GrpcReplicaLink::Channel(const std::string& addre
     args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
     args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
     args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
-    channel = grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+    // This process's credentials (a kvstore certificate with mutual TLS).
+    channel = rpc::NewChannel(address, args);
   }
   return channel;
 }
@@ -49,9 +52,23 @@ absl::StatusOr<v1::ReplicateReply> GrpcReplicaLink::Replicate(const std::string&
   return reply;
 }
 
+namespace {
+
+// The Replica service's authorization point (rules: libs/security/authz.h):
+// Replicate only from kvstore shards, GetShardMap for anyone authenticated.
+absl::Status Authorized(const grpc::ServerContext& ctx, security::Action action) {
+  DT_ASSIGN_OR_RETURN(security::Identity who, rpc::PeerIdentity(ctx));
+  return security::Authorize(who, action);
+}
+
+}  // namespace
+
 grpc::Status ReplicaService::Replicate(grpc::ServerContext* ctx,
                                        grpc::ServerReader<v1::ReplicateChunk>* reader,
                                        v1::ReplicateReply* reply) {
+  if (absl::Status a = Authorized(*ctx, security::Action::kReplicate); !a.ok()) {
+    return ToGrpcStatus(a);
+  }
   std::string bytes;
   v1::ReplicateChunk chunk;
   while (reader->Read(&chunk)) {
@@ -73,8 +90,11 @@ grpc::Status ReplicaService::Replicate(grpc::ServerContext* ctx,
   return grpc::Status::OK;
 }
 
-grpc::Status ReplicaService::GetShardMap(grpc::ServerContext*, const v1::GetShardMapRequest*,
+grpc::Status ReplicaService::GetShardMap(grpc::ServerContext* ctx, const v1::GetShardMapRequest*,
                                          v1::ShardMap* map) {
+  if (absl::Status a = Authorized(*ctx, security::Action::kReadKvstoreMap); !a.ok()) {
+    return ToGrpcStatus(a);
+  }
   *map = replicator_->map();
   return grpc::Status::OK;
 }
@@ -100,7 +120,7 @@ void MapHeartbeat::Loop() {
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   auto stub = scheduler::v1::ClusterService::NewStub(
-      grpc::CreateCustomChannel(options_.scheduler, grpc::InsecureChannelCredentials(), args));
+      rpc::NewChannel(options_.scheduler, args));
   absl::Duration interval = options_.interval;
   int64_t failed_in_a_row = 0;
   do {

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/types/optional.h"
 #include "libs/base/grpc_status.h"
 #include "libs/base/logging.h"
 #include "libs/base/status.h"
@@ -23,7 +24,10 @@
 #include "libs/kvstore/proto_convert.h"
 #include "libs/kvstore/wire.h"
 #include "libs/metrics/metrics.h"
+#include "libs/rpc/credentials.h"
 #include "libs/rpc/server.h"
+#include "libs/security/authz.h"
+#include "libs/security/job_token.h"
 #include "protos/kvstore.grpc.pb.h"
 #include "services/kvstore/replication.h"
 
@@ -76,6 +80,35 @@ const char* CodeName(absl::StatusCode code) {
 
 }  // namespace
 
+namespace {
+
+// The kvstore's one authorization point (Run): the caller of `ctx` may call
+// `method` (rules: libs/security/authz.h). With a cluster secret, a
+// trainer's call must carry a kvstore token: then the job it grants, to
+// which the call is confined (security::JobScope); nullopt: unconfined.
+absl::StatusOr<absl::optional<std::string>> Authorized(const grpc::ServerContext& ctx,
+                                                       const char* method,
+                                                       const std::string& secret) {
+  DT_ASSIGN_OR_RETURN(security::Identity who, rpc::PeerIdentity(ctx));
+  DT_RETURN_IF_ERROR(security::Authorize(who, security::KvstoreAction(method)));
+  if (secret.empty() || !who.authenticated || who.role != security::Role::kTrainer) {
+    return absl::nullopt;
+  }
+  auto token = ctx.client_metadata().find(security::kJobTokenMetadata);
+  if (token == ctx.client_metadata().end()) {
+    return absl::PermissionDeniedError(
+        absl::StrCat(who.ToString(), " sent no kvstore token (", security::kJobTokenMetadata,
+                     " metadata; the scheduler's assignment carries it)"));
+  }
+  DT_ASSIGN_OR_RETURN(
+      std::string job,
+      security::VerifyJobToken(
+          secret, absl::string_view(token->second.data(), token->second.size()), absl::Now()));
+  return absl::optional<std::string>(std::move(job));
+}
+
+}  // namespace
+
 // Everything behind the gRPC services: handlers and their metrics.
 class KVStoreServer::Impl {
  public:
@@ -118,9 +151,15 @@ class KVStoreServer::Impl {
   // Handles one call: times it, records its status in the kvstore's own
   // metrics, and converts the status for gRPC. (Calls in flight and the
   // dtrain_rpc_server_* metrics are the scaffold's interceptor's.)
-  grpc::Status Run(const char* method, const std::function<absl::Status()>& handler) {
+  // Every call of both services: authorizes the caller of `ctx` for
+  // `method` (libs/security/authz.h: KvstoreAction), runs `handler`, counts.
+  grpc::Status Run(const char* method, const grpc::ServerContext* ctx,
+                   const std::function<absl::Status()>& handler) {
     const Clock::time_point start = Clock::now();
-    const absl::Status status = handler();
+    absl::StatusOr<absl::optional<std::string>> job =
+        Authorized(*ctx, method, options_.job_token_secret);
+    security::JobScope scope(job.ok() && job->has_value() ? &**job : nullptr);
+    const absl::Status status = job.ok() ? handler() : job.status();
     double seconds = std::chrono::duration<double>(Clock::now() - start).count();
     const MethodMetrics& m = methods_.at(method);
     if (status.ok()) {
@@ -151,6 +190,7 @@ class KVStoreServer::Impl {
 
   absl::Status CreateJob(const v1::CreateJobRequest& request, v1::CreateJobResponse* response) {
     DT_ASSIGN_OR_RETURN(JobConfig config, FromProto(request.config()));
+    DT_RETURN_IF_ERROR(security::JobScope::Check(config.job));
     DT_RETURN_IF_ERROR(CheckWrites());
     bool created;
     if (replicator_ != nullptr) {
@@ -167,6 +207,7 @@ class KVStoreServer::Impl {
   }
 
   absl::Status DeleteJob(const v1::DeleteJobRequest& request, v1::DeleteJobResponse* response) {
+    DT_RETURN_IF_ERROR(security::JobScope::Check(request.job()));
     DT_RETURN_IF_ERROR(CheckWrites());
     if (replicator_ != nullptr) {
       v1::Mutation m;
@@ -197,6 +238,7 @@ class KVStoreServer::Impl {
   }
 
   absl::Status GetJob(const v1::GetJobRequest& request, v1::GetJobResponse* response) {
+    DT_RETURN_IF_ERROR(security::JobScope::Check(request.job()));
     DT_RETURN_IF_ERROR(CheckReads());
     DT_ASSIGN_OR_RETURN(JobStatus status,
                         store_->GetJob(request.job(), request.worker(), request.include_slices()));
@@ -211,6 +253,7 @@ class KVStoreServer::Impl {
       return absl::InvalidArgumentError("Init: empty request stream");
     }
     const v1::InitRequest& first = messages.front();
+    DT_RETURN_IF_ERROR(security::JobScope::Check(first.job()));
     DT_RETURN_IF_ERROR(CheckWrites());
     std::vector<InitItem> items;
     std::vector<std::pair<std::string, int64_t>> sizes;
@@ -336,6 +379,7 @@ class KVStoreServer::Impl {
   }
 
   absl::StatusOr<PushResult> ApplyPush(const ReceivedPush& p) {
+    DT_RETURN_IF_ERROR(security::JobScope::Check(p.header.job()));
     PushResult result;
     if (replicator_ != nullptr) {
       v1::Mutation m;
@@ -442,6 +486,7 @@ class KVStoreServer::Impl {
     DT_RETURN_IF_ERROR(CheckReads());
     v1::PullRequest r;
     DT_RETURN_IF_ERROR(wire::ParseSmall(*request, &r, "PullRequest"));
+    DT_RETURN_IF_ERROR(security::JobScope::Check(r.job()));
     std::vector<PullRequestItem> items;
     for (const v1::PullItem& p : r.items()) items.push_back({p.key(), p.slice(), p.round()});
     DT_ASSIGN_OR_RETURN(std::vector<PulledValue> values,
@@ -503,6 +548,7 @@ class KVStoreServer::Impl {
     DT_RETURN_IF_ERROR(CheckReads());
     v1::PullRequest r;
     DT_RETURN_IF_ERROR(wire::ParseSmall(*request, &r, "PullRequest"));
+    DT_RETURN_IF_ERROR(security::JobScope::Check(r.job()));
     std::vector<PullRequestItem> items;
     for (const v1::PullItem& p : r.items()) items.push_back({p.key(), p.slice(), p.round()});
     DT_ASSIGN_OR_RETURN(std::vector<PulledValue> values,
@@ -612,25 +658,25 @@ class ControlService final : public v1::KVStore::Service {
  public:
   explicit ControlService(KVStoreServer::Impl* impl) : impl_(impl) {}
 
-  grpc::Status CreateJob(grpc::ServerContext*, const v1::CreateJobRequest* request,
+  grpc::Status CreateJob(grpc::ServerContext* ctx, const v1::CreateJobRequest* request,
                          v1::CreateJobResponse* response) override {
-    return impl_->Run("CreateJob", [&] { return impl_->CreateJob(*request, response); });
+    return impl_->Run("CreateJob", ctx, [&] { return impl_->CreateJob(*request, response); });
   }
-  grpc::Status DeleteJob(grpc::ServerContext*, const v1::DeleteJobRequest* request,
+  grpc::Status DeleteJob(grpc::ServerContext* ctx, const v1::DeleteJobRequest* request,
                          v1::DeleteJobResponse* response) override {
-    return impl_->Run("DeleteJob", [&] { return impl_->DeleteJob(*request, response); });
+    return impl_->Run("DeleteJob", ctx, [&] { return impl_->DeleteJob(*request, response); });
   }
-  grpc::Status GetJob(grpc::ServerContext*, const v1::GetJobRequest* request,
+  grpc::Status GetJob(grpc::ServerContext* ctx, const v1::GetJobRequest* request,
                       v1::GetJobResponse* response) override {
-    return impl_->Run("GetJob", [&] { return impl_->GetJob(*request, response); });
+    return impl_->Run("GetJob", ctx, [&] { return impl_->GetJob(*request, response); });
   }
-  grpc::Status Init(grpc::ServerContext*, grpc::ServerReader<v1::InitRequest>* reader,
+  grpc::Status Init(grpc::ServerContext* ctx, grpc::ServerReader<v1::InitRequest>* reader,
                     v1::InitResponse* response) override {
-    return impl_->Run("Init", [&] { return impl_->Init(reader, response); });
+    return impl_->Run("Init", ctx, [&] { return impl_->Init(reader, response); });
   }
-  grpc::Status Snapshot(grpc::ServerContext*, const v1::SnapshotRequest*,
+  grpc::Status Snapshot(grpc::ServerContext* ctx, const v1::SnapshotRequest*,
                         v1::SnapshotResponse* response) override {
-    return impl_->Run("Snapshot", [&] { return impl_->Snapshot(response); });
+    return impl_->Run("Snapshot", ctx, [&] { return impl_->Snapshot(response); });
   }
 
  private:
@@ -650,36 +696,37 @@ class DataService final : public grpc::Service {
         "Push", RpcMethod::CLIENT_STREAMING,
         [](DataService* s, ServerContext* ctx, grpc::ServerReader<ByteBuffer>* reader,
            ByteBuffer* response) {
-          return s->impl_->Run("Push", [&] { return s->impl_->Push(ctx, reader, response); });
+          return s->impl_->Run("Push", ctx, [&] { return s->impl_->Push(ctx, reader, response); });
         });
     Add<grpc::internal::ServerStreamingHandler<DataService, ByteBuffer, ByteBuffer>>(
         "Pull", RpcMethod::SERVER_STREAMING,
         [](DataService* s, ServerContext* ctx, const ByteBuffer* request,
            grpc::ServerWriter<ByteBuffer>* writer) {
-          return s->impl_->Run("Pull", [&] { return s->impl_->Pull(ctx, request, writer); });
+          return s->impl_->Run("Pull", ctx, [&] { return s->impl_->Pull(ctx, request, writer); });
         });
     Add<grpc::internal::BidiStreamingHandler<DataService, ByteBuffer, ByteBuffer>>(
         "PushPull", RpcMethod::BIDI_STREAMING,
         [](DataService* s, ServerContext* ctx,
            grpc::ServerReaderWriter<ByteBuffer, ByteBuffer>* stream) {
-          return s->impl_->Run("PushPull", [&] { return s->impl_->PushPull(ctx, stream); });
+          return s->impl_->Run("PushPull", ctx, [&] { return s->impl_->PushPull(ctx, stream); });
         });
     using Unary = grpc::internal::RpcMethodHandler<DataService, ByteBuffer, ByteBuffer>;
-    Add<Unary>("PushUnary", RpcMethod::NORMAL_RPC,
-               [](DataService* s, ServerContext*, const ByteBuffer* request, ByteBuffer* response) {
-                 return s->impl_->Run("PushUnary",
-                                      [&] { return s->impl_->PushUnary(request, response); });
-               });
+    Add<Unary>(
+        "PushUnary", RpcMethod::NORMAL_RPC,
+        [](DataService* s, ServerContext* ctx, const ByteBuffer* request, ByteBuffer* response) {
+          return s->impl_->Run("PushUnary", ctx,
+                               [&] { return s->impl_->PushUnary(request, response); });
+        });
     Add<Unary>(
         "PullUnary", RpcMethod::NORMAL_RPC,
         [](DataService* s, ServerContext* ctx, const ByteBuffer* request, ByteBuffer* response) {
-          return s->impl_->Run("PullUnary",
+          return s->impl_->Run("PullUnary", ctx,
                                [&] { return s->impl_->PullUnary(ctx, request, response); });
         });
     Add<Unary>(
         "PushPullUnary", RpcMethod::NORMAL_RPC,
         [](DataService* s, ServerContext* ctx, const ByteBuffer* request, ByteBuffer* response) {
-          return s->impl_->Run("PushPullUnary",
+          return s->impl_->Run("PushPullUnary", ctx,
                                [&] { return s->impl_->PushPullUnary(ctx, request, response); });
         });
   }

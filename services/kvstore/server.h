@@ -70,6 +70,10 @@ class Server;
 namespace kvstore {
 
 struct ServerOptions {
+  // The cluster secret (hex; libs/security/job_token.h); non-empty: a
+  // trainer's calls must carry a kvstore token for the job they name
+  // (Assignment.kvstore_token), else PERMISSION_DENIED.
+  std::string job_token_secret;
   // gRPC address, e.g. "0.0.0.0:7070"; port 0 picks a free one.
   std::string listen = "127.0.0.1:0";
   // Where snapshots live; empty: no snapshots. A snapshot found here at

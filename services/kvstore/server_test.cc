@@ -19,6 +19,7 @@
 #include "gtest/gtest.h"
 #include "libs/kvstore/client.h"
 #include "libs/metrics/scrape.h"
+#include "libs/rpc/credentials.h"
 #include "protos/admin.grpc.pb.h"
 
 namespace dtrain {
@@ -42,7 +43,7 @@ std::string Flatten(const grpc::ByteBuffer& b) {
 }
 
 std::shared_ptr<grpc::Channel> Channel(const std::string& address) {
-  return grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
+  return dtrain::rpc::NewChannel(address);
 }
 
 TEST(KVStoreServerTest, HealthReflectionAndAdmin) {

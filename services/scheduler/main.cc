@@ -24,7 +24,9 @@
 #include "absl/time/time.h"
 #include "libs/base/logging.h"
 #include "libs/base/signals.h"
+#include "libs/rpc/credential_flags.h"
 #include "libs/rpc/server.h"
+#include "libs/security/job_token.h"
 #include "services/scheduler/server.h"
 
 ABSL_FLAG(std::string, listen, "0.0.0.0:7000", "gRPC address (port 0: any free port)");
@@ -42,6 +44,12 @@ ABSL_FLAG(double, kvstore_heartbeat_timeout_s, 2,
 ABSL_FLAG(int, kvstore_heartbeat_interval_ms, 200,
           "how often kvstore replicas heartbeat (told to them in every reply)");
 ABSL_FLAG(double, shutdown_grace_s, 2, "seconds calls in flight get to finish at shutdown");
+ABSL_FLAG(std::string, cluster_secret_file, "",
+          "the cluster secret (`trainctl certs init` writes cluster.secret): KVSTORE "
+          "assignments then carry a kvstore token the shards check (empty: none)");
+ABSL_FLAG(std::string, health_listen, "",
+          "a plain-text port that serves only gRPC health checking (grpc.health.v1), for "
+          "probes that cannot speak mutual TLS (the kubelet's); empty: none");
 ABSL_FLAG(std::string, port_file, "",
           "write the bound gRPC port here once serving (for scripts and tests)");
 
@@ -49,11 +57,31 @@ int main(int argc, char** argv) {
   absl::SetProgramUsageMessage("The dtrain job scheduler.");
   absl::ParseCommandLine(argc, argv);
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
+  {
+    absl::StatusOr<std::shared_ptr<const dtrain::rpc::Credentials>> credentials =
+        dtrain::rpc::CredentialsFromFlags("scheduler_server");
+    if (!credentials.ok()) {
+      std::fprintf(stderr, "scheduler_server: %s\n",
+                   std::string(credentials.status().message()).c_str());
+      return 2;
+    }
+    dtrain::rpc::SetDefaultCredentials(*std::move(credentials));
+  }
   dtrain::scheduler::ServerOptions options;
   options.listen = absl::GetFlag(FLAGS_listen);
   options.data_dir = absl::GetFlag(FLAGS_data_dir);
   options.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
   options.port_file = absl::GetFlag(FLAGS_port_file);
+  if (!absl::GetFlag(FLAGS_cluster_secret_file).empty()) {
+    absl::StatusOr<std::string> secret =
+        dtrain::security::ReadClusterSecret(absl::GetFlag(FLAGS_cluster_secret_file));
+    if (!secret.ok()) {
+      std::fprintf(stderr, "scheduler_server: --cluster_secret_file: %s\n",
+                   std::string(secret.status().message()).c_str());
+      return 2;
+    }
+    options.job_token_secret = *secret;
+  }
   const double timeout_s = absl::GetFlag(FLAGS_heartbeat_timeout_s);
   if (!(timeout_s > 0)) {
     std::fprintf(stderr, "scheduler_server: --heartbeat_timeout_s must be > 0, got %g\n",
@@ -97,7 +125,20 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "scheduler_server: %s\n", server.status().ToString().c_str());
     return 1;
   }
+  // Probes: health only, plain text, SERVING while the scheduler serves.
+  dtrain::rpc::ServerOptions probe_options;
+  probe_options.service = "scheduler-health";
+  probe_options.listen = absl::GetFlag(FLAGS_health_listen);
+  probe_options.credentials = dtrain::rpc::Credentials::Insecure();
+  dtrain::rpc::Server probe(probe_options);
+  if (!probe_options.listen.empty()) {
+    if (absl::Status s = probe.Start(); !s.ok()) {
+      std::fprintf(stderr, "scheduler_server: --health_listen: %s\n", s.ToString().c_str());
+      return 1;
+    }
+  }
   return dtrain::rpc::RunUntilShutdownSignal("scheduler_server", [&] {
+    probe.Shutdown(absl::ZeroDuration());
     (*server)->Shutdown(absl::Seconds(absl::GetFlag(FLAGS_shutdown_grace_s)));
     return absl::OkStatus();
   });

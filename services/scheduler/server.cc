@@ -9,7 +9,9 @@
 #include "libs/base/logging.h"
 #include "libs/base/status.h"
 #include "libs/metrics/metrics.h"
+#include "libs/rpc/credentials.h"
 #include "libs/rpc/server.h"
+#include "libs/security/authz.h"
 #include "protos/scheduler.grpc.pb.h"
 
 namespace dtrain {
@@ -51,81 +53,126 @@ class RpcMetrics {
   prometheus::Family<prometheus::Histogram>& latency_;
 };
 
+// The caller of `ctx` if it may do `action` (to a job of `owner`), else the
+// denial (PERMISSION_DENIED; UNAUTHENTICATED for a certificate that names no
+// dtrain identity). Every handler of both services starts here: the
+// scheduler's one authorization point (rules: libs/security/authz.h).
+absl::StatusOr<security::Identity> Authorized(const grpc::ServerContext& ctx,
+                                              security::Action action,
+                                              absl::string_view owner = "") {
+  DT_ASSIGN_OR_RETURN(security::Identity who, rpc::PeerIdentity(ctx));
+  DT_RETURN_IF_ERROR(security::Authorize(who, action, owner));
+  return who;
+}
+
 class JobServiceImpl final : public v1::JobService::Service {
  public:
   JobServiceImpl(Scheduler* s, KvstoreMembership* kv, const absl::Notification* stopping,
                  RpcMetrics* m)
       : s_(s), kv_(kv), stopping_(stopping), m_(m) {}
 
-  grpc::Status Submit(grpc::ServerContext*, const v1::SubmitRequest* req,
+  grpc::Status Submit(grpc::ServerContext* ctx, const v1::SubmitRequest* req,
                       v1::JobStatus* reply) override {
-    return m_->Observe("Submit", [&] { return DoSubmit(req, reply); });
+    return m_->Observe("Submit", [&] { return ToGrpcStatus(DoSubmit(*ctx, req, reply)); });
   }
-  grpc::Status Get(grpc::ServerContext*, const v1::GetRequest* req, v1::JobStatus* reply) override {
-    return m_->Observe("Get", [&] { return DoGet(req, reply); });
+  grpc::Status Get(grpc::ServerContext* ctx, const v1::GetRequest* req,
+                   v1::JobStatus* reply) override {
+    return m_->Observe("Get", [&] {
+      absl::StatusOr<JobStatus> r = JobFor(*ctx, req->id(), security::Action::kReadJob);
+      if (!r.ok()) return ToGrpcStatus(r.status());
+      *reply = std::move(*r);
+      return grpc::Status::OK;
+    });
   }
-  grpc::Status List(grpc::ServerContext*, const v1::ListRequest* req,
+  grpc::Status List(grpc::ServerContext* ctx, const v1::ListRequest* req,
                     v1::ListReply* reply) override {
-    return m_->Observe("List", [&] { return DoList(req, reply); });
+    return m_->Observe("List", [&] { return ToGrpcStatus(DoList(*ctx, req, reply)); });
   }
-  grpc::Status Cancel(grpc::ServerContext*, const v1::CancelRequest* req,
+  grpc::Status Cancel(grpc::ServerContext* ctx, const v1::CancelRequest* req,
                       v1::JobStatus* reply) override {
-    return m_->Observe("Cancel", [&] { return DoCancel(req, reply); });
+    return m_->Observe("Cancel", [&] {
+      absl::StatusOr<JobStatus> job = JobFor(*ctx, req->id(), security::Action::kCancelJob);
+      if (!job.ok()) return ToGrpcStatus(job.status());
+      return DoCancel(req, reply);
+    });
   }
   grpc::Status Watch(grpc::ServerContext* ctx, const v1::WatchRequest* req,
                      grpc::ServerWriter<v1::JobStatus>* writer) override {
-    return m_->Observe("Watch", [&] { return DoWatch(ctx, req, writer); });
+    return m_->Observe("Watch", [&] {
+      absl::StatusOr<JobStatus> job = JobFor(*ctx, req->id(), security::Action::kReadJob);
+      if (!job.ok()) return ToGrpcStatus(job.status());
+      return DoWatch(ctx, req, writer);
+    });
   }
-  grpc::Status DrainTrainer(grpc::ServerContext*, const v1::DrainTrainerRequest* req,
+  grpc::Status DrainTrainer(grpc::ServerContext* ctx, const v1::DrainTrainerRequest* req,
                             v1::TrainerStatus* reply) override {
     return m_->Observe("DrainTrainer", [&] {
+      absl::StatusOr<security::Identity> who = Authorized(*ctx, security::Action::kDrainTrainer);
+      if (!who.ok()) return ToGrpcStatus(who.status());
       absl::StatusOr<v1::TrainerStatus> r = s_->DrainTrainer(req->trainer());
       if (!r.ok()) return ToGrpcStatus(r.status());
       *reply = std::move(*r);
       return grpc::Status::OK;
     });
   }
-  grpc::Status ListTrainers(grpc::ServerContext*, const v1::ListTrainersRequest*,
+  grpc::Status ListTrainers(grpc::ServerContext* ctx, const v1::ListTrainersRequest*,
                             v1::ListTrainersReply* reply) override {
     return m_->Observe("ListTrainers", [&] {
+      absl::StatusOr<security::Identity> who = Authorized(*ctx, security::Action::kListTrainers);
+      if (!who.ok()) return ToGrpcStatus(who.status());
       for (v1::TrainerStatus& t : s_->ListTrainers()) *reply->add_trainers() = std::move(t);
       return grpc::Status::OK;
     });
   }
-  grpc::Status GetKvstoreMap(grpc::ServerContext*, const kvstore::v1::GetShardMapRequest*,
+  grpc::Status GetKvstoreMap(grpc::ServerContext* ctx, const kvstore::v1::GetShardMapRequest*,
                              kvstore::v1::ShardMap* reply) override {
     return m_->Observe("GetKvstoreMap", [&] {
+      absl::StatusOr<security::Identity> who = Authorized(*ctx, security::Action::kReadKvstoreMap);
+      if (!who.ok()) return ToGrpcStatus(who.status());
       *reply = kv_->Map();
       return grpc::Status::OK;
     });
   }
 
  private:
-  grpc::Status DoSubmit(const v1::SubmitRequest* req, v1::JobStatus* reply) {
-    absl::StatusOr<JobStatus> r = s_->Submit(req->spec(), req->request_id());
-    if (!r.ok()) return ToGrpcStatus(r.status());
-    DT_LOG(INFO) << "job " << r->id() << " (" << r->spec().name() << ") submitted";
-    *reply = std::move(*r);
-    return grpc::Status::OK;
+  absl::Status DoSubmit(const grpc::ServerContext& ctx, const v1::SubmitRequest* req,
+                        v1::JobStatus* reply) {
+    DT_ASSIGN_OR_RETURN(security::Identity who, Authorized(ctx, security::Action::kSubmitJob));
+    DT_ASSIGN_OR_RETURN(JobStatus r,
+                        s_->Submit(req->spec(), req->request_id(), security::OwnerOf(who)));
+    // A request id another user's submission used answers with that job:
+    // not for this caller.
+    DT_RETURN_IF_ERROR(security::Authorize(who, security::Action::kReadJob, r.owner()));
+    DT_LOG(INFO) << "job " << r.id() << " (" << r.spec().name() << ") submitted by "
+                 << who.ToString();
+    *reply = std::move(r);
+    return absl::OkStatus();
   }
 
-  grpc::Status DoGet(const v1::GetRequest* req, v1::JobStatus* reply) {
-    absl::StatusOr<JobStatus> r = s_->Get(req->id());
-    if (!r.ok()) return ToGrpcStatus(r.status());
-    *reply = std::move(*r);
-    return grpc::Status::OK;
+  // Job `id` if the caller may do `action` to it.
+  absl::StatusOr<JobStatus> JobFor(const grpc::ServerContext& ctx, const std::string& id,
+                                   security::Action action) {
+    DT_ASSIGN_OR_RETURN(security::Identity who, rpc::PeerIdentity(ctx));
+    // NotFound for an unknown id whoever asks (ids are sequential: their
+    // existence is no secret); PermissionDenied for another user's job.
+    DT_ASSIGN_OR_RETURN(JobStatus job, s_->Get(id));
+    DT_RETURN_IF_ERROR(security::Authorize(who, action, job.owner()));
+    return job;
   }
 
-  grpc::Status DoList(const v1::ListRequest* req, v1::ListReply* reply) {
+  absl::Status DoList(const grpc::ServerContext& ctx, const v1::ListRequest* req,
+                      v1::ListReply* reply) {
+    DT_ASSIGN_OR_RETURN(security::Identity who, Authorized(ctx, security::Action::kListJobs));
     if (!v1::JobState_IsValid(req->state())) {
-      return ToGrpcStatus(
-          absl::InvalidArgumentError(absl::StrCat("state: unknown value ", req->state())));
+      return absl::InvalidArgumentError(absl::StrCat("state: unknown value ", req->state()));
     }
-    absl::StatusOr<JobPage> page = s_->ListPage(req->state(), req->page_size(), req->page_token());
-    if (!page.ok()) return ToGrpcStatus(page.status());
-    for (JobStatus& j : page->jobs) *reply->add_jobs() = std::move(j);
-    reply->set_next_page_token(std::move(page->next_page_token));
-    return grpc::Status::OK;
+    const std::string owner = security::OwnerOf(who);
+    DT_ASSIGN_OR_RETURN(JobPage page,
+                        s_->ListPage(req->state(), req->page_size(), req->page_token(),
+                                     security::SeesAllJobs(who) ? nullptr : &owner));
+    for (JobStatus& j : page.jobs) *reply->add_jobs() = std::move(j);
+    reply->set_next_page_token(std::move(page.next_page_token));
+    return absl::OkStatus();
   }
 
   grpc::Status DoCancel(const v1::CancelRequest* req, v1::JobStatus* reply) {
@@ -163,35 +210,54 @@ class ClusterServiceImpl final : public v1::ClusterService::Service {
  public:
   ClusterServiceImpl(Scheduler* s, KvstoreMembership* kv, RpcMetrics* m) : s_(s), kv_(kv), m_(m) {}
 
-  grpc::Status RegisterTrainer(grpc::ServerContext*, const v1::RegisterTrainerRequest* req,
+  grpc::Status RegisterTrainer(grpc::ServerContext* ctx, const v1::RegisterTrainerRequest* req,
                                v1::RegisterTrainerReply* reply) override {
-    return m_->Observe("RegisterTrainer", [&] { return DoRegister(req, reply); });
+    return m_->Observe("RegisterTrainer", [&] {
+      absl::StatusOr<security::Identity> who = Authorized(*ctx, security::Action::kTrainerCall);
+      if (!who.ok()) return ToGrpcStatus(who.status());
+      grpc::Status s = DoRegister(req, reply);
+      if (s.ok()) trainers_.Bind(reply->trainer_id(), *who);
+      return s;
+    });
   }
-  grpc::Status Heartbeat(grpc::ServerContext*, const v1::HeartbeatRequest* req,
+  grpc::Status Heartbeat(grpc::ServerContext* ctx, const v1::HeartbeatRequest* req,
                          v1::HeartbeatReply* reply) override {
-    return m_->Observe("Heartbeat", [&] { return DoHeartbeat(req, reply); });
+    return m_->Observe("Heartbeat", [&] {
+      if (absl::Status a = AsTrainer(*ctx, req->trainer_id()); !a.ok()) return ToGrpcStatus(a);
+      return DoHeartbeat(req, reply);
+    });
   }
-  grpc::Status ReportProgress(grpc::ServerContext*, const v1::ProgressReport* req,
+  grpc::Status ReportProgress(grpc::ServerContext* ctx, const v1::ProgressReport* req,
                               v1::ReportProgressReply* reply) override {
-    return m_->Observe("ReportProgress", [&] { return DoReport(req, reply); });
+    return m_->Observe("ReportProgress", [&] {
+      if (absl::Status a = AsTrainer(*ctx, req->trainer_id()); !a.ok()) return ToGrpcStatus(a);
+      return DoReport(req, reply);
+    });
   }
-  grpc::Status KvstoreHeartbeat(grpc::ServerContext*,
+  grpc::Status KvstoreHeartbeat(grpc::ServerContext* ctx,
                                 const kvstore::v1::KvstoreHeartbeatRequest* req,
                                 kvstore::v1::KvstoreHeartbeatReply* reply) override {
     return m_->Observe("KvstoreHeartbeat", [&] {
+      absl::StatusOr<security::Identity> who =
+          Authorized(*ctx, security::Action::kKvstoreHeartbeat);
+      if (!who.ok()) return ToGrpcStatus(who.status());
       absl::StatusOr<kvstore::v1::KvstoreHeartbeatReply> r = kv_->Heartbeat(*req, absl::Now());
       if (!r.ok()) return ToGrpcStatus(r.status());
       *reply = std::move(*r);
       return grpc::Status::OK;
     });
   }
-  grpc::Status StoreSet(grpc::ServerContext*, const v1::StoreSetRequest* req,
+  grpc::Status StoreSet(grpc::ServerContext* ctx, const v1::StoreSetRequest* req,
                         v1::StoreSetReply*) override {
-    return m_->Observe("StoreSet", [&] { return ToGrpcStatus(s_->StoreSet(*req)); });
+    return m_->Observe("StoreSet", [&] {
+      if (absl::Status a = AsTrainer(*ctx, req->trainer_id()); !a.ok()) return ToGrpcStatus(a);
+      return ToGrpcStatus(s_->StoreSet(*req));
+    });
   }
   grpc::Status StoreGet(grpc::ServerContext* ctx, const v1::StoreGetRequest* req,
                         v1::StoreGetReply* reply) override {
     return m_->Observe("StoreGet", [&] {
+      if (absl::Status a = AsTrainer(*ctx, req->trainer_id()); !a.ok()) return ToGrpcStatus(a);
       v1::StoreGetRequest r = *req;
       // Never wait past the caller's deadline.
       const absl::Duration left = absl::FromChrono(ctx->deadline()) - absl::Now();
@@ -204,9 +270,10 @@ class ClusterServiceImpl final : public v1::ClusterService::Service {
       return grpc::Status::OK;
     });
   }
-  grpc::Status StoreAdd(grpc::ServerContext*, const v1::StoreAddRequest* req,
+  grpc::Status StoreAdd(grpc::ServerContext* ctx, const v1::StoreAddRequest* req,
                         v1::StoreAddReply* reply) override {
     return m_->Observe("StoreAdd", [&] {
+      if (absl::Status a = AsTrainer(*ctx, req->trainer_id()); !a.ok()) return ToGrpcStatus(a);
       absl::StatusOr<int64_t> v = s_->StoreAdd(*req);
       if (!v.ok()) return ToGrpcStatus(v.status());
       reply->set_value(*v);
@@ -215,6 +282,14 @@ class ClusterServiceImpl final : public v1::ClusterService::Service {
   }
 
  private:
+  // A trainer's call about `trainer_id`: the caller must be a trainer, and
+  // the one that registered that id (a trainer cannot report or meet for
+  // another's assignment; the scheduler checks the id holds the job).
+  absl::Status AsTrainer(const grpc::ServerContext& ctx, const std::string& trainer_id) {
+    DT_ASSIGN_OR_RETURN(security::Identity who, Authorized(ctx, security::Action::kTrainerCall));
+    return trainers_.Check(trainer_id, who);
+  }
+
   grpc::Status DoRegister(const v1::RegisterTrainerRequest* req, v1::RegisterTrainerReply* reply) {
     absl::StatusOr<RegisterTrainerReply> r = s_->RegisterTrainer(*req);
     if (!r.ok()) return ToGrpcStatus(r.status());
@@ -243,6 +318,7 @@ class ClusterServiceImpl final : public v1::ClusterService::Service {
   Scheduler* s_;
   KvstoreMembership* kv_;
   RpcMetrics* m_;
+  security::TrainerBinding trainers_;
 };
 
 std::vector<prometheus::MetricFamily> Collect(Scheduler* s, KvstoreMembership* kv) {
@@ -313,6 +389,7 @@ absl::StatusOr<std::unique_ptr<SchedulerServer>> SchedulerServer::Start(
   so.heartbeat_timeout = options.heartbeat_timeout;
   so.max_attempts = options.max_attempts;
   so.finished_job_retention = options.finished_job_retention;
+  so.job_token_secret = options.job_token_secret;
   so.heartbeat_interval =
       std::max(absl::Milliseconds(100), std::min(absl::Seconds(5), options.heartbeat_timeout / 4));
   DT_ASSIGN_OR_RETURN(server->scheduler_, Scheduler::Open(so));

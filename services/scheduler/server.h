@@ -54,6 +54,9 @@ class Server;
 namespace scheduler {
 
 struct ServerOptions {
+  // The cluster secret (hex; libs/security/job_token.h); non-empty: KVSTORE
+  // assignments carry a kvstore token.
+  std::string job_token_secret;
   // gRPC address; port 0 picks a free one.
   std::string listen = "127.0.0.1:0";
   // The write-ahead log goes to <data_dir>/jobs.wal; empty: no persistence.

@@ -10,6 +10,7 @@
 #include "absl/synchronization/notification.h"
 #include "gtest/gtest.h"
 #include "libs/metrics/scrape.h"
+#include "libs/rpc/credentials.h"
 #include "protos/admin.grpc.pb.h"
 #include "protos/scheduler.grpc.pb.h"
 
@@ -25,8 +26,7 @@ class ServerTest : public ::testing::Test {
     auto s = SchedulerServer::Start(o);
     ASSERT_TRUE(s.ok()) << s.status();
     server_ = std::move(*s);
-    channel_ = grpc::CreateChannel(absl::StrCat("127.0.0.1:", server_->port()),
-                                   grpc::InsecureChannelCredentials());
+    channel_ = dtrain::rpc::NewChannel(absl::StrCat("127.0.0.1:", server_->port()));
     jobs_ = v1::JobService::NewStub(channel_);
     cluster_ = v1::ClusterService::NewStub(channel_);
   }

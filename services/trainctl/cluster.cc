@@ -51,6 +51,18 @@
 // logged. With --restart=never the exit is recorded and the process stays
 // down; the supervisor exits when none is left.
 //
+// Mutual TLS (unless `up --insecure`): `up` makes DIR/certs with a CA
+// (`trainctl certs init`: ca.pem, the scheduler's, the kvstore shards' and
+// an admin certificate, cluster.secret) the first time, and a certificate
+// trainer-<i> (role trainer) for each trainer; every process gets --ca,
+// --cert and --key, and `up` prints the export lines of DTRAIN_SCHEDULER,
+// DTRAIN_CA, DTRAIN_CERT and DTRAIN_KEY (the admin credential) a shell needs
+// to use the cluster. The scheduler and the shards share certs/cluster.secret:
+// KVSTORE assignments carry a per-attempt kvstore token, and a shard serves
+// a trainer only the job its token names. `up --insecure` starts everything with --insecure,
+// leaves DIR/insecure as a mark for `status`, and prints DTRAIN_INSECURE=1.
+// `status` and the supervisor call the servers with the admin credential.
+//
 // `status` shows each process (alive and still one of this cluster's
 // processes; servers answering Admin.Ping), its restarts and last exit
 // ("killed by SIGKILL 12s ago"), whether the supervisor runs, and, for
@@ -100,6 +112,8 @@
 #include "libs/base/ports.h"
 #include "libs/base/subprocess.h"
 #include "libs/base/supervisor.h"
+#include "libs/rpc/credentials.h"
+#include "libs/security/certs.h"
 #include "protos/admin.grpc.pb.h"
 #include "protos/scheduler.grpc.pb.h"
 #include "services/trainctl/shard_map_view.h"
@@ -256,8 +270,7 @@ absl::Status WaitServing(Proc* p, const std::string& port_file, absl::Duration t
 }
 
 absl::StatusOr<admin::PingReply> Ping(const std::string& address) {
-  auto stub =
-      admin::Admin::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  auto stub = admin::Admin::NewStub(dtrain::rpc::NewChannel(address));
   grpc::ClientContext ctx;
   ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(3)));
   admin::PingRequest req;
@@ -464,7 +477,7 @@ absl::Status WaitForShardMap(const std::string& scheduler, int shards, int repli
                              absl::Duration timeout, const std::vector<Proc>& procs,
                              const std::vector<Child>& children) {
   auto stub = scheduler::v1::JobService::NewStub(
-      grpc::CreateChannel(scheduler, grpc::InsecureChannelCredentials()));
+      rpc::NewChannel(scheduler));
   const absl::Time deadline = absl::Now() + timeout;
   absl::Status last = absl::UnavailableError("the scheduler did not answer GetKvstoreMap");
   kvstore::v1::ShardMap map;
@@ -523,6 +536,19 @@ absl::Status StartAll(const ClusterOptions& o, const std::string& dir, std::vect
     const std::string port_file = absl::StrCat(dir, "/", p.name, ".port");
     std::remove(port_file.c_str());
     mkdir(p.data_dir.c_str(), 0755);
+    if (o.insecure) {
+      argv.push_back("--insecure");
+    } else {
+      // kvstore-3 holds the shards' certificate "kvstore"; trainer-i its own.
+      const std::string cert = p.role == "trainer" ? p.name : p.role;
+      argv.push_back(absl::StrCat("--ca=", dir, "/certs/ca.pem"));
+      argv.push_back(absl::StrCat("--cert=", dir, "/certs/", cert, ".pem"));
+      argv.push_back(absl::StrCat("--key=", dir, "/certs/", cert, ".key"));
+      // Per-job kvstore tokens: the scheduler mints, the shards check.
+      if (p.role != "trainer") {
+        argv.push_back(absl::StrCat("--cluster_secret_file=", dir, "/certs/cluster.secret"));
+      }
+    }
     if (server) {
       argv.push_back("--listen=" + LoopbackListen());
       argv.push_back("--port_file=" + port_file);
@@ -785,6 +811,26 @@ int Up(const ClusterOptions& o) {
     }
   }
   std::remove(json_path.c_str());  // a stale one (nothing of it runs)
+  const std::string certs = dir + "/certs";
+  const std::string insecure_mark = dir + "/insecure";
+  if (o.insecure) {
+    if (absl::Status s = WriteFileAtomically(insecure_mark, "plain text (cluster up --insecure)\n");
+        !s.ok()) {
+      return fail(s);
+    }
+  } else {
+    std::remove(insecure_mark.c_str());
+    if (!Exists(certs + "/ca.pem")) {
+      if (absl::Status s = security::InitCertDir(certs, {}); !s.ok()) return fail(s);
+    }
+    for (int i = 0; i < o.trainers; ++i) {
+      security::CertRequest r;
+      r.name = absl::StrCat("trainer-", i);
+      r.role = security::Role::kTrainer;
+      if (Exists(absl::StrCat(certs, "/", r.name, ".pem"))) continue;
+      if (absl::Status s = security::IssueCert(certs, r); !s.ok()) return fail(s);
+    }
+  }
   auto absolute = [](absl::StatusOr<std::string> path) -> absl::StatusOr<std::string> {
     if (!path.ok()) return path;
     char buf[PATH_MAX];
@@ -818,6 +864,7 @@ int Up(const ClusterOptions& o) {
       absl::StrCat("--heartbeat_timeout_s=", o.heartbeat_timeout_s),
       "--restart=" + o.restart,
   };
+  if (o.insecure) argv.push_back("--insecure");
   if (o.trainers > 0) argv.push_back("--trainer_bin=" + *trainer_bin);
   if (o.kvstore_shards > 0) argv.push_back("--kvstore_bin=" + *kvstore_bin);
   const std::string log = dir + "/supervisor.log";
@@ -836,6 +883,13 @@ int Up(const ClusterOptions& o) {
     if (auto c = LoadCluster(dir); c.ok() && c->supervisor_pid == (*supervisor)->pid()) {
       (*supervisor)->Release();  // it outlives `up`; `down` stops it
       google::protobuf::Struct root = ToStruct(dir, *c);
+      if (o.insecure) {
+        (*root.mutable_fields())["insecure"].set_bool_value(true);
+      } else {
+        (*root.mutable_fields())["ca"].set_string_value(certs + "/ca.pem");
+        (*root.mutable_fields())["cert"].set_string_value(certs + "/admin.pem");
+        (*root.mutable_fields())["key"].set_string_value(certs + "/admin.key");
+      }
       if (o.json) {
         std::printf("%s\n", JsonOf(root, false).c_str());
       } else {
@@ -846,6 +900,13 @@ int Up(const ClusterOptions& o) {
           if (p.role == "scheduler") {
             std::printf("export DTRAIN_SCHEDULER=%s\n", p.address.c_str());
           }
+        }
+        if (o.insecure) {
+          std::printf("export DTRAIN_INSECURE=1\n");
+        } else {
+          std::printf(
+              "export DTRAIN_CA=%s/ca.pem DTRAIN_CERT=%s/admin.pem DTRAIN_KEY=%s/admin.key\n",
+              certs.c_str(), certs.c_str(), certs.c_str());
         }
       }
       std::fflush(stdout);
@@ -889,7 +950,7 @@ int Status(const ClusterOptions& o) {
       break;
     }
     auto stub = scheduler::v1::JobService::NewStub(
-        grpc::CreateChannel(p.address, grpc::InsecureChannelCredentials()));
+        rpc::NewChannel(p.address));
     grpc::ClientContext ctx;
     ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(3)));
     kvstore::v1::ShardMap got;
@@ -1030,6 +1091,18 @@ int ClusterMain(const std::vector<std::string>& args, const ClusterOptions& opti
   ClusterOptions resolved = options;
   char real[PATH_MAX];
   if (realpath(options.dir.c_str(), real) != nullptr) resolved.dir = real;
+  // The supervisor and `status` call the servers as the cluster's admin.
+  if (!resolved.insecure && !Exists(resolved.dir + "/insecure") &&
+      Exists(resolved.dir + "/certs/admin.pem")) {
+    const std::string certs = resolved.dir + "/certs";
+    absl::StatusOr<std::shared_ptr<const rpc::Credentials>> admin =
+        rpc::Credentials::Load({certs + "/ca.pem", certs + "/admin.pem", certs + "/admin.key"});
+    if (!admin.ok()) {
+      PrintError(admin.status());
+      return 1;
+    }
+    rpc::SetDefaultCredentials(*admin);
+  }
   if (args[0] == "status") return Status(resolved);
   if (args[0] == "down") return Down(resolved);
   if (args[0] == "supervise") return Supervise(resolved);  // started by `up`

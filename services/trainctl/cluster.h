@@ -29,6 +29,7 @@ struct ClusterOptions {
   std::string restart = "always";  // up: always or never (restart what exits)
   double grace_s = 15;             // down: SIGTERM, then SIGKILL after this
   bool json = false;               // -o json
+  bool insecure = false;           // up: plain text instead of mutual TLS
   std::string argv0;               // trainctl's argv[0] (finds the binaries)
 };
 

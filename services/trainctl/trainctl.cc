@@ -13,6 +13,12 @@
 //   trainctl cluster up --dir=DIR --trainers=N --kvstore_shards=M [--kvstore_replicas=R]
 //                       [--devices_per_trainer=K]
 //   trainctl cluster status|down --dir=DIR    # see cluster.cc
+//   trainctl certs init --dir=D               # a CA and service certificates
+//   trainctl certs issue --dir=D --name=alice --role=user
+//
+// Credentials: mutual TLS with --ca, --cert and --key (else $DTRAIN_CA,
+// $DTRAIN_CERT, $DTRAIN_KEY; `cluster up` prints them), or plain text with
+// --insecure (libs/rpc/credential_flags.h).
 //
 // The scheduler's address comes from --scheduler, else $DTRAIN_SCHEDULER,
 // else 127.0.0.1:7000. Every call has a deadline (--timeout_s) and is
@@ -49,12 +55,16 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "google/protobuf/util/json_util.h"
 #include "libs/base/grpc_status.h"
 #include "libs/base/retry.h"
+#include "libs/rpc/credential_flags.h"
+#include "libs/rpc/credentials.h"
+#include "libs/security/certs.h"
 #include "protos/scheduler.grpc.pb.h"
 #include "services/trainctl/cluster.h"
 #include "services/trainctl/progress.h"
@@ -117,6 +127,11 @@ ABSL_FLAG(double, grace_s, 15, "cluster down: seconds after SIGTERM before SIGKI
 ABSL_FLAG(std::string, restart, "always",
           "cluster up: always (a process that exits is started again, on the same ports, after "
           "a backoff of 1 s doubling to 30 s) or never");
+ABSL_FLAG(std::string, role, "user", "certs issue: user, admin, trainer, kvstore or scheduler");
+ABSL_FLAG(std::string, san, "",
+          "certs init (service certificates) and issue: more names the certificate is valid "
+          "for, comma-separated DNS names or IP addresses (e.g. scheduler.dtrain.svc)");
+ABSL_FLAG(int, valid_days, 365, "certs: days a certificate is valid");
 ABSL_FLAG(double, watch_timeout_s, 30,
           "watch, submit --wait: a stream silent this long is checked with a Get; if the "
           "scheduler does not answer (stopped, hung, a dead connection), the stream is dropped "
@@ -142,11 +157,17 @@ constexpr char kUsage[] =
     "[--kvstore_replicas=2] [--devices_per_trainer=1] [--restart=always|never]\n"
     "      starts a local cluster (scheduler, kvstore shards, trainers; loopback ports, data\n"
     "      and logs under DIR) under a supervisor that restarts what exits, and prints the\n"
-    "      endpoints and metrics URLs\n"
+    "      endpoints and metrics URLs; mutual TLS (certificates in DIR/certs) unless\n"
+    "      --insecure\n"
     "  trainctl cluster status --dir=DIR    processes alive, servers answering Admin.Ping,\n"
     "      restarts and last exits\n"
     "  trainctl cluster down --dir=DIR [--grace_s=15]   SIGTERM, then SIGKILL after the grace\n"
-    "Common flags: --scheduler=host:port (or $DTRAIN_SCHEDULER), -o json, --timeout_s=10";
+    "  trainctl certs init --dir=D [--san=names]   a CA, the scheduler, kvstore and admin\n"
+    "      certificates and the cluster secret\n"
+    "  trainctl certs issue --dir=D --name=N --role=user|admin|trainer|kvstore|scheduler\n"
+    "      D/N.pem and D/N.key signed by D's CA\n"
+    "Common flags: --scheduler=host:port (or $DTRAIN_SCHEDULER), -o json, --timeout_s=10,\n"
+    "  --ca --cert --key (or $DTRAIN_CA $DTRAIN_CERT $DTRAIN_KEY: mutual TLS), --insecure";
 
 bool Json() { return absl::GetFlag(FLAGS_o) == "json"; }
 
@@ -460,6 +481,46 @@ absl::Status BuildSpec(v1::JobSpec* spec) {
   return absl::OkStatus();
 }
 
+// `trainctl certs init|issue`.
+int CertsMain(const std::vector<std::string>& args) {
+  const std::string dir = absl::GetFlag(FLAGS_dir);
+  if (args.size() != 1 || (args[0] != "init" && args[0] != "issue")) {
+    return Usage("certs needs init or issue");
+  }
+  if (dir.empty()) return Usage("certs " + args[0] + " needs --dir");
+  std::vector<std::string> sans =
+      absl::StrSplit(absl::GetFlag(FLAGS_san), ',', absl::SkipWhitespace());
+  if (absl::GetFlag(FLAGS_valid_days) < 1) return Usage("--valid_days must be >= 1");
+  absl::Status s;
+  std::string made;
+  if (args[0] == "init") {
+    dtrain::security::InitOptions o;
+    o.service_sans = sans;
+    o.valid_days = absl::GetFlag(FLAGS_valid_days);
+    s = dtrain::security::InitCertDir(dir, o);
+    made = absl::StrCat(dir, "/ca.pem, scheduler, kvstore and admin (.pem, .key), cluster.secret");
+  } else {
+    dtrain::security::CertRequest r;
+    r.name = absl::GetFlag(FLAGS_name);
+    if (r.name.empty()) return Usage("certs issue needs --name");
+    absl::StatusOr<dtrain::security::Role> role =
+        dtrain::security::ParseRole(absl::GetFlag(FLAGS_role));
+    if (!role.ok()) return Usage(std::string(role.status().message()));
+    r.role = *role;
+    r.extra_sans = sans;
+    r.valid_days = absl::GetFlag(FLAGS_valid_days);
+    s = dtrain::security::IssueCert(dir, r);
+    made = absl::StrCat(dir, "/", r.name, ".pem and .key (", absl::GetFlag(FLAGS_role), ")");
+  }
+  if (!s.ok()) {
+    std::fprintf(stderr, "trainctl: certs %s: %s\n", args[0].c_str(),
+                 std::string(s.message()).c_str());
+    return 1;
+  }
+  std::printf("wrote %s\n", made.c_str());
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -469,6 +530,7 @@ int main(int argc, char** argv) {
   if (!(absl::GetFlag(FLAGS_timeout_s) > 0)) return Usage("--timeout_s must be > 0");
   if (args.size() < 2) return Usage("missing subcommand");
   const std::string cmd = args[1];
+  if (cmd == "certs") return CertsMain(std::vector<std::string>(args.begin() + 2, args.end()));
   if (cmd == "cluster") {
     dtrain::trainctl::ClusterOptions o;
     o.dir = absl::GetFlag(FLAGS_dir);
@@ -488,10 +550,20 @@ int main(int argc, char** argv) {
     o.restart = absl::GetFlag(FLAGS_restart);
     o.json = Json();
     o.argv0 = argv[0];
+    o.insecure = dtrain::rpc::InsecureFlag();
     if (!(o.start_timeout_s > 0) || !(o.grace_s >= 0)) {
       return Usage("--start_timeout_s must be > 0 and --grace_s >= 0");
     }
     return dtrain::trainctl::ClusterMain(std::vector<std::string>(args.begin() + 2, args.end()), o);
+  }
+  {
+    absl::StatusOr<std::shared_ptr<const dtrain::rpc::Credentials>> credentials =
+        dtrain::rpc::CredentialsFromFlags("trainctl");
+    if (!credentials.ok()) {
+      std::fprintf(stderr, "trainctl: %s\n", std::string(credentials.status().message()).c_str());
+      return 2;
+    }
+    dtrain::rpc::SetDefaultCredentials(*std::move(credentials));
   }
   std::string address = absl::GetFlag(FLAGS_scheduler);
   if (address.empty()) {
@@ -507,8 +579,7 @@ int main(int argc, char** argv) {
   channel_args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 10000);
   channel_args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 10000);
   channel_args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
-  auto stub = v1::JobService::NewStub(
-      grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), channel_args));
+  auto stub = v1::JobService::NewStub(dtrain::rpc::NewChannel(address, channel_args));
   auto need_id = [&]() -> std::string { return args.size() == 3 ? args[2] : ""; };
 
   if (cmd == "submit") {

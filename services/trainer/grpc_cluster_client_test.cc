@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "libs/rpc/credentials.h"
 #include "services/scheduler/server.h"
 
 namespace dtrain {
@@ -26,9 +27,7 @@ class GrpcClusterClientTest : public ::testing::Test {
     ASSERT_TRUE(server.ok()) << server.status();
     server_ = *std::move(server);
     client_ = std::make_unique<GrpcClusterClient>(
-        grpc::CreateChannel(absl::StrCat("127.0.0.1:", server_->port()),
-                            grpc::InsecureChannelCredentials()),
-        absl::Seconds(5));
+        dtrain::rpc::NewChannel(absl::StrCat("127.0.0.1:", server_->port())), absl::Seconds(5));
   }
 
   std::string Register(const std::string& name) {

@@ -12,6 +12,7 @@
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
 #include "libs/collective/communicator.h"
+#include "libs/rpc/credentials.h"
 #include "services/scheduler/server.h"
 
 namespace dtrain {
@@ -26,8 +27,8 @@ class SchedulerStoreTest : public ::testing::Test {
     auto server = scheduler::SchedulerServer::Start({});
     ASSERT_TRUE(server.ok()) << server.status();
     server_ = *std::move(server);
-    stub_ = v1::ClusterService::NewStub(grpc::CreateChannel(
-        absl::StrCat("127.0.0.1:", server_->port()), grpc::InsecureChannelCredentials()));
+    stub_ = v1::ClusterService::NewStub(
+        dtrain::rpc::NewChannel(absl::StrCat("127.0.0.1:", server_->port())));
     for (int i = 0; i < 3; ++i) {
       v1::RegisterTrainerRequest r;
       r.set_name(absl::StrCat("t", i));

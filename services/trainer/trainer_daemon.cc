@@ -128,6 +128,8 @@
 #include "libs/base/status.h"
 #include "libs/cuda/devices.h"
 #include "libs/kvstore/client.h"
+#include "libs/rpc/credential_flags.h"
+#include "libs/rpc/credentials.h"
 #include "libs/rpc/server.h"
 #include "services/trainer/grpc_cluster_client.h"
 #include "services/trainer/trainer_metrics.h"
@@ -165,7 +167,8 @@ ABSL_FLAG(double, collective_timeout_s, 60,
 ABSL_FLAG(std::string, metrics_listen, "",
           "Prometheus /metrics address, e.g. :9402 or 127.0.0.1:0 (empty: no endpoint)");
 ABSL_FLAG(std::string, health_listen, "",
-          "gRPC health-checking (grpc.health.v1) address, e.g. :9403 (empty: none)");
+          "gRPC health-checking (grpc.health.v1) address, e.g. :9403, plain text (it serves no "
+          "API; the kubelet's probes cannot speak mutual TLS) (empty: none)");
 ABSL_FLAG(std::string, metrics_port_file, "",
           "if set, the bound metrics port is written to this file");
 ABSL_FLAG(std::string, health_port_file, "",
@@ -175,6 +178,15 @@ int main(int argc, char** argv) {
   absl::SetProgramUsageMessage("The dtrain trainer daemon: trains the jobs the scheduler assigns.");
   absl::ParseCommandLine(argc, argv);
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
+  {
+    absl::StatusOr<std::shared_ptr<const dtrain::rpc::Credentials>> credentials =
+        dtrain::rpc::CredentialsFromFlags("trainer");
+    if (!credentials.ok()) {
+      std::fprintf(stderr, "trainer: %s\n", std::string(credentials.status().message()).c_str());
+      return 2;
+    }
+    dtrain::rpc::SetDefaultCredentials(*std::move(credentials));
+  }
   std::string address = absl::GetFlag(FLAGS_scheduler);
   if (address.empty()) {
     const char* env = std::getenv("DTRAIN_SCHEDULER");
@@ -237,6 +249,9 @@ int main(int argc, char** argv) {
   server_options.port_file = absl::GetFlag(FLAGS_health_port_file);
   server_options.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
   server_options.metrics_port_file = absl::GetFlag(FLAGS_metrics_port_file);
+  // Plain text: the port serves no API (health, reflection, Admin.Ping), and
+  // the kubelet's gRPC probes cannot speak mutual TLS.
+  server_options.credentials = dtrain::rpc::Credentials::Insecure();
   dtrain::rpc::Server server(server_options);
   server.Expose(metrics.registry());
   if (!server_options.listen.empty() || !server_options.metrics_listen.empty()) {
@@ -267,15 +282,16 @@ int main(int argc, char** argv) {
     if (!kv.empty()) {
       // Gradients of KVSTORE jobs go through the shards: one kvstore job per
       // attempt, every trainer a worker.
-      options.connect_parameter_server =
-          [kv, replicas, kv_unavailable_s](
-              const std::string& job,
-              int worker) -> absl::StatusOr<std::unique_ptr<dtrain::kvstore::ParameterServer>> {
+      options.connect_parameter_server = [kv, replicas, kv_unavailable_s](
+                                             const std::string& job, int worker,
+                                             const std::string& token)
+          -> absl::StatusOr<std::unique_ptr<dtrain::kvstore::ParameterServer>> {
         dtrain::kvstore::ClientOptions ko;
         ko.servers = kv;
         ko.replicas = replicas;
         ko.job = job;
         ko.worker = worker;
+        ko.token = token;
         ko.unavailable_timeout = absl::Seconds(kv_unavailable_s);
         DT_ASSIGN_OR_RETURN(std::unique_ptr<dtrain::kvstore::KVClient> client,
                             dtrain::kvstore::KVClient::Connect(ko));
@@ -302,8 +318,8 @@ int main(int argc, char** argv) {
     return 2;
   }
   options.resources.cuda_collective = *parsed;
-  dtrain::trainer::GrpcClusterClient cluster(
-      grpc::CreateChannel(address, grpc::InsecureChannelCredentials()), absl::Seconds(timeout_s));
+  dtrain::trainer::GrpcClusterClient cluster(dtrain::rpc::NewChannel(address),
+                                             absl::Seconds(timeout_s));
   dtrain::agent::Agent agent(&cluster, std::move(options), &metrics);
   // SIGTERM / SIGINT: the agent drains its job (at most drain_timeout),
   // reports it and returns.

@@ -23,6 +23,7 @@
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
 #include "libs/base/grpc_status.h"
+#include "libs/rpc/credentials.h"
 #include "protos/admin.grpc.pb.h"
 #include "protos/scheduler.grpc.pb.h"
 #include "services/kvstore/testing/server_process.h"
@@ -41,8 +42,7 @@ std::unique_ptr<grpc::ClientContext> Ctx(absl::Duration timeout = absl::Seconds(
 }
 
 absl::Status PingScheduler(const std::string& address) {
-  auto stub =
-      admin::Admin::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  auto stub = admin::Admin::NewStub(dtrain::rpc::NewChannel(address));
   admin::PingRequest req;
   req.set_payload("e2e");
   admin::PingReply reply;
@@ -317,12 +317,12 @@ TEST(ClusterE2eTest, UpFailsCleanlyAndBadUsage) {
 class HostileInputTest : public ::testing::Test {
  protected:
   void SetUp() override {
+    e2e::UseTestCredentials();  // the scheduler and trainctl on mutual TLS
     ASSERT_TRUE(scheduler_
                     .Start(Runfile("services/scheduler/scheduler_server"),
                            {"--data_dir=" + TmpDir("hostile-scheduler")})
                     .ok());
-    stub_ = v1::JobService::NewStub(
-        grpc::CreateChannel(scheduler_.address(), grpc::InsecureChannelCredentials()));
+    stub_ = v1::JobService::NewStub(dtrain::rpc::NewChannel(scheduler_.address()));
   }
 
   std::string Ctl(const std::string& args, int* rc) {
@@ -507,8 +507,7 @@ TEST_F(HostileInputTest, BadSpecsUnknownIdsAndASubmitBurst) {
         // Each thread its own channel, like separate clients.
         grpc::ChannelArguments args;
         args.SetInt("grpc.channel_id", t);
-        auto stub = v1::JobService::NewStub(grpc::CreateCustomChannel(
-            scheduler_.address(), grpc::InsecureChannelCredentials(), args));
+        auto stub = v1::JobService::NewStub(dtrain::rpc::NewChannel(scheduler_.address(), args));
         for (int i = next++; i < kSubmits; i = next++) {
           v1::SubmitRequest r = Small(absl::StrCat("burst-", i));
           r.mutable_spec()->set_priority(-1000 + i % 7);

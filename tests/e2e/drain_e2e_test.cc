@@ -25,6 +25,7 @@
 #include "google/protobuf/util/json_util.h"
 #include "gtest/gtest.h"
 #include "libs/base/grpc_status.h"
+#include "libs/rpc/credentials.h"
 #include "protos/scheduler.grpc.pb.h"
 #include "tests/e2e/e2e_util.h"
 
@@ -46,8 +47,7 @@ class DrainE2eTest : public ::testing::Test {
       if (p.role == "scheduler") scheduler_ = p.address;
     }
     ASSERT_NE(scheduler_, "") << out;
-    stub_ = v1::JobService::NewStub(
-        grpc::CreateChannel(scheduler_, grpc::InsecureChannelCredentials()));
+    stub_ = v1::JobService::NewStub(dtrain::rpc::NewChannel(scheduler_));
   }
 
   void TearDown() override {

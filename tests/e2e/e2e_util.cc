@@ -10,6 +10,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
@@ -17,6 +18,9 @@
 #include "google/protobuf/struct.pb.h"
 #include "google/protobuf/util/json_util.h"
 #include "libs/base/grpc_status.h"
+#include "libs/base/logging.h"
+#include "libs/rpc/credentials.h"
+#include "libs/security/certs.h"
 
 namespace dtrain {
 namespace e2e {
@@ -88,8 +92,44 @@ std::string Run(const std::string& command, int* rc) {
   return out;
 }
 
+namespace {
+
+void UseCredentials(const std::string& certs) {
+  const std::string ca = certs + "/ca.pem", cert = certs + "/admin.pem", key = certs + "/admin.key";
+  setenv("DTRAIN_CA", ca.c_str(), 1);
+  setenv("DTRAIN_CERT", cert.c_str(), 1);
+  setenv("DTRAIN_KEY", key.c_str(), 1);
+  unsetenv("DTRAIN_INSECURE");
+  absl::StatusOr<std::shared_ptr<const rpc::Credentials>> c =
+      rpc::Credentials::Load({ca, cert, key});
+  DT_CHECK(c.ok()) << "test credentials in " << certs << ": " << c.status();
+  rpc::SetDefaultCredentials(*c);
+}
+
+}  // namespace
+
+std::string UseTestCredentials() {
+  const std::string certs = TmpDir("test-certs");
+  struct stat st;
+  if (stat((certs + "/ca.pem").c_str(), &st) != 0) {
+    absl::Status s = security::InitCertDir(certs, {});
+    DT_CHECK(s.ok()) << "test certificates: " << s;
+  }
+  UseCredentials(certs);
+  return certs;
+}
+
+void UseClusterCredentials(const std::string& dir) { UseCredentials(dir + "/certs"); }
+
 std::string Trainctl(const std::string& args, int* rc) {
-  return Run(absl::StrCat(Runfile("services/trainctl/trainctl"), " ", args), rc);
+  std::string out = Run(absl::StrCat(Runfile("services/trainctl/trainctl"), " ", args), rc);
+  if (*rc == 0 && absl::StartsWith(args, "cluster up ") &&
+      args.find(" --insecure") == std::string::npos) {
+    for (absl::string_view word : absl::StrSplit(args, ' ', absl::SkipEmpty())) {
+      if (absl::ConsumePrefix(&word, "--dir=")) UseClusterCredentials(std::string(word));
+    }
+  }
+  return out;
 }
 
 std::vector<ClusterProcess> ReadCluster(const std::string& dir) {

@@ -23,7 +23,21 @@ std::string TmpDir(const std::string& name);
 // (the exit status, -1 if it did not exit).
 std::string Run(const std::string& command, int* rc);
 
-// Runs the trainctl binary with `args` (shell words).
+// Mutual TLS for this test process and every process it starts: a CA and an
+// admin certificate under $TEST_TMPDIR/test-certs (made on the first call),
+// exported as DTRAIN_CA, DTRAIN_CERT and DTRAIN_KEY (children inherit them)
+// and set as rpc::DefaultCredentials (stubs, ServerProcess). Returns that
+// directory (more certificates: security::IssueCert).
+std::string UseTestCredentials();
+
+// The same with the admin credential of the cluster `trainctl cluster up`
+// made in `dir` (dir/certs). Trainctl() calls it after a successful
+// `cluster up --dir=...`.
+void UseClusterCredentials(const std::string& dir);
+
+// Runs the trainctl binary with `args` (shell words). After a successful
+// `cluster up --dir=D`, the test uses D's admin credential
+// (UseClusterCredentials).
 std::string Trainctl(const std::string& args, int* rc);
 
 // The job id in `trainctl submit` output (its "submitted <id>" line), or "".

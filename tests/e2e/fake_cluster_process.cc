@@ -28,6 +28,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "libs/base/logging.h"
+#include "libs/rpc/credentials.h"
 #include "libs/base/signals.h"
 #include "libs/rpc/server.h"
 #include "protos/scheduler.grpc.pb.h"
@@ -64,7 +65,7 @@ void Heartbeats(const std::string& scheduler, int shard, int replica, int num_sh
   const uint64_t incarnation = (static_cast<uint64_t>(rd()) << 32 | rd()) | 1;
   const bool never_catch_up = std::getenv("FAKE_REPLICA_NEVER_CATCH_UP") != nullptr;
   auto stub = dtrain::scheduler::v1::ClusterService::NewStub(
-      grpc::CreateChannel(scheduler, grpc::InsecureChannelCredentials()));
+      dtrain::rpc::NewChannel(scheduler));
   ShardMap map;
   absl::Duration interval = absl::Milliseconds(200);
   while (!stop->load()) {
@@ -120,6 +121,17 @@ int main(int argc, char** argv) {
   {
     std::ofstream out(dir + "/argv");
     for (int i = 1; i < argc; ++i) out << argv[i] << "\n";
+  }
+  // Mutual TLS as `cluster up` configures its processes (--ca/--cert/--key),
+  // or plain text (--insecure).
+  if (flags.count("ca") && flags.count("cert") && flags.count("key")) {
+    absl::StatusOr<std::shared_ptr<const dtrain::rpc::Credentials>> credentials =
+        dtrain::rpc::Credentials::Load({flags.at("ca"), flags.at("cert"), flags.at("key")});
+    if (!credentials.ok()) {
+      std::fprintf(stderr, "fake_cluster_process: %s\n", credentials.status().ToString().c_str());
+      return 2;
+    }
+    dtrain::rpc::SetDefaultCredentials(*std::move(credentials));
   }
   dtrain::ShutdownSignal& shutdown = dtrain::ShutdownSignal::Install();
   dtrain::rpc::ServerOptions o;

@@ -14,6 +14,7 @@
 #include "libs/base/status.h"
 #include "libs/kvstore/client.h"
 #include "libs/metrics/scrape.h"
+#include "libs/rpc/credentials.h"
 
 namespace dtrain {
 namespace e2e {
@@ -54,6 +55,7 @@ KvstoreCluster::KvstoreCluster(const std::string& name, const KvstoreClusterOpti
     status_ = absl::InternalError(absl::StrCat("trainctl cluster up failed: ", out));
     return;
   }
+  UseClusterCredentials(dir_);
   for (const ClusterProcess& p : ReadCluster(dir_)) {
     if (p.role == "scheduler") scheduler_ = p;
     if (p.role == "kvstore") shards_.push_back(p);
@@ -64,8 +66,7 @@ KvstoreCluster::KvstoreCluster(const std::string& name, const KvstoreClusterOpti
     status_ = absl::InternalError(absl::StrCat("unexpected cluster.json: ", out));
     return;
   }
-  stub_ = v1::JobService::NewStub(
-      grpc::CreateChannel(scheduler_.address, grpc::InsecureChannelCredentials()));
+  stub_ = v1::JobService::NewStub(dtrain::rpc::NewChannel(scheduler_.address));
 }
 
 KvstoreCluster::~KvstoreCluster() {

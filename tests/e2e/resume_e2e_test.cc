@@ -27,6 +27,7 @@
 #include "gtest/gtest.h"
 #include "libs/base/grpc_status.h"
 #include "libs/metrics/scrape.h"
+#include "libs/rpc/credentials.h"
 #include "protos/scheduler.grpc.pb.h"
 #include "tests/e2e/e2e_util.h"
 
@@ -55,8 +56,7 @@ class ResumeE2eTest : public ::testing::Test {
       }
     }
     ASSERT_NE(scheduler_, "") << out;
-    stub_ = v1::JobService::NewStub(
-        grpc::CreateChannel(scheduler_, grpc::InsecureChannelCredentials()));
+    stub_ = v1::JobService::NewStub(dtrain::rpc::NewChannel(scheduler_));
   }
 
   void TearDown() override {

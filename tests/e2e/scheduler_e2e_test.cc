@@ -17,6 +17,7 @@
 #include "gtest/gtest.h"
 #include "libs/base/grpc_status.h"
 #include "libs/base/subprocess.h"
+#include "libs/rpc/credentials.h"
 #include "protos/scheduler.grpc.pb.h"
 #include "services/kvstore/testing/server_process.h"
 #include "tests/e2e/e2e_util.h"
@@ -53,10 +54,10 @@ class Child {
 
 class SchedulerE2eTest : public ::testing::Test {
  protected:
-  void Connect() {
-    stub_ = v1::JobService::NewStub(
-        grpc::CreateChannel(scheduler_.address(), grpc::InsecureChannelCredentials()));
-  }
+  // The scheduler, trainers and trainctl run on mutual TLS as the test's admin.
+  void SetUp() override { e2e::UseTestCredentials(); }
+
+  void Connect() { stub_ = v1::JobService::NewStub(dtrain::rpc::NewChannel(scheduler_.address())); }
 
   std::unique_ptr<grpc::ClientContext> Ctx(absl::Duration timeout = absl::Seconds(10)) {
     auto ctx = std::make_unique<grpc::ClientContext>();
@@ -272,6 +273,7 @@ TEST_F(SchedulerE2eTest, SubmitTrainCancelRestart) {
 // CPU (with one log line saying why) on a machine without any, like this one
 // when no GPU is present.
 TEST(TrainerDevicesTest, FallsBackToCpuWithOneLogLine) {
+  e2e::UseTestCredentials();
   int rc;
   std::string out = e2e::Run(
       absl::StrCat(

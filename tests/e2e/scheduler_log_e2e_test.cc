@@ -21,6 +21,7 @@
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
 #include "libs/base/grpc_status.h"
+#include "libs/rpc/credentials.h"
 #include "libs/scheduler/tmpfs_for_test.h"
 #include "protos/admin.grpc.pb.h"
 #include "protos/scheduler.grpc.pb.h"
@@ -34,8 +35,11 @@ namespace v1 = scheduler::v1;
 
 class SchedulerLogE2eTest : public ::testing::Test {
  protected:
+  // The scheduler and trainctl run on mutual TLS as the test's admin.
+  void SetUp() override { e2e::UseTestCredentials(); }
+
   void Connect() {
-    channel_ = grpc::CreateChannel(scheduler_.address(), grpc::InsecureChannelCredentials());
+    channel_ = dtrain::rpc::NewChannel(scheduler_.address());
     stub_ = v1::JobService::NewStub(channel_);
   }
 

@@ -11,6 +11,7 @@
 #include "absl/strings/strip.h"
 #include "libs/base/ports.h"
 #include "libs/base/status.h"
+#include "libs/rpc/credentials.h"
 
 namespace dtrain {
 namespace kvstore {
@@ -73,6 +74,15 @@ absl::Status ServerProcess::Spawn(absl::Duration timeout) {
   if (port_ == 0) port_ = PickRestartablePort();
   options.argv = {binary_, absl::StrCat("--listen=127.0.0.1:", port_),
                   absl::StrCat("--port_file=", port_file_)};
+  // The child holds the test process's credentials (rpc::DefaultCredentials).
+  std::shared_ptr<const rpc::Credentials> credentials = rpc::DefaultCredentials();
+  if (credentials->insecure()) {
+    options.argv.push_back("--insecure");
+  } else {
+    options.argv.push_back("--ca=" + credentials->files().ca);
+    options.argv.push_back("--cert=" + credentials->files().cert);
+    options.argv.push_back("--key=" + credentials->files().key);
+  }
   options.argv.insert(options.argv.end(), flags_.begin(), flags_.end());
   DT_ASSIGN_OR_RETURN(child_, Subprocess::Start(options));
   absl::Time deadline = absl::Now() + timeout;

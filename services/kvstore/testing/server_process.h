@@ -10,7 +10,9 @@
 //   DT_RETURN_IF_ERROR(shard.Restart());     // same flags, same port
 //
 // Start adds --listen=127.0.0.1:<port> (port 0 the first time, the same
-// port on Restart) and --port_file, and waits until the server wrote its
+// port on Restart), --port_file, and the test process's credentials
+// (rpc::DefaultCredentials: --insecure, or its --ca, --cert and --key), and
+// waits until the server wrote its
 // port. The child (a libs/base/subprocess.h Subprocess, in its own process
 // group) writes to the parent's stdout and stderr. Destroying a
 // ServerProcess kills a child still running (SIGKILL).

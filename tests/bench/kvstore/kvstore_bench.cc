@@ -45,6 +45,7 @@
 #include "libs/base/status.h"
 #include "libs/kvstore/client.h"
 #include "libs/kvstore/malloc_tuning.h"
+#include "libs/rpc/credentials.h"
 #include "protos/replication.grpc.pb.h"
 #include "services/kvstore/testing/server_process.h"
 
@@ -114,7 +115,7 @@ absl::StatusOr<Result> RunOnce(const char* argv0, int replicas) {
   if (replicas > 1) {
     // Until every chain has all its replicas ACTIVE.
     auto stub =
-        v1::Replica::NewStub(grpc::CreateChannel(addresses[0], grpc::InsecureChannelCredentials()));
+        v1::Replica::NewStub(dtrain::rpc::NewChannel(addresses[0]));
     for (absl::Time end = absl::Now() + absl::Seconds(30);;
          absl::SleepFor(absl::Milliseconds(50))) {
       grpc::ClientContext ctx;

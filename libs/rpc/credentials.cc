@@ -1,0 +1,156 @@
+#include "libs/rpc/credentials.h"
+
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/security/credentials.h>
+#include <grpcpp/security/server_credentials.h>
+
+#include <fstream>
+#include <sstream>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+
+namespace dtrain {
+namespace rpc {
+namespace {
+
+absl::StatusOr<std::string> ReadPem(const std::string& path, const char* what, const char* marker) {
+  if (path.empty()) return absl::InvalidArgumentError(absl::StrCat("no ", what, " file given"));
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot read the ", what, " file ", path));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  std::string pem = ss.str();
+  if (!absl::StrContains(pem, marker)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the ", what, " file ", path, " holds no PEM ", marker));
+  }
+  return pem;
+}
+
+absl::Mutex g_mu;
+std::shared_ptr<const Credentials>* g_default ABSL_GUARDED_BY(g_mu) = nullptr;
+
+// Parsed identities by certificate: a peer presents the same certificate on
+// every call of a connection.
+class IdentityCache {
+ public:
+  absl::StatusOr<security::Identity> Get(const std::string& pem) {
+    {
+      absl::MutexLock lock(&mu_);
+      auto it = cache_.find(pem);
+      if (it != cache_.end()) return it->second;
+    }
+    absl::StatusOr<security::Identity> id = security::IdentityFromCertPem(pem);
+    if (!id.ok()) return id;
+    absl::MutexLock lock(&mu_);
+    if (cache_.size() > 4096) cache_.clear();
+    cache_.emplace(pem, *id);
+    return id;
+  }
+
+ private:
+  absl::Mutex mu_;
+  absl::flat_hash_map<std::string, security::Identity> cache_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace
+
+absl::StatusOr<std::shared_ptr<const Credentials>> Credentials::Load(const TlsFiles& files) {
+  std::shared_ptr<Credentials> c(new Credentials());
+  c->insecure_ = false;
+  c->files_ = files;
+  absl::StatusOr<std::string> ca = ReadPem(files.ca, "CA certificate (--ca)", "CERTIFICATE");
+  if (!ca.ok()) return ca.status();
+  absl::StatusOr<std::string> cert = ReadPem(files.cert, "certificate (--cert)", "CERTIFICATE");
+  if (!cert.ok()) return cert.status();
+  absl::StatusOr<std::string> key = ReadPem(files.key, "private key (--key)", "PRIVATE KEY");
+  if (!key.ok()) return key.status();
+  absl::StatusOr<security::Identity> id = security::IdentityFromCertPem(*cert);
+  if (!id.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(files.cert, ": ", id.status().message()));
+  }
+  c->ca_pem_ = *std::move(ca);
+  c->cert_pem_ = *std::move(cert);
+  c->key_pem_ = *std::move(key);
+  c->identity_ = *id;
+  return std::shared_ptr<const Credentials>(std::move(c));
+}
+
+std::shared_ptr<const Credentials> Credentials::Insecure() {
+  static const auto* insecure =
+      new std::shared_ptr<const Credentials>(std::shared_ptr<Credentials>(new Credentials()));
+  return *insecure;
+}
+
+std::shared_ptr<grpc::ServerCredentials> Credentials::ServerCredentials() const {
+  if (insecure_) return grpc::InsecureServerCredentials();
+  grpc::SslServerCredentialsOptions options(
+      GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
+  options.pem_root_certs = ca_pem_;
+  options.pem_key_cert_pairs.push_back({key_pem_, cert_pem_});
+  return grpc::SslServerCredentials(options);
+}
+
+std::shared_ptr<grpc::ChannelCredentials> Credentials::ChannelCredentials() const {
+  if (insecure_) return grpc::InsecureChannelCredentials();
+  grpc::SslCredentialsOptions options;
+  options.pem_root_certs = ca_pem_;
+  options.pem_private_key = key_pem_;
+  options.pem_cert_chain = cert_pem_;
+  return grpc::SslCredentials(options);
+}
+
+void SetDefaultCredentials(std::shared_ptr<const Credentials> credentials) {
+  absl::MutexLock lock(&g_mu);
+  if (g_default == nullptr) g_default = new std::shared_ptr<const Credentials>();
+  *g_default = std::move(credentials);
+}
+
+std::shared_ptr<const Credentials> DefaultCredentials() {
+  absl::MutexLock lock(&g_mu);
+  if (g_default == nullptr || *g_default == nullptr) return Credentials::Insecure();
+  return *g_default;
+}
+
+std::shared_ptr<grpc::Channel> NewChannel(const std::string& target,
+                                          const Credentials* credentials) {
+  return NewChannel(target, grpc::ChannelArguments(), credentials);
+}
+
+std::shared_ptr<grpc::Channel> NewChannel(const std::string& target,
+                                          const grpc::ChannelArguments& args,
+                                          const Credentials* credentials) {
+  std::shared_ptr<const Credentials> keep;
+  if (credentials == nullptr) {
+    keep = DefaultCredentials();
+    credentials = keep.get();
+  }
+  return grpc::CreateCustomChannel(target, credentials->ChannelCredentials(), args);
+}
+
+absl::StatusOr<security::Identity> PeerIdentity(const grpc::ServerContext& ctx) {
+  static IdentityCache* cache = new IdentityCache();
+  std::shared_ptr<const grpc::AuthContext> auth = ctx.auth_context();
+  if (auth == nullptr) return security::Anonymous();
+  std::vector<grpc::string_ref> transport =
+      auth->FindPropertyValues(GRPC_TRANSPORT_SECURITY_TYPE_PROPERTY_NAME);
+  const bool tls = !transport.empty() && transport[0] == GRPC_SSL_TRANSPORT_SECURITY_TYPE;
+  if (!tls) return security::Anonymous();  // a plain-text server's caller
+  if (!auth->IsPeerAuthenticated()) {
+    return absl::UnauthenticatedError("the peer presented no verified certificate");
+  }
+  std::vector<grpc::string_ref> pem = auth->FindPropertyValues(GRPC_X509_PEM_CERT_PROPERTY_NAME);
+  if (pem.empty()) {
+    return absl::UnauthenticatedError("the peer presented no certificate");
+  }
+  absl::StatusOr<security::Identity> id = cache->Get(std::string(pem[0].data(), pem[0].size()));
+  if (!id.ok()) return absl::UnauthenticatedError(id.status().message());
+  return id;
+}
+
+}  // namespace rpc
+}  // namespace dtrain
