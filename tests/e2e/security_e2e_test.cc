@@ -68,7 +68,7 @@ class SecurityE2eTest : public ::testing::Test {
       if (p.role == "kvstore") shards_.push_back(p.address);
     }
     ASSERT_FALSE(scheduler_.empty());
-    ASSERT_EQ(shards_.size(), 2u);
+    ASSERT_EQ(shards_.size(), 4u);  // 2 shards of 2 replicas (the default): every one checked
     certs_ = dir_ + "/certs";
     // Users and a trainer certificate no running trainer holds.
     for (auto [name, role] :
