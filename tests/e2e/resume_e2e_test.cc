@@ -44,7 +44,7 @@ class ResumeE2eTest : public ::testing::Test {
     dir_ = TmpDir("resume-cluster");
     int rc;
     std::string out =
-        Trainctl(absl::StrCat("cluster up --restart=never --trainers=3 --heartbeat_timeout_s=",
+        Trainctl(absl::StrCat("cluster up --restart=never --recover_in_place=false --trainers=3 --heartbeat_timeout_s=",
                               kHeartbeatTimeoutS, " --dir=", dir_),
                  &rc);
     ASSERT_EQ(rc, 0) << out;
