@@ -111,45 +111,67 @@ class Agent::Progress : public train::JobObserver {
   absl::StatusOr<collective::Communicator*> Regroup(const absl::Status& failure) override {
     const v1::Assignment& a = job_->assignment;
     if (attempt_store_ == nullptr) return failure;
-    int generation = 0;
-    {
-      absl::MutexLock lock(&agent_->mu_);
-      job_->peer_lost = true;
-      agent_->wake_ = true;  // heartbeat now: the scheduler learns it at once
-      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(agent_->mu_) {
-        return job_->stop || agent_->shutdown_ || job_->offered_generation > generation_;
-      };
-      DT_LOG(INFO) << "job " << a.job_id() << " rank " << a.rank() << ": " << failure
-                   << "; waiting up to " << agent_->options_.regroup_wait
-                   << " for the scheduler to regroup the attempt";
-      agent_->mu_.AwaitWithTimeout(absl::Condition(&ready), agent_->options_.regroup_wait);
-      job_->peer_lost = false;
-      if (job_->stop || agent_->shutdown_) {
-        return absl::CancelledError(absl::StrCat("stopped while waiting to regroup (",
-                                                 job_->stop_reason, ")"));
+    DT_LOG(INFO) << "job " << a.job_id() << " rank " << a.rank() << ": " << failure
+                 << "; waiting up to " << agent_->options_.regroup_wait
+                 << " for the scheduler to regroup the attempt";
+    int tried = generation_;  // generations that failed (or the current one)
+    for (;;) {
+      int generation = 0;
+      {
+        absl::MutexLock lock(&agent_->mu_);
+        // Until the regroup is connected, heartbeats say a peer is lost: a
+        // replacement that dies too is noticed as fast as the first loss.
+        job_->peer_lost = true;
+        agent_->wake_ = true;  // heartbeat now: the scheduler learns it at once
+        auto ready = [this, tried]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(agent_->mu_) {
+          return job_->stop || agent_->shutdown_ || job_->offered_generation > tried;
+        };
+        agent_->mu_.AwaitWithTimeout(absl::Condition(&ready), agent_->options_.regroup_wait);
+        if (job_->stop || agent_->shutdown_) {
+          job_->peer_lost = false;
+          return absl::CancelledError(absl::StrCat("stopped while waiting to regroup (",
+                                                   job_->stop_reason, ")"));
+        }
+        if (job_->offered_generation <= tried) {
+          job_->peer_lost = false;
+          return absl::DeadlineExceededError(
+              absl::StrCat("no new membership from the scheduler within ",
+                           absl::FormatDuration(agent_->options_.regroup_wait)));
+        }
+        generation = job_->offered_generation;
       }
-      if (job_->offered_generation <= generation_) {
-        return absl::DeadlineExceededError(
-            absl::StrCat("no new membership from the scheduler within ",
-                         absl::FormatDuration(agent_->options_.regroup_wait)));
+      stores_.push_back(std::make_unique<GenerationStore>(attempt_store_, generation));
+      const absl::Time start = absl::Now();
+      collective::CommunicatorOptions o = comm_options_;
+      o.timeout = std::min(o.timeout, agent_->options_.regroup_timeout);
+      absl::StatusOr<std::unique_ptr<collective::Communicator>> made =
+          agent_->options_.connect_communicator(a.rank(), a.world_size(), stores_.back().get(),
+                                                o);
+      if (!made.ok()) {
+        absl::Status s = Annotate(made.status(), absl::StrCat("regroup of rank ", a.rank(),
+                                                              " in generation ", generation));
+        if (!IsTransient(s)) {
+          absl::MutexLock lock(&agent_->mu_);
+          job_->peer_lost = false;
+          return s;
+        }
+        // The replacement died too (or never came): the scheduler offers
+        // the next generation.
+        DT_LOG(WARNING) << "job " << a.job_id() << " rank " << a.rank() << ": " << s
+                        << "; waiting for the next generation";
+        tried = generation;
+        continue;
       }
-      generation = job_->offered_generation;
+      {
+        absl::MutexLock lock(&agent_->mu_);
+        job_->peer_lost = false;
+      }
+      DT_LOG(INFO) << "job " << a.job_id() << " rank " << a.rank() << ": generation "
+                   << generation << " connected in " << absl::Now() - start;
+      generation_ = generation;
+      comms_.push_back(*std::move(made));
+      return comms_.back().get();
     }
-    stores_.push_back(std::make_unique<GenerationStore>(attempt_store_, generation));
-    const absl::Time start = absl::Now();
-    collective::CommunicatorOptions o = comm_options_;
-    o.timeout = std::min(o.timeout, agent_->options_.regroup_timeout);
-    absl::StatusOr<std::unique_ptr<collective::Communicator>> made =
-        agent_->options_.connect_communicator(a.rank(), a.world_size(), stores_.back().get(), o);
-    if (!made.ok()) {
-      return Annotate(made.status(), absl::StrCat("regroup of rank ", a.rank(), " in generation ",
-                                                  generation));
-    }
-    DT_LOG(INFO) << "job " << a.job_id() << " rank " << a.rank() << ": generation " << generation
-                 << " connected in " << absl::Now() - start;
-    generation_ = generation;
-    comms_.push_back(*std::move(made));
-    return comms_.back().get();
   }
 
   void OnRecovered(double seconds, int64_t steps_lost) override {

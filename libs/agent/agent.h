@@ -178,7 +178,7 @@ struct AgentOptions {
   // A regroup's communicator waits at most this long for its peers (the
   // replacement may die before it connects: the survivors then wait for
   // the next generation) and for each of its operations afterwards.
-  absl::Duration regroup_timeout = absl::Seconds(20);
+  absl::Duration regroup_timeout = absl::Seconds(15);
 };
 
 class Agent {

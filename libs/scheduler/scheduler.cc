@@ -887,7 +887,7 @@ bool Scheduler::LoseTrainer(const std::string& trainer_id, const std::string& wh
 }
 
 absl::Duration Scheduler::PeerLostTimeout() const {
-  return std::min(options_.heartbeat_timeout, options_.heartbeat_interval * 3 / 2);
+  return std::min(options_.heartbeat_timeout, options_.heartbeat_interval * 2);
 }
 
 bool Scheduler::RecoverInPlace(Job* job, const Trainer& lost, const std::string& why) {

@@ -45,7 +45,7 @@
 // before; a survivor that cannot regroup reports a retryable failure, which
 // requeues it too. Survivors see a lost peer at once (their collectives
 // fail) and say so in their heartbeats (peer_lost_job_ids): the job's
-// trainers silent for more than 1.5 heartbeat intervals are then lost at
+// trainers silent for more than 2 heartbeat intervals are then lost at
 // once (in that heartbeat or the next CheckLiveness) instead of after
 // heartbeat_timeout.
 //
@@ -284,7 +284,7 @@ class Scheduler {
     int64_t seq = 0;  // arrival order
     std::vector<bool> rank_done;
     // A survivor said a peer is gone (HeartbeatRequest.peer_lost_job_ids):
-    // its silent trainers are lost after 1.5 heartbeat intervals.
+    // its silent trainers are lost after 2 heartbeat intervals.
     bool peer_lost = false;
     // The last generation whose recovery was reported, and what the event
     // of the current one says ("rank 1 lost on trainer-2").
