@@ -813,6 +813,8 @@ int Up(const ClusterOptions& o) {
       absl::StrCat("--heartbeat_timeout_s=", o.heartbeat_timeout_s),
       "--restart=" + o.restart,
   };
+  if (o.max_attempts > 0) argv.push_back(absl::StrCat("--max_attempts=", o.max_attempts));
+  if (!o.recover_in_place) argv.push_back("--recover_in_place=false");
   if (o.trainers > 0) argv.push_back("--trainer_bin=" + *trainer_bin);
   if (o.kvstore_shards > 0) argv.push_back("--kvstore_bin=" + *kvstore_bin);
   const std::string log = dir + "/supervisor.log";
