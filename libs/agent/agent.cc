@@ -129,8 +129,8 @@ class Agent::Progress : public train::JobObserver {
         agent_->mu_.AwaitWithTimeout(absl::Condition(&ready), agent_->options_.regroup_wait);
         if (job_->stop || agent_->shutdown_) {
           job_->peer_lost = false;
-          return absl::CancelledError(absl::StrCat("stopped while waiting to regroup (",
-                                                   job_->stop_reason, ")"));
+          return absl::CancelledError(
+              absl::StrCat("stopped while waiting to regroup (", job_->stop_reason, ")"));
         }
         if (job_->offered_generation <= tried) {
           job_->peer_lost = false;
@@ -145,8 +145,7 @@ class Agent::Progress : public train::JobObserver {
       collective::CommunicatorOptions o = comm_options_;
       o.timeout = std::min(o.timeout, agent_->options_.regroup_timeout);
       absl::StatusOr<std::unique_ptr<collective::Communicator>> made =
-          agent_->options_.connect_communicator(a.rank(), a.world_size(), stores_.back().get(),
-                                                o);
+          agent_->options_.connect_communicator(a.rank(), a.world_size(), stores_.back().get(), o);
       if (!made.ok()) {
         absl::Status s = Annotate(made.status(), absl::StrCat("regroup of rank ", a.rank(),
                                                               " in generation ", generation));
@@ -166,8 +165,8 @@ class Agent::Progress : public train::JobObserver {
         absl::MutexLock lock(&agent_->mu_);
         job_->peer_lost = false;
       }
-      DT_LOG(INFO) << "job " << a.job_id() << " rank " << a.rank() << ": generation "
-                   << generation << " connected in " << absl::Now() - start;
+      DT_LOG(INFO) << "job " << a.job_id() << " rank " << a.rank() << ": generation " << generation
+                   << " connected in " << absl::Now() - start;
       generation_ = generation;
       comms_.push_back(*std::move(made));
       return comms_.back().get();
@@ -729,8 +728,8 @@ absl::Status Agent::RunAssignment(Job* job, train::JobProgress* progress,
   const bool regroups = plan.gradient_path == GradientPath::kAllreduceTcp && world > 1 &&
                         std::all_of(plan.config.devices.begin(), plan.config.devices.end(),
                                     [](const Device& d) { return d.is_cpu(); });
-  Progress observer(this, job, world > 1 ? store.get() : nullptr,
-                    regroups ? store.get() : nullptr, plan.communicator_options);
+  Progress observer(this, job, world > 1 ? store.get() : nullptr, regroups ? store.get() : nullptr,
+                    plan.communicator_options);
   return train::RunJob(plan.config, &observer, progress);
 }
 

@@ -939,8 +939,8 @@ int Scheduler::CheckLiveness() {
   std::vector<std::string> lost;
   for (const auto& [id, t] : trainers_) {
     absl::Duration timeout = options_.heartbeat_timeout;
-    if (auto jt = jobs_.find(t.job_id); jt != jobs_.end() && jt->second.peer_lost &&
-                                        jt->second.status.state() == v1::RUNNING) {
+    if (auto jt = jobs_.find(t.job_id);
+        jt != jobs_.end() && jt->second.peer_lost && jt->second.status.state() == v1::RUNNING) {
       timeout = PeerLostTimeout();
     }
     if (now - t.last_heartbeat > timeout) lost.push_back(id);

@@ -451,9 +451,9 @@ absl::Status DataParallelTrainer::Regroup(collective::Communicator* comm, int ro
   s.options = o;
   const bool is_root = comm->rank() == root;
   auto broadcast = [&](Tensor* t, const std::string& what) {
-    return Annotate(comm->Broadcast(t->raw_data(), static_cast<size_t>(t->numel()), DType::kF32,
-                                    root),
-                    absl::StrCat("regroup: broadcast of ", what, " from rank ", root));
+    return Annotate(
+        comm->Broadcast(t->raw_data(), static_cast<size_t>(t->numel()), DType::kF32, root),
+        absl::StrCat("regroup: broadcast of ", what, " from rank ", root));
   };
   nn::Module* m0 = s.replicas[0].get();
   for (auto& [name, v] : m0->NamedParameters()) {
@@ -467,8 +467,8 @@ absl::Status DataParallelTrainer::Regroup(collective::Communicator* comm, int ro
   DT_RETURN_IF_ERROR(
       Annotate(comm->Broadcast(&has_momentum, 1, DType::kF32, root), "regroup: momentum flag"));
   if (has_momentum > 0) {
-    DT_RETURN_IF_ERROR(s.optimizers[0]->LoadState(
-        [&](const std::string& name, Tensor* dst) -> absl::Status {
+    DT_RETURN_IF_ERROR(
+        s.optimizers[0]->LoadState([&](const std::string& name, Tensor* dst) -> absl::Status {
           if (is_root) {
             auto it = mine.find(name);
             if (it == mine.end()) return absl::InternalError("no momentum for " + name);

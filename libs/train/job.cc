@@ -430,15 +430,16 @@ absl::Status Run(const JobConfig& c, JobObserver* observer, JobProgress* progres
       auto [x, y] = ToTensors(b, sample_shape, Device::Cpu(0));
       absl::StatusOr<float> stepped = hybrid ? hybrid->Run(x, y) : trainer->Step(x, y);
       if (!stepped.ok()) {
-        absl::Status failure = Annotate(
-            stepped.status(), absl::StrCat("rank ", rank, ", epoch ", epoch + 1, " step ", step + 1));
+        absl::Status failure =
+            Annotate(stepped.status(),
+                     absl::StrCat("rank ", rank, ", epoch ", epoch + 1, " step ", step + 1));
         if (c.communicator == nullptr || hybrid || !IsTransient(stepped.status())) return failure;
         DT_LOG(WARNING) << "job " << c.name << ": " << failure << "; trying to recover in place";
         const absl::Time failed = absl::Now();
-        DT_ASSIGN_OR_RETURN(RegroupResult regroup,
-                            RegroupSurvivor(c, observer, trainer.get(), failure,
-                                            Partial{epoch, step, loss_sum, seen, correct},
-                                            steps_per_epoch));
+        DT_ASSIGN_OR_RETURN(
+            RegroupResult regroup,
+            RegroupSurvivor(c, observer, trainer.get(), failure,
+                            Partial{epoch, step, loss_sum, seen, correct}, steps_per_epoch));
         if (!recovering) failed_at = failed;  // a failure during a recovery: the first counts
         recovering = true;
         recovery_root = regroup.root == rank;

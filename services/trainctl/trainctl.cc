@@ -228,6 +228,13 @@ void Print(const v1::JobStatus& j, bool detail) {
                   j.trainers().empty() ? "-" : absl::StrJoin(j.trainers(), ", ").c_str(),
                   j.attempts(),
                   j.drains() > 0 ? absl::StrCat(", ", j.drains(), " drained").c_str() : "");
+      if (j.recoveries() > 0 || j.generation() > 0) {
+        std::printf(
+            "  recovered in place: %d time%s, last in %.1f s, %lld step%s lost "
+            "(generation %d)\n",
+            j.recoveries(), j.recoveries() == 1 ? "" : "s", j.last_recovery_seconds(),
+            static_cast<long long>(j.steps_lost()), j.steps_lost() == 1 ? "" : "s", j.generation());
+      }
       if (!j.checkpoint_path().empty()) {
         std::printf(
             "  checkpoint: %s (epoch %d%s)\n", j.checkpoint_path().c_str(), j.checkpoint_epoch(),

@@ -47,10 +47,9 @@ class RecoverE2eTest : public ::testing::Test {
   void Up(const std::string& restart) {
     dir_ = TmpDir(::testing::UnitTest::GetInstance()->current_test_info()->name());
     int rc;
-    std::string out = Trainctl(
-        absl::StrCat("cluster up --restart=", restart,
-                     " --trainers=3 --heartbeat_timeout_s=3 --dir=", dir_),
-        &rc);
+    std::string out = Trainctl(absl::StrCat("cluster up --restart=", restart,
+                                            " --trainers=3 --heartbeat_timeout_s=3 --dir=", dir_),
+                               &rc);
     ASSERT_EQ(rc, 0) << out;
     for (const ClusterProcess& p : ReadCluster(dir_)) {
       if (p.role == "scheduler") {
@@ -196,9 +195,8 @@ TEST_F(RecoverE2eTest, KilledRankIsReplacedInPlace) {
   // Rank 0: it reports progress and evaluates; rank 1 must send the state.
   auto victim = pids.find(job.trainers(0));
   ASSERT_NE(victim, pids.end()) << job.trainers(0);
-  std::fprintf(stderr, "killing rank 0 (%s, pid %d) at epoch %d step %lld\n",
-               victim->first.c_str(), victim->second, job.epoch() + 1,
-               static_cast<long long>(job.step()));
+  std::fprintf(stderr, "killing rank 0 (%s, pid %d) at epoch %d step %lld\n", victim->first.c_str(),
+               victim->second, job.epoch() + 1, static_cast<long long>(job.step()));
   ASSERT_EQ(kill(victim->second, SIGKILL), 0);
   const absl::Time killed = absl::Now();
 
@@ -265,8 +263,7 @@ TEST_F(RecoverE2eTest, KilledRankIsReplacedInPlace) {
   // The scheduler's metrics count it.
   EXPECT_EQ(Metric("dtrain_scheduler_recoveries_total"), 1);
   EXPECT_EQ(Metric("dtrain_scheduler_recovery_seconds_count"), 1);
-  EXPECT_NEAR(Metric("dtrain_scheduler_recovery_seconds_sum"), done.last_recovery_seconds(),
-              1e-6);
+  EXPECT_NEAR(Metric("dtrain_scheduler_recovery_seconds_sum"), done.last_recovery_seconds(), 1e-6);
   EXPECT_EQ(Metric(R"(dtrain_scheduler_recovery_seconds_bucket{le="5"})"), 1);
 }
 
