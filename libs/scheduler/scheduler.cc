@@ -892,9 +892,16 @@ absl::Duration Scheduler::PeerLostTimeout() const {
 
 bool Scheduler::RecoverInPlace(Job* job, const Trainer& lost, const std::string& why) {
   const JobSpec& spec = job->status.spec();
+  // CPU trainers only: the trainers regroup over host transports.
   if (!options_.recover_in_place || spec.sync().mode() == v1::KVSTORE ||
-      job->status.trainers_size() < 2 || lost.rank < 0 ||
+      spec.device_kind() == "cuda" || job->status.trainers_size() < 2 || lost.rank < 0 ||
       lost.rank >= static_cast<int>(job->rank_done.size()) || job->rank_done[lost.rank]) {
+    return false;
+  }
+  // The survivors must hold a state to send: the job made progress (or
+  // already regrouped). A loss before that (the ranks may still be meeting
+  // for the first time) requeues.
+  if (job->status.generation() == 0 && job->status.epoch() == 0 && job->status.step() == 0) {
     return false;
   }
   Trainer* spare = nullptr;

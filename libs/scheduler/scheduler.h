@@ -28,9 +28,10 @@
 // resumes from the newest one (Assignment.resume_checkpoint), so a requeued
 // job loses at most checkpoint_interval_epochs of work.
 //
-// Recovery in place (ALLREDUCE jobs of several trainers, recover_in_place):
-// when a trainer of a running attempt is lost and a free trainer that fits
-// the job exists, the attempt is not requeued. The job's generation goes up,
+// Recovery in place (CPU ALLREDUCE jobs of several trainers, recover_in_place):
+// when a trainer of a running attempt that has reported progress (or
+// regrouped already) is lost and a free trainer that fits the job exists,
+// the attempt is not requeued. The job's generation goes up,
 // the spare takes the lost rank (an Assignment with the generation and
 // join set: it receives the state from the survivors), and every other
 // trainer of the attempt is told to regroup (HeartbeatReply.regroups, in

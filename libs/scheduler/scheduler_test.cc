@@ -79,6 +79,20 @@ class SchedulerTest : public ::testing::Test {
     return r;
   }
 
+  // Rank 0 reports a step: the job made progress (recovery in place needs it).
+  static void Progressed(Scheduler* s, const std::string& job, const std::string& t0,
+                         const std::string& t1) {
+    for (const std::string& t : {t0, t1}) {
+      ProgressReport p;
+      p.set_trainer_id(t);
+      p.set_job_id(job);
+      p.set_rank(0);
+      p.set_step(3);
+      if (s->ReportProgress(p).ok()) return;  // the one holding rank 0
+    }
+    ADD_FAILURE() << "no trainer holds rank 0 of " << job;
+  }
+
   static std::string TmpPath(const std::string& name) {
     const char* dir = std::getenv("TEST_TMPDIR");
     std::string p = std::string(dir ? dir : "/tmp") + "/" + name;
@@ -978,6 +992,7 @@ TEST_F(SchedulerTest, LostRankIsReplacedInPlaceByASpare) {
   std::string spare = AddTrainer(s.get());
   EXPECT_EQ(Beat(s.get(), spare).assignments_size(), 0);
   EXPECT_EQ(Beat(s.get(), t1, {job->id()}).regroups_size(), 0);  // generation 0: nothing
+  Progressed(s.get(), job->id(), t1, t2);
 
   now_ += absl::Seconds(11);
   Beat(s.get(), t1, {job->id()});
@@ -1076,6 +1091,7 @@ TEST_F(SchedulerTest, PeerLostHeartbeatLosesTheSilentTrainerEarly) {
   Beat(s.get(), t1);
   Beat(s.get(), t2);
   std::string spare = AddTrainer(s.get());
+  Progressed(s.get(), job->id(), t1, t2);
   HeartbeatRequest lost;
   lost.set_trainer_id(t1);
   lost.add_running_job_ids(job->id());
@@ -1097,23 +1113,26 @@ TEST_F(SchedulerTest, PeerLostHeartbeatLosesTheSilentTrainerEarly) {
   EXPECT_EQ(s->CheckLiveness(), 0);
 }
 
-// No free trainer, a KVSTORE job, or recover_in_place off: the attempt is
-// requeued as before.
+// No free trainer, a KVSTORE job, recover_in_place off, no progress yet, or
+// a CUDA job: the attempt is requeued as before.
 TEST_F(SchedulerTest, WithoutASpareOrForKvstoreJobsTheAttemptIsRequeued) {
-  for (int variant = 0; variant < 3; ++variant) {
+  for (int variant = 0; variant < 5; ++variant) {
     SCOPED_TRACE(variant);
     SchedulerOptions o = Options();
     o.recover_in_place = variant != 2;
     auto s = Open(o);
-    JobSpec spec = Spec("q", 2);
+    const std::string kind = variant == 4 ? "cuda" : "cpu";
+    JobSpec spec = Spec("q", 2, 0, kind);
     if (variant == 1) spec.mutable_sync()->set_mode(v1::KVSTORE);
     auto job = s->Submit(spec);
     ASSERT_TRUE(job.ok()) << job.status();
-    std::string t1 = AddTrainer(s.get());
-    std::string t2 = AddTrainer(s.get());
+    const std::string device = variant == 4 ? "cuda:0" : "cpu";
+    std::string t1 = AddTrainer(s.get(), device);
+    std::string t2 = AddTrainer(s.get(), device);
     Beat(s.get(), t1);
     Beat(s.get(), t2);
-    if (variant != 0) AddTrainer(s.get());  // a spare, not used
+    if (variant != 3) Progressed(s.get(), job->id(), t1, t2);
+    if (variant != 0) AddTrainer(s.get(), device);  // a spare, not used
     now_ += absl::Seconds(11);
     Beat(s.get(), t1, {job->id()});
     for (const auto& t : s->ListTrainers()) {
