@@ -211,13 +211,17 @@ struct RegroupResult {
   Partial at;
   int root = 0;
   int64_t steps_lost = 0;
+  // The root's steps of this RunJob call: every rank continues counting
+  // from it, so that they agree on a drain step (JobObserver::DrainRequested).
+  int64_t steps_run = 0;
 };
 
 // One exchange of the new membership: positions, the root's state, its
 // data position and statistics.
 absl::StatusOr<RegroupResult> ExchangeState(const JobConfig& c, DataParallelTrainer* trainer,
                                             collective::Communicator* comm, bool survivor,
-                                            const Partial& here, int64_t steps_per_epoch) {
+                                            const Partial& here, int64_t steps_per_epoch,
+                                            int64_t steps_run) {
   const int n = comm->size();
   const int64_t done = here.epoch * steps_per_epoch + here.step;
   // survivor, epoch, step, steps attempted (a survivor failed the next one)
@@ -238,12 +242,17 @@ absl::StatusOr<RegroupResult> ExchangeState(const JobConfig& c, DataParallelTrai
         "regroup: no rank of the new membership holds the job's state");
   }
   DT_RETURN_IF_ERROR(trainer->Regroup(comm, out.root));
-  double pos[5] = {static_cast<double>(here.epoch), static_cast<double>(here.step), here.loss_sum,
-                   static_cast<double>(here.seen), static_cast<double>(here.correct)};
+  double pos[6] = {static_cast<double>(here.epoch),
+                   static_cast<double>(here.step),
+                   here.loss_sum,
+                   static_cast<double>(here.seen),
+                   static_cast<double>(here.correct),
+                   static_cast<double>(steps_run)};
   DT_RETURN_IF_ERROR(Annotate(comm->Broadcast(pos, sizeof(pos), DType::kU8, out.root),
                               "regroup: broadcast of the data position"));
   out.at.epoch = static_cast<int>(pos[0]);
   out.at.step = static_cast<int64_t>(pos[1]);
+  out.steps_run = static_cast<int64_t>(pos[5]);
   if (survivor && out.at.epoch == here.epoch && out.at.step == here.step) {
     out.at.loss_sum = here.loss_sum;
     out.at.seen = here.seen;
@@ -268,7 +277,7 @@ absl::StatusOr<RegroupResult> ExchangeState(const JobConfig& c, DataParallelTrai
 absl::StatusOr<RegroupResult> RegroupSurvivor(const JobConfig& c, JobObserver* observer,
                                               DataParallelTrainer* trainer,
                                               const absl::Status& failure, const Partial& here,
-                                              int64_t steps_per_epoch) {
+                                              int64_t steps_per_epoch, int64_t steps_run) {
   absl::Status last = failure;
   for (int tries = 0; tries < 3; ++tries) {
     absl::StatusOr<collective::Communicator*> comm = observer->Regroup(last);
@@ -278,7 +287,7 @@ absl::StatusOr<RegroupResult> RegroupSurvivor(const JobConfig& c, JobObserver* o
       return failure;
     }
     absl::StatusOr<RegroupResult> done =
-        ExchangeState(c, trainer, *comm, /*survivor=*/true, here, steps_per_epoch);
+        ExchangeState(c, trainer, *comm, /*survivor=*/true, here, steps_per_epoch, steps_run);
     if (done.ok() || !IsTransient(done.status())) return done;
     DT_LOG(WARNING) << "job " << c.name << " rank " << c.rank << ": regroup failed ("
                     << done.status() << "); waiting for the next membership";
@@ -381,10 +390,12 @@ absl::Status Run(const JobConfig& c, JobObserver* observer, JobProgress* progres
   }
   progress->steps_per_epoch = loader->batches_per_epoch();
   const int64_t steps_per_epoch = loader->batches_per_epoch();
+  int64_t joined_steps_run = 0;
   if (c.join) {
     DT_ASSIGN_OR_RETURN(RegroupResult joined,
                         ExchangeState(c, trainer.get(), c.communicator, /*survivor=*/false,
-                                      Partial{}, steps_per_epoch));
+                                      Partial{}, steps_per_epoch, /*steps_run=*/0));
+    joined_steps_run = joined.steps_run;
     first_epoch = joined.at.epoch;
     first_step = joined.at.step;
     resumed = joined.at;
@@ -397,7 +408,8 @@ absl::Status Run(const JobConfig& c, JobObserver* observer, JobProgress* progres
   absl::Time failed_at;
   int64_t recovery_steps_lost = 0;
 
-  int64_t steps_run = 0;  // by this call, over all epochs
+  // By this call, over all epochs (a joiner continues the root's count).
+  int64_t steps_run = joined_steps_run;
   // Where the next epoch starts (a resumed checkpoint's or a regroup's step)
   // and its statistics so far.
   int64_t start_step = first_step;
@@ -436,14 +448,15 @@ absl::Status Run(const JobConfig& c, JobObserver* observer, JobProgress* progres
         if (c.communicator == nullptr || hybrid || !IsTransient(stepped.status())) return failure;
         DT_LOG(WARNING) << "job " << c.name << ": " << failure << "; trying to recover in place";
         const absl::Time failed = absl::Now();
-        DT_ASSIGN_OR_RETURN(
-            RegroupResult regroup,
-            RegroupSurvivor(c, observer, trainer.get(), failure,
-                            Partial{epoch, step, loss_sum, seen, correct}, steps_per_epoch));
+        DT_ASSIGN_OR_RETURN(RegroupResult regroup,
+                            RegroupSurvivor(c, observer, trainer.get(), failure,
+                                            Partial{epoch, step, loss_sum, seen, correct},
+                                            steps_per_epoch, steps_run));
         if (!recovering) failed_at = failed;  // a failure during a recovery: the first counts
         recovering = true;
         recovery_root = regroup.root == rank;
         recovery_steps_lost += regroup.steps_lost;
+        steps_run = regroup.steps_run;
         resume_at = regroup.at;
         start_step = regroup.at.step;
         // The loop's ++epoch makes it the root's epoch.

@@ -48,8 +48,10 @@
 // of the new membership then exchange their positions (an allgather of
 // survivor flag, epoch, step, steps attempted), the lowest surviving rank
 // (the root) broadcasts its parameters, buffers, momentum and data position
-// (epoch, step, and its partial epoch statistics, which a joiner adopts for
-// its own: the lost rank's are gone) and every rank continues from the
+// (epoch, step, its partial epoch statistics, which a joiner adopts for
+// its own: the lost rank's are gone, and its count of steps, which every
+// rank adopts so that DrainRequested sees the same counts on every rank
+// after a recovery too) and every rank continues from the
 // root's last completed step: its data loader restarts that epoch at that
 // step. A rank started with JobConfig::join (the replacement) takes part
 // in the same exchange before its first step and receives all of it. Once

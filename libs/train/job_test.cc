@@ -263,6 +263,16 @@ class Regrouper : public JobObserver {
   std::unique_ptr<collective::Communicator> comm_;
 };
 
+// Records the step counts DrainRequested sees.
+class DrainPolls : public JobObserver {
+ public:
+  bool DrainRequested(int64_t steps_done) override {
+    polls.push_back(steps_done);
+    return false;
+  }
+  std::vector<int64_t> polls;
+};
+
 class StopAfter : public JobObserver {
  public:
   explicit StopAfter(int steps) : stop_after_(steps) {}
@@ -275,8 +285,9 @@ class StopAfter : public JobObserver {
 };
 
 TEST(JobTest, LostRankIsReplacedInPlaceAndTheJobEndsLikeTheUndisturbedOne) {
-  auto run_two = [](bool disturbed, JobProgress* p, Regrouper** observer_out,
-                    JobProgress* joiner_progress) {
+  DrainPolls joiner_polls;
+  auto run_two = [&joiner_polls](bool disturbed, JobProgress* p, Regrouper** observer_out,
+                                 JobProgress* joiner_progress) {
     collective::InMemoryStore store;
     absl::Status st[3];
     Regrouper regrouper(&store);
@@ -301,7 +312,7 @@ TEST(JobTest, LostRankIsReplacedInPlaceAndTheJobEndsLikeTheUndisturbedOne) {
         ASSERT_TRUE(comm.ok()) << comm.status();
         c.communicator = comm->get();
         c.join = true;
-        st[2] = RunJob(c, nullptr, joiner_progress);
+        st[2] = RunJob(c, &joiner_polls, joiner_progress);
       });
     }
     for (auto& t : ranks) t.join();
@@ -327,6 +338,11 @@ TEST(JobTest, LostRankIsReplacedInPlaceAndTheJobEndsLikeTheUndisturbedOne) {
   const JobProgress got_last = run_two(true, got, nullptr, &joiner);
   EXPECT_EQ(got[0].epoch, 2);
   EXPECT_EQ(joiner.epoch, 2);
+  // The joiner counts steps from the root's count (11 done when rank 0's
+  // 12th step failed), so both ranks would agree on a drain step.
+  ASSERT_FALSE(joiner_polls.polls.empty());
+  EXPECT_EQ(joiner_polls.polls.front(), 11);
+  EXPECT_EQ(joiner_polls.polls.back(), 31);  // the last step of epoch 2 is the 32nd
   // The replacement averaged the same epoch-2 statistics as rank 0.
   EXPECT_EQ(joiner.loss, got[0].loss);
   // Epoch 2 after the recovery is the undisturbed epoch 2: same state, same
