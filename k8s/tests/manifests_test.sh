@@ -8,8 +8,11 @@
 #  2. checks the project's policies (policy_check.py): security contexts,
 #     requests and limits, gRPC probes, GPUs only in the gpu overlay, no
 #     Secret objects, NetworkPolicies, scrape annotations, the trainers'
-#     --kvstore naming every kvstore shard by its DNS name, ...; and that a
-#     wrong shard list and a kvstore Service that is not headless fail them;
+#     --kvstore naming every kvstore pod by its DNS name, shard and replica
+#     from the pod ordinal, pods = --num_shards * KVSTORE_REPLICAS = the
+#     trainers' --kvstore_replicas, ...; and that a wrong shard list, a
+#     kvstore Service that is not headless and a wrong --kvstore_replicas
+#     fail them;
 #  3. checks that no file under k8s/ holds a key, token or password.
 set -euo pipefail
 fail() { echo "FAIL: $*" >&2; exit 1; }
@@ -78,6 +81,13 @@ if python3 "$K/tests/policy_check.py" "$out/bad4.yaml" >"$out/bad4.log" 2>&1; th
   fail "policy_check accepted a kvstore Service that is not headless"; fi
 grep -q "dtrain-kvstore needs a StatefulSet with a headless Service" "$out/bad4.log" ||
   { cat "$out/bad4.log"; fail "unexpected error for bad4"; }
+# Negative control: trainers told another number of replicas per shard than
+# the kvstore pods use.
+sed -e 's/--kvstore_replicas=2/--kvstore_replicas=1/' "$out/cpu.yaml" >"$out/bad5.yaml"
+if python3 "$K/tests/policy_check.py" "$out/bad5.yaml" >"$out/bad5.log" 2>&1; then
+  fail "policy_check accepted trainers with --kvstore_replicas=1 and 2 replicas per shard"; fi
+grep -q "trainer flags must hold --kvstore_replicas=2" "$out/bad5.log" ||
+  { cat "$out/bad5.log"; fail "unexpected error for bad5"; }
 n=$((n+1))
 # No credentials committed: private keys, tokens, passwords, Secrets with data.
 if grep -rIlE --exclude=k8s_validate.mjs --exclude=manifests_test.sh -e '-----BEGIN [A-Z ]*PRIVATE KEY-----|\b(ghp|gho|glpat|xox[bp])[-_][A-Za-z0-9]{10,}|AKIA[0-9A-Z]{16}|"auths"[[:space:]]*:|password[[:space:]]*[:=][[:space:]]*[^[:space:]<$]' \

@@ -93,12 +93,36 @@ for f in sys.argv[1:]:
                  for line in data.splitlines()]
         got = [line.split("=", 1)[1] for line in flags if line.startswith("--kvstore=")]
         if got != [want]:
-            err(f, tr, f"trainer flags must hold --kvstore={want} (one per kvstore replica), not {got}")
+            err(f, tr, f"trainer flags must hold --kvstore={want} (every kvstore pod, shard-major), not {got}")
+        # Replicated shards: pod k is replica k % R of shard k / R (R =
+        # KVSTORE_REPLICAS, the ordinal from apps.kubernetes.io/pod-index),
+        # the StatefulSet runs num_shards * R pods, the replicas know the
+        # scheduler, and the trainers' --kvstore_replicas is R.
         c = kv["spec"]["template"]["spec"]["containers"][0]
-        env = {e["name"]: e.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") for e in c.get("env", [])}
-        if "--shard_index=$(SHARD_INDEX)" not in c.get("args", []) or \
-                env.get("SHARD_INDEX") != "metadata.labels['apps.kubernetes.io/pod-index']":
-            err(f, kv, "--shard_index must be the pod's ordinal (SHARD_INDEX from apps.kubernetes.io/pod-index)")
+        env = {e["name"]: e.get("value", e.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath"))
+               for e in c.get("env", [])}
+        cmd = " ".join(c.get("command", []) + c.get("args", []))
+        if env.get("POD_INDEX") != "metadata.labels['apps.kubernetes.io/pod-index']" or \
+                "--shard_index=$$((POD_INDEX / KVSTORE_REPLICAS))" not in cmd or \
+                "--replica_index=$$((POD_INDEX % KVSTORE_REPLICAS))" not in cmd:
+            err(f, kv, "--shard_index and --replica_index must come from the pod's ordinal "
+                       "(POD_INDEX from apps.kubernetes.io/pod-index; shard = k / R, replica = k % R)")
+        r = env.get("KVSTORE_REPLICAS")
+        r = int(r) if r and r.isdigit() else 0
+        kv_cms = [v["configMap"]["name"] for v in kv["spec"]["template"]["spec"].get("volumes", [])
+                  if "configMap" in v]
+        kv_flags = [line for cm in kv_cms
+                    for data in by.get("ConfigMap", {}).get(cm, {}).get("data", {}).values()
+                    for line in data.splitlines()]
+        shards = [int(line.split("=", 1)[1]) for line in kv_flags if line.startswith("--num_shards=")]
+        if r < 1 or len(shards) != 1 or kv["spec"].get("replicas", 1) != shards[0] * r:
+            err(f, kv, f"runs {kv['spec'].get('replicas', 1)} pods, not --num_shards {shards} * "
+                       f"KVSTORE_REPLICAS {r}")
+        if not any(line.startswith("--scheduler=") for line in kv_flags):
+            err(f, kv, "kvstore flags need --scheduler (the shard map's owner)")
+        got_r = [line.split("=", 1)[1] for line in flags if line.startswith("--kvstore_replicas=")]
+        if got_r != [str(r)]:
+            err(f, tr, f"trainer flags must hold --kvstore_replicas={r} (KVSTORE_REPLICAS), not {got_r}")
     sched = by.get("Deployment", {}).get("dtrain-scheduler")
     if sched and sched["spec"].get("strategy", {}).get("type") != "Recreate":
         errors.append(f"{f}: the scheduler's RWO log volume needs strategy Recreate")

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Starts a local dtrain cluster on loopback (scheduler_server, one
-# kvstore_server shard, one trainer daemon), a real Prometheus (Debian's
+# kvstore_server shard (a chain of one replica), one trainer daemon), a real Prometheus (Debian's
 # package) scraping the scheduler, the shard and the trainer every second, runs a small MLP
 # job through trainctl, then asks Prometheus's HTTP API for every metric the
 # rules and the dashboard name (extracted by metric_names.py) and fails unless
@@ -34,9 +34,13 @@ wait_file() { for _ in $(seq 100); do [ -s "$1" ] && return 0; sleep 0.1; done; 
 sm=$(free_port); km=$(free_port); tm=$(free_port); pp=$(free_port)
 "$SCHED" --listen=127.0.0.1:0 --port_file="$dir/scheduler.port" --data_dir="$dir/scheduler" \
   --metrics_listen=127.0.0.1:$sm >"$dir/scheduler.log" 2>&1 & pids+=($!)
-"$KV" --listen=127.0.0.1:0 --port_file="$dir/kvstore.port" --data_dir="$dir/kvstore" \
-  --shard_index=0 --metrics_listen=127.0.0.1:$km >"$dir/kvstore.log" 2>&1 & pids+=($!)
 wait_file "$dir/scheduler.port" scheduler_server
+# A replicated shard of one replica: it heartbeats to the scheduler, whose
+# shard map metrics (dtrain_scheduler_kvstore_*) then have series.
+"$KV" --listen=127.0.0.1:0 --port_file="$dir/kvstore.port" --data_dir="$dir/kvstore" \
+  --shard_index=0 --replica_index=0 --num_shards=1 \
+  --scheduler="127.0.0.1:$(cat "$dir/scheduler.port")" \
+  --metrics_listen=127.0.0.1:$km >"$dir/kvstore.log" 2>&1 & pids+=($!)
 wait_file "$dir/kvstore.port" kvstore_server
 export DTRAIN_SCHEDULER="127.0.0.1:$(cat "$dir/scheduler.port")"
 "$TRAINER" --scheduler="$DTRAIN_SCHEDULER" --name=trainer-0 --devices=cpu \

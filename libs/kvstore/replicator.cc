@@ -88,12 +88,13 @@ Replicator::Replicator(Store* store, ReplicaLink* link, ReplicatorOptions option
 }
 
 Replicator::~Replicator() {
-  {
-    absl::MutexLock lock(&mu_);
-    stop_ = true;
-  }
+  Stop();
   forwarder_.join();
+}
+
+void Replicator::Stop() {
   absl::MutexLock lock(&mu_);
+  stop_ = true;
   const absl::Status stopped = absl::UnavailableError(
       absl::StrCat(WhoLocked(), " is shutting down; the write may not have reached every replica"));
   CompleteLocked(&inflight_, stopped);
@@ -248,6 +249,7 @@ absl::StatusOr<MutationResult> Replicator::Submit(v1::Mutation mutation, absl::T
   absl::StatusOr<MutationResult> result;
   {
     absl::MutexLock lock(&mu_);
+    if (stop_) return absl::UnavailableError(absl::StrCat(WhoLocked(), " is shutting down"));
     DT_RETURN_IF_ERROR(CheckIsHeadLocked());
     result = ApplyAndQueueLocked(std::move(shared), &queued);
   }
@@ -261,6 +263,7 @@ absl::StatusOr<v1::ReplicateReply> Replicator::Receive(v1::ReplicateBatch batch,
   v1::ReplicateReply reply;
   {
     absl::MutexLock lock(&mu_);
+    if (stop_) return absl::UnavailableError(absl::StrCat(WhoLocked(), " is shutting down"));
     const v1::ChainMember* pred = Predecessor(map_, options_.shard, options_.replica);
     if (!IsMemberLocked() || batch.map_version() != map_.version() || pred == nullptr ||
         pred->replica() != batch.from_replica() ||
@@ -381,6 +384,7 @@ void Replicator::Forward() {
       reply = link_->Replicate(to.address, bytes);
       mu_.Lock();
     }
+    if (stop_) return;                        // Stop completed inflight_
     if (epoch != successor_epoch_) continue;  // SetMap took care of inflight_
     if (reply.ok()) {
       if (transfer) {

@@ -136,6 +136,11 @@ class Replicator {
 
   ReplicatorStats stats() const;
 
+  // Stops forwarding: writes and batches still waiting for the chain fail
+  // with kUnavailable (their clients retry elsewhere), and so do later ones.
+  // For a server shutting down. Irreversible.
+  void Stop();
+
  private:
   struct Pending;
   struct Peer {

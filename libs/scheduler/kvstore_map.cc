@@ -7,6 +7,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "google/protobuf/util/message_differencer.h"
 #include "libs/base/logging.h"
 
 namespace dtrain {
@@ -106,6 +107,16 @@ absl::StatusOr<KvstoreHeartbeatReply> KvstoreMembership::Heartbeat(
     changed = false;  // the adopted version is the map's version
   }
   if (chains_.empty()) chains_.resize(request.num_shards());
+  if (request.map().version() == version_ && version_ > 0 &&
+      !google::protobuf::util::MessageDifferencer::Equals(request.map(), MapLocked())) {
+    // Two maps of one version: a previous scheduler gave this replica a map
+    // this owner never saw, and this owner's own changes reached the same
+    // number. Replicas take only newer maps: raise the version.
+    DT_LOG(WARNING) << "kvstore map: shard " << request.shard() << " replica " << request.replica()
+                    << " follows another map of version " << version_
+                    << " (a previous scheduler's); raising the version so that it takes ours";
+    changed = true;
+  }
   const uint64_t next = version_ + 1;
   const int shard = request.shard();
   Chain& chain = chains_[shard];

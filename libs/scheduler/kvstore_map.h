@@ -19,6 +19,10 @@
 //     (request.map, the one the replica follows) has a higher version than
 //     the owner's replaces the owner's whole map (all chains and the
 //     version); every adopted member counts as heard from now.
+//     A heartbeat whose map has the owner's version but other contents (a
+//     previous scheduler gave it out, and this owner's own changes reached
+//     the same number) raises the owner's version, since replicas take
+//     only newer maps.
 //   - Lost state. A member whose heartbeat carries another incarnation than
 //     recorded (its process restarted), or an ACTIVE member that reports
 //     has_state = false although the map it follows is at least the one

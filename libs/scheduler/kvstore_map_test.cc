@@ -391,6 +391,38 @@ TEST_F(KvstoreMapTest, SchedulerRestartAdoptsTheHighestVersion) {
   EXPECT_EQ(owner_->Map().DebugString(), before);
 }
 
+// A previous scheduler gave replica c a map (version v + 1) that the new
+// owner never saw; the owner adopts v from a and its own next change is
+// v + 1 too. c must not be left following its map: the owner raises the
+// version, and c takes the owner's map.
+TEST_F(KvstoreMapTest, SameVersionOtherMapRaisesTheVersion) {
+  Replica* a = Add(0, 0);
+  Replica* b = Add(0, 1);
+  Replica* c = Add(0, 2);
+  Round({a, b, c});
+  CatchUp(a, b);
+  Round({a, b, c});
+  const ShardMap v_map = a->map;
+  CatchUp(b, c);  // version v + 1: c ACTIVE; only b and c see it
+  Beat(c);
+  const uint64_t v = v_map.version();
+  ASSERT_EQ(c->map.version(), v + 1);
+  owner_ = std::make_unique<KvstoreMembership>(Options(), now_);
+  a->map = v_map;
+  Beat(a);  // adopts v: c JOINING there
+  EXPECT_EQ(Version(), v);
+  Replica* d = Add(0, 3);
+  Beat(d);  // the owner's own version v + 1: d joins
+  EXPECT_EQ(Version(), v + 1);
+  EXPECT_EQ(Chain(0), "r0:A r1:A r2:J r3:J");
+  ShardMap m = Beat(c);  // c's v + 1 differs from the owner's
+  EXPECT_EQ(m.version(), v + 2);
+  EXPECT_EQ(c->map.version(), v + 2);
+  // From then on, steady.
+  for (int i = 0; i < 5; ++i) Round({a, b, c, d});
+  EXPECT_EQ(Version(), v + 2);
+}
+
 TEST_F(KvstoreMapTest, StartupGraceAdoptsRatherThanCreatingAnEmptyShard) {
   Replica* a = Add(0, 0);
   Replica* b = Add(0, 1);

@@ -15,6 +15,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
 #include "libs/kvstore/client.h"
@@ -281,6 +282,37 @@ TEST_F(ReplicationTest, TheHeadDiesMidJobAndNoPushIsLostOrAppliedTwice) {
   EXPECT_EQ((*joined)[0].bytes.view(), (*head)[0].bytes.view());
   std::fprintf(stderr, "failover: rounds 5-10 took %s after the head went away\n",
                absl::FormatDuration(failover).c_str());
+}
+
+TEST_F(ReplicationTest, AHeadWaitingForADeadSuccessorStillShutsDownInTime) {
+  replicas_.push_back(StartReplica(0));
+  replicas_.push_back(StartReplica(1));
+  FormChain();
+  const std::vector<std::string> servers = {replicas_[0]->local_address(),
+                                            replicas_[1]->local_address()};
+  std::vector<std::unique_ptr<KVClient>> clients;
+  for (int w = 0; w < 2; ++w) clients.push_back(Client(servers, 2, w));
+  Setup(clients);
+  // The tail goes away and the map never changes (the owner says nothing):
+  // the head's next write waits for the chain.
+  replicas_[1].reset();
+  std::vector<float> g(kSmall, 0.5f);
+  absl::Notification pushed;
+  absl::Status push;
+  std::thread pusher([&] {
+    push = clients[0]->Push({{"small", g.data()}});
+    pushed.Notify();
+  });
+  EXPECT_FALSE(pushed.WaitForNotificationWithTimeout(absl::Milliseconds(500)));
+  // SIGTERM's path: the head stops within its grace period (plus a little),
+  // not after the replication timeout (30 s).
+  const absl::Time start = absl::Now();
+  EXPECT_TRUE(replicas_[0]->Shutdown(absl::Milliseconds(500)).ok());
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  replicas_[0].reset();
+  clients[0]->Cancel("test over");
+  pusher.join();
+  EXPECT_FALSE(push.ok());
 }
 
 }  // namespace

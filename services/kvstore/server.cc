@@ -174,7 +174,8 @@ class KVStoreServer::Impl {
       DT_ASSIGN_OR_RETURN(MutationResult r, Replicate(std::move(m)));
       response->set_deleted(r.deleted);
       if (r.deleted) {
-        DT_LOG(INFO) << "deleted job '" << request.job() << "'";
+        DT_LOG(INFO) << "deleted job '" << request.job() << "'"
+                     << (request.leave() ? " (every worker left)" : "");
         ReleaseFreeMemory();
       }
       return absl::OkStatus();
@@ -828,7 +829,22 @@ absl::Status KVStoreServer::Shutdown(absl::Duration grace) {
   if (reaper_.joinable()) reaper_.join();
   heartbeat_.reset();
   // Calls in flight finish (or are cancelled) before the final snapshot.
+  // Writes still waiting for the chain when the grace period ends (a
+  // successor that died with no map change coming: the heartbeat has
+  // stopped) are failed, so that their handlers return.
+  std::thread stopper;
+  absl::Notification rpc_done;
+  if (replicator_ != nullptr) {
+    stopper = std::thread([this, grace, &rpc_done] {
+      if (!rpc_done.WaitForNotificationWithTimeout(grace + absl::Milliseconds(100))) {
+        replicator_->Stop();
+      }
+    });
+  }
   if (rpc_) rpc_->Shutdown(grace);
+  rpc_done.Notify();
+  if (stopper.joinable()) stopper.join();
+  if (replicator_ != nullptr) replicator_->Stop();
   absl::Status status;
   if (snapshotter_) {
     snapshotter_->Stop();

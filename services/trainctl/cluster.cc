@@ -27,9 +27,10 @@
 // started before the scheduler, as unreplicated servers (--shard_index=i
 // only) that never heartbeat.
 //
-// Servers listen on 127.0.0.1 port 0 and
-// write their ports to DIR/<name>.port; their Prometheus endpoints
-// (127.0.0.1:0) are read from their logs. The binaries are found next to
+// Servers listen on 127.0.0.1, on free ports picked below the ephemeral
+// range (so that a restarted server finds its port free again), and write
+// their ports to DIR/<name>.port; their Prometheus endpoints are read from
+// their logs. The binaries are found next to
 // trainctl (bazel-bin layout: ../scheduler/scheduler_server,
 // ../trainer/trainer, ../kvstore/kvstore_server relative to trainctl's
 // directory, via argv[0] and then /proc/self/exe) unless --scheduler_bin,
@@ -96,6 +97,7 @@
 #include "google/protobuf/util/json_util.h"
 #include "libs/base/files.h"
 #include "libs/base/grpc_status.h"
+#include "libs/base/ports.h"
 #include "libs/base/subprocess.h"
 #include "libs/base/supervisor.h"
 #include "protos/admin.grpc.pb.h"
@@ -432,6 +434,10 @@ void PrintError(const absl::Status& s) {
                std::string(s.message()).c_str());
 }
 
+// "127.0.0.1:<a free port below the ephemeral range>" (port 0 if none).
+// (ports.h: a restarted server finds its port free again.)
+std::string LoopbackListen() { return absl::StrCat("127.0.0.1:", PickRestartablePort()); }
+
 // `argv` with the flag --<name>=... replaced by --<name>=<value>.
 void SetFlag(std::vector<std::string>* argv, const std::string& name, const std::string& value) {
   const std::string prefix = absl::StrCat("--", name, "=");
@@ -518,9 +524,9 @@ absl::Status StartAll(const ClusterOptions& o, const std::string& dir, std::vect
     std::remove(port_file.c_str());
     mkdir(p.data_dir.c_str(), 0755);
     if (server) {
-      argv.push_back("--listen=127.0.0.1:0");
+      argv.push_back("--listen=" + LoopbackListen());
       argv.push_back("--port_file=" + port_file);
-      argv.push_back("--metrics_listen=127.0.0.1:0");
+      argv.push_back("--metrics_listen=" + LoopbackListen());
     }
     auto child = Subprocess::Start(ProcessOptions(argv, p.log));
     if (!child.ok()) return child.status();
@@ -612,7 +618,7 @@ absl::Status StartAll(const ClusterOptions& o, const std::string& dir, std::vect
         absl::StrCat("--work_dir=", dir, "/", p.name),
         absl::StrCat("--checkpoint_dir=", dir, "/checkpoints"),
         "--collective_host=127.0.0.1",
-        "--metrics_listen=127.0.0.1:0",
+        "--metrics_listen=" + LoopbackListen(),
         "--kvstore=" + absl::StrJoin(kvstore_addresses, ","),
         absl::StrCat("--metrics_port_file=", dir, "/", p.name, ".metrics_port")};
     if (replicas > 1 && o.kvstore_shards > 0) {

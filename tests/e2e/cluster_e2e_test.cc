@@ -91,7 +91,9 @@ TEST(ClusterE2eTest, UpStatusDownRoundTrip) {
   // --restart=never: the trainer killed below must stay dead (heal_e2e_test
   // covers restarts).
   std::string out =
-      Trainctl("cluster up --dir=" + dir + " --trainers=2 --kvstore_shards=2 --kvstore_replicas=1 --restart=never", &rc);
+      Trainctl("cluster up --dir=" + dir +
+                   " --trainers=2 --kvstore_shards=2 --kvstore_replicas=1 --restart=never",
+               &rc);
   ASSERT_EQ(rc, 0) << out;
   std::fprintf(stderr, "%s", out.c_str());
   std::vector<ClusterProcess> procs = ReadCluster(dir);

@@ -135,7 +135,8 @@ TEST(HealE2eTest, KilledShardAndTrainerComeBackOnTheirPorts) {
   const std::string dir = TmpDir("heal-always");
   Guard guard(dir);
   int rc;
-  std::string out = Trainctl("cluster up --trainers=1 --kvstore_shards=1 --kvstore_replicas=1 --dir=" + dir, &rc);
+  std::string out =
+      Trainctl("cluster up --trainers=1 --kvstore_shards=1 --kvstore_replicas=1 --dir=" + dir, &rc);
   ASSERT_EQ(rc, 0) << out;
   EXPECT_NE(out.find("restart=always"), std::string::npos) << out;
   std::string raw;
@@ -250,8 +251,10 @@ TEST(HealE2eTest, RestartNeverLeavesThemDown) {
   const std::string dir = TmpDir("heal-never");
   Guard guard(dir);
   int rc;
-  std::string out =
-      Trainctl("cluster up --trainers=1 --kvstore_shards=1 --kvstore_replicas=1 --restart=never --dir=" + dir, &rc);
+  std::string out = Trainctl(
+      "cluster up --trainers=1 --kvstore_shards=1 --kvstore_replicas=1 --restart=never --dir=" +
+          dir,
+      &rc);
   ASSERT_EQ(rc, 0) << out;
   std::string raw;
   Status before = ClusterStatus(dir, &rc, &raw);
@@ -299,7 +302,8 @@ TEST(HealE2eTest, ALostSupervisorShowsAndDownStillStopsEverything) {
   const std::string dir = TmpDir("heal-supervisor");
   Guard guard(dir);
   int rc;
-  std::string out = Trainctl("cluster up --trainers=0 --kvstore_shards=1 --kvstore_replicas=1 --dir=" + dir, &rc);
+  std::string out =
+      Trainctl("cluster up --trainers=0 --kvstore_shards=1 --kvstore_replicas=1 --dir=" + dir, &rc);
   ASSERT_EQ(rc, 0) << out;
   std::string raw;
   Status before = ClusterStatus(dir, &rc, &raw);

@@ -32,7 +32,13 @@ std::unique_ptr<grpc::ClientContext> Ctx() {
 
 KvstoreCluster::KvstoreCluster(const std::string& name, const std::string& env, bool restart,
                                int replicas)
-    : KvstoreCluster(name, KvstoreClusterOptions{env, restart, replicas}) {}
+    : KvstoreCluster(name, [&] {
+        KvstoreClusterOptions o;
+        o.env = env;
+        o.restart = restart;
+        o.replicas = replicas;
+        return o;
+      }()) {}
 
 KvstoreCluster::KvstoreCluster(const std::string& name, const KvstoreClusterOptions& options)
     : dir_(TmpDir(name)), replicas_(options.replicas) {
@@ -152,8 +158,11 @@ absl::Status KvstoreCluster::KvstoreJobOnShard(int i, const std::string& kv_job)
 }
 
 absl::StatusOr<std::vector<std::string>> KvstoreCluster::ShardJobs(int i) const {
-  DT_ASSIGN_OR_RETURN(std::string text,
-                      metrics::Scrape(PortOfUrl(shards_[static_cast<size_t>(i)].metrics_url)));
+  return JobsOn(shards_[static_cast<size_t>(i)]);
+}
+
+absl::StatusOr<std::vector<std::string>> KvstoreCluster::JobsOn(const ClusterProcess& p) const {
+  DT_ASSIGN_OR_RETURN(std::string text, metrics::Scrape(PortOfUrl(p.metrics_url)));
   std::vector<std::string> jobs;
   for (absl::string_view line : absl::StrSplit(text, '\n')) {
     if (!absl::ConsumePrefix(&line, "dtrain_kvstore_slices{job=\"")) continue;

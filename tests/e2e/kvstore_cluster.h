@@ -73,6 +73,10 @@ class KvstoreCluster {
   // The jobs shard `i` reports in its per-job metric series
   // (dtrain_kvstore_slices{job=...}), or an error if it cannot be scraped.
   absl::StatusOr<std::vector<std::string>> ShardJobs(int i) const;
+  // The same for any kvstore process (a replica).
+  absl::StatusOr<std::vector<std::string>> JobsOn(const ClusterProcess& p) const;
+  // Every kvstore process (replicas, shard-major).
+  const std::vector<ClusterProcess>& kvstore_processes() const { return shards_; }
 
  private:
   std::string dir_;

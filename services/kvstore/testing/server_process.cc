@@ -9,6 +9,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
+#include "libs/base/ports.h"
 #include "libs/base/status.h"
 
 namespace dtrain {
@@ -67,6 +68,9 @@ absl::Status ServerProcess::Restart(absl::Duration timeout) {
 absl::Status ServerProcess::Spawn(absl::Duration timeout) {
   unlink(port_file_.c_str());
   SubprocessOptions options;
+  // First start: a port below the ephemeral range, so Restart finds it free
+  // (libs/base/ports.h).
+  if (port_ == 0) port_ = PickRestartablePort();
   options.argv = {binary_, absl::StrCat("--listen=127.0.0.1:", port_),
                   absl::StrCat("--port_file=", port_file_)};
   options.argv.insert(options.argv.end(), flags_.begin(), flags_.end());
