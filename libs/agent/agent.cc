@@ -31,6 +31,11 @@ struct Agent::Job {
   // round that will never complete (a peer's push failed) ends at once.
   kvstore::ParameterServer* ps = nullptr;
   std::thread thread;
+  // Recovery in place (guarded by Agent::mu_): a collective failed and the
+  // job waits for a regroup (heartbeats say so); the newest generation the
+  // scheduler offered (HeartbeatReply.regroups).
+  bool peer_lost = false;
+  int offered_generation = 0;
 };
 
 namespace {
@@ -62,12 +67,122 @@ AgentObserver* NoObserver() {
 constexpr char kDrainClaim[] = "dtrain/drain/claim";
 constexpr char kDrainStep[] = "dtrain/drain/step";
 
+namespace {
+
+// The keys of membership generation G > 0 of an attempt: "gen<G>/<key>".
+class GenerationStore : public collective::Store {
+ public:
+  GenerationStore(collective::Store* base, int generation)
+      : base_(base), prefix_(absl::StrCat("gen", generation, "/")) {}
+  absl::Status Set(absl::string_view key, absl::string_view value) override {
+    return base_->Set(absl::StrCat(prefix_, key), value);
+  }
+  absl::StatusOr<std::string> Get(absl::string_view key, absl::Duration timeout) override {
+    return base_->Get(absl::StrCat(prefix_, key), timeout);
+  }
+  absl::StatusOr<int64_t> Add(absl::string_view key, int64_t delta) override {
+    return base_->Add(absl::StrCat(prefix_, key), delta);
+  }
+
+ private:
+  collective::Store* const base_;
+  const std::string prefix_;
+};
+
+}  // namespace
+
 // A running job's progress: to the observer, and (rank 0) to the scheduler;
 // its drain, agreed through `store` (null: one rank, nothing to agree).
 class Agent::Progress : public train::JobObserver {
  public:
-  Progress(Agent* agent, Job* job, collective::Store* store)
-      : agent_(agent), job_(job), store_(store) {}
+  // `attempt_store` (may be null): the attempt's rendezvous store, for
+  // regroups; `comm_options` those of the job's communicators.
+  Progress(Agent* agent, Job* job, collective::Store* store, collective::Store* attempt_store,
+           const collective::CommunicatorOptions& comm_options)
+      : agent_(agent),
+        job_(job),
+        store_(store),
+        attempt_store_(attempt_store),
+        comm_options_(comm_options),
+        generation_(job->assignment.generation()) {}
+
+  // Recovery in place (see agent.h): waits for the scheduler's next
+  // generation of the attempt and meets it.
+  absl::StatusOr<collective::Communicator*> Regroup(const absl::Status& failure) override {
+    const v1::Assignment& a = job_->assignment;
+    if (attempt_store_ == nullptr) return failure;
+    DT_LOG(INFO) << "job " << a.job_id() << " rank " << a.rank() << ": " << failure
+                 << "; waiting up to " << agent_->options_.regroup_wait
+                 << " for the scheduler to regroup the attempt";
+    int tried = generation_;  // generations that failed (or the current one)
+    for (;;) {
+      int generation = 0;
+      {
+        absl::MutexLock lock(&agent_->mu_);
+        // Until the regroup is connected, heartbeats say a peer is lost: a
+        // replacement that dies too is noticed as fast as the first loss.
+        job_->peer_lost = true;
+        agent_->wake_ = true;  // heartbeat now: the scheduler learns it at once
+        auto ready = [this, tried]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(agent_->mu_) {
+          return job_->stop || agent_->shutdown_ || job_->offered_generation > tried;
+        };
+        agent_->mu_.AwaitWithTimeout(absl::Condition(&ready), agent_->options_.regroup_wait);
+        if (job_->stop || agent_->shutdown_) {
+          job_->peer_lost = false;
+          return absl::CancelledError(
+              absl::StrCat("stopped while waiting to regroup (", job_->stop_reason, ")"));
+        }
+        if (job_->offered_generation <= tried) {
+          job_->peer_lost = false;
+          return absl::DeadlineExceededError(
+              absl::StrCat("no new membership from the scheduler within ",
+                           absl::FormatDuration(agent_->options_.regroup_wait)));
+        }
+        generation = job_->offered_generation;
+      }
+      stores_.push_back(std::make_unique<GenerationStore>(attempt_store_, generation));
+      const absl::Time start = absl::Now();
+      collective::CommunicatorOptions o = comm_options_;
+      o.timeout = std::min(o.timeout, agent_->options_.regroup_timeout);
+      absl::StatusOr<std::unique_ptr<collective::Communicator>> made =
+          agent_->options_.connect_communicator(a.rank(), a.world_size(), stores_.back().get(), o);
+      if (!made.ok()) {
+        absl::Status s = Annotate(made.status(), absl::StrCat("regroup of rank ", a.rank(),
+                                                              " in generation ", generation));
+        if (!IsTransient(s)) {
+          absl::MutexLock lock(&agent_->mu_);
+          job_->peer_lost = false;
+          return s;
+        }
+        // The replacement died too (or never came): the scheduler offers
+        // the next generation.
+        DT_LOG(WARNING) << "job " << a.job_id() << " rank " << a.rank() << ": " << s
+                        << "; waiting for the next generation";
+        tried = generation;
+        continue;
+      }
+      {
+        absl::MutexLock lock(&agent_->mu_);
+        job_->peer_lost = false;
+      }
+      DT_LOG(INFO) << "job " << a.job_id() << " rank " << a.rank() << ": generation " << generation
+                   << " connected in " << absl::Now() - start;
+      generation_ = generation;
+      comms_.push_back(*std::move(made));
+      return comms_.back().get();
+    }
+  }
+
+  void OnRecovered(double seconds, int64_t steps_lost) override {
+    v1::ProgressReport r;
+    r.set_generation(generation_);
+    r.set_recovery_seconds(std::max(seconds, 1e-6));
+    r.set_recovery_steps_lost(steps_lost);
+    DT_LOG(INFO) << "job " << job_->assignment.job_id() << " rank " << job_->assignment.rank()
+                 << ": recovered in place in " << seconds << " s, " << steps_lost
+                 << " steps lost (generation " << generation_ << ")";
+    agent_->Report(job_->assignment, v1::JOB_STATE_UNSPECIFIED, "", &r);
+  }
 
   bool DrainRequested(int64_t steps_done) override {
     if (drain_at_ < 0) {
@@ -151,6 +266,12 @@ class Agent::Progress : public train::JobObserver {
   Agent* const agent_;
   Job* const job_;
   collective::Store* const store_;
+  collective::Store* const attempt_store_;
+  const collective::CommunicatorOptions comm_options_;
+  int generation_;  // the membership this rank runs in
+  // Each regroup's store and communicator, alive until the job ends.
+  std::vector<std::unique_ptr<collective::Store>> stores_;
+  std::vector<std::unique_ptr<collective::Communicator>> comms_;
   absl::Time last_report_ = absl::InfinitePast();
   bool claimed_ = false;
   int64_t drain_at_ = -1;  // steps of this attempt after which it drains
@@ -231,12 +352,16 @@ void Agent::Run() {
     }
     Reap();
     Heartbeat();
+    bool awaiting_regroup = false;
     {
       // Drained: the scheduler heard it (when it could be reached).
       absl::MutexLock lock(&mu_);
       if (draining_ && current_ == nullptr && !next_.has_value()) break;
+      awaiting_regroup = current_ != nullptr && current_->peer_lost;
     }
-    WaitForWake(interval);
+    // A job waiting for a regroup hears of it sooner.
+    WaitForWake(awaiting_regroup ? std::min(interval, options_.regroup_heartbeat_interval)
+                                 : interval);
   }
   DT_LOG(INFO) << "shutting down";
   std::unique_ptr<Job> job;
@@ -280,6 +405,7 @@ void Agent::Heartbeat() {
     request.set_draining(draining_);
     if (current_ != nullptr && !current_->done) {
       request.add_running_job_ids(current_->assignment.job_id());
+      if (current_->peer_lost) request.add_peer_lost_job_ids(current_->assignment.job_id());
     }
     if (next_.has_value() &&
         (current_ == nullptr || current_->assignment.job_id() != next_->job_id())) {
@@ -323,6 +449,16 @@ void Agent::Heartbeat() {
         !current_->drain) {
       DT_LOG(INFO) << "job " << id << ": the scheduler drains this trainer";
       current_->drain = true;
+    }
+  }
+  for (const v1::Regroup& g : reply->regroups()) {
+    absl::MutexLock lock(&mu_);
+    if (current_ != nullptr && !current_->done && current_->assignment.job_id() == g.job_id() &&
+        current_->assignment.attempt() == g.attempt() &&
+        g.generation() > current_->offered_generation &&
+        g.generation() > current_->assignment.generation()) {
+      DT_LOG(INFO) << "job " << g.job_id() << ": regroup in generation " << g.generation();
+      current_->offered_generation = g.generation();
     }
   }
   for (const v1::Assignment& a : reply->assignments()) Accept(a);
@@ -540,6 +676,7 @@ absl::Status Agent::RunAssignment(Job* job, train::JobProgress* progress,
   const int world = plan.config.world_size;
 
   std::unique_ptr<collective::Store> store;
+  std::unique_ptr<collective::Store> generation_store;
   std::unique_ptr<collective::Communicator> comm;
   switch (plan.gradient_path) {
     case GradientPath::kLocal:
@@ -558,9 +695,17 @@ absl::Status Agent::RunAssignment(Job* job, train::JobProgress* progress,
     case GradientPath::kAllreduceTcp:
     case GradientPath::kAllreduceNccl: {
       store = cluster_->RendezvousStore(trainer_id(), a.job_id(), a.attempt());
+      // Generation G > 0 (a replacement joining a running attempt) meets
+      // under its own keys.
+      if (a.generation() > 0) {
+        generation_store = std::make_unique<GenerationStore>(store.get(), a.generation());
+      }
+      plan.config.join = a.join();
       const absl::Time start = absl::Now();
       absl::StatusOr<std::unique_ptr<collective::Communicator>> made =
-          options_.connect_communicator(rank, world, store.get(), plan.communicator_options);
+          options_.connect_communicator(
+              rank, world, generation_store != nullptr ? generation_store.get() : store.get(),
+              plan.communicator_options);
       if (!made.ok()) {
         return Annotate(made.status(), absl::StrCat("rendezvous of rank ", rank, " of ", world));
       }
@@ -579,7 +724,12 @@ absl::Status Agent::RunAssignment(Job* job, train::JobProgress* progress,
   if (store == nullptr && world > 1) {
     store = cluster_->RendezvousStore(trainer_id(), a.job_id(), a.attempt());
   }
-  Progress observer(this, job, world > 1 ? store.get() : nullptr);
+  // Recovery in place: host-transport allreduce (CPU replicas) only.
+  const bool regroups = plan.gradient_path == GradientPath::kAllreduceTcp && world > 1 &&
+                        std::all_of(plan.config.devices.begin(), plan.config.devices.end(),
+                                    [](const Device& d) { return d.is_cpu(); });
+  Progress observer(this, job, world > 1 ? store.get() : nullptr, regroups ? store.get() : nullptr,
+                    plan.communicator_options);
   return train::RunJob(plan.config, &observer, progress);
 }
 

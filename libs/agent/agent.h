@@ -80,6 +80,23 @@
 // checkpoint (checkpoint_step) and the scheduler requeues the job from it
 // without counting the attempt.
 //
+// Recovery in place (ALLREDUCE jobs over a host transport, CPU devices):
+// when a step fails because a peer is gone, train::RunJob asks the job's
+// observer to regroup (libs/train/job.h). The job keeps its state; its
+// heartbeats (sent at once, then every regroup_heartbeat_interval) list it
+// in peer_lost_job_ids, so the scheduler declares the silent peer lost
+// without waiting for its heartbeat timeout and, when a spare trainer is
+// free, puts it in the lost rank's place in a new generation of the attempt
+// (HeartbeatReply.regroups). The job then connects a new communicator under
+// the generation's rendezvous keys ("gen<G>/...", same attempt store) and
+// RunJob continues; the rank that sent the state reports the recovery
+// (ProgressReport.recovery_seconds). An Assignment with join set (the spare)
+// connects under its generation's keys and passes JobConfig::join. With no
+// regroup within regroup_wait, or when the scheduler cancels the job
+// instead (it requeued the attempt: no spare), the job ends as before
+// (FAILED and retryable, or CANCELLED). Drains keep using the attempt's
+// own keys, which every generation shares.
+//
 // Thread-safety: Shutdown() may be called from any thread at any time; Run()
 // is called once. The observer is called on job threads, one job at a time.
 #ifndef DTRAIN_LIBS_AGENT_AGENT_H_
@@ -156,6 +173,14 @@ struct AgentOptions {
   absl::Duration report_interval = absl::Seconds(1);
   // How long an assignment waits for the previous job to end.
   absl::Duration previous_job_wait = absl::Seconds(30);
+  // Recovery in place: how long a job whose collective failed waits for the
+  // scheduler's regroup, and the heartbeat interval meanwhile.
+  absl::Duration regroup_wait = absl::Seconds(30);
+  absl::Duration regroup_heartbeat_interval = absl::Milliseconds(200);
+  // A regroup's communicator waits at most this long for its peers (the
+  // replacement may die before it connects: the survivors then wait for
+  // the next generation) and for each of its operations afterwards.
+  absl::Duration regroup_timeout = absl::Seconds(15);
 };
 
 class Agent {

@@ -1,6 +1,7 @@
 #include "libs/scheduler/scheduler.h"
 
 #include <algorithm>
+#include <iterator>
 #include <set>
 
 #include "absl/strings/numbers.h"
@@ -53,6 +54,10 @@ absl::Status Scheduler::Replay(const std::vector<std::string>& records) {
     }
     if (numbered) job.seq = n;
   }
+  // Versions handed out before the restart may run ahead of the clock by
+  // a microsecond per change made faster than that (a burst of progress
+  // reports): starting a second ahead covers a million of them.
+  version_ = std::max(version_, absl::ToUnixMicros(absl::Now()) + 1000000);
   for (auto& [id, job] : jobs_) {
     job.status.set_version(NextVersion());
     if (job.status.state() == v1::RUNNING) {
@@ -300,6 +305,29 @@ absl::StatusOr<HeartbeatReply> Scheduler::Heartbeat(const HeartbeatRequest& requ
     if (absl::Status s = StartDrain(&t, "it is going away"); !s.ok()) LogRefusal(s);
   }
   HeartbeatReply reply;
+  for (const std::string& id : request.peer_lost_job_ids()) {
+    auto jt = jobs_.find(id);
+    if (id != t.job_id || jt == jobs_.end() || jt->second.status.state() != v1::RUNNING ||
+        !InPlacement(jt->second, t)) {
+      continue;
+    }
+    Job& job = jt->second;
+    if (!job.peer_lost) {
+      DT_LOG(INFO) << "job " << id << ": trainer " << t.id << " lost a peer";
+    }
+    job.peer_lost = true;
+    const absl::Time now = options_.now();
+    for (const std::string& other : Placement(job)) {
+      auto ot = trainers_.find(other);
+      if (other == t.id || ot == trainers_.end()) continue;
+      const absl::Duration silent = now - ot->second.last_heartbeat;
+      if (silent > PeerLostTimeout()) {
+        LoseTrainer(other, absl::StrCat("a peer's collectives failed and it has not heartbeated "
+                                        "for ",
+                                        absl::FormatDuration(silent)));
+      }
+    }
+  }
   std::set<std::string> running(request.running_job_ids().begin(), request.running_job_ids().end());
   // Jobs the trainer still runs but should not (cancelled, reassigned).
   for (const std::string& id : running) {
@@ -349,7 +377,20 @@ absl::StatusOr<HeartbeatReply> Scheduler::Heartbeat(const HeartbeatRequest& requ
             options_.job_token_secret, security::KvstoreJobName(a->job_id(), a->attempt()),
             options_.now() + options_.job_token_lifetime));
       }
+      a->set_generation(jt->second.status.generation());
+      a->set_join(t.join);
       t.delivered = true;
+    }
+  }
+  if (!t.job_id.empty() && t.delivered && !t.join) {
+    auto jt = jobs_.find(t.job_id);
+    if (jt != jobs_.end() && jt->second.status.state() == v1::RUNNING &&
+        jt->second.status.generation() > 0 && InPlacement(jt->second, t)) {
+      v1::Regroup* g = reply.add_regroups();
+      g->set_job_id(t.job_id);
+      g->set_attempt(jt->second.status.attempts());
+      g->set_generation(jt->second.status.generation());
+      *g->mutable_trainer_ids() = jt->second.status.trainers();
     }
   }
   if (t.draining && !t.job_id.empty() && t.delivered) reply.add_drain_job_ids(t.job_id);
@@ -417,6 +458,37 @@ absl::StatusOr<bool> Scheduler::ReportProgress(const ProgressReport& r) {
     Touch(&next);
     // Steps, losses and rates between epochs are not logged.
     log = new_epoch || new_checkpoint;
+  }
+  if (r.recovery_seconds() > 0 && r.generation() == next.generation() &&
+      r.generation() > job.recovered_generation) {
+    next.set_recoveries(next.recoveries() + 1);
+    next.set_last_recovery_seconds(r.recovery_seconds());
+    next.set_steps_lost(next.steps_lost() + r.recovery_steps_lost());
+    SetState(&next, v1::RUNNING,
+             absl::StrFormat("%s; recovered in place on trainer %s in %.1f s (generation %d, %d "
+                             "step%s lost)",
+                             job.recovery_note, job.recovery_trainer, r.recovery_seconds(),
+                             r.generation(), r.recovery_steps_lost(),
+                             r.recovery_steps_lost() == 1 ? "" : "s"));
+    log = true;
+  }
+  const bool recovered = next.recoveries() > job.status.recoveries();
+  if (recovered) {
+    DT_RETURN_IF_ERROR(Commit(&job, std::move(next)));
+    next = job.status;
+    job.recovered_generation = r.generation();
+    job.peer_lost = false;
+    ++recoveries_;
+    recovery_sum_ += r.recovery_seconds();
+    size_t bucket = 0;
+    while (bucket < std::size(kRecoverySecondsBounds) &&
+           r.recovery_seconds() > kRecoverySecondsBounds[bucket]) {
+      ++bucket;
+    }
+    recovery_counts_.resize(std::size(kRecoverySecondsBounds) + 1);
+    ++recovery_counts_[bucket];
+    DT_LOG(INFO) << "job " << job.status.id() << ": " << job.status.events().rbegin()->reason();
+    log = false;
   }
   if (!final) {
     if (log) {
@@ -643,6 +715,7 @@ void Scheduler::Schedule() {
     next.set_epoch(0);
     next.set_step(0);
     next.set_attempts(next.attempts() + 1);
+    next.set_generation(0);
     SetState(&next, v1::RUNNING, absl::StrCat("placed on ", absl::StrJoin(next.trainers(), ", ")));
     absl::Status s = Commit(job, std::move(next));
     if (!s.ok()) {
@@ -652,10 +725,13 @@ void Scheduler::Schedule() {
       return;
     }
     job->rank_done.assign(fit.size(), false);
+    job->peer_lost = false;
+    job->recovered_generation = 0;
     for (size_t rank = 0; rank < fit.size(); ++rank) {
       fit[rank]->job_id = job->status.id();
       fit[rank]->rank = static_cast<int>(rank);
       fit[rank]->delivered = false;
+      fit[rank]->join = false;
     }
     Kv& kv = kv_[job->status.id()];
     kv = Kv();
@@ -794,6 +870,13 @@ bool Scheduler::LoseTrainer(const std::string& trainer_id, const std::string& wh
   if (placed_here) {
     Job& job = jt->second;
     placed = Placement(job);
+    if (RecoverInPlace(&job, it->second, why)) {
+      DT_LOG(WARNING) << "trainer " << trainer_id << " lost: " << why;
+      lost_.push_back(ToStatus(it->second, v1::LOST));
+      if (lost_.size() > kMaxLostTrainersListed) lost_.pop_front();
+      trainers_.erase(it);
+      return true;
+    }
     JobStatus next = job.status;
     std::string reason = absl::StrCat("trainer ", trainer_id, " lost (", why, ")");
     if (options_.requeue_on_trainer_loss) {
@@ -817,12 +900,71 @@ bool Scheduler::LoseTrainer(const std::string& trainer_id, const std::string& wh
   return true;
 }
 
+absl::Duration Scheduler::PeerLostTimeout() const {
+  return std::min(options_.heartbeat_timeout, options_.heartbeat_interval * 2);
+}
+
+bool Scheduler::RecoverInPlace(Job* job, const Trainer& lost, const std::string& why) {
+  const JobSpec& spec = job->status.spec();
+  // CPU trainers only: the trainers regroup over host transports.
+  if (!options_.recover_in_place || spec.sync().mode() == v1::KVSTORE ||
+      spec.device_kind() == "cuda" || job->status.trainers_size() < 2 || lost.rank < 0 ||
+      lost.rank >= static_cast<int>(job->rank_done.size()) || job->rank_done[lost.rank]) {
+    return false;
+  }
+  // The survivors must hold a state to send: the job made progress (or
+  // already regrouped). A loss before that (the ranks may still be meeting
+  // for the first time) requeues.
+  if (job->status.generation() == 0 && job->status.epoch() == 0 && job->status.step() == 0) {
+    return false;
+  }
+  Trainer* spare = nullptr;
+  for (auto& [id, t] : trainers_) {
+    if (id == lost.id || !t.job_id.empty() || t.draining || t.last_heartbeat <= t.placeable_after ||
+        !Fits(t, spec)) {
+      continue;
+    }
+    if (spare == nullptr || t.order < spare->order) spare = &t;
+  }
+  if (spare == nullptr) {
+    DT_LOG(INFO) << "job " << job->status.id() << ": no free trainer to recover rank " << lost.rank
+                 << " in place";
+    return false;
+  }
+  JobStatus next = job->status;
+  next.set_trainers(lost.rank, spare->id);
+  next.set_generation(next.generation() + 1);
+  SetState(&next, v1::RUNNING,
+           absl::StrCat("rank ", lost.rank, " lost on trainer ", lost.id, " (", why,
+                        "); recovering in place on trainer ", spare->id, " (generation ",
+                        next.generation(), ")"));
+  if (absl::Status s = Commit(job, std::move(next)); !s.ok()) {
+    LogRefusal(s);
+    return false;
+  }
+  job->recovery_note = absl::StrCat("rank ", lost.rank, " lost on trainer ", lost.id);
+  job->recovery_trainer = spare->id;
+  job->peer_lost = false;
+  job->rank_done[lost.rank] = false;
+  spare->job_id = job->status.id();
+  spare->rank = lost.rank;
+  spare->delivered = false;
+  spare->join = true;
+  DT_LOG(WARNING) << "job " << job->status.id() << ": " << job->status.events().rbegin()->reason();
+  return true;
+}
+
 int Scheduler::CheckLiveness() {
   absl::MutexLock lock(&mu_);
   const absl::Time now = options_.now();
   std::vector<std::string> lost;
   for (const auto& [id, t] : trainers_) {
-    if (now - t.last_heartbeat > options_.heartbeat_timeout) lost.push_back(id);
+    absl::Duration timeout = options_.heartbeat_timeout;
+    if (auto jt = jobs_.find(t.job_id);
+        jt != jobs_.end() && jt->second.peer_lost && jt->second.status.state() == v1::RUNNING) {
+      timeout = PeerLostTimeout();
+    }
+    if (now - t.last_heartbeat > timeout) lost.push_back(id);
   }
   int n = 0;
   for (const std::string& id : lost) {
@@ -886,6 +1028,10 @@ SchedulerStats Scheduler::Stats() const {
   s.queue_length = s.jobs_by_state[v1::QUEUED];
   s.trainers_alive = static_cast<int64_t>(trainers_.size());
   for (const auto& [id, t] : trainers_) s.trainers_busy += t.job_id.empty() ? 0 : 1;
+  s.recoveries = recoveries_;
+  s.recovery_seconds_counts = recovery_counts_;
+  s.recovery_seconds_counts.resize(std::size(kRecoverySecondsBounds) + 1);
+  s.recovery_seconds_sum = recovery_sum_;
   return s;
 }
 

@@ -28,6 +28,28 @@
 // resumes from the newest one (Assignment.resume_checkpoint), so a requeued
 // job loses at most checkpoint_interval_epochs of work.
 //
+// Recovery in place (CPU ALLREDUCE jobs of several trainers, recover_in_place):
+// when a trainer of a running attempt that has reported progress (or
+// regrouped already) is lost and a free trainer that fits the job exists,
+// the attempt is not requeued. The job's generation goes up,
+// the spare takes the lost rank (an Assignment with the generation and
+// join set: it receives the state from the survivors), and every other
+// trainer of the attempt is told to regroup (HeartbeatReply.regroups, in
+// every reply while the generation is > 0): the survivors keep their model
+// and optimizer state in memory and meet the spare under the generation's
+// rendezvous keys. The event says "rank R lost on trainer X (...);
+// recovering in place on trainer Y (generation G)". The rank that sent the
+// state reports the recovery time and the steps lost once the first step
+// after it completed (ProgressReport.recovery_seconds): JobStatus.recoveries,
+// last_recovery_seconds and steps_lost grow and an event says "recovered in
+// place on trainer Y in 2.1 s". With no spare the attempt is requeued as
+// before; a survivor that cannot regroup reports a retryable failure, which
+// requeues it too. Survivors see a lost peer at once (their collectives
+// fail) and say so in their heartbeats (peer_lost_job_ids): the job's
+// trainers silent for more than 2 heartbeat intervals are then lost at
+// once (in that heartbeat or the next CheckLiveness) instead of after
+// heartbeat_timeout.
+//
 // Drain: a trainer is DRAINING once DrainTrainer names it or it heartbeats
 // with draining set (it got SIGTERM); no work is placed on it again (until
 // it registers anew). An assignment it has not received yet is taken back
@@ -139,6 +161,9 @@ struct SchedulerOptions {
   absl::Duration heartbeat_interval = absl::Seconds(1);
   // On trainer loss: true puts the job back in the queue, false fails it.
   bool requeue_on_trainer_loss = true;
+  // On trainer loss: an ALLREDUCE job continues on a spare trainer within
+  // the same attempt (see "Recovery in place") when one is free.
+  bool recover_in_place = true;
   // A job is placed at most this many times (the first run included); when a
   // trainer of its last attempt is lost, it FAILS with the reason.
   int max_attempts = 5;
@@ -160,7 +185,16 @@ struct SchedulerStats {
   int64_t queue_length = 0;
   int64_t trainers_alive = 0;
   int64_t trainers_busy = 0;
+  // Completed recoveries in place since the scheduler started, and their
+  // times (failed step -> next completed step) as a histogram: counts per
+  // upper bound of kRecoverySecondsBounds, then above the last.
+  int64_t recoveries = 0;
+  std::vector<int64_t> recovery_seconds_counts;
+  double recovery_seconds_sum = 0;
 };
+
+// Upper bounds (seconds) of the recovery time histogram.
+inline constexpr double kRecoverySecondsBounds[] = {0.5, 1, 2, 3, 5, 10, 30, 60, 120};
 
 bool IsFinal(JobState state);
 
@@ -258,6 +292,14 @@ class Scheduler {
     JobStatus status;
     int64_t seq = 0;  // arrival order
     std::vector<bool> rank_done;
+    // A survivor said a peer is gone (HeartbeatRequest.peer_lost_job_ids):
+    // its silent trainers are lost after 2 heartbeat intervals.
+    bool peer_lost = false;
+    // The last generation whose recovery was reported, and what the event
+    // of the current one says ("rank 1 lost on trainer-2").
+    int recovered_generation = 0;
+    std::string recovery_note;
+    std::string recovery_trainer;
   };
   // One job attempt's rendezvous table.
   struct Kv {
@@ -280,6 +322,7 @@ class Scheduler {
     std::vector<std::string> cancels;
     int64_t order = 0;
     bool draining = false;  // no new work (DrainTrainer, or SIGTERM)
+    bool join = false;      // replaces a lost rank (Assignment.join)
   };
 
   explicit Scheduler(SchedulerOptions options) : options_(std::move(options)) {}
@@ -322,6 +365,13 @@ class Scheduler {
   // logged.
   bool LoseTrainer(const std::string& trainer_id, const std::string& why)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Recovery in place of `job` after its trainer `lost` is gone: a spare
+  // takes the rank in a new generation. False (nothing changed) when the
+  // job does not recover in place, no spare is free or the log refuses.
+  bool RecoverInPlace(Job* job, const Trainer& lost, const std::string& why)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The silence after which a trainer of a job with a lost peer is lost.
+  absl::Duration PeerLostTimeout() const;
   // Whether `t` holds rank t.rank of job's current placement (not a stale
   // one that was told to stop).
   static bool InPlacement(const Job& job, const Trainer& t);
@@ -355,6 +405,9 @@ class Scheduler {
     return version_;
   }
   int64_t version_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t recoveries_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<int64_t> recovery_counts_ ABSL_GUARDED_BY(mu_);
+  double recovery_sum_ ABSL_GUARDED_BY(mu_) = 0;
   // A failed compaction is retried once the log holds this many records.
   int64_t next_compaction_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Time last_refusal_log_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <iterator>
 #include <memory>
 
 #include "absl/strings/str_cat.h"
@@ -76,6 +77,20 @@ class SchedulerTest : public ::testing::Test {
     r.set_test_accuracy(0.8);
     r.set_final_state(state);
     return r;
+  }
+
+  // Rank 0 reports a step: the job made progress (recovery in place needs it).
+  static void Progressed(Scheduler* s, const std::string& job, const std::string& t0,
+                         const std::string& t1) {
+    for (const std::string& t : {t0, t1}) {
+      ProgressReport p;
+      p.set_trainer_id(t);
+      p.set_job_id(job);
+      p.set_rank(0);
+      p.set_step(3);
+      if (s->ReportProgress(p).ok()) return;  // the one holding rank 0
+    }
+    ADD_FAILURE() << "no trainer holds rank 0 of " << job;
   }
 
   static std::string TmpPath(const std::string& name) {
@@ -958,6 +973,182 @@ TEST_F(SchedulerTest, ListPageSizeDefaultAndLimit) {
   ASSERT_TRUE(page.ok()) << page.status();
   EXPECT_EQ(page->jobs.size(), 5u);
   EXPECT_TRUE(page->next_page_token.empty());
+}
+
+// Recovery in place: a lost rank of a running ALLREDUCE job goes to a free
+// trainer within the same attempt (a new generation); the survivor is told
+// to regroup, the spare to join; the root's report completes the recovery.
+TEST_F(SchedulerTest, LostRankIsReplacedInPlaceByASpare) {
+  auto s = Open(Options());
+  auto job = s->Submit(Spec("r", 2));
+  std::string t1 = AddTrainer(s.get());
+  std::string t2 = AddTrainer(s.get());
+  HeartbeatReply a1 = Beat(s.get(), t1);
+  ASSERT_EQ(a1.assignments_size(), 1);
+  ASSERT_EQ(Beat(s.get(), t2).assignments_size(), 1);
+  EXPECT_EQ(a1.assignments(0).generation(), 0);
+  EXPECT_FALSE(a1.assignments(0).join());
+  const int r1 = a1.assignments(0).rank(), r2 = 1 - r1;
+  std::string spare = AddTrainer(s.get());
+  EXPECT_EQ(Beat(s.get(), spare).assignments_size(), 0);
+  EXPECT_EQ(Beat(s.get(), t1, {job->id()}).regroups_size(), 0);  // generation 0: nothing
+  Progressed(s.get(), job->id(), t1, t2);
+
+  now_ += absl::Seconds(11);
+  Beat(s.get(), t1, {job->id()});
+  Beat(s.get(), spare);
+  EXPECT_EQ(s->CheckLiveness(), 1);
+  auto st = s->Get(job->id());
+  ASSERT_TRUE(st.ok());
+  EXPECT_EQ(st->state(), v1::RUNNING);
+  EXPECT_EQ(st->attempts(), 1);
+  EXPECT_EQ(st->generation(), 1);
+  ASSERT_EQ(st->trainers_size(), 2);
+  EXPECT_EQ(st->trainers(r1), t1);
+  EXPECT_EQ(st->trainers(r2), spare);
+  const std::string lost_event = st->events().rbegin()->reason();
+  EXPECT_NE(lost_event.find(absl::StrCat("rank ", r2, " lost on trainer ", t2)), std::string::npos)
+      << lost_event;
+  EXPECT_NE(lost_event.find("recovering in place on trainer " + spare + " (generation 1)"),
+            std::string::npos)
+      << lost_event;
+
+  // The spare joins: the lost rank, the same attempt, generation 1.
+  HeartbeatReply joined = Beat(s.get(), spare);
+  ASSERT_EQ(joined.assignments_size(), 1);
+  EXPECT_EQ(joined.assignments(0).rank(), r2);
+  EXPECT_EQ(joined.assignments(0).attempt(), 1);
+  EXPECT_EQ(joined.assignments(0).generation(), 1);
+  EXPECT_TRUE(joined.assignments(0).join());
+  EXPECT_EQ(Beat(s.get(), spare, {job->id()}).regroups_size(), 0);
+  // The survivor regroups (in every heartbeat) and is not told to stop.
+  for (int i = 0; i < 2; ++i) {
+    HeartbeatReply survivor = Beat(s.get(), t1, {job->id()});
+    EXPECT_EQ(survivor.cancel_job_ids_size(), 0);
+    EXPECT_EQ(survivor.assignments_size(), 0);
+    ASSERT_EQ(survivor.regroups_size(), 1);
+    EXPECT_EQ(survivor.regroups(0).job_id(), job->id());
+    EXPECT_EQ(survivor.regroups(0).attempt(), 1);
+    EXPECT_EQ(survivor.regroups(0).generation(), 1);
+    ASSERT_EQ(survivor.regroups(0).trainer_ids_size(), 2);
+    EXPECT_EQ(survivor.regroups(0).trainer_ids(r2), spare);
+  }
+  // Both may use the attempt's rendezvous store.
+  StoreSetRequest set;
+  set.set_trainer_id(spare);
+  set.set_job_id(job->id());
+  set.set_attempt(1);
+  set.set_key("gen1/k");
+  set.set_value("v");
+  EXPECT_TRUE(s->StoreSet(set).ok());
+
+  // The rank that sent the state reports the recovery, once.
+  ProgressReport rec;
+  rec.set_trainer_id(t1);
+  rec.set_job_id(job->id());
+  rec.set_rank(r1);
+  rec.set_attempt(1);
+  rec.set_generation(1);
+  rec.set_recovery_seconds(2.5);
+  rec.set_recovery_steps_lost(1);
+  ASSERT_TRUE(s->ReportProgress(rec).ok());
+  ASSERT_TRUE(s->ReportProgress(rec).ok());
+  st = s->Get(job->id());
+  EXPECT_EQ(st->recoveries(), 1);
+  EXPECT_DOUBLE_EQ(st->last_recovery_seconds(), 2.5);
+  EXPECT_EQ(st->steps_lost(), 1);
+  EXPECT_NE(st->events().rbegin()->reason().find(absl::StrCat(
+                "rank ", r2, " lost on trainer ", t2, "; recovered in place on trainer ", spare,
+                " in 2.5 s (generation 1, 1 step lost)")),
+            std::string::npos)
+      << st->events().rbegin()->reason();
+  SchedulerStats stats = s->Stats();
+  EXPECT_EQ(stats.recoveries, 1);
+  EXPECT_DOUBLE_EQ(stats.recovery_seconds_sum, 2.5);
+  ASSERT_EQ(stats.recovery_seconds_counts.size(), std::size(kRecoverySecondsBounds) + 1);
+  // 2.5 s falls in (2, 3]: the fourth bucket.
+  ASSERT_EQ(kRecoverySecondsBounds[3], 3);
+  for (size_t b = 0; b < stats.recovery_seconds_counts.size(); ++b) {
+    EXPECT_EQ(stats.recovery_seconds_counts[b], b == 3 ? 1 : 0) << b;
+  }
+  // Both ranks finish: the job succeeds on its first attempt.
+  ASSERT_TRUE(s->ReportProgress(Final(t1, job->id(), r1, v1::SUCCEEDED)).ok());
+  ASSERT_TRUE(s->ReportProgress(Final(spare, job->id(), r2, v1::SUCCEEDED)).ok());
+  st = s->Get(job->id());
+  EXPECT_EQ(st->state(), v1::SUCCEEDED);
+  EXPECT_EQ(st->attempts(), 1);
+}
+
+// A survivor that says its peer is gone gets the silent trainer declared
+// lost after 2 heartbeat intervals instead of the heartbeat timeout.
+TEST_F(SchedulerTest, PeerLostHeartbeatLosesTheSilentTrainerEarly) {
+  SchedulerOptions o = Options();
+  o.heartbeat_interval = absl::Seconds(1);
+  auto s = Open(o);
+  auto job = s->Submit(Spec("p", 2));
+  std::string t1 = AddTrainer(s.get());
+  std::string t2 = AddTrainer(s.get());
+  Beat(s.get(), t1);
+  Beat(s.get(), t2);
+  std::string spare = AddTrainer(s.get());
+  Progressed(s.get(), job->id(), t1, t2);
+  HeartbeatRequest lost;
+  lost.set_trainer_id(t1);
+  lost.add_running_job_ids(job->id());
+  lost.add_peer_lost_job_ids(job->id());
+  now_ += absl::Milliseconds(1500);
+  ASSERT_TRUE(s->Heartbeat(lost).ok());
+  EXPECT_EQ(s->Get(job->id())->generation(), 0);  // t2 silent 1.5 s: not yet
+  now_ += absl::Milliseconds(1000);
+  Beat(s.get(), spare);
+  ASSERT_TRUE(s->Heartbeat(lost).ok());
+  auto st = s->Get(job->id());
+  EXPECT_EQ(st->generation(), 1);
+  EXPECT_NE(st->events().rbegin()->reason().find("a peer's collectives failed"), std::string::npos)
+      << st->events().rbegin()->reason();
+  EXPECT_EQ(s->Stats().trainers_alive, 2);
+  // Without the survivor's word, CheckLiveness keeps the heartbeat timeout.
+  now_ += absl::Seconds(3);
+  Beat(s.get(), t1, {job->id()});
+  EXPECT_EQ(s->CheckLiveness(), 0);
+}
+
+// No free trainer, a KVSTORE job, recover_in_place off, no progress yet, or
+// a CUDA job: the attempt is requeued as before.
+TEST_F(SchedulerTest, WithoutASpareOrForKvstoreJobsTheAttemptIsRequeued) {
+  for (int variant = 0; variant < 5; ++variant) {
+    SCOPED_TRACE(variant);
+    SchedulerOptions o = Options();
+    o.recover_in_place = variant != 2;
+    auto s = Open(o);
+    const std::string kind = variant == 4 ? "cuda" : "cpu";
+    JobSpec spec = Spec("q", 2, 0, kind);
+    if (variant == 1) spec.mutable_sync()->set_mode(v1::KVSTORE);
+    auto job = s->Submit(spec);
+    ASSERT_TRUE(job.ok()) << job.status();
+    const std::string device = variant == 4 ? "cuda:0" : "cpu";
+    std::string t1 = AddTrainer(s.get(), device);
+    std::string t2 = AddTrainer(s.get(), device);
+    Beat(s.get(), t1);
+    Beat(s.get(), t2);
+    if (variant != 3) Progressed(s.get(), job->id(), t1, t2);
+    if (variant != 0) AddTrainer(s.get(), device);  // a spare, not used
+    now_ += absl::Seconds(11);
+    Beat(s.get(), t1, {job->id()});
+    for (const auto& t : s->ListTrainers()) {
+      if (t.id() != t1 && t.id() != t2 && t.state() != v1::LOST) Beat(s.get(), t.id());
+    }
+    EXPECT_EQ(s->CheckLiveness(), 1);
+    auto st = s->Get(job->id());
+    EXPECT_NE(st->state(), v1::RUNNING) << st->DebugString();
+    EXPECT_EQ(st->generation(), 0);
+    EXPECT_EQ(st->recoveries(), 0);
+    bool requeued = false;
+    for (const auto& e : st->events()) {
+      if (e.state() == v1::QUEUED && e.reason().find("lost") != std::string::npos) requeued = true;
+    }
+    EXPECT_TRUE(requeued) << st->DebugString();
+  }
 }
 
 }  // namespace

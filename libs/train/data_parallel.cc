@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <map>
 #include <optional>
 
 #include "absl/strings/str_cat.h"
@@ -416,6 +417,89 @@ absl::StatusOr<float> DataParallelTrainer::Step(const Tensor& x, const Tensor& l
   double loss = 0;
   for (int r = 0; r < s.k; ++r) loss += s.weights[r] * s.losses[r];
   return static_cast<float>(loss);
+}
+
+absl::Status DataParallelTrainer::Regroup(collective::Communicator* comm, int root) {
+  Impl& s = *impl_;
+  if (comm == nullptr) return absl::InvalidArgumentError("Regroup needs a communicator");
+  if (s.cuda_replicas || s.options.sync_batch_norm || s.options.kvstore != nullptr) {
+    return absl::UnimplementedError(
+        "recovery in place is implemented for CPU replicas with allreduce and no "
+        "sync_batch_norm");
+  }
+  if (root < 0 || root >= comm->size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("Regroup: root ", root, " is not a rank of ", comm->size()));
+  }
+  // The failed step poisoned the engine variables it wrote (engine.h): fresh
+  // ones, and every error it left is collected.
+  for (int i = 0; i < 1000 && !s.engine->WaitAll().ok(); ++i) {
+  }
+  for (int r = 0; r < s.k; ++r) s.replica_vars[r] = s.engine->NewVar(absl::StrCat("replica", r));
+  for (size_t b = 0; b < s.bucket_vars.size(); ++b) {
+    s.bucket_vars[b] = s.engine->NewVar(absl::StrCat("bucket", b));
+  }
+  DataParallelOptions o = s.options;
+  o.communicator = comm;
+  DT_ASSIGN_OR_RETURN(std::unique_ptr<GradientSync> sync, CreateGradientSync(o));
+  if (std::string(sync->name()) != "allreduce") {
+    return absl::UnimplementedError(
+        absl::StrCat("recovery in place with the ", sync->name(), " strategy"));
+  }
+  sync->Attach(s.reducer.get());
+  s.sync = std::move(sync);
+  s.options = o;
+  const bool is_root = comm->rank() == root;
+  auto broadcast = [&](Tensor* t, const std::string& what) {
+    return Annotate(
+        comm->Broadcast(t->raw_data(), static_cast<size_t>(t->numel()), DType::kF32, root),
+        absl::StrCat("regroup: broadcast of ", what, " from rank ", root));
+  };
+  nn::Module* m0 = s.replicas[0].get();
+  for (auto& [name, v] : m0->NamedParameters()) {
+    DT_RETURN_IF_ERROR(broadcast(&v.mutable_value(), name));
+  }
+  for (auto& [name, t] : m0->NamedBuffers()) DT_RETURN_IF_ERROR(broadcast(t, name));
+  // Momentum exists after the first step: the root says whether it has it.
+  std::map<std::string, Tensor*> mine;
+  for (auto& [name, t] : s.optimizers[0]->NamedState()) mine[name] = t;
+  float has_momentum = is_root && !mine.empty() ? 1.0f : 0.0f;
+  DT_RETURN_IF_ERROR(
+      Annotate(comm->Broadcast(&has_momentum, 1, DType::kF32, root), "regroup: momentum flag"));
+  if (has_momentum > 0) {
+    DT_RETURN_IF_ERROR(
+        s.optimizers[0]->LoadState([&](const std::string& name, Tensor* dst) -> absl::Status {
+          if (is_root) {
+            auto it = mine.find(name);
+            if (it == mine.end()) return absl::InternalError("no momentum for " + name);
+            DT_RETURN_IF_ERROR(dst->CopyFrom(*it->second));
+          }
+          return broadcast(dst, name);
+        }));
+  }
+  // Every local replica holds replica 0's state.
+  const size_t np = s.params[0].size();
+  std::vector<std::pair<std::string, Tensor*>> buffers0 = m0->NamedBuffers();
+  std::map<std::string, Tensor*> momentum0;
+  for (auto& [name, t] : s.optimizers[0]->NamedState()) momentum0[name] = t;
+  for (int r = 1; r < s.k; ++r) {
+    for (size_t p = 0; p < np; ++p) {
+      DT_RETURN_IF_ERROR(s.params[r][p].mutable_value().CopyFrom(s.params[0][p].value()));
+    }
+    std::vector<std::pair<std::string, Tensor*>> buffers = s.replicas[r]->NamedBuffers();
+    for (size_t b = 0; b < buffers.size() && b < buffers0.size(); ++b) {
+      DT_RETURN_IF_ERROR(buffers[b].second->CopyFrom(*buffers0[b].second));
+    }
+    if (!momentum0.empty()) {
+      DT_RETURN_IF_ERROR(
+          s.optimizers[r]->LoadState([&](const std::string& name, Tensor* dst) -> absl::Status {
+            auto it = momentum0.find(name);
+            if (it == momentum0.end()) return absl::NotFoundError(name);
+            return dst->CopyFrom(*it->second);
+          }));
+    }
+  }
+  return absl::OkStatus();
 }
 
 int64_t DataParallelTrainer::CountCorrect(const Tensor& x, const Tensor& labels) {

@@ -228,6 +228,18 @@ class DataParallelTrainer {
   // synchronous kvstore mode takes n == 3 (its key "stats/epoch").
   absl::Status AverageStatistics(float* sums, int n);
 
+  // Recovery in place (CPU replicas, the "allreduce" strategy, or "local"
+  // for a trainer that joins a running job): continues with `communicator`
+  // (not owned; it outlives the trainer or the next Regroup), a new
+  // membership of the job's ranks after a peer was lost. A Step that failed
+  // because of the lost peer applied no update (the engine skipped it), so
+  // each survivor still holds the state of its last completed step. Every
+  // trainer of the new communicator calls Regroup together: rank `root`'s
+  // replica 0 parameters, buffers and momentum are broadcast to all of them
+  // (a joiner's own are overwritten) and copied to every local replica.
+  // Unimplemented for CUDA replicas, sync_batch_norm and kvstore jobs.
+  absl::Status Regroup(collective::Communicator* communicator, int root);
+
   // The gradient-sync strategy Create chose (gradient_sync.h): "local",
   // "allreduce", "nccl_allreduce", "kvstore_sync" or "kvstore_weights".
   const char* sync_name() const;

@@ -73,6 +73,9 @@ class GradientSync {
     reducer_ = reducer;
     return ShareInitialWeights();
   }
+  // Instead of Start, for a strategy that replaces another one mid-job
+  // (DataParallelTrainer::Regroup): the replicas already hold the weights.
+  void Attach(Reducer* reducer) { reducer_ = reducer; }
 
   // Bucket b is ready: `flat` holds this trainer's weighted sum of its
   // replicas' gradients (buckets()[b].numel floats, where bucket_place()

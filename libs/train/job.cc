@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "libs/base/logging.h"
+#include "libs/base/retry.h"
 #include "libs/base/status.h"
 #include "libs/data/fashion_mnist.h"
 #include "libs/data/loader.h"
@@ -51,6 +52,9 @@ absl::Status Validate(const JobConfig& c) {
   }
   if (c.checkpoint_interval_epochs < 0) {
     return bad("checkpoint_interval_epochs", "must be >= 0");
+  }
+  if (c.join && (c.communicator == nullptr || c.hybridize)) {
+    return bad("join", "a joining rank needs a communicator (allreduce) and no hybridize");
   }
   if (c.checkpoint_interval_epochs > 0 && c.checkpoint_path.empty()) {
     return bad("checkpoint_path", "needed with checkpoint_interval_epochs");
@@ -201,6 +205,97 @@ absl::Status Drain(const JobConfig& c, DataParallelTrainer* trainer, const Parti
   return absl::CancelledError(absl::StrCat("drained at ", where));
 }
 
+// The position of a recovered job: the root's epoch, step and partial
+// statistics (see "Recovery in place" in job.h).
+struct RegroupResult {
+  Partial at;
+  int root = 0;
+  int64_t steps_lost = 0;
+  // The root's steps of this RunJob call: every rank continues counting
+  // from it, so that they agree on a drain step (JobObserver::DrainRequested).
+  int64_t steps_run = 0;
+};
+
+// One exchange of the new membership: positions, the root's state, its
+// data position and statistics.
+absl::StatusOr<RegroupResult> ExchangeState(const JobConfig& c, DataParallelTrainer* trainer,
+                                            collective::Communicator* comm, bool survivor,
+                                            const Partial& here, int64_t steps_per_epoch,
+                                            int64_t steps_run) {
+  const int n = comm->size();
+  const int64_t done = here.epoch * steps_per_epoch + here.step;
+  // survivor, epoch, step, steps attempted (a survivor failed the next one)
+  int64_t mine[4] = {survivor ? 1 : 0, here.epoch, here.step, survivor ? done + 1 : -1};
+  std::vector<int64_t> all(4 * static_cast<size_t>(n));
+  DT_RETURN_IF_ERROR(Annotate(comm->Allgather(mine, all.data(), sizeof(mine), DType::kU8),
+                              "regroup: exchanging positions"));
+  RegroupResult out;
+  out.root = -1;
+  int64_t furthest = -1;
+  for (int r = 0; r < n; ++r) {
+    if (all[4 * r] != 1) continue;
+    if (out.root < 0) out.root = r;
+    furthest = std::max(furthest, all[4 * r + 3]);
+  }
+  if (out.root < 0) {
+    return absl::FailedPreconditionError(
+        "regroup: no rank of the new membership holds the job's state");
+  }
+  DT_RETURN_IF_ERROR(trainer->Regroup(comm, out.root));
+  double pos[6] = {static_cast<double>(here.epoch),
+                   static_cast<double>(here.step),
+                   here.loss_sum,
+                   static_cast<double>(here.seen),
+                   static_cast<double>(here.correct),
+                   static_cast<double>(steps_run)};
+  DT_RETURN_IF_ERROR(Annotate(comm->Broadcast(pos, sizeof(pos), DType::kU8, out.root),
+                              "regroup: broadcast of the data position"));
+  out.at.epoch = static_cast<int>(pos[0]);
+  out.at.step = static_cast<int64_t>(pos[1]);
+  out.steps_run = static_cast<int64_t>(pos[5]);
+  if (survivor && out.at.epoch == here.epoch && out.at.step == here.step) {
+    out.at.loss_sum = here.loss_sum;
+    out.at.seen = here.seen;
+    out.at.correct = here.correct;
+  } else {
+    // The lost rank's statistics are gone: the root's stand in for them.
+    out.at.loss_sum = pos[2];
+    out.at.seen = static_cast<int64_t>(pos[3]);
+    out.at.correct = static_cast<int64_t>(pos[4]);
+  }
+  const int64_t resumed = all[4 * out.root + 1] * steps_per_epoch + all[4 * out.root + 2];
+  out.steps_lost = std::max<int64_t>(0, furthest - resumed);
+  DT_LOG(INFO) << "job " << c.name << " rank " << c.rank << ": regrouped with " << n
+               << " ranks; state from rank " << out.root << ", continuing at epoch "
+               << out.at.epoch + 1 << " step " << out.at.step << " (" << out.steps_lost
+               << " steps lost)";
+  return out;
+}
+
+// A survivor's regroup after `failure`: the observer's next membership,
+// then the exchange; up to 3 memberships when an exchange fails transiently.
+absl::StatusOr<RegroupResult> RegroupSurvivor(const JobConfig& c, JobObserver* observer,
+                                              DataParallelTrainer* trainer,
+                                              const absl::Status& failure, const Partial& here,
+                                              int64_t steps_per_epoch, int64_t steps_run) {
+  absl::Status last = failure;
+  for (int tries = 0; tries < 3; ++tries) {
+    absl::StatusOr<collective::Communicator*> comm = observer->Regroup(last);
+    if (!comm.ok()) {
+      DT_LOG(WARNING) << "job " << c.name << " rank " << c.rank
+                      << ": no recovery in place: " << comm.status();
+      return failure;
+    }
+    absl::StatusOr<RegroupResult> done =
+        ExchangeState(c, trainer, *comm, /*survivor=*/true, here, steps_per_epoch, steps_run);
+    if (done.ok() || !IsTransient(done.status())) return done;
+    DT_LOG(WARNING) << "job " << c.name << " rank " << c.rank << ": regroup failed ("
+                    << done.status() << "); waiting for the next membership";
+    last = done.status();
+  }
+  return failure;
+}
+
 absl::Status Run(const JobConfig& c, JobObserver* observer, JobProgress* progress) {
   DT_RETURN_IF_ERROR(Validate(c));
   const int world = c.world_size;
@@ -246,7 +341,8 @@ absl::Status Run(const JobConfig& c, JobObserver* observer, JobProgress* progres
   o.sgd = c.sgd;
   o.init = init;
   o.seed = c.seed;
-  o.communicator = c.communicator;
+  // A joining rank meets the others in its first exchange, not at Create.
+  o.communicator = c.join ? nullptr : c.communicator;
   o.kvstore = c.kvstore;
   o.kvstore_workers = world;
   o.kvstore_consistency = c.kvstore_consistency;
@@ -256,7 +352,7 @@ absl::Status Run(const JobConfig& c, JobObserver* observer, JobProgress* progres
   // shared (with the other trainers, or the kvstore's shards).
   int first_epoch = 0;
   int64_t first_step = 0;
-  if (!c.resume_from.empty()) {
+  if (!c.resume_from.empty() && !c.join) {
     o.restore = [&c, &first_epoch, &first_step, progress](nn::Module* model,
                                                           nn::Sgd* optimizer) -> absl::Status {
       DT_ASSIGN_OR_RETURN(first_epoch, LoadCheckpoint(c, model, optimizer, progress, &first_step));
@@ -269,7 +365,7 @@ absl::Status Run(const JobConfig& c, JobObserver* observer, JobProgress* progres
                  << " devices x " << world << " trainers";
   }
   Partial resumed;  // the interrupted epoch's statistics so far
-  if (!c.resume_from.empty()) {
+  if (!c.resume_from.empty() && !c.join) {
     progress->epoch = first_epoch;
     if (first_step > 0) {
       DT_ASSIGN_OR_RETURN(resumed,
@@ -293,18 +389,44 @@ absl::Status Run(const JobConfig& c, JobObserver* observer, JobProgress* progres
                  << hybrid->planned_peak_bytes() << " bytes)";
   }
   progress->steps_per_epoch = loader->batches_per_epoch();
+  const int64_t steps_per_epoch = loader->batches_per_epoch();
+  int64_t joined_steps_run = 0;
+  if (c.join) {
+    DT_ASSIGN_OR_RETURN(RegroupResult joined,
+                        ExchangeState(c, trainer.get(), c.communicator, /*survivor=*/false,
+                                      Partial{}, steps_per_epoch, /*steps_run=*/0));
+    joined_steps_run = joined.steps_run;
+    first_epoch = joined.at.epoch;
+    first_step = joined.at.step;
+    resumed = joined.at;
+    progress->epoch = first_epoch;
+  }
+  // A recovery in place waiting for its first completed step (the root
+  // reports it).
+  bool recovering = false;
+  bool recovery_root = false;
+  absl::Time failed_at;
+  int64_t recovery_steps_lost = 0;
 
-  int64_t steps_run = 0;  // by this call, over all epochs
+  // By this call, over all epochs (a joiner continues the root's count).
+  int64_t steps_run = joined_steps_run;
+  // Where the next epoch starts (a resumed checkpoint's or a regroup's step)
+  // and its statistics so far.
+  int64_t start_step = first_step;
+  Partial resume_at = resumed;
   for (int epoch = first_epoch; epoch < c.epochs; ++epoch) {
     data::Batch b;
     double loss_sum = 0;
     int64_t correct = 0, seen = 0, step = 0;
-    if (epoch == first_epoch && first_step > 0) {
-      step = first_step;
-      loss_sum = resumed.loss_sum;
-      seen = resumed.seen;
-      correct = resumed.correct;
+    if (start_step > 0) {
+      step = start_step;
+      loss_sum = resume_at.loss_sum;
+      seen = resume_at.seen;
+      correct = resume_at.correct;
     }
+    start_step = 0;
+    resume_at = Partial{};
+    bool regrouped = false;
     loader->StartEpoch(epoch, step);
     const absl::Time start = absl::Now();
     for (;;) {
@@ -320,8 +442,27 @@ absl::Status Run(const JobConfig& c, JobObserver* observer, JobProgress* progres
       auto [x, y] = ToTensors(b, sample_shape, Device::Cpu(0));
       absl::StatusOr<float> stepped = hybrid ? hybrid->Run(x, y) : trainer->Step(x, y);
       if (!stepped.ok()) {
-        return Annotate(stepped.status(),
-                        absl::StrCat("rank ", rank, ", epoch ", epoch + 1, " step ", step + 1));
+        absl::Status failure =
+            Annotate(stepped.status(),
+                     absl::StrCat("rank ", rank, ", epoch ", epoch + 1, " step ", step + 1));
+        if (c.communicator == nullptr || hybrid || !IsTransient(stepped.status())) return failure;
+        DT_LOG(WARNING) << "job " << c.name << ": " << failure << "; trying to recover in place";
+        const absl::Time failed = absl::Now();
+        DT_ASSIGN_OR_RETURN(RegroupResult regroup,
+                            RegroupSurvivor(c, observer, trainer.get(), failure,
+                                            Partial{epoch, step, loss_sum, seen, correct},
+                                            steps_per_epoch, steps_run));
+        if (!recovering) failed_at = failed;  // a failure during a recovery: the first counts
+        recovering = true;
+        recovery_root = regroup.root == rank;
+        recovery_steps_lost += regroup.steps_lost;
+        steps_run = regroup.steps_run;
+        resume_at = regroup.at;
+        start_step = regroup.at.step;
+        // The loop's ++epoch makes it the root's epoch.
+        epoch = regroup.at.epoch - 1;
+        regrouped = true;
+        break;
       }
       const float l = *stepped;
       if (!std::isfinite(l)) {
@@ -346,8 +487,17 @@ absl::Status Run(const JobConfig& c, JobObserver* observer, JobProgress* progres
       const double secs = absl::ToDoubleSeconds(absl::Now() - start);
       // Samples of the whole job (every rank does the same work).
       progress->samples_per_second = secs > 0 ? seen * world / secs : 0;
+      if (recovering) {
+        recovering = false;
+        if (recovery_root) {
+          observer->OnRecovered(absl::ToDoubleSeconds(absl::Now() - failed_at),
+                                recovery_steps_lost);
+        }
+        recovery_steps_lost = 0;
+      }
       observer->OnStep(*progress, times);
     }
+    if (regrouped) continue;
     // The epoch's loss and training accuracy over every rank's samples (the
     // trainer's gradient sync knows how its trainers meet; with kvstore-held
     // weights this rank's share).

@@ -38,6 +38,32 @@
 // other steps than rank 0: their statistics file is then ignored, with a
 // warning, and the epoch's loss counts only the resumed steps.)
 //
+// Recovery in place (allreduce jobs on CPU). When a step fails with a
+// transient error (a peer was lost: UNAVAILABLE, ABORTED, DEADLINE_EXCEEDED)
+// RunJob does not return at once: it asks JobObserver::Regroup for a
+// communicator of the attempt's next membership (libs/agent waits for the
+// scheduler to put a spare trainer in the lost rank's place). The failed
+// step applied nothing (DataParallelTrainer::Regroup), so this rank still
+// holds the model and optimizer state of its last completed step. The ranks
+// of the new membership then exchange their positions (an allgather of
+// survivor flag, epoch, step, steps attempted), the lowest surviving rank
+// (the root) broadcasts its parameters, buffers, momentum and data position
+// (epoch, step, its partial epoch statistics, which a joiner adopts for
+// its own: the lost rank's are gone, and its count of steps, which every
+// rank adopts so that DrainRequested sees the same counts on every rank
+// after a recovery too) and every rank continues from the
+// root's last completed step: its data loader restarts that epoch at that
+// step. A rank started with JobConfig::join (the replacement) takes part
+// in the same exchange before its first step and receives all of it. Once
+// the first step after a regroup completed, the root calls
+// JobObserver::OnRecovered with the seconds since its failed step and the
+// steps lost (the furthest any rank had got, counting the failed step,
+// minus where the root resumed: 1 when every survivor failed the same
+// step). A regroup that fails transiently (another rank lost meanwhile) asks
+// for the next membership, up to 3 times; otherwise, or when Regroup answers
+// an error, RunJob returns the step's error as before. Failures outside a
+// step (the epoch's statistics round, a drain's meeting) are not recovered.
+//
 // Thread-safety: RunJob runs on the calling thread; the observer is called
 // on it.
 #ifndef DTRAIN_LIBS_TRAIN_JOB_H_
@@ -49,6 +75,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "libs/collective/communicator.h"
 #include "libs/kvstore/parameter_server.h"
@@ -94,6 +121,10 @@ struct JobConfig {
   // Non-empty: every rank starts from this checkpoint instead of the
   // initial weights, with the epoch after the one it holds.
   std::string resume_from;
+  // This rank replaces a lost one of a running job (see "Recovery in
+  // place"): `communicator` is the new membership's; the state, the data
+  // position and the epoch's statistics come from the surviving ranks.
+  bool join = false;
 };
 
 struct JobProgress {
@@ -134,6 +165,17 @@ class JobObserver {
   // next step (see "Drain" above; RunJob returns Cancelled with
   // progress->drained). Every rank must answer true at the same count.
   virtual bool DrainRequested(int64_t steps_done) { return false; }
+  // Recovery in place: a step failed with `failure` (transient: a peer is
+  // gone). Returns the communicator of the attempt's next membership, in
+  // which this rank keeps its rank (not owned: it must outlive RunJob), or
+  // an error (RunJob then returns `failure`). Called again, with the
+  // regroup's error, when a regroup fails.
+  virtual absl::StatusOr<collective::Communicator*> Regroup(const absl::Status& failure) {
+    return failure;
+  }
+  // On the rank that sent the state, after the first step completed since
+  // a regroup: the seconds since the failed step, and the steps lost.
+  virtual void OnRecovered(double seconds, int64_t steps_lost) {}
 };
 
 // Runs this rank's share of the job to its end. *progress holds the last

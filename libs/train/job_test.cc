@@ -227,6 +227,131 @@ TEST(JobTest, TwoRanksAverageTheirEpochLoss) {
   EXPECT_EQ(p[1].test_accuracy, -1);  // only rank 0 evaluates
 }
 
+// Recovery in place with two ranks (threads, in-process communicators):
+// rank 1 goes away at step 12 of epoch 1 (its communicator closes); rank
+// 0's step fails, its observer regroups into a new communicator that a
+// replacement rank 1 (JobConfig::join) meets; rank 0 sends its state and
+// data position and both finish. Epoch 2 is the undisturbed run's exactly.
+class Regrouper : public JobObserver {
+ public:
+  explicit Regrouper(collective::Store* store) : store_(store) {}
+  absl::StatusOr<collective::Communicator*> Regroup(const absl::Status& failure) override {
+    ++regroups;
+    failure_code = failure.code();
+    collective::CommunicatorOptions co;
+    co.transport = collective::TransportKind::kInProcess;
+    co.key_prefix = "gen1";
+    auto comm = collective::Communicator::Create(0, 2, store_, co);
+    if (!comm.ok()) return comm.status();
+    comm_ = *std::move(comm);
+    return comm_.get();
+  }
+  void OnRecovered(double seconds, int64_t steps_lost) override {
+    recovered_seconds = seconds;
+    lost = steps_lost;
+  }
+  void OnEpoch(const JobProgress& p) override { epochs.push_back(p); }
+
+  int regroups = 0;
+  absl::StatusCode failure_code = absl::StatusCode::kOk;
+  double recovered_seconds = -1;
+  int64_t lost = -1;
+  std::vector<JobProgress> epochs;
+
+ private:
+  collective::Store* store_;
+  std::unique_ptr<collective::Communicator> comm_;
+};
+
+// Records the step counts DrainRequested sees.
+class DrainPolls : public JobObserver {
+ public:
+  bool DrainRequested(int64_t steps_done) override {
+    polls.push_back(steps_done);
+    return false;
+  }
+  std::vector<int64_t> polls;
+};
+
+class StopAfter : public JobObserver {
+ public:
+  explicit StopAfter(int steps) : stop_after_(steps) {}
+  void OnStep(const JobProgress& p, const StepTimes& t) override { ++steps_; }
+  bool StopRequested() override { return steps_ >= stop_after_; }
+
+ private:
+  int stop_after_;
+  int steps_ = 0;
+};
+
+TEST(JobTest, LostRankIsReplacedInPlaceAndTheJobEndsLikeTheUndisturbedOne) {
+  DrainPolls joiner_polls;
+  auto run_two = [&joiner_polls](bool disturbed, JobProgress* p, Regrouper** observer_out,
+                                 JobProgress* joiner_progress) {
+    collective::InMemoryStore store;
+    absl::Status st[3];
+    Regrouper regrouper(&store);
+    std::vector<std::thread> ranks;
+    for (int r = 0; r < 2; ++r) {
+      ranks.emplace_back([&, r] {
+        collective::CommunicatorOptions co;
+        co.transport = collective::TransportKind::kInProcess;
+        JobConfig c = SmallJob(2);  // 16 steps an epoch
+        c.rank = r;
+        c.world_size = 2;
+        {
+          auto comm = collective::Communicator::Create(r, 2, &store, co);
+          ASSERT_TRUE(comm.ok()) << comm.status();
+          c.communicator = comm->get();
+          StopAfter stop(disturbed && r == 1 ? 11 : 1 << 30);  // in epoch 1 step 12
+          st[r] = RunJob(c, r == 0 ? static_cast<JobObserver*>(&regrouper) : &stop, &p[r]);
+        }  // rank 1's communicator closes: rank 0's step fails
+        if (!disturbed || r == 0) return;
+        co.key_prefix = "gen1";
+        auto comm = collective::Communicator::Create(1, 2, &store, co);
+        ASSERT_TRUE(comm.ok()) << comm.status();
+        c.communicator = comm->get();
+        c.join = true;
+        st[2] = RunJob(c, &joiner_polls, joiner_progress);
+      });
+    }
+    for (auto& t : ranks) t.join();
+    EXPECT_TRUE(st[0].ok()) << st[0];
+    if (disturbed) {
+      EXPECT_TRUE(absl::IsCancelled(st[1])) << st[1];
+      EXPECT_TRUE(st[2].ok()) << st[2];
+      EXPECT_EQ(regrouper.regroups, 1);
+      EXPECT_TRUE(regrouper.failure_code == absl::StatusCode::kUnavailable ||
+                  regrouper.failure_code == absl::StatusCode::kAborted)
+          << absl::StatusCodeToString(regrouper.failure_code);
+      EXPECT_EQ(regrouper.lost, 1);  // the failed step
+      EXPECT_GT(regrouper.recovered_seconds, 0);
+    } else {
+      EXPECT_TRUE(st[1].ok()) << st[1];
+      EXPECT_EQ(regrouper.regroups, 0);
+    }
+    EXPECT_EQ(regrouper.epochs.size(), 2u);
+    return regrouper.epochs.size() == 2u ? regrouper.epochs[1] : JobProgress();
+  };
+  JobProgress ref[2], got[2], joiner;
+  const JobProgress ref_last = run_two(false, ref, nullptr, nullptr);
+  const JobProgress got_last = run_two(true, got, nullptr, &joiner);
+  EXPECT_EQ(got[0].epoch, 2);
+  EXPECT_EQ(joiner.epoch, 2);
+  // The joiner counts steps from the root's count (11 done when rank 0's
+  // 12th step failed), so both ranks would agree on a drain step.
+  ASSERT_FALSE(joiner_polls.polls.empty());
+  EXPECT_EQ(joiner_polls.polls.front(), 11);
+  EXPECT_EQ(joiner_polls.polls.back(), 31);  // the last step of epoch 2 is the 32nd
+  // The replacement averaged the same epoch-2 statistics as rank 0.
+  EXPECT_EQ(joiner.loss, got[0].loss);
+  // Epoch 2 after the recovery is the undisturbed epoch 2: same state, same
+  // data; only the summation order of the allreduce may differ.
+  EXPECT_NEAR(got_last.loss, ref_last.loss, 1e-5 * ref_last.loss);
+  EXPECT_NEAR(got_last.test_accuracy, ref_last.test_accuracy, 0.002);
+  EXPECT_GT(ref_last.test_accuracy, 0.5);
+}
+
 }  // namespace
 }  // namespace train
 }  // namespace dtrain

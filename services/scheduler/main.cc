@@ -37,6 +37,10 @@ ABSL_FLAG(double, heartbeat_timeout_s, 10, "seconds without a heartbeat before a
 ABSL_FLAG(int, max_attempts, 5,
           "placements per job: a job whose trainer is lost is requeued (resuming from its newest "
           "checkpoint) until it has run this many times, then fails");
+ABSL_FLAG(bool, recover_in_place, true,
+          "when a trainer of a running ALLREDUCE job is lost and a free trainer exists, replace "
+          "the lost rank within the same attempt (the survivors keep their state and send it to "
+          "the replacement) instead of requeueing the job from its checkpoint");
 ABSL_FLAG(absl::Duration, finished_job_retention, absl::Hours(7 * 24),
           "how long SUCCEEDED, FAILED and CANCELLED jobs are kept (e.g. 168h, 30m; inf: forever)");
 ABSL_FLAG(double, kvstore_heartbeat_timeout_s, 2,
@@ -95,6 +99,7 @@ int main(int argc, char** argv) {
                  options.max_attempts);
     return 2;
   }
+  options.recover_in_place = absl::GetFlag(FLAGS_recover_in_place);
   options.finished_job_retention = absl::GetFlag(FLAGS_finished_job_retention);
   if (options.finished_job_retention <= absl::ZeroDuration()) {
     std::fprintf(stderr, "scheduler_server: --finished_job_retention must be > 0, got %s\n",

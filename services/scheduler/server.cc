@@ -3,6 +3,8 @@
 #include <grpcpp/grpcpp.h>
 
 #include <algorithm>
+#include <iterator>
+#include <limits>
 
 #include "absl/strings/str_cat.h"
 #include "libs/base/grpc_status.h"
@@ -332,6 +334,32 @@ std::vector<prometheus::MetricFamily> Collect(Scheduler* s, KvstoreMembership* k
     replicas.push_back(
         {{{"shard", label}, {"state", "JOINING"}}, static_cast<double>(counts.second)});
   }
+  // Recovery in place: a histogram the scheduler keeps (cumulative buckets
+  // here, as Prometheus wants them).
+  prometheus::MetricFamily recovery;
+  recovery.name = "dtrain_scheduler_recovery_seconds";
+  recovery.help =
+      "Time from a lost rank's failed step to the next completed step, per recovery in place.";
+  recovery.type = prometheus::MetricType::Histogram;
+  {
+    prometheus::ClientMetric m;
+    uint64_t cumulative = 0;
+    for (size_t b = 0; b < std::size(scheduler::kRecoverySecondsBounds); ++b) {
+      cumulative += static_cast<uint64_t>(st.recovery_seconds_counts[b]);
+      prometheus::ClientMetric::Bucket bucket;
+      bucket.upper_bound = scheduler::kRecoverySecondsBounds[b];
+      bucket.cumulative_count = cumulative;
+      m.histogram.bucket.push_back(bucket);
+    }
+    cumulative += static_cast<uint64_t>(st.recovery_seconds_counts.back());
+    prometheus::ClientMetric::Bucket inf;
+    inf.upper_bound = std::numeric_limits<double>::infinity();
+    inf.cumulative_count = cumulative;
+    m.histogram.bucket.push_back(inf);
+    m.histogram.sample_count = cumulative;
+    m.histogram.sample_sum = st.recovery_seconds_sum;
+    recovery.metric.push_back(std::move(m));
+  }
   std::vector<metrics::Sample> by_state;
   for (const auto& [state, n] : st.jobs_by_state) {
     by_state.push_back({{{"state", v1::JobState_Name(state)}}, static_cast<double>(n)});
@@ -354,6 +382,12 @@ std::vector<prometheus::MetricFamily> Collect(Scheduler* s, KvstoreMembership* k
       metrics::MakeFamily("dtrain_scheduler_kvstore_replicas",
                           "Members of each kvstore shard's chain, by state (ACTIVE, JOINING).",
                           prometheus::MetricType::Gauge, replicas),
+      metrics::MakeFamily("dtrain_scheduler_recoveries_total",
+                          "Recoveries in place completed since the scheduler started (a lost "
+                          "rank replaced by a spare within the attempt).",
+                          prometheus::MetricType::Counter,
+                          {{{}, static_cast<double>(st.recoveries)}}),
+      recovery,
       metrics::MakeFamily("dtrain_scheduler_kvstore_map_changes_total",
                           "Changes of the kvstore shard map since the scheduler started.",
                           prometheus::MetricType::Counter,
@@ -388,6 +422,7 @@ absl::StatusOr<std::unique_ptr<SchedulerServer>> SchedulerServer::Start(
   if (!options.data_dir.empty()) so.wal_path = options.data_dir + "/jobs.wal";
   so.heartbeat_timeout = options.heartbeat_timeout;
   so.max_attempts = options.max_attempts;
+  so.recover_in_place = options.recover_in_place;
   so.finished_job_retention = options.finished_job_retention;
   so.job_token_secret = options.job_token_secret;
   so.heartbeat_interval =

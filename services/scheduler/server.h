@@ -68,6 +68,8 @@ struct ServerOptions {
   absl::Duration heartbeat_timeout = absl::Seconds(10);
   // Placements per job before a lost trainer fails it (SchedulerOptions).
   int max_attempts = 5;
+  // Recovery in place of ALLREDUCE jobs on a spare trainer (SchedulerOptions).
+  bool recover_in_place = true;
   // How long finished jobs are kept (SchedulerOptions).
   absl::Duration finished_job_retention = absl::Hours(7 * 24);
   // The kvstore shard map (KvstoreMembershipOptions): how often replicas

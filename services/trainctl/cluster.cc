@@ -605,6 +605,7 @@ absl::Status StartAll(const ClusterOptions& o, const std::string& dir, std::vect
       argv.push_back(absl::StrCat("--heartbeat_timeout_s=", o.heartbeat_timeout_s));
     }
     if (o.max_attempts > 0) argv.push_back(absl::StrCat("--max_attempts=", o.max_attempts));
+    if (!o.recover_in_place) argv.push_back("--recover_in_place=false");
     s = start(p, argv, true);
     if (s.ok()) scheduler_address = procs->back().address;
   }
@@ -865,6 +866,8 @@ int Up(const ClusterOptions& o) {
       "--restart=" + o.restart,
   };
   if (o.insecure) argv.push_back("--insecure");
+  if (o.max_attempts > 0) argv.push_back(absl::StrCat("--max_attempts=", o.max_attempts));
+  if (!o.recover_in_place) argv.push_back("--recover_in_place=false");
   if (o.trainers > 0) argv.push_back("--trainer_bin=" + *trainer_bin);
   if (o.kvstore_shards > 0) argv.push_back("--kvstore_bin=" + *kvstore_bin);
   const std::string log = dir + "/supervisor.log";

@@ -26,6 +26,7 @@ struct ClusterOptions {
   double start_timeout_s = 30;     // up: per process
   double heartbeat_timeout_s = 0;  // up: the scheduler's (0: its default)
   int max_attempts = 0;            // up: the scheduler's (0: its default)
+  bool recover_in_place = true;    // up: the scheduler's --recover_in_place
   std::string restart = "always";  // up: always or never (restart what exits)
   double grace_s = 15;             // down: SIGTERM, then SIGKILL after this
   bool json = false;               // -o json

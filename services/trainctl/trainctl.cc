@@ -123,6 +123,9 @@ ABSL_FLAG(double, heartbeat_timeout_s, 0,
 ABSL_FLAG(int, max_attempts, 0,
           "cluster up: placements of a job before it fails for good (0: the scheduler's "
           "default, 5)");
+ABSL_FLAG(bool, recover_in_place, true,
+          "cluster up: a lost trainer of an ALLREDUCE job is replaced by a free one within the "
+          "same attempt (false: the job is requeued from its checkpoint, as before)");
 ABSL_FLAG(double, grace_s, 15, "cluster down: seconds after SIGTERM before SIGKILL");
 ABSL_FLAG(std::string, restart, "always",
           "cluster up: always (a process that exits is started again, on the same ports, after "
@@ -246,6 +249,13 @@ void Print(const v1::JobStatus& j, bool detail) {
                   j.trainers().empty() ? "-" : absl::StrJoin(j.trainers(), ", ").c_str(),
                   j.attempts(),
                   j.drains() > 0 ? absl::StrCat(", ", j.drains(), " drained").c_str() : "");
+      if (j.recoveries() > 0 || j.generation() > 0) {
+        std::printf(
+            "  recovered in place: %d time%s, last in %.1f s, %lld step%s lost "
+            "(generation %d)\n",
+            j.recoveries(), j.recoveries() == 1 ? "" : "s", j.last_recovery_seconds(),
+            static_cast<long long>(j.steps_lost()), j.steps_lost() == 1 ? "" : "s", j.generation());
+      }
       if (!j.checkpoint_path().empty()) {
         std::printf(
             "  checkpoint: %s (epoch %d%s)\n", j.checkpoint_path().c_str(), j.checkpoint_epoch(),
@@ -546,6 +556,7 @@ int main(int argc, char** argv) {
     if (o.heartbeat_timeout_s < 0) return Usage("--heartbeat_timeout_s must be >= 0");
     o.max_attempts = absl::GetFlag(FLAGS_max_attempts);
     if (o.max_attempts < 0) return Usage("--max_attempts must be >= 0");
+    o.recover_in_place = absl::GetFlag(FLAGS_recover_in_place);
     o.grace_s = absl::GetFlag(FLAGS_grace_s);
     o.restart = absl::GetFlag(FLAGS_restart);
     o.json = Json();

@@ -1,12 +1,14 @@
 // End to end: a trainer SIGKILLed in the middle of a two-trainer LeNet job.
 //
-// `trainctl cluster up` starts a scheduler (heartbeat timeout 2 s) and three
-// trainer daemons sharing <cluster>/checkpoints. The same job (2 trainers,
-// momentum, a checkpoint after every epoch) runs twice: undisturbed, then
-// with rank 0's trainer killed once the job has checkpointed epoch 1. The
-// survivor's allreduce fails, the scheduler requeues the job, the job runs
-// again on the survivor and the idle trainer, resumes from the checkpoint
-// (parameters and momentum) and must end within 0.01 test accuracy of the
+// `trainctl cluster up` starts a scheduler (heartbeat timeout 2 s, no
+// recovery in place: this is the checkpoint-restart path; recover_e2e_test
+// covers the other) and three trainer daemons sharing
+// <cluster>/checkpoints. The same job (2 trainers, momentum, a checkpoint
+// after every epoch) runs twice: undisturbed, then with rank 0's trainer
+// killed once the job has checkpointed epoch 1. The survivor's allreduce
+// fails, the scheduler requeues the job, the job runs again on the survivor
+// and the idle trainer, resumes from the checkpoint (parameters and
+// momentum) and must end within 0.01 test accuracy of the
 // undisturbed run. The scheduler must also notice the dead trainer within
 // its heartbeat timeout (its trainers_alive gauge drops).
 #include <grpcpp/grpcpp.h>
@@ -44,10 +46,10 @@ class ResumeE2eTest : public ::testing::Test {
   void SetUp() override {
     dir_ = TmpDir("resume-cluster");
     int rc;
-    std::string out =
-        Trainctl(absl::StrCat("cluster up --restart=never --trainers=3 --heartbeat_timeout_s=",
-                              kHeartbeatTimeoutS, " --dir=", dir_),
-                 &rc);
+    std::string out = Trainctl(absl::StrCat("cluster up --restart=never --recover_in_place=false "
+                                            "--trainers=3 --heartbeat_timeout_s=",
+                                            kHeartbeatTimeoutS, " --dir=", dir_),
+                               &rc);
     ASSERT_EQ(rc, 0) << out;
     for (const ClusterProcess& p : ReadCluster(dir_)) {
       if (p.role == "scheduler") {
