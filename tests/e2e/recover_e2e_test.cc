@@ -1,7 +1,7 @@
 // End to end: recovery in place. `trainctl cluster up` starts a scheduler
 // (heartbeat timeout 3 s) and three trainer daemons; a two-trainer LeNet
 // ALLREDUCE job (momentum) runs undisturbed, then again with rank 0's
-// trainer SIGKILLed in the middle of epoch 2. The survivor's allreduce
+// trainer SIGKILLed in the middle of epoch 2 or 3 (of 4). The survivor's allreduce
 // fails; it keeps its model and optimizer in memory, the scheduler puts the
 // idle trainer in rank 0's place within the same attempt (generation 1),
 // the survivor sends it the state over the new communicator and both go on
@@ -33,6 +33,7 @@
 #include "gtest/gtest.h"
 #include "libs/base/grpc_status.h"
 #include "libs/metrics/scrape.h"
+#include "libs/rpc/credentials.h"
 #include "protos/scheduler.grpc.pb.h"
 #include "tests/e2e/e2e_util.h"
 
@@ -58,8 +59,8 @@ class RecoverE2eTest : public ::testing::Test {
       }
     }
     ASSERT_NE(scheduler_, "") << out;
-    stub_ = v1::JobService::NewStub(
-        grpc::CreateChannel(scheduler_, grpc::InsecureChannelCredentials()));
+    // The cluster's admin credential (Trainctl set it after cluster up).
+    stub_ = v1::JobService::NewStub(dtrain::rpc::NewChannel(scheduler_));
   }
 
   void TearDown() override {
@@ -89,13 +90,13 @@ class RecoverE2eTest : public ::testing::Test {
     v1::JobSpec* s = r.mutable_spec();
     s->set_name(name);
     s->set_model("lenet");
-    s->set_epochs(3);
+    s->set_epochs(4);
     s->set_global_batch_size(128);
     s->set_lr(0.05);
     s->set_momentum(0.9);  // the state sent to the replacement includes momentum
     s->set_init("kaiming");
     s->set_seed(3);
-    s->set_train_limit(6144);  // 48 steps an epoch
+    s->set_train_limit(12288);  // 96 steps an epoch
     s->set_test_limit(2000);
     s->set_threads(1);
     s->set_num_trainers(2);
@@ -160,19 +161,23 @@ class RecoverE2eTest : public ::testing::Test {
   }
 
   // Submits the disturbed job and waits until it is in the middle of its
-  // second epoch.
+  // second or third epoch (of 4). Rank 0 reports once a second and an epoch
+  // takes about 1.5 s on a quiet machine, so one epoch's middle can be
+  // missed between two reports.
   v1::JobStatus SubmitAndWaitMidEpoch() {
     v1::JobStatus job;
     EXPECT_TRUE(stub_->Submit(Ctx().get(), Job("disturbed"), &job).ok());
+    auto mid = [](const v1::JobStatus& j) {
+      return j.state() == v1::RUNNING && (j.epoch() == 1 || j.epoch() == 2) && j.step() >= 10 &&
+             j.step() + 10 <= j.steps_per_epoch();
+    };
     for (absl::Time deadline = absl::Now() + absl::Seconds(120);
-         !(job.state() == v1::RUNNING && job.epoch() == 1 && job.step() >= 10) &&
-         absl::Now() < deadline;
-         absl::SleepFor(absl::Milliseconds(20))) {
+         !mid(job) && absl::Now() < deadline; absl::SleepFor(absl::Milliseconds(20))) {
       job = Get(job.id());
-      if (job.state() == v1::SUCCEEDED || job.state() == v1::FAILED) break;
+      if (job.state() == v1::SUCCEEDED || job.state() == v1::FAILED || job.epoch() >= 3) break;
     }
     EXPECT_EQ(job.state(), v1::RUNNING) << job.DebugString();
-    EXPECT_EQ(job.epoch(), 1) << "not in the middle of epoch 2: " << job.DebugString();
+    EXPECT_TRUE(mid(job)) << "not in the middle of epoch 2 or 3: " << job.DebugString();
     return job;
   }
 
@@ -217,7 +222,7 @@ TEST_F(RecoverE2eTest, KilledRankIsReplacedInPlace) {
   EXPECT_LE(done.last_recovery_seconds(), 5) << done.DebugString();
   EXPECT_GE(done.steps_lost(), 0);
   EXPECT_LE(done.steps_lost(), 1) << done.DebugString();
-  EXPECT_EQ(done.epoch(), 3);
+  EXPECT_EQ(done.epoch(), 4);
   // The dead trainer's rank went to the spare; rank 1 kept its trainer.
   ASSERT_EQ(done.trainers_size(), 2);
   EXPECT_NE(done.trainers(0), victim->first);
@@ -305,7 +310,7 @@ TEST_F(RecoverE2eTest, SecondKillDuringRecoveryStillFinishes) {
                v1::JobState_Name(done.state()).c_str(), done.attempts(), done.recoveries(),
                in_place, requeues, done.test_accuracy());
   ASSERT_EQ(done.state(), v1::SUCCEEDED) << done.DebugString();
-  EXPECT_EQ(done.epoch(), 3);
+  EXPECT_EQ(done.epoch(), 4);
   EXPECT_GE(in_place, 1) << done.DebugString();
   // Finished either in place (a second regroup) or by a requeue.
   EXPECT_TRUE(done.recoveries() >= 1 || requeues >= 1) << done.DebugString();
