@@ -58,11 +58,13 @@ TEST_P(TcpHandshakeTest, StrayConnectionIsIgnored) {
   ASSERT_TRUE(address.ok()) << address.status();
   absl::StatusOr<internal::SocketAddress> remote = internal::ParseAddress(*address);
   ASSERT_TRUE(remote.ok()) << remote.status();
-  absl::StatusOr<int> stray = internal::ConnectWithDeadline(*remote, absl::Now() + absl::Seconds(10));
+  absl::StatusOr<int> stray =
+      internal::ConnectWithDeadline(*remote, absl::Now() + absl::Seconds(10));
   ASSERT_TRUE(stray.ok()) << stray.status();
   const std::string& bytes = GetParam();
-  ASSERT_TRUE(internal::WriteFull(*stray, bytes.data(), bytes.size(), absl::Now() + absl::Seconds(10))
-                  .ok());
+  ASSERT_TRUE(
+      internal::WriteFull(*stray, bytes.data(), bytes.size(), absl::Now() + absl::Seconds(10))
+          .ok());
   ::shutdown(*stray, SHUT_WR);
   // Rank 0 reads and rejects the stray before rank 1 exists.
   char c;
@@ -70,7 +72,8 @@ TEST_P(TcpHandshakeTest, StrayConnectionIsIgnored) {
   // (A reset when the stray's bytes were not all read.)
   const ssize_t r = ::recv(*stray, &c, 1, 0);
   EXPECT_TRUE(r == 0 || (r < 0 && errno == ECONNRESET))
-      << "rank 0 closes a connection it does not accept; recv: " << r << " " << std::strerror(errno);
+      << "rank 0 closes a connection it does not accept; recv: " << r << " "
+      << std::strerror(errno);
   ::close(*stray);
 
   std::thread t1([&] { rank1 = CreateTcpTransport(Options(&store, 1), tcp); });
@@ -100,8 +103,7 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(
         // Found by the fuzzer: channel 2^31 passed the check as a negative
         // int and indexed far outside the pair table (SEGV).
-        Handshake(kMagic, 1, 0x80000000u, 3, "job"),
-        Handshake(kMagic, 1, 0xFFFFFFFFu, 3, "job"),
+        Handshake(kMagic, 1, 0x80000000u, 3, "job"), Handshake(kMagic, 1, 0xFFFFFFFFu, 3, "job"),
         // A rank of 2^31 + 1 (a negative int) and one past the size.
         Handshake(kMagic, 0x80000001u, 0, 3, "job"), Handshake(kMagic, 2, 0, 3, "job"),
         // Rank 0 itself, a channel past the count, another job, a bad magic.

@@ -122,8 +122,7 @@ absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(
     absl::string_view address, const MetricsServerOptions& options) {
   if (options.max_connections < 1 || options.request_timeout <= absl::ZeroDuration() ||
       options.reply_timeout <= absl::ZeroDuration()) {
-    return absl::InvalidArgumentError(
-        "metrics: max_connections must be >= 1 and the timeouts > 0");
+    return absl::InvalidArgumentError("metrics: max_connections must be >= 1 and the timeouts > 0");
   }
   // Accepts "host:port", ":port" (all interfaces) and "port".
   std::string bind_addr(address);
@@ -161,7 +160,7 @@ absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(
     }
     int one = 1;
     setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-    if (bind(fd, ai->ai_addr, ai->ai_addrlen) != 0 || listen(fd, 64) != 0) {
+    if (bind(fd, ai->ai_addr, ai->ai_addrlen) != 0 || listen(fd, SOMAXCONN) != 0) {
       last_error = strerror(errno);
       close(fd);
       fd = -1;
@@ -210,6 +209,28 @@ void MetricsServer::Serve() {
     close(conns[i].fd);
     conns.erase(conns.begin() + static_cast<std::ptrdiff_t>(i));
   };
+  // Reads what has arrived and sends what the socket takes; false when the
+  // connection is done (answered, or closed by the client).
+  auto progress = [&](Conn& c) {
+    if (!c.replying) {
+      char buf[4096];
+      const ssize_t n = recv(c.fd, buf, sizeof(buf), MSG_DONTWAIT);
+      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return true;
+      if (n > 0) c.in.append(buf, static_cast<size_t>(n));
+      const bool done = n <= 0 || c.in.find("\r\n\r\n") != std::string::npos ||
+                        c.in.find("\n\n") != std::string::npos || c.in.size() >= 16384;
+      if (!done) return true;
+      c.out = Respond(c.in);
+      c.in.clear();
+      c.replying = true;
+      c.deadline = absl::Now() + options_.reply_timeout;
+    }
+    const ssize_t n =
+        send(c.fd, c.out.data() + c.sent, c.out.size() - c.sent, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return true;
+    if (n > 0) c.sent += static_cast<size_t>(n);
+    return n > 0 && c.sent < c.out.size();
+  };
   while (!stop_.load()) {
     const absl::Time now = absl::Now();
     for (size_t i = conns.size(); i-- > 0;) {
@@ -228,49 +249,37 @@ void MetricsServer::Serve() {
     if (stop_.load()) break;
     // Existing connections first (indices match fds[1..]).
     for (size_t i = conns.size(); i-- > 0;) {
-      Conn& c = conns[i];
-      const short revents = fds[i + 1].revents;
-      if (revents == 0) continue;
-      if (!c.replying) {
-        char buf[4096];
-        const ssize_t n = recv(c.fd, buf, sizeof(buf), MSG_DONTWAIT);
-        if (n < 0 && (errno == EAGAIN || errno == EINTR)) continue;
-        if (n > 0) c.in.append(buf, static_cast<size_t>(n));
-        const bool done = n <= 0 || c.in.find("\r\n\r\n") != std::string::npos ||
-                          c.in.find("\n\n") != std::string::npos || c.in.size() >= 16384;
-        if (!done) continue;
-        c.out = Respond(c.in);
-        c.in.clear();
-        c.replying = true;
-        c.deadline = absl::Now() + options_.reply_timeout;
-      }
-      const ssize_t n =
-          send(c.fd, c.out.data() + c.sent, c.out.size() - c.sent, MSG_NOSIGNAL | MSG_DONTWAIT);
-      if (n < 0 && (errno == EAGAIN || errno == EINTR)) continue;
-      if (n > 0) c.sent += static_cast<size_t>(n);
-      if (n <= 0 || c.sent == c.out.size()) close_at(i);
+      if (fds[i + 1].revents != 0 && !progress(conns[i])) close_at(i);
     }
     if (fds[0].revents & (POLLERR | POLLHUP | POLLNVAL)) {
       if (stop_.load()) break;
     }
-    if (fds[0].revents & POLLIN) {
-      while (true) {
-        const int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
-        if (fd < 0) break;
-        if (static_cast<int>(conns.size()) >= options_.max_connections) {
-          // At the cap: drop the oldest connection still sending its request
-          // (or, when all are being answered, the oldest of all).
-          size_t victim = 0;
-          for (size_t i = 0; i < conns.size(); ++i) {
-            if (!conns[i].replying) {
-              victim = i;
-              break;
-            }
-          }
-          close_at(victim);
-        }
-        conns.push_back({fd, absl::Now() + options_.request_timeout});
+    if ((fds[0].revents & POLLIN) == 0) continue;
+    // A full accept queue drops connection attempts (the client retries
+    // after a second): drain it, up to a bound that keeps reads going.
+    for (int accepted = 0; accepted < 4 * options_.max_connections + 64; ++accepted) {
+      const int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+      if (fd < 0) break;
+      // A scrape's request is usually there already: answer it at once,
+      // before newer connections can push this one out.
+      Conn c{fd, absl::Now() + options_.request_timeout};
+      if (!progress(c)) {
+        close(fd);
+        continue;
       }
+      if (static_cast<int>(conns.size()) >= options_.max_connections) {
+        // At the cap: drop the oldest connection still sending its request
+        // (or, when all are being answered, the oldest of all).
+        size_t victim = 0;
+        for (size_t i = 0; i < conns.size(); ++i) {
+          if (!conns[i].replying) {
+            victim = i;
+            break;
+          }
+        }
+        close_at(victim);
+      }
+      conns.push_back(std::move(c));
     }
   }
   for (const Conn& c : conns) close(c.fd);

@@ -56,7 +56,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   // What the reader accepts, the writer writes, and it reads back the same.
   const std::string copy = Path() + ".copy";
-  Check(dtrain::checkpoint::WriteCheckpoint(copy, *ckpt).ok(), "a loaded checkpoint can be written");
+  Check(dtrain::checkpoint::WriteCheckpoint(copy, *ckpt).ok(),
+        "a loaded checkpoint can be written");
   absl::StatusOr<dtrain::checkpoint::Checkpoint> again = dtrain::checkpoint::ReadCheckpoint(copy);
   Check(again.ok(), "a written checkpoint reads back");
   Check(again->metadata == ckpt->metadata, "metadata round trip");

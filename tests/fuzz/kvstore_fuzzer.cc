@@ -7,6 +7,7 @@
 // Input: byte 0 picks the message (low 3 bits), byte 1 the size of the
 // gRPC slices the rest arrives in (so chunk data crosses slice boundaries);
 // the rest is the message.
+#include <google/protobuf/stubs/logging.h>
 #include <grpcpp/support/byte_buffer.h>
 #include <grpcpp/support/slice.h>
 
@@ -103,8 +104,8 @@ void Init(const std::string& bytes) {
     Check(spec->count >= 0 && spec->offset >= 0, "a valid slice has a non-negative range");
     absl::StatusOr<int64_t> n = kv::CheckedNumElements(spec->shape);
     Check(n.ok() && spec->offset + spec->count <= *n, "a valid slice lies inside its key");
-    Check(kv::ToProto(*spec).SerializeAsString() == kv::ToProto(*kv::FromProto(kv::ToProto(*spec)))
-                                                         .SerializeAsString(),
+    Check(kv::ToProto(*spec).SerializeAsString() ==
+              kv::ToProto(*kv::FromProto(kv::ToProto(*spec))).SerializeAsString(),
           "SliceSpec round trip");
     if (spec->count > kMaxElements) return;
     sizes.emplace_back("init", spec->count * static_cast<int64_t>(dtrain::DTypeSize(spec->dtype)));
@@ -156,6 +157,12 @@ void GetJobReply(const grpc::ByteBuffer& buffer) {
 }
 
 }  // namespace
+
+extern "C" int LLVMFuzzerInitialize(int*, char***) {
+  // Protobuf logs each string field that is not UTF-8; expected here.
+  google::protobuf::SetLogHandler(nullptr);
+  return 0;
+}
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size < 2) return 0;

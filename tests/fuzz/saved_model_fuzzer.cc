@@ -33,7 +33,8 @@ using dtrain::Tensor;
 constexpr int64_t kMaxElements = int64_t{1} << 20;
 
 std::string Path() {
-  static const std::string path = absl::StrCat("/dev/shm/saved_model_fuzzer.", getpid(), ".dtmodel");
+  static const std::string path =
+      absl::StrCat("/dev/shm/saved_model_fuzzer.", getpid(), ".dtmodel");
   return path;
 }
 
@@ -68,7 +69,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         elements = dim == 0 ? 0 : (elements > kMaxElements ? elements : elements * dim);
       }
       if (elements > kMaxElements) break;
-      const size_t width = dtype < dtrain::kNumDTypes ? dtrain::DTypeSize(static_cast<DType>(dtype)) : 4;
+      const size_t width =
+          dtype < dtrain::kNumDTypes ? dtrain::DTypeSize(static_cast<DType>(dtype)) : 4;
       rec.data.resize(static_cast<size_t>(elements) * width);
       for (char& c : rec.data) c = static_cast<char>((fill = fill * 1103515245u + 12345u) >> 24);
       bool duplicate = false;
