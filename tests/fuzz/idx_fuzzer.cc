@@ -48,8 +48,16 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     return 0;
   }
   Check(a->dims.size() == 1 || a->dims.size() == 3, "1 or 3 dimensions");
+  // The product of dims, which may overflow when one of them is 0.
+  bool zero = false, overflow = false;
   int64_t n = 1;
-  for (int64_t d : a->dims) n *= d;
+  for (int64_t d : a->dims) {
+    Check(d >= 0, "dims are not negative");
+    zero |= d == 0;
+    overflow |= __builtin_mul_overflow(n, d, &n);
+  }
+  if (zero) n = 0;
+  Check(!overflow || zero, "the product of dims fits in int64");
   Check(static_cast<int64_t>(a->data.size()) == n, "data size is the product of dims");
   return 0;
 }
