@@ -325,9 +325,12 @@ absl::Status TcpTransport::Connect(const TransportOptions& options, const TcpOpt
       job_id.resize(hs.job_id_length);
       read = internal::ReadFull(fd, job_id.data(), job_id.size(), deadline);
     }
-    const bool valid = read.ok() && hs.magic == kHandshakeMagic && job_id == options.job_id &&
-                       static_cast<int>(hs.rank) > rank_ && static_cast<int>(hs.rank) < size_ &&
-                       static_cast<int>(hs.channel) < channels_ && !by_peer_[hs.rank][hs.channel];
+    // Unsigned comparisons: a rank or channel of 2^31 or more from the network
+    // is not a negative int (tests/fuzz/handshake_fuzzer found that crash).
+    const bool valid =
+        read.ok() && hs.magic == kHandshakeMagic && job_id == options.job_id &&
+        hs.rank > static_cast<uint32_t>(rank_) && hs.rank < static_cast<uint32_t>(size_) &&
+        hs.channel < static_cast<uint32_t>(channels_) && !by_peer_[hs.rank][hs.channel];
     if (!valid) {  // a stray or stale connection; not ours
       ::close(fd);
       continue;

@@ -7,6 +7,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
@@ -21,6 +22,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "libs/base/logging.h"
 #include "prometheus/text_serializer.h"
 
@@ -116,7 +118,12 @@ prometheus::MetricFamily MakeFamily(const std::string& name, const std::string& 
   return family;
 }
 
-absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(absl::string_view address) {
+absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(
+    absl::string_view address, const MetricsServerOptions& options) {
+  if (options.max_connections < 1 || options.request_timeout <= absl::ZeroDuration() ||
+      options.reply_timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("metrics: max_connections must be >= 1 and the timeouts > 0");
+  }
   // Accepts "host:port", ":port" (all interfaces) and "port".
   std::string bind_addr(address);
   if (absl::StartsWith(bind_addr, ":")) bind_addr = "0.0.0.0" + bind_addr;
@@ -146,14 +153,14 @@ absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(absl::string
   int fd = -1;
   std::string last_error = "no address";
   for (addrinfo* ai = result; ai != nullptr && fd < 0; ai = ai->ai_next) {
-    fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, ai->ai_protocol);
+    fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, ai->ai_protocol);
     if (fd < 0) {
       last_error = strerror(errno);
       continue;
     }
     int one = 1;
     setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-    if (bind(fd, ai->ai_addr, ai->ai_addrlen) != 0 || listen(fd, 64) != 0) {
+    if (bind(fd, ai->ai_addr, ai->ai_addrlen) != 0 || listen(fd, SOMAXCONN) != 0) {
       last_error = strerror(errno);
       close(fd);
       fd = -1;
@@ -169,10 +176,11 @@ absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(absl::string
   getsockname(fd, reinterpret_cast<sockaddr*>(&bound), &len);
   int port = bound.ss_family == AF_INET6 ? ntohs(reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port)
                                          : ntohs(reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
-  return std::unique_ptr<MetricsServer>(new MetricsServer(fd, port));
+  return std::unique_ptr<MetricsServer>(new MetricsServer(fd, port, options));
 }
 
-MetricsServer::MetricsServer(int listen_fd, int port) : listen_fd_(listen_fd), port_(port) {
+MetricsServer::MetricsServer(int listen_fd, int port, const MetricsServerOptions& options)
+    : listen_fd_(listen_fd), port_(port), options_(options) {
   thread_ = std::thread([this] { Serve(); });
 }
 
@@ -189,18 +197,92 @@ void MetricsServer::Expose(std::shared_ptr<prometheus::Collectable> collectable)
 }
 
 void MetricsServer::Serve() {
-  while (!stop_.load()) {
-    pollfd p = {listen_fd_, POLLIN, 0};
-    int n = poll(&p, 1, 200);
-    if (n <= 0) continue;
-    if (p.revents & (POLLERR | POLLHUP | POLLNVAL)) {
-      if (stop_.load()) return;
+  struct Conn {
+    int fd;
+    absl::Time deadline;
+    bool replying = false;  // the request head is in; sending `out`
+    std::string in, out;
+    size_t sent = 0;
+  };
+  std::vector<Conn> conns;  // oldest first
+  auto close_at = [&](size_t i) {
+    close(conns[i].fd);
+    conns.erase(conns.begin() + static_cast<std::ptrdiff_t>(i));
+  };
+  // Reads what has arrived and sends what the socket takes; false when the
+  // connection is done (answered, or closed by the client).
+  auto progress = [&](Conn& c) {
+    if (!c.replying) {
+      char buf[4096];
+      const ssize_t n = recv(c.fd, buf, sizeof(buf), MSG_DONTWAIT);
+      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return true;
+      if (n > 0) c.in.append(buf, static_cast<size_t>(n));
+      const bool done = n <= 0 || c.in.find("\r\n\r\n") != std::string::npos ||
+                        c.in.find("\n\n") != std::string::npos || c.in.size() >= 16384;
+      if (!done) return true;
+      c.out = Respond(c.in);
+      c.in.clear();
+      c.replying = true;
+      c.deadline = absl::Now() + options_.reply_timeout;
     }
-    int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
-    if (fd < 0) continue;
-    HandleConnection(fd);
-    close(fd);
+    const ssize_t n =
+        send(c.fd, c.out.data() + c.sent, c.out.size() - c.sent, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return true;
+    if (n > 0) c.sent += static_cast<size_t>(n);
+    return n > 0 && c.sent < c.out.size();
+  };
+  while (!stop_.load()) {
+    const absl::Time now = absl::Now();
+    for (size_t i = conns.size(); i-- > 0;) {
+      if (conns[i].deadline <= now) close_at(i);  // too slow: sending or reading
+    }
+    absl::Time wake = now + absl::Milliseconds(200);
+    std::vector<pollfd> fds;
+    fds.push_back({listen_fd_, POLLIN, 0});
+    for (const Conn& c : conns) {
+      fds.push_back({c.fd, static_cast<short>(c.replying ? POLLOUT : POLLIN), 0});
+      wake = std::min(wake, c.deadline);
+    }
+    const int timeout_ms =
+        static_cast<int>(std::max<int64_t>(0, absl::ToInt64Milliseconds(wake - now) + 1));
+    if (poll(fds.data(), fds.size(), timeout_ms) <= 0) continue;
+    if (stop_.load()) break;
+    // Existing connections first (indices match fds[1..]).
+    for (size_t i = conns.size(); i-- > 0;) {
+      if (fds[i + 1].revents != 0 && !progress(conns[i])) close_at(i);
+    }
+    if (fds[0].revents & (POLLERR | POLLHUP | POLLNVAL)) {
+      if (stop_.load()) break;
+    }
+    if ((fds[0].revents & POLLIN) == 0) continue;
+    // A full accept queue drops connection attempts (the client retries
+    // after a second): drain it, up to a bound that keeps reads going.
+    for (int accepted = 0; accepted < 4 * options_.max_connections + 64; ++accepted) {
+      const int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+      if (fd < 0) break;
+      // A scrape's request is usually there already: answer it at once,
+      // before newer connections can push this one out.
+      Conn c{fd, absl::Now() + options_.request_timeout};
+      if (!progress(c)) {
+        close(fd);
+        continue;
+      }
+      if (static_cast<int>(conns.size()) >= options_.max_connections) {
+        // At the cap: drop the oldest connection still sending its request
+        // (or, when all are being answered, the oldest of all).
+        size_t victim = 0;
+        for (size_t i = 0; i < conns.size(); ++i) {
+          if (!conns[i].replying) {
+            victim = i;
+            break;
+          }
+        }
+        close_at(victim);
+      }
+      conns.push_back(std::move(c));
+    }
   }
+  for (const Conn& c : conns) close(c.fd);
 }
 
 std::string MetricsServer::Render() {
@@ -216,18 +298,7 @@ std::string MetricsServer::Render() {
   return prometheus::TextSerializer().Serialize(families);
 }
 
-void MetricsServer::HandleConnection(int fd) {
-  // Read the request head (bounded; a slow or silent client gets 2 s).
-  timeval tv = {2, 0};
-  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
-  std::string head;
-  char buf[2048];
-  while (head.find("\r\n\r\n") == std::string::npos && head.size() < 16384) {
-    ssize_t n = recv(fd, buf, sizeof(buf), 0);
-    if (n <= 0) break;
-    head.append(buf, static_cast<size_t>(n));
-  }
+std::string MetricsServer::Respond(absl::string_view head) {
   std::string status = "200 OK", type = "text/plain; version=0.0.4; charset=utf-8", body;
   if (absl::StartsWith(head, "GET /metrics ") || absl::StartsWith(head, "GET /metrics?") ||
       absl::StartsWith(head, "HEAD /metrics ")) {
@@ -245,12 +316,7 @@ void MetricsServer::HandleConnection(int fd) {
       absl::StrCat("HTTP/1.1 ", status, "\r\nContent-Type: ", type,
                    "\r\nContent-Length: ", body.size(), "\r\nConnection: close\r\n\r\n");
   if (!absl::StartsWith(head, "HEAD ")) response += body;
-  size_t sent = 0;
-  while (sent < response.size()) {
-    ssize_t n = send(fd, response.data() + sent, response.size() - sent, MSG_NOSIGNAL);
-    if (n <= 0) break;
-    sent += static_cast<size_t>(n);
-  }
+  return response;
 }
 
 }  // namespace metrics

@@ -36,6 +36,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "prometheus/collectable.h"
 #include "prometheus/counter.h"
 #include "prometheus/family.h"
@@ -92,15 +93,27 @@ class CallbackCollectable : public prometheus::Collectable {
   Fn fn_;
 };
 
+// Bounds that keep slow or idle clients from holding /metrics.
+struct MetricsServerOptions {
+  // Connections open at once. A connection past the cap closes the oldest
+  // one still sending its request (a slow client's), so a scrape gets in.
+  int max_connections = 32;
+  // A client must send its whole request head within this time of
+  // connecting, and read the whole reply within reply_timeout after it.
+  absl::Duration request_timeout = absl::Seconds(1);
+  absl::Duration reply_timeout = absl::Seconds(5);
+};
+
 // Serves GET /metrics over HTTP for every exposed collectable.
 class MetricsServer {
  public:
   // Listens on `address`: "host:port", ":port" (all interfaces) or "port".
   // Port 0 picks a free port; port() tells which. Errors: kInvalidArgument
-  // for a malformed address, kUnavailable when it cannot be bound.
-  static absl::StatusOr<std::unique_ptr<MetricsServer>> Start(absl::string_view address);
+  // for a malformed address or options, kUnavailable when it cannot be bound.
+  static absl::StatusOr<std::unique_ptr<MetricsServer>> Start(
+      absl::string_view address, const MetricsServerOptions& options = {});
 
-  // Stops serving; in-flight scrapes finish first.
+  // Stops serving; connections still open are closed.
   ~MetricsServer();
   MetricsServer(const MetricsServer&) = delete;
   MetricsServer& operator=(const MetricsServer&) = delete;
@@ -113,18 +126,21 @@ class MetricsServer {
   int port() const { return port_; }
 
  private:
-  MetricsServer(int listen_fd, int port);
+  MetricsServer(int listen_fd, int port, const MetricsServerOptions& options);
   void Serve();
-  void HandleConnection(int fd);
+  // The reply to a request head.
+  std::string Respond(absl::string_view head);
   std::string Render();
 
   // A small HTTP/1.0 server of our own rather than prometheus-cpp's civetweb
   // Exposer: civetweb's mg_start fails in any process that also loads
   // libcublas (found with a probe binary: cudart, cuDNN and NCCL are fine,
-  // cuBLAS is not), and every trainer links cuBLAS. Scrapes are rare and
-  // small, so one thread serving connections in turn is enough.
+  // cuBLAS is not), and every trainer links cuBLAS. One thread serves every
+  // connection at once (non-blocking sockets, poll), each with a deadline,
+  // so a client that sends or reads slowly delays no other.
   int listen_fd_;
   int port_;
+  const MetricsServerOptions options_;
   std::atomic<bool> stop_{false};
   std::thread thread_;
   absl::Mutex mu_;

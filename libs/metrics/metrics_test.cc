@@ -5,11 +5,13 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <memory>
 #include <string>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "gtest/gtest.h"
 #include "libs/metrics/scrape.h"
 
@@ -59,6 +61,91 @@ TEST(MetricsServerTest, ServesRegistryAndCallbacksOverHttp) {
   absl::StatusOr<bool> linted = PromtoolCheck(*text);
   ASSERT_TRUE(linted.ok()) << linted.status() << "\n" << *text;
   if (!*linted) std::cerr << "promtool not installed: lint skipped\n";
+}
+
+// Issue 16: slow clients must not hold /metrics. 64 clients (twice the
+// connection cap) trickle endless request heads or send nothing; scrapes
+// still answer within 1 s each, and the server closes the slow connections
+// (request_timeout, or to make room at the cap).
+TEST(MetricsServerTest, SlowClientsDoNotHoldTheServer) {
+  auto registry = std::make_shared<prometheus::Registry>();
+  AddCounter(*registry, "dtrain_test_scrapes_total", "Scrapes.").Add({}).Increment(5);
+  MetricsServerOptions options;
+  options.max_connections = 32;
+  options.request_timeout = absl::Milliseconds(500);
+  absl::StatusOr<std::unique_ptr<MetricsServer>> server =
+      MetricsServer::Start("127.0.0.1:0", options);
+  ASSERT_TRUE(server.ok()) << server.status();
+  (*server)->Expose(registry);
+  {
+    SlowClients slow((*server)->port(), 64, absl::Milliseconds(20));
+    absl::SleepFor(absl::Milliseconds(300));  // all connected, the cap reached
+    for (int i = 0; i < 20; ++i) {
+      const absl::Time start = absl::Now();
+      absl::StatusOr<std::string> text = Scrape((*server)->port());
+      const absl::Duration took = absl::Now() - start;
+      ASSERT_TRUE(text.ok()) << "scrape " << i << ": " << text.status();
+      EXPECT_EQ(*SampleValue(*text, "dtrain_test_scrapes_total"), 5);
+      EXPECT_LT(took, absl::Seconds(1)) << "scrape " << i;
+      absl::SleepFor(absl::Milliseconds(50));
+    }
+    EXPECT_GE(slow.opened(), 64);
+    // 64 clients for a cap of 32 and a 500 ms request deadline: the server
+    // has closed many of them by now.
+    EXPECT_GE(slow.closed_by_server(), 32);
+  }
+}
+
+// A client that sends nothing is closed once request_timeout passes, and
+// one that trickles bytes forever too (the deadline is for the whole head).
+TEST(MetricsServerTest, RequestTimeoutClosesSilentAndTricklingClients) {
+  MetricsServerOptions options;
+  options.request_timeout = absl::Milliseconds(300);
+  absl::StatusOr<std::unique_ptr<MetricsServer>> server =
+      MetricsServer::Start("127.0.0.1:0", options);
+  ASSERT_TRUE(server.ok()) << server.status();
+  auto open = [&] {
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in addr = {};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(static_cast<uint16_t>((*server)->port()));
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    EXPECT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+    return fd;
+  };
+  const absl::Time start = absl::Now();
+  int silent = open();
+  int trickle = open();
+  bool trickle_closed = false;
+  absl::Time trickle_closed_at;
+  const std::string head = "GET /metrics HTTP/1.0\r\nX-Slow: ";
+  for (size_t i = 0; !trickle_closed && absl::Now() - start < absl::Seconds(5); ++i) {
+    char byte = i < head.size() ? head[i] : 'x';
+    if (send(trickle, &byte, 1, MSG_NOSIGNAL) < 0) {
+      trickle_closed = true;
+    } else {
+      char c;
+      ssize_t r = recv(trickle, &c, 1, MSG_DONTWAIT);
+      trickle_closed = r == 0 || (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK);
+    }
+    if (trickle_closed) trickle_closed_at = absl::Now();
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  ASSERT_TRUE(trickle_closed) << "a client trickling a request head was never closed";
+  EXPECT_GE(trickle_closed_at - start, absl::Milliseconds(250));
+  EXPECT_LT(trickle_closed_at - start, absl::Seconds(2));
+  char c;
+  EXPECT_EQ(recv(silent, &c, 1, 0), 0) << "the silent client is closed, with no reply";
+  EXPECT_LT(absl::Now() - start, absl::Seconds(3));
+  close(silent);
+  close(trickle);
+}
+
+TEST(MetricsServerTest, RejectsBadOptions) {
+  MetricsServerOptions options;
+  options.max_connections = 0;
+  EXPECT_EQ(MetricsServer::Start("127.0.0.1:0", options).status().code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 TEST(MetricsServerTest, BucketsIncrease) {

@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <string>
+#include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -34,6 +35,10 @@ absl::StatusOr<std::string> Scrape(int port, absl::string_view path) {
     return absl::UnavailableError(
         absl::StrCat("connect 127.0.0.1:", port, ": ", ErrnoToStatus(e, "connect").message()));
   }
+  // A server that never answers fails the scrape instead of hanging the test.
+  timeval tv = {10, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
   std::string request = absl::StrCat("GET ", path, " HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n");
   size_t sent = 0;
   while (sent < request.size()) {
@@ -115,6 +120,65 @@ absl::StatusOr<double> SampleValue(absl::string_view text, absl::string_view ser
     return v;
   }
   return absl::NotFoundError(absl::StrCat("no sample ", series));
+}
+
+SlowClients::SlowClients(int port, int n, absl::Duration interval) : port_(port) {
+  fds_.assign(static_cast<size_t>(n), -1);
+  thread_ = std::thread([this, interval] { Run(interval); });
+}
+
+SlowClients::~SlowClients() {
+  stop_.Notify();
+  thread_.join();
+  for (int fd : fds_) {
+    if (fd >= 0) close(fd);
+  }
+}
+
+int SlowClients::Connect() {
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return -1;
+  sockaddr_in addr = {};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port_));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    close(fd);
+    return -1;
+  }
+  opened_.fetch_add(1);
+  return fd;
+}
+
+void SlowClients::Run(absl::Duration interval) {
+  static constexpr char kHead[] = "GET /metrics HTTP/1.0\r\nX-Slow: ";
+  std::vector<size_t> sent(fds_.size(), 0);
+  while (!stop_.WaitForNotificationWithTimeout(interval)) {
+    for (size_t i = 0; i < fds_.size(); ++i) {
+      int& fd = fds_[i];
+      if (fd >= 0) {
+        // Closed by the server? (A read of 0 bytes, or a reset.)
+        char c;
+        ssize_t r = recv(fd, &c, 1, MSG_DONTWAIT);
+        bool closed = r == 0 || (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK);
+        // Odd clients trickle a request head that never ends; even ones send nothing.
+        if (!closed && i % 2 == 1) {
+          const char byte = sent[i] < sizeof(kHead) - 1 ? kHead[sent[i]] : 'x';
+          closed = send(fd, &byte, 1, MSG_NOSIGNAL | MSG_DONTWAIT) < 0 && errno != EAGAIN;
+          ++sent[i];
+        }
+        if (closed) {
+          close(fd);
+          fd = -1;
+          closed_by_server_.fetch_add(1);
+        }
+      }
+      if (fd < 0) {
+        fd = Connect();
+        sent[i] = 0;
+      }
+    }
+  }
 }
 
 }  // namespace metrics

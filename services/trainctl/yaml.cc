@@ -1,5 +1,7 @@
 #include "services/trainctl/yaml.h"
 
+#include <cmath>
+#include <cstdint>
 #include <set>
 #include <vector>
 
@@ -53,6 +55,45 @@ std::string JsonString(absl::string_view s) {
   return out + "\"";
 }
 
+// Whether `s` is well-formed UTF-8 (JSON text must be; protobuf's JSON
+// parser rejects anything else with a message that names no line).
+bool ValidUtf8(absl::string_view s) {
+  size_t i = 0;
+  while (i < s.size()) {
+    const unsigned char c = static_cast<unsigned char>(s[i]);
+    size_t n;
+    uint32_t cp;
+    if (c < 0x80) {
+      ++i;
+      continue;
+    } else if (c >= 0xC2 && c <= 0xDF) {
+      n = 1;
+      cp = c & 0x1F;
+    } else if (c >= 0xE0 && c <= 0xEF) {
+      n = 2;
+      cp = c & 0x0F;
+    } else if (c >= 0xF0 && c <= 0xF4) {
+      n = 3;
+      cp = c & 0x07;
+    } else {
+      return false;
+    }
+    if (s.size() - i <= n) return false;
+    for (size_t k = 1; k <= n; ++k) {
+      const unsigned char t = static_cast<unsigned char>(s[i + k]);
+      if ((t & 0xC0) != 0x80) return false;
+      cp = (cp << 6) | (t & 0x3F);
+    }
+    // Overlong forms, UTF-16 surrogates and values past U+10FFFF.
+    if ((n == 2 && cp < 0x800) || (n == 3 && cp < 0x10000) || cp > 0x10FFFF ||
+        (cp >= 0xD800 && cp <= 0xDFFF)) {
+      return false;
+    }
+    i += n + 1;
+  }
+  return true;
+}
+
 // Whether `s` is a number JSON accepts as is.
 bool JsonNumber(absl::string_view s) {
   if (s.empty()) return false;
@@ -60,8 +101,10 @@ bool JsonNumber(absl::string_view s) {
   if (s[i] == '-') ++i;
   if (i == s.size() || !absl::ascii_isdigit(s[i])) return false;
   if (s[i] == '0' && i + 1 < s.size() && absl::ascii_isdigit(s[i + 1])) return false;
-  double unused;
-  return absl::SimpleAtod(s, &unused) && s.find_first_of("xXnN") == absl::string_view::npos;
+  double value;
+  // Not a number past double's range (1e999): JSON parsers reject it.
+  return absl::SimpleAtod(s, &value) && std::isfinite(value) &&
+         s.find_first_of("xXnN") == absl::string_view::npos;
 }
 
 // Parses the scalar after "key:" (comment already allowed); sets *json.
@@ -176,6 +219,7 @@ absl::StatusOr<std::string> YamlToJson(absl::string_view yaml) {
   for (absl::string_view raw : absl::StrSplit(yaml, '\n')) {
     ++number;
     if (!raw.empty() && raw.back() == '\r') raw.remove_suffix(1);
+    if (!ValidUtf8(raw)) return Error(number, "not valid UTF-8 text; save the file as UTF-8");
     size_t indent = 0;
     while (indent < raw.size() && raw[indent] == ' ') ++indent;
     absl::string_view rest = raw.substr(indent);

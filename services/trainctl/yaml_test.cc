@@ -52,6 +52,11 @@ TEST(YamlTest, ScalarsMapToJsonTypes) {
   EXPECT_EQ(*YamlToJson("a:\n  b:\n    c: 1\n  d: 2\ne: 3\n"),
             R"({"a":{"b":{"c":1},"d":2},"e":3})");
   EXPECT_EQ(*YamlToJson("a: x # comment\r\n"), R"({"a":"x"})");
+  // Found by the fuzzer: a number past double's range stays a string (JSON
+  // has no infinity), so protobuf names the field that wants a number.
+  EXPECT_EQ(*YamlToJson("a: 1e999\nb: -1e400\n"), R"({"a":"1e999","b":"-1e400"})");
+  EXPECT_EQ(*YamlToJson("a: caf\xc3\xa9 \xf0\x9f\x98\x80\n"),
+            "{\"a\":\"caf\xc3\xa9 \xf0\x9f\x98\x80\"}");
 }
 
 TEST(YamlTest, ErrorsNameTheLine) {
@@ -70,6 +75,14 @@ TEST(YamlTest, ErrorsNameTheLine) {
       {"  a: 1\n", "line 1: the top-level mapping must not be indented"},
       {"a: 1\n---\nb: 2\n", "line 2: only one document"},
       {"# nothing\n\n", "empty document"},
+      // Found by tests/fuzz/jobfile_fuzzer: bytes that are not UTF-8 made
+      // JSON that protobuf's parser rejected naming no line.
+      {"a: 1\nname: \"caf\xe9\"\n", "line 2: not valid UTF-8"},
+      {"a\xf7\xf7: 1\n", "line 1: not valid UTF-8"},
+      {"a: \xc0\xaf\n", "line 1: not valid UTF-8"},          // overlong '/'
+      {"a: \xed\xa0\x80\n", "line 1: not valid UTF-8"},      // a UTF-16 surrogate
+      {"a: \xf4\x90\x80\x80\n", "line 1: not valid UTF-8"},  // past U+10FFFF
+      {"a: \xe2\x82\n", "line 1: not valid UTF-8"},          // cut short
   };
   for (const Case& c : cases) {
     absl::StatusOr<std::string> r = YamlToJson(c.yaml);
