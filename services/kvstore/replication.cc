@@ -119,8 +119,7 @@ void MapHeartbeat::Loop() {
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
-  auto stub = scheduler::v1::ClusterService::NewStub(
-      rpc::NewChannel(options_.scheduler, args));
+  auto stub = scheduler::v1::ClusterService::NewStub(rpc::NewChannel(options_.scheduler, args));
   absl::Duration interval = options_.interval;
   int64_t failed_in_a_row = 0;
   do {

@@ -476,8 +476,7 @@ void OnStopSignal(int) { g_stop_supervisor = 1; }
 absl::Status WaitForShardMap(const std::string& scheduler, int shards, int replicas,
                              absl::Duration timeout, const std::vector<Proc>& procs,
                              const std::vector<Child>& children) {
-  auto stub = scheduler::v1::JobService::NewStub(
-      rpc::NewChannel(scheduler));
+  auto stub = scheduler::v1::JobService::NewStub(rpc::NewChannel(scheduler));
   const absl::Time deadline = absl::Now() + timeout;
   absl::Status last = absl::UnavailableError("the scheduler did not answer GetKvstoreMap");
   kvstore::v1::ShardMap map;
@@ -952,8 +951,7 @@ int Status(const ClusterOptions& o) {
                      [](const Proc& q) { return q.shard >= 0; })) {
       break;
     }
-    auto stub = scheduler::v1::JobService::NewStub(
-        rpc::NewChannel(p.address));
+    auto stub = scheduler::v1::JobService::NewStub(rpc::NewChannel(p.address));
     grpc::ClientContext ctx;
     ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(3)));
     kvstore::v1::ShardMap got;

@@ -28,8 +28,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "libs/base/logging.h"
-#include "libs/rpc/credentials.h"
 #include "libs/base/signals.h"
+#include "libs/rpc/credentials.h"
 #include "libs/rpc/server.h"
 #include "protos/scheduler.grpc.pb.h"
 
@@ -64,8 +64,7 @@ void Heartbeats(const std::string& scheduler, int shard, int replica, int num_sh
   std::random_device rd;
   const uint64_t incarnation = (static_cast<uint64_t>(rd()) << 32 | rd()) | 1;
   const bool never_catch_up = std::getenv("FAKE_REPLICA_NEVER_CATCH_UP") != nullptr;
-  auto stub = dtrain::scheduler::v1::ClusterService::NewStub(
-      dtrain::rpc::NewChannel(scheduler));
+  auto stub = dtrain::scheduler::v1::ClusterService::NewStub(dtrain::rpc::NewChannel(scheduler));
   ShardMap map;
   absl::Duration interval = absl::Milliseconds(200);
   while (!stop->load()) {

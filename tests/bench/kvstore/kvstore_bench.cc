@@ -114,8 +114,7 @@ absl::StatusOr<Result> RunOnce(const char* argv0, int replicas) {
   }
   if (replicas > 1) {
     // Until every chain has all its replicas ACTIVE.
-    auto stub =
-        v1::Replica::NewStub(dtrain::rpc::NewChannel(addresses[0]));
+    auto stub = v1::Replica::NewStub(dtrain::rpc::NewChannel(addresses[0]));
     for (absl::Time end = absl::Now() + absl::Seconds(30);;
          absl::SleepFor(absl::Milliseconds(50))) {
       grpc::ClientContext ctx;
