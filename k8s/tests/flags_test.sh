@@ -20,21 +20,24 @@ while IFS= read -r f; do
                over=(--listen=127.0.0.1:0 --metrics_listen=127.0.0.1:0 "--data_dir=$tmp/s$n" --insecure
                      --health_listen=127.0.0.1:0 --cluster_secret_file=)
                need=(--metrics_listen=0.0.0.0:9400 --health_listen=0.0.0.0:7001
-                     --cluster_secret_file=/etc/dtrain-tls/cluster.secret) ;;
+                     --cluster_secret_file=/etc/dtrain-tls/cluster.secret
+                     --ca=/etc/dtrain-tls/ca.pem --cert=/etc/dtrain-tls/scheduler.pem) ;;
     kvstore)   bin="$R/services/kvstore/kvstore_server"
                over=(--listen=127.0.0.1:0 --metrics_listen=127.0.0.1:0 "--data_dir=$tmp/k$n" --insecure
                      --health_listen=127.0.0.1:0 --cluster_secret_file=)
                need=(--metrics_listen=0.0.0.0:9401 --health_listen=0.0.0.0:7071
-                     --cluster_secret_file=/etc/dtrain-tls/cluster.secret) ;;
+                     --cluster_secret_file=/etc/dtrain-tls/cluster.secret
+                     --ca=/etc/dtrain-tls/ca.pem --cert=/etc/dtrain-tls/kvstore.pem) ;;
     trainer)   bin="$R/services/trainer/trainer"
                over=(--scheduler=127.0.0.1:1 --devices=cpu --metrics_listen=127.0.0.1:0
                      --health_listen=127.0.0.1:0 "--work_dir=$tmp/t$n" --insecure)
-               need=(--metrics_listen=0.0.0.0:9402 --health_listen=0.0.0.0:9403) ;;
+               need=(--metrics_listen=0.0.0.0:9402 --health_listen=0.0.0.0:9403
+                     --ca=/etc/dtrain-tls/ca.pem --cert=/etc/dtrain-tls/trainer.pem) ;;
     *) echo "FAIL: $f: no binary known for '$base'"; fail=1; continue ;;
   esac
   n=$((n + 1))
   for want in "${need[@]}"; do
-    grep -qx -- "$want" "$f" || { echo "FAIL: $f: missing $want (probes/scrapes use it)"; fail=1; }
+    grep -qx -- "$want" "$f" || { echo "FAIL: $f: missing $want (probes, scrapes or mutual TLS need it)"; fail=1; }
   done
   # Later flags override the file's; run it for 2 s: a parse error exits at once.
   out=$(timeout -s TERM 2 "$bin" "--flagfile=$f" "${over[@]}" 2>&1)
