@@ -1,10 +1,12 @@
 #include "libs/agent/job_plan.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "libs/base/status.h"
 #include "libs/scheduler/spec.h"
 
@@ -62,6 +64,32 @@ const char* GradientPathName(GradientPath path) {
   return "unknown";
 }
 
+namespace {
+
+// OK if `dir` (a job's data_dir) is one of `roots` or lies under one.
+absl::Status CheckDataDir(const std::string& dir, const std::vector<std::string>& roots) {
+  const std::string listed = roots.empty() ? "none" : absl::StrJoin(roots, ", ");
+  auto denied = [&](absl::string_view why) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("spec.data_dir: '", dir, "' ", why,
+                     "; this trainer reads data only under its --data_roots (", listed, ")"));
+  };
+  if (dir.empty() || dir[0] != '/') return denied("is not an absolute path");
+  std::vector<absl::string_view> parts = absl::StrSplit(dir, '/', absl::SkipEmpty());
+  for (absl::string_view p : parts) {
+    if (p == ".." || p == ".") return denied("has '.' or '..' components");
+  }
+  for (const std::string& root : roots) {
+    std::vector<absl::string_view> rp = absl::StrSplit(root, '/', absl::SkipEmpty());
+    if (rp.size() <= parts.size() && std::equal(rp.begin(), rp.end(), parts.begin())) {
+      return absl::OkStatus();
+    }
+  }
+  return denied("is outside them");
+}
+
+}  // namespace
+
 absl::StatusOr<JobPlan> PlanJob(const v1::Assignment& a, const TrainerResources& r) {
   if (a.job_id().empty()) return absl::InvalidArgumentError("assignment.job_id: required");
   if (a.world_size() < 1) {
@@ -91,6 +119,7 @@ absl::StatusOr<JobPlan> PlanJob(const v1::Assignment& a, const TrainerResources&
   train::JobConfig& c = plan.config;
   c.name = a.job_id();
   c.model = spec.model();
+  if (!spec.data_dir().empty()) DT_RETURN_IF_ERROR(CheckDataDir(spec.data_dir(), r.data_roots));
   c.data_dir = spec.data_dir();
   c.epochs = spec.epochs();
   c.global_batch_size = spec.global_batch_size();

@@ -25,7 +25,8 @@
 // Errors: INVALID_ARGUMENT naming the field ("assignment.rank: ...",
 // "spec.<field>: ..." as scheduler::ValidateJobSpec words it) for an
 // assignment that cannot run; FAILED_PRECONDITION when this trainer lacks
-// what the job needs (devices, a parameter server). Thread-safe (pure).
+// what the job needs (devices, a parameter server); PERMISSION_DENIED for a
+// spec.data_dir outside TrainerResources::data_roots. Thread-safe (pure).
 #ifndef DTRAIN_LIBS_AGENT_JOB_PLAN_H_
 #define DTRAIN_LIBS_AGENT_JOB_PLAN_H_
 
@@ -66,6 +67,11 @@ struct TrainerResources {
   absl::Duration collective_timeout = absl::Seconds(60);
   // Whether the trainer can reach a parameter server (KVSTORE jobs).
   bool has_parameter_server = false;
+  // Directories a job's spec.data_dir must be (or lie under): a job names
+  // any path, and the trainer reads what it names. An absolute path without
+  // ".." components is compared by its components (symbolic links under a
+  // root are followed as they are). The default: Debian's datasets.
+  std::vector<std::string> data_roots = {"/usr/share/datasets"};
 };
 
 // How a job's gradients cross trainers.

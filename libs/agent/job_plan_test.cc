@@ -57,7 +57,30 @@ TrainerResources Cpu() {
   r.checkpoint_dir = "/ckpt";
   r.collective_host = "10.0.0.7";
   r.collective_timeout = absl::Seconds(17);
+  r.data_roots = {"/data"};
   return r;
+}
+
+TEST(JobPlanTest, DataDirMustLieUnderTheTrainersDataRoots) {
+  v1::Assignment a = FullAssignment();
+  for (const char* ok : {"/data", "/data/fashion", "//data//fashion/"}) {
+    a.mutable_spec()->set_data_dir(ok);
+    EXPECT_TRUE(PlanJob(a, Cpu()).ok()) << ok;
+  }
+  for (const char* bad : {"/etc", "/database", "/data/../etc", "data/fashion", "/data/./x"}) {
+    a.mutable_spec()->set_data_dir(bad);
+    absl::StatusOr<JobPlan> plan = PlanJob(a, Cpu());
+    EXPECT_EQ(plan.status().code(), absl::StatusCode::kPermissionDenied) << bad;
+    EXPECT_NE(plan.status().message().find("--data_roots (/data)"), std::string::npos)
+        << plan.status();
+  }
+  // The default roots: Debian's datasets only.
+  TrainerResources defaults;
+  defaults.devices = {"cpu"};
+  a.mutable_spec()->set_data_dir("/usr/share/datasets/fashion-mnist");
+  EXPECT_TRUE(PlanJob(a, defaults).ok());
+  a.mutable_spec()->set_data_dir("/root/.ssh");
+  EXPECT_EQ(PlanJob(a, defaults).status().code(), absl::StatusCode::kPermissionDenied);
 }
 
 TEST(JobPlanTest, MapsEveryField) {

@@ -153,6 +153,9 @@ ABSL_FLAG(std::string, collective_host, "",
           "address other trainers reach this one at for allreduce (default: the host name)");
 ABSL_FLAG(std::string, kvstore, "",
           "kvstore shard addresses host:port,... in shard order (for KVSTORE-mode jobs)");
+ABSL_FLAG(std::string, data_roots, "/usr/share/datasets",
+          "directories a job's data_dir may name (comma-separated; the job names the path, this "
+          "trainer reads it): a data_dir outside them fails the job with PERMISSION_DENIED");
 ABSL_FLAG(int, kvstore_replicas, 1,
           "replicas per kvstore shard; > 1: --kvstore lists every replica, shard-major (shard i "
           "replica j at index i * R + j), and the trainer follows the shard map they serve");
@@ -264,6 +267,8 @@ int main(int argc, char** argv) {
   options.name = name;
   options.resources.devices = devices;
   options.resources.collective_host = absl::GetFlag(FLAGS_collective_host);
+  options.resources.data_roots =
+      absl::StrSplit(absl::GetFlag(FLAGS_data_roots), ',', absl::SkipEmpty());
   options.resources.collective_timeout = absl::Seconds(collective_timeout_s);
   {
     std::vector<std::string> kv;
