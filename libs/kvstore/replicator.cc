@@ -120,6 +120,13 @@ void Replicator::CompleteLocked(std::deque<std::shared_ptr<Pending>>* entries,
   entries->clear();
 }
 
+void Replicator::RequeueInflightLocked() {
+  while (!inflight_.empty()) {
+    queue_.push_front(std::move(inflight_.back()));
+    inflight_.pop_back();
+  }
+}
+
 void Replicator::SetMap(const v1::ShardMap& map) {
   absl::MutexLock lock(&mu_);
   if (map.version() <= map_.version()) return;
@@ -149,10 +156,7 @@ void Replicator::SetMap(const v1::ShardMap& map) {
   caught_up_ = {-1, 0};
   // Writes sent to the old successor and not acknowledged go again, inside
   // the state transfer to the new one.
-  while (!inflight_.empty()) {
-    queue_.push_front(std::move(inflight_.back()));
-    inflight_.pop_back();
-  }
+  RequeueInflightLocked();
   if (next.replica < 0) {
     // The tail now (every live replica applied them), or out of the chain.
     CompleteLocked(&queue_, member ? absl::OkStatus()
@@ -405,10 +409,7 @@ void Replicator::Forward() {
                       << to.address
                       << " failed (retrying until the map changes): " << reply.status();
     }
-    while (!inflight_.empty()) {
-      queue_.push_front(std::move(inflight_.back()));
-      inflight_.pop_back();
-    }
+    RequeueInflightLocked();
     if (transfer) need_transfer_ = true;
     auto woken = [this, epoch]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
       return stop_ || epoch != successor_epoch_;

@@ -156,6 +156,8 @@ class Replicator {
   absl::StatusOr<MutationResult> ApplyAndQueueLocked(std::shared_ptr<const v1::Mutation> mutation,
                                                      std::shared_ptr<Pending>* queued)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Puts the batch in flight back at the front of the queue, in order.
+  void RequeueInflightLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void CompleteLocked(std::deque<std::shared_ptr<Pending>>* entries, const absl::Status& status)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   static absl::Status Await(const std::shared_ptr<Pending>& p, absl::Time deadline);
