@@ -9,6 +9,7 @@
 #include "libs/base/grpc_status.h"
 #include "libs/base/logging.h"
 #include "libs/base/status.h"
+#include "libs/rpc/authorize.h"
 #include "libs/rpc/credentials.h"
 #include "libs/security/authz.h"
 #include "protos/scheduler.grpc.pb.h"
@@ -52,22 +53,12 @@ absl::StatusOr<v1::ReplicateReply> GrpcReplicaLink::Replicate(const std::string&
   return reply;
 }
 
-namespace {
-
-// The Replica service's authorization point (rules: libs/security/authz.h):
-// Replicate only from kvstore shards, GetShardMap for anyone authenticated.
-absl::Status Authorized(const grpc::ServerContext& ctx, security::Action action) {
-  DT_ASSIGN_OR_RETURN(security::Identity who, rpc::PeerIdentity(ctx));
-  return security::Authorize(who, action);
-}
-
-}  // namespace
-
 grpc::Status ReplicaService::Replicate(grpc::ServerContext* ctx,
                                        grpc::ServerReader<v1::ReplicateChunk>* reader,
                                        v1::ReplicateReply* reply) {
-  if (absl::Status a = Authorized(*ctx, security::Action::kReplicate); !a.ok()) {
-    return ToGrpcStatus(a);
+  // Replicate only from kvstore shards (libs/security/authz.h).
+  if (auto who = rpc::AuthorizedPeer(*ctx, security::Action::kReplicate); !who.ok()) {
+    return ToGrpcStatus(who.status());
   }
   std::string bytes;
   v1::ReplicateChunk chunk;
@@ -92,8 +83,8 @@ grpc::Status ReplicaService::Replicate(grpc::ServerContext* ctx,
 
 grpc::Status ReplicaService::GetShardMap(grpc::ServerContext* ctx, const v1::GetShardMapRequest*,
                                          v1::ShardMap* map) {
-  if (absl::Status a = Authorized(*ctx, security::Action::kReadKvstoreMap); !a.ok()) {
-    return ToGrpcStatus(a);
+  if (auto who = rpc::AuthorizedPeer(*ctx, security::Action::kReadKvstoreMap); !who.ok()) {
+    return ToGrpcStatus(who.status());
   }
   *map = replicator_->map();
   return grpc::Status::OK;

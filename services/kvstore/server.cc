@@ -24,6 +24,7 @@
 #include "libs/kvstore/proto_convert.h"
 #include "libs/kvstore/wire.h"
 #include "libs/metrics/metrics.h"
+#include "libs/rpc/authorize.h"
 #include "libs/rpc/credentials.h"
 #include "libs/rpc/server.h"
 #include "libs/security/authz.h"
@@ -89,8 +90,8 @@ namespace {
 absl::StatusOr<absl::optional<std::string>> Authorized(const grpc::ServerContext& ctx,
                                                        const char* method,
                                                        const std::string& secret) {
-  DT_ASSIGN_OR_RETURN(security::Identity who, rpc::PeerIdentity(ctx));
-  DT_RETURN_IF_ERROR(security::Authorize(who, security::KvstoreAction(method)));
+  DT_ASSIGN_OR_RETURN(security::Identity who,
+                      rpc::AuthorizedPeer(ctx, security::KvstoreAction(method)));
   if (secret.empty() || !who.authenticated || who.role != security::Role::kTrainer) {
     return absl::nullopt;
   }

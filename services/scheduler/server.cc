@@ -11,6 +11,7 @@
 #include "libs/base/logging.h"
 #include "libs/base/status.h"
 #include "libs/metrics/metrics.h"
+#include "libs/rpc/authorize.h"
 #include "libs/rpc/credentials.h"
 #include "libs/rpc/server.h"
 #include "libs/security/authz.h"
@@ -55,18 +56,6 @@ class RpcMetrics {
   prometheus::Family<prometheus::Histogram>& latency_;
 };
 
-// The caller of `ctx` if it may do `action` (to a job of `owner`), else the
-// denial (PERMISSION_DENIED; UNAUTHENTICATED for a certificate that names no
-// dtrain identity). Every handler of both services starts here: the
-// scheduler's one authorization point (rules: libs/security/authz.h).
-absl::StatusOr<security::Identity> Authorized(const grpc::ServerContext& ctx,
-                                              security::Action action,
-                                              absl::string_view owner = "") {
-  DT_ASSIGN_OR_RETURN(security::Identity who, rpc::PeerIdentity(ctx));
-  DT_RETURN_IF_ERROR(security::Authorize(who, action, owner));
-  return who;
-}
-
 class JobServiceImpl final : public v1::JobService::Service {
  public:
   JobServiceImpl(Scheduler* s, KvstoreMembership* kv, const absl::Notification* stopping,
@@ -109,7 +98,8 @@ class JobServiceImpl final : public v1::JobService::Service {
   grpc::Status DrainTrainer(grpc::ServerContext* ctx, const v1::DrainTrainerRequest* req,
                             v1::TrainerStatus* reply) override {
     return m_->Observe("DrainTrainer", [&] {
-      absl::StatusOr<security::Identity> who = Authorized(*ctx, security::Action::kDrainTrainer);
+      absl::StatusOr<security::Identity> who =
+          rpc::AuthorizedPeer(*ctx, security::Action::kDrainTrainer);
       if (!who.ok()) return ToGrpcStatus(who.status());
       absl::StatusOr<v1::TrainerStatus> r = s_->DrainTrainer(req->trainer());
       if (!r.ok()) return ToGrpcStatus(r.status());
@@ -120,7 +110,8 @@ class JobServiceImpl final : public v1::JobService::Service {
   grpc::Status ListTrainers(grpc::ServerContext* ctx, const v1::ListTrainersRequest*,
                             v1::ListTrainersReply* reply) override {
     return m_->Observe("ListTrainers", [&] {
-      absl::StatusOr<security::Identity> who = Authorized(*ctx, security::Action::kListTrainers);
+      absl::StatusOr<security::Identity> who =
+          rpc::AuthorizedPeer(*ctx, security::Action::kListTrainers);
       if (!who.ok()) return ToGrpcStatus(who.status());
       for (v1::TrainerStatus& t : s_->ListTrainers()) *reply->add_trainers() = std::move(t);
       return grpc::Status::OK;
@@ -129,7 +120,8 @@ class JobServiceImpl final : public v1::JobService::Service {
   grpc::Status GetKvstoreMap(grpc::ServerContext* ctx, const kvstore::v1::GetShardMapRequest*,
                              kvstore::v1::ShardMap* reply) override {
     return m_->Observe("GetKvstoreMap", [&] {
-      absl::StatusOr<security::Identity> who = Authorized(*ctx, security::Action::kReadKvstoreMap);
+      absl::StatusOr<security::Identity> who =
+          rpc::AuthorizedPeer(*ctx, security::Action::kReadKvstoreMap);
       if (!who.ok()) return ToGrpcStatus(who.status());
       *reply = kv_->Map();
       return grpc::Status::OK;
@@ -139,7 +131,8 @@ class JobServiceImpl final : public v1::JobService::Service {
  private:
   absl::Status DoSubmit(const grpc::ServerContext& ctx, const v1::SubmitRequest* req,
                         v1::JobStatus* reply) {
-    DT_ASSIGN_OR_RETURN(security::Identity who, Authorized(ctx, security::Action::kSubmitJob));
+    DT_ASSIGN_OR_RETURN(security::Identity who,
+                        rpc::AuthorizedPeer(ctx, security::Action::kSubmitJob));
     DT_ASSIGN_OR_RETURN(JobStatus r,
                         s_->Submit(req->spec(), req->request_id(), security::OwnerOf(who)));
     // A request id another user's submission used answers with that job:
@@ -164,7 +157,8 @@ class JobServiceImpl final : public v1::JobService::Service {
 
   absl::Status DoList(const grpc::ServerContext& ctx, const v1::ListRequest* req,
                       v1::ListReply* reply) {
-    DT_ASSIGN_OR_RETURN(security::Identity who, Authorized(ctx, security::Action::kListJobs));
+    DT_ASSIGN_OR_RETURN(security::Identity who,
+                        rpc::AuthorizedPeer(ctx, security::Action::kListJobs));
     if (!v1::JobState_IsValid(req->state())) {
       return absl::InvalidArgumentError(absl::StrCat("state: unknown value ", req->state()));
     }
@@ -215,7 +209,8 @@ class ClusterServiceImpl final : public v1::ClusterService::Service {
   grpc::Status RegisterTrainer(grpc::ServerContext* ctx, const v1::RegisterTrainerRequest* req,
                                v1::RegisterTrainerReply* reply) override {
     return m_->Observe("RegisterTrainer", [&] {
-      absl::StatusOr<security::Identity> who = Authorized(*ctx, security::Action::kTrainerCall);
+      absl::StatusOr<security::Identity> who =
+          rpc::AuthorizedPeer(*ctx, security::Action::kTrainerCall);
       if (!who.ok()) return ToGrpcStatus(who.status());
       grpc::Status s = DoRegister(req, reply);
       if (s.ok()) trainers_.Bind(reply->trainer_id(), *who);
@@ -241,7 +236,7 @@ class ClusterServiceImpl final : public v1::ClusterService::Service {
                                 kvstore::v1::KvstoreHeartbeatReply* reply) override {
     return m_->Observe("KvstoreHeartbeat", [&] {
       absl::StatusOr<security::Identity> who =
-          Authorized(*ctx, security::Action::kKvstoreHeartbeat);
+          rpc::AuthorizedPeer(*ctx, security::Action::kKvstoreHeartbeat);
       if (!who.ok()) return ToGrpcStatus(who.status());
       absl::StatusOr<kvstore::v1::KvstoreHeartbeatReply> r = kv_->Heartbeat(*req, absl::Now());
       if (!r.ok()) return ToGrpcStatus(r.status());
@@ -288,7 +283,8 @@ class ClusterServiceImpl final : public v1::ClusterService::Service {
   // the one that registered that id (a trainer cannot report or meet for
   // another's assignment; the scheduler checks the id holds the job).
   absl::Status AsTrainer(const grpc::ServerContext& ctx, const std::string& trainer_id) {
-    DT_ASSIGN_OR_RETURN(security::Identity who, Authorized(ctx, security::Action::kTrainerCall));
+    DT_ASSIGN_OR_RETURN(security::Identity who,
+                        rpc::AuthorizedPeer(ctx, security::Action::kTrainerCall));
     return trainers_.Check(trainer_id, who);
   }
 
