@@ -7,6 +7,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "libs/agent/step_window.h"
 #include "libs/base/logging.h"
 #include "libs/base/retry.h"
 #include "libs/base/status.h"
@@ -62,6 +63,9 @@ AgentObserver* NoObserver() {
 }
 
 }  // namespace
+
+// Steps a rank's step-time summary covers (ProgressReport.step_times).
+constexpr int kStepWindow = 32;
 
 // The rendezvous store keys of a drain (see agent.h).
 constexpr char kDrainClaim[] = "dtrain/drain/claim";
@@ -200,10 +204,16 @@ class Agent::Progress : public train::JobObserver {
     return drain_at_ >= 0 && steps_done >= drain_at_;
   }
 
+  // Every rank reports at most once per report interval: rank 0 its
+  // progress, every rank its recent step times (the scheduler compares the
+  // ranks: stragglers).
   void OnStep(const train::JobProgress& p, const train::StepTimes& t) override {
     agent_->observer_->OnStep(p, t);
+    const v1::Assignment& a = job_->assignment;
+    const int world = std::max(1, a.world_size());
+    window_.Add(t.phases, a.spec().global_batch_size() / world);
     const absl::Time now = absl::Now();
-    if (job_->assignment.rank() == 0 && now - last_report_ >= agent_->options_.report_interval) {
+    if (now - last_report_ >= agent_->options_.report_interval) {
       last_report_ = now;
       Send(p);
     }
@@ -257,7 +267,8 @@ class Agent::Progress : public train::JobObserver {
   }
 
   void Send(const train::JobProgress& p) {
-    const v1::ProgressReport r = ToReport(p);
+    v1::ProgressReport r = ToReport(p);
+    if (window_.size() > 0) *r.mutable_step_times() = window_.Summary();
     if (agent_->Report(job_->assignment, v1::JOB_STATE_UNSPECIFIED, "", &r)) {
       agent_->Stop(job_, "cancelled");
     }
@@ -273,6 +284,7 @@ class Agent::Progress : public train::JobObserver {
   std::vector<std::unique_ptr<collective::Store>> stores_;
   std::vector<std::unique_ptr<collective::Communicator>> comms_;
   absl::Time last_report_ = absl::InfinitePast();
+  StepWindow window_{kStepWindow};
   bool claimed_ = false;
   int64_t drain_at_ = -1;  // steps of this attempt after which it drains
   absl::Time next_poll_ = absl::InfinitePast();

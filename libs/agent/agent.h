@@ -23,7 +23,10 @@
 // (ClusterClient::RendezvousStore) and create a communicator there; KVSTORE
 // jobs get a parameter server from options.connect_parameter_server. Rank 0
 // reports progress (after every epoch, and between epochs at most once per
-// report_interval); every rank sends one final report: SUCCEEDED ("training
+// report_interval); every rank reports its recent step times
+// (ProgressReport.step_times: medians of its last 32 steps' phases,
+// step_window.h) at most once per report_interval, which the scheduler
+// compares across ranks (stragglers); every rank sends one final report: SUCCEEDED ("training
 // finished"); CANCELLED ("cancelled at epoch E step S") when the scheduler
 // cancelled it (a cancel_job_ids entry, or stop in a progress reply);
 // FAILED with the error's message otherwise, marked retryable when a peer,

@@ -2,6 +2,9 @@
 
 #include <algorithm>
 #include <iterator>
+#include <map>
+#include <memory>
+#include <optional>
 #include <set>
 
 #include "absl/strings/numbers.h"
@@ -435,6 +438,7 @@ absl::StatusOr<bool> Scheduler::ReportProgress(const ProgressReport& r) {
   // logged (when it must be).
   JobStatus next = job.status;
   bool log = false;
+  if (r.has_step_times() && r.step_times().steps() > 0) StepTimes(&job, t, r, &next);
   if (r.rank() == 0) {
     const bool new_epoch = r.epoch() > next.epoch();
     next.set_epoch(r.epoch());
@@ -552,6 +556,50 @@ absl::StatusOr<bool> Scheduler::ReportProgress(const ProgressReport& r) {
   t.delivered = false;
   Schedule();
   return false;
+}
+
+void Scheduler::StepTimes(Job* job, const Trainer& t, const ProgressReport& r, JobStatus* next) {
+  const int world = next->trainers_size();
+  if (r.rank() < 0 || r.rank() >= world) return;
+  while (next->rank_step_times_size() < world) next->add_rank_step_times();
+  *next->mutable_rank_step_times(r.rank()) = r.step_times();
+  if (job->stragglers == nullptr) {
+    job->stragglers = std::make_unique<StragglerDetector>(world, options_.stragglers);
+  }
+  const std::optional<StragglerChange> c = job->stragglers->Observe(r.rank(), r.step_times());
+  // The listed straggler's ratio follows its reports.
+  for (v1::Straggler& s : *next->mutable_stragglers()) {
+    if (s.rank() == r.rank()) s.set_ratio(job->stragglers->ratio(r.rank()));
+  }
+  if (!c.has_value()) return;
+  // Not logged on its own: the next logged change (an epoch, a checkpoint,
+  // the end) carries it.
+  if (c->straggler) {
+    v1::Straggler* s = next->add_stragglers();
+    s->set_rank(c->rank);
+    s->set_trainer(t.id);
+    s->set_ratio(c->ratio);
+    s->set_phase(c->phase);
+    s->set_since_unix_ms(absl::ToUnixMillis(options_.now()));
+    ++stragglers_detected_;
+    SetState(next, v1::RUNNING,
+             absl::StrFormat("straggler: rank %d on trainer %s is %.1fx slower than the median of "
+                             "the other ranks, in %s",
+                             c->rank, t.id, c->ratio, c->phase));
+  } else {
+    auto* list = next->mutable_stragglers();
+    for (int i = 0; i < list->size(); ++i) {
+      if (list->Get(i).rank() == c->rank) {
+        list->DeleteSubrange(i, 1);
+        break;
+      }
+    }
+    SetState(next, v1::RUNNING,
+             absl::StrFormat("straggler no more: rank %d on trainer %s is within %.2fx of the "
+                             "median of the other ranks",
+                             c->rank, t.id, c->ratio));
+  }
+  DT_LOG(INFO) << "job " << next->id() << ": " << next->events().rbegin()->reason();
 }
 
 bool Scheduler::InPlacement(const Job& job, const Trainer& t) {
@@ -696,7 +744,8 @@ void Scheduler::Schedule() {
   }
   std::sort(free.begin(), free.end(),
             [](const Trainer* a, const Trainer* b) { return a->order < b->order; });
-  std::set<const Trainer*> reserved;
+  // Free trainers held for a higher job, with its id.
+  std::map<const Trainer*, std::string> reserved;
   for (Job* job : queue) {
     const JobSpec& spec = job->status.spec();
     std::vector<Trainer*> fit;
@@ -704,8 +753,13 @@ void Scheduler::Schedule() {
       if (t->job_id.empty() && reserved.count(t) == 0 && Fits(*t, spec)) fit.push_back(t);
     }
     if (static_cast<int>(fit.size()) < spec.num_trainers()) {
+      const std::string why = PendingReason(*job, static_cast<int>(fit.size()), reserved);
+      if (why != job->status.pending_reason()) {
+        job->status.set_pending_reason(why);
+        Touch(&job->status);
+      }
       // Hold these for the job so lower ones cannot starve it.
-      reserved.insert(fit.begin(), fit.end());
+      for (Trainer* t : fit) reserved.emplace(t, job->status.id());
       continue;
     }
     fit.resize(spec.num_trainers());
@@ -716,6 +770,9 @@ void Scheduler::Schedule() {
     next.set_step(0);
     next.set_attempts(next.attempts() + 1);
     next.set_generation(0);
+    next.clear_pending_reason();
+    next.clear_stragglers();
+    next.clear_rank_step_times();
     SetState(&next, v1::RUNNING, absl::StrCat("placed on ", absl::StrJoin(next.trainers(), ", ")));
     absl::Status s = Commit(job, std::move(next));
     if (!s.ok()) {
@@ -725,6 +782,8 @@ void Scheduler::Schedule() {
       return;
     }
     job->rank_done.assign(fit.size(), false);
+    job->stragglers = std::make_unique<StragglerDetector>(static_cast<int>(fit.size()),
+                                                          options_.stragglers);
     job->peer_lost = false;
     job->recovered_generation = 0;
     for (size_t rank = 0; rank < fit.size(); ++rank) {
@@ -737,6 +796,49 @@ void Scheduler::Schedule() {
     kv = Kv();
     kv.attempt = job->status.attempts();
   }
+}
+
+std::string Scheduler::PendingReason(const Job& job, int free_fit,
+                                     const std::map<const Trainer*, std::string>& reserved) const {
+  const JobSpec& spec = job.status.spec();
+  const int n = spec.num_trainers(), d = spec.devices_per_trainer();
+  std::string out =
+      absl::StrCat("needs ", n, " trainer", n == 1 ? "" : "s", " with ", d, " free ",
+                   spec.device_kind(), " device", d == 1 ? "" : "s", "; ",
+                   free_fit == 0 ? "none is" : absl::StrCat(free_fit, free_fit == 1 ? " is" : " are"),
+                   " free");
+  // What the other trainers that would fit are doing, in registration order.
+  std::vector<const Trainer*> fitting;
+  for (const auto& [id, t] : trainers_) {
+    if (Fits(t, spec)) fitting.push_back(&t);
+  }
+  std::sort(fitting.begin(), fitting.end(),
+            [](const Trainer* a, const Trainer* b) { return a->order < b->order; });
+  std::vector<std::string> others;
+  for (const Trainer* t : fitting) {
+    if (!t->job_id.empty()) {
+      others.push_back(absl::StrCat(t->id, " runs ", t->job_id));
+    } else if (t->draining) {
+      others.push_back(absl::StrCat(t->id, " is draining"));
+    } else if (t->last_heartbeat <= t->placeable_after) {
+      others.push_back(absl::StrCat(t->id, " has not heartbeated since its last job failed"));
+    } else if (auto r = reserved.find(t); r != reserved.end()) {
+      others.push_back(absl::StrCat(t->id, " is held for ", r->second, " (higher priority)"));
+    }
+  }
+  constexpr size_t kMaxNamed = 4;
+  if (others.size() > kMaxNamed) {
+    const size_t more = others.size() - kMaxNamed;
+    others.resize(kMaxNamed);
+    others.push_back(absl::StrCat(more, " more busy"));
+  }
+  if (!others.empty()) absl::StrAppend(&out, ", ", absl::StrJoin(others, ", "));
+  if (static_cast<int>(fitting.size()) < n) {
+    absl::StrAppend(&out, "; only ", fitting.size(), " of the ", trainers_.size(),
+                    " registered trainers ", fitting.size() == 1 ? "has" : "have", " ", d, " ",
+                    spec.device_kind(), " device", d == 1 ? "" : "s");
+  }
+  return out;
 }
 
 absl::StatusOr<Scheduler::Kv*> Scheduler::StoreFor(const std::string& trainer_id,
@@ -933,6 +1035,9 @@ bool Scheduler::RecoverInPlace(Job* job, const Trainer& lost, const std::string&
   }
   JobStatus next = job->status;
   next.set_trainers(lost.rank, spare->id);
+  for (int i = 0; i < next.stragglers_size(); ++i) {
+    if (next.stragglers(i).rank() == lost.rank) next.mutable_stragglers()->DeleteSubrange(i--, 1);
+  }
   next.set_generation(next.generation() + 1);
   SetState(&next, v1::RUNNING,
            absl::StrCat("rank ", lost.rank, " lost on trainer ", lost.id, " (", why,
@@ -946,6 +1051,7 @@ bool Scheduler::RecoverInPlace(Job* job, const Trainer& lost, const std::string&
   job->recovery_trainer = spare->id;
   job->peer_lost = false;
   job->rank_done[lost.rank] = false;
+  if (job->stragglers != nullptr) job->stragglers->Reset(lost.rank);
   spare->job_id = job->status.id();
   spare->rank = lost.rank;
   spare->delivered = false;
@@ -1032,6 +1138,10 @@ SchedulerStats Scheduler::Stats() const {
   s.recovery_seconds_counts = recovery_counts_;
   s.recovery_seconds_counts.resize(std::size(kRecoverySecondsBounds) + 1);
   s.recovery_seconds_sum = recovery_sum_;
+  for (const auto& [id, job] : jobs_) {
+    if (job.status.state() == v1::RUNNING) s.stragglers += job.status.stragglers_size();
+  }
+  s.stragglers_detected = stragglers_detected_;
   return s;
 }
 

@@ -64,6 +64,20 @@
 // checkpoint). ListTrainers shows IDLE, BUSY, DRAINING and the last
 // kMaxLostTrainersListed trainers declared lost (LOST).
 //
+// Stragglers: every rank reports its recent step times
+// (ProgressReport.step_times; JobStatus.rank_step_times keeps the latest of
+// each rank). A rank whose busy time stays at least 1.3x the median of the
+// other ranks' for 3 reports in a row (StragglerDetector, straggler.h) is
+// added to JobStatus.stragglers with an event "straggler: rank 1 on trainer
+// T is 1.8x slower than the median of the other ranks, in
+// forward_backward"; once it is below 1.15x for 3 reports it is removed
+// ("straggler no more: ..."). Both events are logged. A new placement
+// starts over; a rank replaced in place is forgotten.
+//
+// Why a job waits: every Schedule() sets a QUEUED job's
+// JobStatus.pending_reason ("needs 2 trainers with 1 free cpu device; 1 is
+// free, trainer-3 runs job-000007"), not logged (it is recomputed).
+//
 // Durability: every job change that matters after a restart (submission,
 // state changes, completed epochs, checkpoints) is appended to a
 // write-ahead log (wal.h) as the job's full JobStatus before the call
@@ -122,6 +136,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "libs/scheduler/straggler.h"
 #include "libs/scheduler/wal.h"
 #include "protos/scheduler.pb.h"
 
@@ -175,6 +190,8 @@ struct SchedulerOptions {
   // valid for job_token_lifetime.
   std::string job_token_secret;
   absl::Duration job_token_lifetime = absl::Hours(30 * 24);
+  // Straggler detection (see "Stragglers").
+  StragglerOptions stragglers;
   // The clock; tests inject a fake one.
   std::function<absl::Time()> now = [] { return absl::Now(); };
 };
@@ -191,6 +208,10 @@ struct SchedulerStats {
   int64_t recoveries = 0;
   std::vector<int64_t> recovery_seconds_counts;
   double recovery_seconds_sum = 0;
+  // Ranks of RUNNING jobs that are stragglers now, and ranks named
+  // stragglers since the scheduler started.
+  int64_t stragglers = 0;
+  int64_t stragglers_detected = 0;
 };
 
 // Upper bounds (seconds) of the recovery time histogram.
@@ -300,6 +321,9 @@ class Scheduler {
     int recovered_generation = 0;
     std::string recovery_note;
     std::string recovery_trainer;
+    // The current attempt's ranks compared (see "Stragglers"); null until
+    // the job is placed.
+    std::unique_ptr<StragglerDetector> stragglers;
   };
   // One job attempt's rendezvous table.
   struct Kv {
@@ -385,6 +409,15 @@ class Scheduler {
   // that cannot be logged.
   absl::Status StartDrain(Trainer* t, const std::string& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   static v1::TrainerStatus ToStatus(const Trainer& t, v1::TrainerState state);
+  // Records rank r.rank()'s step times in *next and compares the ranks
+  // (see "Stragglers"); t is its trainer.
+  void StepTimes(Job* job, const Trainer& t, const ProgressReport& r, JobStatus* next)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Why `job` is not placed: `free_fit` free trainers fit it; `reserved`
+  // holds free trainers kept for higher jobs, with their ids.
+  std::string PendingReason(const Job& job, int free_fit,
+                            const std::map<const Trainer*, std::string>& reserved) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const SchedulerOptions options_;
   mutable absl::Mutex mu_;
@@ -408,6 +441,7 @@ class Scheduler {
   int64_t recoveries_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<int64_t> recovery_counts_ ABSL_GUARDED_BY(mu_);
   double recovery_sum_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t stragglers_detected_ ABSL_GUARDED_BY(mu_) = 0;
   // A failed compaction is retried once the log holds this many records.
   int64_t next_compaction_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Time last_refusal_log_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();

@@ -171,6 +171,125 @@ TEST_F(SchedulerTest, GangSchedulingWaitsForAllTrainers) {
   EXPECT_EQ(s->Get(job->id())->state(), v1::SUCCEEDED);
 }
 
+TEST_F(SchedulerTest, QueuedJobSaysWhyItWaits) {
+  auto s = Open(Options());
+  auto gang = s->Submit(Spec("gang", 2));
+  ASSERT_TRUE(gang.ok());
+  EXPECT_EQ(s->Get(gang->id())->pending_reason(),
+            "needs 2 trainers with 1 free cpu device; none is free; only 0 of the 0 registered "
+            "trainers have 1 cpu device");
+  std::string t1 = AddTrainer(s.get());
+  EXPECT_EQ(s->Get(gang->id())->pending_reason(),
+            "needs 2 trainers with 1 free cpu device; 1 is free; only 1 of the 1 registered "
+            "trainers has 1 cpu device");
+  // A one-trainer job of higher priority takes t1; a second trainer is not
+  // enough while t1 runs it.
+  auto small = s->Submit(Spec("small", 1, 9));
+  ASSERT_EQ(s->Get(small->id())->state(), v1::RUNNING);
+  std::string t2 = AddTrainer(s.get());
+  const JobStatus waiting = *s->Get(gang->id());
+  EXPECT_EQ(waiting.state(), v1::QUEUED);
+  EXPECT_EQ(waiting.pending_reason(), absl::StrCat("needs 2 trainers with 1 free cpu device; 1 is "
+                                                   "free, ",
+                                                   t1, " runs ", small->id()));
+  // A cuda job names what is missing.
+  auto gpu = s->Submit(Spec("gpu", 1, 0, "cuda"));
+  EXPECT_EQ(s->Get(gpu->id())->pending_reason(),
+            "needs 1 trainer with 1 free cuda device; none is free; only 0 of the 2 registered "
+            "trainers have 1 cuda device");
+  // Placed: no reason any more.
+  Beat(s.get(), t1);
+  ASSERT_TRUE(s->ReportProgress(Final(t1, small->id(), 0, v1::SUCCEEDED)).ok());
+  Beat(s.get(), t1);
+  const JobStatus placed = *s->Get(gang->id());
+  EXPECT_EQ(placed.state(), v1::RUNNING);
+  EXPECT_EQ(placed.pending_reason(), "");
+}
+
+TEST_F(SchedulerTest, QueuedJobNamesTrainersHeldForAHigherJob) {
+  auto s = Open(Options());
+  auto big = s->Submit(Spec("big", 2, 5));
+  auto low = s->Submit(Spec("low", 1, 0));
+  std::string t1 = AddTrainer(s.get());
+  EXPECT_EQ(s->Get(big->id())->pending_reason(),
+            "needs 2 trainers with 1 free cpu device; 1 is free; only 1 of the 1 registered "
+            "trainers has 1 cpu device");
+  EXPECT_EQ(s->Get(low->id())->pending_reason(),
+            absl::StrCat("needs 1 trainer with 1 free cpu device; none is free, ", t1,
+                         " is held for ", big->id(), " (higher priority)"));
+}
+
+// Rank `rank` reports its step times: medians in ms of forward_backward and
+// comm_wait over 32 steps.
+ProgressReport StepTimesReport(const std::string& trainer, const std::string& job, int rank,
+                               double fb_ms, double comm_ms) {
+  ProgressReport r;
+  r.set_trainer_id(trainer);
+  r.set_job_id(job);
+  r.set_rank(rank);
+  v1::StepTimeSummary* st = r.mutable_step_times();
+  st->set_steps(32);
+  st->set_data_wait_seconds(0.001);
+  st->set_forward_backward_seconds(fb_ms / 1e3);
+  st->set_comm_wait_seconds(comm_ms / 1e3);
+  st->set_optimizer_seconds(0.002);
+  st->set_step_seconds((fb_ms + comm_ms + 3) / 1e3);
+  st->set_busy_seconds((fb_ms + 3) / 1e3);
+  return r;
+}
+
+TEST_F(SchedulerTest, PersistentlySlowRankIsNamedAStragglerAndClearedWhenCalm) {
+  auto s = Open(Options());
+  std::string t1 = AddTrainer(s.get());
+  std::string t2 = AddTrainer(s.get());
+  auto job = s->Submit(Spec("pair", 2));
+  ASSERT_EQ(s->Get(job->id())->state(), v1::RUNNING);
+  Beat(s.get(), t1);
+  Beat(s.get(), t2);
+  // Calm: no straggler.
+  for (int i = 0; i < 5; ++i) {
+    ASSERT_TRUE(s->ReportProgress(StepTimesReport(t1, job->id(), 0, 40, 2)).ok());
+    ASSERT_TRUE(s->ReportProgress(StepTimesReport(t2, job->id(), 1, 42, 1)).ok());
+  }
+  JobStatus st = *s->Get(job->id());
+  EXPECT_EQ(st.stragglers_size(), 0);
+  ASSERT_EQ(st.rank_step_times_size(), 2);
+  EXPECT_NEAR(st.rank_step_times(1).forward_backward_seconds(), 0.042, 1e-12);
+  // Rank 1 computes 1.8x longer; rank 0 waits for it.
+  const int64_t version = st.version();
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_TRUE(s->ReportProgress(StepTimesReport(t1, job->id(), 0, 40, 32)).ok());
+    ASSERT_TRUE(s->ReportProgress(StepTimesReport(t2, job->id(), 1, 74, 1)).ok());
+  }
+  st = *s->Get(job->id());
+  EXPECT_GT(st.version(), version);
+  ASSERT_EQ(st.stragglers_size(), 1);
+  EXPECT_EQ(st.stragglers(0).rank(), 1);
+  EXPECT_EQ(st.stragglers(0).trainer(), t2);
+  EXPECT_EQ(st.stragglers(0).phase(), "forward_backward");
+  EXPECT_NEAR(st.stragglers(0).ratio(), 77.0 / 43.0, 1e-9);
+  EXPECT_EQ(st.stragglers(0).since_unix_ms(), absl::ToUnixMillis(now_));
+  EXPECT_EQ(st.state(), v1::RUNNING);
+  EXPECT_EQ(st.events().rbegin()->reason(),
+            absl::StrCat("straggler: rank 1 on trainer ", t2,
+                         " is 1.8x slower than the median of the other ranks, in "
+                         "forward_backward"));
+  EXPECT_EQ(s->Stats().stragglers, 1);
+  EXPECT_EQ(s->Stats().stragglers_detected, 1);
+  // Calm again for three reports: cleared, with an event.
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_TRUE(s->ReportProgress(StepTimesReport(t1, job->id(), 0, 40, 2)).ok());
+    ASSERT_TRUE(s->ReportProgress(StepTimesReport(t2, job->id(), 1, 41, 1)).ok());
+  }
+  st = *s->Get(job->id());
+  EXPECT_EQ(st.stragglers_size(), 0);
+  EXPECT_NE(st.events().rbegin()->reason().find("straggler no more: rank 1 on trainer " + t2),
+            std::string::npos)
+      << st.events().rbegin()->reason();
+  EXPECT_EQ(s->Stats().stragglers, 0);
+  EXPECT_EQ(s->Stats().stragglers_detected, 1);
+}
+
 TEST_F(SchedulerTest, DevicesMustMatch) {
   auto s = Open(Options());
   auto job = s->Submit(Spec("gpu", 1, 0, "cuda"));
