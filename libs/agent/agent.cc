@@ -209,9 +209,7 @@ class Agent::Progress : public train::JobObserver {
   // ranks: stragglers).
   void OnStep(const train::JobProgress& p, const train::StepTimes& t) override {
     agent_->observer_->OnStep(p, t);
-    const v1::Assignment& a = job_->assignment;
-    const int world = std::max(1, a.world_size());
-    window_.Add(t.phases, a.spec().global_batch_size() / world);
+    window_.Add(t.phases, t.samples);
     const absl::Time now = absl::Now();
     if (now - last_report_ >= agent_->options_.report_interval) {
       last_report_ = now;

@@ -630,13 +630,24 @@ TEST(AgentTest, TwoAgentsTrainOneJobTogether) {
     return n == 2;
   }));
   std::map<int, v1::ProgressReport> finals;
+  std::map<int, int> step_times;  // reports with step times, by rank
   for (const v1::ProgressReport& r : cluster.reports()) {
     if (r.final_state() == v1::JOB_STATE_UNSPECIFIED) {
-      EXPECT_EQ(r.rank(), 0);
+      // Every rank reports its step times (stragglers); rank 0 also its
+      // progress.
+      ASSERT_TRUE(r.has_step_times()) << r.rank();
+      EXPECT_GT(r.step_times().steps(), 0);
+      EXPECT_GT(r.step_times().forward_backward_seconds(), 0);
+      EXPECT_GT(r.step_times().busy_seconds(), 0);
+      EXPECT_LE(r.step_times().busy_seconds(), r.step_times().step_seconds() + 1e-9);
+      EXPECT_GT(r.step_times().samples_per_second(), 0);
+      ++step_times[r.rank()];
     } else {
       finals[r.rank()] = r;
     }
   }
+  EXPECT_GE(step_times[0], 1);
+  EXPECT_GE(step_times[1], 1);
   ASSERT_EQ(finals.size(), 2u);
   EXPECT_EQ(finals[0].final_state(), v1::SUCCEEDED) << finals[0].reason();
   EXPECT_EQ(finals[1].final_state(), v1::SUCCEEDED) << finals[1].reason();

@@ -491,6 +491,7 @@ absl::Status Run(const JobConfig& c, JobObserver* observer, JobProgress* progres
         times.phases.phase[static_cast<int>(StepPhase::kForwardBackward)].start_ns = data_end_ns;
       }
       times.phases.phase[static_cast<int>(StepPhase::kDataWait)] = {step_start_ns, data_end_ns};
+      times.samples = b.size;
       loss_sum += static_cast<double>(l) * b.size;
       correct += hybrid ? ops::CountCorrect(hybrid->logits(), y) : trainer->last_correct();
       seen += b.size;

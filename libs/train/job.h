@@ -153,6 +153,7 @@ struct StepTimes {
   double communication = 0;
   double data_wait = 0;
   StepPhases phases;
+  int64_t samples = 0;  // this rank's samples in the step
 };
 
 class JobObserver {

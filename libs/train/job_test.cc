@@ -56,6 +56,7 @@ class Recorder : public JobObserver {
     EXPECT_EQ(ph.phase[kNumStepPhases - 1].end_ns, ph.step.end_ns);
     EXPECT_GT(ph.seconds(StepPhase::kForwardBackward), 0);
     EXPECT_FALSE(ph.bucket_reductions.empty());
+    EXPECT_GT(t.samples, 0);
     for (const PhaseSpan& b : ph.bucket_reductions) {
       EXPECT_GE(b.start_ns, ph.span(StepPhase::kForwardBackward).start_ns);
       EXPECT_LE(b.end_ns, ph.span(StepPhase::kCommWait).end_ns);

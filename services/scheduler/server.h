@@ -27,6 +27,8 @@
 //   dtrain_scheduler_kvstore_map_version          the shard map's version
 //   dtrain_scheduler_kvstore_replicas{shard,state}  chain members (ACTIVE, JOINING)
 //   dtrain_scheduler_kvstore_map_changes_total    map changes since start
+//   dtrain_scheduler_stragglers                   straggler ranks of running jobs now
+//   dtrain_scheduler_stragglers_detected_total    ranks named stragglers since start
 // A thread declares silent trainers lost every heartbeat_timeout / 4, and
 // silent kvstore replicas every kvstore_heartbeat_timeout / 4.
 //

@@ -16,8 +16,18 @@ TrainerMetrics::TrainerMetrics()
           *registry_, "dtrain_trainer_step_seconds",
           "Time of each training step by phase: compute, communication (allreduce work), "
           "data_wait (waiting for the data loader).")),
+      step_phase_seconds_(metrics::AddHistogram(
+          *registry_, "dtrain_trainer_step_phase_seconds",
+          "Each training step cut into contiguous phases: data_wait (the data loader), "
+          "forward_backward (this rank's compute), comm_wait (communication backward did not "
+          "hide, or waiting for slower ranks), optimizer (the update).")),
       steps_(metrics::AddCounter(*registry_, "dtrain_trainer_steps_total",
                                  "Training steps this trainer finished.")),
+      samples_(metrics::AddCounter(*registry_, "dtrain_trainer_samples_total",
+                                   "Training samples this rank processed.")),
+      rank_samples_per_second_(
+          metrics::AddGauge(*registry_, "dtrain_trainer_samples_per_second",
+                            "This rank's training samples per second over its last 32 steps.")),
       loss_(metrics::AddGauge(*registry_, "dtrain_job_loss",
                               "Mean training loss of the current epoch so far.")),
       test_accuracy_(
@@ -48,6 +58,13 @@ void TrainerMetrics::OnJobStart(const std::string& job_id, int rank,
   job_->compute = phase("compute");
   job_->communication = phase("communication");
   job_->data_wait = phase("data_wait");
+  for (int i = 0; i < train::kNumStepPhases; ++i) {
+    std::map<std::string, std::string> m = l;
+    m["phase"] = train::StepPhaseName(static_cast<train::StepPhase>(i));
+    job_->phases[i] = &step_phase_seconds_.Add(m, metrics::LatencyBuckets());
+  }
+  job_->samples = &samples_.Add(l);
+  job_->rank_samples_per_second = &rank_samples_per_second_.Add(l);
   job_->steps = &steps_.Add(l);
   job_->loss = &loss_.Add(l);
   job_->test_accuracy = &test_accuracy_.Add(l);
@@ -65,7 +82,21 @@ void TrainerMetrics::OnStep(const train::JobProgress& p, const train::StepTimes&
   job_->compute->Observe(t.compute);
   job_->communication->Observe(t.communication);
   job_->data_wait->Observe(t.data_wait);
+  for (int i = 0; i < train::kNumStepPhases; ++i) job_->phases[i]->Observe(t.phases.phase[i].seconds());
   job_->steps->Increment();
+  job_->samples->Increment(static_cast<double>(t.samples));
+  const double step_seconds = t.phases.step.seconds();
+  job_->recent.emplace_back(t.samples, step_seconds);
+  job_->recent_samples += t.samples;
+  job_->recent_seconds += step_seconds;
+  if (job_->recent.size() > 32) {
+    job_->recent_samples -= job_->recent.front().first;
+    job_->recent_seconds -= job_->recent.front().second;
+    job_->recent.pop_front();
+  }
+  if (job_->recent_seconds > 0) {
+    job_->rank_samples_per_second->Set(job_->recent_samples / job_->recent_seconds);
+  }
   job_->loss->Set(p.loss);
   job_->samples_per_second->Set(p.samples_per_second);
   const absl::Time now = absl::Now();
@@ -104,6 +135,9 @@ void TrainerMetrics::RemoveCurrent() {
   step_seconds_.Remove(job_->compute);
   step_seconds_.Remove(job_->communication);
   step_seconds_.Remove(job_->data_wait);
+  for (prometheus::Histogram* h : job_->phases) step_phase_seconds_.Remove(h);
+  samples_.Remove(job_->samples);
+  rank_samples_per_second_.Remove(job_->rank_samples_per_second);
   steps_.Remove(job_->steps);
   loss_.Remove(job_->loss);
   test_accuracy_.Remove(job_->test_accuracy);

@@ -11,6 +11,16 @@
 //   dtrain_trainer_step_seconds          histogram {job_id, rank, phase}, phase
 //                                        compute, communication, data_wait
 //                                        (train::StepTimes)
+//   dtrain_trainer_step_phase_seconds    histogram {job_id, rank, phase}, phase
+//                                        data_wait, forward_backward,
+//                                        comm_wait, optimizer: contiguous
+//                                        parts of each step
+//                                        (libs/train/step_phases.h)
+//   dtrain_trainer_samples_total         counter {job_id, rank}: this rank's
+//                                        training samples
+//   dtrain_trainer_samples_per_second    gauge {job_id, rank}: this rank's
+//                                        samples per second over its last
+//                                        32 steps
 //   dtrain_trainer_device_memory_bytes   gauge {device, state}: the job's
 //     devices' allocators, state in_use / peak / cached; updated at most
 //     once a second while a job runs
@@ -29,8 +39,10 @@
 #include <prometheus/histogram.h>
 #include <prometheus/registry.h>
 
+#include <deque>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -60,7 +72,14 @@ class TrainerMetrics : public agent::AgentObserver {
     prometheus::Histogram* compute = nullptr;
     prometheus::Histogram* communication = nullptr;
     prometheus::Histogram* data_wait = nullptr;
+    prometheus::Histogram* phases[train::kNumStepPhases] = {};
     prometheus::Counter* steps = nullptr;
+    prometheus::Counter* samples = nullptr;
+    prometheus::Gauge* rank_samples_per_second = nullptr;
+    // The last steps' samples and seconds (rank_samples_per_second).
+    std::deque<std::pair<int64_t, double>> recent;
+    int64_t recent_samples = 0;
+    double recent_seconds = 0;
     prometheus::Gauge* loss = nullptr;
     prometheus::Gauge* test_accuracy = nullptr;
     prometheus::Gauge* samples_per_second = nullptr;
@@ -73,7 +92,10 @@ class TrainerMetrics : public agent::AgentObserver {
 
   std::shared_ptr<prometheus::Registry> registry_;
   prometheus::Family<prometheus::Histogram>& step_seconds_;
+  prometheus::Family<prometheus::Histogram>& step_phase_seconds_;
   prometheus::Family<prometheus::Counter>& steps_;
+  prometheus::Family<prometheus::Counter>& samples_;
+  prometheus::Family<prometheus::Gauge>& rank_samples_per_second_;
   prometheus::Family<prometheus::Gauge>& loss_;
   prometheus::Family<prometheus::Gauge>& test_accuracy_;
   prometheus::Family<prometheus::Gauge>& samples_per_second_;

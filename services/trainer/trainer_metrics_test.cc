@@ -4,7 +4,11 @@
 
 #include <prometheus/text_serializer.h>
 
+#include <cmath>
+#include <cstdlib>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -18,6 +22,15 @@ using ::testing::Not;
 
 std::string Render(const TrainerMetrics& m) {
   return prometheus::TextSerializer().Serialize(m.registry()->Collect());
+}
+
+// The value of the series named `series` (name and labels) in `text`; NaN
+// when it is missing.
+double Value(const std::string& text, const std::string& series) {
+  const std::string key = "\n" + series + " ";
+  const size_t at = text.find(key);
+  if (at == std::string::npos) return std::nan("");
+  return std::strtod(text.c_str() + at + key.size(), nullptr);
 }
 
 TEST(TrainerMetricsTest, OneJobsSeriesWithTheirLabels) {
@@ -37,6 +50,12 @@ TEST(TrainerMetricsTest, OneJobsSeriesWithTheirLabels) {
   t.compute = 0.25;
   t.communication = 0.125;
   t.data_wait = 0.5;
+  // 10 ms data wait, 40 ms forward_backward, 20 ms comm_wait, 5 ms optimizer.
+  const int64_t ms = 1000000;
+  const int64_t edges[] = {100 * ms, 110 * ms, 150 * ms, 170 * ms, 175 * ms};
+  for (int i = 0; i < train::kNumStepPhases; ++i) t.phases.phase[i] = {edges[i], edges[i + 1]};
+  t.phases.step = {edges[0], edges[4]};
+  t.samples = 128;
   m.OnStep(p, t);
   m.OnStep(p, t);
   text = Render(m);
@@ -50,6 +69,16 @@ TEST(TrainerMetricsTest, OneJobsSeriesWithTheirLabels) {
                               "phase=\"communication\",rank=\"0\"} 0.25\n"));
   EXPECT_THAT(text, HasSubstr("dtrain_trainer_step_seconds_sum{job_id=\"job-1\","
                               "phase=\"data_wait\",rank=\"0\"} 1\n"));
+  for (const auto& [phase, sum] : std::vector<std::pair<std::string, double>>{
+           {"data_wait", 0.02}, {"forward_backward", 0.08}, {"comm_wait", 0.04}, {"optimizer", 0.01}}) {
+    const std::string labels = "{job_id=\"job-1\",phase=\"" + phase + "\",rank=\"0\"}";
+    EXPECT_EQ(Value(text, "dtrain_trainer_step_phase_seconds_count" + labels), 2) << phase;
+    EXPECT_NEAR(Value(text, "dtrain_trainer_step_phase_seconds_sum" + labels), sum, 1e-9) << phase;
+  }
+  EXPECT_EQ(Value(text, "dtrain_trainer_samples_total{job_id=\"job-1\",rank=\"0\"}"), 256);
+  // 256 samples in 2 x 75 ms.
+  EXPECT_NEAR(Value(text, "dtrain_trainer_samples_per_second{job_id=\"job-1\",rank=\"0\"}"),
+              256 / 0.15, 1e-6);
   EXPECT_THAT(text, HasSubstr("dtrain_job_loss{job_id=\"job-1\",rank=\"0\"} 2.5\n"));
   EXPECT_THAT(text, HasSubstr("dtrain_job_samples_per_second{job_id=\"job-1\",rank=\"0\"} 640\n"));
   // The first step samples the job's devices' allocators.
