@@ -5,7 +5,8 @@
 # job through trainctl, then asks Prometheus's HTTP API for every metric the
 # rules and the dashboard name (extracted by metric_names.py) and fails unless
 # each is ingested with job=<the service that should export it>. Metrics of
-# other exporters (kubelet_*) are listed and skipped. Everything it starts is
+# other exporters (kubelet_*) are listed and skipped. Each service's /metrics
+# must also pass `promtool check metrics`. Everything it starts is
 # stopped at the end. Bounded: about 30-60 s.
 set -euo pipefail
 fail() { echo "FAIL: $*" >&2; exit 1; }
@@ -87,6 +88,17 @@ for f in scheduler.port kvstore.port trainer-0.health_port; do
     || fail "gRPC health check of ${f%%.*}"
 done
 
+# Every endpoint's exposition passes promtool's lint (after the job, so the
+# trainer's per-job series, the step phases among them, are there).
+for port in $sm $km $tm; do
+  curl -sf "http://127.0.0.1:$port/metrics" >"$dir/metrics.$port.txt" || fail "scraping :$port"
+  promtool check metrics <"$dir/metrics.$port.txt" >"$dir/lint.$port.txt" 2>&1 \
+    || { cat "$dir/lint.$port.txt" >&2; fail "promtool check metrics on :$port"; }
+done
+grep -q '^dtrain_trainer_step_phase_seconds_count{.*phase="forward_backward"' "$dir/metrics.$tm.txt" \
+  || fail "the trainer exports no step phases"
+echo "ok   promtool check metrics: scheduler, kvstore, trainer"
+
 python3 "$R/k8s/tests/metric_names.py" "$R"/k8s/monitoring/rules/*.yml "$R"/k8s/dashboards/*.json \
   >"$dir/wanted.tsv"
 [ "$(wc -l <"$dir/wanted.tsv")" -ge 10 ] || fail "too few metric names extracted"
@@ -127,6 +139,13 @@ def check():
                 'dtrain_trainer_step_seconds_count{job="dtrain-trainer",phase="compute",rank="0"}',
                 'dtrain_trainer_step_seconds_sum{job="dtrain-trainer",phase="communication"}',
                 'dtrain_trainer_busy{job="dtrain-trainer"}',
+                'dtrain_trainer_step_phase_seconds_count{job="dtrain-trainer",phase="data_wait",rank="0"}',
+                'dtrain_trainer_step_phase_seconds_count{job="dtrain-trainer",phase="forward_backward",rank="0"}',
+                'dtrain_trainer_step_phase_seconds_count{job="dtrain-trainer",phase="comm_wait",rank="0"}',
+                'dtrain_trainer_step_phase_seconds_bucket{job="dtrain-trainer",phase="optimizer",rank="0"}',
+                'dtrain_trainer_samples_total{job="dtrain-trainer",rank="0"}',
+                'dtrain_trainer_samples_per_second{job="dtrain-trainer",rank="0"}',
+                'dtrain_scheduler_stragglers{job="dtrain-scheduler"}',
                 'dtrain_rpc_server_requests_total{job="dtrain-scheduler",grpc_service="dtrain.scheduler.v1.JobService",grpc_method="Submit",grpc_code="OK"}',
                 'dtrain_rpc_server_requests_total{job="dtrain-scheduler",grpc_service="dtrain.scheduler.v1.ClusterService",grpc_method="Heartbeat",grpc_code="OK"}',
                 'dtrain_rpc_server_requests_total{job="dtrain-kvstore",grpc_service="grpc.health.v1.Health",grpc_method="Check",grpc_code="OK"}',

@@ -130,6 +130,8 @@ TEST_F(ServerTest, JobLifecycleOverGrpcWithWatchAndMetrics) {
   EXPECT_EQ(*metrics::SampleValue(*text, "dtrain_scheduler_jobs{state=\"RUNNING\"}"), 1);
   EXPECT_EQ(*metrics::SampleValue(*text, "dtrain_scheduler_trainers_alive"), 1);
   EXPECT_EQ(*metrics::SampleValue(*text, "dtrain_scheduler_queue_length"), 0);
+  EXPECT_EQ(*metrics::SampleValue(*text, "dtrain_scheduler_stragglers"), 0);
+  EXPECT_EQ(*metrics::SampleValue(*text, "dtrain_scheduler_stragglers_detected_total"), 0);
   EXPECT_EQ(*metrics::SampleValue(
                 *text, "dtrain_scheduler_requests_total{code=\"OK\",method=\"Heartbeat\"}"),
             1);

@@ -233,10 +233,21 @@ std::string Line(const v1::JobStatus& j) {
       j.test_accuracy() >= 0 ? absl::StrFormat("%.4f", j.test_accuracy()) : std::string("-");
   std::string per_epoch;
   if (j.epoch_seconds() > 0) per_epoch = absl::StrFormat("  %.1f s/epoch", j.epoch_seconds());
-  return absl::StrFormat(
+  std::string line = absl::StrFormat(
       "%-11s %-20s %-9s epoch %d/%d  loss %.4f  train_acc %.4f  test_acc %s  %.0f samples/s%s",
       j.id(), j.spec().name(), v1::JobState_Name(j.state()), j.epoch(), j.spec().epochs(), j.loss(),
       j.train_accuracy(), acc, j.samples_per_second(), per_epoch);
+  // Why it waits; which ranks are slow.
+  if (j.state() == v1::QUEUED && !j.pending_reason().empty()) {
+    absl::StrAppend(&line, "  waiting: ", j.pending_reason());
+  }
+  if (j.state() == v1::RUNNING) {
+    for (const v1::Straggler& st : j.stragglers()) {
+      absl::StrAppendFormat(&line, "  straggler: rank %d (%.1fx, %s)", st.rank(), st.ratio(),
+                            st.phase());
+    }
+  }
+  return line;
 }
 
 void Print(const v1::JobStatus& j, bool detail) {
@@ -255,6 +266,28 @@ void Print(const v1::JobStatus& j, bool detail) {
             "(generation %d)\n",
             j.recoveries(), j.recoveries() == 1 ? "" : "s", j.last_recovery_seconds(),
             static_cast<long long>(j.steps_lost()), j.steps_lost() == 1 ? "" : "s", j.generation());
+      }
+      if (j.state() == v1::QUEUED && !j.pending_reason().empty()) {
+        std::printf("  waiting: %s\n", j.pending_reason().c_str());
+      }
+      for (const v1::Straggler& st : j.stragglers()) {
+        std::printf(
+            "  straggler: rank %d on trainer %s is %.1fx slower than the median of the other "
+            "ranks, in %s (since %s)\n",
+            st.rank(), st.trainer().c_str(), st.ratio(), st.phase().c_str(),
+            absl::FormatTime("%H:%M:%S", absl::FromUnixMillis(st.since_unix_ms()),
+                             absl::LocalTimeZone())
+                .c_str());
+      }
+      for (int r = 0; r < j.rank_step_times_size(); ++r) {
+        const v1::StepTimeSummary& t = j.rank_step_times(r);
+        if (t.steps() == 0) continue;
+        std::printf(
+            "  rank %d step (median of %d, ms): data_wait %.1f  forward_backward %.1f  "
+            "comm_wait %.1f  optimizer %.1f  busy %.1f  step %.1f  %.0f samples/s\n",
+            r, t.steps(), t.data_wait_seconds() * 1e3, t.forward_backward_seconds() * 1e3,
+            t.comm_wait_seconds() * 1e3, t.optimizer_seconds() * 1e3, t.busy_seconds() * 1e3,
+            t.step_seconds() * 1e3, t.samples_per_second());
       }
       if (!j.checkpoint_path().empty()) {
         std::printf(

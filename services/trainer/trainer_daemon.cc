@@ -89,6 +89,13 @@
 //                    communication cost the step.
 //     compute        the rest of the step's wall time (never negative).
 //     (train::StepTimes; a single-device job's communication is 0.)
+//   dtrain_trainer_step_phase_seconds    histogram {job_id, rank, phase}: each
+//     step cut into contiguous phases data_wait, forward_backward, comm_wait
+//     (end of backward -> last bucket reduced), optimizer
+//     (libs/train/step_phases.h)
+//   dtrain_trainer_samples_total         counter {job_id, rank}, and
+//   dtrain_trainer_samples_per_second    gauge {job_id, rank}: this rank's,
+//     over its last 32 steps
 //   dtrain_trainer_device_memory_bytes   gauge {device, state}: the job's devices'
 //     allocators, state in_use / peak (since the job started) / cached;
 //     updated about once a second while a job runs
