@@ -782,8 +782,8 @@ void Scheduler::Schedule() {
       return;
     }
     job->rank_done.assign(fit.size(), false);
-    job->stragglers = std::make_unique<StragglerDetector>(static_cast<int>(fit.size()),
-                                                          options_.stragglers);
+    job->stragglers =
+        std::make_unique<StragglerDetector>(static_cast<int>(fit.size()), options_.stragglers);
     job->peer_lost = false;
     job->recovered_generation = 0;
     for (size_t rank = 0; rank < fit.size(); ++rank) {
@@ -802,11 +802,10 @@ std::string Scheduler::PendingReason(const Job& job, int free_fit,
                                      const std::map<const Trainer*, std::string>& reserved) const {
   const JobSpec& spec = job.status.spec();
   const int n = spec.num_trainers(), d = spec.devices_per_trainer();
-  std::string out =
-      absl::StrCat("needs ", n, " trainer", n == 1 ? "" : "s", " with ", d, " free ",
-                   spec.device_kind(), " device", d == 1 ? "" : "s", "; ",
-                   free_fit == 0 ? "none is" : absl::StrCat(free_fit, free_fit == 1 ? " is" : " are"),
-                   " free");
+  std::string out = absl::StrCat(
+      "needs ", n, " trainer", n == 1 ? "" : "s", " with ", d, " free ", spec.device_kind(),
+      " device", d == 1 ? "" : "s", "; ",
+      free_fit == 0 ? "none is" : absl::StrCat(free_fit, free_fit == 1 ? " is" : " are"), " free");
   // What the other trainers that would fit are doing, in registration order.
   std::vector<const Trainer*> fitting;
   for (const auto& [id, t] : trainers_) {

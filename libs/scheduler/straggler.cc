@@ -63,9 +63,8 @@ std::optional<StragglerChange> StragglerDetector::Observe(int rank,
     double worst = -1e300;
     for (const Phase& p : phases) {
       const double excess =
-          (summary.*p.get)() - Median(others([&](const v1::StepTimeSummary& s) {
-            return (s.*p.get)();
-          }));
+          (summary.*p.get)() -
+          Median(others([&](const v1::StepTimeSummary& s) { return (s.*p.get)(); }));
       if (excess > worst) {
         worst = excess;
         c.phase = p.name;

@@ -387,7 +387,8 @@ std::vector<prometheus::MetricFamily> Collect(Scheduler* s, KvstoreMembership* k
       metrics::MakeFamily("dtrain_scheduler_stragglers",
                           "Ranks of running jobs that are stragglers now (persistently slower "
                           "than the job's other ranks; JobStatus.stragglers).",
-                          prometheus::MetricType::Gauge, {{{}, static_cast<double>(st.stragglers)}}),
+                          prometheus::MetricType::Gauge,
+                          {{{}, static_cast<double>(st.stragglers)}}),
       metrics::MakeFamily("dtrain_scheduler_stragglers_detected_total",
                           "Ranks named stragglers since the scheduler started.",
                           prometheus::MetricType::Counter,

@@ -82,7 +82,8 @@ void TrainerMetrics::OnStep(const train::JobProgress& p, const train::StepTimes&
   job_->compute->Observe(t.compute);
   job_->communication->Observe(t.communication);
   job_->data_wait->Observe(t.data_wait);
-  for (int i = 0; i < train::kNumStepPhases; ++i) job_->phases[i]->Observe(t.phases.phase[i].seconds());
+  for (int i = 0; i < train::kNumStepPhases; ++i)
+    job_->phases[i]->Observe(t.phases.phase[i].seconds());
   job_->steps->Increment();
   job_->samples->Increment(static_cast<double>(t.samples));
   const double step_seconds = t.phases.step.seconds();

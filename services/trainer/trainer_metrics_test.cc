@@ -69,8 +69,11 @@ TEST(TrainerMetricsTest, OneJobsSeriesWithTheirLabels) {
                               "phase=\"communication\",rank=\"0\"} 0.25\n"));
   EXPECT_THAT(text, HasSubstr("dtrain_trainer_step_seconds_sum{job_id=\"job-1\","
                               "phase=\"data_wait\",rank=\"0\"} 1\n"));
-  for (const auto& [phase, sum] : std::vector<std::pair<std::string, double>>{
-           {"data_wait", 0.02}, {"forward_backward", 0.08}, {"comm_wait", 0.04}, {"optimizer", 0.01}}) {
+  for (const auto& [phase, sum] :
+       std::vector<std::pair<std::string, double>>{{"data_wait", 0.02},
+                                                   {"forward_backward", 0.08},
+                                                   {"comm_wait", 0.04},
+                                                   {"optimizer", 0.01}}) {
     const std::string labels = "{job_id=\"job-1\",phase=\"" + phase + "\",rank=\"0\"}";
     EXPECT_EQ(Value(text, "dtrain_trainer_step_phase_seconds_count" + labels), 2) << phase;
     EXPECT_NEAR(Value(text, "dtrain_trainer_step_phase_seconds_sum" + labels), sum, 1e-9) << phase;

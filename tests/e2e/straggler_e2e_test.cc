@@ -265,9 +265,9 @@ TEST_F(StragglerE2eTest, ContendedRankIsNamedAndACalmRunNamesNone) {
   for (const v1::JobEvent& e : job.events()) {
     if (e.reason().rfind("straggler:", 0) == 0) event = e.reason();
   }
-  EXPECT_EQ(event.find(absl::StrCat("straggler: rank ", s.rank(), " on trainer ", slow_trainer,
-                                    " is ")),
-            0u)
+  EXPECT_EQ(
+      event.find(absl::StrCat("straggler: rank ", s.rank(), " on trainer ", slow_trainer, " is ")),
+      0u)
       << event;
   EXPECT_NE(event.find("x slower than the median of the other ranks, in forward_backward"),
             std::string::npos)
@@ -279,9 +279,9 @@ TEST_F(StragglerE2eTest, ContendedRankIsNamedAndACalmRunNamesNone) {
   int rc;
   std::string out = Trainctl("get " + job.id(), &rc);
   ASSERT_EQ(rc, 0) << out;
-  EXPECT_NE(out.find(absl::StrCat("  straggler: rank ", s.rank(), " on trainer ", slow_trainer,
-                                  " is ")),
-            std::string::npos)
+  EXPECT_NE(
+      out.find(absl::StrCat("  straggler: rank ", s.rank(), " on trainer ", slow_trainer, " is ")),
+      std::string::npos)
       << out;
   EXPECT_NE(out.find(absl::StrCat("rank ", s.rank(), " step (median of ")), std::string::npos)
       << out;
