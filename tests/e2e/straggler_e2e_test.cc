@@ -22,6 +22,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -235,9 +236,15 @@ TEST_F(StragglerE2eTest, ContendedRankIsNamedAndACalmRunNamesNone) {
   // Both ranks' summaries were seen for a good part of the run.
   EXPECT_GE(reports_seen, 8);
   EXPECT_EQ(Metric("dtrain_scheduler_stragglers_detected_total"), 0);
+  // The ranks' busy times agree (what the detector compared).
+  const double busy0 = calm.rank_step_times(0).busy_seconds();
+  const double busy1 = calm.rank_step_times(1).busy_seconds();
+  ASSERT_GT(busy0, 0);
+  ASSERT_GT(busy1, 0);
+  EXPECT_LT(std::max(busy0, busy1) / std::min(busy0, busy1), 1.3);
+  EXPECT_GT(calm.samples_per_second(), 0);
   std::fprintf(stderr, "calm: %.0f samples/s, busy ms rank 0 %.1f rank 1 %.1f\n",
-               calm.samples_per_second(), calm.rank_step_times(0).busy_seconds() * 1e3,
-               calm.rank_step_times(1).busy_seconds() * 1e3);
+               calm.samples_per_second(), busy0 * 1e3, busy1 * 1e3);
 
   // Contended: three busy loops on the first trainer's core.
   for (int i = 0; i < 3; ++i) BusyLoop(cpus_[0]);
@@ -280,7 +287,7 @@ TEST_F(StragglerE2eTest, ContendedRankIsNamedAndACalmRunNamesNone) {
   EXPECT_EQ(Metric("dtrain_scheduler_stragglers"), 1);
   EXPECT_EQ(Metric("dtrain_scheduler_stragglers_detected_total"), 1);
   int rc;
-  std::string out = Trainctl("get " + job.id(), &rc);
+  std::string out = Trainctl(absl::StrCat("--scheduler=", scheduler_, " get ", job.id()), &rc);
   ASSERT_EQ(rc, 0) << out;
   EXPECT_NE(
       out.find(absl::StrCat("  straggler: rank ", s.rank(), " on trainer ", slow_trainer, " is ")),
@@ -297,11 +304,11 @@ TEST_F(StragglerE2eTest, ContendedRankIsNamedAndACalmRunNamesNone) {
       absl::StrCat("needs 2 trainers with 1 free cpu device; none is free, ", ids[0], " runs ",
                    job.id(), ", ", ids[1], " runs ", job.id());
   EXPECT_EQ(waiting.pending_reason(), reason);
-  out = Trainctl("get " + waiting.id(), &rc);
+  out = Trainctl(absl::StrCat("--scheduler=", scheduler_, " get ", waiting.id()), &rc);
   EXPECT_NE(out.find("  waiting: " + reason + "\n"), std::string::npos) << out;
-  out = Trainctl("list", &rc);
+  out = Trainctl(absl::StrCat("--scheduler=", scheduler_, " list"), &rc);
   EXPECT_NE(out.find("waiting: " + reason), std::string::npos) << out;
-  out = Trainctl("-o json get " + waiting.id(), &rc);
+  out = Trainctl(absl::StrCat("--scheduler=", scheduler_, " -o json get ", waiting.id()), &rc);
   EXPECT_NE(out.find("\"pending_reason\":\"" + reason + "\""), std::string::npos) << out;
   Cancel(waiting.id());
   Cancel(job.id());
