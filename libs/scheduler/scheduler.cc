@@ -813,16 +813,23 @@ std::string Scheduler::PendingReason(const Job& job, int free_fit,
   }
   std::sort(fitting.begin(), fitting.end(),
             [](const Trainer* a, const Trainer* b) { return a->order < b->order; });
+  // Another owner's job is not named: users see only their own jobs.
+  auto name = [&](const std::string& id) -> std::string {
+    auto other = jobs_.find(id);
+    return other == jobs_.end() || other->second.status.owner() == job.status.owner()
+               ? id
+               : "another user's job";
+  };
   std::vector<std::string> others;
   for (const Trainer* t : fitting) {
     if (!t->job_id.empty()) {
-      others.push_back(absl::StrCat(t->id, " runs ", t->job_id));
+      others.push_back(absl::StrCat(t->id, " runs ", name(t->job_id)));
     } else if (t->draining) {
       others.push_back(absl::StrCat(t->id, " is draining"));
     } else if (t->last_heartbeat <= t->placeable_after) {
       others.push_back(absl::StrCat(t->id, " has not heartbeated since its last job failed"));
     } else if (auto r = reserved.find(t); r != reserved.end()) {
-      others.push_back(absl::StrCat(t->id, " is held for ", r->second, " (higher priority)"));
+      others.push_back(absl::StrCat(t->id, " is held for ", name(r->second), " (higher priority)"));
     }
   }
   constexpr size_t kMaxNamed = 4;

@@ -67,16 +67,17 @@
 // Stragglers: every rank reports its recent step times
 // (ProgressReport.step_times; JobStatus.rank_step_times keeps the latest of
 // each rank). A rank whose busy time stays at least 1.3x the median of the
-// other ranks' for 3 reports in a row (StragglerDetector, straggler.h) is
+// other ranks' for 5 reports in a row (StragglerDetector, straggler.h) is
 // added to JobStatus.stragglers with an event "straggler: rank 1 on trainer
 // T is 1.8x slower than the median of the other ranks, in
-// forward_backward"; once it is below 1.15x for 3 reports it is removed
+// forward_backward"; once it is below 1.15x for 5 reports it is removed
 // ("straggler no more: ..."). Both events are logged. A new placement
 // starts over; a rank replaced in place is forgotten.
 //
 // Why a job waits: every Schedule() sets a QUEUED job's
 // JobStatus.pending_reason ("needs 2 trainers with 1 free cpu device; 1 is
-// free, trainer-3 runs job-000007"), not logged (it is recomputed).
+// free, trainer-3 runs job-000007"; a job of another owner is "another
+// user's job"), not logged (it is recomputed).
 //
 // Durability: every job change that matters after a restart (submission,
 // state changes, completed epochs, checkpoints) is appended to a
