@@ -348,6 +348,7 @@ absl::Status Run(const JobConfig& c, JobObserver* observer, JobProgress* progres
   o.kvstore_consistency = c.kvstore_consistency;
   o.kvstore_max_staleness = c.kvstore_max_staleness;
   o.sync_batch_norm = c.sync_batch_norm;
+  if (c.bucket_bytes > 0) o.bucket_bytes = static_cast<size_t>(c.bucket_bytes);
   // Resuming: every replica loads the checkpoint before the weights are
   // shared (with the other trainers, or the kvstore's shards).
   int first_epoch = 0;
@@ -448,6 +449,7 @@ absl::Status Run(const JobConfig& c, JobObserver* observer, JobProgress* progres
         if (c.communicator == nullptr || hybrid || !IsTransient(stepped.status())) return failure;
         DT_LOG(WARNING) << "job " << c.name << ": " << failure << "; trying to recover in place";
         const absl::Time failed = absl::Now();
+        trace::ScopedSpan recovery_span(c.trace, "recovery", trace::kTrackStep, steps_run);
         DT_ASSIGN_OR_RETURN(RegroupResult regroup,
                             RegroupSurvivor(c, observer, trainer.get(), failure,
                                             Partial{epoch, step, loss_sum, seen, correct},
@@ -503,9 +505,12 @@ absl::Status Run(const JobConfig& c, JobObserver* observer, JobProgress* progres
     // weights this rank's share).
     float sums[3] = {static_cast<float>(loss_sum), static_cast<float>(seen),
                      static_cast<float>(correct)};
-    DT_RETURN_IF_ERROR(
-        Annotate(trainer->AverageStatistics(sums, 3),
-                 absl::StrCat("rank ", rank, ": averaging the loss of epoch ", epoch + 1)));
+    {
+      trace::ScopedSpan span(c.trace, "epoch statistics", trace::kTrackStep, steps_run);
+      DT_RETURN_IF_ERROR(
+          Annotate(trainer->AverageStatistics(sums, 3),
+                   absl::StrCat("rank ", rank, ": averaging the loss of epoch ", epoch + 1)));
+    }
     if (sums[1] > 0) {
       progress->loss = sums[0] / sums[1];
       progress->train_accuracy = sums[2] / sums[1];
@@ -517,7 +522,11 @@ absl::Status Run(const JobConfig& c, JobObserver* observer, JobProgress* progres
       // Asynchronous kvstore modes: the server's weights, not the ones this
       // trainer's last pushes left.
       DT_RETURN_IF_ERROR(trainer->PullLatestWeights());
-      DT_ASSIGN_OR_RETURN(progress->test_accuracy, Evaluate(trainer.get(), test_set, sample_shape));
+      {
+        trace::ScopedSpan span(c.trace, "evaluate", trace::kTrackStep, steps_run);
+        DT_ASSIGN_OR_RETURN(progress->test_accuracy,
+                            Evaluate(trainer.get(), test_set, sample_shape));
+      }
       DT_LOG(INFO) << "job " << c.name << " epoch " << epoch + 1 << ": loss " << progress->loss
                    << ", test accuracy " << progress->test_accuracy;
       if (c.checkpoint_interval_epochs > 0 && (epoch + 1) % c.checkpoint_interval_epochs == 0) {
@@ -528,6 +537,7 @@ absl::Status Run(const JobConfig& c, JobObserver* observer, JobProgress* progres
         meta["devices_per_trainer"] = absl::StrCat(k);
         meta["loss"] = absl::StrCat(progress->loss);
         meta["test_accuracy"] = absl::StrCat(progress->test_accuracy);
+        trace::ScopedSpan span(c.trace, "checkpoint", trace::kTrackStep, steps_run);
         DT_RETURN_IF_ERROR(SaveTrainingState(c.checkpoint_path, c.model, trainer->replica(0),
                                              trainer->optimizer(0), meta));
         progress->checkpoint_path = c.checkpoint_path;

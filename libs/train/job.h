@@ -81,6 +81,7 @@
 #include "libs/kvstore/parameter_server.h"
 #include "libs/ops/ops.h"
 #include "libs/tensor/tensor.h"
+#include "libs/trace/trace.h"
 
 namespace dtrain {
 namespace train {
@@ -102,6 +103,8 @@ struct JobConfig {
   bool hybridize = false;  // one rank, one CPU device
   bool sync_batch_norm = false;
   int checkpoint_interval_epochs = 0;  // 0: no checkpoints
+  // Gradient bucket size (DataParallelOptions::bucket_bytes); 0: its default.
+  int64_t bucket_bytes = 0;
 
   // This trainer's place in the job.
   int rank = 0;
@@ -125,6 +128,12 @@ struct JobConfig {
   // place"): `communicator` is the new membership's; the state, the data
   // position and the epoch's statistics come from the surviving ranks.
   bool join = false;
+
+  // The timeline (not owned; null: none): the data-parallel step's spans
+  // (DataParallelOptions::trace) and, on the step track, "next batch" (the
+  // wait for the data loader), "epoch statistics", "evaluate", "checkpoint"
+  // and "recovery" (a failed step to the regrouped state).
+  trace::Recorder* trace = nullptr;
 };
 
 struct JobProgress {
