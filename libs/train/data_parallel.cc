@@ -8,6 +8,7 @@
 #include <optional>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "libs/autograd/functions.h"
 #include "libs/base/logging.h"
 #include "libs/base/status.h"
@@ -90,6 +91,12 @@ struct DataParallelTrainer::Impl {
   std::vector<float> losses;
   std::vector<int64_t> corrects;  // per replica, of the last step
   double comm_wait = 0, comm_work = 0;
+  // Phases of the last step (step_phases.h): when each replica's backward
+  // ended and each bucket's reduction ran (written by the engine's workers,
+  // read after WaitAll), and the result.
+  std::vector<int64_t> backward_end_ns;  // per replica
+  std::vector<PhaseSpan> bucket_spans;   // per bucket
+  StepPhases phases;
 
   void Abort() {
     if (reducer) reducer->Abort();
@@ -113,6 +120,7 @@ struct DataParallelTrainer::Impl {
           Annotate(bn_groups[l]->status(), absl::StrCat("replica ", r, ", batch-norm layer ", l)));
     }
     reducer->FinishBackward(r);
+    backward_end_ns[r] = absl::GetCurrentTimeNanos();
     return absl::OkStatus();
   }
 
@@ -121,10 +129,12 @@ struct DataParallelTrainer::Impl {
     auto t0 = std::chrono::steady_clock::now();
     DT_RETURN_IF_ERROR(reducer->WaitForBucket(b));
     auto t1 = std::chrono::steady_clock::now();
+    bucket_spans[b].start_ns = absl::GetCurrentTimeNanos();
     DT_ASSIGN_OR_RETURN(float* flat, reducer->SumBucket(b));
     DT_RETURN_IF_ERROR(sync->ReduceBucket(b, flat));
     if (sync->optimizer_steps_locally()) DT_RETURN_IF_ERROR(reducer->WriteBackGradients(b));
     auto t2 = std::chrono::steady_clock::now();
+    bucket_spans[b].end_ns = absl::GetCurrentTimeNanos();
     comm_wait += std::chrono::duration<double>(t1 - t0).count();
     comm_work += std::chrono::duration<double>(t2 - t1).count();
     return absl::OkStatus();
@@ -383,6 +393,9 @@ absl::StatusOr<float> DataParallelTrainer::Step(const Tensor& x, const Tensor& l
     rows[r] = n / s.k + (r < n % s.k ? 1 : 0);
     s.weights[r] = static_cast<double>(rows[r]) / n;
   }
+  const int64_t start_ns = absl::GetCurrentTimeNanos();
+  s.backward_end_ns.assign(s.k, start_ns);
+  s.bucket_spans.assign(s.bucket_vars.size(), PhaseSpan{start_ns, start_ns});
   s.reducer->StartStep(s.weights);
   for (auto& g : s.bn_groups) g->Reset();
   s.losses.assign(s.k, 0.0f);
@@ -414,6 +427,20 @@ absl::StatusOr<float> DataParallelTrainer::Step(const Tensor& x, const Tensor& l
                    s.device_queues[r], absl::StrCat("sgd/replica", r));
   }
   DT_RETURN_IF_ERROR(s.engine->WaitAll());
+  // The step's phases: contiguous spans (step_phases.h).
+  const int64_t end_ns = absl::GetCurrentTimeNanos();
+  int64_t backward_end = start_ns;
+  for (int64_t t : s.backward_end_ns) backward_end = std::max(backward_end, t);
+  int64_t comm_end = backward_end;
+  for (const PhaseSpan& b : s.bucket_spans) comm_end = std::max(comm_end, b.end_ns);
+  comm_end = std::min(comm_end, end_ns);
+  StepPhases& ph = s.phases;
+  ph.step = {start_ns, end_ns};
+  ph.phase[static_cast<int>(StepPhase::kDataWait)] = {start_ns, start_ns};
+  ph.phase[static_cast<int>(StepPhase::kForwardBackward)] = {start_ns, backward_end};
+  ph.phase[static_cast<int>(StepPhase::kCommWait)] = {backward_end, comm_end};
+  ph.phase[static_cast<int>(StepPhase::kOptimizer)] = {comm_end, end_ns};
+  ph.bucket_reductions = s.bucket_spans;
   double loss = 0;
   for (int r = 0; r < s.k; ++r) loss += s.weights[r] * s.losses[r];
   return static_cast<float>(loss);
@@ -538,6 +565,7 @@ int DataParallelTrainer::num_buckets() const {
 }
 double DataParallelTrainer::last_comm_wait_seconds() const { return impl_->comm_wait; }
 double DataParallelTrainer::last_comm_work_seconds() const { return impl_->comm_work; }
+const StepPhases& DataParallelTrainer::last_step_phases() const { return impl_->phases; }
 
 }  // namespace train
 }  // namespace dtrain

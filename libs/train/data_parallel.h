@@ -88,6 +88,7 @@
 #include "libs/nn/models.h"
 #include "libs/nn/optim.h"
 #include "libs/tensor/tensor.h"
+#include "libs/train/step_phases.h"
 
 namespace dtrain {
 namespace train {
@@ -255,6 +256,11 @@ class DataParallelTrainer {
   // backward.
   double last_comm_wait_seconds() const;
   double last_comm_work_seconds() const;
+  // The last Step's phases (step_phases.h): forward_backward from Step's
+  // start, comm_wait and optimizer, and each bucket's reduction; the data
+  // wait is the caller's (RunJob's), so phase[kDataWait] is an empty span at
+  // Step's start and `step` starts there too.
+  const StepPhases& last_step_phases() const;
 
   DataParallelTrainer(const DataParallelTrainer&) = delete;
   DataParallelTrainer& operator=(const DataParallelTrainer&) = delete;

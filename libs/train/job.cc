@@ -432,9 +432,11 @@ absl::Status Run(const JobConfig& c, JobObserver* observer, JobProgress* progres
     const absl::Time start = absl::Now();
     for (;;) {
       const absl::Time step_start = absl::Now();
+      const int64_t step_start_ns = absl::ToUnixNanos(step_start);
       const double waited_before = loader->wait_seconds();
       if (!loader->Next(&b)) break;
       const double data_wait = std::max(0.0, loader->wait_seconds() - waited_before);
+      const int64_t data_end_ns = absl::GetCurrentTimeNanos();
       if (observer->StopRequested()) return absl::CancelledError("stopped");
       if (observer->DrainRequested(steps_run)) {
         progress->drained = true;
@@ -477,6 +479,20 @@ absl::Status Run(const JobConfig& c, JobObserver* observer, JobProgress* progres
       times.data_wait = data_wait;
       times.compute = std::max(
           0.0, absl::ToDoubleSeconds(absl::Now() - step_start) - data_wait - times.communication);
+      // The phases (step_phases.h): the loader's wait, then the trainer's
+      // own phases; the time between them (drain poll, the batch's copy)
+      // counts as forward_backward.
+      if (hybrid) {
+        const int64_t end_ns = absl::GetCurrentTimeNanos();
+        for (PhaseSpan& p : times.phases.phase) p = {end_ns, end_ns};
+        times.phases.phase[static_cast<int>(StepPhase::kForwardBackward)] = {data_end_ns, end_ns};
+        times.phases.step = {step_start_ns, end_ns};
+      } else {
+        times.phases = trainer->last_step_phases();
+        times.phases.step.start_ns = step_start_ns;
+        times.phases.phase[static_cast<int>(StepPhase::kForwardBackward)].start_ns = data_end_ns;
+      }
+      times.phases.phase[static_cast<int>(StepPhase::kDataWait)] = {step_start_ns, data_end_ns};
       loss_sum += static_cast<double>(l) * b.size;
       correct += hybrid ? ops::CountCorrect(hybrid->logits(), y) : trainer->last_correct();
       seen += b.size;

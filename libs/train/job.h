@@ -82,6 +82,7 @@
 #include "libs/ops/ops.h"
 #include "libs/tensor/tensor.h"
 #include "libs/trace/trace.h"
+#include "libs/train/step_phases.h"
 
 namespace dtrain {
 namespace train {
@@ -153,11 +154,14 @@ struct JobProgress {
 
 // A step's wall time split by phase: waiting for the data loader, the
 // communication queue's reduction work (it overlaps backward, so an upper
-// bound of what communication cost), and the rest.
+// bound of what communication cost), and the rest; and the step's phases as
+// spans (step_phases.h: data_wait, forward_backward, comm_wait, optimizer,
+// and every bucket's reduction).
 struct StepTimes {
   double compute = 0;
   double communication = 0;
   double data_wait = 0;
+  StepPhases phases;
 };
 
 class JobObserver {

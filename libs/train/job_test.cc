@@ -44,6 +44,22 @@ class Recorder : public JobObserver {
     ++steps;
     EXPECT_GE(t.compute, 0);
     EXPECT_GE(t.data_wait, 0);
+    // The phases cut the step into contiguous spans (step_phases.h), and
+    // every bucket's reduction lies inside the step.
+    const StepPhases& ph = t.phases;
+    EXPECT_GT(ph.step.start_ns, 0);
+    EXPECT_EQ(ph.phase[0].start_ns, ph.step.start_ns);
+    for (int i = 1; i < kNumStepPhases; ++i) {
+      EXPECT_EQ(ph.phase[i].start_ns, ph.phase[i - 1].end_ns) << StepPhaseName(StepPhase(i));
+      EXPECT_GE(ph.phase[i].end_ns, ph.phase[i].start_ns) << StepPhaseName(StepPhase(i));
+    }
+    EXPECT_EQ(ph.phase[kNumStepPhases - 1].end_ns, ph.step.end_ns);
+    EXPECT_GT(ph.seconds(StepPhase::kForwardBackward), 0);
+    EXPECT_FALSE(ph.bucket_reductions.empty());
+    for (const PhaseSpan& b : ph.bucket_reductions) {
+      EXPECT_GE(b.start_ns, ph.span(StepPhase::kForwardBackward).start_ns);
+      EXPECT_LE(b.end_ns, ph.span(StepPhase::kCommWait).end_ns);
+    }
   }
   void OnEpoch(const JobProgress& p) override { epochs.push_back(p); }
   bool StopRequested() override { return stop_after >= 0 && steps >= stop_after; }
