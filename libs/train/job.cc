@@ -18,6 +18,7 @@
 #include "libs/nn/models.h"
 #include "libs/train/data_parallel.h"
 #include "libs/train/state_io.h"
+#include "libs/train/step_trace.h"
 #include "libs/train/train.h"
 
 namespace dtrain {
@@ -513,6 +514,8 @@ absl::Status Run(const JobConfig& c, JobObserver* observer, JobProgress* progres
         }
         recovery_steps_lost = 0;
       }
+      RecordStepSpans(c.trace, times.phases, steps_run - 1,
+                      hybrid ? "hybridized" : trainer->sync_name());
       observer->OnStep(*progress, times);
     }
     if (regrouped) continue;

@@ -130,10 +130,10 @@ struct JobConfig {
   // position and the epoch's statistics come from the surviving ranks.
   bool join = false;
 
-  // The timeline (not owned; null: none): the data-parallel step's spans
-  // (DataParallelOptions::trace) and, on the step track, "next batch" (the
-  // wait for the data loader), "epoch statistics", "evaluate", "checkpoint"
-  // and "recovery" (a failed step to the regrouped state).
+  // The timeline (not owned; null: none): every step's phases and bucket
+  // reductions (step_trace.h, with the count of steps this call ran) and, on
+  // the step track, "epoch statistics", "evaluate", "checkpoint" and
+  // "recovery" (a failed step until the regrouped state).
   trace::Recorder* trace = nullptr;
 };
 
