@@ -52,6 +52,8 @@ v1::ProgressReport ToReport(const train::JobProgress& p) {
   r.set_train_accuracy(p.train_accuracy);
   r.set_test_accuracy(p.test_accuracy);
   r.set_samples_per_second(p.samples_per_second);
+  r.set_achieved_gflops(p.achieved_flops / 1e9);
+  r.set_mfu(p.mfu);
   r.set_epoch_seconds(p.epoch_seconds);
   r.set_checkpoint_path(p.checkpoint_path);
   r.set_checkpoint_epoch(p.checkpoint_epoch);
@@ -707,7 +709,10 @@ absl::Status Agent::RunAssignment(Job* job, train::JobProgress* progress,
                                   std::unique_ptr<kvstore::ParameterServer>* ps) {
   const v1::Assignment& a = job->assignment;
   absl::StatusOr<JobPlan> planned = PlanJob(a, options_.resources);
-  if (planned.ok() && job->trace != nullptr) planned->config.trace = job->trace.get();
+  if (planned.ok()) {
+    planned->config.trace = job->trace.get();
+    planned->config.cpu_peak_flops_per_thread = options_.cpu_peak_flops_per_thread;
+  }
   observer_->OnJobStart(a.job_id(), a.rank(),
                         planned.ok() ? planned->config.devices : std::vector<Device>{});
   if (!planned.ok()) return planned.status();

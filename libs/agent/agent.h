@@ -188,6 +188,10 @@ struct AgentOptions {
   // replacement may die before it connects: the survivors then wait for
   // the next generation) and for each of its operations afterwards.
   absl::Duration regroup_timeout = absl::Seconds(15);
+  // The measured peak FLOP/s of one CPU kernel thread (ops/peak.h): jobs
+  // report their model FLOPs utilization against it
+  // (train::JobConfig::cpu_peak_flops_per_thread). 0: no MFU.
+  double cpu_peak_flops_per_thread = 0;
   // Timeline spans kept per job (newest; about 100 bytes each). 0: no
   // timeline.
   size_t trace_capacity = 8192;

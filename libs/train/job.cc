@@ -14,6 +14,7 @@
 #include "libs/base/status.h"
 #include "libs/data/fashion_mnist.h"
 #include "libs/data/loader.h"
+#include "libs/graph/flops.h"
 #include "libs/graph/hybridize.h"
 #include "libs/nn/models.h"
 #include "libs/train/data_parallel.h"
@@ -390,6 +391,17 @@ absl::Status Run(const JobConfig& c, JobObserver* observer, JobProgress* progres
                  << hybrid->module().graph().nodes().size() << " graph nodes, planned peak "
                  << hybrid->planned_peak_bytes() << " bytes)";
   }
+  // MFU's numerator: the model's FLOPs per sample of a training step.
+  double flops_per_sample = 0;
+  const double rank_peak = c.devices[0].is_cpu() ? c.cpu_peak_flops_per_thread *
+                                                       o.threads_per_device * k
+                                                 : 0;
+  if (absl::StatusOr<graph::TrainingFlops> f = graph::TrainingFlopsPerSample(c.model); f.ok()) {
+    flops_per_sample = f->total();
+  } else {
+    DT_LOG(WARNING) << "job " << c.name << ": no FLOP count for " << c.model << " (" << f.status()
+                    << "); MFU is not reported";
+  }
   progress->steps_per_epoch = loader->batches_per_epoch();
   const int64_t steps_per_epoch = loader->batches_per_epoch();
   int64_t joined_steps_run = 0;
@@ -506,6 +518,8 @@ absl::Status Run(const JobConfig& c, JobObserver* observer, JobProgress* progres
       const double secs = absl::ToDoubleSeconds(absl::Now() - start);
       // Samples of the whole job (every rank does the same work).
       progress->samples_per_second = secs > 0 ? seen * world / secs : 0;
+      progress->achieved_flops = flops_per_sample * progress->samples_per_second;
+      progress->mfu = rank_peak > 0 ? progress->achieved_flops / (rank_peak * world) : 0;
       if (recovering) {
         recovering = false;
         if (recovery_root) {

@@ -106,6 +106,10 @@ struct JobConfig {
   int checkpoint_interval_epochs = 0;  // 0: no checkpoints
   // Gradient bucket size (DataParallelOptions::bucket_bytes); 0: its default.
   int64_t bucket_bytes = 0;
+  // The measured peak FLOP/s of one CPU kernel thread (ops/peak.h), for
+  // MFU: this rank's peak is it times the kernel threads the job uses. 0, or
+  // CUDA devices: unknown (JobProgress::mfu stays 0).
+  double cpu_peak_flops_per_thread = 0;
 
   // This trainer's place in the job.
   int rank = 0;
@@ -145,6 +149,11 @@ struct JobProgress {
   double train_accuracy = 0;      // likewise (predictions before each update)
   double test_accuracy = -1;      // rank 0, after each epoch; -1: not yet
   double samples_per_second = 0;  // of the whole job
+  // Model FLOPs (graph/flops.h: a training step's per sample) times
+  // samples_per_second, and its ratio to every rank's peak (world_size times
+  // this rank's, see JobConfig::cpu_peak_flops_per_thread); 0 when unknown.
+  double achieved_flops = 0;
+  double mfu = 0;
   double epoch_seconds = 0;       // wall time of the last completed epoch
   std::string checkpoint_path;    // rank 0: the newest checkpoint written
   int checkpoint_epoch = 0;

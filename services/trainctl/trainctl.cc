@@ -314,6 +314,10 @@ void Print(const v1::JobStatus& j, bool detail) {
             j.recoveries(), j.recoveries() == 1 ? "" : "s", j.last_recovery_seconds(),
             static_cast<long long>(j.steps_lost()), j.steps_lost() == 1 ? "" : "s", j.generation());
       }
+      if (j.achieved_gflops() > 0) {
+        std::printf("  model FLOPs: %.2f GFLOP/s achieved, MFU %.1f%% of the trainers' measured peak\n",
+                    j.achieved_gflops(), 100 * j.mfu());
+      }
       if (!j.checkpoint_path().empty()) {
         std::printf(
             "  checkpoint: %s (epoch %d%s)\n", j.checkpoint_path().c_str(), j.checkpoint_epoch(),

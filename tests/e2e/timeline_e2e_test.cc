@@ -3,7 +3,8 @@
 // Chrome trace with one process per rank, each rank's step, compute and
 // communication spans, ranks aligned on one clock, and gradient buckets
 // reduced while backward still runs (the overlap the data-parallel step
-// promises). Only the job's owner and admins may read it.
+// promises). Only the job's owner and admins may read it. The job's status
+// carries its achieved model FLOP/s and MFU.
 #include <gtest/gtest.h>
 #include <signal.h>
 
@@ -112,6 +113,17 @@ TEST_F(TimelineE2eTest, TwoTrainerJobIsOneAlignedChromeTraceWithOverlap) {
   ASSERT_NE(out.find("SUCCEEDED"), std::string::npos) << out;
   const std::string id = SubmittedId(out);
   ASSERT_FALSE(id.empty()) << out;
+
+  // MFU in the job status: LeNet's training step is 13,258,800 FLOPs per
+  // sample (libs/graph/flops_test counts it by hand), times samples/s.
+  const std::string status = JobJson(scheduler_, out);
+  const double sps = JsonNumber(status, "samples_per_second", -1);
+  const double gflops = JsonNumber(status, "achieved_gflops", -1);
+  const double mfu = JsonNumber(status, "mfu", -1);
+  ASSERT_GT(sps, 0) << status;
+  EXPECT_NEAR(gflops * 1e9 / sps, 13258800, 1) << status;
+  EXPECT_GT(mfu, 0) << status;
+  EXPECT_LT(mfu, 2) << status;  // of a peak measured on a busy machine
 
   const std::string path = dir_ + "/trace.json";
   out = Ctl(absl::StrCat("timeline ", id, " --out=", path), &rc);
