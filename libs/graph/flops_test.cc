@@ -42,9 +42,7 @@ TEST(FlopsTest, Resnet18IsAboutThreeForwardPasses) {
   EXPECT_LT(f->backward, 2.0 * f->forward);
 }
 
-TEST(FlopsTest, UnknownModelIsAnError) {
-  EXPECT_FALSE(TrainingFlopsPerSample("alexnet").ok());
-}
+TEST(FlopsTest, UnknownModelIsAnError) { EXPECT_FALSE(TrainingFlopsPerSample("alexnet").ok()); }
 
 }  // namespace
 }  // namespace graph

@@ -17,7 +17,7 @@ namespace ops {
 
 struct GemmPeakOptions {
   int n = 1024;     // matrix size
-  int reps = 5;     // timed products (after one untimed); the best counts
+  int reps = 10;    // timed products (after one untimed); the best counts
   int threads = 1;  // CPU kernel threads (SetCpuThreads)
 };
 

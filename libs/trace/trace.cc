@@ -11,8 +11,6 @@
 namespace dtrain {
 namespace trace {
 
-std::string ComputeTrack(const std::string& device) { return absl::StrCat("compute ", device); }
-
 int64_t NowMicros() { return absl::GetCurrentTimeNanos() / 1000; }
 
 Recorder::Recorder(size_t capacity) : capacity_(std::max<size_t>(capacity, 1)) {}
@@ -91,7 +89,7 @@ void AppendJsonString(std::string* out, const std::string& s) {
 // Sort key of a track: step, compute tracks, communication, the rest.
 std::pair<int, std::string> TrackOrder(const std::string& track) {
   if (track == kTrackStep) return {0, track};
-  if (track.rfind("compute ", 0) == 0) return {1, track};
+  if (track == kTrackCompute) return {1, track};
   if (track == kTrackCommunication) return {2, track};
   return {3, track};
 }
@@ -120,7 +118,8 @@ std::string ChromeTraceJson(const std::vector<RankSpans>& ranks) {
     if (!r.label.empty()) absl::StrAppend(&process, " (", r.label, ")");
     if (r.dropped > 0) absl::StrAppend(&process, " [", r.dropped, " older spans dropped]");
     AppendMetadata(&events, "process", r.rank, 0, process, r.rank);
-    for (const auto& [key, id] : tids) AppendMetadata(&events, "thread", r.rank, id, key.second, id);
+    for (const auto& [key, id] : tids)
+      AppendMetadata(&events, "thread", r.rank, id, key.second, id);
     for (const Span& s : r.spans) {
       std::string e = "{\"ph\":\"X\",\"name\":";
       AppendJsonString(&e, s.name);

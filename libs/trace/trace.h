@@ -35,14 +35,14 @@ namespace dtrain {
 namespace trace {
 
 // Track names: a Chrome trace shows each track of a rank as one row
-// ("thread"). Compute tracks are per device ("compute cpu:0").
+// ("thread"). Other names may be used (they sort after these).
 inline constexpr char kTrackStep[] = "step";
+inline constexpr char kTrackCompute[] = "compute";
 inline constexpr char kTrackCommunication[] = "communication";
-std::string ComputeTrack(const std::string& device);
 
 struct Span {
-  std::string name;   // "step", "forward", "backward", "reduce bucket 0", ...
-  std::string track;  // kTrackStep, ComputeTrack(...), kTrackCommunication
+  std::string name;         // "step", "forward+backward", "allreduce bucket 0", ...
+  std::string track;        // kTrackStep, kTrackCompute, kTrackCommunication, ...
   int64_t start_us = 0;     // Unix microseconds (the recording process's clock)
   int64_t duration_us = 0;  // >= 0
   int64_t step = -1;        // the trainer's step count the span belongs to; -1: none
@@ -100,8 +100,8 @@ struct RankSpans {
 
 // The Chrome trace event format ("X" complete events, microseconds, plus
 // process_name / thread_name metadata): {"traceEvents": [...],
-// "displayTimeUnit": "ms"}. Tracks are ordered step, compute (by device),
-// communication, then any other. A span's step is in its args.
+// "displayTimeUnit": "ms"}. Tracks are ordered step, compute,
+// communication, then any other (by name). A span's step is in its args.
 std::string ChromeTraceJson(const std::vector<RankSpans>& ranks);
 
 }  // namespace trace

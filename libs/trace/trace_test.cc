@@ -47,14 +47,14 @@ TEST(RecorderTest, ScopedSpanMeasuresItsScopeAndNullRecordsNothing) {
   Recorder r;
   const int64_t before = NowMicros();
   {
-    ScopedSpan s(&r, "backward", ComputeTrack("cpu:0"), 7);
+    ScopedSpan s(&r, "backward", kTrackCompute, 7);
     absl::SleepFor(absl::Milliseconds(20));
   }
   { ScopedSpan none(nullptr, "ignored", kTrackStep); }
   std::vector<Span> got = r.Snapshot();
   ASSERT_EQ(got.size(), 1u);
   EXPECT_EQ(got[0].name, "backward");
-  EXPECT_EQ(got[0].track, "compute cpu:0");
+  EXPECT_EQ(got[0].track, "compute");
   EXPECT_EQ(got[0].step, 7);
   EXPECT_GE(got[0].start_us, before);
   EXPECT_GE(got[0].duration_us, 20000);
@@ -86,8 +86,7 @@ TEST(ChromeTraceTest, OneProcessPerRankOneThreadPerTrackOffsetsApplied) {
   RankSpans r0;
   r0.rank = 0;
   r0.label = "trainer \"a\"";
-  r0.spans = {At("step", kTrackStep, 1000, 500, 0),
-              At("backward", ComputeTrack("cpu:0"), 1100, 300, 0),
+  r0.spans = {At("step", kTrackStep, 1000, 500, 0), At("backward", kTrackCompute, 1100, 300, 0),
               At("reduce bucket 0", kTrackCommunication, 1200, 100, 0)};
   RankSpans r1;
   r1.rank = 1;
@@ -117,7 +116,7 @@ TEST(ChromeTraceTest, OneProcessPerRankOneThreadPerTrackOffsetsApplied) {
   EXPECT_EQ(processes[1], "rank 1 [3 older spans dropped]");
   // Step first, then compute, then communication.
   EXPECT_EQ(threads[std::make_pair(0, 1)], "step");
-  EXPECT_EQ(threads[std::make_pair(0, 2)], "compute cpu:0");
+  EXPECT_EQ(threads[std::make_pair(0, 2)], "compute");
   EXPECT_EQ(threads[std::make_pair(0, 3)], "communication");
   EXPECT_EQ(threads[std::make_pair(1, 1)], "step");
   EXPECT_EQ(threads[std::make_pair(1, 2)], "communication");

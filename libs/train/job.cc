@@ -393,9 +393,8 @@ absl::Status Run(const JobConfig& c, JobObserver* observer, JobProgress* progres
   }
   // MFU's numerator: the model's FLOPs per sample of a training step.
   double flops_per_sample = 0;
-  const double rank_peak = c.devices[0].is_cpu() ? c.cpu_peak_flops_per_thread *
-                                                       o.threads_per_device * k
-                                                 : 0;
+  const double rank_peak =
+      c.devices[0].is_cpu() ? c.cpu_peak_flops_per_thread * o.threads_per_device * k : 0;
   if (absl::StatusOr<graph::TrainingFlops> f = graph::TrainingFlopsPerSample(c.model); f.ok()) {
     flops_per_sample = f->total();
   } else {

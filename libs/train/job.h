@@ -154,8 +154,8 @@ struct JobProgress {
   // this rank's, see JobConfig::cpu_peak_flops_per_thread); 0 when unknown.
   double achieved_flops = 0;
   double mfu = 0;
-  double epoch_seconds = 0;       // wall time of the last completed epoch
-  std::string checkpoint_path;    // rank 0: the newest checkpoint written
+  double epoch_seconds = 0;     // wall time of the last completed epoch
+  std::string checkpoint_path;  // rank 0: the newest checkpoint written
   int checkpoint_epoch = 0;
   int64_t checkpoint_step = 0;  // steps of epoch checkpoint_epoch + 1 it holds (a drain's)
   bool drained = false;         // RunJob stopped for DrainRequested (Cancelled)

@@ -6,8 +6,8 @@ namespace dtrain {
 namespace train {
 namespace {
 
-void Add(trace::Recorder* r, std::string name, const char* track, const PhaseSpan& p,
-         int64_t step, bool keep_empty = false) {
+void Add(trace::Recorder* r, std::string name, const char* track, const PhaseSpan& p, int64_t step,
+         bool keep_empty = false) {
   if (p.end_ns <= p.start_ns && !keep_empty) return;
   trace::Span s;
   s.name = std::move(name);
@@ -25,9 +25,10 @@ void RecordStepSpans(trace::Recorder* recorder, const StepPhases& phases, int64_
   if (recorder == nullptr) return;
   Add(recorder, "step", trace::kTrackStep, phases.step, step, /*keep_empty=*/true);
   Add(recorder, "data wait", trace::kTrackStep, phases.span(StepPhase::kDataWait), step);
-  Add(recorder, "forward+backward", kTrackCompute, phases.span(StepPhase::kForwardBackward), step);
+  Add(recorder, "forward+backward", trace::kTrackCompute, phases.span(StepPhase::kForwardBackward),
+      step);
   Add(recorder, "comm wait", trace::kTrackStep, phases.span(StepPhase::kCommWait), step);
-  Add(recorder, "optimizer", kTrackCompute, phases.span(StepPhase::kOptimizer), step);
+  Add(recorder, "optimizer", trace::kTrackCompute, phases.span(StepPhase::kOptimizer), step);
   for (size_t b = 0; b < phases.bucket_reductions.size(); ++b) {
     Add(recorder, absl::StrCat(sync, " bucket ", b), trace::kTrackCommunication,
         phases.bucket_reductions[b], step, /*keep_empty=*/true);

@@ -23,8 +23,6 @@
 namespace dtrain {
 namespace train {
 
-inline constexpr char kTrackCompute[] = "compute";
-
 // Records `phases` of step `step` in `recorder` (null: nothing). `sync` names
 // the gradient sync of the bucket spans ("allreduce", "kvstore_sync", ...).
 void RecordStepSpans(trace::Recorder* recorder, const StepPhases& phases, int64_t step,

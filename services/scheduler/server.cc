@@ -12,9 +12,9 @@
 #include "libs/base/status.h"
 #include "libs/metrics/metrics.h"
 #include "libs/rpc/authorize.h"
-#include "libs/scheduler/timeline_store.h"
 #include "libs/rpc/credentials.h"
 #include "libs/rpc/server.h"
+#include "libs/scheduler/timeline_store.h"
 #include "libs/security/authz.h"
 #include "protos/scheduler.grpc.pb.h"
 
@@ -421,9 +421,8 @@ std::vector<prometheus::MetricFamily> Collect(Scheduler* s, KvstoreMembership* k
 class SchedulerServer::Services {
  public:
   Services(Scheduler* s, KvstoreMembership* kv, const absl::Notification* stopping)
-      : jobs(s, kv, &timelines, stopping, &rpc_metrics),
-        cluster(s, kv, &timelines, &rpc_metrics) {}
-  RpcMetrics rpc_metrics;    // before the services, which use it
+      : jobs(s, kv, &timelines, stopping, &rpc_metrics), cluster(s, kv, &timelines, &rpc_metrics) {}
+  RpcMetrics rpc_metrics;  // before the services, which use it
   TimelineStore timelines;
   JobServiceImpl jobs;
   ClusterServiceImpl cluster;

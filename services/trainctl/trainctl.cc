@@ -274,9 +274,10 @@ int Timeline(v1::JobService::Stub* stub, const std::string& id) {
     f["spans"].set_number_value(static_cast<double>(spans));
     std::printf("%s\n", ToJson(summary, false).c_str());
   } else {
-    std::printf("%s: %d ranks, %lld spans written to %s (open it in ui.perfetto.dev or "
-                "chrome://tracing)\n",
-                id.c_str(), timeline.ranks_size(), static_cast<long long>(spans), out.c_str());
+    std::printf(
+        "%s: %d ranks, %lld spans written to %s (open it in ui.perfetto.dev or "
+        "chrome://tracing)\n",
+        id.c_str(), timeline.ranks_size(), static_cast<long long>(spans), out.c_str());
   }
   return 0;
 }
@@ -315,8 +316,9 @@ void Print(const v1::JobStatus& j, bool detail) {
             static_cast<long long>(j.steps_lost()), j.steps_lost() == 1 ? "" : "s", j.generation());
       }
       if (j.achieved_gflops() > 0) {
-        std::printf("  model FLOPs: %.2f GFLOP/s achieved, MFU %.1f%% of the trainers' measured peak\n",
-                    j.achieved_gflops(), 100 * j.mfu());
+        std::printf(
+            "  model FLOPs: %.2f GFLOP/s achieved, MFU %.1f%% of the trainers' measured peak\n",
+            j.achieved_gflops(), 100 * j.mfu());
       }
       if (!j.checkpoint_path().empty()) {
         std::printf(

@@ -54,7 +54,8 @@ TEST(TrainerMetricsTest, OneJobsSeriesWithTheirLabels) {
                               "phase=\"data_wait\",rank=\"0\"} 1\n"));
   EXPECT_THAT(text, HasSubstr("dtrain_job_loss{job_id=\"job-1\",rank=\"0\"} 2.5\n"));
   EXPECT_THAT(text, HasSubstr("dtrain_job_samples_per_second{job_id=\"job-1\",rank=\"0\"} 640\n"));
-  EXPECT_THAT(text, HasSubstr("dtrain_job_achieved_flops{job_id=\"job-1\",rank=\"0\"} 2500000000\n"));
+  EXPECT_THAT(text,
+              HasSubstr("dtrain_job_achieved_flops{job_id=\"job-1\",rank=\"0\"} 2500000000\n"));
   EXPECT_THAT(text, HasSubstr("dtrain_job_mfu{job_id=\"job-1\",rank=\"0\"} 0.375\n"));
   // The first step samples the job's devices' allocators.
   EXPECT_THAT(text,

@@ -15,8 +15,8 @@
 #include <string>
 #include <vector>
 
-#include "absl/strings/str_cat.h"
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "google/protobuf/struct.pb.h"
 #include "google/protobuf/util/json_util.h"
 #include "tests/e2e/e2e_util.h"
@@ -104,11 +104,11 @@ TEST_F(TimelineE2eTest, TwoTrainerJobIsOneAlignedChromeTraceWithOverlap) {
   int rc;
   // 16 steps of 64 samples per rank; 64 KiB buckets split LeNet's 61.7k
   // parameters into several buckets (the last layers' first).
-  std::string out = Ctl(
-      "submit --name=traced --model=lenet --epochs=1 --batch_size=128 --lr=0.1 --init=kaiming"
-      " --train_limit=2048 --test_limit=200 --threads=1 --num_trainers=2 --sync=ALLREDUCE"
-      " --bucket_bytes=65536 --wait",
-      &rc);
+  std::string out =
+      Ctl("submit --name=traced --model=lenet --epochs=1 --batch_size=128 --lr=0.1 --init=kaiming"
+          " --train_limit=2048 --test_limit=200 --threads=1 --num_trainers=2 --sync=ALLREDUCE"
+          " --bucket_bytes=65536 --wait",
+          &rc);
   ASSERT_EQ(rc, 0) << out;
   ASSERT_NE(out.find("SUCCEEDED"), std::string::npos) << out;
   const std::string id = SubmittedId(out);
