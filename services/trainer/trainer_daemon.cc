@@ -173,7 +173,8 @@ ABSL_FLAG(double, collective_timeout_s, 60,
           "time limit of the rendezvous and of each allreduce of multi-trainer jobs");
 ABSL_FLAG(double, peak_gflops_per_thread, -1,
           "the peak GFLOP/s of one CPU kernel thread for jobs' MFU; -1: measure it at start (an "
-          "f32 GEMM, libs/ops/peak.h; about half a second), 0: report no MFU");
+          "f32 GEMM, libs/ops/peak.h; about 0.1 s on a quiet machine, more on a busy one, which "
+          "then reads low), 0: report no MFU");
 ABSL_FLAG(std::string, metrics_listen, "",
           "Prometheus /metrics address, e.g. :9402 or 127.0.0.1:0 (empty: no endpoint)");
 ABSL_FLAG(std::string, health_listen, "",
@@ -275,7 +276,7 @@ int main(int argc, char** argv) {
   if (double peak = absl::GetFlag(FLAGS_peak_gflops_per_thread); peak >= 0) {
     options.cpu_peak_flops_per_thread = peak * 1e9;
   } else {
-    absl::StatusOr<double> measured = dtrain::ops::MeasureGemmPeakFlops({.threads = 1});
+    absl::StatusOr<double> measured = dtrain::ops::MeasureGemmPeakFlops({.reps = 5, .threads = 1});
     if (measured.ok()) {
       options.cpu_peak_flops_per_thread = *measured;
       DT_LOG(INFO) << "measured CPU peak: " << *measured / 1e9
