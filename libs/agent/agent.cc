@@ -12,6 +12,7 @@
 #include "libs/base/retry.h"
 #include "libs/base/status.h"
 #include "libs/tensor/allocator.h"
+#include "libs/trace/trace.h"
 
 namespace dtrain {
 namespace agent {
@@ -37,6 +38,8 @@ struct Agent::Job {
   // scheduler offered (HeartbeatReply.regroups).
   bool peer_lost = false;
   int offered_generation = 0;
+  // The job's timeline (null: none), written by the job's thread.
+  std::unique_ptr<trace::Recorder> trace;
 };
 
 namespace {
@@ -50,6 +53,8 @@ v1::ProgressReport ToReport(const train::JobProgress& p) {
   r.set_train_accuracy(p.train_accuracy);
   r.set_test_accuracy(p.test_accuracy);
   r.set_samples_per_second(p.samples_per_second);
+  r.set_achieved_gflops(p.achieved_flops / 1e9);
+  r.set_mfu(p.mfu);
   r.set_epoch_seconds(p.epoch_seconds);
   r.set_checkpoint_path(p.checkpoint_path);
   r.set_checkpoint_epoch(p.checkpoint_epoch);
@@ -222,7 +227,7 @@ class Agent::Progress : public train::JobObserver {
     // An epoch's report does not restart the progress reports' clock: with
     // it, a job whose epoch lasts a little longer than report_interval was
     // only ever seen at the same step of each epoch.
-    if (job_->assignment.rank() == 0) Send(p);
+    if (job_->assignment.rank() == 0) Send(p, /*with_timeline=*/true);
   }
 
   bool StopRequested() override { return job_->stop; }
@@ -264,9 +269,10 @@ class Agent::Progress : public train::JobObserver {
     }
   }
 
-  void Send(const train::JobProgress& p) {
+  void Send(const train::JobProgress& p, bool with_timeline = false) {
     v1::ProgressReport r = ToReport(p);
     if (window_.size() > 0) *r.mutable_step_times() = window_.Summary();
+    if (with_timeline) agent_->AttachTimeline(*job_, &r);
     if (agent_->Report(job_->assignment, v1::JOB_STATE_UNSPECIFIED, "", &r)) {
       agent_->Stop(job_, "cancelled");
     }
@@ -422,7 +428,17 @@ void Agent::Heartbeat() {
       request.add_running_job_ids(next_->job_id());
     }
   }
+  const int64_t sent_us = trace::NowMicros();
   absl::StatusOr<v1::HeartbeatReply> reply = cluster_->Heartbeat(request);
+  const int64_t received_us = trace::NowMicros();
+  if (reply.ok() && reply->server_time_unix_us() > 0) {
+    const int64_t rtt = received_us - sent_us;
+    absl::MutexLock lock(&mu_);
+    if (clock_rtt_us_ < 0 || rtt <= clock_rtt_us_) {
+      clock_rtt_us_ = rtt;
+      clock_offset_us_ = sent_us + rtt / 2 - reply->server_time_unix_us();
+    }
+  }
   if (absl::IsNotFound(reply.status())) {
     DT_LOG(WARNING) << reply.status() << "; registering again";
     absl::MutexLock lock(&mu_);
@@ -608,8 +624,32 @@ bool Agent::Report(const v1::Assignment& a, v1::JobState final_state, const std:
   return absl::IsNotFound(s) || absl::IsFailedPrecondition(s);
 }
 
+void Agent::AttachTimeline(const Job& job, v1::ProgressReport* report) {
+  if (job.trace == nullptr) return;
+  v1::RankTimeline* t = report->mutable_timeline();
+  t->set_rank(job.assignment.rank());
+  t->set_trainer_id(trainer_id());
+  t->set_attempt(job.assignment.attempt());
+  t->set_dropped_spans(job.trace->dropped());
+  {
+    absl::MutexLock lock(&mu_);
+    t->set_clock_offset_us(clock_offset_us_);
+  }
+  for (const trace::Span& s : job.trace->Snapshot()) {
+    v1::TraceSpan* out = t->add_spans();
+    out->set_name(s.name);
+    out->set_track(s.track);
+    out->set_start_unix_us(s.start_us);
+    out->set_duration_us(s.duration_us);
+    out->set_step(s.step);
+  }
+}
+
 void Agent::Work(Job* job) {
   const v1::Assignment& a = job->assignment;
+  if (options_.trace_capacity > 0) {
+    job->trace = std::make_unique<trace::Recorder>(options_.trace_capacity);
+  }
   train::JobProgress progress;
   std::unique_ptr<kvstore::ParameterServer> ps;
   const absl::Status s = RunAssignment(job, &progress, &ps);
@@ -640,6 +680,7 @@ void Agent::Work(Job* job) {
   DT_LOG(INFO) << "job " << a.job_id() << " rank " << a.rank() << " "
                << v1::JobState_Name(final_state) << ": " << reason;
   job->finishing = true;
+  AttachTimeline(*job, &last);
   Report(a, final_state, reason, &last);
   if (ps != nullptr) {
     // After the report, so the scheduler has the failure (and requeues)
@@ -678,6 +719,10 @@ absl::Status Agent::RunAssignment(Job* job, train::JobProgress* progress,
                                   std::unique_ptr<kvstore::ParameterServer>* ps) {
   const v1::Assignment& a = job->assignment;
   absl::StatusOr<JobPlan> planned = PlanJob(a, options_.resources);
+  if (planned.ok()) {
+    planned->config.trace = job->trace.get();
+    planned->config.cpu_peak_flops_per_thread = options_.cpu_peak_flops_per_thread;
+  }
   observer_->OnJobStart(a.job_id(), a.rank(),
                         planned.ok() ? planned->config.devices : std::vector<Device>{});
   if (!planned.ok()) return planned.status();

@@ -100,6 +100,13 @@
 // (FAILED and retryable, or CANCELLED). Drains keep using the attempt's
 // own keys, which every generation shares.
 //
+// Timeline: each job records its spans (train::JobConfig::trace) in a ring
+// buffer of trace_capacity spans; the final report of every rank, and rank
+// 0's epoch reports, carry them (ProgressReport.timeline) with the clock
+// offset estimated from heartbeats: the scheduler's time in the reply
+// against the midpoint of the call, from the reply with the shortest round
+// trip seen (NTP's rule; on one machine the offset is about zero).
+//
 // Thread-safety: Shutdown() may be called from any thread at any time; Run()
 // is called once. The observer is called on job threads, one job at a time.
 #ifndef DTRAIN_LIBS_AGENT_AGENT_H_
@@ -184,6 +191,13 @@ struct AgentOptions {
   // replacement may die before it connects: the survivors then wait for
   // the next generation) and for each of its operations afterwards.
   absl::Duration regroup_timeout = absl::Seconds(15);
+  // The measured peak FLOP/s of one CPU kernel thread (ops/peak.h): jobs
+  // report their model FLOPs utilization against it
+  // (train::JobConfig::cpu_peak_flops_per_thread). 0: no MFU.
+  double cpu_peak_flops_per_thread = 0;
+  // Timeline spans kept per job (newest; about 100 bytes each). 0: no
+  // timeline.
+  size_t trace_capacity = 8192;
 };
 
 class Agent {
@@ -230,6 +244,8 @@ class Agent {
   bool Report(const scheduler::v1::Assignment& a, scheduler::v1::JobState final_state,
               const std::string& reason, const scheduler::v1::ProgressReport* stats = nullptr);
   void Work(Job* job);
+  // Puts the job's timeline spans (if it records them) in `report`.
+  void AttachTimeline(const Job& job, scheduler::v1::ProgressReport* report);
   // `ps` receives the job's parameter server (KVSTORE jobs), which Work
   // cleans up after the final report.
   absl::Status RunAssignment(Job* job, train::JobProgress* progress,
@@ -252,6 +268,10 @@ class Agent {
   // An assignment waiting for current_ to end, until next_deadline_.
   std::optional<scheduler::v1::Assignment> next_ ABSL_GUARDED_BY(mu_);
   absl::Time next_deadline_ ABSL_GUARDED_BY(mu_);
+  // This trainer's clock minus the scheduler's (see "Timeline"), from the
+  // heartbeat with the shortest round trip so far.
+  int64_t clock_offset_us_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t clock_rtt_us_ ABSL_GUARDED_BY(mu_) = -1;
 };
 
 }  // namespace agent

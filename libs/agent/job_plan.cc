@@ -129,6 +129,7 @@ absl::StatusOr<JobPlan> PlanJob(const v1::Assignment& a, const TrainerResources&
   c.init = spec.init();
   c.seed = spec.seed();
   c.threads = spec.threads();
+  c.bucket_bytes = spec.bucket_bytes();
   c.train_limit = spec.train_limit();
   c.test_limit = spec.test_limit();
   c.hybridize = spec.hybridize();

@@ -47,6 +47,7 @@ v1::Assignment FullAssignment() {
   s->set_test_limit(500);
   s->set_init("kaiming");
   s->set_threads(6);
+  s->set_bucket_bytes(65536);
   s->set_sync_batch_norm(true);
   return a;
 }
@@ -98,6 +99,7 @@ TEST(JobPlanTest, MapsEveryField) {
   EXPECT_EQ(c.init, "kaiming");
   EXPECT_EQ(c.seed, 99u);
   EXPECT_EQ(c.threads, 6);
+  EXPECT_EQ(c.bucket_bytes, 65536);
   EXPECT_EQ(c.train_limit, 1000);
   EXPECT_EQ(c.test_limit, 500);
   EXPECT_FALSE(c.hybridize);

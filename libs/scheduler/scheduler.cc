@@ -447,6 +447,8 @@ absl::StatusOr<bool> Scheduler::ReportProgress(const ProgressReport& r) {
     next.set_train_accuracy(r.train_accuracy());
     next.set_test_accuracy(r.test_accuracy());
     next.set_samples_per_second(r.samples_per_second());
+    next.set_achieved_gflops(r.achieved_gflops());
+    next.set_mfu(r.mfu());
     if (r.steps_per_epoch() > 0) next.set_steps_per_epoch(r.steps_per_epoch());
     if (r.epoch_seconds() > 0) next.set_epoch_seconds(r.epoch_seconds());
     const bool new_checkpoint = !r.checkpoint_path().empty() &&

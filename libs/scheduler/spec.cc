@@ -122,6 +122,10 @@ absl::Status ValidateJobSpec(const JobSpec& s) {
   if (!s.init().empty() && s.init() != "normal" && s.init() != "kaiming") {
     return Bad("init", absl::StrCat("must be normal or kaiming, got ", Quote(s.init())));
   }
+  if (s.bucket_bytes() != 0 && (s.bucket_bytes() < 1024 || s.bucket_bytes() > (int64_t{1} << 30))) {
+    return Bad("bucket_bytes",
+               absl::StrCat("must be 0 (1 MiB) or in 1024..1073741824, got ", s.bucket_bytes()));
+  }
   if (s.threads() < 0 || s.threads() > 1024) {
     return Bad("threads", absl::StrCat("must be in 0..1024 (0 = all cores), got ", s.threads()));
   }

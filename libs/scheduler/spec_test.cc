@@ -86,6 +86,8 @@ TEST(SpecTest, EveryBadFieldIsNamed) {
       {[](JobSpec* s) { s->set_test_limit(-1); }, "test_limit:"},
       {[](JobSpec* s) { s->set_init("zeros"); }, "init:"},
       {[](JobSpec* s) { s->set_threads(-2); }, "threads:"},
+      {[](JobSpec* s) { s->set_bucket_bytes(100); }, "bucket_bytes:"},
+      {[](JobSpec* s) { s->set_bucket_bytes((int64_t{1} << 30) + 1); }, "bucket_bytes:"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.field);

@@ -14,10 +14,12 @@
 #include "libs/base/status.h"
 #include "libs/data/fashion_mnist.h"
 #include "libs/data/loader.h"
+#include "libs/graph/flops.h"
 #include "libs/graph/hybridize.h"
 #include "libs/nn/models.h"
 #include "libs/train/data_parallel.h"
 #include "libs/train/state_io.h"
+#include "libs/train/step_trace.h"
 #include "libs/train/train.h"
 
 namespace dtrain {
@@ -348,6 +350,7 @@ absl::Status Run(const JobConfig& c, JobObserver* observer, JobProgress* progres
   o.kvstore_consistency = c.kvstore_consistency;
   o.kvstore_max_staleness = c.kvstore_max_staleness;
   o.sync_batch_norm = c.sync_batch_norm;
+  if (c.bucket_bytes > 0) o.bucket_bytes = static_cast<size_t>(c.bucket_bytes);
   // Resuming: every replica loads the checkpoint before the weights are
   // shared (with the other trainers, or the kvstore's shards).
   int first_epoch = 0;
@@ -387,6 +390,16 @@ absl::Status Run(const JobConfig& c, JobObserver* observer, JobProgress* progres
     DT_LOG(INFO) << "job " << c.name << ": hybridized training step ("
                  << hybrid->module().graph().nodes().size() << " graph nodes, planned peak "
                  << hybrid->planned_peak_bytes() << " bytes)";
+  }
+  // MFU's numerator: the model's FLOPs per sample of a training step.
+  double flops_per_sample = 0;
+  const double rank_peak =
+      c.devices[0].is_cpu() ? c.cpu_peak_flops_per_thread * o.threads_per_device * k : 0;
+  if (absl::StatusOr<graph::TrainingFlops> f = graph::TrainingFlopsPerSample(c.model); f.ok()) {
+    flops_per_sample = f->total();
+  } else {
+    DT_LOG(WARNING) << "job " << c.name << ": no FLOP count for " << c.model << " (" << f.status()
+                    << "); MFU is not reported";
   }
   progress->steps_per_epoch = loader->batches_per_epoch();
   const int64_t steps_per_epoch = loader->batches_per_epoch();
@@ -450,6 +463,7 @@ absl::Status Run(const JobConfig& c, JobObserver* observer, JobProgress* progres
         if (c.communicator == nullptr || hybrid || !IsTransient(stepped.status())) return failure;
         DT_LOG(WARNING) << "job " << c.name << ": " << failure << "; trying to recover in place";
         const absl::Time failed = absl::Now();
+        trace::ScopedSpan recovery_span(c.trace, "recovery", trace::kTrackStep, steps_run);
         DT_ASSIGN_OR_RETURN(RegroupResult regroup,
                             RegroupSurvivor(c, observer, trainer.get(), failure,
                                             Partial{epoch, step, loss_sum, seen, correct},
@@ -504,6 +518,8 @@ absl::Status Run(const JobConfig& c, JobObserver* observer, JobProgress* progres
       const double secs = absl::ToDoubleSeconds(absl::Now() - start);
       // Samples of the whole job (every rank does the same work).
       progress->samples_per_second = secs > 0 ? seen * world / secs : 0;
+      progress->achieved_flops = flops_per_sample * progress->samples_per_second;
+      progress->mfu = rank_peak > 0 ? progress->achieved_flops / (rank_peak * world) : 0;
       if (recovering) {
         recovering = false;
         if (recovery_root) {
@@ -512,6 +528,8 @@ absl::Status Run(const JobConfig& c, JobObserver* observer, JobProgress* progres
         }
         recovery_steps_lost = 0;
       }
+      RecordStepSpans(c.trace, times.phases, steps_run - 1,
+                      hybrid ? "hybridized" : trainer->sync_name());
       observer->OnStep(*progress, times);
     }
     if (regrouped) continue;
@@ -520,9 +538,12 @@ absl::Status Run(const JobConfig& c, JobObserver* observer, JobProgress* progres
     // weights this rank's share).
     float sums[3] = {static_cast<float>(loss_sum), static_cast<float>(seen),
                      static_cast<float>(correct)};
-    DT_RETURN_IF_ERROR(
-        Annotate(trainer->AverageStatistics(sums, 3),
-                 absl::StrCat("rank ", rank, ": averaging the loss of epoch ", epoch + 1)));
+    {
+      trace::ScopedSpan span(c.trace, "epoch statistics", trace::kTrackStep, steps_run);
+      DT_RETURN_IF_ERROR(
+          Annotate(trainer->AverageStatistics(sums, 3),
+                   absl::StrCat("rank ", rank, ": averaging the loss of epoch ", epoch + 1)));
+    }
     if (sums[1] > 0) {
       progress->loss = sums[0] / sums[1];
       progress->train_accuracy = sums[2] / sums[1];
@@ -534,7 +555,11 @@ absl::Status Run(const JobConfig& c, JobObserver* observer, JobProgress* progres
       // Asynchronous kvstore modes: the server's weights, not the ones this
       // trainer's last pushes left.
       DT_RETURN_IF_ERROR(trainer->PullLatestWeights());
-      DT_ASSIGN_OR_RETURN(progress->test_accuracy, Evaluate(trainer.get(), test_set, sample_shape));
+      {
+        trace::ScopedSpan span(c.trace, "evaluate", trace::kTrackStep, steps_run);
+        DT_ASSIGN_OR_RETURN(progress->test_accuracy,
+                            Evaluate(trainer.get(), test_set, sample_shape));
+      }
       DT_LOG(INFO) << "job " << c.name << " epoch " << epoch + 1 << ": loss " << progress->loss
                    << ", test accuracy " << progress->test_accuracy;
       if (c.checkpoint_interval_epochs > 0 && (epoch + 1) % c.checkpoint_interval_epochs == 0) {
@@ -545,6 +570,7 @@ absl::Status Run(const JobConfig& c, JobObserver* observer, JobProgress* progres
         meta["devices_per_trainer"] = absl::StrCat(k);
         meta["loss"] = absl::StrCat(progress->loss);
         meta["test_accuracy"] = absl::StrCat(progress->test_accuracy);
+        trace::ScopedSpan span(c.trace, "checkpoint", trace::kTrackStep, steps_run);
         DT_RETURN_IF_ERROR(SaveTrainingState(c.checkpoint_path, c.model, trainer->replica(0),
                                              trainer->optimizer(0), meta));
         progress->checkpoint_path = c.checkpoint_path;

@@ -81,6 +81,7 @@
 #include "libs/kvstore/parameter_server.h"
 #include "libs/ops/ops.h"
 #include "libs/tensor/tensor.h"
+#include "libs/trace/trace.h"
 #include "libs/train/step_phases.h"
 
 namespace dtrain {
@@ -103,6 +104,12 @@ struct JobConfig {
   bool hybridize = false;  // one rank, one CPU device
   bool sync_batch_norm = false;
   int checkpoint_interval_epochs = 0;  // 0: no checkpoints
+  // Gradient bucket size (DataParallelOptions::bucket_bytes); 0: its default.
+  int64_t bucket_bytes = 0;
+  // The measured peak FLOP/s of one CPU kernel thread (ops/peak.h), for
+  // MFU: this rank's peak is it times the kernel threads the job uses. 0, or
+  // CUDA devices: unknown (JobProgress::mfu stays 0).
+  double cpu_peak_flops_per_thread = 0;
 
   // This trainer's place in the job.
   int rank = 0;
@@ -126,6 +133,12 @@ struct JobConfig {
   // place"): `communicator` is the new membership's; the state, the data
   // position and the epoch's statistics come from the surviving ranks.
   bool join = false;
+
+  // The timeline (not owned; null: none): every step's phases and bucket
+  // reductions (step_trace.h, with the count of steps this call ran) and, on
+  // the step track, "epoch statistics", "evaluate", "checkpoint" and
+  // "recovery" (a failed step until the regrouped state).
+  trace::Recorder* trace = nullptr;
 };
 
 struct JobProgress {
@@ -136,8 +149,13 @@ struct JobProgress {
   double train_accuracy = 0;      // likewise (predictions before each update)
   double test_accuracy = -1;      // rank 0, after each epoch; -1: not yet
   double samples_per_second = 0;  // of the whole job
-  double epoch_seconds = 0;       // wall time of the last completed epoch
-  std::string checkpoint_path;    // rank 0: the newest checkpoint written
+  // Model FLOPs (graph/flops.h: a training step's per sample) times
+  // samples_per_second, and its ratio to every rank's peak (world_size times
+  // this rank's, see JobConfig::cpu_peak_flops_per_thread); 0 when unknown.
+  double achieved_flops = 0;
+  double mfu = 0;
+  double epoch_seconds = 0;     // wall time of the last completed epoch
+  std::string checkpoint_path;  // rank 0: the newest checkpoint written
   int checkpoint_epoch = 0;
   int64_t checkpoint_step = 0;  // steps of epoch checkpoint_epoch + 1 it holds (a drain's)
   bool drained = false;         // RunJob stopped for DrainRequested (Cancelled)

@@ -14,6 +14,7 @@
 #include "libs/rpc/authorize.h"
 #include "libs/rpc/credentials.h"
 #include "libs/rpc/server.h"
+#include "libs/scheduler/timeline_store.h"
 #include "libs/security/authz.h"
 #include "protos/scheduler.grpc.pb.h"
 
@@ -58,9 +59,9 @@ class RpcMetrics {
 
 class JobServiceImpl final : public v1::JobService::Service {
  public:
-  JobServiceImpl(Scheduler* s, KvstoreMembership* kv, const absl::Notification* stopping,
-                 RpcMetrics* m)
-      : s_(s), kv_(kv), stopping_(stopping), m_(m) {}
+  JobServiceImpl(Scheduler* s, KvstoreMembership* kv, TimelineStore* timelines,
+                 const absl::Notification* stopping, RpcMetrics* m)
+      : s_(s), kv_(kv), timelines_(timelines), stopping_(stopping), m_(m) {}
 
   grpc::Status Submit(grpc::ServerContext* ctx, const v1::SubmitRequest* req,
                       v1::JobStatus* reply) override {
@@ -72,6 +73,17 @@ class JobServiceImpl final : public v1::JobService::Service {
       absl::StatusOr<JobStatus> r = JobFor(*ctx, req->id(), security::Action::kReadJob);
       if (!r.ok()) return ToGrpcStatus(r.status());
       *reply = std::move(*r);
+      return grpc::Status::OK;
+    });
+  }
+  grpc::Status GetTimeline(grpc::ServerContext* ctx, const v1::GetTimelineRequest* req,
+                           v1::Timeline* reply) override {
+    return m_->Observe("GetTimeline", [&] {
+      absl::StatusOr<JobStatus> job = JobFor(*ctx, req->id(), security::Action::kReadJob);
+      if (!job.ok()) return ToGrpcStatus(job.status());
+      absl::StatusOr<v1::Timeline> t = timelines_->Get(req->id());
+      if (!t.ok()) return ToGrpcStatus(t.status());
+      *reply = std::move(*t);
       return grpc::Status::OK;
     });
   }
@@ -198,13 +210,15 @@ class JobServiceImpl final : public v1::JobService::Service {
 
   Scheduler* s_;
   KvstoreMembership* kv_;
+  TimelineStore* timelines_;
   const absl::Notification* stopping_;
   RpcMetrics* m_;
 };
 
 class ClusterServiceImpl final : public v1::ClusterService::Service {
  public:
-  ClusterServiceImpl(Scheduler* s, KvstoreMembership* kv, RpcMetrics* m) : s_(s), kv_(kv), m_(m) {}
+  ClusterServiceImpl(Scheduler* s, KvstoreMembership* kv, TimelineStore* timelines, RpcMetrics* m)
+      : s_(s), kv_(kv), timelines_(timelines), m_(m) {}
 
   grpc::Status RegisterTrainer(grpc::ServerContext* ctx, const v1::RegisterTrainerRequest* req,
                                v1::RegisterTrainerReply* reply) override {
@@ -299,6 +313,7 @@ class ClusterServiceImpl final : public v1::ClusterService::Service {
     absl::StatusOr<HeartbeatReply> r = s_->Heartbeat(*req);
     if (!r.ok()) return ToGrpcStatus(r.status());
     *reply = std::move(*r);
+    reply->set_server_time_unix_us(absl::ToUnixMicros(absl::Now()));
     return grpc::Status::OK;
   }
 
@@ -310,11 +325,21 @@ class ClusterServiceImpl final : public v1::ClusterService::Service {
     absl::StatusOr<bool> r = s_->ReportProgress(*req);
     if (!r.ok()) return ToGrpcStatus(r.status());
     reply->set_stop(*r);
+    if (req->has_timeline()) {
+      // The report was the trainer's own (its job and rank): so is the
+      // timeline, whatever it says.
+      v1::RankTimeline t = req->timeline();
+      t.set_rank(req->rank());
+      t.set_attempt(req->attempt());
+      t.set_trainer_id(req->trainer_id());
+      timelines_->Put(req->job_id(), std::move(t));
+    }
     return grpc::Status::OK;
   }
 
   Scheduler* s_;
   KvstoreMembership* kv_;
+  TimelineStore* timelines_;
   RpcMetrics* m_;
   security::TrainerBinding trainers_;
 };
@@ -405,8 +430,9 @@ std::vector<prometheus::MetricFamily> Collect(Scheduler* s, KvstoreMembership* k
 class SchedulerServer::Services {
  public:
   Services(Scheduler* s, KvstoreMembership* kv, const absl::Notification* stopping)
-      : jobs(s, kv, stopping, &rpc_metrics), cluster(s, kv, &rpc_metrics) {}
+      : jobs(s, kv, &timelines, stopping, &rpc_metrics), cluster(s, kv, &timelines, &rpc_metrics) {}
   RpcMetrics rpc_metrics;  // before the services, which use it
+  TimelineStore timelines;
   JobServiceImpl jobs;
   ClusterServiceImpl cluster;
 };

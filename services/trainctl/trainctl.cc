@@ -59,12 +59,15 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "google/protobuf/struct.pb.h"
 #include "google/protobuf/util/json_util.h"
+#include "libs/base/files.h"
 #include "libs/base/grpc_status.h"
 #include "libs/base/retry.h"
 #include "libs/rpc/credential_flags.h"
 #include "libs/rpc/credentials.h"
 #include "libs/security/certs.h"
+#include "libs/trace/trace.h"
 #include "protos/scheduler.grpc.pb.h"
 #include "services/trainctl/cluster.h"
 #include "services/trainctl/progress.h"
@@ -104,8 +107,13 @@ ABSL_FLAG(int64_t, train_limit, 0, "submit: only the first N training images");
 ABSL_FLAG(int64_t, test_limit, 0, "submit: only the first N test images");
 ABSL_FLAG(std::string, init, "", "submit: normal or kaiming");
 ABSL_FLAG(int, threads, 0, "submit: CPU threads per trainer");
+ABSL_FLAG(int64_t, bucket_bytes, 0,
+          "submit: gradient bucket size in bytes (0: 1 MiB); smaller buckets start "
+          "communication earlier in backward");
 // cluster up|down|status (--devices_per_trainer above also sets the devices
 // each trainer offers; 0: 1).
+ABSL_FLAG(std::string, out, "",
+          "timeline: write the Chrome trace (JSON) to this file; empty: to stdout");
 ABSL_FLAG(std::string, dir, "", "cluster: the cluster's directory (data, logs, cluster.json)");
 ABSL_FLAG(int, trainers, 1, "cluster up: trainer daemons");
 ABSL_FLAG(int, kvstore_shards, 0, "cluster up: kvstore shards");
@@ -151,6 +159,9 @@ constexpr char kUsage[] =
     "  trainctl list [--state=RUNNING]\n"
     "  trainctl cancel ID [--reason=...]\n"
     "  trainctl watch ID\n"
+    "  trainctl timeline ID [--out=trace.json]   every rank's spans (steps, forward,\n"
+    "      backward, each bucket's reduction, checkpoints) as one Chrome trace: open it in\n"
+    "      ui.perfetto.dev or chrome://tracing; one process per rank, a row per track\n"
     "  trainctl trainers                 trainers with their state and jobs\n"
     "  trainctl kvstore                  the kvstore shard map: each shard's chain of\n"
     "      replicas (head, middle, tail; joining ones catching up) and the map's version\n"
@@ -223,6 +234,54 @@ int Fail(const absl::Status& s) {
   return 1;
 }
 
+// trainctl timeline: the job's spans as one Chrome trace, ranks aligned on
+// the scheduler's clock (each rank's estimated offset removed).
+int Timeline(v1::JobService::Stub* stub, const std::string& id) {
+  v1::GetTimelineRequest req;
+  req.set_id(id);
+  v1::Timeline timeline;
+  absl::Status s = WithRetries("JobService.GetTimeline", [&](grpc::ClientContext* ctx) {
+    return stub->GetTimeline(ctx, req, &timeline);
+  });
+  if (!s.ok()) return Fail(s);
+  std::vector<dtrain::trace::RankSpans> ranks;
+  int64_t spans = 0;
+  for (const v1::RankTimeline& t : timeline.ranks()) {
+    dtrain::trace::RankSpans r;
+    r.rank = t.rank();
+    r.label = absl::StrCat("trainer ", t.trainer_id(), ", attempt ", t.attempt());
+    r.clock_offset_us = t.clock_offset_us();
+    r.dropped = t.dropped_spans();
+    for (const v1::TraceSpan& in : t.spans()) {
+      r.spans.push_back({in.name(), in.track(), in.start_unix_us(), in.duration_us(), in.step()});
+    }
+    spans += t.spans_size();
+    ranks.push_back(std::move(r));
+  }
+  const std::string json = dtrain::trace::ChromeTraceJson(ranks);
+  const std::string out = absl::GetFlag(FLAGS_out);
+  if (out.empty()) {
+    std::fwrite(json.data(), 1, json.size(), stdout);
+    return 0;
+  }
+  if (absl::Status w = dtrain::WriteFileAtomically(out, json); !w.ok()) return Fail(w);
+  if (Json()) {
+    google::protobuf::Struct summary;
+    auto& f = *summary.mutable_fields();
+    f["job_id"].set_string_value(id);
+    f["out"].set_string_value(out);
+    f["ranks"].set_number_value(timeline.ranks_size());
+    f["spans"].set_number_value(static_cast<double>(spans));
+    std::printf("%s\n", ToJson(summary, false).c_str());
+  } else {
+    std::printf(
+        "%s: %d ranks, %lld spans written to %s (open it in ui.perfetto.dev or "
+        "chrome://tracing)\n",
+        id.c_str(), timeline.ranks_size(), static_cast<long long>(spans), out.c_str());
+  }
+  return 0;
+}
+
 int Usage(const std::string& why) {
   std::fprintf(stderr, "trainctl: %s\n%s\n", why.c_str(), kUsage);
   return 2;
@@ -288,6 +347,11 @@ void Print(const v1::JobStatus& j, bool detail) {
             r, t.steps(), t.data_wait_seconds() * 1e3, t.forward_backward_seconds() * 1e3,
             t.comm_wait_seconds() * 1e3, t.optimizer_seconds() * 1e3, t.busy_seconds() * 1e3,
             t.step_seconds() * 1e3, t.samples_per_second());
+      }
+      if (j.achieved_gflops() > 0) {
+        std::printf(
+            "  model FLOPs: %.2f GFLOP/s achieved, MFU %.1f%% of the trainers' measured peak\n",
+            j.achieved_gflops(), 100 * j.mfu());
       }
       if (!j.checkpoint_path().empty()) {
         std::printf(
@@ -521,6 +585,9 @@ absl::Status BuildSpec(v1::JobSpec* spec) {
   if (absl::GetFlag(FLAGS_test_limit)) spec->set_test_limit(absl::GetFlag(FLAGS_test_limit));
   if (!absl::GetFlag(FLAGS_init).empty()) spec->set_init(absl::GetFlag(FLAGS_init));
   if (absl::GetFlag(FLAGS_threads)) spec->set_threads(absl::GetFlag(FLAGS_threads));
+  if (absl::GetFlag(FLAGS_bucket_bytes)) {
+    spec->set_bucket_bytes(absl::GetFlag(FLAGS_bucket_bytes));
+  }
   return absl::OkStatus();
 }
 
@@ -623,6 +690,8 @@ int main(int argc, char** argv) {
   channel_args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 10000);
   channel_args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 10000);
   channel_args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
+  // A timeline of many ranks is larger than gRPC's default 4 MiB.
+  channel_args.SetMaxReceiveMessageSize(256 << 20);
   auto stub = v1::JobService::NewStub(dtrain::rpc::NewChannel(address, channel_args));
   auto need_id = [&]() -> std::string { return args.size() == 3 ? args[2] : ""; };
 
@@ -671,6 +740,11 @@ int main(int argc, char** argv) {
     if (!s.ok()) return Fail(s);
     Print(job, cmd == "get");
     return 0;
+  }
+  if (cmd == "timeline") {
+    std::string id = need_id();
+    if (id.empty()) return Usage("timeline needs one job id");
+    return Timeline(stub.get(), id);
   }
   if (cmd == "list") {
     if (args.size() != 2) return Usage("list takes no arguments");

@@ -101,7 +101,10 @@
 //     updated about once a second while a job runs
 //   dtrain_job_loss, dtrain_job_test_accuracy (-1 until the first epoch
 //   ends; only rank 0 evaluates), dtrain_job_samples_per_second (the whole
-//   job's), dtrain_job_epoch (epochs done)   gauges {job_id, rank}
+//   job's), dtrain_job_epoch (epochs done), dtrain_job_achieved_flops (model
+//   FLOPs per second of the whole job: libs/graph/flops.h per sample times
+//   samples per second) and dtrain_job_mfu (that over every rank's measured
+//   peak: --peak_gflops_per_thread)   gauges {job_id, rank}
 // The series of a job stay until the next job starts (one job's worth of
 // series at a time). --health_listen (e.g. :9403) serves grpc.health.v1,
 // reflection and Admin.Ping only, SERVING while the daemon runs, and /metrics
@@ -135,6 +138,7 @@
 #include "libs/base/status.h"
 #include "libs/cuda/devices.h"
 #include "libs/kvstore/client.h"
+#include "libs/ops/peak.h"
 #include "libs/rpc/credential_flags.h"
 #include "libs/rpc/credentials.h"
 #include "libs/rpc/server.h"
@@ -174,6 +178,10 @@ ABSL_FLAG(std::string, cuda_collective, "auto",
           "gradients staged through host memory), nccl (the same), or tcp");
 ABSL_FLAG(double, collective_timeout_s, 60,
           "time limit of the rendezvous and of each allreduce of multi-trainer jobs");
+ABSL_FLAG(double, peak_gflops_per_thread, -1,
+          "the peak GFLOP/s of one CPU kernel thread for jobs' MFU; -1: measure it at start (an "
+          "f32 GEMM, libs/ops/peak.h; about 0.1 s on a quiet machine, more on a busy one, which "
+          "then reads low), 0: report no MFU");
 ABSL_FLAG(std::string, metrics_listen, "",
           "Prometheus /metrics address, e.g. :9402 or 127.0.0.1:0 (empty: no endpoint)");
 ABSL_FLAG(std::string, health_listen, "",
@@ -272,6 +280,18 @@ int main(int argc, char** argv) {
   }
   dtrain::agent::AgentOptions options;
   options.name = name;
+  if (double peak = absl::GetFlag(FLAGS_peak_gflops_per_thread); peak >= 0) {
+    options.cpu_peak_flops_per_thread = peak * 1e9;
+  } else {
+    absl::StatusOr<double> measured = dtrain::ops::MeasureGemmPeakFlops({.reps = 5, .threads = 1});
+    if (measured.ok()) {
+      options.cpu_peak_flops_per_thread = *measured;
+      DT_LOG(INFO) << "measured CPU peak: " << *measured / 1e9
+                   << " GFLOP/s per thread (f32 GEMM; --peak_gflops_per_thread overrides)";
+    } else {
+      DT_LOG(WARNING) << "no CPU peak, so no MFU: " << measured.status();
+    }
+  }
   options.resources.devices = devices;
   options.resources.collective_host = absl::GetFlag(FLAGS_collective_host);
   options.resources.data_roots =

@@ -35,6 +35,13 @@ TrainerMetrics::TrainerMetrics()
                             "Test accuracy after the last epoch (0..1; -1 before the first).")),
       samples_per_second_(metrics::AddGauge(*registry_, "dtrain_job_samples_per_second",
                                             "Training throughput of the whole job.")),
+      achieved_flops_(metrics::AddGauge(
+          *registry_, "dtrain_job_achieved_flops",
+          "Model FLOPs per second of the whole job (a training step's matrix-product FLOPs per "
+          "sample, counted from the model's graph, times samples per second).")),
+      mfu_(metrics::AddGauge(*registry_, "dtrain_job_mfu",
+                             "Model FLOPs utilization: dtrain_job_achieved_flops over the ranks' "
+                             "measured GEMM peak (0..1; 0 when unknown).")),
       epoch_(metrics::AddGauge(*registry_, "dtrain_job_epoch", "Epochs done.")),
       device_memory_(metrics::AddGauge(
           *registry_, "dtrain_trainer_device_memory_bytes",
@@ -70,6 +77,8 @@ void TrainerMetrics::OnJobStart(const std::string& job_id, int rank,
   job_->test_accuracy = &test_accuracy_.Add(l);
   job_->test_accuracy->Set(-1);
   job_->samples_per_second = &samples_per_second_.Add(l);
+  job_->achieved_flops = &achieved_flops_.Add(l);
+  job_->mfu = &mfu_.Add(l);
   job_->epoch = &epoch_.Add(l);
   devices_ = devices;
   last_memory_ = absl::InfinitePast();
@@ -100,6 +109,8 @@ void TrainerMetrics::OnStep(const train::JobProgress& p, const train::StepTimes&
   }
   job_->loss->Set(p.loss);
   job_->samples_per_second->Set(p.samples_per_second);
+  job_->achieved_flops->Set(p.achieved_flops);
+  job_->mfu->Set(p.mfu);
   const absl::Time now = absl::Now();
   if (now - last_memory_ >= absl::Seconds(1)) {
     last_memory_ = now;
@@ -143,6 +154,8 @@ void TrainerMetrics::RemoveCurrent() {
   loss_.Remove(job_->loss);
   test_accuracy_.Remove(job_->test_accuracy);
   samples_per_second_.Remove(job_->samples_per_second);
+  achieved_flops_.Remove(job_->achieved_flops);
+  mfu_.Remove(job_->mfu);
   epoch_.Remove(job_->epoch);
   job_.reset();
 }

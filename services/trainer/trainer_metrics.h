@@ -83,6 +83,8 @@ class TrainerMetrics : public agent::AgentObserver {
     prometheus::Gauge* loss = nullptr;
     prometheus::Gauge* test_accuracy = nullptr;
     prometheus::Gauge* samples_per_second = nullptr;
+    prometheus::Gauge* achieved_flops = nullptr;
+    prometheus::Gauge* mfu = nullptr;
     prometheus::Gauge* epoch = nullptr;
   };
 
@@ -99,6 +101,8 @@ class TrainerMetrics : public agent::AgentObserver {
   prometheus::Family<prometheus::Gauge>& loss_;
   prometheus::Family<prometheus::Gauge>& test_accuracy_;
   prometheus::Family<prometheus::Gauge>& samples_per_second_;
+  prometheus::Family<prometheus::Gauge>& achieved_flops_;
+  prometheus::Family<prometheus::Gauge>& mfu_;
   prometheus::Family<prometheus::Gauge>& epoch_;
   prometheus::Family<prometheus::Gauge>& device_memory_;
   prometheus::Gauge& busy_;

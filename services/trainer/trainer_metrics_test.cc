@@ -46,6 +46,8 @@ TEST(TrainerMetricsTest, OneJobsSeriesWithTheirLabels) {
   train::JobProgress p;
   p.loss = 2.5;
   p.samples_per_second = 640;
+  p.achieved_flops = 2.5e9;
+  p.mfu = 0.375;
   train::StepTimes t;
   t.compute = 0.25;
   t.communication = 0.125;
@@ -84,6 +86,9 @@ TEST(TrainerMetricsTest, OneJobsSeriesWithTheirLabels) {
               256 / 0.15, 1e-6);
   EXPECT_THAT(text, HasSubstr("dtrain_job_loss{job_id=\"job-1\",rank=\"0\"} 2.5\n"));
   EXPECT_THAT(text, HasSubstr("dtrain_job_samples_per_second{job_id=\"job-1\",rank=\"0\"} 640\n"));
+  EXPECT_THAT(text,
+              HasSubstr("dtrain_job_achieved_flops{job_id=\"job-1\",rank=\"0\"} 2500000000\n"));
+  EXPECT_THAT(text, HasSubstr("dtrain_job_mfu{job_id=\"job-1\",rank=\"0\"} 0.375\n"));
   // The first step samples the job's devices' allocators.
   EXPECT_THAT(text,
               HasSubstr("dtrain_trainer_device_memory_bytes{device=\"cpu\",state=\"in_use\"}"));

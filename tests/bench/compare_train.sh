@@ -4,6 +4,10 @@
 # Prints each side's key=value lines and one summary line per model:
 #   compare model=lenet threads=2 dtrain_sps=... pytorch_sps=... ratio=... \
 #     dtrain_rss_mb=... pytorch_rss_mb=...
+#   mfu model=lenet flops_per_sample=... peak_gflops=... dtrain_achieved_gflops=... \
+#     dtrain_mfu=... pytorch_achieved_gflops=... pytorch_mfu=...
+# MFU of both sides uses the same FLOP count (train_bench's flops_per_sample,
+# from dtrain's graph of the model) and the same measured GEMM peak.
 #
 #   tests/bench/compare_train.sh [--threads N] [--models "mlp lenet resnet18"]
 set -euo pipefail
@@ -35,4 +39,6 @@ for m in $models; do
   a=$(get "$ours" samples_per_second); b=$(get "$theirs" samples_per_second)
   ra=$(get "$ours" peak_rss_mb); rb=$(get "$theirs" peak_rss_mb)
   echo "compare model=$m threads=$threads dtrain_sps=$a pytorch_sps=$b ratio=$(awk "BEGIN{printf \"%.2f\", $a/$b}") dtrain_rss_mb=$ra pytorch_rss_mb=$rb"
+  f=$(get "$ours" flops_per_sample); p=$(get "$ours" peak_gflops)
+  echo "mfu model=$m flops_per_sample=$f peak_gflops=$p $(awk "BEGIN{printf \"dtrain_achieved_gflops=%.2f dtrain_mfu=%.4f pytorch_achieved_gflops=%.2f pytorch_mfu=%.4f\", $a*$f/1e9, $a*$f/1e9/$p, $b*$f/1e9, $b*$f/1e9/$p}")"
 done

@@ -6,7 +6,11 @@
 // Times --steps full training steps (forward, mean cross-entropy, backward,
 // SGD update) after --warmup untimed ones, on a pool of 8 random batches of
 // the model's input shape (as tests/bench/torch_train_bench.py does), and
-// prints key=value lines ending with samples_per_second=<n>.
+// prints key=value lines ending with samples_per_second=<n> and the model
+// FLOPs utilization: flops_per_sample= (a training step's matrix-product
+// FLOPs per sample, from the model's graph: libs/graph/flops.h),
+// peak_gflops= (the measured f32 GEMM peak of one kernel thread,
+// libs/ops/peak.h, times the threads in use), achieved_gflops= and mfu=.
 #include <sys/resource.h>
 
 #include <chrono>
@@ -18,10 +22,12 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/str_split.h"
 #include "libs/autograd/functions.h"
+#include "libs/graph/flops.h"
 #include "libs/graph/hybridize.h"
 #include "libs/nn/models.h"
 #include "libs/nn/optim.h"
 #include "libs/ops/ops.h"
+#include "libs/ops/peak.h"
 #include "libs/train/data_parallel.h"
 
 ABSL_FLAG(std::string, model, "lenet", "mlp, lenet or resnet18");
@@ -159,6 +165,21 @@ int main(int argc, char** argv) {
               1000 * secs / steps, last_loss);
   std::printf("peak_tensor_mb=%.1f\n", stats.peak_bytes_in_use / 1048576.0);
   std::printf("peak_rss_mb=%.1f\n", PeakRssMb());
-  std::printf("samples_per_second=%.1f\n", batch * steps / secs);
+  // MFU, measured after the timed steps (so it does not warm them up).
+  const double sps = batch * steps / secs;
+  absl::StatusOr<graph::TrainingFlops> flops = graph::TrainingFlopsPerSample(model_name);
+  absl::StatusOr<double> per_thread = ops::MeasureGemmPeakFlops({.threads = 1});
+  if (flops.ok() && per_thread.ok()) {
+    const int total_threads = absl::GetFlag(FLAGS_threads) * (dp ? dp->num_devices() : 1);
+    const double peak = *per_thread * total_threads;
+    std::printf("flops_per_sample=%.0f peak_gflops_per_thread=%.2f peak_gflops=%.2f\n",
+                flops->total(), *per_thread / 1e9, peak / 1e9);
+    std::printf("achieved_gflops=%.2f mfu=%.4f\n", flops->total() * sps / 1e9,
+                flops->total() * sps / peak);
+  } else {
+    std::fprintf(stderr, "train_bench: no MFU: %s\n",
+                 (flops.ok() ? per_thread.status() : flops.status()).ToString().c_str());
+  }
+  std::printf("samples_per_second=%.1f\n", sps);
   return 0;
 }
