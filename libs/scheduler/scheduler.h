@@ -113,6 +113,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -300,6 +301,10 @@ class Scheduler {
     int recovered_generation = 0;
     std::string recovery_note;
     std::string recovery_trainer;
+    // What the current generation changed: a spare replaced a lost rank, the
+    // job shrank onto its survivors (elastic, no spare), or it grew.
+    enum class Change { kReplace, kShrink, kGrow };
+    Change change = Change::kReplace;
   };
   // One job attempt's rendezvous table.
   struct Kv {
@@ -323,6 +328,7 @@ class Scheduler {
     int64_t order = 0;
     bool draining = false;  // no new work (DrainTrainer, or SIGTERM)
     bool join = false;      // replaces a lost rank (Assignment.join)
+    int generation = 0;     // of its assignment (regroups are for later ones)
   };
 
   explicit Scheduler(SchedulerOptions options) : options_(std::move(options)) {}
@@ -370,6 +376,17 @@ class Scheduler {
   // job does not recover in place, no spare is free or the log refuses.
   bool RecoverInPlace(Job* job, const Trainer& lost, const std::string& why)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Elastic jobs without a spare: the survivors continue as a smaller
+  // membership (ranks renumbered). False (nothing changed) when the job
+  // would fall below min_trainers or the log refuses.
+  bool Shrink(Job* job, const Trainer& lost, const std::string& why)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Elastic jobs below max_trainers whose membership is settled take free
+  // trainers not `reserved` by queued jobs (a new generation; they join at a
+  // step boundary).
+  void Grow(std::set<const Trainer*>* reserved) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether `job` may change its membership in place at all.
+  bool RecoversInPlace(const Job& job) const;
   // The silence after which a trainer of a job with a lost peer is lost.
   absl::Duration PeerLostTimeout() const;
   // Whether `t` holds rank t.rank of job's current placement (not a stale
