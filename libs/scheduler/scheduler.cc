@@ -447,7 +447,8 @@ absl::StatusOr<bool> Scheduler::ReportProgress(const ProgressReport& report) {
   // logged (when it must be).
   JobStatus next = job.status;
   bool log = false;
-  if (r.rank() == 0) {
+  // A recovery report (OnRecovered) carries no progress.
+  if (r.rank() == 0 && r.recovery_seconds() == 0) {
     const bool new_epoch = r.epoch() > next.epoch();
     next.set_epoch(r.epoch());
     next.set_step(r.step());
