@@ -50,6 +50,26 @@
 // once (in that heartbeat or the next CheckLiveness) instead of after
 // heartbeat_timeout.
 //
+// Elastic jobs (spec.min_trainers < num_trainers or max_trainers >
+// num_trainers; ALLREDUCE on CPU). A lost trainer with no spare free: while
+// at least min_trainers would remain, the job shrinks instead of being
+// requeued: the lost rank leaves the placement, the others are renumbered
+// in order (Trainer.rank follows at once; a progress report a survivor sent
+// under its old rank before regrouping is dropped, a final one counted for
+// its new rank), the generation goes up and the survivors regroup
+// (HeartbeatReply.regroups names the new membership). Event "rank R lost on
+// trainer X (...); no spare trainer: continuing on N trainers (min_trainers
+// M, generation G)"; the recovery report counts it like a replacement
+// ("continued on N trainers in 1.9 s"). Growing: Schedule(), after placing
+// the queue, gives a RUNNING elastic job below max_trainers the free
+// trainers no queued job reserved, once its membership is settled (its
+// current generation's recovery was reported, no peer lost, every rank has
+// its assignment, none draining): they are appended as new ranks with
+// join set, in a new generation ("growing to N trainers (max_trainers M):
+// T joins at a step boundary (generation G)"); the running ranks meet them
+// at a step they agree on, and the root's report gives "grew to N trainers
+// (T joined) in 0.8 s" (not counted in recoveries or the histogram).
+//
 // Drain: a trainer is DRAINING once DrainTrainer names it or it heartbeats
 // with draining set (it got SIGTERM); no work is placed on it again (until
 // it registers anew). An assignment it has not received yet is taken back
