@@ -167,8 +167,9 @@ class Agent::Progress : public train::JobObserver {
       absl::StatusOr<std::unique_ptr<collective::Communicator>> made =
           agent_->options_.connect_communicator(rank, world, stores_.back().get(), o);
       if (!made.ok()) {
-        absl::Status s = Annotate(made.status(), absl::StrCat("regroup of rank ", rank, " of ",
-                                                              world, " in generation ", generation));
+        absl::Status s = Annotate(
+            made.status(),
+            absl::StrCat("regroup of rank ", rank, " of ", world, " in generation ", generation));
         if (!IsTransient(s)) {
           absl::MutexLock lock(&agent_->mu_);
           job_->peer_lost = false;
@@ -189,8 +190,8 @@ class Agent::Progress : public train::JobObserver {
         job_->assignment.set_world_size(world);
         job_->assignment.set_generation(generation);
       }
-      DT_LOG(INFO) << "job " << a.job_id() << " rank " << rank << " of " << world
-                   << ": generation " << generation << " connected in " << absl::Now() - start;
+      DT_LOG(INFO) << "job " << a.job_id() << " rank " << rank << " of " << world << ": generation "
+                   << generation << " connected in " << absl::Now() - start;
       generation_ = generation;
       comms_.push_back(*std::move(made));
       return comms_.back().get();
@@ -278,9 +279,8 @@ class Agent::Progress : public train::JobObserver {
         if (at.ok() && absl::SimpleAtoi(*at, &n) && n > 0) grow_at_ = n;
       }
       if (grow_at_ >= 0) {
-        DT_LOG(INFO) << "job " << job_->assignment.job_id() << " rank "
-                     << job_->assignment.rank() << ": meeting generation " << next << " after "
-                     << grow_at_ << " steps";
+        DT_LOG(INFO) << "job " << job_->assignment.job_id() << " rank " << job_->assignment.rank()
+                     << ": meeting generation " << next << " after " << grow_at_ << " steps";
       }
     }
     return grow_at_ >= 0 && steps_done >= grow_at_;

@@ -111,8 +111,8 @@ absl::StatusOr<JobPlan> PlanJob(const v1::Assignment& a, const TrainerResources&
   scheduler::ApplyDefaults(&spec);
   // An elastic job's ranks keep the batch of its placement whatever the
   // membership (train::JobConfig::local_batch_size).
-  const bool elastic = spec.min_trainers() < spec.num_trainers() ||
-                       spec.max_trainers() > spec.num_trainers();
+  const bool elastic =
+      spec.min_trainers() < spec.num_trainers() || spec.max_trainers() > spec.num_trainers();
   if (!elastic && spec.global_batch_size() % a.world_size() != 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("spec.global_batch_size: must be divisible by assignment.world_size (",

@@ -477,8 +477,8 @@ absl::StatusOr<bool> Scheduler::ReportProgress(const ProgressReport& report) {
       r.generation() > job.recovered_generation) {
     settled = true;
     const std::string lost =
-        absl::StrFormat("(generation %d, %d step%s lost)", r.generation(),
-                        r.recovery_steps_lost(), r.recovery_steps_lost() == 1 ? "" : "s");
+        absl::StrFormat("(generation %d, %d step%s lost)", r.generation(), r.recovery_steps_lost(),
+                        r.recovery_steps_lost() == 1 ? "" : "s");
     if (job.change == Job::Change::kGrow) {
       SetState(&next, v1::RUNNING,
                absl::StrFormat("%s in %.1f s (generation %d)", job.recovery_note,
@@ -487,15 +487,15 @@ absl::StatusOr<bool> Scheduler::ReportProgress(const ProgressReport& report) {
       next.set_recoveries(next.recoveries() + 1);
       next.set_last_recovery_seconds(r.recovery_seconds());
       next.set_steps_lost(next.steps_lost() + r.recovery_steps_lost());
-      SetState(&next, v1::RUNNING,
-               job.change == Job::Change::kShrink
-                   ? absl::StrFormat("%s; continued on %d trainer%s in %.1f s %s",
-                                     job.recovery_note, next.trainers_size(),
-                                     next.trainers_size() == 1 ? "" : "s", r.recovery_seconds(),
-                                     lost)
-                   : absl::StrFormat("%s; recovered in place on trainer %s in %.1f s %s",
-                                     job.recovery_note, job.recovery_trainer,
-                                     r.recovery_seconds(), lost));
+      SetState(
+          &next, v1::RUNNING,
+          job.change == Job::Change::kShrink
+              ? absl::StrFormat("%s; continued on %d trainer%s in %.1f s %s", job.recovery_note,
+                                next.trainers_size(), next.trainers_size() == 1 ? "" : "s",
+                                r.recovery_seconds(), lost)
+              : absl::StrFormat("%s; recovered in place on trainer %s in %.1f s %s",
+                                job.recovery_note, job.recovery_trainer, r.recovery_seconds(),
+                                lost));
     }
     log = true;
   }
@@ -1025,9 +1025,8 @@ void Scheduler::Grow(std::set<const Trainer*>* reserved) {
   for (auto& [id, job] : jobs_) {
     const JobSpec& spec = job.status.spec();
     const int size = job.status.trainers_size();
-    if (job.status.state() != v1::RUNNING || spec.max_trainers() <= size ||
-        !RecoversInPlace(job) || job.peer_lost ||
-        job.recovered_generation != job.status.generation()) {
+    if (job.status.state() != v1::RUNNING || spec.max_trainers() <= size || !RecoversInPlace(job) ||
+        job.peer_lost || job.recovered_generation != job.status.generation()) {
       continue;
     }
     // Every rank runs the current membership (a drain or an undelivered

@@ -1163,10 +1163,11 @@ TEST_F(SchedulerTest, ElasticJobShrinksWithoutASpareAndGrowsBackOntoANewTrainer)
   EXPECT_EQ(st->generation(), 2);
   bool shrank = false, grew = false;
   for (const auto& e : st->events()) {
-    shrank = shrank || e.reason().find("; continued on 1 trainer in 1.5 s (generation 1, 1 step "
-                                       "lost)") != std::string::npos;
-    grew = grew || e.reason().find("growing to 2 trainers (max_trainers 2): " + t3) !=
-                       std::string::npos;
+    shrank = shrank || e.reason().find(
+                           "; continued on 1 trainer in 1.5 s (generation 1, 1 step "
+                           "lost)") != std::string::npos;
+    grew = grew ||
+           e.reason().find("growing to 2 trainers (max_trainers 2): " + t3) != std::string::npos;
   }
   EXPECT_TRUE(shrank);
   EXPECT_TRUE(grew);

@@ -231,8 +231,7 @@ struct RegroupResult {
 absl::StatusOr<RegroupResult> ExchangeState(const JobConfig& c, DataParallelTrainer* trainer,
                                             collective::Communicator* comm, bool survivor,
                                             bool failed, const Partial& here,
-                                            int64_t steps_per_epoch, int64_t steps_run,
-                                            int world) {
+                                            int64_t steps_per_epoch, int64_t steps_run, int world) {
   const int n = comm->size();
   const int64_t done = here.epoch * steps_per_epoch + here.step;
   // survivor, epoch, step, steps attempted (a failed survivor tried the next)
@@ -301,8 +300,8 @@ absl::StatusOr<RegroupResult> ExchangeState(const JobConfig& c, DataParallelTrai
 absl::StatusOr<RegroupResult> RegroupSurvivor(const JobConfig& c, JobObserver* observer,
                                               DataParallelTrainer* trainer,
                                               const absl::Status& failure, const Partial& here,
-                                              int64_t steps_per_epoch, int64_t steps_run,
-                                              int world, collective::Communicator** comm_out) {
+                                              int64_t steps_per_epoch, int64_t steps_run, int world,
+                                              collective::Communicator** comm_out) {
   absl::Status last = failure;
   for (int tries = 0; tries < 3; ++tries) {
     absl::StatusOr<collective::Communicator*> comm = observer->Regroup(last);
@@ -485,14 +484,14 @@ absl::Status Run(const JobConfig& c, JobObserver* observer, JobProgress* progres
       }
       auto [x, y] = ToTensors(b, sample_shape, Device::Cpu(0));
       absl::Status failure;  // OK: no step failed (a grow's regroup)
-      bool regroup_now = c.communicator != nullptr && !hybrid &&
-                         observer->RegroupRequested(steps_run);
+      bool regroup_now =
+          c.communicator != nullptr && !hybrid && observer->RegroupRequested(steps_run);
       absl::StatusOr<float> stepped = 0.0f;
       if (!regroup_now) {
         stepped = hybrid ? hybrid->Run(x, y) : trainer->Step(x, y);
         if (!stepped.ok()) {
-          failure = Annotate(stepped.status(),
-                             absl::StrCat("rank ", rank, ", epoch ", epoch + 1, " step ", step + 1));
+          failure = Annotate(stepped.status(), absl::StrCat("rank ", rank, ", epoch ", epoch + 1,
+                                                            " step ", step + 1));
           if (c.communicator == nullptr || hybrid || !IsTransient(stepped.status())) {
             return failure;
           }
