@@ -40,6 +40,7 @@ struct Agent::Job {
   int offered_generation = 0;
   // The job's timeline (null: none), written by the job's thread.
   std::unique_ptr<trace::Recorder> trace;
+  std::vector<std::string> offered_trainer_ids;  // by rank: that membership
 };
 
 namespace {
@@ -119,19 +120,27 @@ class Agent::Progress : public train::JobObserver {
   // generation of the attempt and meets it.
   absl::StatusOr<collective::Communicator*> Regroup(const absl::Status& failure) override {
     const v1::Assignment& a = job_->assignment;
-    if (attempt_store_ == nullptr) return failure;
-    DT_LOG(INFO) << "job " << a.job_id() << " rank " << a.rank() << ": " << failure
-                 << "; waiting up to " << agent_->options_.regroup_wait
-                 << " for the scheduler to regroup the attempt";
+    if (attempt_store_ == nullptr) return failure.ok() ? absl::InternalError("no store") : failure;
+    if (failure.ok()) {
+      DT_LOG(INFO) << "job " << a.job_id() << " rank " << a.rank()
+                   << ": the job grows; meeting the new membership";
+    } else {
+      DT_LOG(INFO) << "job " << a.job_id() << " rank " << a.rank() << ": " << failure
+                   << "; waiting up to " << agent_->options_.regroup_wait
+                   << " for the scheduler to regroup the attempt";
+    }
     int tried = generation_;  // generations that failed (or the current one)
     for (;;) {
       int generation = 0;
+      int rank = -1;
+      int world = 0;
       {
         absl::MutexLock lock(&agent_->mu_);
         // Until the regroup is connected, heartbeats say a peer is lost: a
         // replacement that dies too is noticed as fast as the first loss.
-        job_->peer_lost = true;
-        agent_->wake_ = true;  // heartbeat now: the scheduler learns it at once
+        // (A grow's regroup has no lost peer.)
+        job_->peer_lost = !failure.ok() || tried > generation_;
+        if (job_->peer_lost) agent_->wake_ = true;  // heartbeat now: the scheduler learns it
         auto ready = [this, tried]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(agent_->mu_) {
           return job_->stop || agent_->shutdown_ || job_->offered_generation > tried;
         };
@@ -148,16 +157,28 @@ class Agent::Progress : public train::JobObserver {
                            absl::FormatDuration(agent_->options_.regroup_wait)));
         }
         generation = job_->offered_generation;
+        // This trainer's rank in that membership (an elastic job's ranks are
+        // renumbered when it shrinks); absent: it was dropped from the job.
+        const std::vector<std::string>& ids = job_->offered_trainer_ids;
+        world = static_cast<int>(ids.size());
+        auto me = std::find(ids.begin(), ids.end(), agent_->trainer_id_);
+        if (me == ids.end()) {
+          job_->peer_lost = false;
+          return absl::FailedPreconditionError(
+              absl::StrCat("this trainer is not in generation ", generation, " of the job"));
+        }
+        rank = static_cast<int>(me - ids.begin());
       }
       stores_.push_back(std::make_unique<GenerationStore>(attempt_store_, generation));
       const absl::Time start = absl::Now();
       collective::CommunicatorOptions o = comm_options_;
       o.timeout = std::min(o.timeout, agent_->options_.regroup_timeout);
       absl::StatusOr<std::unique_ptr<collective::Communicator>> made =
-          agent_->options_.connect_communicator(a.rank(), a.world_size(), stores_.back().get(), o);
+          agent_->options_.connect_communicator(rank, world, stores_.back().get(), o);
       if (!made.ok()) {
-        absl::Status s = Annotate(made.status(), absl::StrCat("regroup of rank ", a.rank(),
-                                                              " in generation ", generation));
+        absl::Status s = Annotate(
+            made.status(),
+            absl::StrCat("regroup of rank ", rank, " of ", world, " in generation ", generation));
         if (!IsTransient(s)) {
           absl::MutexLock lock(&agent_->mu_);
           job_->peer_lost = false;
@@ -173,9 +194,13 @@ class Agent::Progress : public train::JobObserver {
       {
         absl::MutexLock lock(&agent_->mu_);
         job_->peer_lost = false;
+        // Reports name the rank and generation this trainer now runs.
+        job_->assignment.set_rank(rank);
+        job_->assignment.set_world_size(world);
+        job_->assignment.set_generation(generation);
       }
-      DT_LOG(INFO) << "job " << a.job_id() << " rank " << a.rank() << ": generation " << generation
-                   << " connected in " << absl::Now() - start;
+      DT_LOG(INFO) << "job " << a.job_id() << " rank " << rank << " of " << world << ": generation "
+                   << generation << " connected in " << absl::Now() - start;
       generation_ = generation;
       comms_.push_back(*std::move(made));
       return comms_.back().get();
@@ -232,6 +257,48 @@ class Agent::Progress : public train::JobObserver {
 
   bool StopRequested() override { return job_->stop; }
 
+  // An elastic job grows at a step every rank agrees on, like a drain (see
+  // agent.h): the first rank that heard of the new generation claims
+  // "dtrain/grow/<G>/claim" and publishes "dtrain/grow/<G>/step"; every
+  // rank reads it when its steps done are a multiple of drain_poll_steps.
+  bool RegroupRequested(int64_t steps_done) override {
+    if (!elastic_ || attempt_store_ == nullptr) return false;
+    const int next = generation_ + 1;
+    if (grow_generation_ != next) {
+      grow_generation_ = next;
+      grow_at_ = -1;
+      grow_claimed_ = false;
+    }
+    const std::string key = absl::StrCat("dtrain/grow/", next, "/");
+    if (grow_at_ < 0) {
+      bool offered = false;
+      {
+        absl::MutexLock lock(&agent_->mu_);
+        offered = job_->offered_generation >= next;
+      }
+      if (offered && !grow_claimed_) {
+        absl::StatusOr<int64_t> claim = attempt_store_->Add(key + "claim", 1);
+        if (claim.ok()) {
+          grow_claimed_ = true;
+          if (*claim == 1) {
+            const int64_t at = (steps_done / PollSteps() + 1) * PollSteps();
+            if (attempt_store_->Set(key + "step", absl::StrCat(at)).ok()) grow_at_ = at;
+          }
+        }
+      }
+      if (grow_at_ < 0 && steps_done % PollSteps() == 0) {
+        absl::StatusOr<std::string> at = attempt_store_->Get(key + "step", absl::ZeroDuration());
+        int64_t n = 0;
+        if (at.ok() && absl::SimpleAtoi(*at, &n) && n > 0) grow_at_ = n;
+      }
+      if (grow_at_ >= 0) {
+        DT_LOG(INFO) << "job " << job_->assignment.job_id() << " rank " << job_->assignment.rank()
+                     << ": meeting generation " << next << " after " << grow_at_ << " steps";
+      }
+    }
+    return grow_at_ >= 0 && steps_done >= grow_at_;
+  }
+
  private:
   int64_t PollSteps() const { return std::max(1, agent_->options_.drain_poll_steps); }
 
@@ -284,6 +351,12 @@ class Agent::Progress : public train::JobObserver {
   collective::Store* const attempt_store_;
   const collective::CommunicatorOptions comm_options_;
   int generation_;  // the membership this rank runs in
+  // An elastic job (it may grow: RegroupRequested polls the store).
+  const bool elastic_ = job_->assignment.spec().max_trainers() >
+                        job_->assignment.spec().min_trainers();
+  int grow_generation_ = 0;  // the generation grow_at_ and grow_claimed_ are for
+  int64_t grow_at_ = -1;
+  bool grow_claimed_ = false;
   // Each regroup's store and communicator, alive until the job ends.
   std::vector<std::unique_ptr<collective::Store>> stores_;
   std::vector<std::unique_ptr<collective::Communicator>> comms_;
@@ -483,8 +556,10 @@ void Agent::Heartbeat() {
         current_->assignment.attempt() == g.attempt() &&
         g.generation() > current_->offered_generation &&
         g.generation() > current_->assignment.generation()) {
-      DT_LOG(INFO) << "job " << g.job_id() << ": regroup in generation " << g.generation();
+      DT_LOG(INFO) << "job " << g.job_id() << ": regroup in generation " << g.generation() << " ("
+                   << g.trainer_ids_size() << " trainers)";
       current_->offered_generation = g.generation();
+      current_->offered_trainer_ids.assign(g.trainer_ids().begin(), g.trainer_ids().end());
     }
   }
   for (const v1::Assignment& a : reply->assignments()) Accept(a);
@@ -597,6 +672,7 @@ bool Agent::Report(const v1::Assignment& a, v1::JobState final_state, const std:
   r.set_job_id(a.job_id());
   r.set_rank(a.rank());
   r.set_attempt(a.attempt());
+  if (r.generation() == 0) r.set_generation(a.generation());
   r.set_final_state(final_state);
   r.set_reason(reason);
   // Progress is sent once (the next report carries newer numbers); a final

@@ -98,7 +98,18 @@
 // regroup within regroup_wait, or when the scheduler cancels the job
 // instead (it requeued the attempt: no spare), the job ends as before
 // (FAILED and retryable, or CANCELLED). Drains keep using the attempt's
-// own keys, which every generation shares.
+// own keys, which every generation shares. The rank and world size of a
+// regroup are this trainer's place in the Regroup's trainer_ids (an elastic
+// job that shrank renumbers its ranks; a trainer not listed ends the job
+// with FAILED_PRECONDITION); the job's reports then carry them, and the
+// generation. Elastic jobs grow at a step boundary: a Regroup for a newer
+// generation while no step failed makes the first rank that hears of it
+// claim "dtrain/grow/<G>/claim" and publish "dtrain/grow/<G>/step" (the
+// first multiple of drain_poll_steps after its steps done), which every
+// rank reads at multiples of drain_poll_steps, as for a drain; there every
+// rank regroups (train::JobObserver::RegroupRequested) and the joiner,
+// waiting in its first connect, meets them. Only elastic jobs read these
+// keys (one more store read per drain_poll_steps steps).
 //
 // Timeline: each job records its spans (train::JobConfig::trace) in a ring
 // buffer of trace_capacity spans; the final report of every rank, and rank

@@ -109,7 +109,11 @@ absl::StatusOr<JobPlan> PlanJob(const v1::Assignment& a, const TrainerResources&
   }
   v1::JobSpec spec = a.spec();
   scheduler::ApplyDefaults(&spec);
-  if (spec.global_batch_size() % a.world_size() != 0) {
+  // An elastic job's ranks keep the batch of its placement whatever the
+  // membership (train::JobConfig::local_batch_size).
+  const bool elastic =
+      spec.min_trainers() < spec.num_trainers() || spec.max_trainers() > spec.num_trainers();
+  if (!elastic && spec.global_batch_size() % a.world_size() != 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("spec.global_batch_size: must be divisible by assignment.world_size (",
                      a.world_size(), "), got ", spec.global_batch_size()));
@@ -123,6 +127,7 @@ absl::StatusOr<JobPlan> PlanJob(const v1::Assignment& a, const TrainerResources&
   c.data_dir = spec.data_dir();
   c.epochs = spec.epochs();
   c.global_batch_size = spec.global_batch_size();
+  if (elastic) c.local_batch_size = spec.global_batch_size() / spec.num_trainers();
   c.sgd = {.lr = static_cast<float>(spec.lr()),
            .momentum = static_cast<float>(spec.momentum()),
            .weight_decay = static_cast<float>(spec.weight_decay())};

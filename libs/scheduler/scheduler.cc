@@ -385,10 +385,12 @@ absl::StatusOr<HeartbeatReply> Scheduler::Heartbeat(const HeartbeatRequest& requ
       t.delivered = true;
     }
   }
-  if (!t.job_id.empty() && t.delivered && !t.join) {
+  if (!t.job_id.empty() && t.delivered) {
+    // Also to an earlier generation's joiner, for the generations after its
+    // own.
     auto jt = jobs_.find(t.job_id);
     if (jt != jobs_.end() && jt->second.status.state() == v1::RUNNING &&
-        jt->second.status.generation() > 0 && InPlacement(jt->second, t)) {
+        jt->second.status.generation() > t.generation && InPlacement(jt->second, t)) {
       v1::Regroup* g = reply.add_regroups();
       g->set_job_id(t.job_id);
       g->set_attempt(jt->second.status.attempts());
@@ -403,17 +405,27 @@ absl::StatusOr<HeartbeatReply> Scheduler::Heartbeat(const HeartbeatRequest& requ
   return reply;
 }
 
-absl::StatusOr<bool> Scheduler::ReportProgress(const ProgressReport& r) {
+absl::StatusOr<bool> Scheduler::ReportProgress(const ProgressReport& report) {
   absl::MutexLock lock(&mu_);
-  auto tt = trainers_.find(r.trainer_id());
+  auto tt = trainers_.find(report.trainer_id());
   if (tt == trainers_.end()) {
-    return absl::NotFoundError(absl::StrCat("unknown trainer '", r.trainer_id(), "'"));
+    return absl::NotFoundError(absl::StrCat("unknown trainer '", report.trainer_id(), "'"));
   }
   Trainer& t = tt->second;
   t.last_heartbeat = options_.now();
-  auto jt = jobs_.find(r.job_id());
-  if (jt == jobs_.end()) return absl::NotFoundError(absl::StrCat("no job ", Quote(r.job_id())));
+  auto jt = jobs_.find(report.job_id());
+  if (jt == jobs_.end()) {
+    return absl::NotFoundError(absl::StrCat("no job ", Quote(report.job_id())));
+  }
   Job& job = jt->second;
+  ProgressReport r = report;
+  if (t.job_id == r.job_id() && t.rank != r.rank() && r.attempt() == job.status.attempts() &&
+      r.generation() < job.status.generation()) {
+    // Sent under an earlier membership of this attempt (an elastic job's
+    // ranks were renumbered and this one has not regrouped yet).
+    if (r.final_state() == v1::JOB_STATE_UNSPECIFIED) return false;
+    r.set_rank(t.rank);
+  }
   if (t.job_id != r.job_id() || t.rank != r.rank()) {
     return absl::FailedPreconditionError(
         absl::StrCat("job ", r.job_id(), " rank ", r.rank(), " is not assigned to trainer ", t.id));
@@ -439,7 +451,8 @@ absl::StatusOr<bool> Scheduler::ReportProgress(const ProgressReport& r) {
   JobStatus next = job.status;
   bool log = false;
   if (r.has_step_times() && r.step_times().steps() > 0) StepTimes(&job, t, r, &next);
-  if (r.rank() == 0) {
+  // A recovery report (OnRecovered) carries no progress.
+  if (r.rank() == 0 && r.recovery_seconds() == 0) {
     const bool new_epoch = r.epoch() > next.epoch();
     next.set_epoch(r.epoch());
     next.set_step(r.step());
@@ -465,25 +478,43 @@ absl::StatusOr<bool> Scheduler::ReportProgress(const ProgressReport& r) {
     // Steps, losses and rates between epochs are not logged.
     log = new_epoch || new_checkpoint;
   }
+  bool settled = false;  // the current generation's change completed
   if (r.recovery_seconds() > 0 && r.generation() == next.generation() &&
       r.generation() > job.recovered_generation) {
-    next.set_recoveries(next.recoveries() + 1);
-    next.set_last_recovery_seconds(r.recovery_seconds());
-    next.set_steps_lost(next.steps_lost() + r.recovery_steps_lost());
-    SetState(&next, v1::RUNNING,
-             absl::StrFormat("%s; recovered in place on trainer %s in %.1f s (generation %d, %d "
-                             "step%s lost)",
-                             job.recovery_note, job.recovery_trainer, r.recovery_seconds(),
-                             r.generation(), r.recovery_steps_lost(),
-                             r.recovery_steps_lost() == 1 ? "" : "s"));
+    settled = true;
+    const std::string lost =
+        absl::StrFormat("(generation %d, %d step%s lost)", r.generation(), r.recovery_steps_lost(),
+                        r.recovery_steps_lost() == 1 ? "" : "s");
+    if (job.change == Job::Change::kGrow) {
+      SetState(&next, v1::RUNNING,
+               absl::StrFormat("%s in %.1f s (generation %d)", job.recovery_note,
+                               r.recovery_seconds(), r.generation()));
+    } else {
+      next.set_recoveries(next.recoveries() + 1);
+      next.set_last_recovery_seconds(r.recovery_seconds());
+      next.set_steps_lost(next.steps_lost() + r.recovery_steps_lost());
+      SetState(
+          &next, v1::RUNNING,
+          job.change == Job::Change::kShrink
+              ? absl::StrFormat("%s; continued on %d trainer%s in %.1f s %s", job.recovery_note,
+                                next.trainers_size(), next.trainers_size() == 1 ? "" : "s",
+                                r.recovery_seconds(), lost)
+              : absl::StrFormat("%s; recovered in place on trainer %s in %.1f s %s",
+                                job.recovery_note, job.recovery_trainer, r.recovery_seconds(),
+                                lost));
+    }
     log = true;
   }
   const bool recovered = next.recoveries() > job.status.recoveries();
-  if (recovered) {
+  if (settled) {
     DT_RETURN_IF_ERROR(Commit(&job, std::move(next)));
     next = job.status;
     job.recovered_generation = r.generation();
     job.peer_lost = false;
+    DT_LOG(INFO) << "job " << job.status.id() << ": " << job.status.events().rbegin()->reason();
+    log = false;
+  }
+  if (recovered) {
     ++recoveries_;
     recovery_sum_ += r.recovery_seconds();
     size_t bucket = 0;
@@ -493,8 +524,6 @@ absl::StatusOr<bool> Scheduler::ReportProgress(const ProgressReport& r) {
     }
     recovery_counts_.resize(std::size(kRecoverySecondsBounds) + 1);
     ++recovery_counts_[bucket];
-    DT_LOG(INFO) << "job " << job.status.id() << ": " << job.status.events().rbegin()->reason();
-    log = false;
   }
   if (!final) {
     if (log) {
@@ -502,6 +531,7 @@ absl::StatusOr<bool> Scheduler::ReportProgress(const ProgressReport& r) {
     } else {
       job.status = std::move(next);
     }
+    if (settled) Schedule();  // an elastic job may grow now
     return false;
   }
   const std::vector<std::string> placed = Placement(job);
@@ -793,11 +823,13 @@ void Scheduler::Schedule() {
       fit[rank]->rank = static_cast<int>(rank);
       fit[rank]->delivered = false;
       fit[rank]->join = false;
+      fit[rank]->generation = 0;
     }
     Kv& kv = kv_[job->status.id()];
     kv = Kv();
     kv.attempt = job->status.attempts();
   }
+  Grow(reserved);
 }
 
 std::string Scheduler::PendingReason(const Job& job, int free_fit,
@@ -1014,18 +1046,21 @@ absl::Duration Scheduler::PeerLostTimeout() const {
   return std::min(options_.heartbeat_timeout, options_.heartbeat_interval * 2);
 }
 
+bool Scheduler::RecoversInPlace(const Job& job) const {
+  const JobSpec& spec = job.status.spec();
+  // CPU trainers only: the trainers regroup over host transports. The
+  // survivors must hold a state to send: the job made progress (or already
+  // regrouped). A loss before that (the ranks may still be meeting for the
+  // first time) requeues.
+  return options_.recover_in_place && spec.sync().mode() != v1::KVSTORE &&
+         spec.device_kind() != "cuda" &&
+         (job.status.generation() > 0 || job.status.epoch() > 0 || job.status.step() > 0);
+}
+
 bool Scheduler::RecoverInPlace(Job* job, const Trainer& lost, const std::string& why) {
   const JobSpec& spec = job->status.spec();
-  // CPU trainers only: the trainers regroup over host transports.
-  if (!options_.recover_in_place || spec.sync().mode() == v1::KVSTORE ||
-      spec.device_kind() == "cuda" || job->status.trainers_size() < 2 || lost.rank < 0 ||
+  if (!RecoversInPlace(*job) || job->status.trainers_size() < 2 || lost.rank < 0 ||
       lost.rank >= static_cast<int>(job->rank_done.size()) || job->rank_done[lost.rank]) {
-    return false;
-  }
-  // The survivors must hold a state to send: the job made progress (or
-  // already regrouped). A loss before that (the ranks may still be meeting
-  // for the first time) requeues.
-  if (job->status.generation() == 0 && job->status.epoch() == 0 && job->status.step() == 0) {
     return false;
   }
   Trainer* spare = nullptr;
@@ -1037,6 +1072,7 @@ bool Scheduler::RecoverInPlace(Job* job, const Trainer& lost, const std::string&
     if (spare == nullptr || t.order < spare->order) spare = &t;
   }
   if (spare == nullptr) {
+    if (Shrink(job, lost, why)) return true;
     DT_LOG(INFO) << "job " << job->status.id() << ": no free trainer to recover rank " << lost.rank
                  << " in place";
     return false;
@@ -1057,6 +1093,7 @@ bool Scheduler::RecoverInPlace(Job* job, const Trainer& lost, const std::string&
   }
   job->recovery_note = absl::StrCat("rank ", lost.rank, " lost on trainer ", lost.id);
   job->recovery_trainer = spare->id;
+  job->change = Job::Change::kReplace;
   job->peer_lost = false;
   job->rank_done[lost.rank] = false;
   if (job->stragglers != nullptr) job->stragglers->Reset(lost.rank);
@@ -1064,8 +1101,103 @@ bool Scheduler::RecoverInPlace(Job* job, const Trainer& lost, const std::string&
   spare->rank = lost.rank;
   spare->delivered = false;
   spare->join = true;
+  spare->generation = job->status.generation();
   DT_LOG(WARNING) << "job " << job->status.id() << ": " << job->status.events().rbegin()->reason();
   return true;
+}
+
+bool Scheduler::Shrink(Job* job, const Trainer& lost, const std::string& why) {
+  const int left = job->status.trainers_size() - 1;
+  if (left < std::max(1, job->status.spec().min_trainers())) return false;
+  JobStatus next = job->status;
+  next.mutable_trainers()->erase(next.mutable_trainers()->begin() + lost.rank);
+  next.set_generation(next.generation() + 1);
+  // The ranks are renumbered: the straggler comparison starts again.
+  next.clear_stragglers();
+  next.clear_rank_step_times();
+  SetState(&next, v1::RUNNING,
+           absl::StrCat("rank ", lost.rank, " lost on trainer ", lost.id, " (", why,
+                        "); no spare trainer: continuing on ", left, " trainer",
+                        left == 1 ? "" : "s", " (min_trainers ", job->status.spec().min_trainers(),
+                        ", generation ", next.generation(), ")"));
+  if (absl::Status s = Commit(job, std::move(next)); !s.ok()) {
+    LogRefusal(s);
+    return false;
+  }
+  job->recovery_note = absl::StrCat("rank ", lost.rank, " lost on trainer ", lost.id);
+  job->recovery_trainer.clear();
+  job->change = Job::Change::kShrink;
+  job->stragglers.reset();  // made again for the new world size by StepTimes
+  job->peer_lost = false;
+  job->rank_done.erase(job->rank_done.begin() + lost.rank);
+  // The survivors' ranks follow their order in the new membership.
+  for (int rank = 0; rank < job->status.trainers_size(); ++rank) {
+    auto it = trainers_.find(job->status.trainers(rank));
+    if (it != trainers_.end()) it->second.rank = rank;
+  }
+  DT_LOG(WARNING) << "job " << job->status.id() << ": " << job->status.events().rbegin()->reason();
+  return true;
+}
+
+void Scheduler::Grow(const std::map<const Trainer*, std::string>& reserved) {
+  for (auto& [id, job] : jobs_) {
+    const JobSpec& spec = job.status.spec();
+    const int size = job.status.trainers_size();
+    if (job.status.state() != v1::RUNNING || spec.max_trainers() <= size || !RecoversInPlace(job) ||
+        job.peer_lost || job.recovered_generation != job.status.generation()) {
+      continue;
+    }
+    // Every rank runs the current membership (a drain or an undelivered
+    // assignment waits).
+    bool settled = true;
+    for (const std::string& tid : job.status.trainers()) {
+      auto it = trainers_.find(tid);
+      settled = settled && it != trainers_.end() && it->second.delivered && !it->second.draining;
+    }
+    if (!settled) continue;
+    std::vector<Trainer*> joining;
+    for (auto& [tid, t] : trainers_) {
+      if (static_cast<int>(joining.size()) + size >= spec.max_trainers()) break;
+      if (t.job_id.empty() && !t.draining && t.last_heartbeat > t.placeable_after &&
+          reserved.count(&t) == 0 && Fits(t, spec)) {
+        joining.push_back(&t);
+      }
+    }
+    if (joining.empty()) continue;
+    std::sort(joining.begin(), joining.end(),
+              [](const Trainer* a, const Trainer* b) { return a->order < b->order; });
+    JobStatus next = job.status;
+    std::vector<std::string> names;
+    for (Trainer* t : joining) {
+      next.add_trainers(t->id);
+      names.push_back(t->id);
+    }
+    next.set_generation(next.generation() + 1);
+    // More ranks to compare: the straggler comparison starts again.
+    next.clear_stragglers();
+    SetState(&next, v1::RUNNING,
+             absl::StrCat("growing to ", next.trainers_size(), " trainers (max_trainers ",
+                          spec.max_trainers(), "): ", absl::StrJoin(names, ", "),
+                          " joins at a step boundary (generation ", next.generation(), ")"));
+    if (absl::Status s = Commit(&job, std::move(next)); !s.ok()) {
+      LogRefusal(s);
+      return;
+    }
+    job.recovery_note = absl::StrCat("grew to ", job.status.trainers_size(), " trainers (",
+                                     absl::StrJoin(names, ", "), " joined)");
+    job.recovery_trainer = names.front();
+    job.change = Job::Change::kGrow;
+    job.stragglers.reset();  // made again for the new world size by StepTimes
+    for (size_t i = 0; i < joining.size(); ++i) {
+      joining[i]->job_id = id;
+      joining[i]->rank = size + static_cast<int>(i);
+      joining[i]->delivered = false;
+      joining[i]->join = true;
+      joining[i]->generation = job.status.generation();
+      job.rank_done.push_back(false);
+    }
+    DT_LOG(INFO) << "job " << id << ": " << job.status.events().rbegin()->reason();
+  }
 }
 
 int Scheduler::CheckLiveness() {

@@ -50,6 +50,26 @@
 // once (in that heartbeat or the next CheckLiveness) instead of after
 // heartbeat_timeout.
 //
+// Elastic jobs (spec.min_trainers < num_trainers or max_trainers >
+// num_trainers; ALLREDUCE on CPU). A lost trainer with no spare free: while
+// at least min_trainers would remain, the job shrinks instead of being
+// requeued: the lost rank leaves the placement, the others are renumbered
+// in order (Trainer.rank follows at once; a progress report a survivor sent
+// under its old rank before regrouping is dropped, a final one counted for
+// its new rank), the generation goes up and the survivors regroup
+// (HeartbeatReply.regroups names the new membership). Event "rank R lost on
+// trainer X (...); no spare trainer: continuing on N trainers (min_trainers
+// M, generation G)"; the recovery report counts it like a replacement
+// ("continued on N trainers in 1.9 s"). Growing: Schedule(), after placing
+// the queue, gives a RUNNING elastic job below max_trainers the free
+// trainers no queued job reserved, once its membership is settled (its
+// current generation's recovery was reported, no peer lost, every rank has
+// its assignment, none draining): they are appended as new ranks with
+// join set, in a new generation ("growing to N trainers (max_trainers M):
+// T joins at a step boundary (generation G)"); the running ranks meet them
+// at a step they agree on, and the root's report gives "grew to N trainers
+// (T joined) in 0.8 s" (not counted in recoveries or the histogram).
+//
 // Drain: a trainer is DRAINING once DrainTrainer names it or it heartbeats
 // with draining set (it got SIGTERM); no work is placed on it again (until
 // it registers anew). An assignment it has not received yet is taken back
@@ -128,6 +148,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -325,6 +346,10 @@ class Scheduler {
     // The current attempt's ranks compared (see "Stragglers"); null until
     // the job is placed.
     std::unique_ptr<StragglerDetector> stragglers;
+    // What the current generation changed: a spare replaced a lost rank, the
+    // job shrank onto its survivors (elastic, no spare), or it grew.
+    enum class Change { kReplace, kShrink, kGrow };
+    Change change = Change::kReplace;
   };
   // One job attempt's rendezvous table.
   struct Kv {
@@ -348,6 +373,7 @@ class Scheduler {
     int64_t order = 0;
     bool draining = false;  // no new work (DrainTrainer, or SIGTERM)
     bool join = false;      // replaces a lost rank (Assignment.join)
+    int generation = 0;     // of its assignment (regroups are for later ones)
   };
 
   explicit Scheduler(SchedulerOptions options) : options_(std::move(options)) {}
@@ -395,6 +421,17 @@ class Scheduler {
   // job does not recover in place, no spare is free or the log refuses.
   bool RecoverInPlace(Job* job, const Trainer& lost, const std::string& why)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Elastic jobs without a spare: the survivors continue as a smaller
+  // membership (ranks renumbered). False (nothing changed) when the job
+  // would fall below min_trainers or the log refuses.
+  bool Shrink(Job* job, const Trainer& lost, const std::string& why)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Elastic jobs below max_trainers whose membership is settled take free
+  // trainers not `reserved` by queued jobs (a new generation; they join at a
+  // step boundary).
+  void Grow(const std::map<const Trainer*, std::string>& reserved) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether `job` may change its membership in place at all.
+  bool RecoversInPlace(const Job& job) const;
   // The silence after which a trainer of a job with a lost peer is lost.
   absl::Duration PeerLostTimeout() const;
   // Whether `t` holds rank t.rank of job's current placement (not a stale

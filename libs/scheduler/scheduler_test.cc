@@ -1214,6 +1214,148 @@ TEST_F(SchedulerTest, LostRankIsReplacedInPlaceByASpare) {
   EXPECT_EQ(st->attempts(), 1);
 }
 
+// An elastic job (min 1, max 2) with no spare continues on its survivor
+// (renumbered to rank 0), then grows back onto a trainer that registers once
+// the shrink has settled; the grow is not counted as a recovery.
+TEST_F(SchedulerTest, ElasticJobShrinksWithoutASpareAndGrowsBackOntoANewTrainer) {
+  auto s = Open(Options());
+  JobSpec spec = Spec("e", 2);
+  spec.set_min_trainers(1);
+  spec.set_max_trainers(2);
+  auto job = s->Submit(spec);
+  ASSERT_TRUE(job.ok()) << job.status();
+  std::string t1 = AddTrainer(s.get());
+  std::string t2 = AddTrainer(s.get());
+  HeartbeatReply a1 = Beat(s.get(), t1);
+  ASSERT_EQ(a1.assignments_size(), 1);
+  ASSERT_EQ(Beat(s.get(), t2).assignments_size(), 1);
+  // Lose rank 0, so that the survivor's rank changes.
+  const std::string lost = a1.assignments(0).rank() == 0 ? t1 : t2;
+  const std::string kept = lost == t1 ? t2 : t1;
+  Progressed(s.get(), job->id(), t1, t2);
+  now_ += absl::Seconds(11);
+  Beat(s.get(), kept, {job->id()});
+  EXPECT_EQ(s->CheckLiveness(), 1);
+  auto st = s->Get(job->id());
+  EXPECT_EQ(st->state(), v1::RUNNING);
+  EXPECT_EQ(st->attempts(), 1);
+  EXPECT_EQ(st->generation(), 1);
+  ASSERT_EQ(st->trainers_size(), 1);
+  EXPECT_EQ(st->trainers(0), kept);
+  EXPECT_NE(st->events().rbegin()->reason().find(
+                "rank 0 lost on trainer " + lost +
+                " (no heartbeat for 11s); no spare trainer: continuing on 1 trainer"),
+            std::string::npos)
+      << st->events().rbegin()->reason();
+  HeartbeatReply regroup = Beat(s.get(), kept, {job->id()});
+  EXPECT_EQ(regroup.cancel_job_ids_size(), 0);
+  ASSERT_EQ(regroup.regroups_size(), 1);
+  EXPECT_EQ(regroup.regroups(0).generation(), 1);
+  ASSERT_EQ(regroup.regroups(0).trainer_ids_size(), 1);
+  EXPECT_EQ(regroup.regroups(0).trainer_ids(0), kept);
+
+  // A progress report the survivor sent as rank 1 before it regrouped is
+  // dropped without stopping it.
+  ProgressReport stale;
+  stale.set_trainer_id(kept);
+  stale.set_job_id(job->id());
+  stale.set_rank(1);
+  stale.set_attempt(1);
+  stale.set_step(9);
+  auto stop = s->ReportProgress(stale);
+  ASSERT_TRUE(stop.ok()) << stop.status();
+  EXPECT_FALSE(*stop);
+
+  // A trainer that registers before the shrink settled is not taken.
+  std::string t3 = AddTrainer(s.get());
+  EXPECT_EQ(Beat(s.get(), t3).assignments_size(), 0);
+
+  ProgressReport rec;
+  rec.set_trainer_id(kept);
+  rec.set_job_id(job->id());
+  rec.set_rank(0);
+  rec.set_attempt(1);
+  rec.set_generation(1);
+  rec.set_recovery_seconds(1.5);
+  rec.set_recovery_steps_lost(1);
+  ASSERT_TRUE(s->ReportProgress(rec).ok());
+  st = s->Get(job->id());
+  EXPECT_EQ(st->recoveries(), 1);
+  EXPECT_EQ(st->steps_lost(), 1);
+  // Settled: the new trainer joins as rank 1 of 2 in generation 2 (the
+  // heartbeat that follows the recovery report grows the job).
+  HeartbeatReply joined = Beat(s.get(), t3);
+  ASSERT_EQ(joined.assignments_size(), 1);
+  EXPECT_EQ(joined.assignments(0).rank(), 1);
+  EXPECT_EQ(joined.assignments(0).world_size(), 2);
+  EXPECT_EQ(joined.assignments(0).generation(), 2);
+  EXPECT_TRUE(joined.assignments(0).join());
+  EXPECT_EQ(Beat(s.get(), t3, {job->id()}).regroups_size(), 0);
+  st = s->Get(job->id());
+  ASSERT_EQ(st->trainers_size(), 2);
+  EXPECT_EQ(st->trainers(0), kept);
+  EXPECT_EQ(st->trainers(1), t3);
+  EXPECT_EQ(st->generation(), 2);
+  bool shrank = false, grew = false;
+  for (const auto& e : st->events()) {
+    shrank = shrank || e.reason().find(
+                           "; continued on 1 trainer in 1.5 s (generation 1, 1 step "
+                           "lost)") != std::string::npos;
+    grew = grew ||
+           e.reason().find("growing to 2 trainers (max_trainers 2): " + t3) != std::string::npos;
+  }
+  EXPECT_TRUE(shrank);
+  EXPECT_TRUE(grew);
+  regroup = Beat(s.get(), kept, {job->id()});
+  ASSERT_EQ(regroup.regroups_size(), 1);
+  EXPECT_EQ(regroup.regroups(0).generation(), 2);
+  ASSERT_EQ(regroup.regroups(0).trainer_ids_size(), 2);
+  EXPECT_EQ(regroup.regroups(0).trainer_ids(1), t3);
+
+  // The root reports the grow: an event, not a recovery.
+  rec.set_generation(2);
+  rec.set_recovery_seconds(0.8);
+  rec.set_recovery_steps_lost(0);
+  ASSERT_TRUE(s->ReportProgress(rec).ok());
+  st = s->Get(job->id());
+  EXPECT_EQ(st->recoveries(), 1);
+  EXPECT_EQ(st->steps_lost(), 1);
+  EXPECT_NE(st->events().rbegin()->reason().find("grew to 2 trainers (" + t3 +
+                                                 " joined) in 0.8 s (generation 2)"),
+            std::string::npos)
+      << st->events().rbegin()->reason();
+  EXPECT_EQ(s->Stats().recoveries, 1);
+  // At max_trainers: another free trainer is not taken.
+  std::string t4 = AddTrainer(s.get());
+  EXPECT_EQ(Beat(s.get(), t4).assignments_size(), 0);
+
+  ASSERT_TRUE(s->ReportProgress(Final(kept, job->id(), 0, v1::SUCCEEDED)).ok());
+  ASSERT_TRUE(s->ReportProgress(Final(t3, job->id(), 1, v1::SUCCEEDED)).ok());
+  st = s->Get(job->id());
+  EXPECT_EQ(st->state(), v1::SUCCEEDED);
+  EXPECT_EQ(st->attempts(), 1);
+}
+
+// An elastic job at min_trainers requeues as before when it loses another.
+TEST_F(SchedulerTest, ElasticJobAtItsMinimumIsRequeued) {
+  auto s = Open(Options());
+  JobSpec spec = Spec("m", 2);
+  spec.set_min_trainers(2);
+  spec.set_max_trainers(3);
+  auto job = s->Submit(spec);
+  std::string t1 = AddTrainer(s.get());
+  std::string t2 = AddTrainer(s.get());
+  Beat(s.get(), t1);
+  Beat(s.get(), t2);
+  Progressed(s.get(), job->id(), t1, t2);
+  now_ += absl::Seconds(11);
+  Beat(s.get(), t1, {job->id()});
+  EXPECT_EQ(s->CheckLiveness(), 1);
+  auto st = s->Get(job->id());
+  EXPECT_EQ(st->state(), v1::QUEUED);
+  EXPECT_EQ(st->generation(), 0);
+}
+
 // A survivor that says its peer is gone gets the silent trainer declared
 // lost after 2 heartbeat intervals instead of the heartbeat timeout.
 TEST_F(SchedulerTest, PeerLostHeartbeatLosesTheSilentTrainerEarly) {

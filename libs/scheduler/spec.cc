@@ -126,6 +126,22 @@ absl::Status ValidateJobSpec(const JobSpec& s) {
     return Bad("bucket_bytes",
                absl::StrCat("must be 0 (1 MiB) or in 1024..1073741824, got ", s.bucket_bytes()));
   }
+  if (s.min_trainers() < 0 || s.min_trainers() > trainers) {
+    return Bad("min_trainers", absl::StrCat("must be in 1..num_trainers (", trainers,
+                                            ") (0 = num_trainers), got ", s.min_trainers()));
+  }
+  if (s.max_trainers() != 0 && (s.max_trainers() < trainers || s.max_trainers() > 1024)) {
+    return Bad("max_trainers", absl::StrCat("must be in num_trainers..1024 (", trainers,
+                                            "..1024) (0 = num_trainers), got ", s.max_trainers()));
+  }
+  const bool elastic = (s.min_trainers() != 0 && s.min_trainers() < trainers) ||
+                       (s.max_trainers() != 0 && s.max_trainers() > trainers);
+  if (elastic && (kvstore || s.device_kind() == "cuda" || s.sync_batch_norm() || trainers < 2)) {
+    return Bad(
+        s.min_trainers() != 0 && s.min_trainers() < trainers ? "min_trainers" : "max_trainers",
+        "elastic jobs (min_trainers < num_trainers or max_trainers > num_trainers) need "
+        "sync.mode ALLREDUCE, device_kind cpu, no sync_batch_norm and num_trainers >= 2");
+  }
   if (s.threads() < 0 || s.threads() > 1024) {
     return Bad("threads", absl::StrCat("must be in 0..1024 (0 = all cores), got ", s.threads()));
   }
@@ -141,6 +157,8 @@ void ApplyDefaults(JobSpec* s) {
     s->mutable_sync()->set_consistency(v1::SYNCHRONOUS);
   }
   if (s->init().empty()) s->set_init("normal");
+  if (s->min_trainers() == 0) s->set_min_trainers(s->num_trainers());
+  if (s->max_trainers() == 0) s->set_max_trainers(s->num_trainers());
 }
 
 }  // namespace scheduler

@@ -28,6 +28,19 @@ TEST(SpecTest, GoodSpecPassesAndGetsDefaults) {
   EXPECT_EQ(s.sync().mode(), v1::ALLREDUCE);
   EXPECT_EQ(s.sync().consistency(), v1::SYNCHRONOUS);
   EXPECT_EQ(s.init(), "normal");
+  EXPECT_EQ(s.min_trainers(), 1);
+  EXPECT_EQ(s.max_trainers(), 1);
+}
+
+TEST(SpecTest, ElasticAllreduceJobPassesAndKeepsItsBounds) {
+  JobSpec s = Good();
+  s.set_num_trainers(2);
+  s.set_min_trainers(1);
+  s.set_max_trainers(4);
+  ASSERT_TRUE(ValidateJobSpec(s).ok()) << ValidateJobSpec(s);
+  ApplyDefaults(&s);
+  EXPECT_EQ(s.min_trainers(), 1);
+  EXPECT_EQ(s.max_trainers(), 4);
 }
 
 TEST(SpecTest, EveryBadFieldIsNamed) {
@@ -88,6 +101,30 @@ TEST(SpecTest, EveryBadFieldIsNamed) {
       {[](JobSpec* s) { s->set_threads(-2); }, "threads:"},
       {[](JobSpec* s) { s->set_bucket_bytes(100); }, "bucket_bytes:"},
       {[](JobSpec* s) { s->set_bucket_bytes((int64_t{1} << 30) + 1); }, "bucket_bytes:"},
+      {[](JobSpec* s) {
+         s->set_num_trainers(2);
+         s->set_min_trainers(3);
+       },
+       "min_trainers: must be in 1..num_trainers"},
+      {[](JobSpec* s) { s->set_min_trainers(-1); }, "min_trainers:"},
+      {[](JobSpec* s) {
+         s->set_num_trainers(2);
+         s->set_max_trainers(1);
+       },
+       "max_trainers: must be in num_trainers..1024"},
+      {[](JobSpec* s) {
+         s->set_num_trainers(2);
+         s->set_min_trainers(1);
+         s->mutable_sync()->set_mode(v1::KVSTORE);
+       },
+       "min_trainers: elastic jobs"},
+      {[](JobSpec* s) {
+         s->set_num_trainers(2);
+         s->set_max_trainers(4);
+         s->set_device_kind("cuda");
+       },
+       "max_trainers: elastic jobs"},
+      {[](JobSpec* s) { s->set_max_trainers(2); }, "max_trainers: elastic jobs"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.field);

@@ -36,13 +36,21 @@ absl::Status Validate(const JobConfig& c) {
   }
   if (c.devices.empty()) return bad("devices", "at least one");
   if (c.epochs < 1) return bad("epochs", absl::StrCat("must be >= 1, got ", c.epochs));
-  if (c.global_batch_size <= 0 || c.global_batch_size % c.world_size != 0) {
+  if (c.local_batch_size < 0) {
+    return bad("local_batch_size", absl::StrCat("must be >= 0, got ", c.local_batch_size));
+  }
+  if (c.local_batch_size == 0 &&
+      (c.global_batch_size <= 0 || c.global_batch_size % c.world_size != 0)) {
     return bad("global_batch_size",
                absl::StrCat("must be a positive multiple of the ", c.world_size, " trainers, got ",
                             c.global_batch_size));
   }
   const int64_t k = static_cast<int64_t>(c.devices.size());
-  if (c.global_batch_size / c.world_size < k) {
+  if (c.local_batch_size > 0 && c.local_batch_size < k) {
+    return bad("local_batch_size",
+               absl::StrCat(c.local_batch_size, " leaves fewer than ", k, " samples per device"));
+  }
+  if (c.local_batch_size == 0 && c.global_batch_size / c.world_size < k) {
     return bad("global_batch_size",
                absl::StrCat(c.global_batch_size, " leaves fewer than ", k, " samples per device"));
   }
@@ -210,7 +218,7 @@ absl::Status Drain(const JobConfig& c, DataParallelTrainer* trainer, const Parti
 // The position of a recovered job: the root's epoch, step and partial
 // statistics (see "Recovery in place" in job.h).
 struct RegroupResult {
-  Partial at;
+  Partial at;  // in the new membership's steps
   int root = 0;
   int64_t steps_lost = 0;
   // The root's steps of this RunJob call: every rank continues counting
@@ -220,14 +228,17 @@ struct RegroupResult {
 
 // One exchange of the new membership: positions, the root's state, its
 // data position and statistics.
+// `failed`: this survivor's step failed (not a grow's regroup); `world`:
+// the world size `here` counts steps in.
 absl::StatusOr<RegroupResult> ExchangeState(const JobConfig& c, DataParallelTrainer* trainer,
                                             collective::Communicator* comm, bool survivor,
-                                            const Partial& here, int64_t steps_per_epoch,
-                                            int64_t steps_run) {
+                                            bool failed, const Partial& here,
+                                            int64_t steps_per_epoch, int64_t steps_run, int world) {
   const int n = comm->size();
   const int64_t done = here.epoch * steps_per_epoch + here.step;
-  // survivor, epoch, step, steps attempted (a survivor failed the next one)
-  int64_t mine[4] = {survivor ? 1 : 0, here.epoch, here.step, survivor ? done + 1 : -1};
+  // survivor, epoch, step, steps attempted (a failed survivor tried the next)
+  int64_t mine[4] = {survivor ? 1 : 0, here.epoch, here.step,
+                     survivor ? done + (failed ? 1 : 0) : -1};
   std::vector<int64_t> all(4 * static_cast<size_t>(n));
   DT_RETURN_IF_ERROR(Annotate(comm->Allgather(mine, all.data(), sizeof(mine), DType::kU8),
                               "regroup: exchanging positions"));
@@ -244,66 +255,82 @@ absl::StatusOr<RegroupResult> ExchangeState(const JobConfig& c, DataParallelTrai
         "regroup: no rank of the new membership holds the job's state");
   }
   DT_RETURN_IF_ERROR(trainer->Regroup(comm, out.root));
-  double pos[6] = {static_cast<double>(here.epoch),
+  double pos[7] = {static_cast<double>(here.epoch),
                    static_cast<double>(here.step),
                    here.loss_sum,
                    static_cast<double>(here.seen),
                    static_cast<double>(here.correct),
-                   static_cast<double>(steps_run)};
+                   static_cast<double>(steps_run),
+                   static_cast<double>(world)};
   DT_RETURN_IF_ERROR(Annotate(comm->Broadcast(pos, sizeof(pos), DType::kU8, out.root),
                               "regroup: broadcast of the data position"));
-  out.at.epoch = static_cast<int>(pos[0]);
-  out.at.step = static_cast<int64_t>(pos[1]);
+  const int root_epoch = static_cast<int>(pos[0]);
+  const int64_t root_step = static_cast<int64_t>(pos[1]);
+  const int root_world = static_cast<int>(pos[6]);
+  out.at.epoch = root_epoch;
+  // The same share of the epoch's samples in the new membership's steps
+  // (the loader shards the epoch's order by striding over the ranks, so the
+  // first s steps of W ranks are its first s * batch * W samples): rounded
+  // down, nothing is skipped.
+  out.at.step = root_world == n ? root_step : root_step * root_world / n;
   out.steps_run = static_cast<int64_t>(pos[5]);
-  if (survivor && out.at.epoch == here.epoch && out.at.step == here.step) {
+  if (survivor && root_epoch == here.epoch && root_step == here.step) {
     out.at.loss_sum = here.loss_sum;
     out.at.seen = here.seen;
     out.at.correct = here.correct;
-  } else {
+  } else if (survivor || n == root_world) {
     // The lost rank's statistics are gone: the root's stand in for them.
     out.at.loss_sum = pos[2];
     out.at.seen = static_cast<int64_t>(pos[3]);
     out.at.correct = static_cast<int64_t>(pos[4]);
   }
+  // (A rank joining a larger membership lost nothing: its statistics of
+  // the epoch start at zero.)
   const int64_t resumed = all[4 * out.root + 1] * steps_per_epoch + all[4 * out.root + 2];
   out.steps_lost = std::max<int64_t>(0, furthest - resumed);
-  DT_LOG(INFO) << "job " << c.name << " rank " << c.rank << ": regrouped with " << n
-               << " ranks; state from rank " << out.root << ", continuing at epoch "
-               << out.at.epoch + 1 << " step " << out.at.step << " (" << out.steps_lost
-               << " steps lost)";
+  DT_LOG(INFO) << "job " << c.name << " rank " << comm->rank() << ": regrouped with " << n
+               << " ranks (from " << root_world << "); state from rank " << out.root
+               << ", continuing at epoch " << out.at.epoch + 1 << " step " << out.at.step << " ("
+               << out.steps_lost << " steps lost)";
   return out;
 }
 
 // A survivor's regroup after `failure`: the observer's next membership,
 // then the exchange; up to 3 memberships when an exchange fails transiently.
+// `failure` OK: a grow's regroup (RegroupRequested), no step failed.
+// *comm_out: the new membership's communicator.
 absl::StatusOr<RegroupResult> RegroupSurvivor(const JobConfig& c, JobObserver* observer,
                                               DataParallelTrainer* trainer,
                                               const absl::Status& failure, const Partial& here,
-                                              int64_t steps_per_epoch, int64_t steps_run) {
+                                              int64_t steps_per_epoch, int64_t steps_run, int world,
+                                              collective::Communicator** comm_out) {
   absl::Status last = failure;
   for (int tries = 0; tries < 3; ++tries) {
     absl::StatusOr<collective::Communicator*> comm = observer->Regroup(last);
     if (!comm.ok()) {
-      DT_LOG(WARNING) << "job " << c.name << " rank " << c.rank
-                      << ": no recovery in place: " << comm.status();
-      return failure;
+      DT_LOG(WARNING) << "job " << c.name << ": no recovery in place: " << comm.status();
+      return failure.ok() ? comm.status() : failure;
     }
     absl::StatusOr<RegroupResult> done =
-        ExchangeState(c, trainer, *comm, /*survivor=*/true, here, steps_per_epoch, steps_run);
+        ExchangeState(c, trainer, *comm, /*survivor=*/true, /*failed=*/!last.ok(), here,
+                      steps_per_epoch, steps_run, world);
+    *comm_out = *comm;
     if (done.ok() || !IsTransient(done.status())) return done;
-    DT_LOG(WARNING) << "job " << c.name << " rank " << c.rank << ": regroup failed ("
-                    << done.status() << "); waiting for the next membership";
+    DT_LOG(WARNING) << "job " << c.name << ": regroup failed (" << done.status()
+                    << "); waiting for the next membership";
     last = done.status();
   }
-  return failure;
+  return failure.ok() ? last : failure;
 }
 
 absl::Status Run(const JobConfig& c, JobObserver* observer, JobProgress* progress) {
   DT_RETURN_IF_ERROR(Validate(c));
-  const int world = c.world_size;
-  const int rank = c.rank;
+  // An elastic job's membership may change (see "Elastic jobs" in job.h).
+  int world = c.world_size;
+  int rank = c.rank;
   const int k = static_cast<int>(c.devices.size());
-  const int64_t local_batch = c.global_batch_size / world;
+  const int64_t local_batch =
+      c.local_batch_size > 0 ? c.local_batch_size : c.global_batch_size / world;
   if (c.threads > 0) ops::SetCpuThreads(c.threads);
   const int threads = c.threads > 0 ? c.threads : ops::CpuThreads();
 
@@ -314,27 +341,39 @@ absl::Status Run(const JobConfig& c, JobObserver* observer, JobProgress* progres
     train_set = data::Subset(train_set, c.train_limit);
   }
   data::Dataset test_set;
-  if (rank == 0) {
+  bool test_loaded = false;
+  // Rank 0's (and a rank that becomes rank 0 in a regroup).
+  auto load_test_set = [&]() -> absl::Status {
+    if (rank != 0 || test_loaded) return absl::OkStatus();
     DT_ASSIGN_OR_RETURN(test_set, data::LoadFashionMnist(dir, data::Split::kTest));
     if (c.test_limit > 0 && c.test_limit < test_set.size) {
       test_set = data::Subset(test_set, c.test_limit);
     }
-  }
+    test_loaded = true;
+    return absl::OkStatus();
+  };
+  DT_RETURN_IF_ERROR(load_test_set());
   DT_ASSIGN_OR_RETURN(Shape sample_shape, nn::ModelInputShape(c.model));
   DT_ASSIGN_OR_RETURN(nn::Init init, nn::ParseInit(c.init.empty() ? "normal" : c.init));
   data::LoaderOptions lo;
   lo.batch_size = local_batch;
   lo.shuffle = true;
   lo.seed = c.seed;
-  lo.rank = rank;
-  lo.world_size = world;
-  const int64_t tail = (train_set.size / world) % local_batch;
-  lo.drop_last = tail != 0 && tail < k;  // a step needs a sample per device
-  // A compiled step has one batch shape: the last partial batch is dropped.
-  if (c.hybridize) lo.drop_last = true;
   lo.prefetch = 2;
-  DT_ASSIGN_OR_RETURN(std::unique_ptr<data::DataLoader> loader,
-                      data::DataLoader::Create(&train_set, lo));
+  std::unique_ptr<data::DataLoader> loader;
+  // This rank's shard of the current membership.
+  auto make_loader = [&]() -> absl::Status {
+    lo.rank = rank;
+    lo.world_size = world;
+    const int64_t tail = (train_set.size / world) % local_batch;
+    lo.drop_last = tail != 0 && tail < k;  // a step needs a sample per device
+    // A compiled step has one batch shape: the last partial batch is dropped.
+    if (c.hybridize) lo.drop_last = true;
+    loader.reset();
+    DT_ASSIGN_OR_RETURN(loader, data::DataLoader::Create(&train_set, lo));
+    return absl::OkStatus();
+  };
+  DT_RETURN_IF_ERROR(make_loader());
 
   DataParallelOptions o;
   o.model = c.model;
@@ -402,12 +441,13 @@ absl::Status Run(const JobConfig& c, JobObserver* observer, JobProgress* progres
                     << "); MFU is not reported";
   }
   progress->steps_per_epoch = loader->batches_per_epoch();
-  const int64_t steps_per_epoch = loader->batches_per_epoch();
+  int64_t steps_per_epoch = loader->batches_per_epoch();
   int64_t joined_steps_run = 0;
   if (c.join) {
     DT_ASSIGN_OR_RETURN(RegroupResult joined,
                         ExchangeState(c, trainer.get(), c.communicator, /*survivor=*/false,
-                                      Partial{}, steps_per_epoch, /*steps_run=*/0));
+                                      /*failed=*/false, Partial{}, steps_per_epoch,
+                                      /*steps_run=*/0, world));
     joined_steps_run = joined.steps_run;
     first_epoch = joined.at.epoch;
     first_step = joined.at.step;
@@ -431,7 +471,7 @@ absl::Status Run(const JobConfig& c, JobObserver* observer, JobProgress* progres
     data::Batch b;
     double loss_sum = 0;
     int64_t correct = 0, seen = 0, step = 0;
-    if (start_step > 0) {
+    if (start_step > 0 || resume_at.seen > 0) {
       step = start_step;
       loss_sum = resume_at.loss_sum;
       seen = resume_at.seen;
@@ -452,24 +492,47 @@ absl::Status Run(const JobConfig& c, JobObserver* observer, JobProgress* progres
       if (observer->StopRequested()) return absl::CancelledError("stopped");
       if (observer->DrainRequested(steps_run)) {
         progress->drained = true;
-        return Drain(c, trainer.get(), Partial{epoch, step, loss_sum, seen, correct}, progress);
+        JobConfig now = c;  // this rank's place in the current membership
+        now.rank = rank;
+        now.world_size = world;
+        return Drain(now, trainer.get(), Partial{epoch, step, loss_sum, seen, correct}, progress);
       }
       auto [x, y] = ToTensors(b, sample_shape, Device::Cpu(0));
-      absl::StatusOr<float> stepped = hybrid ? hybrid->Run(x, y) : trainer->Step(x, y);
-      if (!stepped.ok()) {
-        absl::Status failure =
-            Annotate(stepped.status(),
-                     absl::StrCat("rank ", rank, ", epoch ", epoch + 1, " step ", step + 1));
-        if (c.communicator == nullptr || hybrid || !IsTransient(stepped.status())) return failure;
-        DT_LOG(WARNING) << "job " << c.name << ": " << failure << "; trying to recover in place";
+      absl::Status failure;  // OK: no step failed (a grow's regroup)
+      bool regroup_now =
+          c.communicator != nullptr && !hybrid && observer->RegroupRequested(steps_run);
+      absl::StatusOr<float> stepped = 0.0f;
+      if (!regroup_now) {
+        stepped = hybrid ? hybrid->Run(x, y) : trainer->Step(x, y);
+        if (!stepped.ok()) {
+          failure = Annotate(stepped.status(), absl::StrCat("rank ", rank, ", epoch ", epoch + 1,
+                                                            " step ", step + 1));
+          if (c.communicator == nullptr || hybrid || !IsTransient(stepped.status())) {
+            return failure;
+          }
+          DT_LOG(WARNING) << "job " << c.name << ": " << failure << "; trying to recover in place";
+          regroup_now = true;
+        }
+      }
+      if (regroup_now) {
         const absl::Time failed = absl::Now();
         trace::ScopedSpan recovery_span(c.trace, "recovery", trace::kTrackStep, steps_run);
+        collective::Communicator* comm = nullptr;
         DT_ASSIGN_OR_RETURN(RegroupResult regroup,
                             RegroupSurvivor(c, observer, trainer.get(), failure,
                                             Partial{epoch, step, loss_sum, seen, correct},
-                                            steps_per_epoch, steps_run));
+                                            steps_per_epoch, steps_run, world, &comm));
         if (!recovering) failed_at = failed;  // a failure during a recovery: the first counts
         recovering = true;
+        if (comm->rank() != rank || comm->size() != world) {
+          // A smaller or larger membership: this rank's shard changes.
+          rank = comm->rank();
+          world = comm->size();
+          DT_RETURN_IF_ERROR(make_loader());
+          steps_per_epoch = loader->batches_per_epoch();
+          progress->steps_per_epoch = steps_per_epoch;
+          DT_RETURN_IF_ERROR(load_test_set());
+        }
         recovery_root = regroup.root == rank;
         recovery_steps_lost += regroup.steps_lost;
         steps_run = regroup.steps_run;

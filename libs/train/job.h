@@ -62,7 +62,22 @@
 // step). A regroup that fails transiently (another rank lost meanwhile) asks
 // for the next membership, up to 3 times; otherwise, or when Regroup answers
 // an error, RunJob returns the step's error as before. Failures outside a
-// step (the epoch's statistics round, a drain's meeting) are not recovered.
+// step (the epoch's statistics round, evaluation, a checkpoint, a drain's
+// meeting) are not recovered: RunJob returns the error (a transient one:
+// the scheduler requeues the attempt from its checkpoint).
+//
+// Elastic jobs. The new membership may be smaller (no spare: the survivors
+// continue, ranks renumbered) or larger (RegroupRequested: a new rank joins
+// at a step boundary; no step is lost). Each rank keeps its batch
+// (local_batch_size), so the global batch follows the number of ranks, and
+// the data loader is made again for the new rank and world size: the
+// interrupted epoch continues at the same share of its samples (the root's
+// step times its old world size over the new one, rounded down, so a few
+// samples may be seen twice but none skipped when the world shrinks), and
+// later epochs are sharded over the new world. A rank that becomes rank 0
+// loads the test set then. A joiner of a larger membership starts the
+// epoch's statistics at zero (nothing was lost); one that replaces a lost
+// rank adopts the root's.
 //
 // Thread-safety: RunJob runs on the calling thread; the observer is called
 // on it.
@@ -95,6 +110,11 @@ struct JobConfig {
   std::string data_dir;  // Fashion-MNIST; empty: the Debian package's
   int epochs = 1;
   int64_t global_batch_size = 256;  // over all ranks
+  // Samples per step of each rank; 0: global_batch_size / world_size. An
+  // elastic job sets it (global_batch_size / its num_trainers), so that a
+  // rank keeps its batch whatever the membership (the global batch follows
+  // the number of ranks; the learning rate is unchanged).
+  int64_t local_batch_size = 0;
   ops::SgdParams sgd;
   std::string init = "normal";  // or "kaiming"
   uint64_t seed = 0;
@@ -189,13 +209,22 @@ class JobObserver {
   // progress->drained). Every rank must answer true at the same count.
   virtual bool DrainRequested(int64_t steps_done) { return false; }
   // Recovery in place: a step failed with `failure` (transient: a peer is
-  // gone). Returns the communicator of the attempt's next membership, in
-  // which this rank keeps its rank (not owned: it must outlive RunJob), or
-  // an error (RunJob then returns `failure`). Called again, with the
-  // regroup's error, when a regroup fails.
+  // gone), or `failure` is OK: RegroupRequested asked for a regroup (an
+  // elastic job grows). Returns the communicator of the attempt's next
+  // membership (not owned: it must outlive RunJob); this rank's rank and the
+  // world size are the communicator's (an elastic job that shrank renumbers
+  // its ranks). Or an error (RunJob then returns `failure`, or the error
+  // when `failure` is OK). Called again, with the regroup's error, when a
+  // regroup fails.
   virtual absl::StatusOr<collective::Communicator*> Regroup(const absl::Status& failure) {
+    if (failure.ok()) return absl::UnimplementedError("this observer does not regroup");
     return failure;
   }
+  // Polled before every step (after DrainRequested) with the steps done, like
+  // DrainRequested: true makes every rank regroup (Regroup(OkStatus())) before
+  // the next step, so a new rank can join at a step boundary. Every rank
+  // must answer true at the same count.
+  virtual bool RegroupRequested(int64_t steps_done) { return false; }
   // On the rank that sent the state, after the first step completed since
   // a regroup: the seconds since the failed step, and the steps lost.
   virtual void OnRecovered(double seconds, int64_t steps_lost) {}

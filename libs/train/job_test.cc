@@ -7,6 +7,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "libs/collective/store.h"
 
@@ -367,6 +368,113 @@ TEST(JobTest, LostRankIsReplacedInPlaceAndTheJobEndsLikeTheUndisturbedOne) {
   EXPECT_NEAR(got_last.loss, ref_last.loss, 1e-5 * ref_last.loss);
   EXPECT_NEAR(got_last.test_accuracy, ref_last.test_accuracy, 0.002);
   EXPECT_GT(ref_last.test_accuracy, 0.5);
+}
+
+// Elastic: rank 1 of 2 goes away at step 12 of epoch 1 and rank 0 goes on
+// alone (a one-rank membership, same per-rank batch: 32 steps an epoch, the
+// epoch resumed at step 22, the same share of its samples); after 30 steps
+// RegroupRequested asks for a larger membership and a new rank 1 joins at
+// that step boundary (epoch 2 step 9 of 32 alone: step 4 of 16 with two).
+class Elastic : public JobObserver {
+ public:
+  explicit Elastic(collective::Store* store) : store_(store) {}
+  absl::StatusOr<collective::Communicator*> Regroup(const absl::Status& failure) override {
+    failures.push_back(failure.code());
+    collective::CommunicatorOptions co;
+    co.transport = collective::TransportKind::kInProcess;
+    const int world = failure.ok() ? 2 : 1;  // grow to 2, or shrink to 1
+    co.key_prefix = absl::StrCat("gen", failures.size());
+    auto comm = collective::Communicator::Create(0, world, store_, co);
+    if (!comm.ok()) return comm.status();
+    comms_.push_back(*std::move(comm));
+    return comms_.back().get();
+  }
+  bool RegroupRequested(int64_t steps_done) override {
+    if (failures.size() != 1 || steps_done != 30) return false;
+    return true;
+  }
+  void OnRecovered(double seconds, int64_t steps_lost) override { lost.push_back(steps_lost); }
+  void OnStep(const JobProgress& p, const StepTimes& t) override {
+    if (failures.size() == 1 && steps_at_world1 == 0) first_step_alone = p.step;
+    if (failures.size() == 1) ++steps_at_world1;
+    steps_per_epoch.push_back(p.steps_per_epoch);
+  }
+  void OnEpoch(const JobProgress& p) override { epochs.push_back(p); }
+
+  std::vector<absl::StatusCode> failures;
+  std::vector<int64_t> lost;
+  std::vector<int64_t> steps_per_epoch;
+  std::vector<JobProgress> epochs;
+  int64_t first_step_alone = -1;
+  int steps_at_world1 = 0;
+
+ private:
+  collective::Store* store_;
+  std::vector<std::unique_ptr<collective::Communicator>> comms_;
+};
+
+TEST(JobTest, ElasticJobShrinksToItsSurvivorAndGrowsAtAStepBoundary) {
+  collective::InMemoryStore store;
+  Elastic elastic(&store);
+  absl::Status st[3];
+  JobProgress p[3];
+  struct : JobObserver {
+    void OnStep(const JobProgress& p, const StepTimes& t) override { ++steps; }
+    int steps = 0;
+  } joiner_steps;
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < 2; ++r) {
+    ranks.emplace_back([&, r] {
+      collective::CommunicatorOptions co;
+      co.transport = collective::TransportKind::kInProcess;
+      JobConfig c = SmallJob(2);
+      c.rank = r;
+      c.world_size = 2;
+      c.local_batch_size = 64;  // an elastic job's: 2 ranks x 64
+      {
+        auto comm = collective::Communicator::Create(r, 2, &store, co);
+        ASSERT_TRUE(comm.ok()) << comm.status();
+        c.communicator = comm->get();
+        StopAfter stop(r == 1 ? 11 : 1 << 30);
+        st[r] = RunJob(c, r == 0 ? static_cast<JobObserver*>(&elastic) : &stop, &p[r]);
+      }
+      if (r == 0) return;
+      // A new rank 1 of 2 (generation 2), waiting until rank 0 meets it.
+      co.key_prefix = "gen2";
+      auto comm = collective::Communicator::Create(1, 2, &store, co);
+      ASSERT_TRUE(comm.ok()) << comm.status();
+      c.communicator = comm->get();
+      c.join = true;
+      st[2] = RunJob(c, &joiner_steps, &p[2]);
+    });
+  }
+  for (auto& t : ranks) t.join();
+  ASSERT_TRUE(st[0].ok()) << st[0];
+  EXPECT_TRUE(absl::IsCancelled(st[1])) << st[1];
+  ASSERT_TRUE(st[2].ok()) << st[2];
+  // A failure (the shrink), then a regroup without one (the grow).
+  ASSERT_EQ(elastic.failures.size(), 2u);
+  EXPECT_NE(elastic.failures[0], absl::StatusCode::kOk);
+  EXPECT_EQ(elastic.failures[1], absl::StatusCode::kOk);
+  // The shrink lost the failed step; the grow lost nothing.
+  EXPECT_EQ(elastic.lost, (std::vector<int64_t>{1, 0}));
+  // Alone, rank 0 took epoch 1 up at the same share of the samples: 11 of
+  // 16 two-rank steps are 22 of 32 one-rank steps (its 23rd step is the
+  // first), then 19 steps (10 of epoch 1, 9 of epoch 2) until the grow.
+  EXPECT_EQ(elastic.first_step_alone, 23);
+  EXPECT_EQ(elastic.steps_at_world1, 19);
+  ASSERT_EQ(elastic.epochs.size(), 2u);
+  EXPECT_EQ(elastic.epochs[0].steps_per_epoch, 32);
+  EXPECT_EQ(elastic.epochs[1].steps_per_epoch, 16);
+  EXPECT_EQ(elastic.steps_per_epoch.back(), 16);
+  // The joiner started at epoch 2 step 9 x 1 / 2 = 4 and did its 12 steps.
+  EXPECT_EQ(joiner_steps.steps, 12);
+  EXPECT_EQ(p[2].epoch, 2);
+  EXPECT_EQ(p[0].epoch, 2);
+  // Both averaged the same epoch-2 statistics; rank 0 evaluated.
+  EXPECT_EQ(p[2].loss, p[0].loss);
+  EXPECT_EQ(p[2].test_accuracy, -1);
+  EXPECT_GT(p[0].test_accuracy, 0.5);
 }
 
 }  // namespace

@@ -93,6 +93,11 @@ ABSL_FLAG(double, lr, 0, "submit: learning rate");
 ABSL_FLAG(double, momentum, 0, "submit: SGD momentum");
 ABSL_FLAG(double, weight_decay, 0, "submit: SGD weight decay");
 ABSL_FLAG(int, num_trainers, 0, "submit: trainers (gang-scheduled)");
+ABSL_FLAG(int, min_trainers, 0,
+          "submit: elastic jobs: continue on as few as this many trainers when one is lost "
+          "(0 = num_trainers)");
+ABSL_FLAG(int, max_trainers, 0,
+          "submit: elastic jobs: grow onto free trainers up to this many (0 = num_trainers)");
 ABSL_FLAG(int, devices_per_trainer, 0, "submit: devices per trainer");
 ABSL_FLAG(std::string, device_kind, "", "submit: cpu or cuda");
 ABSL_FLAG(std::string, sync, "", "submit: ALLREDUCE or KVSTORE");
@@ -315,6 +320,10 @@ void Print(const v1::JobStatus& j, bool detail) {
   } else {
     std::printf("%s\n", Line(j).c_str());
     if (detail) {
+      if (j.spec().min_trainers() != j.spec().max_trainers()) {
+        std::printf("  elastic: %d..%d trainers, %d now\n", j.spec().min_trainers(),
+                    j.spec().max_trainers(), j.trainers_size());
+      }
       std::printf("  trainers: %s  (attempt %d%s)\n",
                   j.trainers().empty() ? "-" : absl::StrJoin(j.trainers(), ", ").c_str(),
                   j.attempts(),
@@ -550,6 +559,8 @@ absl::Status BuildSpec(v1::JobSpec* spec) {
     spec->set_weight_decay(absl::GetFlag(FLAGS_weight_decay));
   }
   if (absl::GetFlag(FLAGS_num_trainers)) spec->set_num_trainers(absl::GetFlag(FLAGS_num_trainers));
+  if (absl::GetFlag(FLAGS_min_trainers)) spec->set_min_trainers(absl::GetFlag(FLAGS_min_trainers));
+  if (absl::GetFlag(FLAGS_max_trainers)) spec->set_max_trainers(absl::GetFlag(FLAGS_max_trainers));
   if (absl::GetFlag(FLAGS_devices_per_trainer)) {
     spec->set_devices_per_trainer(absl::GetFlag(FLAGS_devices_per_trainer));
   }

@@ -27,6 +27,8 @@ sync:
   consistency: BOUNDED_DELAY   # at most 2 behind
   max_staleness: 2
 num_trainers: 2
+min_trainers: 1
+max_trainers: 3
 )";
   absl::StatusOr<std::string> json = YamlToJson(yaml);
   ASSERT_TRUE(json.ok()) << json.status();
@@ -41,6 +43,8 @@ num_trainers: 2
   EXPECT_EQ(spec.seed(), 7u);
   EXPECT_EQ(spec.data_dir(), "/data/it's here");
   EXPECT_EQ(spec.num_trainers(), 2);
+  EXPECT_EQ(spec.min_trainers(), 1);
+  EXPECT_EQ(spec.max_trainers(), 3);
   EXPECT_EQ(spec.sync().mode(), v1::KVSTORE);
   EXPECT_EQ(spec.sync().consistency(), v1::BOUNDED_DELAY);
   EXPECT_EQ(spec.sync().max_staleness(), 2);

@@ -32,6 +32,7 @@
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
 #include "libs/base/grpc_status.h"
+#include "libs/base/subprocess.h"
 #include "libs/metrics/scrape.h"
 #include "libs/rpc/credentials.h"
 #include "protos/scheduler.grpc.pb.h"
@@ -45,12 +46,13 @@ namespace v1 = scheduler::v1;
 
 class RecoverE2eTest : public ::testing::Test {
  protected:
-  void Up(const std::string& restart) {
+  void Up(const std::string& restart, int trainers = 3) {
     dir_ = TmpDir(::testing::UnitTest::GetInstance()->current_test_info()->name());
     int rc;
-    std::string out = Trainctl(absl::StrCat("cluster up --restart=", restart,
-                                            " --trainers=3 --heartbeat_timeout_s=3 --dir=", dir_),
-                               &rc);
+    std::string out =
+        Trainctl(absl::StrCat("cluster up --restart=", restart, " --trainers=", trainers,
+                              " --heartbeat_timeout_s=3 --dir=", dir_),
+                 &rc);
     ASSERT_EQ(rc, 0) << out;
     for (const ClusterProcess& p : ReadCluster(dir_)) {
       if (p.role == "scheduler") {
@@ -64,6 +66,10 @@ class RecoverE2eTest : public ::testing::Test {
   }
 
   void TearDown() override {
+    if (new_trainer_ != nullptr) {
+      new_trainer_->Signal(SIGKILL).IgnoreError();
+      new_trainer_->Wait(absl::Seconds(10)).status().IgnoreError();
+    }
     int rc;
     Trainctl("cluster down --grace_s=5 --dir=" + dir_, &rc);
     for (const ClusterProcess& p : ReadCluster(dir_)) {
@@ -181,7 +187,12 @@ class RecoverE2eTest : public ::testing::Test {
     return job;
   }
 
+  static bool IsFinalState(v1::JobState s) {
+    return s == v1::SUCCEEDED || s == v1::FAILED || s == v1::CANCELLED;
+  }
+
   std::string dir_, scheduler_;
+  std::unique_ptr<Subprocess> new_trainer_;  // started by a test, outside the cluster
   int metrics_port_ = 0;
   std::unique_ptr<v1::JobService::Stub> stub_;
 };
@@ -314,6 +325,117 @@ TEST_F(RecoverE2eTest, SecondKillDuringRecoveryStillFinishes) {
   EXPECT_GE(in_place, 1) << done.DebugString();
   // Finished either in place (a second regroup) or by a requeue.
   EXPECT_TRUE(done.recoveries() >= 1 || requeues >= 1) << done.DebugString();
+  EXPECT_GT(done.test_accuracy(), 0.6) << done.DebugString();
+}
+
+// Elastic: 2 trainers and no spare, --min_trainers=1. SIGKILL rank 0: the
+// survivor continues alone as rank 0 (a smaller membership, same attempt);
+// a trainer process started afterwards registers and the job grows back to
+// 2 at a step boundary (the newcomer gets the state from the survivor). The
+// job SUCCEEDS on attempt 1 and its events show the shrink and the grow.
+TEST_F(RecoverE2eTest, ElasticJobShrinksOnALossAndGrowsBackOntoANewTrainer) {
+  Up("never", /*trainers=*/2);
+  v1::SubmitRequest submit = Job("elastic");
+  submit.mutable_spec()->set_epochs(6);
+  submit.mutable_spec()->set_min_trainers(1);
+  v1::JobStatus job;
+  ASSERT_TRUE(stub_->Submit(Ctx().get(), submit, &job).ok());
+  for (absl::Time deadline = absl::Now() + absl::Seconds(120);
+       !(job.state() == v1::RUNNING && job.epoch() == 1 && job.step() >= 10) &&
+       absl::Now() < deadline;
+       absl::SleepFor(absl::Milliseconds(20))) {
+    job = Get(job.id());
+    if (IsFinalState(job.state()) || job.epoch() >= 2) break;
+  }
+  ASSERT_EQ(job.state(), v1::RUNNING) << job.DebugString();
+  ASSERT_EQ(job.epoch(), 1) << "not in epoch 2: " << job.DebugString();
+  EXPECT_EQ(job.spec().min_trainers(), 1);
+  EXPECT_EQ(job.spec().max_trainers(), 2);
+  const std::map<std::string, int> pids = TrainerPids();
+  ASSERT_EQ(pids.size(), 2u);
+  auto victim = pids.find(job.trainers(0));
+  ASSERT_NE(victim, pids.end()) << job.trainers(0);
+  const std::string survivor = job.trainers(1);
+  ASSERT_EQ(kill(victim->second, SIGKILL), 0);
+  const absl::Time killed = absl::Now();
+
+  // It continues on one trainer (no spare): the survivor is rank 0 now.
+  auto has_event = [](const v1::JobStatus& j, const std::string& text) {
+    for (const v1::JobEvent& e : j.events()) {
+      if (e.reason().find(text) != std::string::npos) return true;
+    }
+    return false;
+  };
+  for (absl::Time deadline = absl::Now() + absl::Seconds(30);
+       !has_event(job, "; continued on 1 trainer in ") && !IsFinalState(job.state()) &&
+       absl::Now() < deadline;
+       absl::SleepFor(absl::Milliseconds(20))) {
+    job = Get(job.id());
+  }
+  ASSERT_TRUE(has_event(job, "; continued on 1 trainer in ")) << job.DebugString();
+  ASSERT_EQ(job.state(), v1::RUNNING) << job.DebugString();
+  ASSERT_EQ(job.trainers_size(), 1);
+  EXPECT_EQ(job.trainers(0), survivor);
+  EXPECT_EQ(job.attempts(), 1);
+  const int64_t step_alone = job.epoch() * 1000 + job.step();
+  std::fprintf(stderr, "continued on 1 trainer %s after the kill, at epoch %d step %lld\n",
+               absl::FormatDuration(absl::Now() - killed).c_str(), job.epoch() + 1,
+               static_cast<long long>(job.step()));
+
+  // A new trainer process (the lost one's credentials, a new trainer id).
+  std::string victim_name;
+  for (const ClusterProcess& p : ReadCluster(dir_)) {
+    if (p.pid == victim->second) victim_name = p.name;
+  }
+  ASSERT_NE(victim_name, "");
+  SubprocessOptions o;
+  o.argv = {Runfile("services/trainer/trainer"),
+            "--scheduler=" + scheduler_,
+            "--name=trainer-new",
+            "--devices=cpu",
+            absl::StrCat("--work_dir=", dir_, "/trainer-new"),
+            absl::StrCat("--checkpoint_dir=", dir_, "/checkpoints"),
+            "--collective_host=127.0.0.1",
+            absl::StrCat("--ca=", dir_, "/certs/ca.pem"),
+            absl::StrCat("--cert=", dir_, "/certs/", victim_name, ".pem"),
+            absl::StrCat("--key=", dir_, "/certs/", victim_name, ".key")};
+  o.output_file = dir_ + "/trainer-new.log";
+  absl::StatusOr<std::unique_ptr<Subprocess>> newcomer = Subprocess::Start(o);
+  ASSERT_TRUE(newcomer.ok()) << newcomer.status();
+  new_trainer_ = *std::move(newcomer);
+
+  v1::JobStatus done = WatchToEnd(job.id());
+  std::fprintf(stderr,
+               "elastic: %s in %s after the kill, attempts %d, recoveries %d, generation %d, "
+               "trainers %d, test accuracy %.4f\n",
+               v1::JobState_Name(done.state()).c_str(),
+               absl::FormatDuration(absl::Now() - killed).c_str(), done.attempts(),
+               done.recoveries(), done.generation(), done.trainers_size(), done.test_accuracy());
+  ASSERT_EQ(done.state(), v1::SUCCEEDED) << done.DebugString();
+  EXPECT_EQ(done.attempts(), 1) << done.DebugString();
+  EXPECT_EQ(done.recoveries(), 1) << done.DebugString();
+  EXPECT_EQ(done.generation(), 2) << done.DebugString();
+  EXPECT_EQ(done.epoch(), 6);
+  // Both events: the shrink and the grow; no requeue.
+  EXPECT_TRUE(has_event(done, "rank 0 lost on trainer " + victim->first)) << done.DebugString();
+  EXPECT_TRUE(has_event(done, "no spare trainer: continuing on 1 trainer")) << done.DebugString();
+  EXPECT_TRUE(has_event(done, "growing to 2 trainers (max_trainers 2)")) << done.DebugString();
+  EXPECT_TRUE(has_event(done, "grew to 2 trainers (")) << done.DebugString();
+  EXPECT_FALSE(has_event(done, "requeued")) << done.DebugString();
+  ASSERT_EQ(done.trainers_size(), 2);
+  EXPECT_EQ(done.trainers(0), survivor);
+  EXPECT_NE(done.trainers(1), victim->first);
+  EXPECT_NE(done.trainers(1), survivor);
+  // The newcomer joined from the survivor's memory, not from disk.
+  std::ifstream log(dir_ + "/trainer-new.log");
+  std::stringstream text;
+  text << log.rdbuf();
+  EXPECT_NE(text.str().find(done.id() + " rank 1: regrouped with 2 ranks (from 1); state from "
+                                        "rank 0"),
+            std::string::npos)
+      << text.str();
+  EXPECT_EQ(text.str().find("resumed from"), std::string::npos);
+  EXPECT_GT(step_alone, 1000);  // it was in epoch 2 or later when it went on alone
   EXPECT_GT(done.test_accuracy(), 0.6) << done.DebugString();
 }
 
