@@ -26,6 +26,7 @@ v1::Assignment FullAssignment() {
   a.set_attempt(3);
   a.set_resume_checkpoint("/shared/job-000042.ckpt");
   a.set_resume_epoch(4);
+  a.set_collective_secret("attempt-3-secret");
   v1::JobSpec* s = a.mutable_spec();
   s->set_name("mapped");
   s->set_model("resnet18");
@@ -119,6 +120,7 @@ TEST(JobPlanTest, MapsEveryField) {
   EXPECT_EQ(plan->communicator_options.timeout, absl::Seconds(17));
   EXPECT_EQ(plan->communicator_options.tcp.host, "10.0.0.7");
   EXPECT_EQ(plan->communicator_options.key_prefix, "allreduce");
+  EXPECT_EQ(plan->communicator_options.tcp.secret, "attempt-3-secret");
   EXPECT_TRUE(plan->kvstore_job.empty());
 }
 

@@ -1,8 +1,13 @@
 #include "libs/collective/tcp_transport.h"
 
 #include <netinet/in.h>
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
+#include <openssl/rand.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <sys/random.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -11,6 +16,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "libs/base/logging.h"
 #include "libs/base/status.h"
 #include "libs/collective/engine.h"
 #include "libs/collective/socket_util.h"
@@ -22,15 +28,61 @@ namespace {
 using internal::EnginePair;
 using internal::EngineTransport;
 
-constexpr uint32_t kHandshakeMagic = 0x4454434c;  // "DTCL"
+// The handshake of a new connection (the connecting, higher rank C; the
+// accepting, lower rank A):
+//   C -> A  Handshake{magic, rank C, channel, job id length}, job id, nonce_c
+//   A -> C  nonce_a, HMAC(secret, "accept" | job | A | C | channel | nonce_c | nonce_a)
+//   C -> A  HMAC(secret, "connect" | job | A | C | channel | nonce_c | nonce_a)
+//   A -> C  one byte: 1 accepted, 0 refused (then A closes)
+// Each side checks the other's MAC (CRYPTO_memcmp) before it sends or
+// accepts a byte of tensor data; fresh nonces on both sides make a recorded
+// handshake useless, and the two labels keep one side's MAC from serving
+// as the other's.
+constexpr uint32_t kHandshakeMagic = 0x44544332;  // "DTC2"
+constexpr size_t kNonceBytes = 32;
+constexpr size_t kMacBytes = 32;
+// How long the accepting rank waits for one connection's handshake bytes,
+// so that a connection that sends nothing holds up the real peers briefly.
+constexpr absl::Duration kHandshakeTimeout = absl::Seconds(5);
 
 // Sent by the connecting side right after connect.
 struct Handshake {
   uint32_t magic;
   uint32_t rank;
   uint32_t channel;
-  uint32_t job_id_length;  // followed by the job id bytes
+  uint32_t job_id_length;  // followed by the job id bytes, then nonce_c
 };
+
+std::string Nonce() {
+  std::string nonce(kNonceBytes, '\0');
+  if (RAND_bytes(reinterpret_cast<unsigned char*>(&nonce[0]), kNonceBytes) != 1) {
+    // The kernel's generator as a fallback (RAND_bytes does not fail on Linux
+    // in practice).
+    size_t got = 0;
+    while (got < kNonceBytes) {
+      ssize_t n = ::getrandom(&nonce[got], kNonceBytes - got, 0);
+      if (n > 0) got += static_cast<size_t>(n);
+    }
+  }
+  return nonce;
+}
+
+std::string HandshakeMac(const std::string& secret, absl::string_view label,
+                         const std::string& job_id, int acceptor, int connector, int channel,
+                         const std::string& nonce_c, const std::string& nonce_a) {
+  const std::string payload = absl::StrCat("dtrain-collective-v2|", label, "|", job_id, "|",
+                                           acceptor, "|", connector, "|", channel, "|");
+  const std::string message = absl::StrCat(payload, nonce_c, nonce_a);
+  unsigned char out[EVP_MAX_MD_SIZE];
+  unsigned int n = 0;
+  HMAC(EVP_sha256(), secret.data(), static_cast<int>(secret.size()),
+       reinterpret_cast<const unsigned char*>(message.data()), message.size(), out, &n);
+  return std::string(reinterpret_cast<char*>(out), n);
+}
+
+bool SameMac(const std::string& a, const std::string& b) {
+  return a.size() == b.size() && CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0;
+}
 
 std::string Describe(int err) {
   char buf[128];
@@ -159,7 +211,8 @@ class TcpTransport final : public EngineTransport {
         size_(options.size),
         channels_(options.channels),
         by_peer_(options.size),
-        bounce_(std::max<size_t>(tcp.bounce_bytes, 64)) {
+        bounce_(std::max<size_t>(tcp.bounce_bytes, 64)),
+        secret_(tcp.secret) {
     for (auto& row : by_peer_) row.resize(channels_);
   }
 
@@ -168,6 +221,16 @@ class TcpTransport final : public EngineTransport {
   }
 
   absl::Status Connect(const TransportOptions& options, const TcpOptions& tcp);
+
+ private:
+  // The connecting side's handshake on `fd` with `peer` (at `address`).
+  absl::Status ConnectHandshake(int fd, int peer, int channel, const std::string& address,
+                                const TransportOptions& options, const TcpOptions& tcp);
+  // The accepting side's, after the header and nonce_c from `peer` arrived.
+  absl::Status AcceptHandshake(int fd, int peer, int channel, const std::string& nonce_c,
+                               const TransportOptions& options, absl::Time deadline);
+
+ public:
 
   const char* name() const override { return "tcp"; }
   int rank() const override { return rank_; }
@@ -209,6 +272,7 @@ class TcpTransport final : public EngineTransport {
   const int channels_;
   std::vector<std::vector<std::unique_ptr<TcpPair>>> by_peer_;
   std::vector<char> bounce_;
+  const std::string secret_;
   std::vector<pollfd> fds_;
 };
 
@@ -282,13 +346,7 @@ absl::Status TcpTransport::Connect(const TransportOptions& options, const TcpOpt
       }
       add_pair(peer, channel, *fd);  // owns fd from here on
       DT_RETURN_IF_ERROR(ConfigureSocket(*fd, tcp));
-      Handshake hs{kHandshakeMagic, static_cast<uint32_t>(rank_), static_cast<uint32_t>(channel),
-                   static_cast<uint32_t>(options.job_id.size())};
-      std::string message(reinterpret_cast<const char*>(&hs), sizeof(hs));
-      message += options.job_id;
-      DT_RETURN_IF_ERROR(
-          Annotate(internal::WriteFull(*fd, message.data(), message.size(), deadline),
-                   absl::StrCat("handshake with rank ", peer)));
+      DT_RETURN_IF_ERROR(ConnectHandshake(*fd, peer, channel, *address, options, tcp));
     }
   }
 
@@ -318,12 +376,15 @@ absl::Status TcpTransport::Connect(const TransportOptions& options, const TcpOpt
       if (errno == EAGAIN || errno == EINTR || errno == ECONNABORTED) continue;
       return ErrnoToStatus(errno, "accept");
     }
+    const absl::Time hs_deadline = std::min(deadline, absl::Now() + kHandshakeTimeout);
     Handshake hs;
-    absl::Status read = internal::ReadFull(fd, &hs, sizeof(hs), deadline);
+    absl::Status read = internal::ReadFull(fd, &hs, sizeof(hs), hs_deadline);
     std::string job_id;
+    std::string nonce_c(kNonceBytes, '\0');
     if (read.ok() && hs.magic == kHandshakeMagic && hs.job_id_length < 4096) {
       job_id.resize(hs.job_id_length);
-      read = internal::ReadFull(fd, job_id.data(), job_id.size(), deadline);
+      read = internal::ReadFull(fd, job_id.data(), job_id.size(), hs_deadline);
+      if (read.ok()) read = internal::ReadFull(fd, &nonce_c[0], kNonceBytes, hs_deadline);
     }
     // Unsigned comparisons: a rank or channel of 2^31 or more from the network
     // is not a negative int (tests/fuzz/handshake_fuzzer found that crash).
@@ -335,11 +396,84 @@ absl::Status TcpTransport::Connect(const TransportOptions& options, const TcpOpt
       ::close(fd);
       continue;
     }
+    absl::Status proof = AcceptHandshake(fd, static_cast<int>(hs.rank),
+                                         static_cast<int>(hs.channel), nonce_c, options,
+                                         hs_deadline);
+    if (!proof.ok()) {  // an intruder, or a rank of another attempt
+      DT_LOG(WARNING) << "collective rank " << rank_ << ": refused a connection claiming rank "
+                      << hs.rank << " (channel " << hs.channel << "): " << proof.message();
+      ::close(fd);
+      continue;
+    }
     add_pair(static_cast<int>(hs.rank), static_cast<int>(hs.channel), fd);
     DT_RETURN_IF_ERROR(ConfigureSocket(fd, tcp));
     --expected_incoming;
   }
   return absl::OkStatus();
+}
+
+absl::Status TcpTransport::ConnectHandshake(int fd, int peer, int channel,
+                                            const std::string& address,
+                                            const TransportOptions& options,
+                                            const TcpOptions& tcp) {
+  const absl::Time deadline = options.deadline;
+  const std::string what = absl::StrCat("handshake with rank ", peer, " at ", address);
+  const std::string nonce_c = Nonce();
+  Handshake hs{kHandshakeMagic, static_cast<uint32_t>(rank_), static_cast<uint32_t>(channel),
+               static_cast<uint32_t>(options.job_id.size())};
+  std::string message(reinterpret_cast<const char*>(&hs), sizeof(hs));
+  message += options.job_id;
+  message += nonce_c;
+  DT_RETURN_IF_ERROR(
+      Annotate(internal::WriteFull(fd, message.data(), message.size(), deadline), what));
+  std::string reply(kNonceBytes + kMacBytes, '\0');
+  absl::Status read = internal::ReadFull(fd, &reply[0], reply.size(), deadline);
+  if (!read.ok()) {
+    return Annotate(read, absl::StrCat(what, ": it closed the connection or did not answer; it "
+                                             "belongs to another job or attempt, or exited"));
+  }
+  const std::string nonce_a = reply.substr(0, kNonceBytes);
+  const std::string want =
+      HandshakeMac(secret_, "accept", options.job_id, peer, rank_, channel, nonce_c, nonce_a);
+  if (!SameMac(reply.substr(kNonceBytes), want)) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        what, ": the peer did not prove it holds this attempt's collective secret; no tensor "
+              "data was sent to it"));
+  }
+  const std::string mine =
+      HandshakeMac(secret_, "connect", options.job_id, peer, rank_, channel, nonce_c, nonce_a);
+  DT_RETURN_IF_ERROR(Annotate(internal::WriteFull(fd, mine.data(), mine.size(), deadline), what));
+  char verdict = 0;
+  read = internal::ReadFull(fd, &verdict, 1, deadline);
+  if (!read.ok() || verdict != 1) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        what, ": the peer refused this rank's proof of the attempt's collective secret; this "
+              "process was not given the secret of the job's current attempt "
+              "(Assignment.collective_secret), so it cannot join the job's collectives"));
+  }
+  (void)tcp;
+  return absl::OkStatus();
+}
+
+absl::Status TcpTransport::AcceptHandshake(int fd, int peer, int channel,
+                                           const std::string& nonce_c,
+                                           const TransportOptions& options, absl::Time deadline) {
+  const std::string nonce_a = Nonce();
+  std::string reply = nonce_a;
+  reply += HandshakeMac(secret_, "accept", options.job_id, rank_, peer, channel, nonce_c, nonce_a);
+  DT_RETURN_IF_ERROR(internal::WriteFull(fd, reply.data(), reply.size(), deadline));
+  std::string got(kMacBytes, '\0');
+  DT_RETURN_IF_ERROR(internal::ReadFull(fd, &got[0], got.size(), deadline));
+  const std::string want =
+      HandshakeMac(secret_, "connect", options.job_id, rank_, peer, channel, nonce_c, nonce_a);
+  const bool ok = SameMac(got, want);
+  const char verdict = ok ? 1 : 0;
+  absl::Status sent = internal::WriteFull(fd, &verdict, 1, deadline);
+  if (!ok) {
+    return absl::PermissionDeniedError(
+        "it does not hold this attempt's collective secret (wrong MAC)");
+  }
+  return sent;
 }
 
 }  // namespace

@@ -377,6 +377,10 @@ absl::StatusOr<HeartbeatReply> Scheduler::Heartbeat(const HeartbeatRequest& requ
             options_.job_token_secret, security::KvstoreJobName(a->job_id(), a->attempt()),
             options_.now() + options_.job_token_lifetime));
       }
+      if (!options_.job_token_secret.empty() && a->spec().sync().mode() != v1::KVSTORE) {
+        a->set_collective_secret(
+            security::CollectiveSecret(options_.job_token_secret, a->job_id(), a->attempt()));
+      }
       a->set_generation(jt->second.status.generation());
       a->set_join(t.join);
       t.delivered = true;

@@ -172,7 +172,8 @@ struct SchedulerOptions {
   absl::Duration finished_job_retention = absl::Hours(7 * 24);
   // The cluster secret (libs/security/job_token.h); non-empty: every
   // assignment of a KVSTORE job carries a kvstore token for its attempt,
-  // valid for job_token_lifetime.
+  // valid for job_token_lifetime, and every other job's its attempt's
+  // collective secret (security::CollectiveSecret).
   std::string job_token_secret;
   absl::Duration job_token_lifetime = absl::Hours(30 * 24);
   // The clock; tests inject a fake one.
