@@ -197,6 +197,47 @@ TEST(ProcessAuthTest, ProcessWithoutTheAttemptSecretCannotJoin) {
   EXPECT_EQ(results[2].exit_code, kOk) << "rank 1 signal " << results[2].signal;
 }
 
+// Collective TLS (TcpOptions::tls) between 3 processes: allreduces of every
+// algorithm's sizes (the combining receives decrypt into the bounce buffer)
+// and a broadcast give exact results.
+TEST(ProcessAuthTest, TlsCollectivesAcrossProcesses) {
+  const std::string dir = testing::NewTempDir("tls");
+  const int n = 3;
+  std::vector<ProcessResult> results = RunProcesses(
+      n,
+      [&](int rank) -> int {
+        FileStore store(dir);
+        CommunicatorOptions o = Options(TransportKind::kTcp, absl::Seconds(60));
+        o.tcp.secret = "tls attempt secret";
+        o.tcp.tls = true;
+        auto comm = Communicator::Create(rank, n, &store, o);
+        if (!comm.ok()) return Fail(rank, comm.status());
+        for (size_t count : {size_t{7}, size_t{4099}, size_t{65537}, size_t{(1 << 20) + 3}}) {
+          for (DType dtype : {DType::kF32, DType::kBF16}) {
+            std::vector<char> buf(count * DTypeSize(dtype));
+            FillContribution(dtype, buf.data(), count, rank, n);
+            absl::Status s = (*comm)->Allreduce(buf.data(), count, dtype);
+            if (s.ok()) {
+              s = CheckBuffer(dtype, buf.data(), count, [&](size_t i) { return n * Base(i); });
+            }
+            if (!s.ok()) return Fail(rank, Annotate(s, absl::StrCat("allreduce ", count)));
+          }
+        }
+        std::vector<float> bc(100003);
+        FillContribution(DType::kF32, bc.data(), bc.size(), rank, n);
+        absl::Status s = (*comm)->Broadcast(bc.data(), bc.size(), DType::kF32, 1);
+        if (s.ok()) {
+          s = CheckBuffer(DType::kF32, bc.data(), bc.size(),
+                          [&](size_t i) { return Contribution(1, n, i); });
+        }
+        return s.ok() ? kOk : Fail(rank, s);
+      },
+      absl::Seconds(90));
+  for (int r = 0; r < n; ++r) {
+    EXPECT_EQ(results[r].exit_code, kOk) << "rank " << r << " signal " << results[r].signal;
+  }
+}
+
 class KillTest : public ::testing::TestWithParam<TransportKind> {
  protected:
   // Runs `n` ranks doing allreduces of `count` floats with a 30 s timeout.

@@ -163,6 +163,67 @@ TEST(TcpAuthTest, ConnectingRankRefusesAnImpostor) {
   EXPECT_FALSE(impostor.ok());
 }
 
+// TLS: a few MiB each way on both channels arrive intact (over many TLS
+// records, with short reads inside records); a rank with TLS off meets one
+// with TLS on: refused, never read as tensor bytes.
+TEST(TcpAuthTest, TlsCarriesBytesAndBothSidesMustAgree) {
+  TcpOptions tls = Tcp("attempt secret");
+  tls.tls = true;
+  tls.bounce_bytes = 1000;  // not a multiple of a TLS record
+  {
+    InMemoryStore store;
+    absl::StatusOr<std::unique_ptr<Transport>> rank0, rank1;
+    std::thread t0([&] { rank0 = CreateTcpTransport(Options(&store, 0), tls); });
+    rank1 = CreateTcpTransport(Options(&store, 1), tls);
+    t0.join();
+    ASSERT_TRUE(rank0.ok()) << rank0.status();
+    ASSERT_TRUE(rank1.ok()) << rank1.status();
+    ExpectConnected(rank0->get(), rank1->get());
+    const size_t n = (3 << 20) + 7;
+    std::string a(n, '\0'), b(n, '\0'), got_a(n, '\0'), got_b(n, '\0');
+    for (size_t i = 0; i < n; ++i) {
+      a[i] = static_cast<char>(i * 7 + 1);
+      b[i] = static_cast<char>(i * 13 + 5);
+    }
+    std::vector<std::thread> threads;
+    for (int channel = 0; channel < 2; ++channel) {
+      Pair* p0 = (*rank0)->GetPair(1, channel);
+      Pair* p1 = (*rank1)->GetPair(0, channel);
+      if (channel == 0) {
+        p0->PostSend(a.data(), n);
+        p1->PostRecv(&got_a[0], n);
+      } else {
+        p1->PostSend(b.data(), n);
+        p0->PostRecv(&got_b[0], n);
+      }
+    }
+    const absl::Time deadline = absl::Now() + absl::Seconds(30);
+    // One thread drives each transport (transport.h).
+    std::thread d1([&] {
+      EXPECT_TRUE((*rank1)->GetPair(0, 0)->WaitRecv(deadline).ok());
+      EXPECT_TRUE((*rank1)->GetPair(0, 1)->WaitSend(deadline).ok());
+    });
+    EXPECT_TRUE((*rank0)->GetPair(1, 0)->WaitSend(deadline).ok());
+    EXPECT_TRUE((*rank0)->GetPair(1, 1)->WaitRecv(deadline).ok());
+    d1.join();
+    EXPECT_TRUE(got_a == a);
+    EXPECT_TRUE(got_b == b);
+  }
+  {
+    InMemoryStore store;
+    absl::StatusOr<std::unique_ptr<Transport>> rank0, plain;
+    TransportOptions o0 = Options(&store, 0);
+    o0.deadline = absl::Now() + absl::Seconds(3);
+    std::thread t0([&] { rank0 = CreateTcpTransport(o0, tls); });
+    plain = CreateTcpTransport(Options(&store, 1), Tcp("attempt secret"));
+    t0.join();
+    ASSERT_FALSE(plain.ok());
+    EXPECT_EQ(plain.status().code(), absl::StatusCode::kPermissionDenied) << plain.status();
+    EXPECT_NE(plain.status().message().find("TLS"), std::string::npos) << plain.status();
+    EXPECT_EQ(rank0.status().code(), absl::StatusCode::kDeadlineExceeded) << rank0.status();
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(
     Malformed, TcpHandshakeTest,
     ::testing::Values(

@@ -48,6 +48,13 @@ struct TcpOptions {
   // uses an empty key and shows only that both sides speak this protocol
   // with the same job id (tests, benchmarks, single-user setups).
   std::string secret;
+  // Encrypt every connection with TLS 1.3 (TLS_AES_128_GCM_SHA256, OpenSSL)
+  // after the handshake, keyed by it: a pre-shared key that is the HMAC of
+  // both nonces under the secret, with an (EC)DHE exchange on top; no
+  // certificates. All ranks must agree (a rank with another setting is
+  // refused like one without the secret). Its cost: allreduce_bench
+  // --transports=tcp,tcp_tls (docs/security.md).
+  bool tls = false;
 };
 
 // Connects to all `options.peers`; blocks until done or options.deadline.
