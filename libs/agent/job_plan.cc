@@ -175,6 +175,7 @@ absl::StatusOr<JobPlan> PlanJob(const v1::Assignment& a, const TrainerResources&
   co.key_prefix = "allreduce";
   co.tcp.host = r.collective_host;
   co.tcp.secret = a.collective_secret();
+  co.tcp.tls = spec.collective_tls();
   return plan;
 }
 
