@@ -157,6 +157,19 @@ absl::StatusOr<JobStatus> Scheduler::Submit(JobSpec spec, const std::string& req
     auto seen = by_request_id_.find(request_id);
     if (seen != by_request_id_.end()) return jobs_[seen->second].status;  // a retry
   }
+  if (options_.max_queued_jobs_per_user > 0) {
+    int queued = 0;
+    for (const auto& [unused, j] : jobs_) {
+      if (j.status.state() == v1::QUEUED && j.status.owner() == owner) ++queued;
+    }
+    if (queued >= options_.max_queued_jobs_per_user) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "user ", Quote(owner), " already has ", queued,
+          " queued jobs, the limit per user (scheduler --max_queued_jobs_per_user=",
+          options_.max_queued_jobs_per_user,
+          "); wait for some to start or cancel some, then submit again"));
+    }
+  }
   std::string id = absl::StrFormat("job-%06d", next_job_);
   Job job;
   job.seq = next_job_;

@@ -167,6 +167,10 @@ struct SchedulerOptions {
   // A job is placed at most this many times (the first run included); when a
   // trainer of its last attempt is lost, it FAILS with the reason.
   int max_attempts = 5;
+  // A user (JobStatus.owner; "" on a scheduler without TLS) may have at most
+  // this many QUEUED jobs; Submit beyond it is RESOURCE_EXHAUSTED naming the
+  // limit. <= 0: no limit.
+  int max_queued_jobs_per_user = 100;
   // Finished jobs are dropped this long after they finished
   // (absl::InfiniteDuration(): kept forever).
   absl::Duration finished_job_retention = absl::Hours(7 * 24);

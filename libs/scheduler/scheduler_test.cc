@@ -294,6 +294,27 @@ TEST_F(SchedulerTest, AssignmentsCarryTheAttemptsCollectiveSecret) {
   EXPECT_TRUE(a4.assignments(0).collective_secret().empty());
 }
 
+// A flood of submits: a user's QUEUED jobs stop at the cap with
+// RESOURCE_EXHAUSTED naming it; other users still submit; once one of the
+// user's jobs runs, the user may submit one more.
+TEST_F(SchedulerTest, QueuedJobsPerUserAreCapped) {
+  SchedulerOptions o = Options();
+  o.max_queued_jobs_per_user = 3;
+  auto s = Open(o);
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(s->Submit(Spec("m", 1), "", "mallory").ok());
+  absl::StatusOr<JobStatus> over = s->Submit(Spec("m", 1), "", "mallory");
+  EXPECT_EQ(over.status().code(), absl::StatusCode::kResourceExhausted) << over.status();
+  EXPECT_NE(over.status().message().find("max_queued_jobs_per_user=3"), std::string::npos)
+      << over.status();
+  EXPECT_TRUE(s->Submit(Spec("a", 1), "", "alice").ok());
+  EXPECT_EQ(s->List(v1::QUEUED).size(), 4u);
+  std::string t = AddTrainer(s.get());
+  Beat(s.get(), t);  // runs mallory's first job
+  EXPECT_TRUE(s->Submit(Spec("m", 1), "", "mallory").ok());
+  EXPECT_EQ(s->Submit(Spec("m", 1), "", "mallory").status().code(),
+            absl::StatusCode::kResourceExhausted);
+}
+
 TEST_F(SchedulerTest, RequeuedJobGetsANewAttemptAndAnEmptyStore) {
   auto s = Open(Options());
   auto job = s->Submit(Spec("a", 2));
@@ -1002,7 +1023,9 @@ TEST_F(SchedulerTest, ListPages) {
 }
 
 TEST_F(SchedulerTest, ListPageSizeDefaultAndLimit) {
-  auto s = Open(Options());
+  SchedulerOptions o = Options();
+  o.max_queued_jobs_per_user = 0;  // more queued jobs than the default cap
+  auto s = Open(o);
   const int n = kMaxListPageSize + 5;
   for (int i = 0; i < n; ++i) ASSERT_TRUE(s->Submit(Spec("j")).ok());
   auto page = s->ListPage(v1::JOB_STATE_UNSPECIFIED, 0, "");
