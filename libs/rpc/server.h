@@ -103,7 +103,7 @@ struct ServerOptions {
   // flight carry on. At most max_concurrent_streams calls at once per client
   // connection (HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS; more wait in the
   // client). 0: gRPC's defaults (no limits).
-  int max_threads = 1024;
+  int max_threads = 256;
   int max_concurrent_streams = 256;
 };
 
