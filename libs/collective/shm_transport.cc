@@ -192,10 +192,10 @@ absl::StatusOr<std::unique_ptr<Segment>> OpenSegment(const std::string& name, si
   // who guessed the name cannot plant one for us to map.
   if (st.st_uid != ::geteuid() || (st.st_mode & 0077) != 0) {
     ::close(fd);
-    return absl::PermissionDeniedError(absl::StrCat(
-        "shared-memory segment ", name, " belongs to uid ", st.st_uid, " with mode ",
-        absl::StrFormat("%o", st.st_mode & 0777), "; this rank (uid ", ::geteuid(),
-        ") maps only its own user's 0600 segments"));
+    return absl::PermissionDeniedError(
+        absl::StrCat("shared-memory segment ", name, " belongs to uid ", st.st_uid, " with mode ",
+                     absl::StrFormat("%o", st.st_mode & 0777), "; this rank (uid ", ::geteuid(),
+                     ") maps only its own user's 0600 segments"));
   }
   void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
   int err = errno;

@@ -1,13 +1,13 @@
 #include "libs/collective/tcp_transport.h"
 
 #include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <openssl/crypto.h>
 #include <openssl/err.h>
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
 #include <openssl/rand.h>
 #include <openssl/ssl.h>
-#include <netinet/tcp.h>
 #include <poll.h>
 #include <sys/random.h>
 #include <sys/socket.h>
@@ -403,7 +403,6 @@ class TcpTransport final : public EngineTransport {
                                std::string* tls_key);
 
  public:
-
   const char* name() const override { return "tcp"; }
   int rank() const override { return rank_; }
   int size() const override { return size_; }
@@ -584,9 +583,9 @@ absl::Status TcpTransport::Connect(const TransportOptions& options, const TcpOpt
       continue;
     }
     std::string tls_key;
-    absl::Status proof = AcceptHandshake(fd, static_cast<int>(hs.rank),
-                                         static_cast<int>(hs.channel), nonce_c, options,
-                                         hs_deadline, &tls_key);
+    absl::Status proof =
+        AcceptHandshake(fd, static_cast<int>(hs.rank), static_cast<int>(hs.channel), nonce_c,
+                        options, hs_deadline, &tls_key);
     absl::StatusOr<SslPtr> ssl;
     if (proof.ok() && tls_) {
       ssl = StartTls(tls_context_.get(), fd, /*server=*/true, &tls_key, hs_deadline);
@@ -608,8 +607,7 @@ absl::Status TcpTransport::Connect(const TransportOptions& options, const TcpOpt
 
 absl::Status TcpTransport::ConnectHandshake(int fd, int peer, int channel,
                                             const std::string& address,
-                                            const TransportOptions& options,
-                                            std::string* tls_key) {
+                                            const TransportOptions& options, std::string* tls_key) {
   const absl::Time deadline = options.deadline;
   const std::string what = absl::StrCat("handshake with rank ", peer, " at ", address);
   const std::string nonce_c = Nonce();
@@ -623,29 +621,33 @@ absl::Status TcpTransport::ConnectHandshake(int fd, int peer, int channel,
   std::string reply(kNonceBytes + kMacBytes, '\0');
   absl::Status read = internal::ReadFull(fd, &reply[0], reply.size(), deadline);
   if (!read.ok()) {
-    return Annotate(read, absl::StrCat(what, ": it closed the connection or did not answer; it "
-                                             "belongs to another job or attempt, or exited"));
+    return Annotate(read, absl::StrCat(what,
+                                       ": it closed the connection or did not answer; it "
+                                       "belongs to another job or attempt, or exited"));
   }
   const std::string nonce_a = reply.substr(0, kNonceBytes);
   const std::string want =
       HandshakeMac(secret_, tls_, "accept", options.job_id, peer, rank_, channel, nonce_c, nonce_a);
   if (!SameMac(reply.substr(kNonceBytes), want)) {
     return absl::PermissionDeniedError(absl::StrCat(
-        what, ": the peer did not prove it holds this attempt's collective secret (or it was "
-              "started with TLS ", tls_ ? "off" : "on", " and this rank with TLS ",
-        tls_ ? "on" : "off", "); no tensor data was sent to it"));
+        what,
+        ": the peer did not prove it holds this attempt's collective secret (or it was "
+        "started with TLS ",
+        tls_ ? "off" : "on", " and this rank with TLS ", tls_ ? "on" : "off",
+        "); no tensor data was sent to it"));
   }
-  const std::string mine =
-      HandshakeMac(secret_, tls_, "connect", options.job_id, peer, rank_, channel, nonce_c, nonce_a);
+  const std::string mine = HandshakeMac(secret_, tls_, "connect", options.job_id, peer, rank_,
+                                        channel, nonce_c, nonce_a);
   DT_RETURN_IF_ERROR(Annotate(internal::WriteFull(fd, mine.data(), mine.size(), deadline), what));
   char verdict = 0;
   read = internal::ReadFull(fd, &verdict, 1, deadline);
   if (!read.ok() || verdict != 1) {
     return absl::PermissionDeniedError(absl::StrCat(
-        what, ": the peer refused this rank's proof of the attempt's collective secret; this "
-              "process was not given the secret of the job's current attempt "
-              "(Assignment.collective_secret), so it cannot join the job's collectives (or the "
-              "ranks disagree about collective TLS)"));
+        what,
+        ": the peer refused this rank's proof of the attempt's collective secret; this "
+        "process was not given the secret of the job's current attempt "
+        "(Assignment.collective_secret), so it cannot join the job's collectives (or the "
+        "ranks disagree about collective TLS)"));
   }
   *tls_key =
       HandshakeMac(secret_, tls_, "tls", options.job_id, peer, rank_, channel, nonce_c, nonce_a);
@@ -658,12 +660,13 @@ absl::Status TcpTransport::AcceptHandshake(int fd, int peer, int channel,
                                            std::string* tls_key) {
   const std::string nonce_a = Nonce();
   std::string reply = nonce_a;
-  reply += HandshakeMac(secret_, tls_, "accept", options.job_id, rank_, peer, channel, nonce_c, nonce_a);
+  reply +=
+      HandshakeMac(secret_, tls_, "accept", options.job_id, rank_, peer, channel, nonce_c, nonce_a);
   DT_RETURN_IF_ERROR(internal::WriteFull(fd, reply.data(), reply.size(), deadline));
   std::string got(kMacBytes, '\0');
   DT_RETURN_IF_ERROR(internal::ReadFull(fd, &got[0], got.size(), deadline));
-  const std::string want =
-      HandshakeMac(secret_, tls_, "connect", options.job_id, rank_, peer, channel, nonce_c, nonce_a);
+  const std::string want = HandshakeMac(secret_, tls_, "connect", options.job_id, rank_, peer,
+                                        channel, nonce_c, nonce_a);
   const bool ok = SameMac(got, want);
   const char verdict = ok ? 1 : 0;
   absl::Status sent = internal::WriteFull(fd, &verdict, 1, deadline);

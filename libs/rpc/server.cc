@@ -227,7 +227,8 @@ absl::Status Server::Start() {
       options_.max_concurrent_streams < 0 ||
       (options_.max_threads > 0 && options_.max_threads < 2 * std::max(1, options_.max_pollers))) {
     return absl::InvalidArgumentError(
-        absl::StrCat(options_.service, ": max_message_bytes must be 0 to 1 GiB, pollers, max_threads and "
+        absl::StrCat(options_.service,
+                     ": max_message_bytes must be 0 to 1 GiB, pollers, max_threads and "
                      "max_concurrent_streams >= 0, max_threads at least twice max_pollers"));
   }
   if (!options_.metrics_listen.empty()) {

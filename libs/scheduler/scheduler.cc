@@ -163,11 +163,11 @@ absl::StatusOr<JobStatus> Scheduler::Submit(JobSpec spec, const std::string& req
       if (j.status.state() == v1::QUEUED && j.status.owner() == owner) ++queued;
     }
     if (queued >= options_.max_queued_jobs_per_user) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "user ", Quote(owner), " already has ", queued,
-          " queued jobs, the limit per user (scheduler --max_queued_jobs_per_user=",
-          options_.max_queued_jobs_per_user,
-          "); wait for some to start or cancel some, then submit again"));
+      return absl::ResourceExhaustedError(
+          absl::StrCat("user ", Quote(owner), " already has ", queued,
+                       " queued jobs, the limit per user (scheduler --max_queued_jobs_per_user=",
+                       options_.max_queued_jobs_per_user,
+                       "); wait for some to start or cancel some, then submit again"));
     }
   }
   std::string id = absl::StrFormat("job-%06d", next_job_);

@@ -167,8 +167,8 @@ class ExhaustionE2eTest : public ::testing::Test {
     ASSERT_FALSE(scheduler_.address.empty());
     ASSERT_FALSE(shard_.address.empty());
     certs_ = dir_ + "/certs";
-    for (auto [name, role] : {std::pair{"alice", "user"}, std::pair{"bob", "user"},
-                              std::pair{"rogue", "trainer"}}) {
+    for (auto [name, role] :
+         {std::pair{"alice", "user"}, std::pair{"bob", "user"}, std::pair{"rogue", "trainer"}}) {
       out = Trainctl(absl::StrCat("certs issue --dir=", certs_, " --name=", name, " --role=", role),
                      &rc);
       ASSERT_EQ(rc, 0) << out;
@@ -278,8 +278,7 @@ TEST_F(ExhaustionE2eTest, HealthAnswersWithinOneSecondAndNothingStoredIsLost) {
                  {"scheduler", Connection(scheduler_.address, *admin, 1001)}});
   // Slow /metrics clients on both servers for the whole attack.
   metrics::SlowClients slow_shard(PortOf(shard_.metrics_url), 128, absl::Milliseconds(20));
-  metrics::SlowClients slow_scheduler(PortOf(scheduler_.metrics_url), 128,
-                                      absl::Milliseconds(20));
+  metrics::SlowClients slow_scheduler(PortOf(scheduler_.metrics_url), 128, absl::Milliseconds(20));
 
   absl::SleepFor(absl::Seconds(1));  // the slow clients alone
 

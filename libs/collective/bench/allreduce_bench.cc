@@ -162,8 +162,8 @@ int main(int argc, char** argv) {
     bench::RemoveTree(dir);
   }
   if (tcp_busbw > 0 && tls_busbw > 0) {
-    absl::StrAppend(&summary, " tls_over_tcp_busbw_ratio=",
-                    absl::StrFormat("%.3f", tls_busbw / tcp_busbw));
+    absl::StrAppend(&summary,
+                    " tls_over_tcp_busbw_ratio=", absl::StrFormat("%.3f", tls_busbw / tcp_busbw));
   }
   std::printf("%s\n", summary.c_str());
   return ok ? 0 : 1;
