@@ -180,6 +180,8 @@ absl::StatusOr<JobPlan> PlanJob(const v1::Assignment& a, const TrainerResources&
   co.timeout = r.collective_timeout;
   co.key_prefix = "allreduce";
   co.tcp.host = r.collective_host;
+  co.tcp.secret = a.collective_secret();
+  co.tcp.tls = spec.collective_tls();
   return plan;
 }
 

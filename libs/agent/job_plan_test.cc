@@ -26,6 +26,7 @@ v1::Assignment FullAssignment() {
   a.set_attempt(3);
   a.set_resume_checkpoint("/shared/job-000042.ckpt");
   a.set_resume_epoch(4);
+  a.set_collective_secret("attempt-3-secret");
   v1::JobSpec* s = a.mutable_spec();
   s->set_name("mapped");
   s->set_model("resnet18");
@@ -49,6 +50,7 @@ v1::Assignment FullAssignment() {
   s->set_threads(6);
   s->set_bucket_bytes(65536);
   s->set_sync_batch_norm(true);
+  s->set_collective_tls(true);
   return a;
 }
 
@@ -121,6 +123,8 @@ TEST(JobPlanTest, MapsEveryField) {
   EXPECT_EQ(plan->communicator_options.timeout, absl::Seconds(17));
   EXPECT_EQ(plan->communicator_options.tcp.host, "10.0.0.7");
   EXPECT_EQ(plan->communicator_options.key_prefix, "allreduce");
+  EXPECT_EQ(plan->communicator_options.tcp.secret, "attempt-3-secret");
+  EXPECT_TRUE(plan->communicator_options.tcp.tls);
   EXPECT_TRUE(plan->kvstore_job.empty());
 }
 
@@ -164,6 +168,7 @@ TEST(JobPlanTest, ZeroValuesMeanDefaults) {
 TEST(JobPlanTest, KvstoreModeAndItsConsistencies) {
   v1::Assignment a = FullAssignment();
   a.mutable_spec()->set_sync_batch_norm(false);
+  a.mutable_spec()->set_collective_tls(false);
   a.mutable_spec()->mutable_sync()->set_mode(v1::KVSTORE);
   TrainerResources r = Cpu();
   absl::Status none = PlanJob(a, r).status();

@@ -1,9 +1,9 @@
 #include "libs/collective/host_communicator.h"
 
+#include <sys/random.h>
 #include <unistd.h>
 
 #include <cstring>
-#include <random>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -21,12 +21,17 @@ namespace internal {
 
 namespace {
 
+// 128 random bits from the kernel: the name of the communicator's TCP
+// handshakes and shared-memory segments, which nobody outside the job can
+// guess (shm segments are also 0600 and owner-checked, shm_transport.cc).
 std::string NewJobId() {
-  std::random_device device;
-  std::mt19937_64 gen((static_cast<uint64_t>(device()) << 32) ^ device() ^
-                      static_cast<uint64_t>(::getpid()) ^
-                      static_cast<uint64_t>(absl::ToUnixNanos(absl::Now())));
-  return absl::StrFormat("%016x", gen());
+  uint64_t words[2] = {0, 0};
+  size_t got = 0;
+  while (got < sizeof(words)) {
+    ssize_t n = ::getrandom(reinterpret_cast<char*>(words) + got, sizeof(words) - got, 0);
+    if (n > 0) got += static_cast<size_t>(n);
+  }
+  return absl::StrFormat("%016x%016x", words[0], words[1]);
 }
 
 absl::Status CheckBuffer(const void* p, size_t count, const char* what) {

@@ -132,6 +132,112 @@ INSTANTIATE_TEST_SUITE_P(Processes, ProcessTest,
                                                std::get<1>(info.param));
                          });
 
+// A process that knows the job id (it reads the rendezvous store) but not
+// the attempt's collective secret tries to join the job's allreduce as rank
+// 1 while rank 0 waits for its peer: once with a wrong secret, once with
+// none. It is refused (PERMISSION_DENIED naming the secret) before any
+// tensor moves; then the real rank 1 arrives and the job's allreduces give
+// the right sums on both ranks.
+TEST(ProcessAuthTest, ProcessWithoutTheAttemptSecretCannotJoin) {
+  const std::string dir = testing::NewTempDir("intruder");
+  const std::string refused = absl::StrCat(dir, "/intruder.done");
+  auto options = [](const std::string& secret) {
+    CommunicatorOptions o = Options(TransportKind::kTcp, absl::Seconds(30));
+    o.tcp.secret = secret;
+    return o;
+  };
+  const std::string secret = "0123456789abcdef0123456789abcdef-attempt-1";
+  std::vector<ProcessResult> results = RunProcesses(
+      3,
+      [&](int child) -> int {
+        FileStore store(dir);
+        if (child == 1) {  // the intruder
+          PrefixStore prefixed("collective/", &store);
+          absl::StatusOr<std::string> job = prefixed.Get("job_id", absl::Seconds(30));
+          if (!job.ok()) return Fail(child, job.status());
+          // Rank 0 is listening once its address is in the store.
+          if (!prefixed.Get(absl::StrCat("tcp/", *job, "/0"), absl::Seconds(30)).ok()) {
+            return Fail(child, absl::InternalError("rank 0 never listened"));
+          }
+          std::string errors;
+          for (const std::string& guess : {std::string("wrong secret"), std::string()}) {
+            auto comm = Communicator::Create(1, 2, &store, options(guess));
+            if (comm.ok()) return Fail(child, absl::InternalError("the intruder joined"));
+            if (!absl::IsPermissionDenied(comm.status()) ||
+                comm.status().message().find("collective secret") == std::string::npos) {
+              return Fail(child, comm.status());
+            }
+            absl::StrAppend(&errors, comm.status().ToString(), "\n");
+          }
+          WriteFile(refused, errors);
+          return kExpectedError;
+        }
+        const int rank = child == 0 ? 0 : 1;
+        if (rank == 1) {  // the real rank 1 comes after the intruder
+          for (int i = 0; i < 3000 && ReadFile(refused).empty(); ++i) {
+            absl::SleepFor(absl::Milliseconds(10));
+          }
+        }
+        auto comm = Communicator::Create(rank, 2, &store, options(secret));
+        if (!comm.ok()) return Fail(rank, comm.status());
+        for (size_t count : {size_t{7}, size_t{65537}, size_t{(1 << 20) + 3}}) {
+          std::vector<float> buf(count);
+          FillContribution(DType::kF32, buf.data(), count, rank, 2);
+          absl::Status s = (*comm)->Allreduce(buf.data(), count, DType::kF32);
+          if (s.ok()) {
+            s = CheckBuffer(DType::kF32, buf.data(), count, [&](size_t i) { return 2 * Base(i); });
+          }
+          if (!s.ok()) return Fail(rank, s);
+        }
+        return kOk;
+      },
+      absl::Seconds(90));
+  EXPECT_EQ(results[1].exit_code, kExpectedError) << "the intruder: " << ReadFile(refused);
+  EXPECT_EQ(results[0].exit_code, kOk) << "rank 0 signal " << results[0].signal;
+  EXPECT_EQ(results[2].exit_code, kOk) << "rank 1 signal " << results[2].signal;
+}
+
+// Collective TLS (TcpOptions::tls) between 3 processes: allreduces of every
+// algorithm's sizes (the combining receives decrypt into the bounce buffer)
+// and a broadcast give exact results.
+TEST(ProcessAuthTest, TlsCollectivesAcrossProcesses) {
+  const std::string dir = testing::NewTempDir("tls");
+  const int n = 3;
+  std::vector<ProcessResult> results = RunProcesses(
+      n,
+      [&](int rank) -> int {
+        FileStore store(dir);
+        CommunicatorOptions o = Options(TransportKind::kTcp, absl::Seconds(60));
+        o.tcp.secret = "tls attempt secret";
+        o.tcp.tls = true;
+        auto comm = Communicator::Create(rank, n, &store, o);
+        if (!comm.ok()) return Fail(rank, comm.status());
+        for (size_t count : {size_t{7}, size_t{4099}, size_t{65537}, size_t{(1 << 20) + 3}}) {
+          for (DType dtype : {DType::kF32, DType::kBF16}) {
+            std::vector<char> buf(count * DTypeSize(dtype));
+            FillContribution(dtype, buf.data(), count, rank, n);
+            absl::Status s = (*comm)->Allreduce(buf.data(), count, dtype);
+            if (s.ok()) {
+              s = CheckBuffer(dtype, buf.data(), count, [&](size_t i) { return n * Base(i); });
+            }
+            if (!s.ok()) return Fail(rank, Annotate(s, absl::StrCat("allreduce ", count)));
+          }
+        }
+        std::vector<float> bc(100003);
+        FillContribution(DType::kF32, bc.data(), bc.size(), rank, n);
+        absl::Status s = (*comm)->Broadcast(bc.data(), bc.size(), DType::kF32, 1);
+        if (s.ok()) {
+          s = CheckBuffer(DType::kF32, bc.data(), bc.size(),
+                          [&](size_t i) { return Contribution(1, n, i); });
+        }
+        return s.ok() ? kOk : Fail(rank, s);
+      },
+      absl::Seconds(90));
+  for (int r = 0; r < n; ++r) {
+    EXPECT_EQ(results[r].exit_code, kOk) << "rank " << r << " signal " << results[r].signal;
+  }
+}
+
 class KillTest : public ::testing::TestWithParam<TransportKind> {
  protected:
   // Runs `n` ranks doing allreduces of `count` floats with a 30 s timeout.

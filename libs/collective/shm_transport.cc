@@ -20,6 +20,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "libs/base/logging.h"
 #include "libs/base/status.h"
@@ -186,6 +187,15 @@ absl::StatusOr<std::unique_ptr<Segment>> OpenSegment(const std::string& name, si
     ::close(fd);
     return absl::FailedPreconditionError(
         absl::StrCat("shared-memory segment ", name, " has an unexpected size"));
+  }
+  // Only segments our own user made, readable by nobody else: another user
+  // who guessed the name cannot plant one for us to map.
+  if (st.st_uid != ::geteuid() || (st.st_mode & 0077) != 0) {
+    ::close(fd);
+    return absl::PermissionDeniedError(
+        absl::StrCat("shared-memory segment ", name, " belongs to uid ", st.st_uid, " with mode ",
+                     absl::StrFormat("%o", st.st_mode & 0777), "; this rank (uid ", ::geteuid(),
+                     ") maps only its own user's 0600 segments"));
   }
   void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
   int err = errno;

@@ -2,7 +2,14 @@
 
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <openssl/crypto.h>
+#include <openssl/err.h>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
+#include <openssl/rand.h>
+#include <openssl/ssl.h>
 #include <poll.h>
+#include <sys/random.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -11,6 +18,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "libs/base/logging.h"
 #include "libs/base/status.h"
 #include "libs/collective/engine.h"
 #include "libs/collective/socket_util.h"
@@ -22,15 +30,160 @@ namespace {
 using internal::EnginePair;
 using internal::EngineTransport;
 
-constexpr uint32_t kHandshakeMagic = 0x4454434c;  // "DTCL"
+// The handshake of a new connection (the connecting, higher rank C; the
+// accepting, lower rank A):
+//   C -> A  Handshake{magic, rank C, channel, job id length}, job id, nonce_c
+//   A -> C  nonce_a, HMAC(secret, "accept" | job | A | C | channel | nonce_c | nonce_a)
+//   C -> A  HMAC(secret, "connect" | job | A | C | channel | nonce_c | nonce_a)
+//   A -> C  one byte: 1 accepted, 0 refused (then A closes)
+// Each side checks the other's MAC (CRYPTO_memcmp) before it sends or
+// accepts a byte of tensor data; fresh nonces on both sides make a recorded
+// handshake useless, and the two labels keep one side's MAC from serving
+// as the other's.
+constexpr uint32_t kHandshakeMagic = 0x44544332;  // "DTC2"
+constexpr size_t kNonceBytes = 32;
+constexpr size_t kMacBytes = 32;
+// How long the accepting rank waits for one connection's handshake bytes,
+// so that a connection that sends nothing holds up the real peers briefly.
+constexpr absl::Duration kHandshakeTimeout = absl::Seconds(5);
 
 // Sent by the connecting side right after connect.
 struct Handshake {
   uint32_t magic;
   uint32_t rank;
   uint32_t channel;
-  uint32_t job_id_length;  // followed by the job id bytes
+  uint32_t job_id_length;  // followed by the job id bytes, then nonce_c
 };
+
+std::string Nonce() {
+  std::string nonce(kNonceBytes, '\0');
+  if (RAND_bytes(reinterpret_cast<unsigned char*>(&nonce[0]), kNonceBytes) != 1) {
+    // The kernel's generator as a fallback (RAND_bytes does not fail on Linux
+    // in practice).
+    size_t got = 0;
+    while (got < kNonceBytes) {
+      ssize_t n = ::getrandom(&nonce[got], kNonceBytes - got, 0);
+      if (n > 0) got += static_cast<size_t>(n);
+    }
+  }
+  return nonce;
+}
+
+// `label`: "accept", "connect" or "tls" (the TLS pre-shared key). The MAC
+// covers whether the connection is to use TLS, so two ranks that disagree
+// refuse each other instead of reading TLS records as tensor bytes.
+std::string HandshakeMac(const std::string& secret, bool tls, absl::string_view label,
+                         const std::string& job_id, int acceptor, int connector, int channel,
+                         const std::string& nonce_c, const std::string& nonce_a) {
+  const std::string payload =
+      absl::StrCat("dtrain-collective-v2|", tls ? "tls" : "plain", "|", label, "|", job_id, "|",
+                   acceptor, "|", connector, "|", channel, "|");
+  const std::string message = absl::StrCat(payload, nonce_c, nonce_a);
+  unsigned char out[EVP_MAX_MD_SIZE];
+  unsigned int n = 0;
+  HMAC(EVP_sha256(), secret.data(), static_cast<int>(secret.size()),
+       reinterpret_cast<const unsigned char*>(message.data()), message.size(), out, &n);
+  return std::string(reinterpret_cast<char*>(out), n);
+}
+
+bool SameMac(const std::string& a, const std::string& b) {
+  return a.size() == b.size() && CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0;
+}
+
+// --- TLS (TcpOptions::tls): TLS 1.3, TLS_AES_128_GCM_SHA256, no
+// certificates: both sides hold a pre-shared key, the connection's key from
+// the handshake above (HMAC under the attempt secret over both nonces), and
+// the key exchange is (EC)DHE on top of it (psk_dhe_ke), so recorded traffic
+// stays secret even if the attempt secret leaks later.
+
+std::string OpenSslError() {
+  std::string out;
+  for (unsigned long e = ERR_get_error(); e != 0; e = ERR_get_error()) {
+    char buf[256];
+    ERR_error_string_n(e, buf, sizeof(buf));
+    absl::StrAppend(&out, out.empty() ? "" : "; ", buf);
+  }
+  return out.empty() ? "no OpenSSL error queued" : out;
+}
+
+unsigned int CopyPsk(SSL* ssl, unsigned char* psk, unsigned int max_psk_len) {
+  const auto* key = static_cast<const std::string*>(SSL_get_app_data(ssl));
+  if (key == nullptr || key->size() > max_psk_len) return 0;
+  std::memcpy(psk, key->data(), key->size());
+  return static_cast<unsigned int>(key->size());
+}
+
+unsigned int ClientPsk(SSL* ssl, const char* /*hint*/, char* identity,
+                       unsigned int max_identity_len, unsigned char* psk,
+                       unsigned int max_psk_len) {
+  if (max_identity_len < 2) return 0;
+  std::strcpy(identity, "c");  // NOLINT: one byte; the key, not the identity, matters
+  return CopyPsk(ssl, psk, max_psk_len);
+}
+
+unsigned int ServerPsk(SSL* ssl, const char* /*identity*/, unsigned char* psk,
+                       unsigned int max_psk_len) {
+  return CopyPsk(ssl, psk, max_psk_len);
+}
+
+struct SslCtxDeleter {
+  void operator()(SSL_CTX* ctx) const { SSL_CTX_free(ctx); }
+};
+
+absl::StatusOr<std::unique_ptr<SSL_CTX, SslCtxDeleter>> NewTlsContext() {
+  std::unique_ptr<SSL_CTX, SslCtxDeleter> ctx(SSL_CTX_new(TLS_method()));
+  if (!ctx) return absl::InternalError(absl::StrCat("SSL_CTX_new: ", OpenSslError()));
+  if (SSL_CTX_set_min_proto_version(ctx.get(), TLS1_3_VERSION) != 1 ||
+      SSL_CTX_set_max_proto_version(ctx.get(), TLS1_3_VERSION) != 1 ||
+      SSL_CTX_set_ciphersuites(ctx.get(), "TLS_AES_128_GCM_SHA256") != 1) {
+    return absl::InternalError(absl::StrCat("configuring TLS 1.3: ", OpenSslError()));
+  }
+  SSL_CTX_set_num_tickets(ctx.get(), 0);  // no post-handshake messages
+  SSL_CTX_set_mode(ctx.get(), SSL_MODE_ENABLE_PARTIAL_WRITE | SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER);
+  SSL_CTX_set_psk_client_callback(ctx.get(), ClientPsk);
+  SSL_CTX_set_psk_server_callback(ctx.get(), ServerPsk);
+  return ctx;
+}
+
+struct SslDeleter {
+  void operator()(SSL* ssl) const { SSL_free(ssl); }
+};
+using SslPtr = std::unique_ptr<SSL, SslDeleter>;
+
+// Runs the TLS handshake on the non-blocking socket `fd` (as the server when
+// `server`) with pre-shared key `*key` (must outlive the handshake).
+absl::StatusOr<SslPtr> StartTls(SSL_CTX* ctx, int fd, bool server, const std::string* key,
+                                absl::Time deadline) {
+  SslPtr ssl(SSL_new(ctx));
+  if (!ssl || SSL_set_fd(ssl.get(), fd) != 1) {
+    return absl::InternalError(absl::StrCat("SSL_new: ", OpenSslError()));
+  }
+  SSL_set_app_data(ssl.get(), const_cast<std::string*>(key));
+  if (server) {
+    SSL_set_accept_state(ssl.get());
+  } else {
+    SSL_set_connect_state(ssl.get());
+  }
+  while (true) {
+    ERR_clear_error();
+    const int r = SSL_do_handshake(ssl.get());
+    if (r == 1) break;
+    const int err = SSL_get_error(ssl.get(), r);
+    short events = 0;
+    if (err == SSL_ERROR_WANT_READ) events = POLLIN;
+    if (err == SSL_ERROR_WANT_WRITE) events = POLLOUT;
+    if (events == 0) {
+      return absl::UnavailableError(
+          absl::StrCat("TLS handshake failed (error ", err, "): ", OpenSslError()));
+    }
+    const int timeout = internal::PollTimeoutMs(deadline, 1000);
+    if (timeout == 0) return absl::DeadlineExceededError("TLS handshake timed out");
+    pollfd pfd{fd, events, 0};
+    ::poll(&pfd, 1, timeout);
+  }
+  SSL_set_app_data(ssl.get(), nullptr);
+  return ssl;
+}
 
 std::string Describe(int err) {
   char buf[128];
@@ -47,7 +200,13 @@ class TcpPair final : public EnginePair {
 
   int fd() const { return fd_; }
 
+  // Encrypts from now on (TcpOptions::tls), after the handshake.
+  void SetTls(SslPtr ssl) { ssl_ = std::move(ssl); }
+  // Decrypted bytes wait inside OpenSSL: poll would not see them.
+  bool HasBufferedInput() const { return ssl_ && SSL_has_pending(ssl_.get()); }
+
   void Close() {
+    ssl_.reset();
     if (fd_ >= 0) {
       ::close(fd_);
       fd_ = -1;
@@ -93,6 +252,7 @@ class TcpPair final : public EnginePair {
   bool SendSlice(bool* blocked, bool* moved) {
     internal::SendOp& op = sends_.front();
     const size_t want = std::min(op.bytes - op.done, kSliceBytes);
+    if (ssl_) return SendTls(op, want, blocked, moved);
     ssize_t n = ::send(fd_, op.data + op.done, want, MSG_NOSIGNAL | MSG_DONTWAIT);
     if (n > 0) {
       *moved = true;
@@ -119,6 +279,7 @@ class TcpPair final : public EnginePair {
   bool RecvSlice(bool* blocked, bool* moved) {
     internal::RecvOp& op = recvs_.front();
     size_t want = std::min(op.bytes - op.done - op.carry_len, kSliceBytes);
+    if (ssl_) return RecvTls(op, want, blocked, moved);
     ssize_t n;
     if (op.combiner == nullptr) {
       n = ::recv(fd_, op.data + op.done, want, MSG_DONTWAIT);
@@ -148,8 +309,68 @@ class TcpPair final : public EnginePair {
     return false;
   }
 
+  // SendSlice / RecvSlice over TLS. A direction is blocked only when OpenSSL
+  // wants the socket (WANT_READ / WANT_WRITE): a short read may leave
+  // decrypted bytes of the record inside OpenSSL.
+  bool SendTls(internal::SendOp& op, size_t want, bool* blocked, bool* moved) {
+    ERR_clear_error();
+    const int n = SSL_write(ssl_.get(), op.data + op.done, static_cast<int>(want));
+    if (n > 0) {
+      *moved = true;
+      op.done += static_cast<size_t>(n);
+      if (op.done == op.bytes) CompleteFrontSend();
+      return true;
+    }
+    const int err = SSL_get_error(ssl_.get(), n);
+    if (err == SSL_ERROR_WANT_WRITE || err == SSL_ERROR_WANT_READ) {
+      *blocked = true;
+      return true;
+    }
+    Fail(absl::UnavailableError(absl::StrCat("sending to rank ", peer(), " (channel ", channel(),
+                                             ") over TLS failed: ", TlsError(err),
+                                             "; the peer probably exited")));
+    return false;
+  }
+
+  bool RecvTls(internal::RecvOp& op, size_t want, bool* blocked, bool* moved) {
+    ERR_clear_error();
+    int n;
+    if (op.combiner == nullptr) {
+      n = SSL_read(ssl_.get(), op.data + op.done, static_cast<int>(want));
+      if (n > 0) op.done += static_cast<size_t>(n);
+    } else {
+      want = std::min(want, bounce_->size());
+      n = SSL_read(ssl_.get(), bounce_->data(), static_cast<int>(want));
+      if (n > 0) internal::Deliver(op, bounce_->data(), static_cast<size_t>(n));
+    }
+    if (n > 0) {
+      *moved = true;
+      if (op.done == op.bytes) CompleteFrontRecv();
+      return true;
+    }
+    const int err = SSL_get_error(ssl_.get(), n);
+    if (err == SSL_ERROR_WANT_READ || err == SSL_ERROR_WANT_WRITE) {
+      *blocked = true;
+      return true;
+    }
+    Fail(absl::UnavailableError(
+        absl::StrCat("TLS connection to rank ", peer(), " (channel ", channel(), ") ",
+                     err == SSL_ERROR_ZERO_RETURN ? "closed by the peer" : TlsError(err), " with ",
+                     op.bytes - op.done, " of ", op.bytes,
+                     " bytes of a receive outstanding; the peer probably exited or aborted")));
+    return false;
+  }
+
+  static std::string TlsError(int err) {
+    if (err == SSL_ERROR_SYSCALL) {
+      return errno == 0 ? std::string("closed by the peer") : Describe(errno);
+    }
+    return absl::StrCat("TLS error ", err, ": ", OpenSslError());
+  }
+
   int fd_;
   std::vector<char>* bounce_;
+  SslPtr ssl_;
 };
 
 class TcpTransport final : public EngineTransport {
@@ -159,7 +380,9 @@ class TcpTransport final : public EngineTransport {
         size_(options.size),
         channels_(options.channels),
         by_peer_(options.size),
-        bounce_(std::max<size_t>(tcp.bounce_bytes, 64)) {
+        bounce_(std::max<size_t>(tcp.bounce_bytes, 64)),
+        secret_(tcp.secret),
+        tls_(tcp.tls) {
     for (auto& row : by_peer_) row.resize(channels_);
   }
 
@@ -169,6 +392,17 @@ class TcpTransport final : public EngineTransport {
 
   absl::Status Connect(const TransportOptions& options, const TcpOptions& tcp);
 
+ private:
+  // The connecting side's handshake on `fd` with `peer` (at `address`).
+  // Sets *tls_key to the connection's TLS pre-shared key.
+  absl::Status ConnectHandshake(int fd, int peer, int channel, const std::string& address,
+                                const TransportOptions& options, std::string* tls_key);
+  // The accepting side's, after the header and nonce_c from `peer` arrived.
+  absl::Status AcceptHandshake(int fd, int peer, int channel, const std::string& nonce_c,
+                               const TransportOptions& options, absl::Time deadline,
+                               std::string* tls_key);
+
+ public:
   const char* name() const override { return "tcp"; }
   int rank() const override { return rank_; }
   int size() const override { return size_; }
@@ -186,6 +420,7 @@ class TcpTransport final : public EngineTransport {
       if (!p->has_pending()) continue;
       auto* tp = static_cast<TcpPair*>(p);
       if (tp->fd() < 0) return;  // Progress reports it
+      if (tp->has_pending_recvs() && tp->HasBufferedInput()) return;
       short events = 0;
       if (tp->has_pending_recvs()) events |= POLLIN;
       if (tp->has_pending_sends()) events |= POLLOUT;
@@ -209,6 +444,9 @@ class TcpTransport final : public EngineTransport {
   const int channels_;
   std::vector<std::vector<std::unique_ptr<TcpPair>>> by_peer_;
   std::vector<char> bounce_;
+  const std::string secret_;
+  const bool tls_;
+  std::unique_ptr<SSL_CTX, SslCtxDeleter> tls_context_;  // when tls_
   std::vector<pollfd> fds_;
 };
 
@@ -228,6 +466,9 @@ absl::Status ConfigureSocket(int fd, const TcpOptions& tcp) {
 absl::Status TcpTransport::Connect(const TransportOptions& options, const TcpOptions& tcp) {
   const absl::Time deadline = options.deadline;
   const std::string key_prefix = absl::StrCat("tcp/", options.job_id, "/");
+  if (tls_) {
+    DT_ASSIGN_OR_RETURN(tls_context_, NewTlsContext());
+  }
 
   // Listen on an ephemeral port of the chosen address.
   DT_ASSIGN_OR_RETURN(internal::SocketAddress local, internal::ResolveAddress(tcp.host, 0));
@@ -282,13 +523,16 @@ absl::Status TcpTransport::Connect(const TransportOptions& options, const TcpOpt
       }
       add_pair(peer, channel, *fd);  // owns fd from here on
       DT_RETURN_IF_ERROR(ConfigureSocket(*fd, tcp));
-      Handshake hs{kHandshakeMagic, static_cast<uint32_t>(rank_), static_cast<uint32_t>(channel),
-                   static_cast<uint32_t>(options.job_id.size())};
-      std::string message(reinterpret_cast<const char*>(&hs), sizeof(hs));
-      message += options.job_id;
-      DT_RETURN_IF_ERROR(
-          Annotate(internal::WriteFull(*fd, message.data(), message.size(), deadline),
-                   absl::StrCat("handshake with rank ", peer)));
+      std::string tls_key;
+      DT_RETURN_IF_ERROR(ConnectHandshake(*fd, peer, channel, *address, options, &tls_key));
+      if (tls_) {
+        absl::StatusOr<SslPtr> ssl =
+            StartTls(tls_context_.get(), *fd, /*server=*/false, &tls_key, deadline);
+        if (!ssl.ok()) {
+          return Annotate(ssl.status(), absl::StrCat("TLS with rank ", peer, " at ", *address));
+        }
+        by_peer_[peer][channel]->SetTls(*std::move(ssl));
+      }
     }
   }
 
@@ -318,12 +562,15 @@ absl::Status TcpTransport::Connect(const TransportOptions& options, const TcpOpt
       if (errno == EAGAIN || errno == EINTR || errno == ECONNABORTED) continue;
       return ErrnoToStatus(errno, "accept");
     }
+    const absl::Time hs_deadline = std::min(deadline, absl::Now() + kHandshakeTimeout);
     Handshake hs;
-    absl::Status read = internal::ReadFull(fd, &hs, sizeof(hs), deadline);
+    absl::Status read = internal::ReadFull(fd, &hs, sizeof(hs), hs_deadline);
     std::string job_id;
+    std::string nonce_c(kNonceBytes, '\0');
     if (read.ok() && hs.magic == kHandshakeMagic && hs.job_id_length < 4096) {
       job_id.resize(hs.job_id_length);
-      read = internal::ReadFull(fd, job_id.data(), job_id.size(), deadline);
+      read = internal::ReadFull(fd, job_id.data(), job_id.size(), hs_deadline);
+      if (read.ok()) read = internal::ReadFull(fd, &nonce_c[0], kNonceBytes, hs_deadline);
     }
     // Unsigned comparisons: a rank or channel of 2^31 or more from the network
     // is not a negative int (tests/fuzz/handshake_fuzzer found that crash).
@@ -335,11 +582,101 @@ absl::Status TcpTransport::Connect(const TransportOptions& options, const TcpOpt
       ::close(fd);
       continue;
     }
+    std::string tls_key;
+    absl::Status proof =
+        AcceptHandshake(fd, static_cast<int>(hs.rank), static_cast<int>(hs.channel), nonce_c,
+                        options, hs_deadline, &tls_key);
+    absl::StatusOr<SslPtr> ssl;
+    if (proof.ok() && tls_) {
+      ssl = StartTls(tls_context_.get(), fd, /*server=*/true, &tls_key, hs_deadline);
+      proof = ssl.status();
+    }
+    if (!proof.ok()) {  // an intruder, or a rank of another attempt
+      DT_LOG(WARNING) << "collective rank " << rank_ << ": refused a connection claiming rank "
+                      << hs.rank << " (channel " << hs.channel << "): " << proof.message();
+      ::close(fd);
+      continue;
+    }
     add_pair(static_cast<int>(hs.rank), static_cast<int>(hs.channel), fd);
+    if (tls_) by_peer_[hs.rank][hs.channel]->SetTls(*std::move(ssl));
     DT_RETURN_IF_ERROR(ConfigureSocket(fd, tcp));
     --expected_incoming;
   }
   return absl::OkStatus();
+}
+
+absl::Status TcpTransport::ConnectHandshake(int fd, int peer, int channel,
+                                            const std::string& address,
+                                            const TransportOptions& options, std::string* tls_key) {
+  const absl::Time deadline = options.deadline;
+  const std::string what = absl::StrCat("handshake with rank ", peer, " at ", address);
+  const std::string nonce_c = Nonce();
+  Handshake hs{kHandshakeMagic, static_cast<uint32_t>(rank_), static_cast<uint32_t>(channel),
+               static_cast<uint32_t>(options.job_id.size())};
+  std::string message(reinterpret_cast<const char*>(&hs), sizeof(hs));
+  message += options.job_id;
+  message += nonce_c;
+  DT_RETURN_IF_ERROR(
+      Annotate(internal::WriteFull(fd, message.data(), message.size(), deadline), what));
+  std::string reply(kNonceBytes + kMacBytes, '\0');
+  absl::Status read = internal::ReadFull(fd, &reply[0], reply.size(), deadline);
+  if (!read.ok()) {
+    return Annotate(read, absl::StrCat(what,
+                                       ": it closed the connection or did not answer; it "
+                                       "belongs to another job or attempt, or exited"));
+  }
+  const std::string nonce_a = reply.substr(0, kNonceBytes);
+  const std::string want =
+      HandshakeMac(secret_, tls_, "accept", options.job_id, peer, rank_, channel, nonce_c, nonce_a);
+  if (!SameMac(reply.substr(kNonceBytes), want)) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        what,
+        ": the peer did not prove it holds this attempt's collective secret (or it was "
+        "started with TLS ",
+        tls_ ? "off" : "on", " and this rank with TLS ", tls_ ? "on" : "off",
+        "); no tensor data was sent to it"));
+  }
+  const std::string mine = HandshakeMac(secret_, tls_, "connect", options.job_id, peer, rank_,
+                                        channel, nonce_c, nonce_a);
+  DT_RETURN_IF_ERROR(Annotate(internal::WriteFull(fd, mine.data(), mine.size(), deadline), what));
+  char verdict = 0;
+  read = internal::ReadFull(fd, &verdict, 1, deadline);
+  if (!read.ok() || verdict != 1) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        what,
+        ": the peer refused this rank's proof of the attempt's collective secret; this "
+        "process was not given the secret of the job's current attempt "
+        "(Assignment.collective_secret), so it cannot join the job's collectives (or the "
+        "ranks disagree about collective TLS)"));
+  }
+  *tls_key =
+      HandshakeMac(secret_, tls_, "tls", options.job_id, peer, rank_, channel, nonce_c, nonce_a);
+  return absl::OkStatus();
+}
+
+absl::Status TcpTransport::AcceptHandshake(int fd, int peer, int channel,
+                                           const std::string& nonce_c,
+                                           const TransportOptions& options, absl::Time deadline,
+                                           std::string* tls_key) {
+  const std::string nonce_a = Nonce();
+  std::string reply = nonce_a;
+  reply +=
+      HandshakeMac(secret_, tls_, "accept", options.job_id, rank_, peer, channel, nonce_c, nonce_a);
+  DT_RETURN_IF_ERROR(internal::WriteFull(fd, reply.data(), reply.size(), deadline));
+  std::string got(kMacBytes, '\0');
+  DT_RETURN_IF_ERROR(internal::ReadFull(fd, &got[0], got.size(), deadline));
+  const std::string want = HandshakeMac(secret_, tls_, "connect", options.job_id, rank_, peer,
+                                        channel, nonce_c, nonce_a);
+  const bool ok = SameMac(got, want);
+  const char verdict = ok ? 1 : 0;
+  absl::Status sent = internal::WriteFull(fd, &verdict, 1, deadline);
+  if (!ok) {
+    return absl::PermissionDeniedError(
+        "it does not hold this attempt's collective secret, or disagrees about TLS (wrong MAC)");
+  }
+  *tls_key =
+      HandshakeMac(secret_, tls_, "tls", options.job_id, rank_, peer, channel, nonce_c, nonce_a);
+  return sent;
 }
 
 }  // namespace

@@ -157,6 +157,12 @@ absl::StatusOr<bool> Store::CreateJob(const JobConfig& config) {
         "job '", config.job, "' exists with another configuration (",
         DescribeJobConfig(it->second->config), "); requested ", DescribeJobConfig(config)));
   }
+  if (options_.max_jobs > 0 && jobs_.size() >= static_cast<size_t>(options_.max_jobs)) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("kvstore shard ", options_.shard_index, " already holds ", jobs_.size(),
+                     " jobs, its limit (--max_jobs=", options_.max_jobs, "); job '", config.job,
+                     "' was not created: wait for jobs to finish or add shards"));
+  }
   jobs_.emplace(config.job, std::make_shared<Job>(config));
   Bump();
   return true;

@@ -93,6 +93,10 @@ struct StoreOptions {
   int shard_index = 0;
   // Bytes a job may hold on this shard; 0 = no limit.
   int64_t quota_bytes_per_job = 0;
+  // Jobs this shard holds at once; CreateJob of one more is
+  // RESOURCE_EXHAUSTED naming the limit. With quota_bytes_per_job it bounds
+  // the shard's memory. 0 = no limit.
+  int max_jobs = 0;
   // Largest slice (in f32 bytes of its value) Init accepts.
   int64_t max_slice_bytes = int64_t{1} << 32;
 };

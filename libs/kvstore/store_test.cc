@@ -429,6 +429,30 @@ TEST_F(StoreTest, QuotaErrorSaysHowToRaiseIt) {
   EXPECT_TRUE(absl::StrContains(over.message(), "shard 3")) << over;
 }
 
+// A shard holds at most max_jobs jobs: one more is RESOURCE_EXHAUSTED naming
+// the limit (and nothing held is touched); recreating an existing job is
+// not a new one; after a delete there is room again.
+TEST_F(StoreTest, JobsPerShardAreCapped) {
+  StoreOptions o;
+  o.shard_index = 2;
+  o.max_jobs = 2;
+  Store store(o);
+  JobConfig a = Config(1), b = Config(1), c = Config(1);
+  a.job = "a";
+  b.job = "b";
+  c.job = "c";
+  ASSERT_TRUE(store.CreateJob(a).ok());
+  ASSERT_TRUE(store.CreateJob(b).ok());
+  absl::Status over = store.CreateJob(c).status();
+  EXPECT_EQ(over.code(), absl::StatusCode::kResourceExhausted) << over;
+  EXPECT_TRUE(absl::StrContains(over.message(), "--max_jobs=2")) << over;
+  EXPECT_TRUE(absl::StrContains(over.message(), "shard 2")) << over;
+  EXPECT_TRUE(store.CreateJob(a).ok());  // exists: not a third job
+  EXPECT_EQ(store.JobNames().size(), 2u);
+  ASSERT_TRUE(store.DeleteJob("b").ok());
+  EXPECT_TRUE(store.CreateJob(c).ok());
+}
+
 }  // namespace
 }  // namespace kvstore
 }  // namespace dtrain

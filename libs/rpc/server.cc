@@ -4,8 +4,10 @@
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
+#include <grpcpp/resource_quota.h>
 #include <grpcpp/support/server_interceptor.h>
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <chrono>
@@ -221,9 +223,13 @@ absl::Status Server::Start() {
         absl::StrCat(options_.service, ": a metrics port file but no metrics address"));
   }
   if (options_.max_message_bytes < 0 || options_.max_message_bytes > (int64_t{1} << 30) ||
-      options_.min_pollers < 0 || options_.max_pollers < 0) {
+      options_.min_pollers < 0 || options_.max_pollers < 0 || options_.max_threads < 0 ||
+      options_.max_concurrent_streams < 0 ||
+      (options_.max_threads > 0 && options_.max_threads < 2 * std::max(1, options_.max_pollers))) {
     return absl::InvalidArgumentError(
-        absl::StrCat(options_.service, ": max_message_bytes must be 0 to 1 GiB and pollers >= 0"));
+        absl::StrCat(options_.service,
+                     ": max_message_bytes must be 0 to 1 GiB, pollers, max_threads and "
+                     "max_concurrent_streams >= 0, max_threads at least twice max_pollers"));
   }
   if (!options_.metrics_listen.empty()) {
     absl::StatusOr<std::unique_ptr<metrics::MetricsServer>> m =
@@ -257,6 +263,14 @@ absl::Status Server::Start() {
     if (options_.max_pollers > 0) {
       builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::MAX_POLLERS,
                                   options_.max_pollers);
+    }
+    if (options_.max_threads > 0) {
+      grpc::ResourceQuota quota(absl::StrCat(options_.service, "-threads"));
+      quota.SetMaxThreads(options_.max_threads);
+      builder.SetResourceQuota(quota);
+    }
+    if (options_.max_concurrent_streams > 0) {
+      builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, options_.max_concurrent_streams);
     }
     for (grpc::Service* s : services_) builder.RegisterService(s);
     builder.RegisterService(admin_.get());

@@ -96,6 +96,15 @@ struct ServerOptions {
   // Idle threads of gRPC's synchronous server; 0: gRPC's defaults.
   int min_pollers = 0;
   int max_pollers = 0;
+  // Caps against exhaustion (issue 16). At most max_threads threads serve
+  // calls (grpc::ResourceQuota::SetMaxThreads); a call that would need one
+  // more is refused at once with RESOURCE_EXHAUSTED, and the server, its
+  // health checks (gRPC serves them outside this pool) and its calls in
+  // flight carry on. At most max_concurrent_streams calls at once per client
+  // connection (HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS; more wait in the
+  // client). 0: gRPC's defaults (no limits).
+  int max_threads = 256;
+  int max_concurrent_streams = 256;
 };
 
 class RpcMetrics;

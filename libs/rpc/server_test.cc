@@ -360,6 +360,54 @@ TEST(RpcServerTest, BadOptionsAndBusyPortsAreErrors) {
   }
 }
 
+// Exhaustion (issue 16): many more blocking calls than max_threads, over
+// several connections. The excess is refused with RESOURCE_EXHAUSTED right
+// away instead of piling up threads; the held calls still finish; and the
+// health check answers within 1 s throughout.
+TEST(RpcServerTest, ThreadCapRefusesTheExcessAndHealthStillAnswers) {
+  ServerOptions options;
+  options.service = "testsvc";
+  options.listen = "127.0.0.1:0";
+  options.max_threads = 16;
+  options.max_pollers = 2;
+  BlockingJobs jobs;
+  Server server(options);
+  server.AddService(&jobs);
+  ASSERT_TRUE(server.Start().ok());
+  constexpr int kCalls = 200;
+  std::vector<std::shared_ptr<grpc::Channel>> channels;
+  for (int c = 0; c < 4; ++c) {
+    grpc::ChannelArguments args;
+    args.SetInt("dtrain.test.channel", c);  // separate connections
+    channels.push_back(grpc::CreateCustomChannel(server.local_address(),
+                                                 grpc::InsecureChannelCredentials(), args));
+  }
+  std::vector<grpc::Status> results(kCalls);
+  std::vector<std::thread> calls;
+  for (int i = 0; i < kCalls; ++i) {
+    calls.emplace_back(
+        [&, i] { results[i] = HoldingGet(channels[i % channels.size()].get(), "1500"); });
+  }
+  auto health = Channel(server);
+  for (int i = 0; i < 5; ++i) {
+    const absl::Time start = absl::Now();
+    absl::StatusOr<std::string> h = HealthCheck(health.get());
+    EXPECT_TRUE(h.ok()) << "probe " << i << ": " << h.status();
+    EXPECT_LT(absl::Now() - start, absl::Seconds(1)) << "probe " << i;
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+  for (auto& t : calls) t.join();
+  int ok = 0, exhausted = 0;
+  for (const grpc::Status& s : results) {
+    if (s.ok()) ++ok;
+    if (s.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED) ++exhausted;
+  }
+  EXPECT_EQ(ok + exhausted, kCalls);
+  EXPECT_GT(ok, 0);
+  EXPECT_GT(exhausted, 0);
+  EXPECT_LE(jobs.entered(), 16);  // never more handlers at once than threads
+}
+
 TEST(RpcServerTest, ShutdownLetsCallsInFlightFinishWithinTheGrace) {
   ServerOptions options;
   options.service = "testsvc";

@@ -160,6 +160,19 @@ absl::StatusOr<JobStatus> Scheduler::Submit(JobSpec spec, const std::string& req
     auto seen = by_request_id_.find(request_id);
     if (seen != by_request_id_.end()) return jobs_[seen->second].status;  // a retry
   }
+  if (options_.max_queued_jobs_per_user > 0) {
+    int queued = 0;
+    for (const auto& [unused, j] : jobs_) {
+      if (j.status.state() == v1::QUEUED && j.status.owner() == owner) ++queued;
+    }
+    if (queued >= options_.max_queued_jobs_per_user) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("user ", Quote(owner), " already has ", queued,
+                       " queued jobs, the limit per user (scheduler --max_queued_jobs_per_user=",
+                       options_.max_queued_jobs_per_user,
+                       "); wait for some to start or cancel some, then submit again"));
+    }
+  }
   std::string id = absl::StrFormat("job-%06d", next_job_);
   Job job;
   job.seq = next_job_;
@@ -379,6 +392,10 @@ absl::StatusOr<HeartbeatReply> Scheduler::Heartbeat(const HeartbeatRequest& requ
         a->set_kvstore_token(security::MintJobToken(
             options_.job_token_secret, security::KvstoreJobName(a->job_id(), a->attempt()),
             options_.now() + options_.job_token_lifetime));
+      }
+      if (!options_.job_token_secret.empty() && a->spec().sync().mode() != v1::KVSTORE) {
+        a->set_collective_secret(
+            security::CollectiveSecret(options_.job_token_secret, a->job_id(), a->attempt()));
       }
       a->set_generation(jt->second.status.generation());
       a->set_join(t.join);

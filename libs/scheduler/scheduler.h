@@ -204,12 +204,17 @@ struct SchedulerOptions {
   // A job is placed at most this many times (the first run included); when a
   // trainer of its last attempt is lost, it FAILS with the reason.
   int max_attempts = 5;
+  // A user (JobStatus.owner; "" on a scheduler without TLS) may have at most
+  // this many QUEUED jobs; Submit beyond it is RESOURCE_EXHAUSTED naming the
+  // limit. <= 0: no limit.
+  int max_queued_jobs_per_user = 100;
   // Finished jobs are dropped this long after they finished
   // (absl::InfiniteDuration(): kept forever).
   absl::Duration finished_job_retention = absl::Hours(7 * 24);
   // The cluster secret (libs/security/job_token.h); non-empty: every
   // assignment of a KVSTORE job carries a kvstore token for its attempt,
-  // valid for job_token_lifetime.
+  // valid for job_token_lifetime, and every other job's its attempt's
+  // collective secret (security::CollectiveSecret).
   std::string job_token_secret;
   absl::Duration job_token_lifetime = absl::Hours(30 * 24);
   // Straggler detection (see "Stragglers").

@@ -13,6 +13,7 @@
 #include "absl/strings/str_format.h"
 #include "gtest/gtest.h"
 #include "libs/scheduler/tmpfs_for_test.h"
+#include "libs/security/job_token.h"
 
 namespace dtrain {
 namespace scheduler {
@@ -387,6 +388,68 @@ TEST_F(SchedulerTest, LostTrainerRequeuesItsJob) {
 
 // Each placement is a new attempt with an empty rendezvous store; the
 // previous attempt's keys are gone and its attempt number is refused.
+// With a cluster secret, every rank of an ALLREDUCE job's attempt gets the
+// attempt's collective secret (the same for all ranks, another one for the
+// next attempt); KVSTORE jobs get a kvstore token instead; without a
+// cluster secret nothing.
+TEST_F(SchedulerTest, AssignmentsCarryTheAttemptsCollectiveSecret) {
+  const std::string cluster_secret(64, 'c');
+  SchedulerOptions o = Options();
+  o.job_token_secret = cluster_secret;
+  auto s = Open(o);
+  auto job = s->Submit(Spec("allreduce", 2));
+  ASSERT_TRUE(job.ok()) << job.status();
+  std::string t1 = AddTrainer(s.get());
+  std::string t2 = AddTrainer(s.get());
+  HeartbeatReply a1 = Beat(s.get(), t1), a2 = Beat(s.get(), t2);
+  ASSERT_EQ(a1.assignments_size(), 1);
+  ASSERT_EQ(a2.assignments_size(), 1);
+  const std::string want = security::CollectiveSecret(cluster_secret, job->id(), 1);
+  EXPECT_EQ(a1.assignments(0).collective_secret(), want);
+  EXPECT_EQ(a2.assignments(0).collective_secret(), want);
+  EXPECT_NE(want, security::CollectiveSecret(cluster_secret, job->id(), 2));
+  EXPECT_TRUE(a1.assignments(0).kvstore_token().empty());
+
+  JobSpec kv = Spec("kvstore", 1);
+  kv.mutable_sync()->set_mode(v1::KVSTORE);
+  auto kv_job = s->Submit(kv);
+  ASSERT_TRUE(kv_job.ok()) << kv_job.status();
+  std::string t3 = AddTrainer(s.get());
+  HeartbeatReply a3 = Beat(s.get(), t3);
+  ASSERT_EQ(a3.assignments_size(), 1);
+  EXPECT_TRUE(a3.assignments(0).collective_secret().empty());
+  EXPECT_FALSE(a3.assignments(0).kvstore_token().empty());
+
+  auto plain = Open(Options());
+  auto plain_job = plain->Submit(Spec("plain", 1));
+  ASSERT_TRUE(plain_job.ok()) << plain_job.status();
+  std::string t4 = AddTrainer(plain.get());
+  HeartbeatReply a4 = Beat(plain.get(), t4);
+  ASSERT_EQ(a4.assignments_size(), 1);
+  EXPECT_TRUE(a4.assignments(0).collective_secret().empty());
+}
+
+// A flood of submits: a user's QUEUED jobs stop at the cap with
+// RESOURCE_EXHAUSTED naming it; other users still submit; once one of the
+// user's jobs runs, the user may submit one more.
+TEST_F(SchedulerTest, QueuedJobsPerUserAreCapped) {
+  SchedulerOptions o = Options();
+  o.max_queued_jobs_per_user = 3;
+  auto s = Open(o);
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(s->Submit(Spec("m", 1), "", "mallory").ok());
+  absl::StatusOr<JobStatus> over = s->Submit(Spec("m", 1), "", "mallory");
+  EXPECT_EQ(over.status().code(), absl::StatusCode::kResourceExhausted) << over.status();
+  EXPECT_NE(over.status().message().find("max_queued_jobs_per_user=3"), std::string::npos)
+      << over.status();
+  EXPECT_TRUE(s->Submit(Spec("a", 1), "", "alice").ok());
+  EXPECT_EQ(s->List(v1::QUEUED).size(), 4u);
+  std::string t = AddTrainer(s.get());
+  Beat(s.get(), t);  // runs mallory's first job
+  EXPECT_TRUE(s->Submit(Spec("m", 1), "", "mallory").ok());
+  EXPECT_EQ(s->Submit(Spec("m", 1), "", "mallory").status().code(),
+            absl::StatusCode::kResourceExhausted);
+}
+
 TEST_F(SchedulerTest, RequeuedJobGetsANewAttemptAndAnEmptyStore) {
   auto s = Open(Options());
   auto job = s->Submit(Spec("a", 2));
@@ -1095,7 +1158,9 @@ TEST_F(SchedulerTest, ListPages) {
 }
 
 TEST_F(SchedulerTest, ListPageSizeDefaultAndLimit) {
-  auto s = Open(Options());
+  SchedulerOptions o = Options();
+  o.max_queued_jobs_per_user = 0;  // more queued jobs than the default cap
+  auto s = Open(o);
   const int n = kMaxListPageSize + 5;
   for (int i = 0; i < n; ++i) ASSERT_TRUE(s->Submit(Spec("j")).ok());
   auto page = s->ListPage(v1::JOB_STATE_UNSPECIFIED, 0, "");

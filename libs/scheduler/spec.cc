@@ -79,6 +79,10 @@ absl::Status ValidateJobSpec(const JobSpec& s) {
                "needs sync.mode ALLREDUCE when num_trainers > 1 (the statistics are exchanged "
                "with the trainers' collectives)");
   }
+  if (s.collective_tls() && s.sync().mode() == v1::KVSTORE) {
+    return Bad("collective_tls",
+               "is for ALLREDUCE jobs' collectives; KVSTORE jobs' traffic is gRPC, always TLS");
+  }
   if (s.hybridize() &&
       (trainers != 1 || s.devices_per_trainer() > 1 || s.device_kind() == "cuda")) {
     return Bad("hybridize",

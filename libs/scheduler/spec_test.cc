@@ -80,6 +80,11 @@ TEST(SpecTest, EveryBadFieldIsNamed) {
        },
        "sync_batch_norm:"},
       {[](JobSpec* s) {
+         s->set_collective_tls(true);
+         s->mutable_sync()->set_mode(v1::KVSTORE);
+       },
+       "collective_tls:"},
+      {[](JobSpec* s) {
          s->set_hybridize(true);
          s->set_device_kind("cuda");
        },

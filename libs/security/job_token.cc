@@ -38,6 +38,10 @@ std::string MintJobToken(absl::string_view secret, absl::string_view kvstore_job
   return absl::StrCat(payload, "|", Mac(secret, payload));
 }
 
+std::string CollectiveSecret(absl::string_view secret, absl::string_view job_id, int attempt) {
+  return Mac(secret, absl::StrCat("collective|v1|", job_id, "|", attempt));
+}
+
 absl::StatusOr<std::string> VerifyJobToken(absl::string_view secret, absl::string_view token,
                                            absl::Time now) {
   const size_t last = token.rfind('|');

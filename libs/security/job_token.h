@@ -59,6 +59,15 @@ class JobScope {
   static absl::Status Check(absl::string_view job);
 };
 
+// The secret the ranks of attempt `attempt` of scheduler job `job_id` prove
+// to each other before their collectives exchange a byte
+// (Assignment.collective_secret, collective::TcpOptions::secret): the hex
+// HMAC-SHA256 of "collective|v1|<job>|<attempt>" under the cluster secret.
+// Every generation of the attempt (a regroup, a replacement rank) shares it;
+// ranks of another attempt or job, and processes the scheduler gave no
+// assignment, do not have it.
+std::string CollectiveSecret(absl::string_view secret, absl::string_view job_id, int attempt);
+
 // The cluster secret in `path` (hex, at least 32 characters; surrounding
 // white space ignored). Errors name the file.
 absl::StatusOr<std::string> ReadClusterSecret(const std::string& path);

@@ -189,6 +189,19 @@ TEST(JobTokenTest, GrantsOneJobUntilItExpires) {
             absl::StatusCode::kPermissionDenied);
 }
 
+// One secret per attempt of a job under one cluster secret: another attempt,
+// another job or another cluster's secret gives another one.
+TEST(JobTokenTest, CollectiveSecretIsPerAttempt) {
+  const std::string secret(64, 'a'), other(64, 'b');
+  const std::string s = CollectiveSecret(secret, "job-000007", 2);
+  EXPECT_EQ(s.size(), 64u);  // hex SHA-256
+  EXPECT_EQ(CollectiveSecret(secret, "job-000007", 2), s);
+  EXPECT_NE(CollectiveSecret(secret, "job-000007", 3), s);
+  EXPECT_NE(CollectiveSecret(secret, "job-000008", 2), s);
+  EXPECT_NE(CollectiveSecret(other, "job-000007", 2), s);
+  EXPECT_NE(s, MintJobToken(secret, KvstoreJobName("job-000007", 2), absl::UnixEpoch()));
+}
+
 TEST(JobTokenTest, AScopeConfinesItsThreadToOneJob) {
   EXPECT_TRUE(JobScope::Check("anything").ok());
   {

@@ -45,6 +45,9 @@ ABSL_FLAG(double, snapshot_interval_s, 60, "seconds between snapshots (<= 0: onl
 ABSL_FLAG(int64_t, quota_bytes_per_job, int64_t{4} << 30,
           "bytes a job may hold on this shard (0: no limit); an Init over it fails with "
           "RESOURCE_EXHAUSTED");
+ABSL_FLAG(int, max_jobs, 64,
+          "jobs this shard holds at once (0: no limit); a CreateJob beyond it fails with "
+          "RESOURCE_EXHAUSTED");
 ABSL_FLAG(double, job_ttl_s, 3600,
           "drop a job no call named for this many seconds (orphans of dead workers; "
           "<= 0: never)");
@@ -101,6 +104,7 @@ int main(int argc, char** argv) {
   }
   options.snapshot_interval = absl::Seconds(absl::GetFlag(FLAGS_snapshot_interval_s));
   options.quota_bytes_per_job = absl::GetFlag(FLAGS_quota_bytes_per_job);
+  options.max_jobs = absl::GetFlag(FLAGS_max_jobs);
   options.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
   options.job_ttl = absl::Seconds(absl::GetFlag(FLAGS_job_ttl_s));
   options.scheduler = absl::GetFlag(FLAGS_scheduler);
@@ -108,10 +112,10 @@ int main(int argc, char** argv) {
   options.num_shards = absl::GetFlag(FLAGS_num_shards);
   options.advertise = absl::GetFlag(FLAGS_advertise);
   if (options.shard_index < 0 || options.max_message_bytes <= 0 ||
-      options.quota_bytes_per_job < 0) {
+      options.quota_bytes_per_job < 0 || options.max_jobs < 0) {
     std::fprintf(stderr,
-                 "kvstore_server: --shard_index, --max_message_bytes and --quota_bytes_per_job "
-                 "must not be negative\n");
+                 "kvstore_server: --shard_index, --max_message_bytes, --quota_bytes_per_job and "
+                 "--max_jobs must not be negative\n");
     return 2;
   }
 

@@ -763,14 +763,15 @@ absl::StatusOr<std::unique_ptr<KVStoreServer>> KVStoreServer::Start(const Server
     return absl::InvalidArgumentError(
         absl::StrCat("max_message_bytes must be 64 KiB to 1 GiB, got ", options.max_message_bytes));
   }
-  if (options.quota_bytes_per_job < 0) {
-    return absl::InvalidArgumentError("quota_bytes_per_job must be >= 0");
+  if (options.quota_bytes_per_job < 0 || options.max_jobs < 0) {
+    return absl::InvalidArgumentError("quota_bytes_per_job and max_jobs must be >= 0");
   }
   std::unique_ptr<KVStoreServer> server(new KVStoreServer());
   server->options_ = options;
   StoreOptions store_options;
   store_options.shard_index = options.shard_index;
   store_options.quota_bytes_per_job = options.quota_bytes_per_job;
+  store_options.max_jobs = options.max_jobs;
   server->store_ = std::make_unique<Store>(store_options);
   if (!options.data_dir.empty()) {
     DT_ASSIGN_OR_RETURN(server->resumed_, LoadSnapshot(options.data_dir, server->store_.get()));

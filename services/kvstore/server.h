@@ -88,6 +88,8 @@ struct ServerOptions {
   // at shutdown.
   absl::Duration snapshot_interval = absl::Seconds(60);
   int64_t quota_bytes_per_job = 0;
+  // Jobs held at once (StoreOptions::max_jobs); 0: no limit.
+  int max_jobs = 0;
   // gRPC send and receive limit per message.
   int64_t max_message_bytes = 4 << 20;
   // Value bytes per reply message (capped at max_message_bytes / 2).

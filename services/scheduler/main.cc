@@ -37,6 +37,8 @@ ABSL_FLAG(double, heartbeat_timeout_s, 10, "seconds without a heartbeat before a
 ABSL_FLAG(int, max_attempts, 5,
           "placements per job: a job whose trainer is lost is requeued (resuming from its newest "
           "checkpoint) until it has run this many times, then fails");
+ABSL_FLAG(int, max_queued_jobs_per_user, 100,
+          "QUEUED jobs a user may have; more submits are RESOURCE_EXHAUSTED (0: no limit)");
 ABSL_FLAG(bool, recover_in_place, true,
           "when a trainer of a running ALLREDUCE job is lost and a free trainer exists, replace "
           "the lost rank within the same attempt (the survivors keep their state and send it to "
@@ -99,6 +101,7 @@ int main(int argc, char** argv) {
                  options.max_attempts);
     return 2;
   }
+  options.max_queued_jobs_per_user = absl::GetFlag(FLAGS_max_queued_jobs_per_user);
   options.recover_in_place = absl::GetFlag(FLAGS_recover_in_place);
   options.finished_job_retention = absl::GetFlag(FLAGS_finished_job_retention);
   if (options.finished_job_retention <= absl::ZeroDuration()) {

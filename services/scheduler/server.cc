@@ -453,6 +453,7 @@ absl::StatusOr<std::unique_ptr<SchedulerServer>> SchedulerServer::Start(
   if (!options.data_dir.empty()) so.wal_path = options.data_dir + "/jobs.wal";
   so.heartbeat_timeout = options.heartbeat_timeout;
   so.max_attempts = options.max_attempts;
+  so.max_queued_jobs_per_user = options.max_queued_jobs_per_user;
   so.recover_in_place = options.recover_in_place;
   so.finished_job_retention = options.finished_job_retention;
   so.job_token_secret = options.job_token_secret;

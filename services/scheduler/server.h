@@ -70,6 +70,8 @@ struct ServerOptions {
   absl::Duration heartbeat_timeout = absl::Seconds(10);
   // Placements per job before a lost trainer fails it (SchedulerOptions).
   int max_attempts = 5;
+  // QUEUED jobs per user (SchedulerOptions); <= 0: no limit.
+  int max_queued_jobs_per_user = 100;
   // Recovery in place of ALLREDUCE jobs on a spare trainer (SchedulerOptions).
   bool recover_in_place = true;
   // How long finished jobs are kept (SchedulerOptions).

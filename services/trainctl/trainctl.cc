@@ -105,6 +105,8 @@ ABSL_FLAG(std::string, consistency, "", "submit: SYNCHRONOUS, ASYNCHRONOUS or BO
 ABSL_FLAG(int, max_staleness, 0, "submit: BOUNDED_DELAY: steps a trainer may run ahead");
 ABSL_FLAG(bool, hybridize, false, "submit: compile the model");
 ABSL_FLAG(bool, sync_batch_norm, false, "submit: batch norm over the global batch");
+ABSL_FLAG(bool, collective_tls, false,
+          "submit: encrypt the trainers' allreduce traffic (TLS; costs bandwidth)");
 ABSL_FLAG(uint64_t, seed, 0, "submit: seed");
 ABSL_FLAG(int, checkpoint_interval_epochs, 0, "submit: checkpoint every N epochs");
 ABSL_FLAG(int, priority, 0, "submit: priority (higher runs first)");
@@ -587,6 +589,7 @@ absl::Status BuildSpec(v1::JobSpec* spec) {
   }
   if (absl::GetFlag(FLAGS_hybridize)) spec->set_hybridize(true);
   if (absl::GetFlag(FLAGS_sync_batch_norm)) spec->set_sync_batch_norm(true);
+  if (absl::GetFlag(FLAGS_collective_tls)) spec->set_collective_tls(true);
   if (absl::GetFlag(FLAGS_seed)) spec->set_seed(absl::GetFlag(FLAGS_seed));
   if (absl::GetFlag(FLAGS_checkpoint_interval_epochs)) {
     spec->set_checkpoint_interval_epochs(absl::GetFlag(FLAGS_checkpoint_interval_epochs));

@@ -318,10 +318,13 @@ class HostileInputTest : public ::testing::Test {
  protected:
   void SetUp() override {
     e2e::UseTestCredentials();  // the scheduler and trainctl on mutual TLS
-    ASSERT_TRUE(scheduler_
-                    .Start(Runfile("services/scheduler/scheduler_server"),
-                           {"--data_dir=" + TmpDir("hostile-scheduler")})
-                    .ok());
+    ASSERT_TRUE(
+        scheduler_
+            .Start(Runfile("services/scheduler/scheduler_server"),
+                   // One user submits a burst of 900 valid jobs here; the
+                   // per-user queue cap has its own tests.
+                   {"--data_dir=" + TmpDir("hostile-scheduler"), "--max_queued_jobs_per_user=0"})
+            .ok());
     stub_ = v1::JobService::NewStub(dtrain::rpc::NewChannel(scheduler_.address()));
   }
 

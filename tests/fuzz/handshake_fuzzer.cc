@@ -5,10 +5,10 @@
 // repeated). Rank 0 of a 2-rank, 2-channel transport (job id "fuzz")
 // starts listening; the harness opens the stray connections to it, sends
 // their bytes and half-closes them; then the real rank 1 connects. The
-// checks: no crash, and rank 0's creation succeeds -- a stray connection
-// must not break or hang the rendezvous of the real ranks. (Rank 1 may fail
-// when strays sent valid handshakes for both channels and took its place:
-// this handshake has no authentication.)
+// checks: no crash, and both real ranks' creation succeeds -- a stray
+// connection must not break or hang the rendezvous of the real ranks, nor
+// take rank 1's place: the ranks hold a secret the strays do not, and the
+// handshake's challenge-response refuses them.
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -56,6 +56,7 @@ co::TcpOptions Tcp() {
   t.host = "127.0.0.1";
   t.socket_buffer_bytes = 0;
   t.bounce_bytes = 4096;
+  t.secret = "fuzz attempt secret";
   return t;
 }
 
@@ -99,6 +100,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   t1.join();
   if (!rank0.ok()) std::fprintf(stderr, "rank 0: %s\n", rank0.status().ToString().c_str());
   Check(rank0.ok(), "rank 0 connects despite stray connections");
+  if (!rank1.ok()) std::fprintf(stderr, "rank 1: %s\n", rank1.status().ToString().c_str());
+  Check(rank1.ok(), "rank 1 connects despite stray connections");
   rank0->reset();
   rank1 = absl::UnknownError("done");
   for (int fd : fds) ::close(fd);

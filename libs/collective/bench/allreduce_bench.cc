@@ -15,6 +15,9 @@
 // and the parent ends with
 //
 //   summary ranks=2 bytes=<max> tcp_busbw_GBps=... shm_busbw_GBps=...
+//
+// (`tcp_tls`: TCP with collective TLS, TcpOptions::tls; with both tcp and
+// tcp_tls the summary adds tls_over_tcp_busbw_ratio at the largest size.)
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -31,7 +34,8 @@
 #include "libs/collective/reduce.h"
 
 ABSL_FLAG(int, ranks, 2, "processes to run");
-ABSL_FLAG(std::string, transports, "tcp,shm", "comma-separated: tcp, shm, inprocess is not valid");
+ABSL_FLAG(std::string, transports, "tcp,shm",
+          "comma-separated: tcp, tcp_tls (TCP with collective TLS), shm");
 ABSL_FLAG(int64_t, min_bytes, 4096, "smallest message");
 ABSL_FLAG(int64_t, max_bytes, 64 << 20, "largest message");
 ABSL_FLAG(int, rounds, 5, "timed rounds per size; the best is reported");
@@ -47,11 +51,14 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-int RunRank(int rank, int ranks, TransportKind transport, const std::string& dir) {
+int RunRank(int rank, int ranks, TransportKind transport, bool tls, const std::string& label,
+            const std::string& dir) {
   CommunicatorOptions options;
   options.transport = transport;
   options.timeout = absl::Seconds(120);
   options.tcp.host = "127.0.0.1";
+  options.tcp.secret = "allreduce_bench attempt secret";
+  options.tcp.tls = tls;
   auto algorithm = ParseAlgorithm(absl::GetFlag(FLAGS_algorithm));
   auto large = ParseAlgorithm(absl::GetFlag(FLAGS_large_algorithm));
   if (!algorithm.ok() || !large.ok()) {
@@ -108,7 +115,7 @@ int RunRank(int rank, int ranks, TransportKind transport, const std::string& dir
       return 1;
     }
     if (rank == 0) {
-      last_busbw = bench::Report(ranks, TransportKindName(transport), bytes, best,
+      last_busbw = bench::Report(ranks, label, bytes, best,
                                  AlgorithmName((*comm)->AllreduceAlgorithmFor(bytes)));
     }
   }
@@ -130,14 +137,19 @@ int main(int argc, char** argv) {
       absl::StrCat("summary ranks=", ranks, " bytes=", absl::GetFlag(FLAGS_max_bytes),
                    " reduce_kernels=", UsingVectorKernels() ? "avx2+f16c" : "portable");
   bool ok = true;
+  double tcp_busbw = 0, tls_busbw = 0;
   for (absl::string_view name : absl::StrSplit(absl::GetFlag(FLAGS_transports), ',')) {
-    auto transport = ParseTransportKind(name);
+    const bool tls = name == "tcp_tls";
+    auto transport = ParseTransportKind(tls ? "tcp" : name);
     if (!transport.ok() || *transport == TransportKind::kInProcess) {
-      std::fprintf(stderr, "bad transport '%s' (use tcp or shm)\n", std::string(name).c_str());
+      std::fprintf(stderr, "bad transport '%s' (use tcp, tcp_tls or shm)\n",
+                   std::string(name).c_str());
       return 2;
     }
     const std::string dir = bench::MakeTempDir("allreduce_bench");
-    if (!bench::ForkRanks(ranks, [&](int rank) { return RunRank(rank, ranks, *transport, dir); })) {
+    const std::string label(name);
+    if (!bench::ForkRanks(
+            ranks, [&](int rank) { return RunRank(rank, ranks, *transport, tls, label, dir); })) {
       std::fprintf(stderr, "%s: a rank failed\n", std::string(name).c_str());
       ok = false;
     }
@@ -145,7 +157,13 @@ int main(int argc, char** argv) {
     double busbw = 0;
     in >> busbw;
     absl::StrAppend(&summary, " ", name, "_busbw_GBps=", absl::StrFormat("%.3f", busbw));
+    if (name == "tcp") tcp_busbw = busbw;
+    if (tls) tls_busbw = busbw;
     bench::RemoveTree(dir);
+  }
+  if (tcp_busbw > 0 && tls_busbw > 0) {
+    absl::StrAppend(&summary,
+                    " tls_over_tcp_busbw_ratio=", absl::StrFormat("%.3f", tls_busbw / tcp_busbw));
   }
   std::printf("%s\n", summary.c_str());
   return ok ? 0 : 1;
