@@ -16,6 +16,7 @@ ABSL_FLAG(std::string, peer, "",
 ABSL_FLAG(std::string, listen, "", "doctor serve: host:port to answer link measurements on");
 ABSL_FLAG(int64_t, link_bytes, 64 << 20,
           "doctor: bytes of the link bandwidth stream (a 100 Mbit/s link takes ~0.1 s per MiB)");
+ABSL_FLAG(int, pings, 500, "doctor: ping-pongs of the --peer link's latency");
 ABSL_FLAG(bool, quick, false, "doctor: smaller buffers (memory levels up to 64 MiB), ~2 s");
 ABSL_FLAG(bool, link_only, false, "doctor: only the --peer link (what scripts need for a model)");
 
@@ -88,6 +89,7 @@ int DoctorMain(const std::vector<std::string>& args, bool json) {
   if (!peer.empty()) {
     doctor::LinkOptions options;
     options.bulk_bytes = absl::GetFlag(FLAGS_link_bytes);
+    options.pings = absl::GetFlag(FLAGS_pings);
     auto link = doctor::MeasureLink(peer, options);
     if (!link.ok()) {
       std::fprintf(stderr, "trainctl: doctor: link to %s: %s\n", peer.c_str(),

@@ -31,7 +31,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../../.."
 repo=$PWD
 
-methods=ring,ps_one,ps_sharded rates=100mbit,1gbit workers=2,4,8 bytes=$((16 << 20)) rounds=3 out="" build=1 inside=0
+methods=ring,ps_one,ps_sharded rates=100mbit,1gbit workers=2,4,8 bytes=$((8 << 20)) rounds=3 out="" build=1 inside=0
 for a in "$@"; do
   case "$a" in
     --quick) rates=100mbit bytes=$((4 << 20)) rounds=2 ;;
