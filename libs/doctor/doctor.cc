@@ -110,8 +110,8 @@ absl::StatusOr<int> Connect(const std::string& address) {
     return Errno("socket");
   }
   if (connect(fd, (*res)->ai_addr, (*res)->ai_addrlen) != 0) {
-    absl::Status s = Errno(absl::StrCat("connect to ", address,
-                                        " (is `trainctl doctor serve` running there?)"));
+    absl::Status s =
+        Errno(absl::StrCat("connect to ", address, " (is `trainctl doctor serve` running there?)"));
     freeaddrinfo(*res);
     close(fd);
     return s;

@@ -81,8 +81,8 @@ struct LinkOptions {
 };
 
 struct LinkFigures {
-  double latency_s = 0;          // alpha: one way, half the median round trip
-  double bytes_per_second = 0;   // beta: one bulk TCP stream's payload rate
+  double latency_s = 0;         // alpha: one way, half the median round trip
+  double bytes_per_second = 0;  // beta: one bulk TCP stream's payload rate
 };
 
 // Measures the link to a LinkServer at `address`. UNAVAILABLE naming the

@@ -98,13 +98,14 @@ int DoctorMain(const std::vector<std::string>& args, bool json) {
     }
     figures.push_back({"link_latency_us", link->latency_s * 1e6, "us",
                        "One-way ping within same datacenter ~250 us"});
-    figures.push_back({"link_GBps", link->bytes_per_second / 1e9, "GB/s",
-                       "1-10GbE: 0.1-1 GB/s effective"});
+    figures.push_back(
+        {"link_GBps", link->bytes_per_second / 1e9, "GB/s", "1-10GbE: 0.1-1 GB/s effective"});
   }
   // The GPU figures (H2D/D2H, device memory, NCCL busbw) come from the
   // gpu-check bundle's benchmarks on a machine with a GPU; this build of
   // trainctl measures the host only.
-  figures.push_back({"gpu", 0, "", "skipped: trainctl measures the host; GPU figures: tools/gpu-check"});
+  figures.push_back(
+      {"gpu", 0, "", "skipped: trainctl measures the host; GPU figures: tools/gpu-check"});
   if (json) {
     std::string out = "{";
     for (size_t i = 0; i < figures.size(); ++i) {

@@ -72,7 +72,8 @@ class NetlabE2eTest : public ::testing::Test {
            "--data_dir=" + TmpDir("sched" + Name()), "--heartbeat_timeout_s=3",
            "--cluster_secret_file=" + certs_ + "/cluster.secret"},
           true);
-    const std::string kvstore = absl::StrCat(lab_->Ip(kShard0), ":7070,", lab_->Ip(kShard1), ":7070");
+    const std::string kvstore =
+        absl::StrCat(lab_->Ip(kShard0), ":7070,", lab_->Ip(kShard1), ":7070");
     const std::string checkpoints = TmpDir("checkpoints" + Name());
     for (int t : {0, 1}) {
       const std::string name = absl::StrCat("trainer-", t);

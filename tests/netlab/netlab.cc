@@ -11,8 +11,8 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "absl/strings/str_cat.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 
@@ -145,7 +145,8 @@ absl::Status Lab::Heal(int host) { return Netlab(absl::StrCat("heal ", host)); }
 absl::StatusOr<int64_t> Lab::Dropped(int host) const {
   std::string out;
   int rc = Shell(absl::StrCat("ip netns exec h", host, " iptables -w -L nl_loss -v -x -n"), &out);
-  if (rc != 0) return absl::InternalError(absl::StrCat("iptables -L nl_loss in h", host, ": ", out));
+  if (rc != 0)
+    return absl::InternalError(absl::StrCat("iptables -L nl_loss in h", host, ": ", out));
   int64_t dropped = 0;
   for (absl::string_view line : absl::StrSplit(out, '\n')) {
     std::vector<absl::string_view> f = absl::StrSplit(line, ' ', absl::SkipEmpty());

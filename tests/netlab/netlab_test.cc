@@ -3,6 +3,8 @@
 // between two hosts), a partition cuts a host off and a heal restores it,
 // loss drops packets. Skips, naming the reason, where the kernel refuses
 // network namespaces.
+#include "tests/netlab/netlab.h"
+
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
@@ -15,7 +17,6 @@
 #include "gtest/gtest.h"
 #include "libs/base/subprocess.h"
 #include "tests/e2e/e2e_util.h"
-#include "tests/netlab/netlab.h"
 
 namespace dtrain {
 namespace netlab {

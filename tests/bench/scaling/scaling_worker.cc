@@ -62,8 +62,9 @@ int Main() {
   }
   if (absl::GetFlag(FLAGS_store_dir).empty() || workers < 1 || rank < 0 || rank >= workers ||
       count == 0 || rounds < 1) {
-    std::fprintf(stderr, "scaling_worker: need --store_dir, 0 <= --rank < --workers, --bytes >= 4, "
-                         "--rounds >= 1\n");
+    std::fprintf(stderr,
+                 "scaling_worker: need --store_dir, 0 <= --rank < --workers, --bytes >= 4, "
+                 "--rounds >= 1\n");
     return 2;
   }
   collective::FileStore store(absl::GetFlag(FLAGS_store_dir));
