@@ -11,9 +11,10 @@ TEST(DoctorTest, MemoryFartherAwayIsSlower) {
   // table lists differ by more than an order of magnitude on any machine.
   const double l1 = ChaseLatencyNs(16 << 10);
   const double mem = ChaseLatencyNs(64 << 20);
+  // Loose bounds: the machine may be busy (a best of several runs).
   EXPECT_GT(l1, 0.1);
-  EXPECT_LT(l1, 10);
-  EXPECT_GT(mem, 4 * l1) << "l1=" << l1 << " mem=" << mem;
+  EXPECT_LT(l1, 50);
+  EXPECT_GT(mem, 3 * l1) << "l1=" << l1 << " mem=" << mem;
   EXPECT_LT(mem, 1000);
 }
 
