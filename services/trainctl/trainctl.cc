@@ -70,6 +70,7 @@
 #include "libs/trace/trace.h"
 #include "protos/scheduler.grpc.pb.h"
 #include "services/trainctl/cluster.h"
+#include "services/trainctl/doctor.h"
 #include "services/trainctl/progress.h"
 #include "services/trainctl/shard_map_view.h"
 #include "services/trainctl/yaml.h"
@@ -183,6 +184,9 @@ constexpr char kUsage[] =
     "  trainctl cluster status --dir=DIR    processes alive, servers answering Admin.Ping,\n"
     "      restarts and last exits\n"
     "  trainctl cluster down --dir=DIR [--grace_s=15]   SIGTERM, then SIGKILL after the grace\n"
+    "  trainctl doctor [--peer=HOST:PORT] [--quick]   this machine's memory latency, memcpy,\n"
+    "      loopback (and link to a peer's `trainctl doctor serve --listen=HOST:PORT`)\n"
+    "      next to the chapter's latency table\n"
     "  trainctl certs init --dir=D [--san=names]   a CA, the scheduler, kvstore and admin\n"
     "      certificates and the cluster secret\n"
     "  trainctl certs issue --dir=D --name=N --role=user|admin|trainer|kvstore|scheduler\n"
@@ -655,6 +659,10 @@ int main(int argc, char** argv) {
   if (args.size() < 2) return Usage("missing subcommand");
   const std::string cmd = args[1];
   if (cmd == "certs") return CertsMain(std::vector<std::string>(args.begin() + 2, args.end()));
+  if (cmd == "doctor") {
+    return dtrain::trainctl::DoctorMain(std::vector<std::string>(args.begin() + 2, args.end()),
+                                        Json());
+  }
   if (cmd == "cluster") {
     dtrain::trainctl::ClusterOptions o;
     o.dir = absl::GetFlag(FLAGS_dir);
