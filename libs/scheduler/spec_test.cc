@@ -86,6 +86,13 @@ TEST(SpecTest, EveryBadFieldIsNamed) {
       {[](JobSpec* s) { s->set_test_limit(-1); }, "test_limit:"},
       {[](JobSpec* s) { s->set_init("zeros"); }, "init:"},
       {[](JobSpec* s) { s->set_threads(-2); }, "threads:"},
+      {[](JobSpec* s) {
+         s->mutable_sync()->set_mode(v1::KVSTORE);
+         s->mutable_sync()->set_gradient_compression("fp8");
+       },
+       "sync.gradient_compression: unknown gradient compression 'fp8'"},
+      {[](JobSpec* s) { s->mutable_sync()->set_gradient_compression("f16"); },
+       "sync.gradient_compression: f16 needs sync.mode KVSTORE"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.field);
@@ -103,6 +110,10 @@ TEST(SpecTest, KvstoreBoundedDelayIsFine) {
   s.mutable_sync()->set_consistency(v1::BOUNDED_DELAY);
   s.mutable_sync()->set_max_staleness(2);
   EXPECT_TRUE(ValidateJobSpec(s).ok()) << ValidateJobSpec(s);
+  for (const char* c : {"none", "f16", "bf16"}) {
+    s.mutable_sync()->set_gradient_compression(c);
+    EXPECT_TRUE(ValidateJobSpec(s).ok()) << c << ": " << ValidateJobSpec(s);
+  }
 }
 
 }  // namespace
