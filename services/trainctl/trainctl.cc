@@ -149,6 +149,7 @@ namespace v1 = dtrain::scheduler::v1;
 constexpr char kUsage[] =
     "trainctl: the dtrain scheduler's client.\n"
     "  trainctl submit [--name=... --model=... ...|-f job.yaml|job.json] [--wait]\n"
+    "      (KVSTORE jobs: --gradient_compression=none|f16|bf16 halves gradient pushes)\n"
     "  trainctl get ID\n"
     "  trainctl list [--state=RUNNING]\n"
     "  trainctl cancel ID [--reason=...]\n"

@@ -26,6 +26,7 @@ sync:
   mode: KVSTORE
   consistency: BOUNDED_DELAY   # at most 2 behind
   max_staleness: 2
+  gradient_compression: bf16
 num_trainers: 2
 )";
   absl::StatusOr<std::string> json = YamlToJson(yaml);
@@ -44,6 +45,7 @@ num_trainers: 2
   EXPECT_EQ(spec.sync().mode(), v1::KVSTORE);
   EXPECT_EQ(spec.sync().consistency(), v1::BOUNDED_DELAY);
   EXPECT_EQ(spec.sync().max_staleness(), 2);
+  EXPECT_EQ(spec.sync().gradient_compression(), "bf16");
 }
 
 TEST(YamlTest, ScalarsMapToJsonTypes) {
