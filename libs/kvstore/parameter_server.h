@@ -155,8 +155,8 @@ class ParameterServer {
   // their own. kUnimplemented from an implementation without compression.
   virtual absl::Status SetPushCompression(Compression compression) {
     if (compression == Compression::kNone) return absl::OkStatus();
-    return absl::UnimplementedError(absl::StrCat(
-        "this parameter server has no push compression (", CompressionName(compression), ")"));
+    return absl::UnimplementedError(absl::StrCat("this parameter server has no push compression (",
+                                                 CompressionName(compression), ")"));
   }
 
   // Blocking forms (an implementation may run them without a hand-off).

@@ -38,8 +38,8 @@ absl::StatusOr<Compression> ParseCompression(absl::string_view name) {
     if (name == CompressionName(c)) return c;
   }
   if (name.empty()) return Compression::kNone;
-  return absl::InvalidArgumentError(absl::StrCat("unknown gradient compression '", name,
-                                                 "' (accepted: none, f16, bf16)"));
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown gradient compression '", name, "' (accepted: none, f16, bf16)"));
 }
 
 const char* OptimizerName(OptimizerKind o) {
