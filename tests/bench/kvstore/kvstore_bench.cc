@@ -34,6 +34,7 @@
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <string>
 #include <thread>
 #include <vector>
@@ -257,6 +258,15 @@ int Run(const char* argv0) {
     }
     replicas.push_back(n);
   }
+  std::string cert_dir;
+  // Removes the run's certificates on every return.
+  struct RemoveDir {
+    const std::string& dir;
+    ~RemoveDir() {
+      std::error_code ignored;
+      if (!dir.empty()) std::filesystem::remove_all(dir, ignored);
+    }
+  } remove_cert_dir{cert_dir};
   if (absl::GetFlag(FLAGS_tls)) {
     // A CA and certificates for this run; servers started from here get the
     // same credentials (ServerProcess passes the process's default ones).
@@ -265,7 +275,8 @@ int Run(const char* argv0) {
       std::perror("kvstore_bench: mkdtemp");
       return 1;
     }
-    const std::string dir = dir_template;
+    cert_dir = dir_template;
+    const std::string& dir = cert_dir;
     absl::Status s = security::InitCertDir(dir, {});
     absl::StatusOr<std::shared_ptr<const rpc::Credentials>> credentials =
         s.ok() ? rpc::Credentials::Load({dir + "/ca.pem", dir + "/admin.pem", dir + "/admin.key"})
