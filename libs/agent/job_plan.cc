@@ -166,6 +166,15 @@ absl::StatusOr<JobPlan> PlanJob(const v1::Assignment& a, const TrainerResources&
       default:
         c.kvstore_consistency = kvstore::Consistency::kSync;
     }
+    // Validated at submit (libs/scheduler/spec.cc); a spec from elsewhere
+    // that names no known compression fails the job here.
+    absl::StatusOr<kvstore::Compression> compression =
+        kvstore::ParseCompression(spec.sync().gradient_compression());
+    if (!compression.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("sync.gradient_compression: ", compression.status().message()));
+    }
+    c.kvstore_compression = *compression;
     return plan;
   }
   if (a.world_size() == 1) return plan;

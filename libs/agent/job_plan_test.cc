@@ -193,6 +193,14 @@ TEST(JobPlanTest, KvstoreModeAndItsConsistencies) {
   ASSERT_TRUE(plan.ok()) << plan.status();
   EXPECT_EQ(plan->config.kvstore_consistency, kvstore::Consistency::kBoundedDelay);
   EXPECT_EQ(plan->config.kvstore_max_staleness, 4);
+  EXPECT_EQ(plan->config.kvstore_compression, kvstore::Compression::kNone);
+
+  a.mutable_spec()->mutable_sync()->set_gradient_compression("bf16");
+  plan = PlanJob(a, r);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->config.kvstore_compression, kvstore::Compression::kBF16);
+  a.mutable_spec()->mutable_sync()->set_gradient_compression("f8");
+  EXPECT_EQ(PlanJob(a, r).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 // CUDA devices come from what the trainer offers; NCCL between trainers with

@@ -148,7 +148,9 @@ std::function<bool(grpc::ByteBuffer*)> Once(const grpc::ByteBuffer& buffer) {
 }  // namespace
 
 KVClient::KVClient(ClientOptions options)
-    : options_(std::move(options)), pool_(std::make_unique<ElasticThreadPool>()) {}
+    : options_(std::move(options)),
+      compression_(options_.compression),
+      pool_(std::make_unique<ElasticThreadPool>()) {}
 
 KVClient::~KVClient() {
   pool_.reset();  // finishes operations in flight while keys_ and channels_ exist
@@ -210,6 +212,11 @@ class KVClient::TrackedCall {
   KVClient* const client_;
   grpc::ClientContext* const ctx_;
 };
+
+absl::Status KVClient::SetPushCompression(Compression compression) {
+  compression_.store(compression);
+  return absl::OkStatus();
+}
 
 void KVClient::Cancel(const std::string& reason) {
   absl::MutexLock lock(&calls_mu_);
@@ -812,10 +819,11 @@ absl::Status KVClient::PushOnce(int server, const std::vector<SliceOp>& work, bo
   DT_ASSIGN_OR_RETURN(Endpoint to, Route(server, /*write=*/true));
   const std::string& address = to.address;
   grpc::Channel* const channel = to.channel.get();
+  const Compression compression = compression_.load();
   v1::PushRequest header;
   header.set_job(options_.job);
   header.set_worker(options_.worker);
-  header.set_compression(ToProto(options_.compression));
+  header.set_compression(ToProto(compression));
   auto token = std::make_shared<PinToken>(state);
   std::vector<grpc::Slice> values;
   for (const SliceOp& w : work) {
@@ -825,7 +833,7 @@ absl::Status KVClient::PushOnce(int server, const std::vector<SliceOp>& work, bo
     item->set_round(w.round);
     item->set_dtype(static_cast<int>(w.slice->spec.dtype));
     for (int64_t d : w.slice->spec.shape) item->add_shape(d);
-    values.push_back(WireSlice(w.slice->spec, w.src, options_.compression, token));
+    values.push_back(WireSlice(w.slice->spec, w.src, compression, token));
   }
   // Chunk the values into messages of chunk_bytes; the first carries the header.
   std::vector<grpc::ByteBuffer> messages;

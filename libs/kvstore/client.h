@@ -71,6 +71,7 @@
 #ifndef DTRAIN_LIBS_KVSTORE_CLIENT_H_
 #define DTRAIN_LIBS_KVSTORE_CLIENT_H_
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -114,7 +115,8 @@ struct ClientOptions {
   // The job's kvstore capability (libs/security/job_token.h), sent with
   // every call; "" sends none (shards without a cluster secret).
   std::string token;
-  // Encoding of pushed f32 values (halves push traffic; see Compression).
+  // Encoding of pushed f32 values (halves push traffic; see Compression);
+  // SetPushCompression changes it later.
   Compression compression = Compression::kNone;
   PlacementOptions placement;
   // Value bytes per message. 1 MiB keeps messages far below the default
@@ -167,6 +169,9 @@ class KVClient : public ParameterServer {
   // once) and makes later ones fail at once, all with kCancelled carrying
   // `reason`; DeleteJob and LeaveJob still work. Irreversible.
   void Cancel(const std::string& reason) override;
+
+  // Pushes issued from now on encode f32 values as `compression`.
+  absl::Status SetPushCompression(Compression compression) override;
 
   // Places the keys and creates their slices on the shards (idempotent: a
   // key that exists with the same spec keeps its value). Every worker calls
@@ -247,6 +252,7 @@ class KVClient : public ParameterServer {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(map_mu_);
 
   const ClientOptions options_;
+  std::atomic<Compression> compression_;  // of pushes, from options_.compression
   int num_shards_ = 0;
   std::vector<std::shared_ptr<grpc::Channel>> channels_;  // by server (unreplicated)
   // Replicated: the map followed, and a channel per replica address.

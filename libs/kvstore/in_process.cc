@@ -11,6 +11,7 @@
 #include "absl/strings/string_view.h"
 #include "libs/base/logging.h"
 #include "libs/base/status.h"
+#include "libs/kvstore/codec.h"
 #include "libs/kvstore/thread_pool.h"
 
 namespace dtrain {
@@ -337,7 +338,9 @@ absl::Status InProcessParameterServer::RunOnShard(Op op, int shard,
   if (is_cancelled_) return cancelled();
   Store& store = *shards_->stores[static_cast<size_t>(shard)];
   if (op != Op::kPull) {
+    const Compression compression = compression_.load();
     std::vector<PushItem> items(work.size());
+    std::vector<std::string> encoded(work.size());  // values in a wire dtype of their own
     for (size_t i = 0; i < work.size(); ++i) {
       const SliceSpec& spec = work[i].slice->spec;
       items[i].key = spec.key;
@@ -345,9 +348,16 @@ absl::Status InProcessParameterServer::RunOnShard(Op op, int shard,
       items[i].round = work[i].round;
       items[i].dtype = spec.dtype;
       items[i].shape = spec.shape;
-      items[i].data.emplace_back(work[i].src, static_cast<size_t>(SliceBytes(spec)));
+      const DType wire = WireDType(spec.dtype, compression);
+      if (wire == spec.dtype) {
+        items[i].data.emplace_back(work[i].src, static_cast<size_t>(SliceBytes(spec)));
+      } else {
+        // As the gRPC client sends it (client.cc WireSlice): f32 narrowed.
+        encoded[i] = EncodeToString(reinterpret_cast<const float*>(work[i].src), spec.count, wire);
+        items[i].data.emplace_back(encoded[i]);
+      }
     }
-    DT_RETURN_IF_ERROR(store.Push(job_, worker_, Compression::kNone, items).status());
+    DT_RETURN_IF_ERROR(store.Push(job_, worker_, compression, items).status());
     if (op == Op::kPush) return absl::OkStatus();
   }
   std::vector<PullRequestItem> items(work.size());
@@ -370,6 +380,11 @@ absl::Status InProcessParameterServer::RunOnShard(Op op, int shard,
         << DescribeSlice(spec) << " pulled as " << values[i].bytes.size << " bytes";
     std::memcpy(work[i].dst, values[i].bytes.data, values[i].bytes.size);
   }
+  return absl::OkStatus();
+}
+
+absl::Status InProcessParameterServer::SetPushCompression(Compression compression) {
+  compression_.store(compression);
   return absl::OkStatus();
 }
 

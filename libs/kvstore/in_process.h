@@ -30,7 +30,9 @@
 //     kOutOfRange...), kNotFound for a key this worker did not Init,
 //     kInvalidArgument for a missing buffer or a key twice in one call,
 //     kDeadlineExceeded for a pull that waited longer than pull_timeout.
-// What it lacks: retries (nothing is transient here), compression, and the
+// Push compression (SetPushCompression) encodes values as the gRPC client
+// does, so its effect on training shows in process too.
+// What it lacks: retries (nothing is transient here), and the
 // client's Resync/Snapshot (a test reaches the Stores through shard()).
 //
 // Lifetime: the Stores live while the InProcessKVStore or any of its
@@ -117,6 +119,7 @@ class InProcessParameterServer : public ParameterServer {
   absl::Status LeaveJob() override;
   // A waiting pull notices within a few milliseconds.
   void Cancel(const std::string& reason) override;
+  absl::Status SetPushCompression(Compression compression) override;
   absl::Status Init(const std::vector<KeySpec>& keys) override;
 
   Work PushAsync(std::vector<PushSource> items) override;
@@ -153,6 +156,7 @@ class InProcessParameterServer : public ParameterServer {
   absl::flat_hash_map<std::string, std::unique_ptr<Key>> keys_ ABSL_GUARDED_BY(mu_);
   absl::Status cancelled_ ABSL_GUARDED_BY(mu_);
   std::atomic<bool> is_cancelled_{false};
+  std::atomic<Compression> compression_{Compression::kNone};
   std::unique_ptr<ElasticThreadPool> pool_;  // last: destroyed (joined) first
 };
 

@@ -27,6 +27,7 @@
 #include "absl/base/attributes.h"
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "libs/kvstore/types.h"
 
@@ -147,6 +148,16 @@ class ParameterServer {
   virtual Work PullAsync(std::vector<PullTarget> items) = 0;
   // Push then pull of the pushed round.
   virtual Work PushPullAsync(std::vector<PushPullItem> items) = 0;
+
+  // How later pushes encode f32 values on their way to the shards (types.h,
+  // Compression: f16 or bf16 halve push traffic; the shards widen them to
+  // f32 before summing, so pulls stay f32). Keys of other dtypes travel in
+  // their own. kUnimplemented from an implementation without compression.
+  virtual absl::Status SetPushCompression(Compression compression) {
+    if (compression == Compression::kNone) return absl::OkStatus();
+    return absl::UnimplementedError(absl::StrCat("this parameter server has no push compression (",
+                                                 CompressionName(compression), ")"));
+  }
 
   // Blocking forms (an implementation may run them without a hand-off).
   virtual absl::Status Push(std::vector<PushSource> items) {

@@ -177,6 +177,36 @@ TEST_P(ParameterServerContractTest, SyncRoundsCompleteInOrder) {
   EXPECT_EQ(w[1]->Pull({{"w", ahead.data(), kRounds + 1}}).code(), absl::StatusCode::kOutOfRange);
 }
 
+// Push compression: each worker's pushes travel as the encoding it set (f16
+// rounds 1 + 2^-9 + 2^-12 to 1 + 2^-9, bf16 to 1), the shards sum them in
+// f32 and the pull is f32; a worker can change its encoding between rounds.
+TEST_P(ParameterServerContractTest, PushCompressionRoundsEachWorkersPushesToItsEncoding) {
+  constexpr int64_t kN = 16;
+  const JobConfig config = Config("compressed", 2, Consistency::kSync);
+  std::vector<std::unique_ptr<ParameterServer>> w;
+  w.push_back(Connect(config.job, 0));
+  w.push_back(Connect(config.job, 1));
+  ASSERT_TRUE(CreateJobAndInit(w, config, {{"w", {kN}}}));
+  ASSERT_TRUE(w[0]->SetPushCompression(Compression::kF16).ok());
+  ASSERT_TRUE(w[1]->SetPushCompression(Compression::kBF16).ok());
+  const float x = 1.0f + 1.0f / 512 + 1.0f / 4096;
+  auto round = [&](float want) {
+    std::vector<std::vector<float>> g(2, Filled(kN, x)), out(2, Filled(kN, -1));
+    std::vector<absl::Status> status(2);
+    std::thread other([&] { status[1] = w[1]->PushPull({{"w", g[1].data(), out[1].data()}}); });
+    status[0] = w[0]->PushPull({{"w", g[0].data(), out[0].data()}});
+    other.join();
+    for (int worker = 0; worker < 2; ++worker) {
+      ASSERT_TRUE(status[worker].ok()) << "worker " << worker << ": " << status[worker];
+      EXPECT_EQ(out[worker], Filled(kN, want)) << "worker " << worker;
+    }
+  };
+  round(2.0f + 1.0f / 512);  // f16 + bf16
+  ASSERT_TRUE(w[0]->SetPushCompression(Compression::kNone).ok());
+  ASSERT_TRUE(w[1]->SetPushCompression(Compression::kNone).ok());
+  round(2 * x);  // exact
+}
+
 // ASYNC with SGD on the server: every push is applied on arrival, whichever
 // worker sends it, and a pull returns the weights at once.
 TEST_P(ParameterServerContractTest, AsyncServerSideSgdAppliesEachPush) {

@@ -21,6 +21,27 @@ const char* ConsistencyName(Consistency c) {
   return "?";
 }
 
+const char* CompressionName(Compression c) {
+  switch (c) {
+    case Compression::kNone:
+      return "none";
+    case Compression::kF16:
+      return "f16";
+    case Compression::kBF16:
+      return "bf16";
+  }
+  return "?";
+}
+
+absl::StatusOr<Compression> ParseCompression(absl::string_view name) {
+  for (Compression c : {Compression::kNone, Compression::kF16, Compression::kBF16}) {
+    if (name == CompressionName(c)) return c;
+  }
+  if (name.empty()) return Compression::kNone;
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown gradient compression '", name, "' (accepted: none, f16, bf16)"));
+}
+
 const char* OptimizerName(OptimizerKind o) {
   switch (o) {
     case OptimizerKind::kNone:

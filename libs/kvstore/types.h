@@ -16,6 +16,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "libs/tensor/dtype.h"
 
 namespace dtrain {
@@ -37,6 +38,11 @@ enum class OptimizerKind { kNone, kSgd };
 enum class Compression { kNone, kF16, kBF16 };
 
 const char* ConsistencyName(Consistency c);  // "sync", "async", "bounded_delay"
+const char* CompressionName(Compression c);  // "none", "f16", "bf16"
+// The compression a job spec names (JobSpec sync.gradient_compression,
+// `trainctl submit --gradient_compression`): "" or "none", "f16", "bf16";
+// kInvalidArgument listing the accepted names otherwise.
+absl::StatusOr<Compression> ParseCompression(absl::string_view name);
 const char* OptimizerName(OptimizerKind o);  // "none", "sgd"
 
 struct JobConfig {

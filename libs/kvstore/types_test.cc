@@ -70,6 +70,19 @@ TEST(TypesTest, SliceSpecValidation) {
   EXPECT_EQ(WireDType(DType::kF16, Compression::kNone), DType::kF16);
 }
 
+TEST(TypesTest, ParseCompressionNamesEveryEncodingAndRejectsOthers) {
+  for (Compression c : {Compression::kNone, Compression::kF16, Compression::kBF16}) {
+    absl::StatusOr<Compression> parsed = ParseCompression(CompressionName(c));
+    ASSERT_TRUE(parsed.ok()) << parsed.status();
+    EXPECT_EQ(*parsed, c);
+  }
+  EXPECT_EQ(*ParseCompression(""), Compression::kNone);
+  absl::StatusOr<Compression> bad = ParseCompression("fp8");
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("'fp8'"), std::string::npos) << bad.status();
+  EXPECT_NE(bad.status().message().find("none, f16, bf16"), std::string::npos) << bad.status();
+}
+
 }  // namespace
 }  // namespace kvstore
 }  // namespace dtrain

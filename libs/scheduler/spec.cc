@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "libs/kvstore/types.h"
 
 namespace dtrain {
 namespace scheduler {
@@ -109,6 +110,16 @@ absl::Status ValidateJobSpec(const JobSpec& s) {
   }
   if (s.sync().consistency() != v1::BOUNDED_DELAY && s.sync().max_staleness() != 0) {
     return Bad("sync.max_staleness", "only meaningful with consistency BOUNDED_DELAY");
+  }
+  if (!s.sync().gradient_compression().empty()) {
+    absl::StatusOr<kvstore::Compression> c =
+        kvstore::ParseCompression(s.sync().gradient_compression());
+    if (!c.ok()) return Bad("sync.gradient_compression", std::string(c.status().message()));
+    if (!kvstore && *c != kvstore::Compression::kNone) {
+      return Bad("sync.gradient_compression",
+                 absl::StrCat(s.sync().gradient_compression(),
+                              " needs sync.mode KVSTORE (allreduce sends f32 gradients)"));
+    }
   }
   if (s.checkpoint_interval_epochs() < 0) {
     return Bad("checkpoint_interval_epochs",

@@ -130,6 +130,13 @@ TEST(SpecTest, EveryBadFieldIsNamed) {
        },
        "max_trainers: elastic jobs"},
       {[](JobSpec* s) { s->set_max_trainers(2); }, "max_trainers: elastic jobs"},
+      {[](JobSpec* s) {
+         s->mutable_sync()->set_mode(v1::KVSTORE);
+         s->mutable_sync()->set_gradient_compression("fp8");
+       },
+       "sync.gradient_compression: unknown gradient compression 'fp8'"},
+      {[](JobSpec* s) { s->mutable_sync()->set_gradient_compression("f16"); },
+       "sync.gradient_compression: f16 needs sync.mode KVSTORE"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.field);
@@ -147,6 +154,10 @@ TEST(SpecTest, KvstoreBoundedDelayIsFine) {
   s.mutable_sync()->set_consistency(v1::BOUNDED_DELAY);
   s.mutable_sync()->set_max_staleness(2);
   EXPECT_TRUE(ValidateJobSpec(s).ok()) << ValidateJobSpec(s);
+  for (const char* c : {"none", "f16", "bf16"}) {
+    s.mutable_sync()->set_gradient_compression(c);
+    EXPECT_TRUE(ValidateJobSpec(s).ok()) << c << ": " << ValidateJobSpec(s);
+  }
 }
 
 }  // namespace

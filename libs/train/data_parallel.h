@@ -176,6 +176,9 @@ struct DataParallelOptions {
   kvstore::Consistency kvstore_consistency = kvstore::Consistency::kSync;
   // kBoundedDelay only (>= 0); must be 0 for the other modes.
   int kvstore_max_staleness = 0;
+  // How this trainer's gradient pushes travel (ParameterServer::
+  // SetPushCompression): f16 or bf16 halve their bytes; pulls stay f32.
+  kvstore::Compression kvstore_compression = kvstore::Compression::kNone;
 };
 
 // The kvstore job a data-parallel run with `workers` trainers needs in the

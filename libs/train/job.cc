@@ -388,6 +388,7 @@ absl::Status Run(const JobConfig& c, JobObserver* observer, JobProgress* progres
   o.kvstore_workers = world;
   o.kvstore_consistency = c.kvstore_consistency;
   o.kvstore_max_staleness = c.kvstore_max_staleness;
+  o.kvstore_compression = c.kvstore_compression;
   o.sync_batch_norm = c.sync_batch_norm;
   if (c.bucket_bytes > 0) o.bucket_bytes = static_cast<size_t>(c.bucket_bytes);
   // Resuming: every replica loads the checkpoint before the weights are

@@ -104,6 +104,8 @@ ABSL_FLAG(std::string, device_kind, "", "submit: cpu or cuda");
 ABSL_FLAG(std::string, sync, "", "submit: ALLREDUCE or KVSTORE");
 ABSL_FLAG(std::string, consistency, "", "submit: SYNCHRONOUS, ASYNCHRONOUS or BOUNDED_DELAY");
 ABSL_FLAG(int, max_staleness, 0, "submit: BOUNDED_DELAY: steps a trainer may run ahead");
+ABSL_FLAG(std::string, gradient_compression, "",
+          "submit: KVSTORE: how gradient pushes travel: none, f16 or bf16 (half the bytes)");
 ABSL_FLAG(bool, hybridize, false, "submit: compile the model");
 ABSL_FLAG(bool, sync_batch_norm, false, "submit: batch norm over the global batch");
 ABSL_FLAG(bool, collective_tls, false,
@@ -163,6 +165,7 @@ namespace v1 = dtrain::scheduler::v1;
 constexpr char kUsage[] =
     "trainctl: the dtrain scheduler's client.\n"
     "  trainctl submit [--name=... --model=... ...|-f job.yaml|job.json] [--wait]\n"
+    "      (KVSTORE jobs: --gradient_compression=none|f16|bf16 halves gradient pushes)\n"
     "  trainctl get ID\n"
     "  trainctl list [--state=RUNNING]\n"
     "  trainctl cancel ID [--reason=...]\n"
@@ -590,6 +593,9 @@ absl::Status BuildSpec(v1::JobSpec* spec) {
   }
   if (absl::GetFlag(FLAGS_max_staleness)) {
     spec->mutable_sync()->set_max_staleness(absl::GetFlag(FLAGS_max_staleness));
+  }
+  if (!absl::GetFlag(FLAGS_gradient_compression).empty()) {
+    spec->mutable_sync()->set_gradient_compression(absl::GetFlag(FLAGS_gradient_compression));
   }
   if (absl::GetFlag(FLAGS_hybridize)) spec->set_hybridize(true);
   if (absl::GetFlag(FLAGS_sync_batch_norm)) spec->set_sync_batch_norm(true);

@@ -12,6 +12,7 @@
 //     mode: KVSTORE
 //     consistency: BOUNDED_DELAY
 //     max_staleness: 2
+//     gradient_compression: bf16
 //
 // Supported: block mappings nested by indentation (spaces), scalars plain,
 // 'single-' or "double-quoted" (with \" \\ \n \t escapes), comments, blank

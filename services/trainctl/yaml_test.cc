@@ -26,6 +26,7 @@ sync:
   mode: KVSTORE
   consistency: BOUNDED_DELAY   # at most 2 behind
   max_staleness: 2
+  gradient_compression: bf16
 num_trainers: 2
 min_trainers: 1
 max_trainers: 3
@@ -48,6 +49,7 @@ max_trainers: 3
   EXPECT_EQ(spec.sync().mode(), v1::KVSTORE);
   EXPECT_EQ(spec.sync().consistency(), v1::BOUNDED_DELAY);
   EXPECT_EQ(spec.sync().max_staleness(), 2);
+  EXPECT_EQ(spec.sync().gradient_compression(), "bf16");
 }
 
 TEST(YamlTest, ScalarsMapToJsonTypes) {

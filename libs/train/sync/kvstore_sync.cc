@@ -47,6 +47,8 @@ class KvstoreSync : public GradientSync {
  protected:
   absl::Status ShareInitialWeights() override {
     kvstore::JobConfig config = MakeKvstoreJobConfig(ps_->job(), options_);
+    DT_RETURN_IF_ERROR(Annotate(ps_->SetPushCompression(options_.kvstore_compression),
+                                "choosing the kvstore push compression"));
     DT_RETURN_IF_ERROR(Annotate(
         ps_->CreateJob(config),
         absl::StrCat("creating the kvstore job (", kvstore::DescribeJobConfig(config), ")")));

@@ -53,6 +53,8 @@ class KvstoreWeightsSync : public GradientSync {
  protected:
   absl::Status ShareInitialWeights() override {
     kvstore::JobConfig config = MakeKvstoreJobConfig(ps_->job(), options_);
+    DT_RETURN_IF_ERROR(Annotate(ps_->SetPushCompression(options_.kvstore_compression),
+                                "choosing the kvstore push compression"));
     DT_RETURN_IF_ERROR(Annotate(
         ps_->CreateJob(config),
         absl::StrCat("creating the kvstore job (", kvstore::DescribeJobConfig(config), ")")));

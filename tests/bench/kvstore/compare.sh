@@ -3,30 +3,39 @@
 # push+pull latency of a small key, measured back to back on this machine;
 # each kvstore figure also with 2 replicas per shard (the kvstore_replication
 # lines: the cost of chain replication in the same run).
-# Prints the bench lines, iperf3's figure and one summary line:
-#   compare kvstore_GBps=<x> iperf3_GBps=<y> ratio=<x/y> (goal >= 0.6)
-#   compare latency bytes=4096 p50_us=<a> p99_us=<b> (goals: p50 <= 200, p99 <= 1000)
+# Every connection is mutual TLS (the default a user gets; tls=on in the lines)
+# unless --notls.
+# Prints the bench lines, iperf3's figure and summary lines, per replica count r:
+#   compare replicas=<r> kvstore_GBps=<x> iperf3_GBps=<y> ratio=<x/y> (goal >= 1.0)
+#   compare replicas=<r> latency bytes=4096 keys=1 p50_us=<a> p99_us=<b> (goals: p50 <= 100, p99 <= 300)
+#   compare replicas=<r> keys8_over_keys1_p50=<c> (goal <= 1.5)
 #
 #   tests/bench/kvstore/compare.sh [--workers 2] [--servers 2] [--bytes 67108864] [--seconds 3]
-# Set BAZEL to use another Bazel command line (e.g. BAZEL="bazel --output_base=...").
+#                                  [--bin PATH] [--notls]
+# --bin runs an already built kvstore_bench (no setup, no build: for a run
+# under dt-quiet). Set BAZEL to use another Bazel command line.
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
-workers=2 servers=2 bytes=$((64 << 20)) seconds=3
+workers=2 servers=2 bytes=$((64 << 20)) seconds=3 bin= tlsflag=--tls tls=on
 while [ $# -gt 0 ]; do
   case "$1" in
     --workers) workers=$2; shift 2 ;;
     --servers) servers=$2; shift 2 ;;
     --bytes) bytes=$2; shift 2 ;;
     --seconds) seconds=$2; shift 2 ;;
-    -h|--help) sed -n '2,11p' "$0"; exit 0 ;;
+    --bin) bin=$2; shift 2 ;;
+    --notls) tlsflag=--notls tls=off; shift ;;
+    -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
     *) echo "compare.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
-bazel=${BAZEL:-bazel}
-tools/setup --bench
+if [ -z "$bin" ]; then
+  bazel=${BAZEL:-bazel}
+  tools/setup --bench
+  $bazel build --noshow_progress //tests/bench/kvstore:kvstore_bench 2>&1 | grep -E '^(ERROR|FAILED)' >&2 || true
+  bin=$($bazel info bazel-bin 2>/dev/null)/tests/bench/kvstore/kvstore_bench
+fi
 command -v iperf3 >/dev/null || { echo "compare.sh: iperf3 is missing (tools/setup --bench)" >&2; exit 1; }
-$bazel build --noshow_progress //tests/bench/kvstore:kvstore_bench 2>&1 | grep -E '^(ERROR|FAILED)' >&2 || true
-bin=$($bazel info bazel-bin 2>/dev/null)/tests/bench/kvstore/kvstore_bench
 
 # Single-stream loopback TCP: iperf3 server and client on 127.0.0.1.
 port=$(( 20000 + RANDOM % 20000 ))
@@ -39,12 +48,16 @@ wait $server 2>/dev/null || true
 tcp=$(python3 -c 'import json,sys; print("%.3f" % (json.load(sys.stdin)["end"]["sum_received"]["bits_per_second"] / 8e9))' <<<"$json")
 echo "iperf3 streams=1 seconds=$seconds GBps=$tcp"
 
-ours=$("$bin" --workers="$workers" --servers="$servers" --bytes="$bytes" --replicas=1,2)
+ours=$("$bin" --workers="$workers" --servers="$servers" --bytes="$bytes" --replicas=1,2 "$tlsflag")
 echo "$ours"
-small=$("$bin" --workers="$workers" --servers="$servers" --bytes=4096 --keys=1 --replicas=1,2)
+small=$("$bin" --workers="$workers" --servers="$servers" --bytes=4096 --keys=1 --replicas=1,2 "$tlsflag")
 echo "$small"
-# The unreplicated run's figures (replicas=1), then replication's cost.
-get() { grep ' replicas=1 ' <<<"$1" | sed -n "s/.*$2=\([0-9.]*\).*/\1/p" | tail -1; }
-x=$(get "$ours" pushpull_GBps)
-echo "compare kvstore_GBps=$x iperf3_GBps=$tcp ratio=$(awk "BEGIN{printf \"%.2f\", $x/$tcp}") (goal >= 0.6)"
-echo "compare latency bytes=4096 p50_us=$(get "$small" p50_us) p99_us=$(get "$small" p99_us) (goals: p50 <= 200, p99 <= 1000)"
+small8=$("$bin" --workers="$workers" --servers="$servers" --bytes=4096 --keys=8 --replicas=1,2 "$tlsflag")
+echo "$small8"
+get() { grep " replicas=$2 " <<<"$1" | sed -n "s/.*$3=\([0-9.]*\).*/\1/p" | tail -1; }
+for r in 1 2; do
+  x=$(get "$ours" $r pushpull_GBps)
+  echo "compare replicas=$r tls=$tls kvstore_GBps=$x iperf3_GBps=$tcp ratio=$(awk "BEGIN{printf \"%.2f\", $x/$tcp}") (goal >= 1.0)"
+  echo "compare replicas=$r tls=$tls latency bytes=4096 keys=1 p50_us=$(get "$small" $r p50_us) p99_us=$(get "$small" $r p99_us) (goals: p50 <= 100, p99 <= 300)"
+  echo "compare replicas=$r tls=$tls latency bytes=4096 keys=8 p50_us=$(get "$small8" $r p50_us) keys8_over_keys1_p50=$(awk "BEGIN{printf \"%.2f\", $(get "$small8" $r p50_us)/$(get "$small" $r p50_us)}") (goal <= 1.5)"
+done

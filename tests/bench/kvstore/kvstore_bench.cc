@@ -3,6 +3,9 @@
 //   bazel run //tests/bench/kvstore:kvstore_bench -- --workers=2 --servers=2 --bytes=67108864
 //   bazel run //tests/bench/kvstore:kvstore_bench -- --bytes=4096 --keys=1 --steps=2000
 //
+// Every connection is mutual TLS unless --notls (the configuration a user
+// gets: a CA and certificates made for the run in a temporary directory; the
+// bench calls as the cluster's admin identity, so no per-job token is sent).
 // Starts --servers kvstore_server processes on 127.0.0.1 (the binary from
 // runfiles, or --server_binary) and runs --workers workers as threads of
 // this process, each with its own KVClient (own TCP connections). A job with
@@ -11,8 +14,8 @@
 // the gradients go up, the round's weights come back). After --warmup steps,
 // --steps steps are timed. Prints one line per --replicas value:
 //
-//   kvstore workers=<w> servers=<s> replicas=<r> bytes=<b> pushpull_GBps=<x> p50_us=<y>
-//           p99_us=<z>
+//   kvstore workers=<w> servers=<s> replicas=<r> bytes=<b> keys=<k> tls=<on|off>
+//           pushpull_GBps=<x> p50_us=<y> p99_us=<z>
 //
 // With --replicas=1,2 (the default) every shard also runs as a chain of 2
 // replicas (a scheduler_server owns the shard map), the same workload again,
@@ -30,6 +33,8 @@
 #include <atomic>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
+#include <filesystem>
 #include <string>
 #include <thread>
 #include <vector>
@@ -46,6 +51,7 @@
 #include "libs/kvstore/client.h"
 #include "libs/kvstore/malloc_tuning.h"
 #include "libs/rpc/credentials.h"
+#include "libs/security/certs.h"
 #include "protos/replication.grpc.pb.h"
 #include "services/kvstore/testing/server_process.h"
 
@@ -62,6 +68,8 @@ ABSL_FLAG(std::string, optimizer, "sgd", "server-side optimizer: sgd or none");
 ABSL_FLAG(std::string, compression, "none", "push compression: none, f16, bf16");
 ABSL_FLAG(int64_t, chunk_bytes, 1 << 20, "value bytes per message");
 ABSL_FLAG(int64_t, max_message_bytes, 4 << 20, "gRPC message limit (clients and servers)");
+ABSL_FLAG(bool, tls, true,
+          "mutual TLS on every connection (certificates made for the run); --notls: plain text");
 ABSL_FLAG(std::string, server_binary, "", "kvstore_server to run (default: from runfiles)");
 
 namespace dtrain {
@@ -221,10 +229,10 @@ absl::StatusOr<Result> RunOnce(const char* argv0, int replicas) {
   const double moved = 2.0 * workers * static_cast<double>(elements * 4) * steps;
   Result result{moved / seconds / 1e9, pct(0.50), pct(0.99)};
   std::printf(
-      "kvstore workers=%d servers=%d replicas=%d bytes=%lld pushpull_GBps=%.3f p50_us=%.0f "
-      "p99_us=%.0f\n",
-      workers, servers, replicas, static_cast<long long>(elements * 4), result.gbps, result.p50,
-      result.p99);
+      "kvstore workers=%d servers=%d replicas=%d bytes=%lld keys=%d tls=%s pushpull_GBps=%.3f "
+      "p50_us=%.0f p99_us=%.0f\n",
+      workers, servers, replicas, static_cast<long long>(elements * 4), keys,
+      absl::GetFlag(FLAGS_tls) ? "on" : "off", result.gbps, result.p50, result.p99);
   std::fflush(stdout);
   for (auto it = procs.rbegin(); it != procs.rend(); ++it) (void)(*it)->Kill(SIGTERM);
   for (auto& p : procs) (void)p->Wait();
@@ -249,6 +257,36 @@ int Run(const char* argv0) {
       return 2;
     }
     replicas.push_back(n);
+  }
+  std::string cert_dir;
+  // Removes the run's certificates on every return.
+  struct RemoveDir {
+    const std::string& dir;
+    ~RemoveDir() {
+      std::error_code ignored;
+      if (!dir.empty()) std::filesystem::remove_all(dir, ignored);
+    }
+  } remove_cert_dir{cert_dir};
+  if (absl::GetFlag(FLAGS_tls)) {
+    // A CA and certificates for this run; servers started from here get the
+    // same credentials (ServerProcess passes the process's default ones).
+    char dir_template[] = "/tmp/kvstore_bench_certs.XXXXXX";
+    if (mkdtemp(dir_template) == nullptr) {
+      std::perror("kvstore_bench: mkdtemp");
+      return 1;
+    }
+    cert_dir = dir_template;
+    const std::string& dir = cert_dir;
+    absl::Status s = security::InitCertDir(dir, {});
+    absl::StatusOr<std::shared_ptr<const rpc::Credentials>> credentials =
+        s.ok() ? rpc::Credentials::Load({dir + "/ca.pem", dir + "/admin.pem", dir + "/admin.key"})
+               : absl::StatusOr<std::shared_ptr<const rpc::Credentials>>(s);
+    if (!credentials.ok()) {
+      std::fprintf(stderr, "kvstore_bench: certificates in %s: %s\n", dir.c_str(),
+                   credentials.status().ToString().c_str());
+      return 1;
+    }
+    rpc::SetDefaultCredentials(*credentials);
   }
   std::vector<Result> results;
   for (int r : replicas) {
