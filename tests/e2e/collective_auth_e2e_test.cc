@@ -19,8 +19,8 @@
 //     closes the connection. Rank 0 logs each refusal.
 // Then the stopped trainer continues (SIGCONT), joins with the real secret,
 // and the job SUCCEEDS in its first attempt.
-#include <grpcpp/grpcpp.h>
 #include <arpa/inet.h>
+#include <grpcpp/grpcpp.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -153,11 +153,11 @@ RawAnswer RawIntrude(const std::string& comm_id, int port) {
     std::string hello(reinterpret_cast<const char*>(header), sizeof(header));
     hello += comm_id;
     hello += std::string(32, '\x5a');
-    if (::send(fd, hello.data(), hello.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(hello.size())) {
+    if (::send(fd, hello.data(), hello.size(), MSG_NOSIGNAL) ==
+        static_cast<ssize_t>(hello.size())) {
       char reply[64];
       answer.proof_bytes = read_full(reply, sizeof(reply));
-      if (answer.proof_bytes == sizeof(reply) &&
-          ::send(fd, reply + 32, 32, MSG_NOSIGNAL) == 32) {
+      if (answer.proof_bytes == sizeof(reply) && ::send(fd, reply + 32, 32, MSG_NOSIGNAL) == 32) {
         char verdict;
         if (read_full(&verdict, 1) == 1) answer.verdict = verdict;
         char more;
@@ -231,9 +231,9 @@ TEST_F(CollectiveAuthE2eTest, AProcessWithoutTheAttemptSecretCannotJoinTheAllred
     EXPECT_TRUE(absl::SimpleAtoi(id.substr(id.rfind('-') + 1), &n)) << id;
     return n;
   };
-  const v1::TrainerStatus& first =
-      order(listed.trainers(0).id()) < order(listed.trainers(1).id()) ? listed.trainers(0)
-                                                                       : listed.trainers(1);
+  const v1::TrainerStatus& first = order(listed.trainers(0).id()) < order(listed.trainers(1).id())
+                                       ? listed.trainers(0)
+                                       : listed.trainers(1);
   const v1::TrainerStatus& second =
       &first == &listed.trainers(0) ? listed.trainers(1) : listed.trainers(0);
   ClusterProcess rank0, rank1;
@@ -339,8 +339,8 @@ TEST_F(CollectiveAuthE2eTest, AProcessWithoutTheAttemptSecretCannotJoinTheAllred
   const std::string next_attempts =
       security::CollectiveSecret(*cluster_secret, job_id, job.attempts() + 1);
   for (const std::string& secret : {next_attempts, std::string()}) {
-    absl::Status st = Intrude(TmpDir(absl::StrCat("intruder-", secret.size())), comm_id, port,
-                              secret);
+    absl::Status st =
+        Intrude(TmpDir(absl::StrCat("intruder-", secret.size())), comm_id, port, secret);
     EXPECT_EQ(st.code(), absl::StatusCode::kPermissionDenied) << st;
     EXPECT_TRUE(absl::StrContains(st.message(), "collective secret")) << st;
   }
