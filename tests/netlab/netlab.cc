@@ -142,18 +142,33 @@ absl::Status Lab::Partition(int host, bool link_down) {
 
 absl::Status Lab::Heal(int host) { return Netlab(absl::StrCat("heal ", host)); }
 
-absl::StatusOr<int64_t> Lab::Dropped(int host) const {
+namespace {
+
+// Packet counters of the rules of `host`'s nl_loss chain: the DROP rules'
+// (drop = true) or the counting rule's, which has no target (drop = false).
+absl::StatusOr<int64_t> LossRulePackets(int host, bool drop) {
   std::string out;
   int rc = Shell(absl::StrCat("ip netns exec h", host, " iptables -w -L nl_loss -v -x -n"), &out);
   if (rc != 0)
     return absl::InternalError(absl::StrCat("iptables -L nl_loss in h", host, ": ", out));
-  int64_t dropped = 0;
+  int64_t sum = 0;
   for (absl::string_view line : absl::StrSplit(out, '\n')) {
     std::vector<absl::string_view> f = absl::StrSplit(line, ' ', absl::SkipEmpty());
     int64_t packets;
-    if (f.size() > 2 && f[2] == "DROP" && absl::SimpleAtoi(f[0], &packets)) dropped += packets;
+    if (f.size() < 3 || !absl::SimpleAtoi(f[0], &packets)) continue;
+    // A rule line: pkts bytes target prot opt ...; without a target the
+    // third field is the protocol and the fourth the options ("--").
+    if (drop ? f[2] == "DROP" : f.size() > 3 && f[3] == "--") sum += packets;
   }
-  return dropped;
+  return sum;
+}
+
+}  // namespace
+
+absl::StatusOr<int64_t> Lab::Dropped(int host) const { return LossRulePackets(host, true); }
+
+absl::StatusOr<int64_t> Lab::LossChainPackets(int host) const {
+  return LossRulePackets(host, false);
 }
 
 }  // namespace netlab

@@ -61,6 +61,10 @@ class Lab {
   absl::Status Heal(int host);
   // Packets the loss rule of `host` dropped since Loss last set it.
   absl::StatusOr<int64_t> Dropped(int host) const;
+  // Packets that reached `host`'s loss rule (dropped or not) since Loss last
+  // set it. iptables sees a GSO packet (up to 64 KiB of TCP segments) as one,
+  // so compare drops with this, not with the bytes sent.
+  absl::StatusOr<int64_t> LossChainPackets(int host) const;
 
  private:
   Lab(std::string script, int hosts) : script_(std::move(script)), hosts_(hosts) {}
