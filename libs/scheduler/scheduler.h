@@ -434,7 +434,8 @@ class Scheduler {
   // Elastic jobs below max_trainers whose membership is settled take free
   // trainers not `reserved` by queued jobs (a new generation; they join at a
   // step boundary).
-  void Grow(const std::map<const Trainer*, std::string>& reserved) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Grow(const std::map<const Trainer*, std::string>& reserved)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Whether `job` may change its membership in place at all.
   bool RecoversInPlace(const Job& job) const;
   // The silence after which a trainer of a job with a lost peer is lost.

@@ -416,6 +416,12 @@ absl::Status Run(const JobConfig& c, JobObserver* observer, JobProgress* progres
     }
     DT_LOG(INFO) << "job " << c.name << " rank " << rank << ": resumed from " << c.resume_from
                  << " after epoch " << first_epoch << " step " << first_step;
+    // The checkpoint this attempt holds is the one it loaded until it writes
+    // a newer one: the file may be newer than the scheduler knows (an
+    // earlier attempt went on writing while the scheduler was down).
+    progress->checkpoint_path = c.resume_from;
+    progress->checkpoint_epoch = first_epoch;
+    progress->checkpoint_step = first_step;
   }
   // hybridize: the whole step as one compiled plan over replica 0's
   // parameters, which it updates in place (so evaluation and checkpoints see

@@ -9,21 +9,25 @@
 # MFU of both sides uses the same FLOP count (train_bench's flops_per_sample,
 # from dtrain's graph of the model) and the same measured GEMM peak.
 #
-#   tests/bench/compare_train.sh [--threads N] [--models "mlp lenet resnet18"]
+#   tests/bench/compare_train.sh [--threads N] [--models "mlp lenet resnet18"] [--bin TRAIN_BENCH]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 threads=2
 models="mlp lenet resnet18"
+bin=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --threads) threads=$2; shift 2 ;;
     --models) models=$2; shift 2 ;;
+    --bin) bin=$2; shift 2 ;;  # a built train_bench: no setup, no bazel (for dt-quiet runs)
     *) echo "compare_train.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
-tools/setup --bench
-bazel build --noshow_progress //tests/bench:train_bench 2>&1 | grep -E '^(ERROR|FAILED)' >&2 || true
-bin=$(bazel info bazel-bin 2>/dev/null)/tests/bench/train_bench
+if [ -z "$bin" ]; then
+  tools/setup --bench
+  bazel build --noshow_progress //tests/bench:train_bench 2>&1 | grep -E '^(ERROR|FAILED)' >&2 || true
+  bin=$(bazel info bazel-bin 2>/dev/null)/tests/bench/train_bench
+fi
 for m in $models; do
   case "$m" in
     resnet18) steps=5; warmup=1 ;;

@@ -206,8 +206,11 @@ TEST_F(SchedulerLogE2eTest, FullLogDiskRefusesChangesAndRestartsWithEveryAccepte
 
 // More jobs than one List page: trainctl list shows them all.
 TEST_F(SchedulerLogE2eTest, TrainctlListFetchesEveryPage) {
-  ASSERT_TRUE(
-      scheduler_.Start(e2e::Runfile("services/scheduler/scheduler_server"), {"--data_dir="}).ok());
+  // 230 queued jobs of one user: past the default per-user cap (100).
+  ASSERT_TRUE(scheduler_
+                  .Start(e2e::Runfile("services/scheduler/scheduler_server"),
+                         {"--data_dir=", "--max_queued_jobs_per_user=0"})
+                  .ok());
   Connect();
   const int n = 230;  // three pages of the default 100
   for (int i = 0; i < n; ++i) {

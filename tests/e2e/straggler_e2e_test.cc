@@ -206,7 +206,13 @@ class StragglerE2eTest : public ::testing::Test {
 };
 
 TEST_F(StragglerE2eTest, ContendedRankIsNamedAndACalmRunNamesNone) {
-  const std::map<std::string, int> pids = TrainerPids();
+  // The trainers' "registered as" lines can reach their logs after the
+  // scheduler lists them (a loaded machine): read until both are there.
+  std::map<std::string, int> pids = TrainerPids();
+  for (absl::Time deadline = absl::Now() + absl::Seconds(30);
+       pids.size() < 2 && absl::Now() < deadline; pids = TrainerPids()) {
+    absl::SleepFor(absl::Milliseconds(200));
+  }
   ASSERT_EQ(pids.size(), 2u);
   std::vector<std::string> ids;
   for (const auto& [id, pid] : pids) {
