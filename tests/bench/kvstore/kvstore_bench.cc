@@ -112,7 +112,7 @@ absl::StatusOr<Result> RunOnce(const char* argv0, int replicas) {
       std::vector<std::string> flags = {
           absl::StrCat("--shard_index=", i), "--snapshot_interval_s=0",
           absl::StrCat("--max_message_bytes=", absl::GetFlag(FLAGS_max_message_bytes))};
-      if (absl::GetFlag(FLAGS_callback_data)) flags.push_back("--callback_data");
+      flags.push_back(absl::StrCat("--callback_data=", absl::GetFlag(FLAGS_callback_data)));
       if (replicas > 1) {
         flags.push_back("--scheduler=" + scheduler);
         flags.push_back(absl::StrCat("--replica_index=", j));
