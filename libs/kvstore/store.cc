@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <map>
 
@@ -31,6 +32,9 @@ struct Store::Slice {
   int pending ABSL_GUARDED_BY(mu) = 0;
   int64_t completed ABSL_GUARDED_BY(mu) = 0;
   std::vector<int64_t> pushed ABSL_GUARDED_BY(mu);
+  // TryPull continuations: (completed round needed, wake), called by the
+  // push that reaches it.
+  std::vector<std::pair<int64_t, std::function<void()>>> waiters ABSL_GUARDED_BY(mu);
 };
 
 struct Store::Job {
@@ -93,6 +97,22 @@ class MultiLock {
 
  private:
   std::vector<absl::Mutex*> mus_;
+};
+
+// Runs the functions it collected on destruction: declared before a lock,
+// it runs them after the lock is released.
+class RunOnExit {
+ public:
+  RunOnExit() = default;
+  ~RunOnExit() {
+    for (std::function<void()>& f : fns_) f();
+  }
+  RunOnExit(const RunOnExit&) = delete;
+  RunOnExit& operator=(const RunOnExit&) = delete;
+  void Add(std::function<void()> f) { fns_.push_back(std::move(f)); }
+
+ private:
+  std::vector<std::function<void()>> fns_;
 };
 
 }  // namespace
@@ -386,6 +406,7 @@ absl::StatusOr<PushResult> Store::Push(absl::string_view job_name, int worker,
   }
 
   PushResult result;
+  RunOnExit wakes;  // TryPull continuations of the rounds this push completes
   MultiLock lock(mus);
   // Validate every item before changing anything.
   std::vector<bool> apply(items.size(), false);
@@ -502,20 +523,27 @@ absl::StatusOr<PushResult> Store::Push(absl::string_view job_name, int worker,
       }
     }
     ++result.applied;
+    if (!s.waiters.empty()) {
+      auto ready =
+          std::partition(s.waiters.begin(), s.waiters.end(),
+                         [&s](const std::pair<int64_t, std::function<void()>>& w)
+                             ABSL_NO_THREAD_SAFETY_ANALYSIS { return w.first > s.completed; });
+      for (auto it = ready; it != s.waiters.end(); ++it) wakes.Add(std::move(it->second));
+      s.waiters.erase(ready, s.waiters.end());
+    }
   }
   if (result.applied > 0) Bump();
   return result;
 }
 
-absl::StatusOr<std::vector<PulledValue>> Store::Pull(absl::string_view job_name, int worker,
-                                                     absl::Span<const PullRequestItem> items,
-                                                     const PullOptions& options) {
-  DT_ASSIGN_OR_RETURN(std::shared_ptr<Job> job, FindJob(job_name));
-  DT_RETURN_IF_ERROR(CheckWorker(*job, worker));
-  const JobConfig& config = job->config;
+absl::StatusOr<std::vector<std::shared_ptr<Store::Slice>>> Store::PullSlices(
+    absl::string_view job_name, int worker, absl::Span<const PullRequestItem> items,
+    std::shared_ptr<Job>* job) const {
+  DT_ASSIGN_OR_RETURN(*job, FindJob(job_name));
+  DT_RETURN_IF_ERROR(CheckWorker(**job, worker));
   std::vector<std::shared_ptr<Slice>> slices(items.size());
   for (size_t i = 0; i < items.size(); ++i) {
-    DT_ASSIGN_OR_RETURN(slices[i], FindSlice(*job, items[i].key, items[i].slice));
+    DT_ASSIGN_OR_RETURN(slices[i], FindSlice(**job, items[i].key, items[i].slice));
     const int64_t round = items[i].round;
     if (round < 0) {
       return absl::InvalidArgumentError(absl::StrCat(SliceName(job_name, slices[i]->spec),
@@ -529,16 +557,49 @@ absl::StatusOr<std::vector<PulledValue>> Store::Pull(absl::string_view job_name,
                        " is too far ahead: worker ", worker, " has pushed up to round ", own));
     }
   }
+  return slices;
+}
 
+namespace {
+
+// The completed round a pull of `round` waits for.
+int64_t NeededRound(const JobConfig& config, int64_t round) {
+  if (config.consistency == Consistency::kSync) return round;
+  if (config.consistency == Consistency::kBoundedDelay) return round - config.max_staleness;
+  return 0;
+}
+
+}  // namespace
+
+void Store::ReadValue(const Slice& s, PulledValue* v) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+  s.mu.AssertHeld();
+  v->round = s.completed;
+  v->dtype = s.spec.dtype;
+  if (s.spec.dtype == DType::kF32) {
+    std::shared_ptr<const FloatBuffer> value = s.value;
+    v->bytes.data = reinterpret_cast<const char*>(value->data());
+    v->bytes.size = value->size() * sizeof(float);
+    v->bytes.owner = std::move(value);
+  } else {
+    auto encoded =
+        std::make_shared<std::string>(EncodeToString(s.value->data(), s.spec.count, s.spec.dtype));
+    v->bytes.data = encoded->data();
+    v->bytes.size = encoded->size();
+    v->bytes.owner = std::move(encoded);
+  }
+}
+
+absl::StatusOr<std::vector<PulledValue>> Store::Pull(absl::string_view job_name, int worker,
+                                                     absl::Span<const PullRequestItem> items,
+                                                     const PullOptions& options) {
+  std::shared_ptr<Job> job;
+  DT_ASSIGN_OR_RETURN(std::vector<std::shared_ptr<Slice>> slices,
+                      PullSlices(job_name, worker, items, &job));
+  const JobConfig& config = job->config;
   std::vector<PulledValue> out(items.size());
   for (size_t i = 0; i < items.size(); ++i) {
     Slice& s = *slices[i];
-    int64_t need = 0;  // completed_round the value must reach
-    if (config.consistency == Consistency::kSync) {
-      need = items[i].round;
-    } else if (config.consistency == Consistency::kBoundedDelay) {
-      need = items[i].round - config.max_staleness;
-    }
+    const int64_t need = NeededRound(config, items[i].round);
     absl::MutexLock lock(&s.mu);
     auto ready = [&s, need]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return s.completed >= need; };
     while (!ready()) {
@@ -556,23 +617,30 @@ absl::StatusOr<std::vector<PulledValue>> Store::Pull(absl::string_view job_name,
                              : options.deadline;
       s.mu.AwaitWithDeadline(absl::Condition(&ready), until);
     }
-    PulledValue& v = out[i];
-    v.round = s.completed;
-    v.dtype = s.spec.dtype;
-    if (s.spec.dtype == DType::kF32) {
-      std::shared_ptr<const FloatBuffer> value = s.value;
-      v.bytes.data = reinterpret_cast<const char*>(value->data());
-      v.bytes.size = value->size() * sizeof(float);
-      v.bytes.owner = std::move(value);
-    } else {
-      auto encoded = std::make_shared<std::string>(
-          EncodeToString(s.value->data(), s.spec.count, s.spec.dtype));
-      v.bytes.data = encoded->data();
-      v.bytes.size = encoded->size();
-      v.bytes.owner = std::move(encoded);
-    }
+    ReadValue(s, &out[i]);
   }
   return out;
+}
+
+absl::StatusOr<bool> Store::TryPull(absl::string_view job_name, int worker,
+                                    absl::Span<const PullRequestItem> items,
+                                    std::function<void()> wake, std::vector<PulledValue>* out) {
+  std::shared_ptr<Job> job;
+  DT_ASSIGN_OR_RETURN(std::vector<std::shared_ptr<Slice>> slices,
+                      PullSlices(job_name, worker, items, &job));
+  out->assign(items.size(), PulledValue());
+  for (size_t i = 0; i < items.size(); ++i) {
+    Slice& s = *slices[i];
+    const int64_t need = NeededRound(job->config, items[i].round);
+    absl::MutexLock lock(&s.mu);
+    if (s.completed < need) {
+      s.waiters.emplace_back(need, std::move(wake));
+      out->clear();
+      return false;
+    }
+    ReadValue(s, &(*out)[i]);
+  }
+  return true;
 }
 
 absl::StatusOr<JobStatus> Store::GetJob(absl::string_view job_name, int worker,

@@ -230,6 +230,17 @@ class Store {
                                                 absl::Span<const PullRequestItem> items,
                                                 const PullOptions& options);
 
+  // Pull without waiting, for servers that answer from a continuation
+  // instead of a blocked thread: true with `out` filled when every item's
+  // round is ready; false when one is not, after registering `wake` with
+  // that slice. `wake` is then called once, by the push that completes the
+  // round (on its thread, with no store lock held); call TryPull again then.
+  // A job dropped meanwhile never wakes its waiters: the caller keeps its
+  // own deadline. Errors as for Pull (never kDeadlineExceeded/kCancelled).
+  absl::StatusOr<bool> TryPull(absl::string_view job, int worker,
+                               absl::Span<const PullRequestItem> items, std::function<void()> wake,
+                               std::vector<PulledValue>* out);
+
   // Configuration, usage and (with include_slices) per-slice rounds, with
   // pushed_round reported for `worker` (ignored when out of range).
   absl::StatusOr<JobStatus> GetJob(absl::string_view job, int worker, bool include_slices) const;
@@ -277,6 +288,12 @@ class Store {
   absl::StatusOr<std::shared_ptr<Slice>> FindSlice(const Job& job, absl::string_view key,
                                                    int32_t slice) const;
   int64_t SliceBytes(const JobConfig& config, int64_t count) const;
+  // Pull's and TryPull's checks; the slices of `items`.
+  absl::StatusOr<std::vector<std::shared_ptr<Slice>>> PullSlices(
+      absl::string_view job, int worker, absl::Span<const PullRequestItem> items,
+      std::shared_ptr<Job>* found) const;
+  // A slice's value as a pull hands it out. REQUIRES: s.mu held.
+  static void ReadValue(const Slice& s, PulledValue* v);
   // One SGD step of `s`'s weights with gradient `g`. REQUIRES: s.mu held.
   static void ApplySgd(const JobConfig& config, Slice& s, const float* g);
   void Bump() { version_.fetch_add(1, std::memory_order_acq_rel); }

@@ -112,6 +112,39 @@ TEST_F(StoreTest, SyncRoundCompletesWhenAllWorkersPushed) {
   EXPECT_EQ(*Pull(1, 0), (std::vector<float>{11, 21, 31, 41}));
 }
 
+// TryPull never waits: a round not complete leaves a continuation that the
+// push completing the round calls, once, on the pusher's thread.
+TEST_F(StoreTest, TryPullWakesFromThePushThatCompletesTheRound) {
+  SetUpJob(Config(2));
+  ASSERT_TRUE(Push(0, 1, {1, 1, 1, 1}).ok());
+  int wakes = 0;
+  std::vector<PulledValue> out;
+  absl::StatusOr<bool> ready = store_.TryPull(
+      "j", 0, {{"w", 0, 1}}, [&] { ++wakes; }, &out);
+  ASSERT_TRUE(ready.ok()) << ready.status();
+  EXPECT_FALSE(*ready);
+  EXPECT_TRUE(out.empty());
+  EXPECT_EQ(wakes, 0);
+  // A pull of a round the worker has not pushed is refused, not parked.
+  EXPECT_EQ(store_
+                .TryPull(
+                    "j", 0, {{"w", 0, 2}}, [&] { ++wakes; }, &out)
+                .status()
+                .code(),
+            absl::StatusCode::kOutOfRange);
+  ASSERT_TRUE(Push(1, 1, {10, 20, 30, 40}).ok());
+  EXPECT_EQ(wakes, 1);
+  ready = store_.TryPull(
+      "j", 0, {{"w", 0, 1}}, [&] { ++wakes; }, &out);
+  ASSERT_TRUE(ready.ok() && *ready);
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(Floats(out[0]), (std::vector<float>{11, 21, 31, 41}));
+  EXPECT_EQ(out[0].round, 1);
+  // The next round's push by worker 0 alone wakes nobody twice.
+  ASSERT_TRUE(Push(0, 2, {1, 1, 1, 1}).ok());
+  EXPECT_EQ(wakes, 1);
+}
+
 TEST_F(StoreTest, RoundRulesAndDedup) {
   SetUpJob(Config(2));
   ASSERT_TRUE(Push(0, 1, {1, 1, 1, 1}).ok());

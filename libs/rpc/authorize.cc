@@ -6,7 +6,7 @@
 namespace dtrain {
 namespace rpc {
 
-absl::StatusOr<security::Identity> AuthorizedPeer(const grpc::ServerContext& ctx,
+absl::StatusOr<security::Identity> AuthorizedPeer(const grpc::ServerContextBase& ctx,
                                                   security::Action action,
                                                   absl::string_view owner) {
   DT_ASSIGN_OR_RETURN(security::Identity who, PeerIdentity(ctx));

@@ -13,7 +13,7 @@
 #include "libs/security/identity.h"
 
 namespace grpc {
-class ServerContext;
+class ServerContextBase;
 }  // namespace grpc
 
 namespace dtrain {
@@ -22,7 +22,7 @@ namespace rpc {
 // The caller of `ctx` if it may do `action` (to a job of `owner`), else the
 // denial: PERMISSION_DENIED, or UNAUTHENTICATED for a certificate that names
 // no dtrain identity.
-absl::StatusOr<security::Identity> AuthorizedPeer(const grpc::ServerContext& ctx,
+absl::StatusOr<security::Identity> AuthorizedPeer(const grpc::ServerContextBase& ctx,
                                                   security::Action action,
                                                   absl::string_view owner = "");
 

@@ -132,7 +132,7 @@ std::shared_ptr<grpc::Channel> NewChannel(const std::string& target,
   return grpc::CreateCustomChannel(target, credentials->ChannelCredentials(), args);
 }
 
-absl::StatusOr<security::Identity> PeerIdentity(const grpc::ServerContext& ctx) {
+absl::StatusOr<security::Identity> PeerIdentity(const grpc::ServerContextBase& ctx) {
   static IdentityCache* cache = new IdentityCache();
   std::shared_ptr<const grpc::AuthContext> auth = ctx.auth_context();
   if (auth == nullptr) return security::Anonymous();

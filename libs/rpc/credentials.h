@@ -31,7 +31,7 @@ namespace grpc {
 class Channel;
 class ChannelArguments;
 class ChannelCredentials;
-class ServerContext;
+class ServerContextBase;
 class ServerCredentials;
 }  // namespace grpc
 
@@ -85,7 +85,7 @@ std::shared_ptr<grpc::Channel> NewChannel(const std::string& target,
 // The caller of the call `ctx` serves: from its verified certificate, or
 // Anonymous() on a plain-text server. Unauthenticated when the certificate
 // names no dtrain identity.
-absl::StatusOr<security::Identity> PeerIdentity(const grpc::ServerContext& ctx);
+absl::StatusOr<security::Identity> PeerIdentity(const grpc::ServerContextBase& ctx);
 
 }  // namespace rpc
 }  // namespace dtrain

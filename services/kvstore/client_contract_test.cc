@@ -17,11 +17,12 @@ namespace {
 
 class GrpcContractKVStore : public ContractKVStore {
  public:
-  GrpcContractKVStore() {
+  explicit GrpcContractKVStore(bool callback_data) {
     for (int i = 0; i < 2; ++i) {
       ServerOptions options;
       options.listen = "127.0.0.1:0";
       options.shard_index = i;
+      options.callback_data = callback_data;
       auto server = KVStoreServer::Start(options);
       EXPECT_TRUE(server.ok()) << server.status();
       if (!server.ok()) return;
@@ -45,10 +46,14 @@ class GrpcContractKVStore : public ContractKVStore {
   std::vector<std::string> addresses_;
 };
 
-INSTANTIATE_TEST_SUITE_P(Grpc, ParameterServerContractTest,
-                         ::testing::Values(ContractParam{
-                             "two_shards", [] { return std::make_unique<GrpcContractKVStore>(); }}),
-                         ContractParamName);
+INSTANTIATE_TEST_SUITE_P(
+    Grpc, ParameterServerContractTest,
+    ::testing::Values(ContractParam{"two_shards",
+                                    [] { return std::make_unique<GrpcContractKVStore>(false); }},
+                      // The unary data calls on the callback API.
+                      ContractParam{"two_shards_callback",
+                                    [] { return std::make_unique<GrpcContractKVStore>(true); }}),
+    ContractParamName);
 
 }  // namespace
 }  // namespace kvstore

@@ -51,6 +51,9 @@ ABSL_FLAG(int, max_jobs, 64,
 ABSL_FLAG(double, job_ttl_s, 3600,
           "drop a job no call named for this many seconds (orphans of dead workers; "
           "<= 0: never)");
+ABSL_FLAG(bool, callback_data, false,
+          "serve the unary data calls (small pushes and pulls) on gRPC's callback API: no thread "
+          "hand-off, and a pull waiting for its round holds no thread");
 ABSL_FLAG(int64_t, max_message_bytes, 4 << 20, "gRPC send/receive limit per message");
 ABSL_FLAG(double, shutdown_grace_s, 10, "seconds calls in flight get to finish at shutdown");
 ABSL_FLAG(std::string, scheduler, "",
@@ -106,6 +109,7 @@ int main(int argc, char** argv) {
   options.quota_bytes_per_job = absl::GetFlag(FLAGS_quota_bytes_per_job);
   options.max_jobs = absl::GetFlag(FLAGS_max_jobs);
   options.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
+  options.callback_data = absl::GetFlag(FLAGS_callback_data);
   options.job_ttl = absl::Seconds(absl::GetFlag(FLAGS_job_ttl_s));
   options.scheduler = absl::GetFlag(FLAGS_scheduler);
   options.replica_index = absl::GetFlag(FLAGS_replica_index);

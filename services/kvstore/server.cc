@@ -1,8 +1,11 @@
 #include "services/kvstore/server.h"
 
+#include <grpcpp/alarm.h>
+#include <grpcpp/impl/codegen/server_callback_handlers.h>
 #include <grpcpp/impl/rpc_service_method.h>
 #include <grpcpp/server_context.h>
 #include <grpcpp/support/method_handler.h>
+#include <grpcpp/support/server_callback.h>
 #include <grpcpp/support/sync_stream.h>
 
 #include <algorithm>
@@ -14,6 +17,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/types/optional.h"
 #include "libs/base/grpc_status.h"
@@ -87,7 +91,7 @@ namespace {
 // `method` (rules: libs/security/authz.h). With a cluster secret, a
 // trainer's call must carry a kvstore token: then the job it grants, to
 // which the call is confined (security::JobScope); nullopt: unconfined.
-absl::StatusOr<absl::optional<std::string>> Authorized(const grpc::ServerContext& ctx,
+absl::StatusOr<absl::optional<std::string>> Authorized(const grpc::ServerContextBase& ctx,
                                                        const char* method,
                                                        const std::string& secret) {
   DT_ASSIGN_OR_RETURN(security::Identity who,
@@ -161,6 +165,11 @@ class KVStoreServer::Impl {
         Authorized(*ctx, method, options_.job_token_secret);
     security::JobScope scope(job.ok() && job->has_value() ? &**job : nullptr);
     const absl::Status status = job.ok() ? handler() : job.status();
+    return Record(method, start, status);
+  }
+
+  // Counts a finished call and converts its status for gRPC.
+  grpc::Status Record(const char* method, Clock::time_point start, const absl::Status& status) {
     double seconds = std::chrono::duration<double>(Clock::now() - start).count();
     const MethodMetrics& m = methods_.at(method);
     if (status.ok()) {
@@ -173,6 +182,149 @@ class KVStoreServer::Impl {
       DT_LOG(DEBUG) << method << ": " << status;
     }
     return ToGrpcStatus(status);
+  }
+
+  // ---- The callback data path (ServerOptions.callback_data) ----
+  //
+  // The unary data calls run on gRPC's callback threads. A pull whose round
+  // is not complete holds no thread: it waits in the store (Store::TryPull)
+  // and the push that completes the round sends its reply; its deadline is
+  // an alarm and its cancellation the reactor's OnCancel. The call's job
+  // scope (security::JobScope) is set while its handler runs on the thread
+  // that started it; the continuation touches no other job.
+
+  struct UnaryCall {
+    Impl* impl = nullptr;
+    const char* method = nullptr;
+    Clock::time_point start;
+    grpc::ServerUnaryReactor* reactor = nullptr;
+    grpc::ByteBuffer* response = nullptr;
+    // The pull the call waits for, if any.
+    bool pulling = false;
+    std::string job;
+    int worker = 0;
+    std::vector<PullRequestItem> items;
+    grpc::Alarm alarm;
+    absl::Mutex mu;
+    bool done ABSL_GUARDED_BY(mu) = false;
+  };
+
+  class UnaryReactor final : public grpc::ServerUnaryReactor {
+   public:
+    explicit UnaryReactor(std::shared_ptr<UnaryCall> call) : call_(std::move(call)) {}
+    void OnCancel() override {
+      call_->impl->Complete(*call_, absl::CancelledError("the call was cancelled"), nullptr);
+    }
+    void OnDone() override {
+      if (call_->pulling) call_->alarm.Cancel();
+      delete this;
+    }
+
+   private:
+    std::shared_ptr<UnaryCall> call_;
+  };
+
+  // Ends `call` once: with `status`, or when ok and `values` is set, with
+  // the reply of those values.
+  void Complete(UnaryCall& call, absl::Status status, const std::vector<PulledValue>* values) {
+    {
+      absl::MutexLock lock(&call.mu);
+      if (call.done) return;
+      call.done = true;
+      if (status.ok() && values != nullptr) {
+        status = SendPulled(*values, true, WriteOnce(call.response));
+      }
+    }
+    call.reactor->Finish(Record(call.method, call.start, status));
+  }
+
+  // Answers the call's pull if its rounds are complete, else leaves a
+  // continuation in the store that calls this again.
+  void TryFinishPull(const std::shared_ptr<UnaryCall>& call) {
+    {
+      absl::MutexLock lock(&call->mu);
+      if (call->done) return;
+    }
+    std::vector<PulledValue> values;
+    absl::StatusOr<bool> ready = store_->TryPull(
+        call->job, call->worker, call->items, [call] { call->impl->TryFinishPull(call); }, &values);
+    if (!ready.ok()) return Complete(*call, ready.status(), nullptr);
+    if (*ready) Complete(*call, absl::OkStatus(), &values);
+  }
+
+  // The pull's deadline passed: Pull with no time left answers it (with the
+  // values if the round just completed, else naming the missing workers).
+  void ExpirePull(UnaryCall& call) {
+    PullOptions now;
+    now.deadline = absl::Now();
+    absl::StatusOr<std::vector<PulledValue>> values =
+        store_->Pull(call.job, call.worker, call.items, now);
+    if (!values.ok()) return Complete(call, values.status(), nullptr);
+    Complete(call, absl::OkStatus(), &*values);
+  }
+
+  grpc::ServerUnaryReactor* StartUnary(const char* method, grpc::CallbackServerContext* ctx,
+                                       const grpc::ByteBuffer* request,
+                                       grpc::ByteBuffer* response) {
+    auto call = std::make_shared<UnaryCall>();
+    call->impl = this;
+    call->method = method;
+    call->start = Clock::now();
+    call->response = response;
+    auto* reactor = new UnaryReactor(call);
+    call->reactor = reactor;
+    absl::StatusOr<absl::optional<std::string>> job =
+        Authorized(*ctx, method, options_.job_token_secret);
+    absl::Status status = job.status();
+    if (job.ok()) {
+      security::JobScope scope(job->has_value() ? &**job : nullptr);
+      status = BeginUnary(method, request, call.get());
+    }
+    if (!status.ok() || !call->pulling) {
+      Complete(*call, status, nullptr);
+      return reactor;
+    }
+    const absl::Time deadline = PullDeadline(*ctx);
+    std::weak_ptr<UnaryCall> weak = call;
+    call->alarm.Set(absl::ToChronoTime(deadline), [weak](bool fired) {
+      if (!fired) return;
+      if (std::shared_ptr<UnaryCall> c = weak.lock()) c->impl->ExpirePull(*c);
+    });
+    TryFinishPull(call);
+    return reactor;
+  }
+
+  // The part of a unary data call that needs no waiting: the push, the
+  // pull's checks. Sets call->pulling (and what to pull) for a pull.
+  absl::Status BeginUnary(const char* method, const grpc::ByteBuffer* request, UnaryCall* call) {
+    const absl::string_view m = method;
+    if (m == "PullUnary") {
+      DT_RETURN_IF_ERROR(CheckReads());
+      v1::PullRequest r;
+      DT_RETURN_IF_ERROR(wire::ParseSmall(*request, &r, "PullRequest"));
+      DT_RETURN_IF_ERROR(security::JobScope::Check(r.job()));
+      for (const v1::PullItem& p : r.items())
+        call->items.push_back({p.key(), p.slice(), p.round()});
+      call->job = r.job();
+      call->worker = r.worker();
+      call->pulling = true;
+      return absl::OkStatus();
+    }
+    ReceivedPush p;
+    DT_RETURN_IF_ERROR(ReceivePush(ReadOnce(request), &p));
+    DT_ASSIGN_OR_RETURN(PushResult result, ApplyPush(p));
+    if (m == "PushUnary") {
+      v1::PushResponse reply;
+      reply.set_applied(result.applied);
+      reply.set_duplicates(result.duplicates);
+      *call->response = wire::SerializeSmall(reply);
+      return absl::OkStatus();
+    }
+    for (const PushItem& item : p.items) call->items.push_back({item.key, item.slice, item.round});
+    call->job = p.header.job();
+    call->worker = p.header.worker();
+    call->pulling = true;
+    return absl::OkStatus();
   }
 
   // ---- Replication: writes go through the chain, reads need an ACTIVE member ----
@@ -339,6 +491,8 @@ class KVStoreServer::Impl {
     DT_RETURN_IF_ERROR(Annotate(
         wire::Decode(buffer, wire::kPushChunksField, &p->header, &p->messages.back()), "push"));
     const v1::PushRequest& h = p->header;
+    // Before the store is asked about the job (its keys' sizes).
+    DT_RETURN_IF_ERROR(security::JobScope::Check(h.job()));
     DT_ASSIGN_OR_RETURN(p->compression, FromProto(h.compression()));
     // Check the items against the store before reading their values.
     std::vector<std::pair<std::string, int64_t>> sizes;
@@ -403,13 +557,19 @@ class KVStoreServer::Impl {
     return result;
   }
 
+  // How long a pull of the call `ctx` may wait: its deadline, at most
+  // max_pull_wait.
+  absl::Time PullDeadline(const grpc::ServerContextBase& ctx) const {
+    absl::Time cap = absl::Now() + options_.max_pull_wait;
+    auto deadline = ctx.deadline();
+    return deadline >= std::chrono::system_clock::time_point::max() - std::chrono::hours(1)
+               ? cap
+               : std::min(cap, absl::FromChrono(deadline));
+  }
+
   PullOptions MakePullOptions(grpc::ServerContext* ctx) const {
     PullOptions o;
-    absl::Time cap = absl::Now() + options_.max_pull_wait;
-    auto deadline = ctx->deadline();
-    o.deadline = deadline >= std::chrono::system_clock::time_point::max() - std::chrono::hours(1)
-                     ? cap
-                     : std::min(cap, absl::FromChrono(deadline));
+    o.deadline = PullDeadline(*ctx);
     o.cancelled = [ctx] { return ctx->IsCancelled(); };
     return o;
   }
@@ -689,7 +849,7 @@ class ControlService final : public v1::KVStore::Service {
 // the names the generated stubs use.
 class DataService final : public grpc::Service {
  public:
-  explicit DataService(KVStoreServer::Impl* impl) : impl_(impl) {
+  DataService(KVStoreServer::Impl* impl, bool callback) : impl_(impl) {
     using grpc::ByteBuffer;
     using grpc::ServerContext;
     using grpc::internal::RpcMethod;
@@ -730,6 +890,23 @@ class DataService final : public grpc::Service {
           return s->impl_->Run("PushPullUnary", ctx,
                                [&] { return s->impl_->PushPullUnary(ctx, request, response); });
         });
+    if (callback) {
+      // The unary forms on gRPC's callback threads instead (the sync
+      // handlers above are replaced).
+      for (const char* method : {"PushUnary", "PullUnary", "PushPullUnary"}) {
+        int index = 0;
+        for (; index < static_cast<int>(names_.size()); ++index) {
+          if (absl::EndsWith(*names_[static_cast<size_t>(index)], absl::StrCat("/", method))) break;
+        }
+        KVStoreServer::Impl* i = impl_;
+        MarkMethodRawCallback(
+            index, new grpc::internal::CallbackUnaryHandler<grpc::ByteBuffer, grpc::ByteBuffer>(
+                       [i, method](grpc::CallbackServerContext* ctx,
+                                   const grpc::ByteBuffer* request, grpc::ByteBuffer* response) {
+                         return i->StartUnary(method, ctx, request, response);
+                       }));
+      }
+    }
   }
 
  private:
@@ -805,7 +982,8 @@ absl::StatusOr<std::unique_ptr<KVStoreServer>> KVStoreServer::Start(const Server
                                          server->replicator_.get());
   server->services_ = std::make_unique<Services>();
   server->services_->control = std::make_unique<ControlService>(server->impl_.get());
-  server->services_->data = std::make_unique<DataService>(server->impl_.get());
+  server->services_->data =
+      std::make_unique<DataService>(server->impl_.get(), options.callback_data);
 
   rpc::ServerOptions rpc_options;
   rpc_options.service = "kvstore";

@@ -40,9 +40,9 @@
 // memory back to the OS (ReleaseFreeMemory, malloc_tuning.h), so resident
 // memory follows the jobs held.
 //
-// Calls block a gRPC server thread while a pull waits for its round; the
-// wait ends at the call's deadline, at max_pull_wait, or when the call is
-// cancelled (also by Shutdown).
+// Calls block a gRPC server thread while a pull waits for its round
+// (except with callback_data, see ServerOptions); the wait ends at the call's deadline, at
+// max_pull_wait, or when the call is cancelled (also by Shutdown).
 //
 // Thread-safety: Start, Shutdown and the destructor are called by the
 // owner; the accessors are thread-safe.
@@ -102,6 +102,12 @@ struct ServerOptions {
   // snapshot; checked every job_ttl / 4 (at most every minute). Keep it well
   // above max_pull_wait. <= 0: jobs never expire.
   absl::Duration job_ttl = absl::Hours(1);
+
+  // The unary data calls (PushUnary, PullUnary, PushPullUnary: the small
+  // pushes and pulls) on gRPC's callback API: no hand-off to a sync server
+  // thread, and a pull waiting for its round holds no thread (the push that
+  // completes the round answers it). Off by default.
+  bool callback_data = false;
 
   // Chain replication (protos/replication.proto). With a scheduler address,
   // this server is replica `replica_index` of shard `shard_index` (of

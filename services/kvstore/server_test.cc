@@ -13,6 +13,8 @@
 #include <cstdlib>
 #include <fstream>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -20,7 +22,10 @@
 #include "libs/kvstore/client.h"
 #include "libs/metrics/scrape.h"
 #include "libs/rpc/credentials.h"
+#include "libs/security/certs.h"
+#include "libs/security/job_token.h"
 #include "protos/admin.grpc.pb.h"
+#include "protos/kvstore.grpc.pb.h"
 
 namespace dtrain {
 namespace kvstore {
@@ -174,6 +179,213 @@ TEST(KVStoreServerTest, MetricsCountPushesPullsRoundsAndHeldBytes) {
   absl::StatusOr<bool> linted = metrics::PromtoolCheck(*text);
   ASSERT_TRUE(linted.ok()) << linted.status();
   if (!*linted) std::cerr << "promtool not installed: metrics lint skipped\n";
+}
+
+// Threads of this process (/proc/self/status).
+int ThreadCount() {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (absl::StartsWith(line, "Threads:")) return std::atoi(line.c_str() + 8);
+  }
+  return -1;
+}
+
+// Threads a server holds while `waiting` workers' push-pulls wait for the
+// last worker's push (all unary calls), then checks every one of them gets
+// the round's sum.
+int ThreadsHeldByWaitingPulls(bool callback_data, int waiting) {
+  ServerOptions options;
+  options.callback_data = callback_data;
+  auto server = KVStoreServer::Start(options);
+  EXPECT_TRUE(server.ok()) << server.status();
+  if (!server.ok()) return -1;
+  std::vector<std::unique_ptr<KVClient>> clients;
+  for (int w = 0; w <= waiting; ++w) {
+    ClientOptions o;
+    o.servers = {(*server)->local_address()};
+    o.job = "t";
+    o.worker = w;
+    auto c = KVClient::Connect(o);
+    EXPECT_TRUE(c.ok()) << c.status();
+    if (!c.ok()) return -1;
+    clients.push_back(std::move(*c));
+  }
+  JobConfig config;
+  config.job = "t";
+  config.num_workers = waiting + 1;
+  EXPECT_TRUE(clients[0]->CreateJob(config).ok());
+  for (auto& c : clients) EXPECT_TRUE(c->Init({{"w", {4}, DType::kF32, nullptr}}).ok());
+  // Every client connected and its threads started before counting.
+  std::vector<std::vector<float>> values(waiting + 1, std::vector<float>(4, 1.0f));
+  for (int w = 0; w <= waiting; ++w) {
+    absl::Status s = clients[w]->Pull({{"w", values[w].data()}});
+    EXPECT_TRUE(s.ok()) << s;
+    values[w].assign(4, 1.0f);
+  }
+  const int before = ThreadCount();
+  std::vector<std::thread> threads;
+  for (int w = 0; w < waiting; ++w) {
+    threads.emplace_back([&, w] {
+      absl::Status s = clients[w]->PushPull({{"w", values[w].data(), values[w].data()}});
+      EXPECT_TRUE(s.ok()) << s;
+    });
+  }
+  // Until every waiting worker's push is in (its pull then waits).
+  for (int i = 0; i < 500; ++i) {
+    int pushed = 0;
+    for (int w = 0; w < waiting; ++w) {
+      absl::StatusOr<JobStatus> st = (*server)->store().GetJob("t", w, true);
+      if (st.ok() && st->slices.size() == 1 && st->slices[0].pushed_round == 1) ++pushed;
+    }
+    if (pushed == waiting) break;
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  absl::SleepFor(absl::Milliseconds(100));
+  const int held = ThreadCount() - before;
+  absl::Status last =
+      clients[waiting]->PushPull({{"w", values[waiting].data(), values[waiting].data()}});
+  EXPECT_TRUE(last.ok()) << last;
+  for (std::thread& t : threads) t.join();
+  for (int w = 0; w <= waiting; ++w) {
+    EXPECT_EQ(values[w], std::vector<float>(4, static_cast<float>(waiting + 1))) << "worker " << w;
+  }
+  return held;
+}
+
+// With callback_data a pull waiting for its round holds no server thread:
+// 32 waiting push-pulls cost the sync server a thread each and the
+// callback path next to none (the client threads are in both counts).
+TEST(KVStoreServerTest, CallbackDataPullsWaitWithoutHoldingThreads) {
+  const int sync_threads = ThreadsHeldByWaitingPulls(false, 32);
+  const int callback_threads = ThreadsHeldByWaitingPulls(true, 32);
+  EXPECT_GE(sync_threads, callback_threads + 24)
+      << "sync " << sync_threads << ", callback " << callback_threads;
+}
+
+// The callback path's pull deadline (max_pull_wait here) is an alarm: the
+// reply names the missing worker, and the call is counted.
+TEST(KVStoreServerTest, CallbackDataPullDeadlineNamesMissingWorkers) {
+  ServerOptions options;
+  options.callback_data = true;
+  options.max_pull_wait = absl::Milliseconds(300);
+  options.metrics_listen = "127.0.0.1:0";
+  auto server = KVStoreServer::Start(options);
+  ASSERT_TRUE(server.ok()) << server.status();
+  ClientOptions o;
+  o.servers = {(*server)->local_address()};
+  o.job = "d";
+  o.max_attempts = 1;
+  auto client = KVClient::Connect(o);
+  ASSERT_TRUE(client.ok()) << client.status();
+  JobConfig config;
+  config.job = "d";
+  config.num_workers = 2;
+  ASSERT_TRUE((*client)->CreateJob(config).ok());
+  ASSERT_TRUE((*client)->Init({{"w", {4}, DType::kF32, nullptr}}).ok());
+  std::vector<float> g(4, 1.0f);
+  const absl::Time start = absl::Now();
+  absl::Status s = (*client)->PushPull({{"w", g.data(), g.data()}});
+  const absl::Duration took = absl::Now() - start;
+  EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
+  EXPECT_TRUE(absl::StrContains(s.message(), "waiting for workers [1]")) << s;
+  EXPECT_GE(took, absl::Milliseconds(250));
+  EXPECT_LT(took, absl::Seconds(5));
+  auto text = metrics::Scrape((*server)->metrics_port());
+  ASSERT_TRUE(text.ok()) << text.status();
+  absl::StatusOr<double> v = metrics::SampleValue(
+      *text, "dtrain_kvstore_requests_total{code=\"DEADLINE_EXCEEDED\",method=\"PushPullUnary\"}");
+  ASSERT_TRUE(v.ok()) << *text;
+  EXPECT_EQ(*v, 1);
+}
+
+// With mutual TLS and a cluster secret, the callback path confines a
+// trainer to the job its kvstore token names, as the sync path does, and
+// its waiting pulls are answered by the other trainer's push.
+TEST(KVStoreServerTest, CallbackDataKeepsTrainersToTheirTokensJob) {
+  const std::string dir = TempDir("certs");
+  ASSERT_TRUE(security::InitCertDir(dir, {}).ok());
+  ASSERT_TRUE(security::IssueCert(dir, {"trainer-0", security::Role::kTrainer}).ok());
+  auto creds = [&](const std::string& name) {
+    auto c = rpc::Credentials::Load(
+        {dir + "/ca.pem", dir + "/" + name + ".pem", dir + "/" + name + ".key"});
+    EXPECT_TRUE(c.ok()) << c.status();
+    return c.ok() ? *c : rpc::Credentials::Insecure();
+  };
+  absl::StatusOr<std::string> secret = security::ReadClusterSecret(dir + "/cluster.secret");
+  ASSERT_TRUE(secret.ok()) << secret.status();
+  rpc::SetDefaultCredentials(creds("kvstore"));
+  ServerOptions options;
+  options.callback_data = true;
+  options.job_token_secret = *secret;
+  auto server = KVStoreServer::Start(options);
+  rpc::SetDefaultCredentials(creds("trainer-0"));  // the clients below
+  ASSERT_TRUE(server.ok()) << server.status();
+  const std::string b_token = security::MintJobToken(*secret, "b", absl::Now() + absl::Hours(1));
+  auto connect = [&](const std::string& job, int worker) {
+    ClientOptions o;
+    o.servers = {(*server)->local_address()};
+    o.job = job;
+    o.worker = worker;
+    o.token = b_token;
+    o.max_attempts = 1;
+    auto c = KVClient::Connect(o);
+    EXPECT_TRUE(c.ok()) << c.status();
+    return c.ok() ? std::move(*c) : nullptr;
+  };
+  std::unique_ptr<KVClient> b0 = connect("b", 0), b1 = connect("b", 1), a0 = connect("a", 0);
+  ASSERT_TRUE(b0 && b1 && a0);
+  JobConfig config;
+  config.job = "b";
+  config.num_workers = 2;
+  ASSERT_TRUE(b0->CreateJob(config).ok());
+  ASSERT_TRUE(b0->Init({{"w", {4}, DType::kF32, nullptr}}).ok());
+  ASSERT_TRUE(b1->Init({{"w", {4}, DType::kF32, nullptr}}).ok());
+  // Job a exists (with key w), but b's token does not reach it: every
+  // unary data call is refused before the store is asked about job a.
+  config.job = "a";
+  ASSERT_TRUE((*server)->store().CreateJob(config).ok());
+  InitItem init;
+  init.spec.key = "w";
+  init.spec.shape = {4};
+  init.spec.count = 4;
+  ASSERT_TRUE((*server)->store().Init("a", {init}).ok());
+  EXPECT_EQ(a0->CreateJob(config).code(), absl::StatusCode::kPermissionDenied);
+  auto data = v1::KVStoreData::NewStub(rpc::NewChannel((*server)->local_address()));
+  v1::PushRequest push;
+  push.set_job("a");
+  v1::PushItem* item = push.add_items();
+  item->set_key("w");
+  item->set_round(1);
+  item->add_shape(4);
+  push.add_chunks()->set_data(std::string(16, '\0'));
+  v1::PullRequest pull;
+  pull.set_job("a");
+  pull.add_items()->set_key("w");
+  for (const char* method : {"PushUnary", "PushPullUnary", "PullUnary"}) {
+    grpc::ClientContext ctx;
+    ctx.AddMetadata(security::kJobTokenMetadata, b_token);
+    v1::PushResponse pushed;
+    v1::PullResponse pulled;
+    const std::string m = method;
+    grpc::Status st = m == "PushUnary"       ? data->PushUnary(&ctx, push, &pushed)
+                      : m == "PushPullUnary" ? data->PushPullUnary(&ctx, push, &pulled)
+                                             : data->PullUnary(&ctx, pull, &pulled);
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::PERMISSION_DENIED)
+        << method << ": " << st.error_message();
+  }
+  std::vector<float> g0(4, 1.0f), g1(4, 2.0f);
+  std::thread waiter([&] {
+    absl::Status s = b0->PushPull({{"w", g0.data(), g0.data()}});
+    EXPECT_TRUE(s.ok()) << s;
+  });
+  absl::SleepFor(absl::Milliseconds(50));
+  absl::Status s = b1->PushPull({{"w", g1.data(), g1.data()}});
+  waiter.join();
+  EXPECT_TRUE(s.ok()) << s;
+  EXPECT_EQ(g0, std::vector<float>(4, 3.0f));
+  EXPECT_EQ(g1, std::vector<float>(4, 3.0f));
+  rpc::SetDefaultCredentials(rpc::Credentials::Insecure());
 }
 
 TEST(KVStoreServerTest, ShutdownSnapshotsAndRestartResumes) {

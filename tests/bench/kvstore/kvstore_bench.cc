@@ -70,6 +70,8 @@ ABSL_FLAG(int64_t, chunk_bytes, 1 << 20, "value bytes per message");
 ABSL_FLAG(int64_t, max_message_bytes, 4 << 20, "gRPC message limit (clients and servers)");
 ABSL_FLAG(bool, tls, true,
           "mutual TLS on every connection (certificates made for the run); --notls: plain text");
+ABSL_FLAG(bool, callback_data, false,
+          "the servers serve small pushes and pulls on gRPC's callback API (--callback_data)");
 ABSL_FLAG(std::string, server_binary, "", "kvstore_server to run (default: from runfiles)");
 
 namespace dtrain {
@@ -110,6 +112,7 @@ absl::StatusOr<Result> RunOnce(const char* argv0, int replicas) {
       std::vector<std::string> flags = {
           absl::StrCat("--shard_index=", i), "--snapshot_interval_s=0",
           absl::StrCat("--max_message_bytes=", absl::GetFlag(FLAGS_max_message_bytes))};
+      flags.push_back(absl::StrCat("--callback_data=", absl::GetFlag(FLAGS_callback_data)));
       if (replicas > 1) {
         flags.push_back("--scheduler=" + scheduler);
         flags.push_back(absl::StrCat("--replica_index=", j));
@@ -229,10 +232,11 @@ absl::StatusOr<Result> RunOnce(const char* argv0, int replicas) {
   const double moved = 2.0 * workers * static_cast<double>(elements * 4) * steps;
   Result result{moved / seconds / 1e9, pct(0.50), pct(0.99)};
   std::printf(
-      "kvstore workers=%d servers=%d replicas=%d bytes=%lld keys=%d tls=%s pushpull_GBps=%.3f "
-      "p50_us=%.0f p99_us=%.0f\n",
+      "kvstore workers=%d servers=%d replicas=%d bytes=%lld keys=%d tls=%s callback=%s "
+      "pushpull_GBps=%.3f p50_us=%.0f p99_us=%.0f\n",
       workers, servers, replicas, static_cast<long long>(elements * 4), keys,
-      absl::GetFlag(FLAGS_tls) ? "on" : "off", result.gbps, result.p50, result.p99);
+      absl::GetFlag(FLAGS_tls) ? "on" : "off", absl::GetFlag(FLAGS_callback_data) ? "on" : "off",
+      result.gbps, result.p50, result.p99);
   std::fflush(stdout);
   for (auto it = procs.rbegin(); it != procs.rend(); ++it) (void)(*it)->Kill(SIGTERM);
   for (auto& p : procs) (void)p->Wait();
