@@ -873,9 +873,8 @@ absl::Status Agent::RunAssignment(Job* job, train::JobProgress* progress,
             options_.connect_communicator(rank, world, generation_store.get(),
                                           plan.communicator_options);
         if (!joined.ok()) {
-          return Annotate(joined.status(),
-                          absl::StrCat("regroup of rank ", rank, " of ", world, " in generation ",
-                                       a.generation()));
+          return Annotate(joined.status(), absl::StrCat("regroup of rank ", rank, " of ", world,
+                                                        " in generation ", a.generation()));
         }
         comm = *std::move(joined);
         plan.config.communicator = comm.get();
@@ -919,10 +918,10 @@ absl::Status Agent::RunAssignment(Job* job, train::JobProgress* progress,
   // rounds (CPU replicas) only.
   const bool kvstore_rounds = plan.gradient_path == GradientPath::kKvstore &&
                               plan.config.kvstore_consistency == kvstore::Consistency::kSync;
-  const bool regroups =
-      (plan.gradient_path == GradientPath::kAllreduceTcp || kvstore_rounds) && world > 1 &&
-      std::all_of(plan.config.devices.begin(), plan.config.devices.end(),
-                  [](const Device& d) { return d.is_cpu(); });
+  const bool regroups = (plan.gradient_path == GradientPath::kAllreduceTcp || kvstore_rounds) &&
+                        world > 1 &&
+                        std::all_of(plan.config.devices.begin(), plan.config.devices.end(),
+                                    [](const Device& d) { return d.is_cpu(); });
   Progress observer(this, job, world > 1 ? store.get() : nullptr, regroups ? store.get() : nullptr,
                     plan.communicator_options, regroups && kvstore_rounds ? ps : nullptr);
   return train::RunJob(plan.config, &observer, progress);

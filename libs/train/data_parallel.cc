@@ -423,10 +423,9 @@ absl::Status DataParallelTrainer::Regroup(collective::Communicator* comm, int ro
                                           kvstore::ParameterServer* kvstore) {
   Impl& s = *impl_;
   if (comm == nullptr) return absl::InvalidArgumentError("Regroup needs a communicator");
-  const bool rounds = s.options.kvstore != nullptr &&
-                      s.options.kvstore_consistency == kvstore::Consistency::kSync;
-  if (s.cuda_replicas || s.options.sync_batch_norm ||
-      (s.options.kvstore != nullptr && !rounds)) {
+  const bool rounds =
+      s.options.kvstore != nullptr && s.options.kvstore_consistency == kvstore::Consistency::kSync;
+  if (s.cuda_replicas || s.options.sync_batch_norm || (s.options.kvstore != nullptr && !rounds)) {
     return absl::UnimplementedError(
         "recovery in place is implemented for CPU replicas with allreduce or synchronous "
         "kvstore rounds and no sync_batch_norm");

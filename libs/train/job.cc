@@ -312,8 +312,8 @@ absl::StatusOr<RegroupResult> RegroupSurvivor(const JobConfig& c, JobObserver* o
       return failure.ok() ? comm.status() : failure;
     }
     absl::StatusOr<RegroupResult> done =
-        ExchangeState(c, trainer, *comm, observer->RegroupKvstore(), /*survivor=*/true, /*failed=*/!last.ok(), here,
-                      steps_per_epoch, steps_run, world);
+        ExchangeState(c, trainer, *comm, observer->RegroupKvstore(), /*survivor=*/true,
+                      /*failed=*/!last.ok(), here, steps_per_epoch, steps_run, world);
     *comm_out = *comm;
     if (done.ok() || !IsTransient(done.status())) return done;
     DT_LOG(WARNING) << "job " << c.name << ": regroup failed (" << done.status()
@@ -446,8 +446,8 @@ absl::Status Run(const JobConfig& c, JobObserver* observer, JobProgress* progres
   }
   // Synchronous kvstore rounds between several ranks: recoverable in place.
   // (A joiner's communicator only carried its first exchange.)
-  const bool kvstore_rounds = c.kvstore != nullptr &&
-                              c.kvstore_consistency == kvstore::Consistency::kSync && world > 1;
+  const bool kvstore_rounds =
+      c.kvstore != nullptr && c.kvstore_consistency == kvstore::Consistency::kSync && world > 1;
   // A recovery in place waiting for its first completed step (the root
   // reports it).
   bool recovering = false;
