@@ -503,16 +503,24 @@ void Agent::Run() {
     Reap();
     Heartbeat();
     bool awaiting_regroup = false;
+    absl::Duration wait = interval;
     {
       // Drained: the scheduler heard it (when it could be reached).
       absl::MutexLock lock(&mu_);
       if (draining_ && current_ == nullptr && !next_.has_value()) break;
       awaiting_regroup =
           current_ != nullptr && (current_->peer_lost || StepStalledLocked(*current_));
+      // A KVSTORE job's step: the heartbeat that says it stalled is sent as
+      // soon as it has.
+      if (current_ != nullptr && !awaiting_regroup &&
+          current_->step_since != absl::InfiniteFuture()) {
+        wait = std::min(wait, std::max(options_.regroup_heartbeat_interval,
+                                       current_->step_since + current_->step_allowance -
+                                           absl::Now() + absl::Milliseconds(10)));
+      }
     }
     // A job waiting for a regroup hears of it sooner.
-    WaitForWake(awaiting_regroup ? std::min(interval, options_.regroup_heartbeat_interval)
-                                 : interval);
+    WaitForWake(awaiting_regroup ? std::min(interval, options_.regroup_heartbeat_interval) : wait);
   }
   DT_LOG(INFO) << "shutting down";
   std::unique_ptr<Job> job;
