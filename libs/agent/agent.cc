@@ -11,6 +11,7 @@
 #include "libs/base/logging.h"
 #include "libs/base/retry.h"
 #include "libs/base/status.h"
+#include "libs/security/job_token.h"
 #include "libs/tensor/allocator.h"
 #include "libs/trace/trace.h"
 
@@ -41,6 +42,16 @@ struct Agent::Job {
   // The job's timeline (null: none), written by the job's thread.
   std::unique_ptr<trace::Recorder> trace;
   std::vector<std::string> offered_trainer_ids;  // by rank: that membership
+  std::string offered_kvstore_token;             // KVSTORE jobs: its kvstore job's
+  // The kvstore client was cancelled for a regroup: a failure that follows
+  // is the attempt's, not the job's (retryable).
+  bool regroup_cancelled = false;
+  // KVSTORE jobs in synchronous rounds (guarded by Agent::mu_): when this
+  // rank's current step started (InfiniteFuture: not in a step), and how
+  // long a step may take before heartbeats say a peer is lost (a survivor
+  // waits in a round for a lost rank; see agent.h).
+  absl::Time step_since = absl::InfiniteFuture();
+  absl::Duration step_allowance = absl::Seconds(1);
 };
 
 namespace {
@@ -107,14 +118,33 @@ class Agent::Progress : public train::JobObserver {
  public:
   // `attempt_store` (may be null): the attempt's rendezvous store, for
   // regroups; `comm_options` those of the job's communicators.
+  // `ps` (KVSTORE jobs; null otherwise): the job's kvstore client, which a
+  // regroup replaces with the new membership's (the old one is kept until
+  // this is destroyed, after RunJob).
   Progress(Agent* agent, Job* job, collective::Store* store, collective::Store* attempt_store,
-           const collective::CommunicatorOptions& comm_options)
+           const collective::CommunicatorOptions& comm_options,
+           std::unique_ptr<kvstore::ParameterServer>* ps)
       : agent_(agent),
         job_(job),
         store_(store),
         attempt_store_(attempt_store),
         comm_options_(comm_options),
+        ps_(ps != nullptr && *ps != nullptr ? ps : nullptr),
         generation_(job->assignment.generation()) {}
+
+  ~Progress() override {
+    for (const std::unique_ptr<kvstore::ParameterServer>& old : retired_ps_) {
+      const absl::Status s = old->DeleteJob();
+      if (!s.ok() && !absl::IsNotFound(s)) {
+        DT_LOG(WARNING) << "job " << job_->assignment.job_id() << ": kvstore job " << old->job()
+                        << " not dropped (the shards drop it after their job TTL): " << s;
+      }
+    }
+  }
+
+  kvstore::ParameterServer* RegroupKvstore() override {
+    return ps_ != nullptr ? ps_->get() : nullptr;
+  }
 
   // Recovery in place (see agent.h): waits for the scheduler's next
   // generation of the attempt and meets it.
@@ -134,6 +164,7 @@ class Agent::Progress : public train::JobObserver {
       int generation = 0;
       int rank = -1;
       int world = 0;
+      std::string kvstore_token;
       {
         absl::MutexLock lock(&agent_->mu_);
         // Until the regroup is connected, heartbeats say a peer is lost: a
@@ -168,6 +199,7 @@ class Agent::Progress : public train::JobObserver {
               absl::StrCat("this trainer is not in generation ", generation, " of the job"));
         }
         rank = static_cast<int>(me - ids.begin());
+        kvstore_token = job_->offered_kvstore_token;
       }
       stores_.push_back(std::make_unique<GenerationStore>(attempt_store_, generation));
       const absl::Time start = absl::Now();
@@ -190,6 +222,14 @@ class Agent::Progress : public train::JobObserver {
                         << "; waiting for the next generation";
         tried = generation;
         continue;
+      }
+      if (ps_ != nullptr) {
+        absl::Status s = ConnectKvstore(generation, rank, kvstore_token);
+        if (!s.ok()) {
+          absl::MutexLock lock(&agent_->mu_);
+          job_->peer_lost = false;
+          return s;
+        }
       }
       {
         absl::MutexLock lock(&agent_->mu_);
@@ -219,6 +259,10 @@ class Agent::Progress : public train::JobObserver {
   }
 
   bool DrainRequested(int64_t steps_done) override {
+    if (ps_ != nullptr) {
+      absl::MutexLock lock(&agent_->mu_);
+      job_->step_since = absl::Now();  // a step follows
+    }
     if (drain_at_ < 0) {
       if (store_ == nullptr) {
         if (job_->drain) drain_at_ = steps_done;
@@ -241,6 +285,11 @@ class Agent::Progress : public train::JobObserver {
     agent_->observer_->OnStep(p, t);
     window_.Add(t.phases, t.samples);
     const absl::Time now = absl::Now();
+    if (ps_ != nullptr) {
+      absl::MutexLock lock(&agent_->mu_);
+      job_->step_allowance = std::max(absl::Seconds(1), 4 * (now - job_->step_since));
+      job_->step_since = absl::InfiniteFuture();
+    }
     if (now - last_report_ >= agent_->options_.report_interval) {
       last_report_ = now;
       Send(p);
@@ -302,6 +351,30 @@ class Agent::Progress : public train::JobObserver {
  private:
   int64_t PollSteps() const { return std::max(1, agent_->options_.drain_poll_steps); }
 
+  // A KVSTORE job's regroup: the client of generation `generation`'s own
+  // kvstore job replaces the old one (dropped by ~Progress, after RunJob:
+  // dropped now, a survivor that has not yet heard of the regroup would
+  // fail its round with ABORTED instead of being cancelled into it).
+  absl::Status ConnectKvstore(int generation, int rank, const std::string& token) {
+    const v1::Assignment& a = job_->assignment;
+    const std::string name = security::KvstoreJobName(a.job_id(), a.attempt(), generation);
+    absl::StatusOr<std::unique_ptr<kvstore::ParameterServer>> made =
+        agent_->options_.connect_parameter_server(name, rank, token);
+    if (!made.ok()) {
+      return Annotate(made.status(), absl::StrCat("connecting to the kvstore job ", name));
+    }
+    std::unique_ptr<kvstore::ParameterServer> old = std::move(*ps_);
+    *ps_ = *std::move(made);
+    {
+      absl::MutexLock lock(&agent_->mu_);
+      job_->ps = ps_->get();
+      if (job_->stop) job_->ps->Cancel(absl::StrCat("job stopped: ", job_->stop_reason));
+    }
+    old->Cancel("regrouped");
+    retired_ps_.push_back(std::move(old));
+    return absl::OkStatus();
+  }
+
   // The first claimant names the step: the first multiple of PollSteps()
   // after the ones done, where every rank reads it (see agent.h).
   void Claim(int64_t steps_done) {
@@ -350,6 +423,10 @@ class Agent::Progress : public train::JobObserver {
   collective::Store* const store_;
   collective::Store* const attempt_store_;
   const collective::CommunicatorOptions comm_options_;
+  std::unique_ptr<kvstore::ParameterServer>* const ps_;
+  // Earlier generations' kvstore clients (the trainer may hold them until
+  // its regroup is done).
+  std::vector<std::unique_ptr<kvstore::ParameterServer>> retired_ps_;
   int generation_;  // the membership this rank runs in
   // An elastic job (it may grow: RegroupRequested polls the store).
   const bool elastic_ = job_->assignment.spec().max_trainers() >
@@ -442,15 +519,24 @@ void Agent::Run() {
     Reap();
     Heartbeat();
     bool awaiting_regroup = false;
+    absl::Duration wait = interval;
     {
       // Drained: the scheduler heard it (when it could be reached).
       absl::MutexLock lock(&mu_);
       if (draining_ && current_ == nullptr && !next_.has_value()) break;
-      awaiting_regroup = current_ != nullptr && current_->peer_lost;
+      awaiting_regroup =
+          current_ != nullptr && (current_->peer_lost || StepStalledLocked(*current_));
+      // A KVSTORE job's step: the heartbeat that says it stalled is sent as
+      // soon as it has.
+      if (current_ != nullptr && !awaiting_regroup &&
+          current_->step_since != absl::InfiniteFuture()) {
+        wait = std::min(wait, std::max(options_.regroup_heartbeat_interval,
+                                       current_->step_since + current_->step_allowance -
+                                           absl::Now() + absl::Milliseconds(10)));
+      }
     }
     // A job waiting for a regroup hears of it sooner.
-    WaitForWake(awaiting_regroup ? std::min(interval, options_.regroup_heartbeat_interval)
-                                 : interval);
+    WaitForWake(awaiting_regroup ? std::min(interval, options_.regroup_heartbeat_interval) : wait);
   }
   DT_LOG(INFO) << "shutting down";
   std::unique_ptr<Job> job;
@@ -486,6 +572,11 @@ absl::Status Agent::Register(absl::Duration* interval) {
   return absl::OkStatus();
 }
 
+bool Agent::StepStalledLocked(const Job& job) const {
+  return job.step_since != absl::InfiniteFuture() &&
+         absl::Now() - job.step_since > job.step_allowance;
+}
+
 void Agent::Heartbeat() {
   v1::HeartbeatRequest request;
   {
@@ -494,7 +585,9 @@ void Agent::Heartbeat() {
     request.set_draining(draining_);
     if (current_ != nullptr && !current_->done) {
       request.add_running_job_ids(current_->assignment.job_id());
-      if (current_->peer_lost) request.add_peer_lost_job_ids(current_->assignment.job_id());
+      if (current_->peer_lost || StepStalledLocked(*current_)) {
+        request.add_peer_lost_job_ids(current_->assignment.job_id());
+      }
     }
     if (next_.has_value() &&
         (current_ == nullptr || current_->assignment.job_id() != next_->job_id())) {
@@ -560,6 +653,14 @@ void Agent::Heartbeat() {
                    << g.trainer_ids_size() << " trainers)";
       current_->offered_generation = g.generation();
       current_->offered_trainer_ids.assign(g.trainer_ids().begin(), g.trainer_ids().end());
+      current_->offered_kvstore_token = g.kvstore_token();
+      // A KVSTORE job's ranks may wait in a round the lost rank never
+      // pushes: their step fails now, and they meet the new membership
+      // (train::JobObserver::RegroupKvstore).
+      if (current_->ps != nullptr) {
+        current_->regroup_cancelled = true;
+        current_->ps->Cancel(absl::StrCat("regrouping in generation ", g.generation()));
+      }
     }
   }
   for (const v1::Assignment& a : reply->assignments()) Accept(a);
@@ -751,7 +852,10 @@ void Agent::Work(Job* job) {
     reason = std::string(s.message());
     // A peer, the network or a kvstore shard failed, not this job's
     // definition: the scheduler may run the job again.
-    last.set_retryable(IsTransient(s));
+    // (Or the kvstore client was cancelled for a regroup the job could not
+    // make outside a step: the scheduler requeues it.)
+    absl::MutexLock lock(&mu_);
+    last.set_retryable(IsTransient(s) || (absl::IsCancelled(s) && job->regroup_cancelled));
   }
   DT_LOG(INFO) << "job " << a.job_id() << " rank " << a.rank() << " "
                << v1::JobState_Name(final_state) << ": " << reason;
@@ -818,9 +922,27 @@ absl::Status Agent::RunAssignment(Job* job, train::JobProgress* progress,
       if (!made.ok()) return Annotate(made.status(), "connecting to the kvstore");
       *ps = *std::move(made);
       plan.config.kvstore = ps->get();
-      absl::MutexLock lock(&mu_);
-      job->ps = ps->get();
-      if (job->stop) job->ps->Cancel(absl::StrCat("job stopped: ", job->stop_reason));
+      {
+        absl::MutexLock lock(&mu_);
+        job->ps = ps->get();
+        if (job->stop) job->ps->Cancel(absl::StrCat("job stopped: ", job->stop_reason));
+      }
+      if (a.join()) {
+        // A replacement receives the survivors' state over a communicator
+        // of its generation (the rounds go through the kvstore).
+        store = cluster_->RendezvousStore(trainer_id(), a.job_id(), a.attempt());
+        generation_store = std::make_unique<GenerationStore>(store.get(), a.generation());
+        absl::StatusOr<std::unique_ptr<collective::Communicator>> joined =
+            options_.connect_communicator(rank, world, generation_store.get(),
+                                          plan.communicator_options);
+        if (!joined.ok()) {
+          return Annotate(joined.status(), absl::StrCat("regroup of rank ", rank, " of ", world,
+                                                        " in generation ", a.generation()));
+        }
+        comm = *std::move(joined);
+        plan.config.communicator = comm.get();
+        plan.config.join = true;
+      }
       break;
     }
     case GradientPath::kAllreduceTcp:
@@ -855,12 +977,16 @@ absl::Status Agent::RunAssignment(Job* job, train::JobProgress* progress,
   if (store == nullptr && world > 1) {
     store = cluster_->RendezvousStore(trainer_id(), a.job_id(), a.attempt());
   }
-  // Recovery in place: host-transport allreduce (CPU replicas) only.
-  const bool regroups = plan.gradient_path == GradientPath::kAllreduceTcp && world > 1 &&
+  // Recovery in place: host-transport allreduce or synchronous kvstore
+  // rounds (CPU replicas) only.
+  const bool kvstore_rounds = plan.gradient_path == GradientPath::kKvstore &&
+                              plan.config.kvstore_consistency == kvstore::Consistency::kSync;
+  const bool regroups = (plan.gradient_path == GradientPath::kAllreduceTcp || kvstore_rounds) &&
+                        world > 1 &&
                         std::all_of(plan.config.devices.begin(), plan.config.devices.end(),
                                     [](const Device& d) { return d.is_cpu(); });
   Progress observer(this, job, world > 1 ? store.get() : nullptr, regroups ? store.get() : nullptr,
-                    plan.communicator_options);
+                    plan.communicator_options, regroups && kvstore_rounds ? ps : nullptr);
   return train::RunJob(plan.config, &observer, progress);
 }
 

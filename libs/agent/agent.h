@@ -118,6 +118,20 @@
 // against the midpoint of the call, from the reply with the shortest round
 // trip seen (NTP's rule; on one machine the offset is about zero).
 //
+// KVSTORE jobs in synchronous rounds (CPU devices) recover in place too.
+// A survivor cannot see the loss: it waits in a round for the lost rank's
+// push. Once a step has lasted longer than max(1 s, 4 x the previous
+// step), its heartbeats list the job in peer_lost_job_ids (so the silent
+// trainer is declared lost after the peer-lost timeout); when the
+// scheduler's Regroup arrives the agent cancels the job's kvstore client,
+// the step fails, and the regroup connects a communicator as above (it
+// only carries the exchange of the state) and a kvstore client of the
+// generation's own kvstore job (security::KvstoreJobName with the
+// generation, Regroup.kvstore_token; train::JobObserver::RegroupKvstore).
+// The old generation's kvstore job is dropped after RunJob. A replacement
+// (join) connects both. A cancelled round outside a step (the epoch's
+// statistics) ends the attempt retryably: the scheduler requeues it.
+//
 // Thread-safety: Shutdown() may be called from any thread at any time; Run()
 // is called once. The observer is called on job threads, one job at a time.
 #ifndef DTRAIN_LIBS_AGENT_AGENT_H_
@@ -263,6 +277,9 @@ class Agent {
                              std::unique_ptr<kvstore::ParameterServer>* ps);
   // Leaves (SUCCEEDED, or drained) or deletes (any other end) the attempt's
   // kvstore job.
+  // A KVSTORE job's step has waited longer than its allowance (a round may
+  // wait for a lost rank).
+  bool StepStalledLocked(const Job& job) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void EndKvstoreJob(kvstore::ParameterServer* ps, const scheduler::v1::Assignment& a,
                      scheduler::v1::JobState final_state, bool drained);
 

@@ -9,6 +9,7 @@
 #include "absl/strings/str_split.h"
 #include "libs/base/status.h"
 #include "libs/scheduler/spec.h"
+#include "libs/security/job_token.h"
 
 namespace dtrain {
 namespace agent {
@@ -153,7 +154,9 @@ absl::StatusOr<JobPlan> PlanJob(const v1::Assignment& a, const TrainerResources&
           "sync mode KVSTORE, but this trainer was started without --kvstore servers");
     }
     plan.gradient_path = GradientPath::kKvstore;
-    plan.kvstore_job = absl::StrCat(a.job_id(), "-a", a.attempt());
+    // A generation after a recovery in place meets in a kvstore job of its
+    // own (its token names it).
+    plan.kvstore_job = security::KvstoreJobName(a.job_id(), a.attempt(), a.generation());
     plan.kvstore_token = a.kvstore_token();
     switch (spec.sync().consistency()) {
       case v1::ASYNCHRONOUS:
@@ -175,6 +178,14 @@ absl::StatusOr<JobPlan> PlanJob(const v1::Assignment& a, const TrainerResources&
           absl::StrCat("sync.gradient_compression: ", compression.status().message()));
     }
     c.kvstore_compression = *compression;
+    // A recovery in place exchanges the survivors' state over a host
+    // communicator (the rounds continue in the kvstore).
+    collective::CommunicatorOptions& co = plan.communicator_options;
+    co.transport = collective::TransportKind::kTcp;
+    co.timeout = r.collective_timeout;
+    co.key_prefix = "regroup";
+    co.tcp.host = r.collective_host;
+    co.tcp.secret = a.collective_secret();
     return plan;
   }
   if (a.world_size() == 1) return plan;

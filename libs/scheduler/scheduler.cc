@@ -390,10 +390,13 @@ absl::StatusOr<HeartbeatReply> Scheduler::Heartbeat(const HeartbeatRequest& requ
       *a->mutable_trainer_ids() = jt->second.status.trainers();
       if (!options_.job_token_secret.empty() && a->spec().sync().mode() == v1::KVSTORE) {
         a->set_kvstore_token(security::MintJobToken(
-            options_.job_token_secret, security::KvstoreJobName(a->job_id(), a->attempt()),
+            options_.job_token_secret,
+            security::KvstoreJobName(a->job_id(), a->attempt(), jt->second.status.generation()),
             options_.now() + options_.job_token_lifetime));
       }
-      if (!options_.job_token_secret.empty() && a->spec().sync().mode() != v1::KVSTORE) {
+      // Every job: a KVSTORE job's ranks meet over a host communicator too
+      // when they recover in place.
+      if (!options_.job_token_secret.empty()) {
         a->set_collective_secret(
             security::CollectiveSecret(options_.job_token_secret, a->job_id(), a->attempt()));
       }
@@ -413,6 +416,13 @@ absl::StatusOr<HeartbeatReply> Scheduler::Heartbeat(const HeartbeatRequest& requ
       g->set_attempt(jt->second.status.attempts());
       g->set_generation(jt->second.status.generation());
       *g->mutable_trainer_ids() = jt->second.status.trainers();
+      if (!options_.job_token_secret.empty() &&
+          jt->second.status.spec().sync().mode() == v1::KVSTORE) {
+        g->set_kvstore_token(security::MintJobToken(
+            options_.job_token_secret,
+            security::KvstoreJobName(t.job_id, g->attempt(), g->generation()),
+            options_.now() + options_.job_token_lifetime));
+      }
     }
   }
   if (t.draining && !t.job_id.empty() && t.delivered) reply.add_drain_job_ids(t.job_id);
@@ -1065,11 +1075,16 @@ absl::Duration Scheduler::PeerLostTimeout() const {
 
 bool Scheduler::RecoversInPlace(const Job& job) const {
   const JobSpec& spec = job.status.spec();
-  // CPU trainers only: the trainers regroup over host transports. The
-  // survivors must hold a state to send: the job made progress (or already
-  // regrouped). A loss before that (the ranks may still be meeting for the
-  // first time) requeues.
-  return options_.recover_in_place && spec.sync().mode() != v1::KVSTORE &&
+  // CPU trainers only: the trainers regroup over host transports. KVSTORE
+  // jobs in synchronous rounds only (each generation meets in a kvstore job
+  // of its own; the replicas hold the weights). The survivors must hold a
+  // state to send: the job made progress (or already regrouped). A loss
+  // before that (the ranks may still be meeting for the first time)
+  // requeues.
+  const bool kvstore_rounds = spec.sync().mode() == v1::KVSTORE &&
+                              (spec.sync().consistency() == v1::SYNCHRONOUS ||
+                               spec.sync().consistency() == v1::CONSISTENCY_UNSPECIFIED);
+  return options_.recover_in_place && (spec.sync().mode() != v1::KVSTORE || kvstore_rounds) &&
          spec.device_kind() != "cuda" &&
          (job.status.generation() > 0 || job.status.epoch() > 0 || job.status.step() > 0);
 }

@@ -417,7 +417,10 @@ TEST_F(SchedulerTest, AssignmentsCarryTheAttemptsCollectiveSecret) {
   std::string t3 = AddTrainer(s.get());
   HeartbeatReply a3 = Beat(s.get(), t3);
   ASSERT_EQ(a3.assignments_size(), 1);
-  EXPECT_TRUE(a3.assignments(0).collective_secret().empty());
+  // A KVSTORE job's ranks exchange state over a communicator when they
+  // recover in place: they get the secret of their attempt too.
+  EXPECT_EQ(a3.assignments(0).collective_secret(),
+            security::CollectiveSecret(cluster_secret, kv_job->id(), 1));
   EXPECT_FALSE(a3.assignments(0).kvstore_token().empty());
 
   auto plain = Open(Options());
@@ -1455,8 +1458,58 @@ TEST_F(SchedulerTest, PeerLostHeartbeatLosesTheSilentTrainerEarly) {
   EXPECT_EQ(s->CheckLiveness(), 0);
 }
 
-// No free trainer, a KVSTORE job, recover_in_place off, no progress yet, or
-// a CUDA job: the attempt is requeued as before.
+// A KVSTORE job in synchronous rounds recovers in place like an ALLREDUCE
+// one; its new generation meets in a kvstore job of its own, which the
+// joiner's assignment token and the survivor's Regroup token name.
+TEST_F(SchedulerTest, KvstoreJobRecoversInPlaceInAKvstoreJobOfItsGeneration) {
+  SchedulerOptions o = Options();
+  o.job_token_secret = "00112233445566778899aabbccddeeff";
+  auto s = Open(o);
+  JobSpec spec = Spec("kv", 2);
+  spec.mutable_sync()->set_mode(v1::KVSTORE);
+  auto job = s->Submit(spec);
+  ASSERT_TRUE(job.ok()) << job.status();
+  std::string t1 = AddTrainer(s.get());
+  std::string t2 = AddTrainer(s.get());
+  HeartbeatReply a1 = Beat(s.get(), t1);
+  ASSERT_EQ(a1.assignments_size(), 1);
+  ASSERT_EQ(Beat(s.get(), t2).assignments_size(), 1);
+  auto granted = [&](const std::string& token) {
+    absl::StatusOr<std::string> name = security::VerifyJobToken(o.job_token_secret, token, now_);
+    return name.ok() ? *name : name.status().ToString();
+  };
+  EXPECT_EQ(granted(a1.assignments(0).kvstore_token()), job->id() + "-a1");
+  const int r1 = a1.assignments(0).rank(), r2 = 1 - r1;
+  std::string spare = AddTrainer(s.get());
+  Beat(s.get(), spare);
+  Progressed(s.get(), job->id(), t1, t2);
+
+  now_ += absl::Seconds(11);
+  Beat(s.get(), t1, {job->id()});
+  Beat(s.get(), spare);
+  EXPECT_EQ(s->CheckLiveness(), 1);
+  auto st = s->Get(job->id());
+  ASSERT_TRUE(st.ok());
+  EXPECT_EQ(st->state(), v1::RUNNING) << st->DebugString();
+  EXPECT_EQ(st->attempts(), 1);
+  EXPECT_EQ(st->generation(), 1);
+  ASSERT_EQ(st->trainers_size(), 2);
+  EXPECT_EQ(st->trainers(r2), spare);
+  HeartbeatReply joined = Beat(s.get(), spare);
+  ASSERT_EQ(joined.assignments_size(), 1);
+  EXPECT_TRUE(joined.assignments(0).join());
+  EXPECT_EQ(joined.assignments(0).generation(), 1);
+  EXPECT_EQ(granted(joined.assignments(0).kvstore_token()), job->id() + "-a1-g1");
+  HeartbeatReply survivor = Beat(s.get(), t1, {job->id()});
+  EXPECT_EQ(survivor.cancel_job_ids_size(), 0);
+  ASSERT_EQ(survivor.regroups_size(), 1);
+  EXPECT_EQ(survivor.regroups(0).generation(), 1);
+  EXPECT_EQ(granted(survivor.regroups(0).kvstore_token()), job->id() + "-a1-g1");
+}
+
+// No free trainer, a KVSTORE job whose kvstore holds the weights
+// (asynchronous), recover_in_place off, no progress yet, or a CUDA job: the
+// attempt is requeued as before.
 TEST_F(SchedulerTest, WithoutASpareOrForKvstoreJobsTheAttemptIsRequeued) {
   for (int variant = 0; variant < 5; ++variant) {
     SCOPED_TRACE(variant);
@@ -1465,7 +1518,10 @@ TEST_F(SchedulerTest, WithoutASpareOrForKvstoreJobsTheAttemptIsRequeued) {
     auto s = Open(o);
     const std::string kind = variant == 4 ? "cuda" : "cpu";
     JobSpec spec = Spec("q", 2, 0, kind);
-    if (variant == 1) spec.mutable_sync()->set_mode(v1::KVSTORE);
+    if (variant == 1) {
+      spec.mutable_sync()->set_mode(v1::KVSTORE);
+      spec.mutable_sync()->set_consistency(v1::ASYNCHRONOUS);
+    }
     auto job = s->Submit(spec);
     ASSERT_TRUE(job.ok()) << job.status();
     const std::string device = variant == 4 ? "cuda:0" : "cpu";

@@ -32,6 +32,11 @@ std::string KvstoreJobName(absl::string_view job_id, int attempt) {
   return absl::StrCat(job_id, "-a", attempt);
 }
 
+std::string KvstoreJobName(absl::string_view job_id, int attempt, int generation) {
+  if (generation <= 0) return KvstoreJobName(job_id, attempt);
+  return absl::StrCat(job_id, "-a", attempt, "-g", generation);
+}
+
 std::string MintJobToken(absl::string_view secret, absl::string_view kvstore_job,
                          absl::Time expiry) {
   const std::string payload = absl::StrCat("v1|", kvstore_job, "|", absl::ToUnixSeconds(expiry));

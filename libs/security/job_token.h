@@ -31,6 +31,9 @@ inline constexpr char kJobTokenMetadata[] = "dtrain-kvstore-token";
 // The kvstore job of attempt `attempt` of scheduler job `job_id`
 // ("job-000007-a2"), as the trainers name it.
 std::string KvstoreJobName(absl::string_view job_id, int attempt);
+// Generation G > 0 of an attempt (a membership after a recovery in place)
+// meets in a kvstore job of its own: "<job>-a<attempt>-g<G>".
+std::string KvstoreJobName(absl::string_view job_id, int attempt, int generation);
 
 // A token for `kvstore_job` valid until `expiry`.
 std::string MintJobToken(absl::string_view secret, absl::string_view kvstore_job,

@@ -446,13 +446,19 @@ absl::StatusOr<float> DataParallelTrainer::Step(const Tensor& x, const Tensor& l
   return static_cast<float>(loss);
 }
 
-absl::Status DataParallelTrainer::Regroup(collective::Communicator* comm, int root) {
+absl::Status DataParallelTrainer::Regroup(collective::Communicator* comm, int root,
+                                          kvstore::ParameterServer* kvstore) {
   Impl& s = *impl_;
   if (comm == nullptr) return absl::InvalidArgumentError("Regroup needs a communicator");
-  if (s.cuda_replicas || s.options.sync_batch_norm || s.options.kvstore != nullptr) {
+  const bool rounds =
+      s.options.kvstore != nullptr && s.options.kvstore_consistency == kvstore::Consistency::kSync;
+  if (s.cuda_replicas || s.options.sync_batch_norm || (s.options.kvstore != nullptr && !rounds)) {
     return absl::UnimplementedError(
-        "recovery in place is implemented for CPU replicas with allreduce and no "
-        "sync_batch_norm");
+        "recovery in place is implemented for CPU replicas with allreduce or synchronous "
+        "kvstore rounds and no sync_batch_norm");
+  }
+  if (rounds && kvstore == nullptr) {
+    return absl::InvalidArgumentError("Regroup of a kvstore job needs the new kvstore job");
   }
   if (root < 0 || root >= comm->size()) {
     return absl::InvalidArgumentError(
@@ -467,15 +473,28 @@ absl::Status DataParallelTrainer::Regroup(collective::Communicator* comm, int ro
     s.bucket_vars[b] = s.engine->NewVar(absl::StrCat("bucket", b));
   }
   DataParallelOptions o = s.options;
-  o.communicator = comm;
-  DT_ASSIGN_OR_RETURN(std::unique_ptr<GradientSync> sync, CreateGradientSync(o));
-  if (std::string(sync->name()) != "allreduce") {
-    return absl::UnimplementedError(
-        absl::StrCat("recovery in place with the ", sync->name(), " strategy"));
+  if (rounds) {
+    // The rounds continue in the new membership's kvstore job (a joiner's
+    // client already made it).
+    if (kvstore != s.options.kvstore) {
+      o.kvstore = kvstore;
+      o.kvstore_workers = comm->size();
+      DT_ASSIGN_OR_RETURN(std::unique_ptr<GradientSync> sync, CreateGradientSync(o));
+      DT_RETURN_IF_ERROR(sync->Start(s.reducer.get()));
+      s.sync = std::move(sync);
+      s.options = o;
+    }
+  } else {
+    o.communicator = comm;
+    DT_ASSIGN_OR_RETURN(std::unique_ptr<GradientSync> sync, CreateGradientSync(o));
+    if (std::string(sync->name()) != "allreduce") {
+      return absl::UnimplementedError(
+          absl::StrCat("recovery in place with the ", sync->name(), " strategy"));
+    }
+    sync->Attach(s.reducer.get());
+    s.sync = std::move(sync);
+    s.options = o;
   }
-  sync->Attach(s.reducer.get());
-  s.sync = std::move(sync);
-  s.options = o;
   const bool is_root = comm->rank() == root;
   auto broadcast = [&](Tensor* t, const std::string& what) {
     return Annotate(

@@ -241,8 +241,14 @@ class DataParallelTrainer {
   // trainer of the new communicator calls Regroup together: rank `root`'s
   // replica 0 parameters, buffers and momentum are broadcast to all of them
   // (a joiner's own are overwritten) and copied to every local replica.
-  // Unimplemented for CUDA replicas, sync_batch_norm and kvstore jobs.
-  absl::Status Regroup(collective::Communicator* communicator, int root);
+  // A "kvstore_sync" trainer keeps meeting on the kvstore, in `kvstore` (not
+  // owned; it outlives the trainer or the next Regroup): the new
+  // membership's kvstore job, which Regroup creates (`communicator` only
+  // carries the broadcast); the same client as before for a joiner, which
+  // made the job at Create. Unimplemented for CUDA replicas,
+  // sync_batch_norm and the kvstore-held weights modes.
+  absl::Status Regroup(collective::Communicator* communicator, int root,
+                       kvstore::ParameterServer* kvstore = nullptr);
 
   // The gradient-sync strategy Create chose (gradient_sync.h): "local",
   // "allreduce", "nccl_allreduce", "kvstore_sync" or "kvstore_weights".

@@ -229,9 +229,11 @@ struct RegroupResult {
 // One exchange of the new membership: positions, the root's state, its
 // data position and statistics.
 // `failed`: this survivor's step failed (not a grow's regroup); `world`:
-// the world size `here` counts steps in.
+// the world size `here` counts steps in; `kvstore`: the new membership's
+// kvstore job (KVSTORE jobs; see JobObserver::RegroupKvstore).
 absl::StatusOr<RegroupResult> ExchangeState(const JobConfig& c, DataParallelTrainer* trainer,
-                                            collective::Communicator* comm, bool survivor,
+                                            collective::Communicator* comm,
+                                            kvstore::ParameterServer* kvstore, bool survivor,
                                             bool failed, const Partial& here,
                                             int64_t steps_per_epoch, int64_t steps_run, int world) {
   const int n = comm->size();
@@ -254,7 +256,7 @@ absl::StatusOr<RegroupResult> ExchangeState(const JobConfig& c, DataParallelTrai
     return absl::FailedPreconditionError(
         "regroup: no rank of the new membership holds the job's state");
   }
-  DT_RETURN_IF_ERROR(trainer->Regroup(comm, out.root));
+  DT_RETURN_IF_ERROR(trainer->Regroup(comm, out.root, kvstore));
   double pos[7] = {static_cast<double>(here.epoch),
                    static_cast<double>(here.step),
                    here.loss_sum,
@@ -312,8 +314,8 @@ absl::StatusOr<RegroupResult> RegroupSurvivor(const JobConfig& c, JobObserver* o
       return failure.ok() ? comm.status() : failure;
     }
     absl::StatusOr<RegroupResult> done =
-        ExchangeState(c, trainer, *comm, /*survivor=*/true, /*failed=*/!last.ok(), here,
-                      steps_per_epoch, steps_run, world);
+        ExchangeState(c, trainer, *comm, observer->RegroupKvstore(), /*survivor=*/true,
+                      /*failed=*/!last.ok(), here, steps_per_epoch, steps_run, world);
     *comm_out = *comm;
     if (done.ok() || !IsTransient(done.status())) return done;
     DT_LOG(WARNING) << "job " << c.name << ": regroup failed (" << done.status()
@@ -452,7 +454,8 @@ absl::Status Run(const JobConfig& c, JobObserver* observer, JobProgress* progres
   int64_t joined_steps_run = 0;
   if (c.join) {
     DT_ASSIGN_OR_RETURN(RegroupResult joined,
-                        ExchangeState(c, trainer.get(), c.communicator, /*survivor=*/false,
+                        ExchangeState(c, trainer.get(), c.communicator, c.kvstore,
+                                      /*survivor=*/false,
                                       /*failed=*/false, Partial{}, steps_per_epoch,
                                       /*steps_run=*/0, world));
     joined_steps_run = joined.steps_run;
@@ -461,6 +464,10 @@ absl::Status Run(const JobConfig& c, JobObserver* observer, JobProgress* progres
     resumed = joined.at;
     progress->epoch = first_epoch;
   }
+  // Synchronous kvstore rounds between several ranks: recoverable in place.
+  // (A joiner's communicator only carried its first exchange.)
+  const bool kvstore_rounds =
+      c.kvstore != nullptr && c.kvstore_consistency == kvstore::Consistency::kSync && world > 1;
   // A recovery in place waiting for its first completed step (the root
   // reports it).
   bool recovering = false;
@@ -514,7 +521,12 @@ absl::Status Run(const JobConfig& c, JobObserver* observer, JobProgress* progres
         if (!stepped.ok()) {
           failure = Annotate(stepped.status(), absl::StrCat("rank ", rank, ", epoch ", epoch + 1,
                                                             " step ", step + 1));
-          if (c.communicator == nullptr || hybrid || !IsTransient(stepped.status())) {
+          // A KVSTORE job's survivor learns of the loss from its agent,
+          // which cancels the kvstore client (see job.h).
+          const bool recoverable =
+              kvstore_rounds ? absl::IsCancelled(stepped.status()) && !observer->StopRequested()
+                             : IsTransient(stepped.status());
+          if ((c.communicator == nullptr && !kvstore_rounds) || hybrid || !recoverable) {
             return failure;
           }
           DT_LOG(WARNING) << "job " << c.name << ": " << failure << "; trying to recover in place";
@@ -522,7 +534,9 @@ absl::Status Run(const JobConfig& c, JobObserver* observer, JobProgress* progres
         }
       }
       if (regroup_now) {
-        const absl::Time failed = absl::Now();
+        // A KVSTORE job's step stalled from its start until the agent
+        // cancelled it.
+        const absl::Time failed = kvstore_rounds ? step_start : absl::Now();
         trace::ScopedSpan recovery_span(c.trace, "recovery", trace::kTrackStep, steps_run);
         collective::Communicator* comm = nullptr;
         DT_ASSIGN_OR_RETURN(RegroupResult regroup,

@@ -66,6 +66,16 @@
 // meeting) are not recovered: RunJob returns the error (a transient one:
 // the scheduler requeues the attempt from its checkpoint).
 //
+// KVSTORE jobs in synchronous rounds recover the same way: a survivor's
+// step fails when its kvstore client is cancelled (CANCELLED while
+// StopRequested is false: libs/agent cancels it when the scheduler offers
+// the next membership, as a survivor blocked in a round that waits for the
+// lost rank cannot tell), the exchange goes over Regroup's communicator,
+// and the rounds continue in the new membership's own kvstore job
+// (JobObserver::RegroupKvstore): no round of the old one has to be
+// completed. The recovery's seconds count from the start of the failed
+// step (the wait for the scheduler to notice the loss included).
+//
 // Elastic jobs. The new membership may be smaller (no spare: the survivors
 // continue, ranks renumbered) or larger (RegroupRequested: a new rank joins
 // at a step boundary; no step is lost). Each rank keeps its batch
@@ -226,6 +236,11 @@ class JobObserver {
   // the next step, so a new rank can join at a step boundary. Every rank
   // must answer true at the same count.
   virtual bool RegroupRequested(int64_t steps_done) { return false; }
+  // KVSTORE jobs (synchronous rounds): after Regroup answered a
+  // communicator, the kvstore client of that membership's own kvstore job
+  // (not owned: it must outlive RunJob). The communicator then only carries
+  // the exchange of the state; the gradients' rounds continue there.
+  virtual kvstore::ParameterServer* RegroupKvstore() { return nullptr; }
   // On the rank that sent the state, after the first step completed since
   // a regroup: the seconds since the failed step, and the steps lost.
   virtual void OnRecovered(double seconds, int64_t steps_lost) {}

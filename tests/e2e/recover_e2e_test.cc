@@ -10,6 +10,11 @@
 // accuracy of the undisturbed run; the scheduler's Prometheus counter and
 // histogram count the recovery.
 //
+// The same with a KVSTORE job (synchronous rounds; one kvstore shard): the
+// survivor waits in a round for the lost rank until its agent hears of the
+// regroup, and the new membership's rounds go through a kvstore job of its
+// own ("<job>-a1-g1"); the same bounds hold.
+//
 // A second test kills the replacement trainer as soon as the scheduler
 // names it (during the recovery), with the cluster's supervisor restarting
 // killed trainers: the job must still SUCCEED, in place again or, when no
@@ -46,12 +51,13 @@ namespace v1 = scheduler::v1;
 
 class RecoverE2eTest : public ::testing::Test {
  protected:
-  void Up(const std::string& restart, int trainers = 3) {
+  // `more`: further cluster up flags.
+  void Up(const std::string& restart, int trainers = 3, const std::string& more = "") {
     dir_ = TmpDir(::testing::UnitTest::GetInstance()->current_test_info()->name());
     int rc;
     std::string out =
         Trainctl(absl::StrCat("cluster up --restart=", restart, " --trainers=", trainers,
-                              " --heartbeat_timeout_s=3 --dir=", dir_),
+                              " --heartbeat_timeout_s=3 --dir=", dir_, more),
                  &rc);
     ASSERT_EQ(rc, 0) << out;
     for (const ClusterProcess& p : ReadCluster(dir_)) {
@@ -91,23 +97,23 @@ class RecoverE2eTest : public ::testing::Test {
     return ctx;
   }
 
-  static v1::SubmitRequest Job(const std::string& name) {
+  v1::SubmitRequest Job(const std::string& name) const {
     v1::SubmitRequest r;
     v1::JobSpec* s = r.mutable_spec();
     s->set_name(name);
     s->set_model("lenet");
-    s->set_epochs(4);
+    s->set_epochs(epochs_);
     s->set_global_batch_size(128);
     s->set_lr(0.05);
     s->set_momentum(0.9);  // the state sent to the replacement includes momentum
     s->set_init("kaiming");
     s->set_seed(3);
-    s->set_train_limit(12288);  // 96 steps an epoch
+    s->set_train_limit(train_limit_);  // 96 steps an epoch (12288)
     s->set_test_limit(2000);
     s->set_threads(1);
     s->set_num_trainers(2);
     s->set_checkpoint_interval_epochs(1);
-    s->mutable_sync()->set_mode(v1::ALLREDUCE);
+    s->mutable_sync()->set_mode(mode_);
     return r;
   }
 
@@ -167,7 +173,7 @@ class RecoverE2eTest : public ::testing::Test {
   }
 
   // Submits the disturbed job and waits until it is in the middle of its
-  // second or third epoch (of 4). Rank 0 reports once a second and an epoch
+  // second or third epoch (of 4, or 2 of 3). Rank 0 reports once a second and an epoch
   // takes about 1.5 s on a quiet machine, so one epoch's middle can be
   // missed between two reports.
   v1::JobStatus SubmitAndWaitMidEpoch() {
@@ -191,6 +197,14 @@ class RecoverE2eTest : public ::testing::Test {
     return s == v1::SUCCEEDED || s == v1::FAILED || s == v1::CANCELLED;
   }
 
+  // Kills rank 0's trainer in the middle of an epoch of the second job and
+  // checks the recovery in place (see the file comment).
+  void KillRankZeroAndExpectRecoveryInPlace();
+
+  // Of the jobs Job() makes.
+  v1::SyncMode mode_ = v1::ALLREDUCE;
+  int epochs_ = 4;
+  int64_t train_limit_ = 12288;
   std::string dir_, scheduler_;
   std::unique_ptr<Subprocess> new_trainer_;  // started by a test, outside the cluster
   int metrics_port_ = 0;
@@ -199,6 +213,20 @@ class RecoverE2eTest : public ::testing::Test {
 
 TEST_F(RecoverE2eTest, KilledRankIsReplacedInPlace) {
   Up("never");
+  KillRankZeroAndExpectRecoveryInPlace();
+}
+
+TEST_F(RecoverE2eTest, KilledRankOfAKvstoreJobIsReplacedInPlace) {
+  Up("never", 3, " --kvstore_shards=1 --kvstore_replicas=1");
+  mode_ = v1::KVSTORE;
+  // A kvstore round per step costs more than an allreduce here: a shorter
+  // job (3 epochs of 48 steps) keeps the test near a minute.
+  epochs_ = 3;
+  train_limit_ = 6144;
+  KillRankZeroAndExpectRecoveryInPlace();
+}
+
+void RecoverE2eTest::KillRankZeroAndExpectRecoveryInPlace() {
   const v1::JobStatus ref = Undisturbed();
   ASSERT_EQ(ref.state(), v1::SUCCEEDED);
   ASSERT_EQ(Metric("dtrain_scheduler_recoveries_total"), 0);
@@ -233,7 +261,7 @@ TEST_F(RecoverE2eTest, KilledRankIsReplacedInPlace) {
   EXPECT_LE(done.last_recovery_seconds(), 5) << done.DebugString();
   EXPECT_GE(done.steps_lost(), 0);
   EXPECT_LE(done.steps_lost(), 1) << done.DebugString();
-  EXPECT_EQ(done.epoch(), 4);
+  EXPECT_EQ(done.epoch(), epochs_);
   // The dead trainer's rank went to the spare; rank 1 kept its trainer.
   ASSERT_EQ(done.trainers_size(), 2);
   EXPECT_NE(done.trainers(0), victim->first);
