@@ -19,7 +19,7 @@ while [ $# -gt 0 ]; do
   case "$1" in
     --threads) threads=$2; shift 2 ;;
     --models) models=$2; shift 2 ;;
-    --bin) bin=$2; shift 2 ;;  # a built train_bench: no setup, no bazel (for dt-quiet runs)
+    --bin) bin=$2; shift 2 ;;  # a built train_bench: no setup, no bazel (to time on an otherwise idle machine)
     *) echo "compare_train.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done

@@ -17,7 +17,7 @@
 # summary lines). --small_only: only the 4 KiB latency runs (no iperf3, no
 # 64 MiB run), for comparing data paths that differ only there.
 # --bin runs an already built kvstore_bench (no setup, no build: for a run
-# under dt-quiet). Set BAZEL to use another Bazel command line.
+# on an otherwise idle machine). Set BAZEL to use another Bazel command line.
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
 workers=2 servers=2 bytes=$((64 << 20)) seconds=3 bin= tlsflag=--tls tls=on

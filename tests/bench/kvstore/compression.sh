@@ -11,7 +11,7 @@
 #   tests/bench/kvstore/compression.sh [--epochs 5] [--compressions none,f16,bf16]
 #                                      [--bin DIR]
 # --bin DIR: built binaries (DIR/services/trainctl/trainctl ...; a bazel-bin),
-# no build (for a run under dt-quiet).
+# no build (to time on an otherwise idle machine).
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
 epochs=5 compressions=none,f16,bf16 bin=

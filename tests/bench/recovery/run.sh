@@ -4,8 +4,8 @@
 # runs, and how long the same job takes to finish after the same kill with
 # checkpoint-restart (--recover_in_place=false) in the same invocation.
 #
-#   dt-build bazel build //services/trainctl //services/trainer //services/scheduler:scheduler_server
-#   dt-quiet tests/bench/recovery/run.sh [RUNS] [inplace|requeue|both]
+#   bazel build //services/trainctl //services/trainer //services/scheduler:scheduler_server
+#   tests/bench/recovery/run.sh [RUNS] [inplace|requeue|both]
 #
 # Each run: `trainctl cluster up --restart=never --trainers=3
 # --heartbeat_timeout_s=3` (one spare), the job (3 epochs of 48 steps, a

@@ -23,7 +23,7 @@
 #                              [--out=DIR] [--no_build]
 # --quick: 100mbit only, 4 MiB, 2 rounds (about a minute). --out: where the
 # lines (scaling.txt) and the plot (scaling.png, with python3-matplotlib from
-# tools/setup --bench) go. Run the timing under dt-quiet with --no_build after
+# tools/setup --bench) go. Time it on an otherwise idle machine with --no_build after
 # building: bazel build //tests/bench/scaling:scaling_worker
 # //services/kvstore:kvstore_server //services/trainctl. Needs root (network
 # namespaces).
