@@ -158,6 +158,23 @@ std::vector<ClusterProcess> ReadCluster(const std::string& dir) {
   return out;
 }
 
+std::map<std::string, int> TrainerPids(const std::string& dir) {
+  std::map<std::string, int> out;
+  for (const ClusterProcess& p : ReadCluster(dir)) {
+    if (p.role != "trainer") continue;
+    std::ifstream log(absl::StrCat(dir, "/", p.name, ".log"));
+    std::stringstream text;
+    text << log.rdbuf();
+    const std::string t = text.str();
+    const std::string key = "registered as ";
+    for (size_t at = t.find(key); at != std::string::npos; at = t.find(key, at + 1)) {
+      size_t end = t.find(';', at);
+      out[t.substr(at + key.size(), end - at - key.size())] = p.pid;
+    }
+  }
+  return out;
+}
+
 bool ProcessAlive(int pid) {
   if (pid <= 0) return false;
   if (kill(pid, 0) != 0 && errno == ESRCH) return false;

@@ -3,6 +3,7 @@
 #ifndef DTRAIN_TESTS_E2E_E2E_UTIL_H_
 #define DTRAIN_TESTS_E2E_E2E_UTIL_H_
 
+#include <map>
 #include <string>
 #include <vector>
 
@@ -61,6 +62,11 @@ struct ClusterProcess {
 
 // The processes listed in <dir>/cluster.json (empty if none or unreadable).
 std::vector<ClusterProcess> ReadCluster(const std::string& dir);
+
+// The trainers of the cluster in `dir`, by the id each registered as (the
+// "registered as <id>;" lines of its log) -> pid. A trainer that has not
+// logged its registration yet is missing.
+std::map<std::string, int> TrainerPids(const std::string& dir);
 
 // Whether `pid` runs (a zombie does not).
 bool ProcessAlive(int pid);

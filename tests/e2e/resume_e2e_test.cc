@@ -118,23 +118,7 @@ class ResumeE2eTest : public ::testing::Test {
     return last.ok() ? *last : v1::JobStatus();
   }
 
-  // Trainer id (from its log's "registered as <id>") -> pid.
-  std::map<std::string, int> TrainerPids() {
-    std::map<std::string, int> out;
-    for (const ClusterProcess& p : ReadCluster(dir_)) {
-      if (p.role != "trainer") continue;
-      std::ifstream log(absl::StrCat(dir_, "/", p.name, ".log"));
-      std::stringstream text;
-      text << log.rdbuf();
-      const std::string t = text.str();
-      const std::string key = "registered as ";
-      for (size_t at = t.find(key); at != std::string::npos; at = t.find(key, at + 1)) {
-        size_t end = t.find(';', at);
-        out[t.substr(at + key.size(), end - at - key.size())] = p.pid;
-      }
-    }
-    return out;
-  }
+  std::map<std::string, int> TrainerPids() { return e2e::TrainerPids(dir_); }
 
   double TrainersAlive() {
     absl::StatusOr<std::string> text = metrics::Scrape(metrics_port_);

@@ -165,23 +165,7 @@ class StragglerE2eTest : public ::testing::Test {
     return v.ok() ? *v : -1;
   }
 
-  // Trainer id (from its log's "registered as <id>") -> pid.
-  std::map<std::string, int> TrainerPids() {
-    std::map<std::string, int> out;
-    for (const ClusterProcess& p : ReadCluster(dir_)) {
-      if (p.role != "trainer") continue;
-      std::ifstream log(absl::StrCat(dir_, "/", p.name, ".log"));
-      std::stringstream text;
-      text << log.rdbuf();
-      const std::string t = text.str();
-      const std::string key = "registered as ";
-      for (size_t at = t.find(key); at != std::string::npos; at = t.find(key, at + 1)) {
-        size_t end = t.find(';', at);
-        out[t.substr(at + key.size(), end - at - key.size())] = p.pid;
-      }
-    }
-    return out;
-  }
+  std::map<std::string, int> TrainerPids() { return e2e::TrainerPids(dir_); }
 
   // A process spinning on `cpu` until TearDown kills it.
   void BusyLoop(int cpu) {
