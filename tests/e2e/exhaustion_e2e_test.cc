@@ -302,19 +302,23 @@ TEST_F(ExhaustionE2eTest, HealthAnswersWithinOneSecondAndNothingStoredIsLost) {
     grpc::Status s = rogue_control->CreateJob(&ctx, create, &created);
     ASSERT_TRUE(s.ok()) << s.error_message();
   }
-  prober.Phase("a huge Init");
-  {
+  // One Init of the rogue job's `slices`, as the rogue trainer.
+  auto init_rogue = [&](std::vector<kv::SliceSpec> slices, absl::Duration deadline) {
     grpc::ClientContext ctx;
-    rogue_ctx(&ctx, absl::Seconds(30));
+    rogue_ctx(&ctx, deadline);
     kv::InitResponse reply;
     auto init = rogue_control->Init(&ctx, &reply);
     kv::InitRequest req;
     req.set_job(rogue_job);
-    *req.add_slices() = Slice("huge0", 700'000'000);
-    *req.add_slices() = Slice("huge1", 700'000'000);
+    for (kv::SliceSpec& slice : slices) *req.add_slices() = std::move(slice);
     init->Write(req);
     init->WritesDone();
-    grpc::Status s = init->Finish();
+    return init->Finish();
+  };
+  prober.Phase("a huge Init");
+  {
+    grpc::Status s =
+        init_rogue({Slice("huge0", 700'000'000), Slice("huge1", 700'000'000)}, absl::Seconds(30));
     EXPECT_EQ(Code(s), absl::StatusCode::kResourceExhausted) << s.error_message();
     EXPECT_NE(s.error_message().find("quota"), std::string::npos) << s.error_message();
   }
@@ -322,16 +326,7 @@ TEST_F(ExhaustionE2eTest, HealthAnswersWithinOneSecondAndNothingStoredIsLost) {
   // 2. Thousands of concurrent pulls that wait for a round the second
   // worker never pushes.
   {
-    grpc::ClientContext ctx;
-    rogue_ctx(&ctx, absl::Seconds(10));
-    kv::InitResponse reply;
-    auto init = rogue_control->Init(&ctx, &reply);
-    kv::InitRequest req;
-    req.set_job(rogue_job);
-    *req.add_slices() = Slice("p", 4);
-    init->Write(req);
-    init->WritesDone();
-    grpc::Status s = init->Finish();
+    grpc::Status s = init_rogue({Slice("p", 4)}, absl::Seconds(10));
     ASSERT_TRUE(s.ok()) << s.error_message();
   }
   auto rogue_data = kv::KVStoreData::NewStub(rpc::NewChannel(shard_.address, rogue.get()));
