@@ -7,6 +7,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "libs/agent/step_window.h"
 #include "libs/base/logging.h"
 #include "libs/base/retry.h"
@@ -46,7 +47,7 @@ struct Agent::Job {
   // The kvstore client was cancelled for a regroup: a failure that follows
   // is the attempt's, not the job's (retryable).
   bool regroup_cancelled = false;
-  // KVSTORE jobs in synchronous rounds (guarded by Agent::mu_): when this
+  // KVSTORE jobs in synchronous rounds or bounded delay (guarded by Agent::mu_): when this
   // rank's current step started (InfiniteFuture: not in a step), and how
   // long a step may take before heartbeats say a peer is lost (a survivor
   // waits in a round for a lost rank; see agent.h).
@@ -72,6 +73,14 @@ v1::ProgressReport ToReport(const train::JobProgress& p) {
   r.set_checkpoint_epoch(p.checkpoint_epoch);
   r.set_checkpoint_step(p.checkpoint_step);
   return r;
+}
+
+// A KVSTORE job whose weights live on the kvstore (asynchronous or
+// bounded-delay): its survivors never regroup; a replacement continues the
+// lost worker's rounds (see agent.h).
+bool KvstoreHoldsWeights(const v1::JobSpec& spec) {
+  return spec.sync().mode() == v1::KVSTORE && (spec.sync().consistency() == v1::ASYNCHRONOUS ||
+                                               spec.sync().consistency() == v1::BOUNDED_DELAY);
 }
 
 AgentObserver* NoObserver() {
@@ -110,6 +119,38 @@ class GenerationStore : public collective::Store {
   const std::string prefix_;
 };
 
+// The rendezvous store key of where an attempt with kvstore-held weights
+// started: "<epochs done> <steps of the next epoch>".
+constexpr char kKvstoreStart[] = "dtrain/kvstore/start";
+
+// With kvstore-held weights a replacement continues the lost worker's
+// rounds, which count from where the attempt started: rank 0 publishes it
+// (its assignment's resume position) before training, a joiner reads it.
+absl::Status KvstoreAttemptStart(collective::Store* store, const v1::Assignment& a,
+                                 train::JobConfig* config) {
+  if (!a.join()) {
+    if (a.rank() != 0) return absl::OkStatus();
+    const absl::Status s =
+        store->Set(kKvstoreStart, absl::StrCat(a.resume_epoch(), " ", a.resume_step()));
+    if (!s.ok()) {
+      DT_LOG(WARNING) << "job " << a.job_id() << ": " << s
+                      << "; a replacement could not join this attempt";
+    }
+    return absl::OkStatus();
+  }
+  absl::StatusOr<std::string> start = store->Get(kKvstoreStart, absl::Seconds(10));
+  if (!start.ok()) {
+    return Annotate(start.status(), "reading where the attempt started (rank 0 publishes it)");
+  }
+  std::vector<std::string> parts = absl::StrSplit(*start, ' ');
+  if (parts.size() != 2 || !absl::SimpleAtoi(parts[0], &config->attempt_start_epoch) ||
+      !absl::SimpleAtoi(parts[1], &config->attempt_start_step)) {
+    return absl::DataLossError(
+        absl::StrCat(kKvstoreStart, " holds '", *start, "', not '<epoch> <step>'"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 // A running job's progress: to the observer, and (rank 0) to the scheduler;
@@ -123,13 +164,14 @@ class Agent::Progress : public train::JobObserver {
   // this is destroyed, after RunJob).
   Progress(Agent* agent, Job* job, collective::Store* store, collective::Store* attempt_store,
            const collective::CommunicatorOptions& comm_options,
-           std::unique_ptr<kvstore::ParameterServer>* ps)
+           std::unique_ptr<kvstore::ParameterServer>* ps, bool watch_steps)
       : agent_(agent),
         job_(job),
         store_(store),
         attempt_store_(attempt_store),
         comm_options_(comm_options),
         ps_(ps != nullptr && *ps != nullptr ? ps : nullptr),
+        watch_steps_(watch_steps),
         generation_(job->assignment.generation()) {}
 
   ~Progress() override {
@@ -259,7 +301,7 @@ class Agent::Progress : public train::JobObserver {
   }
 
   bool DrainRequested(int64_t steps_done) override {
-    if (ps_ != nullptr) {
+    if (watch_steps_) {
       absl::MutexLock lock(&agent_->mu_);
       job_->step_since = absl::Now();  // a step follows
     }
@@ -285,7 +327,7 @@ class Agent::Progress : public train::JobObserver {
     agent_->observer_->OnStep(p, t);
     window_.Add(t.phases, t.samples);
     const absl::Time now = absl::Now();
-    if (ps_ != nullptr) {
+    if (watch_steps_) {
       absl::MutexLock lock(&agent_->mu_);
       job_->step_allowance = std::max(absl::Seconds(1), 4 * (now - job_->step_since));
       job_->step_since = absl::InfiniteFuture();
@@ -424,6 +466,8 @@ class Agent::Progress : public train::JobObserver {
   collective::Store* const attempt_store_;
   const collective::CommunicatorOptions comm_options_;
   std::unique_ptr<kvstore::ParameterServer>* const ps_;
+  // Step start and end times go to the heartbeats (Job::step_since).
+  const bool watch_steps_;
   // Earlier generations' kvstore clients (the trainer may hold them until
   // its regroup is done).
   std::vector<std::unique_ptr<kvstore::ParameterServer>> retired_ps_;
@@ -656,8 +700,9 @@ void Agent::Heartbeat() {
       current_->offered_kvstore_token = g.kvstore_token();
       // A KVSTORE job's ranks may wait in a round the lost rank never
       // pushes: their step fails now, and they meet the new membership
-      // (train::JobObserver::RegroupKvstore).
-      if (current_->ps != nullptr) {
+      // (train::JobObserver::RegroupKvstore). (With kvstore-held weights
+      // they go on: the replacement continues the lost worker's rounds.)
+      if (current_->ps != nullptr && !KvstoreHoldsWeights(current_->assignment.spec())) {
         current_->regroup_cancelled = true;
         current_->ps->Cancel(absl::StrCat("regrouping in generation ", g.generation()));
       }
@@ -927,7 +972,11 @@ absl::Status Agent::RunAssignment(Job* job, train::JobProgress* progress,
         job->ps = ps->get();
         if (job->stop) job->ps->Cancel(absl::StrCat("job stopped: ", job->stop_reason));
       }
-      if (a.join()) {
+      if (a.join() && KvstoreHoldsWeights(a.spec())) {
+        // A replacement of a worker whose weights are on the kvstore: it
+        // pulls them and continues that worker's rounds (train::JobConfig::join).
+        plan.config.join = true;
+      } else if (a.join()) {
         // A replacement receives the survivors' state over a communicator
         // of its generation (the rounds go through the kvstore).
         store = cluster_->RendezvousStore(trainer_id(), a.job_id(), a.attempt());
@@ -977,6 +1026,9 @@ absl::Status Agent::RunAssignment(Job* job, train::JobProgress* progress,
   if (store == nullptr && world > 1) {
     store = cluster_->RendezvousStore(trainer_id(), a.job_id(), a.attempt());
   }
+  if (plan.gradient_path == GradientPath::kKvstore && KvstoreHoldsWeights(a.spec()) && world > 1) {
+    DT_RETURN_IF_ERROR(KvstoreAttemptStart(store.get(), a, &plan.config));
+  }
   // Recovery in place: host-transport allreduce or synchronous kvstore
   // rounds (CPU replicas) only.
   const bool kvstore_rounds = plan.gradient_path == GradientPath::kKvstore &&
@@ -985,8 +1037,15 @@ absl::Status Agent::RunAssignment(Job* job, train::JobProgress* progress,
                         world > 1 &&
                         std::all_of(plan.config.devices.begin(), plan.config.devices.end(),
                                     [](const Device& d) { return d.is_cpu(); });
+  // A bounded-delay survivor waits in a pull for a lost worker: its
+  // heartbeats say so once a step stalls, as in synchronous rounds.
+  const bool watch_steps =
+      world > 1 && ((regroups && kvstore_rounds) ||
+                    (plan.gradient_path == GradientPath::kKvstore &&
+                     plan.config.kvstore_consistency == kvstore::Consistency::kBoundedDelay));
   Progress observer(this, job, world > 1 ? store.get() : nullptr, regroups ? store.get() : nullptr,
-                    plan.communicator_options, regroups && kvstore_rounds ? ps : nullptr);
+                    plan.communicator_options, regroups && kvstore_rounds ? ps : nullptr,
+                    watch_steps);
   return train::RunJob(plan.config, &observer, progress);
 }
 

@@ -132,6 +132,15 @@
 // (join) connects both. A cancelled round outside a step (the epoch's
 // statistics) ends the attempt retryably: the scheduler requeues it.
 //
+// KVSTORE jobs whose weights live on the kvstore (ASYNCHRONOUS,
+// BOUNDED_DELAY) recover in place without a regroup: the survivors keep
+// training (a Regroup does not cancel their kvstore client; a
+// bounded-delay survivor that waits in a pull for the lost worker has its
+// heartbeats say a peer is lost once its step stalls, as above), and a
+// replacement (join) connects to the attempt's own kvstore job as the lost
+// rank's worker, with no communicator: train::RunJob pulls the weights and
+// continues that worker's rounds (libs/train/job.h).
+//
 // Thread-safety: Shutdown() may be called from any thread at any time; Run()
 // is called once. The observer is called on job threads, one job at a time.
 #ifndef DTRAIN_LIBS_AGENT_AGENT_H_

@@ -563,6 +563,21 @@ int64_t DataParallelTrainer::CountCorrect(const Tensor& x, const Tensor& labels)
   return correct;
 }
 
+absl::StatusOr<int64_t> DataParallelTrainer::ResumeKvstoreWorker() {
+  if (std::string(impl_->sync->name()) != "kvstore_weights") {
+    return absl::FailedPreconditionError(
+        absl::StrCat("resuming a kvstore worker needs kvstore-held weights (kAsync or "
+                     "kBoundedDelay); the strategy is ",
+                     impl_->sync->name()));
+  }
+  absl::StatusOr<int64_t> rounds = impl_->options.kvstore->ResumeRounds();
+  if (!rounds.ok()) {
+    return Annotate(rounds.status(),
+                    absl::StrCat("resuming kvstore worker ", impl_->options.kvstore->worker()));
+  }
+  return rounds;
+}
+
 absl::Status DataParallelTrainer::PullLatestWeights() { return impl_->sync->PullLatestWeights(); }
 
 absl::Status DataParallelTrainer::AverageStatistics(float* sums, int n) {

@@ -250,6 +250,14 @@ class DataParallelTrainer {
   absl::Status Regroup(collective::Communicator* communicator, int root,
                        kvstore::ParameterServer* kvstore = nullptr);
 
+  // kAsync / kBoundedDelay kvstore modes: this trainer replaces a lost one
+  // under the same kvstore worker id in a running job (Create pulled the
+  // server's weights). Continues that worker's rounds
+  // (kvstore::ParameterServer::ResumeRounds) and returns the steps it had
+  // completed: the rounds every bucket had pushed (the lowest, when it died
+  // between two buckets' pushes). FailedPrecondition in the other modes.
+  absl::StatusOr<int64_t> ResumeKvstoreWorker();
+
   // The gradient-sync strategy Create chose (gradient_sync.h): "local",
   // "allreduce", "nccl_allreduce", "kvstore_sync" or "kvstore_weights".
   const char* sync_name() const;

@@ -63,8 +63,13 @@ absl::Status Validate(const JobConfig& c) {
   if (c.checkpoint_interval_epochs < 0) {
     return bad("checkpoint_interval_epochs", "must be >= 0");
   }
-  if (c.join && (c.communicator == nullptr || c.hybridize)) {
-    return bad("join", "a joining rank needs a communicator (allreduce) and no hybridize");
+  // With kvstore-held weights a joiner continues a lost worker's rounds.
+  const bool weights_on_kvstore =
+      c.kvstore != nullptr && c.kvstore_consistency != kvstore::Consistency::kSync;
+  if (c.join && ((c.communicator == nullptr && !weights_on_kvstore) || c.hybridize)) {
+    return bad("join",
+               "a joining rank needs a communicator (allreduce, synchronous kvstore rounds) or "
+               "kvstore-held weights, and no hybridize");
   }
   if (c.checkpoint_interval_epochs > 0 && c.checkpoint_path.empty()) {
     return bad("checkpoint_path", "needed with checkpoint_interval_epochs");
@@ -397,6 +402,14 @@ absl::Status Run(const JobConfig& c, JobObserver* observer, JobProgress* progres
   // shared (with the other trainers, or the kvstore's shards).
   int first_epoch = 0;
   int64_t first_step = 0;
+  // A joiner of a job with kvstore-held weights takes them from the kvstore
+  // and counts its position from where the attempt started.
+  const bool kvstore_joiner = c.join && c.kvstore != nullptr &&
+                              c.kvstore_consistency != kvstore::Consistency::kSync;
+  if (kvstore_joiner) {
+    first_epoch = c.attempt_start_epoch;
+    first_step = c.attempt_start_step;
+  }
   if (!c.resume_from.empty() && !c.join) {
     o.restore = [&c, &first_epoch, &first_step, progress](nn::Module* model,
                                                           nn::Sgd* optimizer) -> absl::Status {
@@ -452,7 +465,34 @@ absl::Status Run(const JobConfig& c, JobObserver* observer, JobProgress* progres
   progress->steps_per_epoch = loader->batches_per_epoch();
   int64_t steps_per_epoch = loader->batches_per_epoch();
   int64_t joined_steps_run = 0;
-  if (c.join) {
+  // A recovery in place waiting for its first completed step (the root
+  // reports it).
+  bool recovering = false;
+  bool recovery_root = false;
+  absl::Time failed_at;
+  int64_t recovery_steps_lost = 0;
+  if (kvstore_joiner) {
+    // The lost worker's rounds are the steps it completed in this attempt:
+    // continue after them, at the same place of the same epoch's order.
+    DT_ASSIGN_OR_RETURN(const int64_t rounds, trainer->ResumeKvstoreWorker());
+    const int64_t at = static_cast<int64_t>(first_epoch) * steps_per_epoch + first_step + rounds;
+    first_epoch = static_cast<int>(std::min<int64_t>(at / steps_per_epoch, c.epochs));
+    first_step = first_epoch < c.epochs ? at % steps_per_epoch : 0;
+    joined_steps_run = rounds;
+    resumed = Partial{first_epoch, first_step, 0, 0, 0};
+    progress->epoch = first_epoch;
+    progress->step = first_step;
+    DT_LOG(INFO) << "job " << c.name << " rank " << rank << ": continuing kvstore worker " << rank
+                 << " after its " << rounds << " steps, at epoch " << first_epoch + 1 << " step "
+                 << first_step << " (weights from the kvstore)";
+    // It reports the recovery once its first step is done (the scheduler
+    // counts the seconds from the lost trainer's last heartbeat): the step
+    // the lost worker was in, at most, is lost.
+    recovering = true;
+    recovery_root = true;
+    failed_at = absl::Now();
+    recovery_steps_lost = 1;
+  } else if (c.join) {
     DT_ASSIGN_OR_RETURN(RegroupResult joined,
                         ExchangeState(c, trainer.get(), c.communicator, c.kvstore,
                                       /*survivor=*/false,
@@ -468,12 +508,6 @@ absl::Status Run(const JobConfig& c, JobObserver* observer, JobProgress* progres
   // (A joiner's communicator only carried its first exchange.)
   const bool kvstore_rounds =
       c.kvstore != nullptr && c.kvstore_consistency == kvstore::Consistency::kSync && world > 1;
-  // A recovery in place waiting for its first completed step (the root
-  // reports it).
-  bool recovering = false;
-  bool recovery_root = false;
-  absl::Time failed_at;
-  int64_t recovery_steps_lost = 0;
 
   // By this call, over all epochs (a joiner continues the root's count).
   int64_t steps_run = joined_steps_run;

@@ -76,6 +76,17 @@
 // completed. The recovery's seconds count from the start of the failed
 // step (the wait for the scheduler to notice the loss included).
 //
+// KVSTORE jobs whose weights live on the kvstore (kAsync, kBoundedDelay)
+// need no exchange: the survivors never stop (they hold nothing the job
+// needs), and a replacement (JobConfig::join, no communicator) joins the
+// attempt's kvstore job as the lost rank's worker: Create pulls the
+// server's weights, DataParallelTrainer::ResumeKvstoreWorker continues that
+// worker's rounds, and the rounds it had pushed are the steps it completed,
+// so the joiner continues at attempt_start + rounds (same epoch order, same
+// shard) with the epoch's statistics from zero. The step the lost worker
+// was in is lost (1 step; the buckets it had pushed of it stay applied).
+// Once its first step is done the joiner calls OnRecovered.
+//
 // Elastic jobs. The new membership may be smaller (no spare: the survivors
 // continue, ranks renumbered) or larger (RegroupRequested: a new rank joins
 // at a step boundary; no step is lost). Each rank keeps its batch
@@ -164,6 +175,11 @@ struct JobConfig {
   // place"): `communicator` is the new membership's; the state, the data
   // position and the epoch's statistics come from the surviving ranks.
   bool join = false;
+  // A joiner with kvstore-held weights (kvstore_consistency kAsync or
+  // kBoundedDelay): where the attempt started (its checkpoint's epochs done
+  // and steps of the next epoch), which the lost worker's rounds count from.
+  int attempt_start_epoch = 0;
+  int64_t attempt_start_step = 0;
 
   // The timeline (not owned; null: none): every step's phases and bucket
   // reductions (step_trace.h, with the count of steps this call ran) and, on
