@@ -53,6 +53,10 @@ struct Agent::Job {
   // waits in a round for a lost rank; see agent.h).
   absl::Time step_since = absl::InfiniteFuture();
   absl::Duration step_allowance = absl::Seconds(1);
+  // ALLREDUCE jobs over NCCL (guarded by Agent::mu_): the current
+  // membership's NCCL communicator, which a regroup offer aborts (a
+  // collective waiting for a dead peer may never fail by itself).
+  collective::Communicator* device_comm = nullptr;
 };
 
 namespace {
@@ -98,6 +102,15 @@ constexpr char kDrainClaim[] = "dtrain/drain/claim";
 constexpr char kDrainStep[] = "dtrain/drain/step";
 
 namespace {
+
+// ALLREDUCE jobs over NCCL exchange a regroup's state over a host
+// communicator (TCP) made from the job's NCCL options.
+collective::CommunicatorOptions ExchangeOptions(const collective::CommunicatorOptions& nccl) {
+  collective::CommunicatorOptions o = nccl;
+  o.transport = collective::TransportKind::kTcp;
+  o.key_prefix = "regroup";
+  return o;
+}
 
 // The keys of membership generation G > 0 of an attempt: "gen<G>/<key>".
 class GenerationStore : public collective::Store {
@@ -175,6 +188,11 @@ class Agent::Progress : public train::JobObserver {
         generation_(job->assignment.generation()) {}
 
   ~Progress() override {
+    {
+      // The communicators are about to go (this rank's and RunAssignment's).
+      absl::MutexLock lock(&agent_->mu_);
+      job_->device_comm = nullptr;
+    }
     for (const std::unique_ptr<kvstore::ParameterServer>& old : retired_ps_) {
       const absl::Status s = old->DeleteJob();
       if (!s.ok() && !absl::IsNotFound(s)) {
@@ -186,6 +204,10 @@ class Agent::Progress : public train::JobObserver {
 
   kvstore::ParameterServer* RegroupKvstore() override {
     return ps_ != nullptr ? ps_->get() : nullptr;
+  }
+
+  collective::Communicator* RegroupDeviceCommunicator() override {
+    return device_comms_.empty() ? nullptr : device_comms_.back().get();
   }
 
   // Recovery in place (see agent.h): waits for the scheduler's next
@@ -247,8 +269,18 @@ class Agent::Progress : public train::JobObserver {
       const absl::Time start = absl::Now();
       collective::CommunicatorOptions o = comm_options_;
       o.timeout = std::min(o.timeout, agent_->options_.regroup_timeout);
+      // Over NCCL: the state goes over a host communicator, then the
+      // gradients over a new NCCL communicator (a new unique id under the
+      // generation's keys).
+      const bool nccl = o.transport == collective::TransportKind::kNccl;
       absl::StatusOr<std::unique_ptr<collective::Communicator>> made =
-          agent_->options_.connect_communicator(rank, world, stores_.back().get(), o);
+          agent_->options_.connect_communicator(rank, world, stores_.back().get(),
+                                                nccl ? ExchangeOptions(o) : o);
+      absl::StatusOr<std::unique_ptr<collective::Communicator>> device;
+      if (made.ok() && nccl) {
+        device = agent_->options_.connect_communicator(rank, world, stores_.back().get(), o);
+        if (!device.ok()) made = device.status();
+      }
       if (!made.ok()) {
         absl::Status s = Annotate(
             made.status(),
@@ -273,9 +305,11 @@ class Agent::Progress : public train::JobObserver {
           return s;
         }
       }
+      if (nccl) device_comms_.push_back(*std::move(device));
       {
         absl::MutexLock lock(&agent_->mu_);
         job_->peer_lost = false;
+        if (nccl) job_->device_comm = device_comms_.back().get();
         // Reports name the rank and generation this trainer now runs.
         job_->assignment.set_rank(rank);
         job_->assignment.set_world_size(world);
@@ -481,6 +515,8 @@ class Agent::Progress : public train::JobObserver {
   // Each regroup's store and communicator, alive until the job ends.
   std::vector<std::unique_ptr<collective::Store>> stores_;
   std::vector<std::unique_ptr<collective::Communicator>> comms_;
+  // ALLREDUCE jobs over NCCL: each regroup's NCCL communicator.
+  std::vector<std::unique_ptr<collective::Communicator>> device_comms_;
   absl::Time last_report_ = absl::InfinitePast();
   StepWindow window_{kStepWindow};
   bool claimed_ = false;
@@ -705,6 +741,10 @@ void Agent::Heartbeat() {
       if (current_->ps != nullptr && !KvstoreHoldsWeights(current_->assignment.spec())) {
         current_->regroup_cancelled = true;
         current_->ps->Cancel(absl::StrCat("regrouping in generation ", g.generation()));
+      }
+      // Likewise an NCCL collective waiting for the lost rank.
+      if (current_->device_comm != nullptr) {
+        current_->device_comm->Abort(absl::StrCat("regrouping in generation ", g.generation()));
       }
     }
   }
@@ -957,6 +997,7 @@ absl::Status Agent::RunAssignment(Job* job, train::JobProgress* progress,
 
   std::unique_ptr<collective::Store> store;
   std::unique_ptr<collective::Store> generation_store;
+  std::unique_ptr<collective::Communicator> exchange_comm;  // an NCCL joiner's
   std::unique_ptr<collective::Communicator> comm;
   switch (plan.gradient_path) {
     case GradientPath::kLocal:
@@ -1004,14 +1045,30 @@ absl::Status Agent::RunAssignment(Job* job, train::JobProgress* progress,
       }
       plan.config.join = a.join();
       const absl::Time start = absl::Now();
+      collective::Store* meet = generation_store != nullptr ? generation_store.get() : store.get();
+      if (a.join() && plan.gradient_path == GradientPath::kAllreduceNccl) {
+        // A replacement receives the state over a host communicator first,
+        // as the survivors send it (Progress::Regroup).
+        absl::StatusOr<std::unique_ptr<collective::Communicator>> exchange =
+            options_.connect_communicator(rank, world, meet,
+                                          ExchangeOptions(plan.communicator_options));
+        if (!exchange.ok()) {
+          return Annotate(exchange.status(), absl::StrCat("regroup of rank ", rank, " of ", world,
+                                                          " in generation ", a.generation()));
+        }
+        exchange_comm = *std::move(exchange);
+        plan.config.exchange_communicator = exchange_comm.get();
+      }
       absl::StatusOr<std::unique_ptr<collective::Communicator>> made =
-          options_.connect_communicator(
-              rank, world, generation_store != nullptr ? generation_store.get() : store.get(),
-              plan.communicator_options);
+          options_.connect_communicator(rank, world, meet, plan.communicator_options);
       if (!made.ok()) {
         return Annotate(made.status(), absl::StrCat("rendezvous of rank ", rank, " of ", world));
       }
       comm = *std::move(made);
+      if (plan.gradient_path == GradientPath::kAllreduceNccl) {
+        absl::MutexLock lock(&mu_);
+        job->device_comm = comm.get();
+      }
       DT_LOG(INFO) << "job " << a.job_id() << " rank " << rank << ": connected to " << world - 1
                    << " peers in " << absl::Now() - start << " ("
                    << GradientPathName(plan.gradient_path) << ")";
@@ -1029,18 +1086,20 @@ absl::Status Agent::RunAssignment(Job* job, train::JobProgress* progress,
   if (plan.gradient_path == GradientPath::kKvstore && KvstoreHoldsWeights(a.spec()) && world > 1) {
     DT_RETURN_IF_ERROR(KvstoreAttemptStart(store.get(), a, &plan.config));
   }
-  // Recovery in place: host-transport allreduce or synchronous kvstore
-  // rounds (CPU replicas) only.
+  // Recovery in place with a regroup: allreduce (host transports or NCCL)
+  // or synchronous kvstore rounds, CPU or CUDA replicas, without
+  // sync_batch_norm.
   const bool kvstore_rounds = plan.gradient_path == GradientPath::kKvstore &&
                               plan.config.kvstore_consistency == kvstore::Consistency::kSync;
-  const bool regroups = (plan.gradient_path == GradientPath::kAllreduceTcp || kvstore_rounds) &&
-                        world > 1 &&
-                        std::all_of(plan.config.devices.begin(), plan.config.devices.end(),
-                                    [](const Device& d) { return d.is_cpu(); });
-  // A bounded-delay survivor waits in a pull for a lost worker: its
-  // heartbeats say so once a step stalls, as in synchronous rounds.
+  const bool nccl = plan.gradient_path == GradientPath::kAllreduceNccl;
+  const bool regroups =
+      (plan.gradient_path == GradientPath::kAllreduceTcp || nccl || kvstore_rounds) &&
+      world > 1 && !plan.config.sync_batch_norm;
+  // A survivor may wait for a lost peer without an error: in a synchronous
+  // or bounded-delay kvstore round, or in an NCCL collective over shared
+  // memory or NVLink. Its heartbeats say so once a step stalls.
   const bool watch_steps =
-      world > 1 && ((regroups && kvstore_rounds) ||
+      world > 1 && ((regroups && (kvstore_rounds || nccl)) ||
                     (plan.gradient_path == GradientPath::kKvstore &&
                      plan.config.kvstore_consistency == kvstore::Consistency::kBoundedDelay));
   Progress observer(this, job, world > 1 ? store.get() : nullptr, regroups ? store.get() : nullptr,

@@ -1100,14 +1100,15 @@ absl::Duration Scheduler::PeerLostTimeout() const {
 
 bool Scheduler::RecoversInPlace(const Job& job) const {
   const JobSpec& spec = job.status.spec();
-  // CPU trainers only: the trainers regroup over host transports. KVSTORE
-  // jobs in synchronous rounds meet in a kvstore job of their generation
-  // (the replicas hold the weights); with kvstore-held weights the spare
-  // joins the attempt's kvstore job (see "Recovery in place"). The job must
-  // have made progress (or already regrouped): the survivors hold a state
-  // to send. A loss before that (the ranks may still be meeting for the
-  // first time) requeues.
-  return options_.recover_in_place && spec.device_kind() != "cuda" &&
+  // CPU and CUDA trainers (the state travels through host memory; NCCL
+  // communicators are made again). KVSTORE jobs in synchronous rounds meet
+  // in a kvstore job of their generation (the replicas hold the weights);
+  // with kvstore-held weights the spare joins the attempt's kvstore job
+  // (see "Recovery in place"). Not with sync_batch_norm (its groups span
+  // the old membership). The job must have made progress (or already
+  // regrouped): the survivors hold a state to send. A loss before that (the
+  // ranks may still be meeting for the first time) requeues.
+  return options_.recover_in_place && !spec.sync_batch_norm() &&
          (job.status.generation() > 0 || job.status.epoch() > 0 || job.status.step() > 0);
 }
 

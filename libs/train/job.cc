@@ -238,6 +238,7 @@ struct RegroupResult {
 // kvstore job (KVSTORE jobs; see JobObserver::RegroupKvstore).
 absl::StatusOr<RegroupResult> ExchangeState(const JobConfig& c, DataParallelTrainer* trainer,
                                             collective::Communicator* comm,
+                                            collective::Communicator* gradients,
                                             kvstore::ParameterServer* kvstore, bool survivor,
                                             bool failed, const Partial& here,
                                             int64_t steps_per_epoch, int64_t steps_run, int world) {
@@ -261,7 +262,7 @@ absl::StatusOr<RegroupResult> ExchangeState(const JobConfig& c, DataParallelTrai
     return absl::FailedPreconditionError(
         "regroup: no rank of the new membership holds the job's state");
   }
-  DT_RETURN_IF_ERROR(trainer->Regroup(comm, out.root, kvstore));
+  DT_RETURN_IF_ERROR(trainer->Regroup(comm, out.root, kvstore, gradients));
   double pos[7] = {static_cast<double>(here.epoch),
                    static_cast<double>(here.step),
                    here.loss_sum,
@@ -319,7 +320,8 @@ absl::StatusOr<RegroupResult> RegroupSurvivor(const JobConfig& c, JobObserver* o
       return failure.ok() ? comm.status() : failure;
     }
     absl::StatusOr<RegroupResult> done =
-        ExchangeState(c, trainer, *comm, observer->RegroupKvstore(), /*survivor=*/true,
+        ExchangeState(c, trainer, *comm, observer->RegroupDeviceCommunicator(),
+                      observer->RegroupKvstore(), /*survivor=*/true,
                       /*failed=*/!last.ok(), here, steps_per_epoch, steps_run, world);
     *comm_out = *comm;
     if (done.ok() || !IsTransient(done.status())) return done;
@@ -389,8 +391,11 @@ absl::Status Run(const JobConfig& c, JobObserver* observer, JobProgress* progres
   o.sgd = c.sgd;
   o.init = init;
   o.seed = c.seed;
-  // A joining rank meets the others in its first exchange, not at Create.
-  o.communicator = c.join ? nullptr : c.communicator;
+  // A joining rank meets the others in its first exchange, not at Create
+  // (over NCCL its strategy is made for the communicator, without sharing
+  // initial weights: its buckets live in device memory).
+  o.communicator = c.join && c.exchange_communicator == nullptr ? nullptr : c.communicator;
+  o.joining = c.join && c.exchange_communicator != nullptr;
   o.kvstore = c.kvstore;
   o.kvstore_workers = world;
   o.kvstore_consistency = c.kvstore_consistency;
@@ -494,7 +499,11 @@ absl::Status Run(const JobConfig& c, JobObserver* observer, JobProgress* progres
     recovery_steps_lost = 1;
   } else if (c.join) {
     DT_ASSIGN_OR_RETURN(RegroupResult joined,
-                        ExchangeState(c, trainer.get(), c.communicator, c.kvstore,
+                        ExchangeState(c, trainer.get(),
+                                      c.exchange_communicator != nullptr ? c.exchange_communicator
+                                                                         : c.communicator,
+                                      c.exchange_communicator != nullptr ? c.communicator : nullptr,
+                                      c.kvstore,
                                       /*survivor=*/false,
                                       /*failed=*/false, Partial{}, steps_per_epoch,
                                       /*steps_run=*/0, world));
@@ -508,6 +517,10 @@ absl::Status Run(const JobConfig& c, JobObserver* observer, JobProgress* progres
   // (A joiner's communicator only carried its first exchange.)
   const bool kvstore_rounds =
       c.kvstore != nullptr && c.kvstore_consistency == kvstore::Consistency::kSync && world > 1;
+  // Allreduce over NCCL (see "Recovery in place" in job.h).
+  const bool device_collective =
+      c.communicator != nullptr &&
+      c.communicator->options().transport == collective::TransportKind::kNccl;
 
   // By this call, over all epochs (a joiner continues the root's count).
   int64_t steps_run = joined_steps_run;
@@ -557,9 +570,13 @@ absl::Status Run(const JobConfig& c, JobObserver* observer, JobProgress* progres
                                                             " step ", step + 1));
           // A KVSTORE job's survivor learns of the loss from its agent,
           // which cancels the kvstore client (see job.h).
+          // Over NCCL the agent aborts the communicator: any error may be
+          // a lost peer's.
           const bool recoverable =
-              kvstore_rounds ? absl::IsCancelled(stepped.status()) && !observer->StopRequested()
-                             : IsTransient(stepped.status());
+              kvstore_rounds || device_collective
+                  ? (device_collective || absl::IsCancelled(stepped.status())) &&
+                        !observer->StopRequested()
+                  : IsTransient(stepped.status());
           if ((c.communicator == nullptr && !kvstore_rounds) || hybrid || !recoverable) {
             return failure;
           }
@@ -570,7 +587,9 @@ absl::Status Run(const JobConfig& c, JobObserver* observer, JobProgress* progres
       if (regroup_now) {
         // A KVSTORE job's step stalled from its start until the agent
         // cancelled it.
-        const absl::Time failed = kvstore_rounds ? step_start : absl::Now();
+        // (Over NCCL too: a peer's loss may only show when the agent aborts
+        // the communicator.)
+        const absl::Time failed = kvstore_rounds || device_collective ? step_start : absl::Now();
         trace::ScopedSpan recovery_span(c.trace, "recovery", trace::kTrackStep, steps_run);
         collective::Communicator* comm = nullptr;
         DT_ASSIGN_OR_RETURN(RegroupResult regroup,

@@ -87,6 +87,19 @@
 // was in is lost (1 step; the buckets it had pushed of it stay applied).
 // Once its first step is done the joiner calls OnRecovered.
 //
+// CUDA replicas recover the same way: the failed step applied nothing, the
+// survivors keep their device-resident model and momentum, and the state
+// travels through host memory over Regroup's communicator (a host
+// transport). ALLREDUCE jobs over NCCL: a survivor's step fails when its
+// NCCL communicator is aborted (libs/agent aborts it when the scheduler
+// offers the next membership: a collective waiting for a dead peer over
+// shared memory or NVLink may never fail by itself), any step failure is
+// then worth a regroup while StopRequested is false (a regroup that never
+// comes ends it with the step's error), and the new membership's NCCL
+// communicator (RegroupDeviceCommunicator; a joiner's JobConfig
+// communicator, with exchange_communicator for the state) carries the
+// gradients.
+//
 // Elastic jobs. The new membership may be smaller (no spare: the survivors
 // continue, ranks renumbered) or larger (RegroupRequested: a new rank joins
 // at a step boundary; no step is lost). Each rank keeps its batch
@@ -175,6 +188,11 @@ struct JobConfig {
   // place"): `communicator` is the new membership's; the state, the data
   // position and the epoch's statistics come from the surviving ranks.
   bool join = false;
+  // A joiner of an ALLREDUCE job over NCCL (not owned): the host
+  // communicator of its generation that carries the exchange of the state
+  // (device memory travels through the host); `communicator` (NCCL) then
+  // carries the gradients. Null otherwise.
+  collective::Communicator* exchange_communicator = nullptr;
   // A joiner with kvstore-held weights (kvstore_consistency kAsync or
   // kBoundedDelay): where the attempt started (its checkpoint's epochs done
   // and steps of the next epoch), which the lost worker's rounds count from.
@@ -257,6 +275,11 @@ class JobObserver {
   // (not owned: it must outlive RunJob). The communicator then only carries
   // the exchange of the state; the gradients' rounds continue there.
   virtual kvstore::ParameterServer* RegroupKvstore() { return nullptr; }
+  // ALLREDUCE jobs over NCCL: after Regroup answered a communicator (a host
+  // transport, which carries the exchange of the state), the NCCL
+  // communicator of the same membership for the gradients (not owned: it
+  // must outlive RunJob). Null: Regroup's carries both.
+  virtual collective::Communicator* RegroupDeviceCommunicator() { return nullptr; }
   // On the rank that sent the state, after the first step completed since
   // a regroup: the seconds since the failed step, and the steps lost.
   virtual void OnRecovered(double seconds, int64_t steps_lost) {}
