@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "libs/collective/store.h"
+#include "libs/kvstore/in_process.h"
 
 namespace dtrain {
 namespace train {
@@ -368,6 +369,83 @@ TEST(JobTest, LostRankIsReplacedInPlaceAndTheJobEndsLikeTheUndisturbedOne) {
   EXPECT_NEAR(got_last.loss, ref_last.loss, 1e-5 * ref_last.loss);
   EXPECT_NEAR(got_last.test_accuracy, ref_last.test_accuracy, 0.002);
   EXPECT_GT(ref_last.test_accuracy, 0.5);
+}
+
+// A bounded-delay KVSTORE job (the kvstore holds the weights): rank 1 of 2
+// stops after 11 steps of epoch 1 and rank 0 trains on until the bound
+// holds it back; a replacement (JobConfig::join, no communicator) connects
+// as kvstore worker 1, continues that worker's rounds at step 12 (its first
+// DrainRequested sees 11 steps done) and reports one step lost; both ranks
+// finish both epochs.
+class Joiner : public JobObserver {
+ public:
+  bool DrainRequested(int64_t steps_done) override {
+    polls.push_back(steps_done);
+    return false;
+  }
+  void OnRecovered(double seconds, int64_t steps_lost) override {
+    ++recoveries;
+    recovered_seconds = seconds;
+    lost = steps_lost;
+  }
+  std::vector<int64_t> polls;
+  int recoveries = 0;
+  double recovered_seconds = -1;
+  int64_t lost = -1;
+};
+
+TEST(JobTest, KvstoreWorkerWithKvstoreHeldWeightsIsReplacedAndContinuesItsRounds) {
+  kvstore::InProcessOptions ko;
+  ko.num_shards = 1;
+  auto kv = kvstore::InProcessKVStore::Create(ko);
+  ASSERT_TRUE(kv.ok()) << kv.status();
+  auto config = [](int rank, kvstore::ParameterServer* ps) {
+    JobConfig c = SmallJob(2);  // 16 steps an epoch
+    c.rank = rank;
+    c.world_size = 2;
+    c.kvstore = ps;
+    c.kvstore_consistency = kvstore::Consistency::kBoundedDelay;
+    c.kvstore_max_staleness = 2;
+    return c;
+  };
+  absl::Status st[3];
+  JobProgress p[3];
+  Recorder survivor;
+  Joiner joiner;
+  std::thread rank0([&] {
+    auto ps = (*kv)->Connect("kvw", 0);
+    ASSERT_TRUE(ps.ok()) << ps.status();
+    st[0] = RunJob(config(0, ps->get()), &survivor, &p[0]);
+  });
+  {
+    auto ps = (*kv)->Connect("kvw", 1);
+    ASSERT_TRUE(ps.ok()) << ps.status();
+    StopAfter stop(11);
+    st[1] = RunJob(config(1, ps->get()), &stop, &p[1]);
+  }
+  {
+    auto ps = (*kv)->Connect("kvw", 1);
+    ASSERT_TRUE(ps.ok()) << ps.status();
+    JobConfig c = config(1, ps->get());
+    c.join = true;
+    st[2] = RunJob(c, &joiner, &p[2]);
+  }
+  rank0.join();
+  EXPECT_TRUE(st[0].ok()) << st[0];
+  EXPECT_TRUE(absl::IsCancelled(st[1])) << st[1];
+  ASSERT_TRUE(st[2].ok()) << st[2];
+  // The survivor never stopped: all 32 steps, two epochs.
+  EXPECT_EQ(survivor.steps, 32);
+  EXPECT_EQ(p[0].epoch, 2);
+  // The replacement did the lost worker's remaining 21 steps.
+  ASSERT_EQ(joiner.polls.size(), 21u);
+  EXPECT_EQ(joiner.polls.front(), 11);
+  EXPECT_EQ(joiner.polls.back(), 31);
+  EXPECT_EQ(p[2].epoch, 2);
+  EXPECT_EQ(joiner.recoveries, 1);
+  EXPECT_EQ(joiner.lost, 1);
+  EXPECT_GT(joiner.recovered_seconds, 0);
+  EXPECT_GT(p[0].test_accuracy, 0.5);
 }
 
 // Elastic: rank 1 of 2 goes away at step 12 of epoch 1 and rank 0 goes on
