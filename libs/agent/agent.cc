@@ -1093,8 +1093,8 @@ absl::Status Agent::RunAssignment(Job* job, train::JobProgress* progress,
                               plan.config.kvstore_consistency == kvstore::Consistency::kSync;
   const bool nccl = plan.gradient_path == GradientPath::kAllreduceNccl;
   const bool regroups =
-      (plan.gradient_path == GradientPath::kAllreduceTcp || nccl || kvstore_rounds) &&
-      world > 1 && !plan.config.sync_batch_norm;
+      (plan.gradient_path == GradientPath::kAllreduceTcp || nccl || kvstore_rounds) && world > 1 &&
+      !plan.config.sync_batch_norm;
   // A survivor may wait for a lost peer without an error: in a synchronous
   // or bounded-delay kvstore round, or in an NCCL collective over shared
   // memory or NVLink. Its heartbeats say so once a step stalls.

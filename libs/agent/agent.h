@@ -83,7 +83,8 @@
 // checkpoint (checkpoint_step) and the scheduler requeues the job from it
 // without counting the attempt.
 //
-// Recovery in place (ALLREDUCE jobs over a host transport, CPU devices):
+// Recovery in place (ALLREDUCE jobs, CPU or CUDA devices; not with
+// sync_batch_norm):
 // when a step fails because a peer is gone, train::RunJob asks the job's
 // observer to regroup (libs/train/job.h). The job keeps its state; its
 // heartbeats (sent at once, then every regroup_heartbeat_interval) list it
@@ -131,6 +132,16 @@
 // The old generation's kvstore job is dropped after RunJob. A replacement
 // (join) connects both. A cancelled round outside a step (the epoch's
 // statistics) ends the attempt retryably: the scheduler requeues it.
+//
+// ALLREDUCE jobs over NCCL: a survivor blocked in an NCCL collective on a
+// dead peer may never fail by itself, so its heartbeats say peer-lost once
+// its step stalls (as for synchronous kvstore rounds below) and a Regroup
+// aborts the job's NCCL communicator (collective::Communicator::Abort); the
+// regroup then connects a host communicator (TCP, "regroup" keys) for the
+// exchange of the state and a new NCCL communicator for the gradients
+// (train::JobObserver::RegroupDeviceCommunicator), both under the
+// generation's keys; a replacement (join) connects the same two, in the
+// same order (train::JobConfig::exchange_communicator).
 //
 // KVSTORE jobs whose weights live on the kvstore (ASYNCHRONOUS,
 // BOUNDED_DELAY) recover in place without a regroup: the survivors keep

@@ -404,8 +404,9 @@ absl::StatusOr<int64_t> InProcessParameterServer::ResumeRounds() {
     if (key->last) key->last->WaitTasks();
     for (size_t i = 0; i < key->slices.size(); ++i) {
       const PlacedSlice& placed = key->slices[i];
-      DT_ASSIGN_OR_RETURN(JobStatus status, shards_->stores[static_cast<size_t>(placed.server)]
-                                                ->GetJob(job_, worker_, /*include_slices=*/true));
+      DT_ASSIGN_OR_RETURN(JobStatus status,
+                          shards_->stores[static_cast<size_t>(placed.server)]->GetJob(
+                              job_, worker_, /*include_slices=*/true));
       for (const SliceStatus& st : status.slices) {
         if (st.spec.key == placed.spec.key && st.spec.slice == placed.spec.slice) {
           key->pushed[i] = st.pushed_round;

@@ -406,9 +406,8 @@ absl::StatusOr<HeartbeatReply> Scheduler::Heartbeat(const HeartbeatRequest& requ
       if (!options_.job_token_secret.empty() && a->spec().sync().mode() == v1::KVSTORE) {
         a->set_kvstore_token(security::MintJobToken(
             options_.job_token_secret,
-            security::KvstoreJobName(
-                a->job_id(), a->attempt(),
-                KvstoreGeneration(a->spec(), jt->second.status.generation())),
+            security::KvstoreJobName(a->job_id(), a->attempt(),
+                                     KvstoreGeneration(a->spec(), jt->second.status.generation())),
             options_.now() + options_.job_token_lifetime));
       }
       // Every job: a KVSTORE job's ranks meet over a host communicator too
@@ -437,9 +436,8 @@ absl::StatusOr<HeartbeatReply> Scheduler::Heartbeat(const HeartbeatRequest& requ
           jt->second.status.spec().sync().mode() == v1::KVSTORE) {
         g->set_kvstore_token(security::MintJobToken(
             options_.job_token_secret,
-            security::KvstoreJobName(
-                t.job_id, g->attempt(),
-                KvstoreGeneration(jt->second.status.spec(), g->generation())),
+            security::KvstoreJobName(t.job_id, g->attempt(),
+                                     KvstoreGeneration(jt->second.status.spec(), g->generation())),
             options_.now() + options_.job_token_lifetime));
       }
     }

@@ -1572,8 +1572,9 @@ TEST_F(SchedulerTest, KvstoreJobWithKvstoreHeldWeightsRecoversInTheAttemptsKvsto
   EXPECT_EQ(st->recoveries(), 1);
   EXPECT_DOUBLE_EQ(st->last_recovery_seconds(), absl::ToDoubleSeconds(now_ - last_heartbeat));
   EXPECT_EQ(st->steps_lost(), 1);
-  EXPECT_NE(st->events().rbegin()->reason().find("recovered in place on trainer " + spare + " in 13.0 s"),
-            std::string::npos)
+  EXPECT_NE(
+      st->events().rbegin()->reason().find("recovered in place on trainer " + spare + " in 13.0 s"),
+      std::string::npos)
       << st->DebugString();
 }
 

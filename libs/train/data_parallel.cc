@@ -468,9 +468,9 @@ absl::Status DataParallelTrainer::Regroup(collective::Communicator* comm, int ro
         "Regroup: the state travels over a host communicator; pass the NCCL one as `gradients`");
   }
   if (gradients->size() != comm->size() || gradients->rank() != comm->rank()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "Regroup: the gradients' communicator is rank ", gradients->rank(), " of ",
-        gradients->size(), ", the state's rank ", comm->rank(), " of ", comm->size()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("Regroup: the gradients' communicator is rank ", gradients->rank(), " of ",
+                     gradients->size(), ", the state's rank ", comm->rank(), " of ", comm->size()));
   }
   if (rounds && kvstore == nullptr) {
     return absl::InvalidArgumentError("Regroup of a kvstore job needs the new kvstore job");

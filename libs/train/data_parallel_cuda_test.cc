@@ -277,8 +277,9 @@ TEST(DataParallelCudaTest, LostTrainerIsReplacedFromASurvivorThroughHostMemory) 
   auto step = [&](DataParallelTrainer* t, int rank, int s) -> absl::Status {
     Tensor x, y;
     SyntheticBatch(kBatch, s, &x, &y);
-    return t->Step(x.Slice(rank * share, (rank + 1) * share).Clone(),
-                   y.Slice(rank * share, (rank + 1) * share).Clone())
+    return t
+        ->Step(x.Slice(rank * share, (rank + 1) * share).Clone(),
+               y.Slice(rank * share, (rank + 1) * share).Clone())
         .status();
   };
   auto connect = [&](int rank, const std::string& prefix) {

@@ -409,8 +409,8 @@ absl::Status Run(const JobConfig& c, JobObserver* observer, JobProgress* progres
   int64_t first_step = 0;
   // A joiner of a job with kvstore-held weights takes them from the kvstore
   // and counts its position from where the attempt started.
-  const bool kvstore_joiner = c.join && c.kvstore != nullptr &&
-                              c.kvstore_consistency != kvstore::Consistency::kSync;
+  const bool kvstore_joiner =
+      c.join && c.kvstore != nullptr && c.kvstore_consistency != kvstore::Consistency::kSync;
   if (kvstore_joiner) {
     first_epoch = c.attempt_start_epoch;
     first_step = c.attempt_start_step;
@@ -498,15 +498,14 @@ absl::Status Run(const JobConfig& c, JobObserver* observer, JobProgress* progres
     failed_at = absl::Now();
     recovery_steps_lost = 1;
   } else if (c.join) {
-    DT_ASSIGN_OR_RETURN(RegroupResult joined,
-                        ExchangeState(c, trainer.get(),
-                                      c.exchange_communicator != nullptr ? c.exchange_communicator
-                                                                         : c.communicator,
-                                      c.exchange_communicator != nullptr ? c.communicator : nullptr,
-                                      c.kvstore,
-                                      /*survivor=*/false,
-                                      /*failed=*/false, Partial{}, steps_per_epoch,
-                                      /*steps_run=*/0, world));
+    DT_ASSIGN_OR_RETURN(
+        RegroupResult joined,
+        ExchangeState(c, trainer.get(),
+                      c.exchange_communicator != nullptr ? c.exchange_communicator : c.communicator,
+                      c.exchange_communicator != nullptr ? c.communicator : nullptr, c.kvstore,
+                      /*survivor=*/false,
+                      /*failed=*/false, Partial{}, steps_per_epoch,
+                      /*steps_run=*/0, world));
     joined_steps_run = joined.steps_run;
     first_epoch = joined.at.epoch;
     first_step = joined.at.step;
@@ -518,9 +517,8 @@ absl::Status Run(const JobConfig& c, JobObserver* observer, JobProgress* progres
   const bool kvstore_rounds =
       c.kvstore != nullptr && c.kvstore_consistency == kvstore::Consistency::kSync && world > 1;
   // Allreduce over NCCL (see "Recovery in place" in job.h).
-  const bool device_collective =
-      c.communicator != nullptr &&
-      c.communicator->options().transport == collective::TransportKind::kNccl;
+  const bool device_collective = c.communicator != nullptr && c.communicator->options().transport ==
+                                                                  collective::TransportKind::kNccl;
 
   // By this call, over all epochs (a joiner continues the root's count).
   int64_t steps_run = joined_steps_run;

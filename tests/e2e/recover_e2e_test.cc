@@ -467,7 +467,6 @@ TEST_F(RecoverE2eTest, ElasticJobShrinksOnALossAndGrowsBackOntoANewTrainer) {
   EXPECT_GT(done.test_accuracy(), 0.6) << done.DebugString();
 }
 
-
 TEST_F(RecoverE2eTest, KilledRankOfAKvstoreJobWithKvstoreHeldWeightsIsReplacedInPlace) {
   // 2 trainers and a spare per job; the first job's victim stays dead.
   Up("never", 4, " --kvstore_shards=1 --kvstore_replicas=1");
