@@ -130,8 +130,10 @@
 // generation's own kvstore job (security::KvstoreJobName with the
 // generation, Regroup.kvstore_token; train::JobObserver::RegroupKvstore).
 // The old generation's kvstore job is dropped after RunJob. A replacement
-// (join) connects both. A cancelled round outside a step (the epoch's
-// statistics) ends the attempt retryably: the scheduler requeues it.
+// (join) connects both. A cancelled epoch's statistics round regroups the
+// same way (libs/train/job.h), but no step runs then, so the loss is
+// noticed at the heartbeat timeout; any other cancelled round outside a
+// step ends the attempt retryably: the scheduler requeues it.
 //
 // ALLREDUCE jobs over NCCL: a survivor blocked in an NCCL collective on a
 // dead peer may never fail by itself, so its heartbeats say peer-lost once

@@ -311,7 +311,8 @@ absl::StatusOr<RegroupResult> RegroupSurvivor(const JobConfig& c, JobObserver* o
                                               DataParallelTrainer* trainer,
                                               const absl::Status& failure, const Partial& here,
                                               int64_t steps_per_epoch, int64_t steps_run, int world,
-                                              collective::Communicator** comm_out) {
+                                              collective::Communicator** comm_out,
+                                              bool step_failed = true) {
   absl::Status last = failure;
   for (int tries = 0; tries < 3; ++tries) {
     absl::StatusOr<collective::Communicator*> comm = observer->Regroup(last);
@@ -319,10 +320,10 @@ absl::StatusOr<RegroupResult> RegroupSurvivor(const JobConfig& c, JobObserver* o
       DT_LOG(WARNING) << "job " << c.name << ": no recovery in place: " << comm.status();
       return failure.ok() ? comm.status() : failure;
     }
-    absl::StatusOr<RegroupResult> done =
-        ExchangeState(c, trainer, *comm, observer->RegroupDeviceCommunicator(),
-                      observer->RegroupKvstore(), /*survivor=*/true,
-                      /*failed=*/!last.ok(), here, steps_per_epoch, steps_run, world);
+    absl::StatusOr<RegroupResult> done = ExchangeState(
+        c, trainer, *comm, observer->RegroupDeviceCommunicator(), observer->RegroupKvstore(),
+        /*survivor=*/true,
+        /*failed=*/step_failed && !last.ok(), here, steps_per_epoch, steps_run, world);
     *comm_out = *comm;
     if (done.ok() || !IsTransient(done.status())) return done;
     DT_LOG(WARNING) << "job " << c.name << ": regroup failed (" << done.status()
@@ -526,6 +527,42 @@ absl::Status Run(const JobConfig& c, JobObserver* observer, JobProgress* progres
   // and its statistics so far.
   int64_t start_step = first_step;
   Partial resume_at = resumed;
+  // Whether a failure of a collective (a step's, or the epoch's statistics
+  // round) may be a lost peer's, worth a regroup.
+  auto recoverable = [&](const absl::Status& s) {
+    if ((c.communicator == nullptr && !kvstore_rounds) || hybrid) return false;
+    // A KVSTORE job's survivor learns of the loss from its agent, which
+    // cancels the kvstore client (see job.h); over NCCL the agent aborts the
+    // communicator: any error may be a lost peer's.
+    if (kvstore_rounds || device_collective) {
+      return (device_collective || absl::IsCancelled(s)) && !observer->StopRequested();
+    }
+    return IsTransient(s);
+  };
+  // After a survivor's regroup: the new membership's rank and world (an
+  // elastic job's shard changes), where the job continues (`*epoch`: the
+  // one before the root's, for the epoch loop's ++epoch).
+  auto adopt = [&](const RegroupResult& regroup, collective::Communicator* comm, absl::Time failed,
+                   int* epoch) -> absl::Status {
+    if (!recovering) failed_at = failed;  // a failure during a recovery: the first counts
+    recovering = true;
+    if (comm->rank() != rank || comm->size() != world) {
+      // A smaller or larger membership: this rank's shard changes.
+      rank = comm->rank();
+      world = comm->size();
+      DT_RETURN_IF_ERROR(make_loader());
+      steps_per_epoch = loader->batches_per_epoch();
+      progress->steps_per_epoch = steps_per_epoch;
+      DT_RETURN_IF_ERROR(load_test_set());
+    }
+    recovery_root = regroup.root == rank;
+    recovery_steps_lost += regroup.steps_lost;
+    steps_run = regroup.steps_run;
+    resume_at = regroup.at;
+    start_step = regroup.at.step;
+    *epoch = regroup.at.epoch - 1;
+    return absl::OkStatus();
+  };
   for (int epoch = first_epoch; epoch < c.epochs; ++epoch) {
     data::Batch b;
     double loss_sum = 0;
@@ -566,18 +603,7 @@ absl::Status Run(const JobConfig& c, JobObserver* observer, JobProgress* progres
         if (!stepped.ok()) {
           failure = Annotate(stepped.status(), absl::StrCat("rank ", rank, ", epoch ", epoch + 1,
                                                             " step ", step + 1));
-          // A KVSTORE job's survivor learns of the loss from its agent,
-          // which cancels the kvstore client (see job.h).
-          // Over NCCL the agent aborts the communicator: any error may be
-          // a lost peer's.
-          const bool recoverable =
-              kvstore_rounds || device_collective
-                  ? (device_collective || absl::IsCancelled(stepped.status())) &&
-                        !observer->StopRequested()
-                  : IsTransient(stepped.status());
-          if ((c.communicator == nullptr && !kvstore_rounds) || hybrid || !recoverable) {
-            return failure;
-          }
+          if (!recoverable(stepped.status())) return failure;
           DT_LOG(WARNING) << "job " << c.name << ": " << failure << "; trying to recover in place";
           regroup_now = true;
         }
@@ -594,24 +620,8 @@ absl::Status Run(const JobConfig& c, JobObserver* observer, JobProgress* progres
                             RegroupSurvivor(c, observer, trainer.get(), failure,
                                             Partial{epoch, step, loss_sum, seen, correct},
                                             steps_per_epoch, steps_run, world, &comm));
-        if (!recovering) failed_at = failed;  // a failure during a recovery: the first counts
-        recovering = true;
-        if (comm->rank() != rank || comm->size() != world) {
-          // A smaller or larger membership: this rank's shard changes.
-          rank = comm->rank();
-          world = comm->size();
-          DT_RETURN_IF_ERROR(make_loader());
-          steps_per_epoch = loader->batches_per_epoch();
-          progress->steps_per_epoch = steps_per_epoch;
-          DT_RETURN_IF_ERROR(load_test_set());
-        }
-        recovery_root = regroup.root == rank;
-        recovery_steps_lost += regroup.steps_lost;
-        steps_run = regroup.steps_run;
-        resume_at = regroup.at;
-        start_step = regroup.at.step;
         // The loop's ++epoch makes it the root's epoch.
-        epoch = regroup.at.epoch - 1;
+        DT_RETURN_IF_ERROR(adopt(regroup, comm, failed, &epoch));
         regrouped = true;
         break;
       }
@@ -673,11 +683,37 @@ absl::Status Run(const JobConfig& c, JobObserver* observer, JobProgress* progres
     // weights this rank's share).
     float sums[3] = {static_cast<float>(loss_sum), static_cast<float>(seen),
                      static_cast<float>(correct)};
+    absl::Status averaged;
     {
       trace::ScopedSpan span(c.trace, "epoch statistics", trace::kTrackStep, steps_run);
-      DT_RETURN_IF_ERROR(
-          Annotate(trainer->AverageStatistics(sums, 3),
-                   absl::StrCat("rank ", rank, ": averaging the loss of epoch ", epoch + 1)));
+      averaged = Annotate(trainer->AverageStatistics(sums, 3),
+                          absl::StrCat("rank ", rank, ": averaging the loss of epoch ", epoch + 1));
+    }
+    if (!averaged.ok()) {
+      // A peer lost in the epoch's statistics round: regroup as after a
+      // failed step (no step is lost: every survivor finished the epoch's
+      // steps), then the new membership meets for this epoch's statistics
+      // (the root's position is the epoch's end: no step is left to run).
+      if (!recoverable(averaged)) return averaged;
+      DT_LOG(WARNING) << "job " << c.name << ": " << averaged << "; trying to recover in place";
+      const absl::Time failed = absl::Now();
+      trace::ScopedSpan recovery_span(c.trace, "recovery", trace::kTrackStep, steps_run);
+      collective::Communicator* comm = nullptr;
+      DT_ASSIGN_OR_RETURN(RegroupResult regroup,
+                          RegroupSurvivor(c, observer, trainer.get(), averaged,
+                                          Partial{epoch, step, loss_sum, seen, correct},
+                                          steps_per_epoch, steps_run, world, &comm,
+                                          /*step_failed=*/false));
+      DT_RETURN_IF_ERROR(adopt(regroup, comm, failed, &epoch));
+      continue;
+    }
+    if (recovering) {
+      // The statistics round of a regroup at the epoch's end completed it.
+      recovering = false;
+      if (recovery_root) {
+        observer->OnRecovered(absl::ToDoubleSeconds(absl::Now() - failed_at), recovery_steps_lost);
+      }
+      recovery_steps_lost = 0;
     }
     if (sums[1] > 0) {
       progress->loss = sums[0] / sums[1];

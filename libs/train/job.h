@@ -61,10 +61,17 @@
 // minus where the root resumed: 1 when every survivor failed the same
 // step). A regroup that fails transiently (another rank lost meanwhile) asks
 // for the next membership, up to 3 times; otherwise, or when Regroup answers
-// an error, RunJob returns the step's error as before. Failures outside a
-// step (the epoch's statistics round, evaluation, a checkpoint, a drain's
-// meeting) are not recovered: RunJob returns the error (a transient one:
-// the scheduler requeues the attempt from its checkpoint).
+// an error, RunJob returns the step's error as before. A peer lost in the
+// epoch's statistics round (after the epoch's last step) is recovered the
+// same way with no step lost: the survivors' position is the epoch's end,
+// and the new membership meets again for that epoch's statistics (a
+// joiner adopts the root's; OnRecovered follows that round). Evaluation
+// and checkpoints are rank 0's alone: a peer lost meanwhile shows in the
+// next collective (a step's) and is recovered there; if rank 0 is lost,
+// its replacement evaluates at the next epoch's end. Not recovered: this
+// rank's own failures outside a step (a checkpoint it cannot write) and a
+// drain's meeting: RunJob returns the error (a transient one: the
+// scheduler requeues the attempt from its checkpoint).
 //
 // KVSTORE jobs in synchronous rounds recover the same way: a survivor's
 // step fails when its kvstore client is cancelled (CANCELLED while

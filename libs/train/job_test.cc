@@ -448,6 +448,146 @@ TEST(JobTest, KvstoreWorkerWithKvstoreHeldWeightsIsReplacedAndContinuesItsRounds
   EXPECT_GT(p[0].test_accuracy, 0.5);
 }
 
+// A communicator that goes away in the epoch's statistics round (its first
+// synchronous allreduce of 3 floats): it closes the real one (so the peers'
+// round fails) and fails that call.
+class DiesInStatistics : public collective::Communicator {
+ public:
+  explicit DiesInStatistics(std::unique_ptr<collective::Communicator> inner)
+      : inner_(std::move(inner)),
+        options_(inner_->options()),
+        rank_(inner_->rank()),
+        size_(inner_->size()) {}
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  const collective::CommunicatorOptions& options() const override { return options_; }
+  const char* transport_name() const override { return "dies-in-statistics"; }
+  absl::Status health() const override {
+    return inner_ != nullptr ? inner_->health() : absl::UnavailableError("gone");
+  }
+  collective::Algorithm AllreduceAlgorithmFor(size_t bytes) const override {
+    return collective::Algorithm::kAuto;
+  }
+
+ private:
+  absl::Status DoAllreduce(void* data, size_t count, DType dtype, collective::ReduceOp op,
+                           absl::Duration timeout) override {
+    if (count == 3 && inner_ != nullptr) {
+      inner_.reset();
+      return absl::UnavailableError("this rank went away in the statistics round");
+    }
+    return Inner()->Allreduce(data, count, dtype, op, timeout);
+  }
+  absl::Status DoReduceScatter(const void* input, void* output, size_t output_count, DType dtype,
+                               collective::ReduceOp op, absl::Duration timeout) override {
+    return Inner()->ReduceScatter(input, output, output_count, dtype, op, timeout);
+  }
+  absl::Status DoAllgather(const void* input, void* output, size_t input_count, DType dtype,
+                           absl::Duration timeout) override {
+    return Inner()->Allgather(input, output, input_count, dtype, timeout);
+  }
+  absl::Status DoBroadcast(void* data, size_t count, DType dtype, int root,
+                           absl::Duration timeout) override {
+    return Inner()->Broadcast(data, count, dtype, root, timeout);
+  }
+  absl::Status DoBarrier(absl::Duration timeout) override { return Inner()->Barrier(timeout); }
+  std::shared_ptr<collective::Work> DoAllreduceAsync(void* data, size_t count, DType dtype,
+                                                     collective::ReduceOp op,
+                                                     absl::Duration timeout) override {
+    return Inner()->AllreduceAsync(data, count, dtype, op, timeout);
+  }
+  std::shared_ptr<collective::Work> DoReduceScatterAsync(const void* input, void* output,
+                                                         size_t output_count, DType dtype,
+                                                         collective::ReduceOp op,
+                                                         absl::Duration timeout) override {
+    return Inner()->ReduceScatterAsync(input, output, output_count, dtype, op, timeout);
+  }
+  std::shared_ptr<collective::Work> DoAllgatherAsync(const void* input, void* output,
+                                                     size_t input_count, DType dtype,
+                                                     absl::Duration timeout) override {
+    return Inner()->AllgatherAsync(input, output, input_count, dtype, timeout);
+  }
+  std::shared_ptr<collective::Work> DoBroadcastAsync(void* data, size_t count, DType dtype,
+                                                     int root, absl::Duration timeout) override {
+    return Inner()->BroadcastAsync(data, count, dtype, root, timeout);
+  }
+  std::shared_ptr<collective::Work> DoBarrierAsync(absl::Duration timeout) override {
+    return Inner()->BarrierAsync(timeout);
+  }
+  collective::Communicator* Inner() {
+    EXPECT_NE(inner_, nullptr) << "used after it went away";
+    return inner_.get();
+  }
+
+  std::unique_ptr<collective::Communicator> inner_;
+  const collective::CommunicatorOptions options_;
+  const int rank_, size_;
+};
+
+// A peer lost in the epoch's statistics round (after the epoch's last
+// step): rank 0's round fails, it regroups with a replacement as after a
+// failed step, with no step lost (both hold the epoch's end), the new
+// membership meets for epoch 1's statistics, and epoch 2 is the
+// undisturbed run's exactly.
+TEST(JobTest, PeerLostInTheStatisticsRoundIsReplacedInPlaceWithNoStepLost) {
+  auto run_two = [](bool disturbed, Regrouper* regrouper, JobProgress* joiner_progress,
+                    collective::Store* store) {
+    absl::Status st[3];
+    JobProgress p[2];
+    std::vector<std::thread> ranks;
+    for (int r = 0; r < 2; ++r) {
+      ranks.emplace_back([&, r] {
+        collective::CommunicatorOptions co;
+        co.transport = collective::TransportKind::kInProcess;
+        JobConfig c = SmallJob(2);  // 16 steps an epoch
+        c.rank = r;
+        c.world_size = 2;
+        {
+          auto comm = collective::Communicator::Create(r, 2, store, co);
+          ASSERT_TRUE(comm.ok()) << comm.status();
+          std::unique_ptr<collective::Communicator> used = *std::move(comm);
+          if (disturbed && r == 1) used = std::make_unique<DiesInStatistics>(std::move(used));
+          c.communicator = used.get();
+          JobObserver none;
+          st[r] = RunJob(c, r == 0 ? static_cast<JobObserver*>(regrouper) : &none, &p[r]);
+        }
+        if (!disturbed || r == 0) return;
+        co.key_prefix = "gen1";
+        auto comm = collective::Communicator::Create(1, 2, store, co);
+        ASSERT_TRUE(comm.ok()) << comm.status();
+        c.communicator = comm->get();
+        c.join = true;
+        st[2] = RunJob(c, nullptr, joiner_progress);
+      });
+    }
+    for (auto& t : ranks) t.join();
+    EXPECT_TRUE(st[0].ok()) << st[0];
+    if (disturbed) {
+      EXPECT_TRUE(absl::IsUnavailable(st[1])) << st[1];
+      EXPECT_TRUE(st[2].ok()) << st[2];
+    } else {
+      EXPECT_TRUE(st[1].ok()) << st[1];
+    }
+  };
+  collective::InMemoryStore ref_store, store;
+  Regrouper ref(&ref_store), got(&store);
+  JobProgress joiner;
+  run_two(false, &ref, nullptr, &ref_store);
+  run_two(true, &got, &joiner, &store);
+  EXPECT_EQ(ref.regroups, 0);
+  EXPECT_EQ(got.regroups, 1);
+  EXPECT_TRUE(got.failure_code == absl::StatusCode::kUnavailable ||
+              got.failure_code == absl::StatusCode::kAborted)
+      << absl::StatusCodeToString(got.failure_code);
+  EXPECT_EQ(got.lost, 0);  // every survivor had finished the epoch's steps
+  EXPECT_GT(got.recovered_seconds, 0);
+  EXPECT_EQ(joiner.epoch, 2);
+  ASSERT_EQ(ref.epochs.size(), 2u);
+  ASSERT_EQ(got.epochs.size(), 2u);
+  EXPECT_NEAR(got.epochs[1].loss, ref.epochs[1].loss, 1e-5 * ref.epochs[1].loss);
+  EXPECT_NEAR(got.epochs[1].test_accuracy, ref.epochs[1].test_accuracy, 0.002);
+}
+
 // Elastic: rank 1 of 2 goes away at step 12 of epoch 1 and rank 0 goes on
 // alone (a one-rank membership, same per-rank batch: 32 steps an epoch, the
 // epoch resumed at step 22, the same share of its samples); after 30 steps
