@@ -508,11 +508,13 @@ void RecoverE2eTest::KillRankZeroOfAKvstoreWeightsJob(int recoveries_total) {
   EXPECT_EQ(done.generation(), 1) << done.DebugString();
   EXPECT_EQ(done.steps_lost(), 1) << done.DebugString();
   EXPECT_EQ(done.epoch(), epochs_);
-  // Counted from the victim's last heartbeat: at most the heartbeat timeout
-  // (3 s; under bounded delay the stalled survivor makes it 2 heartbeat
-  // intervals) to notice, then the spare's start.
+  // Counted from the victim's last heartbeat: the heartbeat timeout (3 s;
+  // under bounded delay the stalled survivor makes it 2 heartbeat
+  // intervals) to notice, then the spare's start (data set, model, pull),
+  // which a loaded machine stretches: alone about 4.5 s and 2.5 s; with two
+  // copies of this test at once 11 s and 4 s.
   EXPECT_GT(done.last_recovery_seconds(), 0);
-  EXPECT_LE(done.last_recovery_seconds(), consistency_ == v1::BOUNDED_DELAY ? 5 : 8)
+  EXPECT_LE(done.last_recovery_seconds(), consistency_ == v1::BOUNDED_DELAY ? 8 : 15)
       << done.DebugString();
   ASSERT_EQ(done.trainers_size(), 2);
   EXPECT_NE(done.trainers(0), victim->first);
