@@ -209,8 +209,9 @@ struct SchedulerOptions {
   absl::Duration heartbeat_interval = absl::Seconds(1);
   // On trainer loss: true puts the job back in the queue, false fails it.
   bool requeue_on_trainer_loss = true;
-  // On trainer loss: an ALLREDUCE job continues on a spare trainer within
-  // the same attempt (see "Recovery in place") when one is free.
+  // On trainer loss: a job (ALLREDUCE or KVSTORE, CPU or CUDA, not
+  // sync_batch_norm) continues on a spare trainer within the same attempt
+  // (see "Recovery in place") when one is free.
   bool recover_in_place = true;
   // A job is placed at most this many times (the first run included); when a
   // trainer of its last attempt is lost, it FAILS with the reason.
