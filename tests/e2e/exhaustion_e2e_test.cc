@@ -130,14 +130,6 @@ class Prober {
   std::thread thread_;
 };
 
-int PortOf(const std::string& url_or_address) {
-  const size_t colon = url_or_address.rfind(':');
-  int port = 0;
-  std::string rest = url_or_address.substr(colon + 1);
-  rest = rest.substr(0, rest.find('/'));
-  return absl::SimpleAtoi(rest, &port) ? port : 0;
-}
-
 kv::SliceSpec Slice(const std::string& key, int64_t count) {
   kv::SliceSpec s;
   s.set_key(key);
@@ -277,8 +269,8 @@ TEST_F(ExhaustionE2eTest, HealthAnswersWithinOneSecondAndNothingStoredIsLost) {
   Prober prober({{"kvstore", Connection(shard_.address, *admin, 1000)},
                  {"scheduler", Connection(scheduler_.address, *admin, 1001)}});
   // Slow /metrics clients on both servers for the whole attack.
-  metrics::SlowClients slow_shard(PortOf(shard_.metrics_url), 128, absl::Milliseconds(20));
-  metrics::SlowClients slow_scheduler(PortOf(scheduler_.metrics_url), 128, absl::Milliseconds(20));
+  metrics::SlowClients slow_shard(PortOfUrl(shard_.metrics_url), 128, absl::Milliseconds(20));
+  metrics::SlowClients slow_scheduler(PortOfUrl(scheduler_.metrics_url), 128, absl::Milliseconds(20));
 
   absl::SleepFor(absl::Seconds(1));  // the slow clients alone
 
