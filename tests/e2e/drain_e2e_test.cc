@@ -12,12 +12,14 @@
 #include <signal.h>
 
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <sstream>
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -143,6 +145,14 @@ TEST_F(DrainE2eTest, SigtermedTrainerDrainsAndTheJobResumesAtItsStep) {
   std::vector<std::string> resumed =
       TrainerLogLines(dir_, {done.id() + " rank", absl::StrCat("after epoch ", epoch - 1, " step ", step)});
   EXPECT_EQ(resumed.size(), 2u);
+  // They read the partial statistics each rank wrote next to the checkpoint
+  // when it drained; the run that completed the job removed them.
+  std::vector<std::string> partials;
+  for (const auto& f : std::filesystem::directory_iterator(dir_ + "/checkpoints")) {
+    if (absl::EndsWith(f.path().string(), ".partial")) partials.push_back(f.path().string());
+  }
+  EXPECT_TRUE(partials.empty()) << partials[0];
+  EXPECT_TRUE(std::filesystem::exists(dir_ + "/checkpoints/" + done.id() + ".ckpt"));
   std::fprintf(stderr,
                "drained at epoch %lld step %lld (seen at SIGTERM: step %lld of the job); trainer "
                "exited after %s; loss %.6f vs %.6f, test accuracy %.4f vs %.4f\n",
