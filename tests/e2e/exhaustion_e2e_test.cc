@@ -31,6 +31,7 @@
 #include "gtest/gtest.h"
 #include "libs/metrics/scrape.h"
 #include "libs/rpc/credentials.h"
+#include "libs/rpc/health_check.h"
 #include "libs/security/job_token.h"
 #include "protos/kvstore.grpc.pb.h"
 #include "protos/scheduler.grpc.pb.h"
@@ -51,23 +52,6 @@ void Deadline(grpc::ClientContext* ctx, absl::Duration d) {
   ctx->set_deadline(absl::ToChronoTime(absl::Now() + d));
 }
 
-// grpc.health.v1.Health/Check; true when SERVING within `deadline`.
-bool HealthServing(grpc::Channel* channel, absl::Duration deadline) {
-  grpc::ClientContext ctx;
-  Deadline(&ctx, deadline);
-  grpc::internal::RpcMethod method("/grpc.health.v1.Health/Check",
-                                   grpc::internal::RpcMethod::NORMAL_RPC);
-  grpc::Slice empty;
-  grpc::ByteBuffer request(&empty, 1), response;
-  grpc::Status s = grpc::internal::BlockingUnaryCall<grpc::ByteBuffer, grpc::ByteBuffer>(
-      channel, method, &ctx, request, &response);
-  if (!s.ok()) return false;
-  grpc::Slice slice;
-  if (!response.DumpToSingleSlice(&slice).ok()) return false;
-  return std::string(reinterpret_cast<const char*>(slice.begin()), slice.size()) ==
-         std::string("\x08\x01", 2);  // status = SERVING
-}
-
 // Probes each server's health every 100 ms until destroyed; remembers the
 // slowest answer and every probe that failed or took 1 s or more.
 class Prober {
@@ -76,7 +60,7 @@ class Prober {
   Prober(std::vector<std::pair<std::string, std::shared_ptr<grpc::Channel>>> targets)
       : targets_(std::move(targets)) {
     for (auto& [name, channel] : targets_) {
-      EXPECT_TRUE(HealthServing(channel.get(), absl::Seconds(10))) << name;
+      EXPECT_TRUE(rpc::HealthServing(channel.get(), absl::Seconds(10))) << name;
     }
     thread_ = std::thread([this] { Run(); });
   }
@@ -106,7 +90,7 @@ class Prober {
     while (!stop_.load()) {
       for (auto& [name, channel] : targets_) {
         const absl::Time start = absl::Now();
-        const bool serving = HealthServing(channel.get(), absl::Seconds(1));
+        const bool serving = rpc::HealthServing(channel.get(), absl::Seconds(1));
         const absl::Duration took = absl::Now() - start;
         probes_.fetch_add(1);
         absl::MutexLock lock(&mu_);
