@@ -75,8 +75,8 @@ class ClusterFixture : public ::testing::Test {
   // Where WaitMidEpoch waits: epochs counted from 1 as a user does.
   struct MidEpoch {
     int first_epoch = 2, last_epoch = 3;
-    int64_t min_step = 1;         // at least this many steps into the epoch
-    int64_t min_steps_left = 1;   // and at least this many steps before its end
+    int64_t min_step = 1;        // at least this many steps into the epoch
+    int64_t min_steps_left = 1;  // and at least this many steps before its end
     absl::Duration timeout = absl::Seconds(120);
   };
   // Polls job `id` until it is RUNNING inside one of the epochs

@@ -142,8 +142,8 @@ TEST_F(DrainE2eTest, SigtermedTrainerDrainsAndTheJobResumesAtItsStep) {
   }
   EXPECT_GE(drained_at + 1, seen_at_sigterm);
   // Both ranks of the second attempt resumed at that step.
-  std::vector<std::string> resumed =
-      TrainerLogLines(dir_, {done.id() + " rank", absl::StrCat("after epoch ", epoch - 1, " step ", step)});
+  std::vector<std::string> resumed = TrainerLogLines(
+      dir_, {done.id() + " rank", absl::StrCat("after epoch ", epoch - 1, " step ", step)});
   EXPECT_EQ(resumed.size(), 2u);
   // They read the partial statistics each rank wrote next to the checkpoint
   // when it drained; the run that completed the job removed them.

@@ -254,7 +254,8 @@ TEST_F(ExhaustionE2eTest, HealthAnswersWithinOneSecondAndNothingStoredIsLost) {
                  {"scheduler", Connection(scheduler_.address, *admin, 1001)}});
   // Slow /metrics clients on both servers for the whole attack.
   metrics::SlowClients slow_shard(PortOfUrl(shard_.metrics_url), 128, absl::Milliseconds(20));
-  metrics::SlowClients slow_scheduler(PortOfUrl(scheduler_.metrics_url), 128, absl::Milliseconds(20));
+  metrics::SlowClients slow_scheduler(PortOfUrl(scheduler_.metrics_url), 128,
+                                      absl::Milliseconds(20));
 
   absl::SleepFor(absl::Seconds(1));  // the slow clients alone
 

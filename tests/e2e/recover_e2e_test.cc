@@ -96,8 +96,11 @@ class RecoverE2eTest : public ClusterFixture {
   v1::JobStatus SubmitAndWaitMidEpoch() {
     v1::JobStatus job;
     EXPECT_TRUE(stub_->Submit(Ctx().get(), Job("disturbed"), &job).ok());
-    job = WaitMidEpoch(job.id(), {.first_epoch = 2, .last_epoch = 3, .min_step = 10,
-                                  .min_steps_left = 10, .timeout = absl::Seconds(120)});
+    job = WaitMidEpoch(job.id(), {.first_epoch = 2,
+                                  .last_epoch = 3,
+                                  .min_step = 10,
+                                  .min_steps_left = 10,
+                                  .timeout = absl::Seconds(120)});
     EXPECT_EQ(job.state(), v1::RUNNING) << job.DebugString();
     return job;
   }
@@ -109,7 +112,7 @@ class RecoverE2eTest : public ClusterFixture {
   // Of the jobs Job() makes.
   v1::SyncMode mode_ = v1::ALLREDUCE;
   int epochs_ = 4;
-  int64_t train_limit_ = 12288;  // 96 steps an epoch
+  int64_t train_limit_ = 12288;              // 96 steps an epoch
   std::unique_ptr<Subprocess> new_trainer_;  // started by a test, outside the cluster
 };
 
@@ -208,12 +211,14 @@ void RecoverE2eTest::KillRankZeroAndExpectRecoveryInPlace() {
   // The scheduler's metrics count it.
   EXPECT_EQ(SchedulerMetric("dtrain_scheduler_recoveries_total"), 1);
   EXPECT_EQ(SchedulerMetric("dtrain_scheduler_recovery_seconds_count"), 1);
-  EXPECT_NEAR(SchedulerMetric("dtrain_scheduler_recovery_seconds_sum"), done.last_recovery_seconds(), 1e-6);
+  EXPECT_NEAR(SchedulerMetric("dtrain_scheduler_recovery_seconds_sum"),
+              done.last_recovery_seconds(), 1e-6);
   EXPECT_EQ(SchedulerMetric(R"(dtrain_scheduler_recovery_seconds_bucket{le="5"})"), 1);
 }
 
 TEST_F(RecoverE2eTest, SecondKillDuringRecoveryStillFinishes) {
-  ASSERT_NO_FATAL_FAILURE(Up("always"));  // the supervisor restarts killed trainers: spares come back
+  ASSERT_NO_FATAL_FAILURE(
+      Up("always"));  // the supervisor restarts killed trainers: spares come back
   v1::JobStatus job = SubmitAndWaitMidEpoch();
   ASSERT_EQ(job.state(), v1::RUNNING);
   std::map<std::string, int> pids = TrainerPids();
@@ -269,8 +274,11 @@ TEST_F(RecoverE2eTest, ElasticJobShrinksOnALossAndGrowsBackOntoANewTrainer) {
   submit.mutable_spec()->set_min_trainers(1);
   v1::JobStatus job;
   ASSERT_TRUE(stub_->Submit(Ctx().get(), submit, &job).ok());
-  job = WaitMidEpoch(job.id(), {.first_epoch = 2, .last_epoch = 2, .min_step = 10,
-                                .min_steps_left = 0, .timeout = absl::Seconds(120)});
+  job = WaitMidEpoch(job.id(), {.first_epoch = 2,
+                                .last_epoch = 2,
+                                .min_step = 10,
+                                .min_steps_left = 0,
+                                .timeout = absl::Seconds(120)});
   ASSERT_EQ(job.state(), v1::RUNNING) << job.DebugString();
   ASSERT_EQ(job.epoch(), 1) << "not in epoch 2: " << job.DebugString();
   EXPECT_EQ(job.spec().min_trainers(), 1);

@@ -75,8 +75,9 @@ TEST_F(ResumeE2eTest, KilledTrainerJobResumesFromCheckpoint) {
   for (const ClusterProcess& p : ReadCluster(dir_)) {
     if (p.role != "trainer") continue;
     ASSERT_TRUE(metrics::Scrape(PortOfUrl(p.metrics_url)).ok()) << p.name;
-    const double peak = ScrapeSample(PortOfUrl(p.metrics_url),
-                                     R"(dtrain_trainer_device_memory_bytes{device="cpu",state="peak"})");
+    const double peak =
+        ScrapeSample(PortOfUrl(p.metrics_url),
+                     R"(dtrain_trainer_device_memory_bytes{device="cpu",state="peak"})");
     if (peak > 1e5) ++with_memory;
   }
   EXPECT_EQ(with_memory, 2);
