@@ -4,7 +4,8 @@
 # removed flag crash-loops the pod), with paths and ports overridden so the
 # process can start here; and the trainer and server flag files keep the
 # endpoints the pods' probes and scrape annotations use (metrics and gRPC
-# health ports, the TLS files). The processes run --insecure (and without
+# health ports, the TLS files), and the kvstore's per-job quota is not 0.
+# The processes run --insecure (and without
 # the cluster secret) here: the files the flags name live in the pods'
 # dtrain-tls Secret.
 set -uo pipefail
@@ -39,6 +40,11 @@ while IFS= read -r f; do
   for want in "${need[@]}"; do
     grep -qx -- "$want" "$f" || { echo "FAIL: $f: missing $want (probes, scrapes or mutual TLS need it)"; fail=1; }
   done
+  # A shard caps each job's bytes: 0 (no limit) lets one job take its memory.
+  if [ "$base" = kvstore ]; then
+    q=$(sed -n 's/^--quota_bytes_per_job=//p' "$f")
+    [[ "$q" =~ ^[1-9][0-9]*$ ]] || { echo "FAIL: $f: --quota_bytes_per_job must be a positive byte count, not '${q:-unset}' (0: one job may take the shard's memory)"; fail=1; }
+  fi
   # Later flags override the file's; run it for 2 s: a parse error exits at once.
   out=$(timeout -s TERM 2 "$bin" "--flagfile=$f" "${over[@]}" 2>&1)
   rc=$?

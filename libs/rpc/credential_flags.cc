@@ -66,5 +66,12 @@ absl::StatusOr<std::shared_ptr<const Credentials>> CredentialsFromFlags(absl::st
   return Credentials::Load(f);
 }
 
+absl::Status UseCredentialsFromFlags(absl::string_view program) {
+  absl::StatusOr<std::shared_ptr<const Credentials>> credentials = CredentialsFromFlags(program);
+  if (!credentials.ok()) return credentials.status();
+  SetDefaultCredentials(*std::move(credentials));
+  return absl::OkStatus();
+}
+
 }  // namespace rpc
 }  // namespace dtrain

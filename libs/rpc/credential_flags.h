@@ -22,6 +22,11 @@ namespace rpc {
 // given or only some of the three files; Load's errors.
 absl::StatusOr<std::shared_ptr<const Credentials>> CredentialsFromFlags(absl::string_view program);
 
+// CredentialsFromFlags made this process's default credentials
+// (SetDefaultCredentials), as every program's main does first:
+//   if (absl::Status s = UseCredentialsFromFlags("trainer"); !s.ok()) ...exit 2
+absl::Status UseCredentialsFromFlags(absl::string_view program);
+
 // The TLS files the flags (else the environment) name (empty fields where
 // neither says), and whether --insecure was asked for.
 TlsFiles TlsFilesFromFlags();

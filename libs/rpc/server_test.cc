@@ -29,6 +29,7 @@
 #include "libs/metrics/metrics.h"
 #include "libs/metrics/scrape.h"
 #include "libs/rpc/credentials.h"
+#include "libs/rpc/health_check.h"
 #include "protos/admin.grpc.pb.h"
 #include "protos/scheduler.grpc.pb.h"
 
@@ -63,20 +64,9 @@ std::shared_ptr<grpc::Channel> Channel(const Server& server) {
   return dtrain::rpc::NewChannel(server.local_address());
 }
 
-// grpc.health.v1.Health/Check for the whole server: the serialized reply,
-// or the error.
-absl::StatusOr<std::string> HealthCheck(grpc::Channel* channel) {
-  grpc::ClientContext ctx;
-  ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
-  grpc::internal::RpcMethod method("/grpc.health.v1.Health/Check",
-                                   grpc::internal::RpcMethod::NORMAL_RPC);
-  grpc::Slice empty;
-  grpc::ByteBuffer request(&empty, 1), response;
-  grpc::Status s = grpc::internal::BlockingUnaryCall<grpc::ByteBuffer, grpc::ByteBuffer>(
-      channel, method, &ctx, request, &response);
-  if (!s.ok())
-    return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
-  return Flatten(response);
+// grpc.health.v1.Health/Check for the whole server (5 s deadline).
+absl::StatusOr<HealthStatus> HealthCheck(grpc::Channel* channel) {
+  return CheckHealth(channel, absl::Seconds(5));
 }
 
 grpc::Status Ping(grpc::Channel* channel, const std::string& payload, int fail_with_code = 0,
@@ -156,9 +146,14 @@ TEST(RpcServerTest, HealthReflectionAdminAndAddedServices) {
   EXPECT_EQ(server.metrics_port(), 0);
   auto channel = Channel(server);
 
-  absl::StatusOr<std::string> health = HealthCheck(channel.get());
+  absl::StatusOr<HealthStatus> health = HealthCheck(channel.get());
   ASSERT_TRUE(health.ok()) << health.status();
-  EXPECT_EQ(*health, std::string("\x08\x01", 2));  // status = SERVING
+  EXPECT_EQ(*health, HealthStatus::kServing);
+  // A service the server does not know: NOT_FOUND (the request names it).
+  health = CheckHealth(channel.get(), absl::Seconds(5), "no.such.Service");
+  EXPECT_EQ(health.status().code(), absl::StatusCode::kNotFound) << health.status();
+  EXPECT_NE(health.status().message().find("grpc.health.v1.Health/Check"), std::string::npos)
+      << health.status();
 
   // Server reflection lists the added service and the scaffold's.
   {
@@ -391,7 +386,7 @@ TEST(RpcServerTest, ThreadCapRefusesTheExcessAndHealthStillAnswers) {
   auto health = Channel(server);
   for (int i = 0; i < 5; ++i) {
     const absl::Time start = absl::Now();
-    absl::StatusOr<std::string> h = HealthCheck(health.get());
+    absl::StatusOr<HealthStatus> h = HealthCheck(health.get());
     EXPECT_TRUE(h.ok()) << "probe " << i << ": " << h.status();
     EXPECT_LT(absl::Now() - start, absl::Seconds(1)) << "probe " << i;
     absl::SleepFor(absl::Milliseconds(100));

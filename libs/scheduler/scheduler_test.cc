@@ -80,6 +80,36 @@ class SchedulerTest : public ::testing::Test {
     return r;
   }
 
+  // Two new trainers, each placed by its first heartbeat (on a job that
+  // waits for two); fatal unless each got one assignment. `first`: the
+  // first trainer's reply.
+  //   std::string t1, t2;
+  //   ASSERT_NO_FATAL_FAILURE(PlaceOnTwoTrainers(s.get(), &t1, &t2));
+  static void PlaceOnTwoTrainers(Scheduler* s, std::string* t1, std::string* t2,
+                                 HeartbeatReply* first = nullptr) {
+    *t1 = AddTrainer(s);
+    *t2 = AddTrainer(s);
+    HeartbeatReply a1 = Beat(s, *t1);
+    ASSERT_EQ(a1.assignments_size(), 1);
+    ASSERT_EQ(Beat(s, *t2).assignments_size(), 1);
+    if (first != nullptr) *first = a1;
+  }
+
+  // What a job's root reports once the first step after a regroup to
+  // `generation` completed (attempt 1).
+  static ProgressReport Recovered(const std::string& trainer, const std::string& job, int rank,
+                                  int generation, double seconds, int64_t steps_lost) {
+    ProgressReport r;
+    r.set_trainer_id(trainer);
+    r.set_job_id(job);
+    r.set_rank(rank);
+    r.set_attempt(1);
+    r.set_generation(generation);
+    r.set_recovery_seconds(seconds);
+    r.set_recovery_steps_lost(steps_lost);
+    return r;
+  }
+
   // Rank 0 reports a step: the job made progress (recovery in place needs it).
   static void Progressed(Scheduler* s, const std::string& job, const std::string& t0,
                          const std::string& t1) {
@@ -365,10 +395,8 @@ TEST_F(SchedulerTest, CancelQueuedAndRunning) {
 TEST_F(SchedulerTest, LostTrainerRequeuesItsJob) {
   auto s = Open(Options());
   auto job = s->Submit(Spec("a", 2));
-  std::string t1 = AddTrainer(s.get());
-  std::string t2 = AddTrainer(s.get());
-  Beat(s.get(), t1);
-  Beat(s.get(), t2);
+  std::string t1, t2;
+  ASSERT_NO_FATAL_FAILURE(PlaceOnTwoTrainers(s.get(), &t1, &t2));
   now_ += absl::Seconds(8);
   Beat(s.get(), t2, {job->id()});
   EXPECT_EQ(s->CheckLiveness(), 0);
@@ -513,12 +541,10 @@ TEST_F(SchedulerTest, RequeuedJobResumesFromTheNewestCheckpoint) {
   const std::string wal = TmpPath("resume.wal");
   auto s = Open(Options(wal));
   auto job = s->Submit(Spec("a", 2));
-  std::string t1 = AddTrainer(s.get());
-  std::string t2 = AddTrainer(s.get());
-  HeartbeatReply first = Beat(s.get(), t1);
-  ASSERT_EQ(first.assignments_size(), 1);
+  std::string t1, t2;
+  HeartbeatReply first;
+  ASSERT_NO_FATAL_FAILURE(PlaceOnTwoTrainers(s.get(), &t1, &t2, &first));
   EXPECT_EQ(first.assignments(0).resume_checkpoint(), "");
-  ASSERT_EQ(Beat(s.get(), t2).assignments_size(), 1);
   const int rank1 = first.assignments(0).rank();
   const std::string r0 = rank1 == 0 ? t1 : t2, r1 = rank1 == 0 ? t2 : t1;
   ProgressReport p;
@@ -584,11 +610,9 @@ TEST_F(SchedulerTest, DrainedReportRequeuesWithoutCountingAndResumesAtTheStep) {
   o.max_attempts = 1;
   auto s = Open(o);
   auto job = s->Submit(Spec("a", 2));
-  std::string t1 = AddTrainer(s.get());
-  std::string t2 = AddTrainer(s.get());
-  HeartbeatReply first = Beat(s.get(), t1);
-  ASSERT_EQ(first.assignments_size(), 1);
-  ASSERT_EQ(Beat(s.get(), t2).assignments_size(), 1);
+  std::string t1, t2;
+  HeartbeatReply first;
+  ASSERT_NO_FATAL_FAILURE(PlaceOnTwoTrainers(s.get(), &t1, &t2, &first));
   const bool t1_rank0 = first.assignments(0).rank() == 0;
   const std::string r0 = t1_rank0 ? t1 : t2, r1 = t1_rank0 ? t2 : t1;
   std::string spare = AddTrainer(s.get());
@@ -1184,11 +1208,9 @@ TEST_F(SchedulerTest, ListPageSizeDefaultAndLimit) {
 TEST_F(SchedulerTest, LostRankIsReplacedInPlaceByASpare) {
   auto s = Open(Options());
   auto job = s->Submit(Spec("r", 2));
-  std::string t1 = AddTrainer(s.get());
-  std::string t2 = AddTrainer(s.get());
-  HeartbeatReply a1 = Beat(s.get(), t1);
-  ASSERT_EQ(a1.assignments_size(), 1);
-  ASSERT_EQ(Beat(s.get(), t2).assignments_size(), 1);
+  std::string t1, t2;
+  HeartbeatReply a1;
+  ASSERT_NO_FATAL_FAILURE(PlaceOnTwoTrainers(s.get(), &t1, &t2, &a1));
   EXPECT_EQ(a1.assignments(0).generation(), 0);
   EXPECT_FALSE(a1.assignments(0).join());
   const int r1 = a1.assignments(0).rank(), r2 = 1 - r1;
@@ -1246,14 +1268,7 @@ TEST_F(SchedulerTest, LostRankIsReplacedInPlaceByASpare) {
   EXPECT_TRUE(s->StoreSet(set).ok());
 
   // The rank that sent the state reports the recovery, once.
-  ProgressReport rec;
-  rec.set_trainer_id(t1);
-  rec.set_job_id(job->id());
-  rec.set_rank(r1);
-  rec.set_attempt(1);
-  rec.set_generation(1);
-  rec.set_recovery_seconds(2.5);
-  rec.set_recovery_steps_lost(1);
+  ProgressReport rec = Recovered(t1, job->id(), r1, 1, 2.5, 1);
   ASSERT_TRUE(s->ReportProgress(rec).ok());
   ASSERT_TRUE(s->ReportProgress(rec).ok());
   st = s->Get(job->id());
@@ -1292,11 +1307,9 @@ TEST_F(SchedulerTest, ElasticJobShrinksWithoutASpareAndGrowsBackOntoANewTrainer)
   spec.set_max_trainers(2);
   auto job = s->Submit(spec);
   ASSERT_TRUE(job.ok()) << job.status();
-  std::string t1 = AddTrainer(s.get());
-  std::string t2 = AddTrainer(s.get());
-  HeartbeatReply a1 = Beat(s.get(), t1);
-  ASSERT_EQ(a1.assignments_size(), 1);
-  ASSERT_EQ(Beat(s.get(), t2).assignments_size(), 1);
+  std::string t1, t2;
+  HeartbeatReply a1;
+  ASSERT_NO_FATAL_FAILURE(PlaceOnTwoTrainers(s.get(), &t1, &t2, &a1));
   // Lose rank 0, so that the survivor's rank changes.
   const std::string lost = a1.assignments(0).rank() == 0 ? t1 : t2;
   const std::string kept = lost == t1 ? t2 : t1;
@@ -1338,14 +1351,7 @@ TEST_F(SchedulerTest, ElasticJobShrinksWithoutASpareAndGrowsBackOntoANewTrainer)
   std::string t3 = AddTrainer(s.get());
   EXPECT_EQ(Beat(s.get(), t3).assignments_size(), 0);
 
-  ProgressReport rec;
-  rec.set_trainer_id(kept);
-  rec.set_job_id(job->id());
-  rec.set_rank(0);
-  rec.set_attempt(1);
-  rec.set_generation(1);
-  rec.set_recovery_seconds(1.5);
-  rec.set_recovery_steps_lost(1);
+  ProgressReport rec = Recovered(kept, job->id(), 0, 1, 1.5, 1);
   ASSERT_TRUE(s->ReportProgress(rec).ok());
   st = s->Get(job->id());
   EXPECT_EQ(st->recoveries(), 1);
@@ -1381,9 +1387,7 @@ TEST_F(SchedulerTest, ElasticJobShrinksWithoutASpareAndGrowsBackOntoANewTrainer)
   EXPECT_EQ(regroup.regroups(0).trainer_ids(1), t3);
 
   // The root reports the grow: an event, not a recovery.
-  rec.set_generation(2);
-  rec.set_recovery_seconds(0.8);
-  rec.set_recovery_steps_lost(0);
+  rec = Recovered(kept, job->id(), 0, 2, 0.8, 0);
   ASSERT_TRUE(s->ReportProgress(rec).ok());
   st = s->Get(job->id());
   EXPECT_EQ(st->recoveries(), 1);
@@ -1411,10 +1415,8 @@ TEST_F(SchedulerTest, ElasticJobAtItsMinimumIsRequeued) {
   spec.set_min_trainers(2);
   spec.set_max_trainers(3);
   auto job = s->Submit(spec);
-  std::string t1 = AddTrainer(s.get());
-  std::string t2 = AddTrainer(s.get());
-  Beat(s.get(), t1);
-  Beat(s.get(), t2);
+  std::string t1, t2;
+  ASSERT_NO_FATAL_FAILURE(PlaceOnTwoTrainers(s.get(), &t1, &t2));
   Progressed(s.get(), job->id(), t1, t2);
   now_ += absl::Seconds(11);
   Beat(s.get(), t1, {job->id()});
@@ -1431,10 +1433,8 @@ TEST_F(SchedulerTest, PeerLostHeartbeatLosesTheSilentTrainerEarly) {
   o.heartbeat_interval = absl::Seconds(1);
   auto s = Open(o);
   auto job = s->Submit(Spec("p", 2));
-  std::string t1 = AddTrainer(s.get());
-  std::string t2 = AddTrainer(s.get());
-  Beat(s.get(), t1);
-  Beat(s.get(), t2);
+  std::string t1, t2;
+  ASSERT_NO_FATAL_FAILURE(PlaceOnTwoTrainers(s.get(), &t1, &t2));
   std::string spare = AddTrainer(s.get());
   Progressed(s.get(), job->id(), t1, t2);
   HeartbeatRequest lost;
@@ -1469,11 +1469,9 @@ TEST_F(SchedulerTest, KvstoreJobRecoversInPlaceInAKvstoreJobOfItsGeneration) {
   spec.mutable_sync()->set_mode(v1::KVSTORE);
   auto job = s->Submit(spec);
   ASSERT_TRUE(job.ok()) << job.status();
-  std::string t1 = AddTrainer(s.get());
-  std::string t2 = AddTrainer(s.get());
-  HeartbeatReply a1 = Beat(s.get(), t1);
-  ASSERT_EQ(a1.assignments_size(), 1);
-  ASSERT_EQ(Beat(s.get(), t2).assignments_size(), 1);
+  std::string t1, t2;
+  HeartbeatReply a1;
+  ASSERT_NO_FATAL_FAILURE(PlaceOnTwoTrainers(s.get(), &t1, &t2, &a1));
   auto granted = [&](const std::string& token) {
     absl::StatusOr<std::string> name = security::VerifyJobToken(o.job_token_secret, token, now_);
     return name.ok() ? *name : name.status().ToString();

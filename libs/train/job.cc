@@ -3,9 +3,11 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <memory>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -135,6 +137,28 @@ struct Partial {
 
 std::string PartialPath(const std::string& checkpoint, int rank) {
   return absl::StrCat(checkpoint, ".rank", rank, ".partial");
+}
+
+// Removes every rank's partial statistics next to `checkpoint` (and a
+// ".tmp" a failed write left): once the job has completed no resume reads
+// them. A file that cannot be removed is logged, not an error.
+void RemovePartials(const std::string& checkpoint) {
+  const std::filesystem::path ckpt(checkpoint);
+  const std::string prefix = ckpt.filename().string() + ".rank";
+  std::error_code ec;
+  std::filesystem::path dir = ckpt.parent_path();
+  if (dir.empty()) dir = ".";
+  for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (!absl::StartsWith(name, prefix) ||
+        !(absl::EndsWith(name, ".partial") || absl::EndsWith(name, ".partial.tmp"))) {
+      continue;
+    }
+    std::error_code rm;
+    if (!std::filesystem::remove(entry.path(), rm) && rm) {
+      DT_LOG(WARNING) << "removing " << entry.path().string() << ": " << rm.message();
+    }
+  }
 }
 
 absl::Status WritePartial(const std::string& path, const Partial& p) {
@@ -757,6 +781,8 @@ absl::Status Run(const JobConfig& c, JobObserver* observer, JobProgress* progres
     // Resumed from the last epoch's checkpoint: nothing left to train.
     DT_ASSIGN_OR_RETURN(progress->test_accuracy, Evaluate(trainer.get(), test_set, sample_shape));
   }
+  // The job is complete: a drain's partial statistics are of no more use.
+  if (rank == 0 && !c.checkpoint_path.empty()) RemovePartials(c.checkpoint_path);
   return absl::OkStatus();
 }
 

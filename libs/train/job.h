@@ -34,6 +34,8 @@
 // epoch depends on it) skips the first steps_done batches of that epoch's
 // order (DataLoader::StartEpoch) and restores its partial statistics, so it
 // continues exactly as the undisturbed job: no step is lost or repeated.
+// Rank 0 of the run that completes the job removes every
+// "<checkpoint_path>.rank<R>.partial" (the checkpoint stays).
 // (Ranks not in lockstep, asynchronous kvstore modes, may have drained at
 // other steps than rank 0: their statistics file is then ignored, with a
 // warning, and the epoch's loss counts only the resumed steps.)

@@ -2,6 +2,8 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <memory>
 #include <string>
 #include <thread>
@@ -184,6 +186,37 @@ TEST(JobTest, DrainedJobResumesAtTheStepItStoppedAt) {
   s = RunJob(resumed, nullptr, &p3);
   EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
   EXPECT_NE(s.message().find(first.checkpoint_path + ".rank0.partial"), std::string::npos) << s;
+}
+
+// The run that completes a drained job (with the job's checkpoint path, as
+// the agent runs every attempt) removes the drain's partial statistics; the
+// checkpoint and files of other checkpoints stay.
+TEST(JobTest, CompletingADrainedJobRemovesItsPartialStatistics) {
+  JobConfig first = SmallJob(2);
+  first.checkpoint_interval_epochs = 1;
+  first.checkpoint_path = TmpPath("cleanup.ckpt");
+  Recorder r1;
+  r1.drain_after = 21;
+  JobProgress p1;
+  ASSERT_EQ(RunJob(first, &r1, &p1).code(), absl::StatusCode::kCancelled);
+  const std::string partial = first.checkpoint_path + ".rank0.partial";
+  ASSERT_TRUE(std::filesystem::exists(partial));
+  // A stale temporary of this job's, and another job's partial file.
+  const std::string tmp = first.checkpoint_path + ".rank1.partial.tmp";
+  const std::string other = TmpPath("cleanup.ckpt2.rank0.partial");
+  std::ofstream(tmp) << "0 0 0 0 0\n";
+  std::ofstream(other) << "0 0 0 0 0\n";
+
+  JobConfig resumed = first;
+  resumed.resume_from = first.checkpoint_path;
+  Recorder r2;
+  JobProgress p2;
+  ASSERT_TRUE(RunJob(resumed, &r2, &p2).ok());
+  EXPECT_EQ(r2.steps, 32 - 21);
+  EXPECT_FALSE(std::filesystem::exists(partial));
+  EXPECT_FALSE(std::filesystem::exists(tmp));
+  EXPECT_TRUE(std::filesystem::exists(other));
+  EXPECT_TRUE(std::filesystem::exists(first.checkpoint_path));
 }
 
 TEST(JobTest, StopsWhenAskedAndRejectsBadConfigs) {

@@ -79,15 +79,9 @@ int main(int argc, char** argv) {
   // Debian's Abseil is built with mutex deadlock detection on, which gRPC's
   // many short-lived mutexes pay for on every call.
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
-  {
-    absl::StatusOr<std::shared_ptr<const dtrain::rpc::Credentials>> credentials =
-        dtrain::rpc::CredentialsFromFlags("kvstore_server");
-    if (!credentials.ok()) {
-      std::fprintf(stderr, "kvstore_server: %s\n",
-                   std::string(credentials.status().message()).c_str());
-      return 2;
-    }
-    dtrain::rpc::SetDefaultCredentials(*std::move(credentials));
+  if (absl::Status s = dtrain::rpc::UseCredentialsFromFlags("kvstore_server"); !s.ok()) {
+    std::fprintf(stderr, "kvstore_server: %s\n", std::string(s.message()).c_str());
+    return 2;
   }
   dtrain::kvstore::ServerOptions options;
   options.listen = absl::GetFlag(FLAGS_listen);

@@ -22,6 +22,7 @@
 #include "libs/kvstore/client.h"
 #include "libs/metrics/scrape.h"
 #include "libs/rpc/credentials.h"
+#include "libs/rpc/health_check.h"
 #include "libs/security/certs.h"
 #include "libs/security/job_token.h"
 #include "protos/admin.grpc.pb.h"
@@ -64,17 +65,11 @@ TEST(KVStoreServerTest, HealthReflectionAndAdmin) {
   }
   auto channel = Channel((*server)->local_address());
 
-  // grpc.health.v1.Health/Check with an empty request: {status: SERVING}.
+  // grpc.health.v1.Health/Check of the whole server: SERVING.
   {
-    grpc::ClientContext ctx;
-    grpc::internal::RpcMethod method("/grpc.health.v1.Health/Check",
-                                     grpc::internal::RpcMethod::NORMAL_RPC);
-    grpc::Slice empty;
-    grpc::ByteBuffer request(&empty, 1), response;
-    grpc::Status s = grpc::internal::BlockingUnaryCall<grpc::ByteBuffer, grpc::ByteBuffer>(
-        channel.get(), method, &ctx, request, &response);
-    ASSERT_TRUE(s.ok()) << s.error_message();
-    EXPECT_EQ(Flatten(response), std::string("\x08\x01", 2));  // status = SERVING
+    absl::StatusOr<rpc::HealthStatus> health = rpc::CheckHealth(channel.get(), absl::Seconds(10));
+    ASSERT_TRUE(health.ok()) << health.status();
+    EXPECT_EQ(*health, rpc::HealthStatus::kServing);
   }
   // Server reflection lists our services.
   {

@@ -64,15 +64,9 @@ int main(int argc, char** argv) {
   absl::SetProgramUsageMessage("The dtrain job scheduler.");
   absl::ParseCommandLine(argc, argv);
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
-  {
-    absl::StatusOr<std::shared_ptr<const dtrain::rpc::Credentials>> credentials =
-        dtrain::rpc::CredentialsFromFlags("scheduler_server");
-    if (!credentials.ok()) {
-      std::fprintf(stderr, "scheduler_server: %s\n",
-                   std::string(credentials.status().message()).c_str());
-      return 2;
-    }
-    dtrain::rpc::SetDefaultCredentials(*std::move(credentials));
+  if (absl::Status s = dtrain::rpc::UseCredentialsFromFlags("scheduler_server"); !s.ok()) {
+    std::fprintf(stderr, "scheduler_server: %s\n", std::string(s.message()).c_str());
+    return 2;
   }
   dtrain::scheduler::ServerOptions options;
   options.listen = absl::GetFlag(FLAGS_listen);

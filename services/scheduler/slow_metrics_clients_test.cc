@@ -2,8 +2,6 @@
 // connections. Throughout, the gRPC health probe and a scrape of /metrics
 // each answer within 1 s, and the scheduler keeps serving jobs.
 #include <grpcpp/grpcpp.h>
-#include <grpcpp/impl/client_unary_call.h>
-#include <grpcpp/impl/rpc_method.h>
 
 #include <memory>
 #include <string>
@@ -12,29 +10,13 @@
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
 #include "libs/metrics/scrape.h"
+#include "libs/rpc/health_check.h"
 #include "protos/scheduler.grpc.pb.h"
 #include "services/scheduler/server.h"
 
 namespace dtrain {
 namespace scheduler {
 namespace {
-
-// grpc.health.v1.Health/Check with an empty request; true when SERVING.
-bool HealthServing(grpc::Channel* channel, absl::Duration deadline) {
-  grpc::ClientContext ctx;
-  ctx.set_deadline(absl::ToChronoTime(absl::Now() + deadline));
-  grpc::internal::RpcMethod method("/grpc.health.v1.Health/Check",
-                                   grpc::internal::RpcMethod::NORMAL_RPC);
-  grpc::Slice empty;
-  grpc::ByteBuffer request(&empty, 1), response;
-  grpc::Status s = grpc::internal::BlockingUnaryCall<grpc::ByteBuffer, grpc::ByteBuffer>(
-      channel, method, &ctx, request, &response);
-  if (!s.ok()) return false;
-  grpc::Slice slice;
-  if (!response.DumpToSingleSlice(&slice).ok()) return false;
-  return std::string(reinterpret_cast<const char*>(slice.begin()), slice.size()) ==
-         std::string("\x08\x01", 2);  // status = SERVING
-}
 
 TEST(SlowMetricsClientsTest, HealthAndMetricsAnswerWithinOneSecond) {
   ServerOptions o;
@@ -43,7 +25,7 @@ TEST(SlowMetricsClientsTest, HealthAndMetricsAnswerWithinOneSecond) {
   ASSERT_TRUE(server.ok()) << server.status();
   auto channel = grpc::CreateChannel(absl::StrCat("127.0.0.1:", (*server)->port()),
                                      grpc::InsecureChannelCredentials());
-  ASSERT_TRUE(HealthServing(channel.get(), absl::Seconds(10)));  // connected
+  ASSERT_TRUE(rpc::HealthServing(channel.get(), absl::Seconds(10)));  // connected
   auto jobs = v1::JobService::NewStub(channel);
 
   // Four times the default connection cap, trickling or silent.
@@ -51,7 +33,7 @@ TEST(SlowMetricsClientsTest, HealthAndMetricsAnswerWithinOneSecond) {
   absl::SleepFor(absl::Milliseconds(300));
   for (int i = 0; i < 10; ++i) {
     absl::Time start = absl::Now();
-    EXPECT_TRUE(HealthServing(channel.get(), absl::Seconds(1))) << "probe " << i;
+    EXPECT_TRUE(rpc::HealthServing(channel.get(), absl::Seconds(1))) << "probe " << i;
     EXPECT_LT(absl::Now() - start, absl::Seconds(1)) << "probe " << i;
 
     start = absl::Now();

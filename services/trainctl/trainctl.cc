@@ -695,14 +695,9 @@ int main(int argc, char** argv) {
     }
     return dtrain::trainctl::ClusterMain(std::vector<std::string>(args.begin() + 2, args.end()), o);
   }
-  {
-    absl::StatusOr<std::shared_ptr<const dtrain::rpc::Credentials>> credentials =
-        dtrain::rpc::CredentialsFromFlags("trainctl");
-    if (!credentials.ok()) {
-      std::fprintf(stderr, "trainctl: %s\n", std::string(credentials.status().message()).c_str());
-      return 2;
-    }
-    dtrain::rpc::SetDefaultCredentials(*std::move(credentials));
+  if (absl::Status s = dtrain::rpc::UseCredentialsFromFlags("trainctl"); !s.ok()) {
+    std::fprintf(stderr, "trainctl: %s\n", std::string(s.message()).c_str());
+    return 2;
   }
   std::string address = absl::GetFlag(FLAGS_scheduler);
   if (address.empty()) {

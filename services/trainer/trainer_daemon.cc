@@ -196,14 +196,9 @@ int main(int argc, char** argv) {
   absl::SetProgramUsageMessage("The dtrain trainer daemon: trains the jobs the scheduler assigns.");
   absl::ParseCommandLine(argc, argv);
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
-  {
-    absl::StatusOr<std::shared_ptr<const dtrain::rpc::Credentials>> credentials =
-        dtrain::rpc::CredentialsFromFlags("trainer");
-    if (!credentials.ok()) {
-      std::fprintf(stderr, "trainer: %s\n", std::string(credentials.status().message()).c_str());
-      return 2;
-    }
-    dtrain::rpc::SetDefaultCredentials(*std::move(credentials));
+  if (absl::Status s = dtrain::rpc::UseCredentialsFromFlags("trainer"); !s.ok()) {
+    std::fprintf(stderr, "trainer: %s\n", std::string(s.message()).c_str());
+    return 2;
   }
   std::string address = absl::GetFlag(FLAGS_scheduler);
   if (address.empty()) {

@@ -33,13 +33,6 @@ namespace dtrain {
 namespace e2e {
 namespace {
 
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
 std::vector<std::string> Argv(const std::string& dir) {
   return absl::StrSplit(ReadFile(dir + "/argv"), '\n', absl::SkipEmpty());
 }

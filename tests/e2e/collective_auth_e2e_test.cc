@@ -54,13 +54,6 @@ namespace {
 
 namespace v1 = scheduler::v1;
 
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
 // The TCP ports `pid` listens on (IPv4): LISTEN rows of its network
 // namespace's /proc/<pid>/net/tcp whose socket inode is one of its fds.
 std::set<int> ListeningPorts(int pid) {

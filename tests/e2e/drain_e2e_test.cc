@@ -12,12 +12,14 @@
 #include <signal.h>
 
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <sstream>
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -27,6 +29,7 @@
 #include "libs/base/grpc_status.h"
 #include "libs/rpc/credentials.h"
 #include "protos/scheduler.grpc.pb.h"
+#include "tests/e2e/cluster_fixture.h"
 #include "tests/e2e/e2e_util.h"
 
 namespace dtrain {
@@ -35,131 +38,27 @@ namespace {
 
 namespace v1 = scheduler::v1;
 
-class DrainE2eTest : public ::testing::Test {
+class DrainE2eTest : public ClusterFixture {
  protected:
   void SetUp() override {
-    dir_ = TmpDir(::testing::UnitTest::GetInstance()->current_test_info()->name());
-    int rc;
-    std::string out =
-        Trainctl("cluster up --trainers=3 --heartbeat_timeout_s=5 --dir=" + dir_, &rc);
-    ASSERT_EQ(rc, 0) << out;
-    for (const ClusterProcess& p : ReadCluster(dir_)) {
-      if (p.role == "scheduler") scheduler_ = p.address;
-    }
-    ASSERT_NE(scheduler_, "") << out;
-    stub_ = v1::JobService::NewStub(dtrain::rpc::NewChannel(scheduler_));
-  }
-
-  void TearDown() override {
-    int rc;
-    Trainctl("cluster down --grace_s=10 --dir=" + dir_, &rc);
-    for (const ClusterProcess& p : ReadCluster(dir_)) {
-      if (ProcessAlive(p.pid)) kill(p.pid, SIGKILL);
-    }
-  }
-
-  static std::unique_ptr<grpc::ClientContext> Ctx() {
-    auto ctx = std::make_unique<grpc::ClientContext>();
-    ctx->set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
-    return ctx;
+    down_grace_s_ = 10;
+    Up(::testing::UnitTest::GetInstance()->current_test_info()->name(),
+       "--trainers=3 --heartbeat_timeout_s=5");
   }
 
   static v1::SubmitRequest Job(const std::string& name, int epochs) {
-    v1::SubmitRequest r;
-    v1::JobSpec* s = r.mutable_spec();
-    s->set_name(name);
-    s->set_model("lenet");
-    s->set_epochs(epochs);
-    s->set_global_batch_size(128);
-    s->set_lr(0.05);
-    s->set_momentum(0.9);
-    s->set_init("kaiming");
-    s->set_seed(3);
-    s->set_train_limit(12288);  // 96 steps an epoch
-    s->set_test_limit(2000);
-    s->set_threads(1);
-    s->set_num_trainers(2);
-    s->set_checkpoint_interval_epochs(1);
-    s->mutable_sync()->set_mode(v1::ALLREDUCE);
-    return r;
+    return MomentumLenetJob(name, epochs, 12288);  // 96 steps an epoch
   }
 
-  v1::JobStatus Get(const std::string& id) {
-    v1::GetRequest get;
-    get.set_id(id);
-    v1::JobStatus st;
-    absl::Status s = FromGrpcStatus(stub_->Get(Ctx().get(), get, &st), "Get");
-    EXPECT_TRUE(s.ok()) << s;
-    return st;
-  }
-
-  v1::JobStatus WatchToEnd(const std::string& id) {
-    absl::StatusOr<v1::JobStatus> last = e2e::WatchToEnd(stub_.get(), id, absl::Seconds(300));
-    EXPECT_TRUE(last.ok()) << last.status();
-    return last.ok() ? *last : v1::JobStatus();
-  }
-
-  // Polls until the job runs in one of the epochs
-  // `first`..`last` (1-based), early enough that the drain (at the next
-  // multiple of 16 steps) still lands inside that epoch. Rank 0 reports once a second and an epoch
-  // takes about 1.5 s, so under load a report inside one given epoch's window
-  // can be missed (CI saw a report from epoch 1 and the next from epoch 2's
-  // end): any of several mid-job epochs will do.
+  // Waits until the job runs in one of the epochs `first`..`last`, early
+  // enough that the drain (at the next multiple of 16 steps) still lands
+  // inside that epoch.
   v1::JobStatus WaitMidEpoch(const std::string& id, int first, int last) {
-    v1::JobStatus job = Get(id);
-    auto in_window = [&](const v1::JobStatus& j) {
-      return j.state() == v1::RUNNING && j.epoch() >= first - 1 && j.epoch() <= last - 1 &&
-             j.step() >= 1 && j.step() + 16 < j.steps_per_epoch();
-    };
-    for (absl::Time deadline = absl::Now() + absl::Seconds(180);
-         !in_window(job) && absl::Now() < deadline; absl::SleepFor(absl::Milliseconds(20))) {
-      job = Get(id);
-      EXPECT_FALSE(job.state() == v1::SUCCEEDED || job.state() == v1::FAILED) << job.DebugString();
-      if (job.epoch() >= last) break;
-    }
-    return job;
-  }
-
-  // The trainer processes' logs, by trainer id ("registered as <id>").
-  struct TrainerProc {
-    int pid = -1;
-    std::string log_path;
-  };
-  std::map<std::string, TrainerProc> Trainers() {
-    std::map<std::string, TrainerProc> out;
-    for (const ClusterProcess& p : ReadCluster(dir_)) {
-      if (p.role != "trainer") continue;
-      const std::string path = absl::StrCat(dir_, "/", p.name, ".log");
-      const std::string t = ReadFile(path);
-      const std::string key = "registered as ";
-      for (size_t at = t.find(key); at != std::string::npos; at = t.find(key, at + 1)) {
-        size_t end = t.find(';', at);
-        out[t.substr(at + key.size(), end - at - key.size())] = {p.pid, path};
-      }
-    }
-    return out;
-  }
-
-  static std::string ReadFile(const std::string& path) {
-    std::ifstream in(path);
-    std::stringstream text;
-    text << in.rdbuf();
-    return text.str();
-  }
-
-  // Lines of every trainer log holding all of `parts`.
-  std::vector<std::string> LogLines(const std::vector<std::string>& parts) {
-    std::vector<std::string> out;
-    for (const ClusterProcess& p : ReadCluster(dir_)) {
-      if (p.role != "trainer") continue;
-      std::ifstream log(absl::StrCat(dir_, "/", p.name, ".log"));
-      for (std::string line; std::getline(log, line);) {
-        bool all = true;
-        for (const std::string& part : parts) all = all && line.find(part) != std::string::npos;
-        if (all) out.push_back(line);
-      }
-    }
-    return out;
+    return ClusterFixture::WaitMidEpoch(id, {.first_epoch = first,
+                                             .last_epoch = last,
+                                             .min_step = 1,
+                                             .min_steps_left = 17,
+                                             .timeout = absl::Seconds(180)});
   }
 
   // The number after `key` in `text` (-1 when absent).
@@ -172,15 +71,12 @@ class DrainE2eTest : public ::testing::Test {
     int64_t n = -1;
     return absl::SimpleAtoi(text.substr(at, end - at), &n) ? n : -1;
   }
-
-  std::string dir_, scheduler_;
-  std::unique_ptr<v1::JobService::Stub> stub_;
 };
 
 TEST_F(DrainE2eTest, SigtermedTrainerDrainsAndTheJobResumesAtItsStep) {
   v1::JobStatus ref;
   ASSERT_TRUE(stub_->Submit(Ctx().get(), Job("undisturbed", 4), &ref).ok());
-  ref = WatchToEnd(ref.id());
+  ref = WatchToEnd(ref.id(), absl::Seconds(300));
   ASSERT_EQ(ref.state(), v1::SUCCEEDED) << ref.DebugString();
   ASSERT_GT(ref.test_accuracy(), 0.6);  // it did learn
 
@@ -192,7 +88,7 @@ TEST_F(DrainE2eTest, SigtermedTrainerDrainsAndTheJobResumesAtItsStep) {
   const int64_t spe = job.steps_per_epoch();
   ASSERT_EQ(spe, 96);  // 6,144 images per rank, 64 a step
   const int64_t seen_at_sigterm = job.epoch() * spe + job.step();
-  std::map<std::string, TrainerProc> procs = Trainers();
+  std::map<std::string, TrainerProcess> procs = Trainers(dir_);
   ASSERT_EQ(procs.size(), 3u);
   ASSERT_EQ(job.trainers_size(), 2);
   const std::string victim = job.trainers(0);  // rank 0: it writes the checkpoint
@@ -214,7 +110,7 @@ TEST_F(DrainE2eTest, SigtermedTrainerDrainsAndTheJobResumesAtItsStep) {
   EXPECT_EQ(victim_log.find("stopping the job"), std::string::npos);
   EXPECT_EQ(victim_log.find("trainer shutting down"), std::string::npos);
 
-  v1::JobStatus done = WatchToEnd(job.id());
+  v1::JobStatus done = WatchToEnd(job.id(), absl::Seconds(300));
   ASSERT_EQ(done.state(), v1::SUCCEEDED) << done.DebugString();
   // Two placements, one of them drained: no failed attempt counted.
   EXPECT_EQ(done.attempts(), 2) << done.DebugString();
@@ -239,16 +135,24 @@ TEST_F(DrainE2eTest, SigtermedTrainerDrainsAndTheJobResumesAtItsStep) {
   // Work lost: the steps the first attempt did beyond its checkpoint (its
   // ranks log how many steps they did before draining) and steps done before
   // the SIGTERM that the checkpoint lacks: at most one.
-  std::vector<std::string> agreed = LogLines({done.id() + " rank", "draining after"});
+  std::vector<std::string> agreed = TrainerLogLines(dir_, {done.id() + " rank", "draining after"});
   ASSERT_EQ(agreed.size(), 2u) << victim_log;
   for (const std::string& line : agreed) {
     EXPECT_EQ(NumberAfter(line, "draining after "), drained_at) << line;
   }
   EXPECT_GE(drained_at + 1, seen_at_sigterm);
   // Both ranks of the second attempt resumed at that step.
-  std::vector<std::string> resumed =
-      LogLines({done.id() + " rank", absl::StrCat("after epoch ", epoch - 1, " step ", step)});
+  std::vector<std::string> resumed = TrainerLogLines(
+      dir_, {done.id() + " rank", absl::StrCat("after epoch ", epoch - 1, " step ", step)});
   EXPECT_EQ(resumed.size(), 2u);
+  // They read the partial statistics each rank wrote next to the checkpoint
+  // when it drained; the run that completed the job removed them.
+  std::vector<std::string> partials;
+  for (const auto& f : std::filesystem::directory_iterator(dir_ + "/checkpoints")) {
+    if (absl::EndsWith(f.path().string(), ".partial")) partials.push_back(f.path().string());
+  }
+  EXPECT_TRUE(partials.empty()) << partials[0];
+  EXPECT_TRUE(std::filesystem::exists(dir_ + "/checkpoints/" + done.id() + ".ckpt"));
   std::fprintf(stderr,
                "drained at epoch %lld step %lld (seen at SIGTERM: step %lld of the job); trainer "
                "exited after %s; loss %.6f vs %.6f, test accuracy %.4f vs %.4f\n",
@@ -277,14 +181,14 @@ TEST_F(DrainE2eTest, TrainctlDrainMovesTheJobAndListsTheTrainer) {
   ASSERT_EQ(rc, 0) << out;
   EXPECT_EQ(out, absl::StrCat(drained, " DRAINING: job ", job.id(), " drains\n"));
 
-  v1::JobStatus done = WatchToEnd(job.id());
+  v1::JobStatus done = WatchToEnd(job.id(), absl::Seconds(300));
   ASSERT_EQ(done.state(), v1::SUCCEEDED) << done.DebugString();
   EXPECT_EQ(done.attempts(), 2);
   EXPECT_EQ(done.drains(), 1);
   for (const std::string& t : done.trainers()) EXPECT_NE(t, drained);
 
   // The drained trainer still runs, idle and DRAINING; the others are IDLE.
-  std::map<std::string, TrainerProc> procs = Trainers();
+  std::map<std::string, TrainerProcess> procs = Trainers(dir_);
   ASSERT_EQ(procs.count(drained), 1u);
   EXPECT_TRUE(ProcessAlive(procs[drained].pid));
   out = Trainctl("--scheduler=" + scheduler_ + " -o json trainers", &rc);

@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
@@ -19,13 +20,12 @@
 #include "google/protobuf/util/json_util.h"
 #include "libs/base/grpc_status.h"
 #include "libs/base/logging.h"
+#include "libs/metrics/scrape.h"
 #include "libs/rpc/credentials.h"
 #include "libs/security/certs.h"
 
 namespace dtrain {
 namespace e2e {
-namespace {
-
 std::string ReadFile(const std::string& path) {
   std::ifstream in(path);
   std::stringstream ss;
@@ -33,7 +33,20 @@ std::string ReadFile(const std::string& path) {
   return ss.str();
 }
 
-}  // namespace
+int PortOfUrl(const std::string& url) {
+  absl::string_view rest = url;
+  absl::ConsumePrefix(&rest, "http://127.0.0.1:");
+  int port = 0;
+  if (!absl::SimpleAtoi(rest.substr(0, rest.find('/')), &port)) return 0;
+  return port;
+}
+
+double ScrapeSample(int port, const std::string& series) {
+  absl::StatusOr<std::string> text = metrics::Scrape(port);
+  if (!text.ok()) return -1;
+  absl::StatusOr<double> v = metrics::SampleValue(*text, series);
+  return v.ok() ? *v : -1;
+}
 
 std::string Runfile(const std::string& path) {
   const char* dir = std::getenv("TEST_SRCDIR");
@@ -158,18 +171,37 @@ std::vector<ClusterProcess> ReadCluster(const std::string& dir) {
   return out;
 }
 
-std::map<std::string, int> TrainerPids(const std::string& dir) {
-  std::map<std::string, int> out;
+std::map<std::string, TrainerProcess> Trainers(const std::string& dir) {
+  std::map<std::string, TrainerProcess> out;
   for (const ClusterProcess& p : ReadCluster(dir)) {
     if (p.role != "trainer") continue;
-    std::ifstream log(absl::StrCat(dir, "/", p.name, ".log"));
-    std::stringstream text;
-    text << log.rdbuf();
-    const std::string t = text.str();
+    const std::string path = absl::StrCat(dir, "/", p.name, ".log");
+    const std::string t = ReadFile(path);
     const std::string key = "registered as ";
     for (size_t at = t.find(key); at != std::string::npos; at = t.find(key, at + 1)) {
       size_t end = t.find(';', at);
-      out[t.substr(at + key.size(), end - at - key.size())] = p.pid;
+      out[t.substr(at + key.size(), end - at - key.size())] = {p.pid, path};
+    }
+  }
+  return out;
+}
+
+std::map<std::string, int> TrainerPids(const std::string& dir) {
+  std::map<std::string, int> out;
+  for (const auto& [id, t] : Trainers(dir)) out[id] = t.pid;
+  return out;
+}
+
+std::vector<std::string> TrainerLogLines(const std::string& dir,
+                                         const std::vector<std::string>& parts) {
+  std::vector<std::string> out;
+  for (const ClusterProcess& p : ReadCluster(dir)) {
+    if (p.role != "trainer") continue;
+    std::ifstream log(absl::StrCat(dir, "/", p.name, ".log"));
+    for (std::string line; std::getline(log, line);) {
+      bool all = true;
+      for (const std::string& part : parts) all = all && line.find(part) != std::string::npos;
+      if (all) out.push_back(line);
     }
   }
   return out;

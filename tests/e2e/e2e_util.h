@@ -1,5 +1,7 @@
 // Helpers of the end-to-end tests: runfiles, temporary directories, running
-// trainctl and reading `trainctl cluster up`'s cluster.json.
+// trainctl, reading `trainctl cluster up`'s cluster.json and the logs and
+// metrics of its processes. (cluster_fixture.h: a test fixture around a
+// cluster.)
 #ifndef DTRAIN_TESTS_E2E_E2E_UTIL_H_
 #define DTRAIN_TESTS_E2E_E2E_UTIL_H_
 
@@ -63,13 +65,39 @@ struct ClusterProcess {
 // The processes listed in <dir>/cluster.json (empty if none or unreadable).
 std::vector<ClusterProcess> ReadCluster(const std::string& dir);
 
+// A trainer daemon of a cluster: its process and its log file.
+struct TrainerProcess {
+  int pid = -1;
+  std::string log_path;
+};
+
 // The trainers of the cluster in `dir`, by the id each registered as (the
-// "registered as <id>;" lines of its log) -> pid. A trainer that has not
-// logged its registration yet is missing.
+// "registered as <id>;" lines of its log). A trainer that has not logged its
+// registration yet is missing.
+std::map<std::string, TrainerProcess> Trainers(const std::string& dir);
+
+// The same, id -> pid.
 std::map<std::string, int> TrainerPids(const std::string& dir);
+
+// The lines of every trainer log of the cluster in `dir` that hold all of
+// `parts` (e.g. {"job-000002 rank", "resumed from"}).
+std::vector<std::string> TrainerLogLines(const std::string& dir,
+                                         const std::vector<std::string>& parts);
 
 // Whether `pid` runs (a zombie does not).
 bool ProcessAlive(int pid);
+
+// The text of the file at `path` ("" when it cannot be read).
+std::string ReadFile(const std::string& path);
+
+// The port of a "http://127.0.0.1:<port>/metrics" URL (a cluster.json
+// metrics_url), or 0.
+int PortOfUrl(const std::string& url);
+
+// The value of the sample `series` (a name with its labels exactly as
+// exposed) that the /metrics endpoint on 127.0.0.1:<port> serves, or -1 when
+// it cannot be scraped or has no such sample.
+double ScrapeSample(int port, const std::string& series);
 
 // The number `key` of a one-line JSON object `json` (e.g. "test_accuracy"),
 // or `fallback`.

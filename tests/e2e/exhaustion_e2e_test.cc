@@ -31,6 +31,7 @@
 #include "gtest/gtest.h"
 #include "libs/metrics/scrape.h"
 #include "libs/rpc/credentials.h"
+#include "libs/rpc/health_check.h"
 #include "libs/security/job_token.h"
 #include "protos/kvstore.grpc.pb.h"
 #include "protos/scheduler.grpc.pb.h"
@@ -51,23 +52,6 @@ void Deadline(grpc::ClientContext* ctx, absl::Duration d) {
   ctx->set_deadline(absl::ToChronoTime(absl::Now() + d));
 }
 
-// grpc.health.v1.Health/Check; true when SERVING within `deadline`.
-bool HealthServing(grpc::Channel* channel, absl::Duration deadline) {
-  grpc::ClientContext ctx;
-  Deadline(&ctx, deadline);
-  grpc::internal::RpcMethod method("/grpc.health.v1.Health/Check",
-                                   grpc::internal::RpcMethod::NORMAL_RPC);
-  grpc::Slice empty;
-  grpc::ByteBuffer request(&empty, 1), response;
-  grpc::Status s = grpc::internal::BlockingUnaryCall<grpc::ByteBuffer, grpc::ByteBuffer>(
-      channel, method, &ctx, request, &response);
-  if (!s.ok()) return false;
-  grpc::Slice slice;
-  if (!response.DumpToSingleSlice(&slice).ok()) return false;
-  return std::string(reinterpret_cast<const char*>(slice.begin()), slice.size()) ==
-         std::string("\x08\x01", 2);  // status = SERVING
-}
-
 // Probes each server's health every 100 ms until destroyed; remembers the
 // slowest answer and every probe that failed or took 1 s or more.
 class Prober {
@@ -76,7 +60,7 @@ class Prober {
   Prober(std::vector<std::pair<std::string, std::shared_ptr<grpc::Channel>>> targets)
       : targets_(std::move(targets)) {
     for (auto& [name, channel] : targets_) {
-      EXPECT_TRUE(HealthServing(channel.get(), absl::Seconds(10))) << name;
+      EXPECT_TRUE(rpc::HealthServing(channel.get(), absl::Seconds(10))) << name;
     }
     thread_ = std::thread([this] { Run(); });
   }
@@ -106,7 +90,7 @@ class Prober {
     while (!stop_.load()) {
       for (auto& [name, channel] : targets_) {
         const absl::Time start = absl::Now();
-        const bool serving = HealthServing(channel.get(), absl::Seconds(1));
+        const bool serving = rpc::HealthServing(channel.get(), absl::Seconds(1));
         const absl::Duration took = absl::Now() - start;
         probes_.fetch_add(1);
         absl::MutexLock lock(&mu_);
@@ -129,14 +113,6 @@ class Prober {
   std::vector<std::string> failures_ ABSL_GUARDED_BY(mu_);
   std::thread thread_;
 };
-
-int PortOf(const std::string& url_or_address) {
-  const size_t colon = url_or_address.rfind(':');
-  int port = 0;
-  std::string rest = url_or_address.substr(colon + 1);
-  rest = rest.substr(0, rest.find('/'));
-  return absl::SimpleAtoi(rest, &port) ? port : 0;
-}
 
 kv::SliceSpec Slice(const std::string& key, int64_t count) {
   kv::SliceSpec s;
@@ -277,8 +253,9 @@ TEST_F(ExhaustionE2eTest, HealthAnswersWithinOneSecondAndNothingStoredIsLost) {
   Prober prober({{"kvstore", Connection(shard_.address, *admin, 1000)},
                  {"scheduler", Connection(scheduler_.address, *admin, 1001)}});
   // Slow /metrics clients on both servers for the whole attack.
-  metrics::SlowClients slow_shard(PortOf(shard_.metrics_url), 128, absl::Milliseconds(20));
-  metrics::SlowClients slow_scheduler(PortOf(scheduler_.metrics_url), 128, absl::Milliseconds(20));
+  metrics::SlowClients slow_shard(PortOfUrl(shard_.metrics_url), 128, absl::Milliseconds(20));
+  metrics::SlowClients slow_scheduler(PortOfUrl(scheduler_.metrics_url), 128,
+                                      absl::Milliseconds(20));
 
   absl::SleepFor(absl::Seconds(1));  // the slow clients alone
 

@@ -185,13 +185,5 @@ int64_t ResidentBytes(int pid) {
   return -1;
 }
 
-int PortOfUrl(const std::string& url) {
-  absl::string_view rest = url;
-  absl::ConsumePrefix(&rest, "http://127.0.0.1:");
-  int port = 0;
-  if (!absl::SimpleAtoi(rest.substr(0, rest.find('/')), &port)) return 0;
-  return port;
-}
-
 }  // namespace e2e
 }  // namespace dtrain

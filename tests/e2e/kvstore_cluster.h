@@ -90,9 +90,6 @@ class KvstoreCluster {
 // VmRSS of `pid` in bytes (from /proc/<pid>/status), or -1.
 int64_t ResidentBytes(int pid);
 
-// The port of a "http://127.0.0.1:<port>/metrics" URL, or 0.
-int PortOfUrl(const std::string& url);
-
 }  // namespace e2e
 }  // namespace dtrain
 

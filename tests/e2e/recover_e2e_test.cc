@@ -49,6 +49,7 @@
 #include "libs/metrics/scrape.h"
 #include "libs/rpc/credentials.h"
 #include "protos/scheduler.grpc.pb.h"
+#include "tests/e2e/cluster_fixture.h"
 #include "tests/e2e/e2e_util.h"
 
 namespace dtrain {
@@ -57,26 +58,13 @@ namespace {
 
 namespace v1 = scheduler::v1;
 
-class RecoverE2eTest : public ::testing::Test {
+class RecoverE2eTest : public ClusterFixture {
  protected:
   // `more`: further cluster up flags.
   void Up(const std::string& restart, int trainers = 3, const std::string& more = "") {
-    dir_ = TmpDir(::testing::UnitTest::GetInstance()->current_test_info()->name());
-    int rc;
-    std::string out =
-        Trainctl(absl::StrCat("cluster up --restart=", restart, " --trainers=", trainers,
-                              " --heartbeat_timeout_s=3 --dir=", dir_, more),
-                 &rc);
-    ASSERT_EQ(rc, 0) << out;
-    for (const ClusterProcess& p : ReadCluster(dir_)) {
-      if (p.role == "scheduler") {
-        scheduler_ = p.address;
-        metrics_port_ = PortOf(p.metrics_url);
-      }
-    }
-    ASSERT_NE(scheduler_, "") << out;
-    // The cluster's admin credential (Trainctl set it after cluster up).
-    stub_ = v1::JobService::NewStub(dtrain::rpc::NewChannel(scheduler_));
+    ClusterFixture::Up(::testing::UnitTest::GetInstance()->current_test_info()->name(),
+                       absl::StrCat("--restart=", restart, " --trainers=", trainers,
+                                    " --heartbeat_timeout_s=3", more));
   }
 
   void TearDown() override {
@@ -84,43 +72,12 @@ class RecoverE2eTest : public ::testing::Test {
       new_trainer_->Signal(SIGKILL).IgnoreError();
       new_trainer_->Wait(absl::Seconds(10)).status().IgnoreError();
     }
-    int rc;
-    Trainctl("cluster down --grace_s=5 --dir=" + dir_, &rc);
-    for (const ClusterProcess& p : ReadCluster(dir_)) {
-      if (ProcessAlive(p.pid)) kill(p.pid, SIGKILL);
-    }
-  }
-
-  static int PortOf(const std::string& url) {
-    absl::string_view rest = url;
-    absl::ConsumePrefix(&rest, "http://127.0.0.1:");
-    int port = 0;
-    absl::SimpleAtoi(rest.substr(0, rest.find('/')), &port);
-    return port;
-  }
-
-  static std::unique_ptr<grpc::ClientContext> Ctx() {
-    auto ctx = std::make_unique<grpc::ClientContext>();
-    ctx->set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
-    return ctx;
+    ClusterFixture::TearDown();
   }
 
   v1::SubmitRequest Job(const std::string& name) const {
-    v1::SubmitRequest r;
+    v1::SubmitRequest r = MomentumLenetJob(name, epochs_, train_limit_);
     v1::JobSpec* s = r.mutable_spec();
-    s->set_name(name);
-    s->set_model("lenet");
-    s->set_epochs(epochs_);
-    s->set_global_batch_size(128);
-    s->set_lr(0.05);
-    s->set_momentum(0.9);  // the state sent to the replacement includes momentum
-    s->set_init("kaiming");
-    s->set_seed(3);
-    s->set_train_limit(train_limit_);  // 96 steps an epoch (12288)
-    s->set_test_limit(2000);
-    s->set_threads(1);
-    s->set_num_trainers(2);
-    s->set_checkpoint_interval_epochs(1);
     s->mutable_sync()->set_mode(mode_);
     s->mutable_sync()->set_consistency(consistency_);
     if (consistency_ == v1::BOUNDED_DELAY) s->mutable_sync()->set_max_staleness(2);
@@ -130,29 +87,8 @@ class RecoverE2eTest : public ::testing::Test {
     return r;
   }
 
-  v1::JobStatus Get(const std::string& id) {
-    v1::GetRequest get;
-    get.set_id(id);
-    v1::JobStatus st;
-    absl::Status s = FromGrpcStatus(stub_->Get(Ctx().get(), get, &st), "Get");
-    EXPECT_TRUE(s.ok()) << s;
-    return st;
-  }
-
   v1::JobStatus WatchToEnd(const std::string& id) {
-    absl::StatusOr<v1::JobStatus> last = e2e::WatchToEnd(stub_.get(), id, absl::Seconds(300));
-    EXPECT_TRUE(last.ok()) << last.status();
-    return last.ok() ? *last : v1::JobStatus();
-  }
-
-  // Trainer id (from its log's "registered as <id>") -> pid of the process
-  std::map<std::string, int> TrainerPids() { return e2e::TrainerPids(dir_); }
-
-  double Metric(const std::string& name) {
-    absl::StatusOr<std::string> text = metrics::Scrape(metrics_port_);
-    if (!text.ok()) return -1;
-    absl::StatusOr<double> v = metrics::SampleValue(*text, name);
-    return v.ok() ? *v : -1;
+    return ClusterFixture::WatchToEnd(id, absl::Seconds(300));
   }
 
   v1::JobStatus Undisturbed() {
@@ -170,28 +106,17 @@ class RecoverE2eTest : public ::testing::Test {
   }
 
   // Submits the disturbed job and waits until it is in the middle of its
-  // second or third epoch (of 4, or 2 of 3). Rank 0 reports once a second and an epoch
-  // takes about 1.5 s on a quiet machine, so one epoch's middle can be
-  // missed between two reports.
+  // second or third epoch (of 4, or 2 of 3).
   v1::JobStatus SubmitAndWaitMidEpoch() {
     v1::JobStatus job;
     EXPECT_TRUE(stub_->Submit(Ctx().get(), Job("disturbed"), &job).ok());
-    auto mid = [](const v1::JobStatus& j) {
-      return j.state() == v1::RUNNING && (j.epoch() == 1 || j.epoch() == 2) && j.step() >= 10 &&
-             j.step() + 10 <= j.steps_per_epoch();
-    };
-    for (absl::Time deadline = absl::Now() + absl::Seconds(120);
-         !mid(job) && absl::Now() < deadline; absl::SleepFor(absl::Milliseconds(20))) {
-      job = Get(job.id());
-      if (job.state() == v1::SUCCEEDED || job.state() == v1::FAILED || job.epoch() >= 3) break;
-    }
+    job = WaitMidEpoch(job.id(), {.first_epoch = 2,
+                                  .last_epoch = 3,
+                                  .min_step = 10,
+                                  .min_steps_left = 10,
+                                  .timeout = absl::Seconds(120)});
     EXPECT_EQ(job.state(), v1::RUNNING) << job.DebugString();
-    EXPECT_TRUE(mid(job)) << "not in the middle of epoch 2 or 3: " << job.DebugString();
     return job;
-  }
-
-  static bool IsFinalState(v1::JobState s) {
-    return s == v1::SUCCEEDED || s == v1::FAILED || s == v1::CANCELLED;
   }
 
   // Kills rank 0's trainer in the middle of an epoch of the second job and
@@ -208,20 +133,17 @@ class RecoverE2eTest : public ::testing::Test {
   v1::SyncMode mode_ = v1::ALLREDUCE;
   v1::Consistency consistency_ = v1::CONSISTENCY_UNSPECIFIED;
   int epochs_ = 4;
-  int64_t train_limit_ = 12288;
-  std::string dir_, scheduler_;
+  int64_t train_limit_ = 12288;              // 96 steps an epoch
   std::unique_ptr<Subprocess> new_trainer_;  // started by a test, outside the cluster
-  int metrics_port_ = 0;
-  std::unique_ptr<v1::JobService::Stub> stub_;
 };
 
 TEST_F(RecoverE2eTest, KilledRankIsReplacedInPlace) {
-  Up("never");
+  ASSERT_NO_FATAL_FAILURE(Up("never"));
   KillRankZeroAndExpectRecoveryInPlace();
 }
 
 TEST_F(RecoverE2eTest, KilledRankOfAKvstoreJobIsReplacedInPlace) {
-  Up("never", 3, " --kvstore_shards=1 --kvstore_replicas=1");
+  ASSERT_NO_FATAL_FAILURE(Up("never", 3, " --kvstore_shards=1 --kvstore_replicas=1"));
   mode_ = v1::KVSTORE;
   // The same job as the ALLREDUCE case (4 epochs of 96 steps): with 48-step
   // epochs (0.9 s here) the once-a-second reports could miss both mid-epoch
@@ -232,7 +154,7 @@ TEST_F(RecoverE2eTest, KilledRankOfAKvstoreJobIsReplacedInPlace) {
 void RecoverE2eTest::KillRankZeroAndExpectRecoveryInPlace() {
   const v1::JobStatus ref = Undisturbed();
   ASSERT_EQ(ref.state(), v1::SUCCEEDED);
-  ASSERT_EQ(Metric("dtrain_scheduler_recoveries_total"), 0);
+  ASSERT_EQ(SchedulerMetric("dtrain_scheduler_recoveries_total"), 0);
 
   v1::JobStatus job = SubmitAndWaitMidEpoch();
   ASSERT_EQ(job.state(), v1::RUNNING);
@@ -308,14 +230,16 @@ void RecoverE2eTest::KillRankZeroAndExpectRecoveryInPlace() {
   EXPECT_NEAR(done.test_accuracy(), ref.test_accuracy(), 0.01);
   EXPECT_GT(ref.test_accuracy(), 0.6);
   // The scheduler's metrics count it.
-  EXPECT_EQ(Metric("dtrain_scheduler_recoveries_total"), 1);
-  EXPECT_EQ(Metric("dtrain_scheduler_recovery_seconds_count"), 1);
-  EXPECT_NEAR(Metric("dtrain_scheduler_recovery_seconds_sum"), done.last_recovery_seconds(), 1e-6);
-  EXPECT_EQ(Metric(R"(dtrain_scheduler_recovery_seconds_bucket{le="5"})"), 1);
+  EXPECT_EQ(SchedulerMetric("dtrain_scheduler_recoveries_total"), 1);
+  EXPECT_EQ(SchedulerMetric("dtrain_scheduler_recovery_seconds_count"), 1);
+  EXPECT_NEAR(SchedulerMetric("dtrain_scheduler_recovery_seconds_sum"),
+              done.last_recovery_seconds(), 1e-6);
+  EXPECT_EQ(SchedulerMetric(R"(dtrain_scheduler_recovery_seconds_bucket{le="5"})"), 1);
 }
 
 TEST_F(RecoverE2eTest, SecondKillDuringRecoveryStillFinishes) {
-  Up("always");  // the supervisor restarts killed trainers: spares come back
+  ASSERT_NO_FATAL_FAILURE(
+      Up("always"));  // the supervisor restarts killed trainers: spares come back
   v1::JobStatus job = SubmitAndWaitMidEpoch();
   ASSERT_EQ(job.state(), v1::RUNNING);
   std::map<std::string, int> pids = TrainerPids();
@@ -365,19 +289,17 @@ TEST_F(RecoverE2eTest, SecondKillDuringRecoveryStillFinishes) {
 // 2 at a step boundary (the newcomer gets the state from the survivor). The
 // job SUCCEEDS on attempt 1 and its events show the shrink and the grow.
 TEST_F(RecoverE2eTest, ElasticJobShrinksOnALossAndGrowsBackOntoANewTrainer) {
-  Up("never", /*trainers=*/2);
+  ASSERT_NO_FATAL_FAILURE(Up("never", /*trainers=*/2));
   v1::SubmitRequest submit = Job("elastic");
   submit.mutable_spec()->set_epochs(6);
   submit.mutable_spec()->set_min_trainers(1);
   v1::JobStatus job;
   ASSERT_TRUE(stub_->Submit(Ctx().get(), submit, &job).ok());
-  for (absl::Time deadline = absl::Now() + absl::Seconds(120);
-       !(job.state() == v1::RUNNING && job.epoch() == 1 && job.step() >= 10) &&
-       absl::Now() < deadline;
-       absl::SleepFor(absl::Milliseconds(20))) {
-    job = Get(job.id());
-    if (IsFinalState(job.state()) || job.epoch() >= 2) break;
-  }
+  job = WaitMidEpoch(job.id(), {.first_epoch = 2,
+                                .last_epoch = 2,
+                                .min_step = 10,
+                                .min_steps_left = 0,
+                                .timeout = absl::Seconds(120)});
   ASSERT_EQ(job.state(), v1::RUNNING) << job.DebugString();
   ASSERT_EQ(job.epoch(), 1) << "not in epoch 2: " << job.DebugString();
   EXPECT_EQ(job.spec().min_trainers(), 1);
@@ -397,12 +319,10 @@ TEST_F(RecoverE2eTest, ElasticJobShrinksOnALossAndGrowsBackOntoANewTrainer) {
     }
     return false;
   };
-  for (absl::Time deadline = absl::Now() + absl::Seconds(30);
-       !has_event(job, "; continued on 1 trainer in ") && !IsFinalState(job.state()) &&
-       absl::Now() < deadline;
-       absl::SleepFor(absl::Milliseconds(20))) {
-    job = Get(job.id());
-  }
+  job = PollJob(
+      job.id(),
+      [&](const v1::JobStatus& j) { return has_event(j, "; continued on 1 trainer in "); },
+      absl::Seconds(30));
   ASSERT_TRUE(has_event(job, "; continued on 1 trainer in ")) << job.DebugString();
   ASSERT_EQ(job.state(), v1::RUNNING) << job.DebugString();
   ASSERT_EQ(job.trainers_size(), 1);
@@ -565,7 +485,7 @@ void RecoverE2eTest::KillRankZeroOfAKvstoreWeightsJob(int recoveries_total) {
   EXPECT_EQ(survivor_failed, 0);
   EXPECT_EQ(resumed, 0);
   EXPECT_GT(done.test_accuracy(), 0.6) << done.DebugString();
-  EXPECT_EQ(Metric("dtrain_scheduler_recoveries_total"), recoveries_total);
+  EXPECT_EQ(SchedulerMetric("dtrain_scheduler_recoveries_total"), recoveries_total);
 }
 
 }  // namespace

@@ -31,6 +31,7 @@
 #include "libs/metrics/scrape.h"
 #include "libs/rpc/credentials.h"
 #include "protos/scheduler.grpc.pb.h"
+#include "tests/e2e/cluster_fixture.h"
 #include "tests/e2e/e2e_util.h"
 
 namespace dtrain {
@@ -41,95 +42,19 @@ namespace v1 = scheduler::v1;
 
 constexpr double kHeartbeatTimeoutS = 2;
 
-class ResumeE2eTest : public ::testing::Test {
+class ResumeE2eTest : public ClusterFixture {
  protected:
   void SetUp() override {
-    dir_ = TmpDir("resume-cluster");
-    int rc;
-    std::string out = Trainctl(absl::StrCat("cluster up --restart=never --recover_in_place=false "
-                                            "--trainers=3 --heartbeat_timeout_s=",
-                                            kHeartbeatTimeoutS, " --dir=", dir_),
-                               &rc);
-    ASSERT_EQ(rc, 0) << out;
-    for (const ClusterProcess& p : ReadCluster(dir_)) {
-      if (p.role == "scheduler") {
-        scheduler_ = p.address;
-        metrics_port_ = PortOf(p.metrics_url);
-      }
-    }
-    ASSERT_NE(scheduler_, "") << out;
-    stub_ = v1::JobService::NewStub(dtrain::rpc::NewChannel(scheduler_));
-  }
-
-  void TearDown() override {
-    int rc;
-    Trainctl("cluster down --grace_s=5 --dir=" + dir_, &rc);
-    for (const ClusterProcess& p : ReadCluster(dir_)) {
-      if (ProcessAlive(p.pid)) kill(p.pid, SIGKILL);
-    }
-  }
-
-  static int PortOf(const std::string& url) {
-    absl::string_view rest = url;
-    absl::ConsumePrefix(&rest, "http://127.0.0.1:");
-    int port = 0;
-    absl::SimpleAtoi(rest.substr(0, rest.find('/')), &port);
-    return port;
-  }
-
-  static std::unique_ptr<grpc::ClientContext> Ctx(absl::Duration timeout = absl::Seconds(10)) {
-    auto ctx = std::make_unique<grpc::ClientContext>();
-    ctx->set_deadline(absl::ToChronoTime(absl::Now() + timeout));
-    return ctx;
+    Up("resume-cluster",
+       absl::StrCat("--restart=never --recover_in_place=false --trainers=3 --heartbeat_timeout_s=",
+                    kHeartbeatTimeoutS));
   }
 
   static v1::SubmitRequest Job(const std::string& name) {
-    v1::SubmitRequest r;
-    v1::JobSpec* s = r.mutable_spec();
-    s->set_name(name);
-    s->set_model("lenet");
-    s->set_epochs(4);
-    s->set_global_batch_size(128);
-    s->set_lr(0.05);
-    s->set_momentum(0.9);  // the checkpoint must carry the momentum buffers
-    s->set_init("kaiming");
-    s->set_seed(3);
-    s->set_train_limit(6144);
-    s->set_test_limit(2000);
-    s->set_threads(1);
-    s->set_num_trainers(2);
-    s->set_checkpoint_interval_epochs(1);
-    s->mutable_sync()->set_mode(v1::ALLREDUCE);
-    return r;
+    return MomentumLenetJob(name, 4, 6144);  // 48 steps an epoch
   }
 
-  v1::JobStatus Get(const std::string& id) {
-    v1::GetRequest get;
-    get.set_id(id);
-    v1::JobStatus st;
-    absl::Status s = FromGrpcStatus(stub_->Get(Ctx().get(), get, &st), "Get");
-    EXPECT_TRUE(s.ok()) << s;
-    return st;
-  }
-
-  v1::JobStatus WatchToEnd(const std::string& id) {
-    absl::StatusOr<v1::JobStatus> last = e2e::WatchToEnd(stub_.get(), id, absl::Seconds(240));
-    EXPECT_TRUE(last.ok()) << last.status();
-    return last.ok() ? *last : v1::JobStatus();
-  }
-
-  std::map<std::string, int> TrainerPids() { return e2e::TrainerPids(dir_); }
-
-  double TrainersAlive() {
-    absl::StatusOr<std::string> text = metrics::Scrape(metrics_port_);
-    if (!text.ok()) return -1;
-    absl::StatusOr<double> v = metrics::SampleValue(*text, "dtrain_scheduler_trainers_alive");
-    return v.ok() ? *v : -1;
-  }
-
-  std::string dir_, scheduler_;
-  int metrics_port_ = 0;
-  std::unique_ptr<v1::JobService::Stub> stub_;
+  double TrainersAlive() { return SchedulerMetric("dtrain_scheduler_trainers_alive"); }
 };
 
 TEST_F(ResumeE2eTest, KilledTrainerJobResumesFromCheckpoint) {
@@ -137,7 +62,7 @@ TEST_F(ResumeE2eTest, KilledTrainerJobResumesFromCheckpoint) {
   v1::JobStatus ref;
   ASSERT_TRUE(stub_->Submit(Ctx().get(), Job("undisturbed"), &ref).ok());
   const absl::Time ref_start = absl::Now();
-  ref = WatchToEnd(ref.id());
+  ref = WatchToEnd(ref.id(), absl::Seconds(240));
   std::fprintf(stderr, "undisturbed: %s in %s, loss %.5f, test accuracy %.4f\n",
                v1::JobState_Name(ref.state()).c_str(),
                absl::FormatDuration(absl::Now() - ref_start).c_str(), ref.loss(),
@@ -149,22 +74,20 @@ TEST_F(ResumeE2eTest, KilledTrainerJobResumesFromCheckpoint) {
   int with_memory = 0;
   for (const ClusterProcess& p : ReadCluster(dir_)) {
     if (p.role != "trainer") continue;
-    absl::StatusOr<std::string> text = metrics::Scrape(PortOf(p.metrics_url));
-    ASSERT_TRUE(text.ok()) << text.status();
-    absl::StatusOr<double> peak = metrics::SampleValue(
-        *text, R"(dtrain_trainer_device_memory_bytes{device="cpu",state="peak"})");
-    if (peak.ok() && *peak > 1e5) ++with_memory;
+    ASSERT_TRUE(metrics::Scrape(PortOfUrl(p.metrics_url)).ok()) << p.name;
+    const double peak =
+        ScrapeSample(PortOfUrl(p.metrics_url),
+                     R"(dtrain_trainer_device_memory_bytes{device="cpu",state="peak"})");
+    if (peak > 1e5) ++with_memory;
   }
   EXPECT_EQ(with_memory, 2);
 
   v1::JobStatus job;
   ASSERT_TRUE(stub_->Submit(Ctx().get(), Job("disturbed"), &job).ok());
-  for (absl::Time deadline = absl::Now() + absl::Seconds(120);
-       !(job.state() == v1::RUNNING && job.checkpoint_epoch() >= 1) && absl::Now() < deadline;
-       absl::SleepFor(absl::Milliseconds(20))) {
-    job = Get(job.id());
-    ASSERT_FALSE(job.state() == v1::SUCCEEDED || job.state() == v1::FAILED) << job.DebugString();
-  }
+  job = PollJob(
+      job.id(),
+      [](const v1::JobStatus& j) { return j.state() == v1::RUNNING && j.checkpoint_epoch() >= 1; },
+      absl::Seconds(120));
   ASSERT_EQ(job.state(), v1::RUNNING) << job.DebugString();
   ASSERT_LT(job.epoch(), 4) << "the job ended before the kill: " << job.DebugString();
   const std::map<std::string, int> pids = TrainerPids();
@@ -193,7 +116,7 @@ TEST_F(ResumeE2eTest, KilledTrainerJobResumesFromCheckpoint) {
                absl::FormatDuration(noticed).c_str());
   EXPECT_LE(noticed, absl::Seconds(kHeartbeatTimeoutS * 1.25 + 1));
 
-  v1::JobStatus done = WatchToEnd(job.id());
+  v1::JobStatus done = WatchToEnd(job.id(), absl::Seconds(240));
   std::fprintf(stderr, "disturbed: %s after %d attempts, loss %.5f, test accuracy %.4f\n",
                v1::JobState_Name(done.state()).c_str(), done.attempts(), done.loss(),
                done.test_accuracy());
@@ -211,18 +134,7 @@ TEST_F(ResumeE2eTest, KilledTrainerJobResumesFromCheckpoint) {
   EXPECT_TRUE(resumed) << done.DebugString();
   // Both ranks of the second attempt loaded the checkpoint (a restart from
   // scratch would end the same way, so look at what the trainers did).
-  int resumed_ranks = 0;
-  for (const ClusterProcess& p : ReadCluster(dir_)) {
-    if (p.role != "trainer") continue;
-    std::ifstream log(absl::StrCat(dir_, "/", p.name, ".log"));
-    for (std::string line; std::getline(log, line);) {
-      if (line.find(done.id() + " rank") != std::string::npos &&
-          line.find("resumed from") != std::string::npos) {
-        ++resumed_ranks;
-      }
-    }
-  }
-  EXPECT_EQ(resumed_ranks, 2);
+  EXPECT_EQ(TrainerLogLines(dir_, {done.id() + " rank", "resumed from"}).size(), 2u);
   // The resumed run is the undisturbed one: same data order from the
   // checkpointed epoch on, same parameters and momentum.
   std::fprintf(stderr, "test accuracy difference %.5f, loss difference %.3g\n",

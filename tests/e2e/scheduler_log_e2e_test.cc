@@ -22,6 +22,7 @@
 #include "gtest/gtest.h"
 #include "libs/base/grpc_status.h"
 #include "libs/rpc/credentials.h"
+#include "libs/rpc/health_check.h"
 #include "libs/scheduler/tmpfs_for_test.h"
 #include "protos/admin.grpc.pb.h"
 #include "protos/scheduler.grpc.pb.h"
@@ -79,25 +80,6 @@ class SchedulerLogE2eTest : public ::testing::Test {
       req.set_page_token(reply.next_page_token());
     }
     return ids;
-  }
-
-  // grpc.health.v1.Health/Check with an empty request; "\x08\x01" is
-  // {status: SERVING}.
-  std::string HealthCheck() {
-    grpc::ClientContext ctx;
-    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
-    grpc::internal::RpcMethod method("/grpc.health.v1.Health/Check",
-                                     grpc::internal::RpcMethod::NORMAL_RPC);
-    grpc::Slice empty;
-    grpc::ByteBuffer request(&empty, 1), response;
-    grpc::Status s = grpc::internal::BlockingUnaryCall<grpc::ByteBuffer, grpc::ByteBuffer>(
-        channel_.get(), method, &ctx, request, &response);
-    if (!s.ok()) return "error: " + s.error_message();
-    grpc::Slice flat;
-    if (!response.TrySingleSlice(&flat).ok() && !response.DumpToSingleSlice(&flat).ok()) {
-      return "unreadable";
-    }
-    return std::string(reinterpret_cast<const char*>(flat.begin()), flat.size());
   }
 
   bool Ping() {
@@ -165,7 +147,9 @@ TEST_F(SchedulerLogE2eTest, FullLogDiskRefusesChangesAndRestartsWithEveryAccepte
 
   // Reads, health and Ping go on; trainctl reports the reason.
   EXPECT_EQ(ListAll(2), accepted);
-  EXPECT_EQ(HealthCheck(), std::string("\x08\x01", 2));
+  absl::StatusOr<rpc::HealthStatus> health = rpc::CheckHealth(channel_.get(), absl::Seconds(10));
+  ASSERT_TRUE(health.ok()) << health.status();
+  EXPECT_EQ(*health, rpc::HealthStatus::kServing);
   EXPECT_TRUE(Ping());
   int rc;
   std::string out = Trainctl(

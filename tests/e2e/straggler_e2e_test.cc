@@ -40,6 +40,7 @@
 #include "libs/metrics/scrape.h"
 #include "libs/rpc/credentials.h"
 #include "protos/scheduler.grpc.pb.h"
+#include "tests/e2e/cluster_fixture.h"
 #include "tests/e2e/e2e_util.h"
 
 namespace dtrain {
@@ -66,7 +67,7 @@ bool PinProcess(int pid, int cpu) {
   return any;
 }
 
-class StragglerE2eTest : public ::testing::Test {
+class StragglerE2eTest : public ClusterFixture {
  protected:
   void SetUp() override {
     cpu_set_t mine;
@@ -76,20 +77,7 @@ class StragglerE2eTest : public ::testing::Test {
       if (CPU_ISSET(c, &mine)) cpus_.push_back(c);
     }
     if (cpus_.size() < 2) GTEST_SKIP() << "needs two CPUs to pin the trainers apart";
-    dir_ = TmpDir("straggler");
-    int rc;
-    std::string out = Trainctl(
-        absl::StrCat("cluster up --restart=never --trainers=2 --kvstore_shards=0 --dir=", dir_),
-        &rc);
-    ASSERT_EQ(rc, 0) << out;
-    for (const ClusterProcess& p : ReadCluster(dir_)) {
-      if (p.role == "scheduler") {
-        scheduler_ = p.address;
-        metrics_port_ = PortOf(p.metrics_url);
-      }
-    }
-    ASSERT_NE(scheduler_, "") << out;
-    stub_ = v1::JobService::NewStub(dtrain::rpc::NewChannel(scheduler_));
+    Up("straggler", "--restart=never --trainers=2 --kvstore_shards=0");
   }
 
   void TearDown() override {
@@ -97,26 +85,7 @@ class StragglerE2eTest : public ::testing::Test {
       kill(pid, SIGKILL);
       waitpid(pid, nullptr, 0);
     }
-    if (dir_.empty()) return;
-    int rc;
-    Trainctl("cluster down --grace_s=5 --dir=" + dir_, &rc);
-    for (const ClusterProcess& p : ReadCluster(dir_)) {
-      if (ProcessAlive(p.pid)) kill(p.pid, SIGKILL);
-    }
-  }
-
-  static int PortOf(const std::string& url) {
-    absl::string_view rest = url;
-    absl::ConsumePrefix(&rest, "http://127.0.0.1:");
-    int port = 0;
-    absl::SimpleAtoi(rest.substr(0, rest.find('/')), &port);
-    return port;
-  }
-
-  static std::unique_ptr<grpc::ClientContext> Ctx() {
-    auto ctx = std::make_unique<grpc::ClientContext>();
-    ctx->set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
-    return ctx;
+    ClusterFixture::TearDown();
   }
 
   static v1::SubmitRequest Job(const std::string& name, int epochs) {
@@ -135,38 +104,6 @@ class StragglerE2eTest : public ::testing::Test {
     return r;
   }
 
-  v1::JobStatus Submit(const v1::SubmitRequest& r) {
-    v1::JobStatus job;
-    absl::Status s = FromGrpcStatus(stub_->Submit(Ctx().get(), r, &job), "Submit");
-    EXPECT_TRUE(s.ok()) << s;
-    return job;
-  }
-
-  v1::JobStatus Get(const std::string& id) {
-    v1::GetRequest get;
-    get.set_id(id);
-    v1::JobStatus st;
-    absl::Status s = FromGrpcStatus(stub_->Get(Ctx().get(), get, &st), "Get");
-    EXPECT_TRUE(s.ok()) << s;
-    return st;
-  }
-
-  void Cancel(const std::string& id) {
-    v1::CancelRequest c;
-    c.set_id(id);
-    v1::JobStatus st;
-    EXPECT_TRUE(stub_->Cancel(Ctx().get(), c, &st).ok());
-  }
-
-  double Metric(const std::string& name) {
-    absl::StatusOr<std::string> text = metrics::Scrape(metrics_port_);
-    if (!text.ok()) return -1;
-    absl::StatusOr<double> v = metrics::SampleValue(*text, name);
-    return v.ok() ? *v : -1;
-  }
-
-  std::map<std::string, int> TrainerPids() { return e2e::TrainerPids(dir_); }
-
   // A process spinning on `cpu` until TearDown kills it.
   void BusyLoop(int cpu) {
     const pid_t pid = fork();
@@ -184,9 +121,6 @@ class StragglerE2eTest : public ::testing::Test {
 
   std::vector<int> cpus_;
   std::vector<int> busy_;
-  std::string dir_, scheduler_;
-  int metrics_port_ = 0;
-  std::unique_ptr<v1::JobService::Stub> stub_;
 };
 
 TEST_F(StragglerE2eTest, ContendedRankIsNamedAndACalmRunNamesNone) {
@@ -213,7 +147,7 @@ TEST_F(StragglerE2eTest, ContendedRankIsNamedAndACalmRunNamesNone) {
        absl::SleepFor(absl::Milliseconds(250))) {
     calm = Get(calm.id());
     ASSERT_EQ(calm.stragglers_size(), 0) << calm.DebugString();
-    ASSERT_NE(Metric("dtrain_scheduler_stragglers"), 1);
+    ASSERT_NE(SchedulerMetric("dtrain_scheduler_stragglers"), 1);
     if (calm.rank_step_times_size() == 2 && calm.rank_step_times(0).steps() > 0 &&
         calm.rank_step_times(1).steps() > 0) {
       ++reports_seen;
@@ -225,7 +159,7 @@ TEST_F(StragglerE2eTest, ContendedRankIsNamedAndACalmRunNamesNone) {
   }
   // Both ranks' summaries were seen for a good part of the run.
   EXPECT_GE(reports_seen, 8);
-  EXPECT_EQ(Metric("dtrain_scheduler_stragglers_detected_total"), 0);
+  EXPECT_EQ(SchedulerMetric("dtrain_scheduler_stragglers_detected_total"), 0);
   // Both ranks' summaries were there to compare (the detector's verdict,
   // checked above, is what counts: on a shared machine one report's ratio
   // may pass 1.3).
@@ -275,8 +209,8 @@ TEST_F(StragglerE2eTest, ContendedRankIsNamedAndACalmRunNamesNone) {
   std::fprintf(stderr, "contended: named %s after the submission (%s after the first report): %s\n",
                absl::FormatDuration(since_submit).c_str(), absl::FormatDuration(took).c_str(),
                event.c_str());
-  EXPECT_EQ(Metric("dtrain_scheduler_stragglers"), 1);
-  EXPECT_EQ(Metric("dtrain_scheduler_stragglers_detected_total"), 1);
+  EXPECT_EQ(SchedulerMetric("dtrain_scheduler_stragglers"), 1);
+  EXPECT_EQ(SchedulerMetric("dtrain_scheduler_stragglers_detected_total"), 1);
   int rc;
   std::string out = Trainctl(absl::StrCat("--scheduler=", scheduler_, " get ", job.id()), &rc);
   ASSERT_EQ(rc, 0) << out;

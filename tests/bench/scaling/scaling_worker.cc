@@ -82,9 +82,9 @@ int Main() {
   std::unique_ptr<kvstore::KVClient> kv;
   if (method == "ps") {
     kvstore::TuneMallocForBulkTransfers();
-    auto creds = rpc::CredentialsFromFlags("scaling_worker");
-    if (!creds.ok()) return Fail("credentials", creds.status());
-    rpc::SetDefaultCredentials(*creds);
+    if (absl::Status s = rpc::UseCredentialsFromFlags("scaling_worker"); !s.ok()) {
+      return Fail("credentials", s);
+    }
     kvstore::ClientOptions ko;
     ko.servers = absl::StrSplit(absl::GetFlag(FLAGS_servers), ',', absl::SkipEmpty());
     if (ko.servers.empty()) {
