@@ -65,7 +65,9 @@ ABSL_FLAG(int, keys, 8, "keys the bytes are split into");
 ABSL_FLAG(int, steps, 0, "timed steps (0: 20 for >= 1 MiB, else 2000)");
 ABSL_FLAG(int, warmup, 0, "untimed steps first (0: steps / 10, at least 2)");
 ABSL_FLAG(std::string, optimizer, "sgd", "server-side optimizer: sgd or none");
-ABSL_FLAG(std::string, compression, "none", "push compression: none, f16, bf16");
+ABSL_FLAG(std::string, compression, "none",
+          "push compression: none, f16, bf16, topk or topk:<ratio> (as trainctl's "
+          "--gradient_compression)");
 ABSL_FLAG(int64_t, chunk_bytes, 1 << 20, "value bytes per message");
 ABSL_FLAG(int64_t, max_message_bytes, 4 << 20, "gRPC message limit (clients and servers)");
 ABSL_FLAG(bool, tls, true,
@@ -152,9 +154,8 @@ absl::StatusOr<Result> RunOnce(const char* argv0, int replicas) {
     config.optimizer = OptimizerKind::kSgd;
     config.learning_rate = 1e-6;  // keeps the weights finite over many steps
   }
-  Compression compression = Compression::kNone;
-  if (absl::GetFlag(FLAGS_compression) == "f16") compression = Compression::kF16;
-  if (absl::GetFlag(FLAGS_compression) == "bf16") compression = Compression::kBF16;
+  absl::StatusOr<CompressionSpec> compression = ParseCompression(absl::GetFlag(FLAGS_compression));
+  if (!compression.ok()) return Annotate(compression.status(), "--compression");
 
   const int64_t elements = bytes / 4;
   std::vector<int64_t> key_elements;
@@ -173,7 +174,7 @@ absl::StatusOr<Result> RunOnce(const char* argv0, int replicas) {
       options.replicas = replicas;
       options.job = config.job;
       options.worker = w;
-      options.compression = compression;
+      options.compression = *compression;
       options.chunk_bytes = absl::GetFlag(FLAGS_chunk_bytes);
       options.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
       auto client = KVClient::Connect(options);
