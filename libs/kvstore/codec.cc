@@ -184,15 +184,14 @@ absl::Status CheckPushValue(absl::Span<const absl::string_view> pieces, const Co
     return absl::OkStatus();
   }
   if (count > kMaxTopKSliceElements) {
-    return absl::InvalidArgumentError(absl::StrCat("a top-k push addresses at most ",
-                                                   kMaxTopKSliceElements, " elements, the slice has ",
-                                                   count, " (use more slices or another compression)"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a top-k push addresses at most ", kMaxTopKSliceElements, " elements, the slice has ",
+        count, " (use more slices or another compression)"));
   }
   if (got != static_cast<size_t>(want)) {
     return absl::InvalidArgumentError(
-        absl::StrCat("push carries ", got, " bytes, expected ", want, " (",
-                     want / kTopKPairBytes, " top-k pairs of ", DescribeCompression(c), " of ",
-                     count, " elements)"));
+        absl::StrCat("push carries ", got, " bytes, expected ", want, " (", want / kTopKPairBytes,
+                     " top-k pairs of ", DescribeCompression(c), " of ", count, " elements)"));
   }
   std::string storage;
   absl::string_view bytes = Contiguous(pieces, &storage);
@@ -201,8 +200,7 @@ absl::Status CheckPushValue(absl::Span<const absl::string_view> pieces, const Co
     std::memcpy(&index, bytes.data() + at, 4);
     if (static_cast<int64_t>(index) >= count) {
       return absl::InvalidArgumentError(absl::StrCat("top-k pair ", pair, " names index ", index,
-                                                     ", outside the slice's ", count,
-                                                     " elements"));
+                                                     ", outside the slice's ", count, " elements"));
     }
   }
   return absl::OkStatus();

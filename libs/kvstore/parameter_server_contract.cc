@@ -295,8 +295,7 @@ TEST_P(ParameterServerContractTest, TopKPushOfASlicedKeyLandsEachEntryInPlace) {
     const auto& grad = r == 0 ? g : zero;
     std::vector<std::vector<float>> out(2, Filled(kSlicedElements, -99));
     std::vector<absl::Status> status(2);
-    std::thread other(
-        [&] { status[1] = w[1]->PushPull({{"w", grad[1].data(), out[1].data()}}); });
+    std::thread other([&] { status[1] = w[1]->PushPull({{"w", grad[1].data(), out[1].data()}}); });
     status[0] = w[0]->PushPull({{"w", grad[0].data(), out[0].data()}});
     other.join();
     ASSERT_TRUE(status[0].ok()) << status[0];

@@ -38,9 +38,9 @@ absl::StatusOr<std::shared_ptr<const std::string>> PushEncoder::Encode(const Com
     return std::make_shared<const std::string>(EncodeToString(values.data(), n, wire));
   }
   if (n > kMaxTopKSliceElements) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        DescribeSlice(spec), ": a top-k push addresses at most ", kMaxTopKSliceElements,
-        " elements (use more slices or another compression)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(DescribeSlice(spec), ": a top-k push addresses at most ",
+                     kMaxTopKSliceElements, " elements (use more slices or another compression)"));
   }
   std::shared_ptr<SliceState> state;
   {

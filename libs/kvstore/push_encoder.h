@@ -62,7 +62,7 @@ class PushEncoder {
  private:
   struct SliceState {
     absl::Mutex mu;
-    int64_t round ABSL_GUARDED_BY(mu) = 0;  // of `last`
+    int64_t round ABSL_GUARDED_BY(mu) = 0;            // of `last`
     CompressionSpec compression ABSL_GUARDED_BY(mu);  // of `last`
     std::shared_ptr<const std::string> last ABSL_GUARDED_BY(mu);
     std::vector<float> residual ABSL_GUARDED_BY(mu);

@@ -156,10 +156,10 @@ TEST(PushEncoderTest, TopKOfF16KeysWidensFirst) {
 
 TEST(PushEncoderTest, RefusesInvalidCompressions) {
   PushEncoder e;
-  for (CompressionSpec bad : {CompressionSpec(Compression::kTopK, 0),
-                              CompressionSpec(Compression::kTopK, 1.5),
-                              CompressionSpec(Compression::kTopK, std::nan("")),
-                              CompressionSpec(Compression::kF16, 0.5)}) {
+  for (CompressionSpec bad :
+       {CompressionSpec(Compression::kTopK, 0), CompressionSpec(Compression::kTopK, 1.5),
+        CompressionSpec(Compression::kTopK, std::nan("")),
+        CompressionSpec(Compression::kF16, 0.5)}) {
     absl::Status s = e.SetCompression(bad);
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << DescribeCompression(bad);
   }

@@ -365,8 +365,8 @@ TEST_F(StoreTest, TopKPushesScatterIntoTheRoundsSum) {
   ASSERT_TRUE(store_.Push("j", 1, topk, {{"w", 0, 1, DType::kF32, {4}, {p1}}}).ok());
   EXPECT_EQ(*Pull(0, 1), (std::vector<float>{1.5f, 4.0f, 0.0f, -1.5f}));
   // Round 2 mixes top-k and dense pushes; zeros where top-k sent nothing.
-  ASSERT_TRUE(store_.Push("j", 0, topk, {{"w", 0, 2, DType::kF32, {4}, {Pairs({{2, 1}, {1, 1}})}}})
-                  .ok());
+  ASSERT_TRUE(
+      store_.Push("j", 0, topk, {{"w", 0, 2, DType::kF32, {4}, {Pairs({{2, 1}, {1, 1}})}}}).ok());
   ASSERT_TRUE(Push(1, 2, {10, 10, 10, 10}).ok());
   EXPECT_EQ(*Pull(0, 2), (std::vector<float>{10, 11, 11, 10}));
 }
@@ -381,13 +381,14 @@ TEST_F(StoreTest, TopKPushesWithHostileIndicesChangeNothing) {
   std::string good = Pairs({{0, 1.0f}, {1, 1.0f}});
   for (uint32_t bad : {4u, 5u, 1u << 31, 0xffffffffu}) {
     std::string hostile = Pairs({{0, 1.0f}, {bad, 1.0f}});
-    absl::Status s = store_
-                         .Push("j", 0, topk,
-                               {{"v", 0, 1, DType::kF32, {4}, {good}},
-                                {"w", 0, 1, DType::kF32, {4}, {hostile}}})
-                         .status();
+    absl::Status s =
+        store_
+            .Push("j", 0, topk,
+                  {{"v", 0, 1, DType::kF32, {4}, {good}}, {"w", 0, 1, DType::kF32, {4}, {hostile}}})
+            .status();
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
-    EXPECT_TRUE(absl::StrContains(s.message(), absl::StrCat("key 'w' slice 0: top-k pair 1 names index ", bad)))
+    EXPECT_TRUE(absl::StrContains(s.message(),
+                                  absl::StrCat("key 'w' slice 0: top-k pair 1 names index ", bad)))
         << s;
   }
   // Wrong sizes: one pair short, one pair long, and a ratio of 0.
@@ -395,7 +396,9 @@ TEST_F(StoreTest, TopKPushesWithHostileIndicesChangeNothing) {
     EXPECT_EQ(store_.Push("j", 0, topk, {{"w", 0, 1, DType::kF32, {4}, {wrong}}}).status().code(),
               absl::StatusCode::kInvalidArgument);
   }
-  EXPECT_EQ(store_.Push("j", 0, CompressionSpec(Compression::kTopK, 0), {{"w", 0, 1, DType::kF32, {4}, {good}}})
+  EXPECT_EQ(store_
+                .Push("j", 0, CompressionSpec(Compression::kTopK, 0),
+                      {{"w", 0, 1, DType::kF32, {4}, {good}}})
                 .status()
                 .code(),
             absl::StatusCode::kInvalidArgument);
@@ -404,8 +407,9 @@ TEST_F(StoreTest, TopKPushesWithHostileIndicesChangeNothing) {
   auto v = store_.Pull("j", 0, {{"v", 0, 0}}, PullOptions());
   EXPECT_EQ(Floats((*v)[0]), (std::vector<float>{0, 0, 0, 0}));
   // A good push is applied by SGD to the scattered gradient (zeros elsewhere).
-  ASSERT_TRUE(store_.Push("j", 0, topk, {{"w", 0, 1, DType::kF32, {4}, {Pairs({{1, 0.5f}, {3, 1}})}}})
-                  .ok());
+  ASSERT_TRUE(
+      store_.Push("j", 0, topk, {{"w", 0, 1, DType::kF32, {4}, {Pairs({{1, 0.5f}, {3, 1}})}}})
+          .ok());
   EXPECT_EQ(*Pull(0, 1), (std::vector<float>{1, 1.5f, 3, 3}));
 }
 

@@ -6,8 +6,8 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/strip.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/strip.h"
 
 namespace dtrain {
 namespace kvstore {
@@ -57,12 +57,13 @@ std::string DescribeCompression(const CompressionSpec& c) {
 absl::Status ValidateCompression(const CompressionSpec& c) {
   if (c.method == Compression::kTopK) {
     if (!(c.topk_ratio > 0 && c.topk_ratio <= 1)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "top-k ratio ", c.topk_ratio, " is outside (0, 1] (the fraction of each slice a push sends)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("top-k ratio ", c.topk_ratio,
+                       " is outside (0, 1] (the fraction of each slice a push sends)"));
     }
   } else if (c.topk_ratio != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "compression ", CompressionName(c.method), " takes no ratio (got ", c.topk_ratio, ")"));
+    return absl::InvalidArgumentError(absl::StrCat("compression ", CompressionName(c.method),
+                                                   " takes no ratio (got ", c.topk_ratio, ")"));
   }
   return absl::OkStatus();
 }
@@ -83,9 +84,9 @@ absl::StatusOr<CompressionSpec> ParseCompression(absl::string_view name) {
     }
     return CompressionSpec(Compression::kTopK, ratio);
   }
-  return absl::InvalidArgumentError(absl::StrCat(
-      "unknown gradient compression '", name,
-      "' (accepted: none, f16, bf16, topk, topk:<ratio> with ratio in (0, 1])"));
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown gradient compression '", name,
+                   "' (accepted: none, f16, bf16, topk, topk:<ratio> with ratio in (0, 1])"));
 }
 
 const char* OptimizerName(OptimizerKind o) {

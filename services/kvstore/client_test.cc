@@ -649,10 +649,14 @@ TEST(KVClientTest, BadInputGetsClearStatusAndLeavesValuesIntact) {
        },
        absl::StatusCode::kInvalidArgument, "compression 9"},
       {"top-k index past the slice",
-       [&] { return raw.Push(TopKPush("b", 3000, {{0, 1.0f}, {1, 1.0f}, {3000, 1.0f}})); },
+       [&] {
+         return raw.Push(TopKPush("b", 3000, {{0, 1.0f}, {1, 1.0f}, {3000, 1.0f}}));
+       },
        absl::StatusCode::kInvalidArgument, "key 'b' slice 0: top-k pair 2 names index 3000"},
       {"top-k index 2^32 - 1",
-       [&] { return raw.Push(TopKPush("b", 3000, {{0xffffffffu, 1.0f}, {1, 1.0f}, {2, 1.0f}})); },
+       [&] {
+         return raw.Push(TopKPush("b", 3000, {{0xffffffffu, 1.0f}, {1, 1.0f}, {2, 1.0f}}));
+       },
        absl::StatusCode::kInvalidArgument, "top-k pair 0 names index 4294967295"},
       {"one bad top-k index spoils the batch",
        [&] {
@@ -666,7 +670,9 @@ TEST(KVClientTest, BadInputGetsClearStatusAndLeavesValuesIntact) {
        },
        absl::StatusCode::kInvalidArgument, "key 'b' slice 0: top-k pair 2 names index 99999"},
       {"top-k pairs of the wrong size",
-       [&] { return raw.Push(TopKPush("b", 3000, {{0, 1.0f}, {1, 1.0f}})); },
+       [&] {
+         return raw.Push(TopKPush("b", 3000, {{0, 1.0f}, {1, 1.0f}}));
+       },
        absl::StatusCode::kInvalidArgument, "expected 24"},
       {"top-k without a ratio",
        [&] {

@@ -118,7 +118,7 @@ void Push(const grpc::ByteBuffer& buffer) {
     absl::StatusOr<int64_t> n =
         kv::CheckedNumElements(std::vector<int64_t>(item.shape().begin(), item.shape().end()));
     if (!n.ok() || *n > kMaxElements) return;
-    const DType on_wire = kv::WireDType(*dtype, *compression);
+    const DType on_wire = kv::WireDType(*dtype, compression->method);
     sizes.emplace_back(absl::StrCat("push of key '", item.key(), "'"),
                        *n * static_cast<int64_t>(dtrain::DTypeSize(on_wire)));
     dtypes.push_back(on_wire);

@@ -234,10 +234,10 @@ absl::StatusOr<Result> RunOnce(const char* argv0, int replicas) {
   Result result{moved / seconds / 1e9, pct(0.50), pct(0.99)};
   std::printf(
       "kvstore workers=%d servers=%d replicas=%d bytes=%lld keys=%d tls=%s callback=%s "
-      "pushpull_GBps=%.3f p50_us=%.0f p99_us=%.0f\n",
+      "pushpull_GBps=%.3f p50_us=%.0f p99_us=%.0f compression=%s\n",
       workers, servers, replicas, static_cast<long long>(elements * 4), keys,
       absl::GetFlag(FLAGS_tls) ? "on" : "off", absl::GetFlag(FLAGS_callback_data) ? "on" : "off",
-      result.gbps, result.p50, result.p99);
+      result.gbps, result.p50, result.p99, DescribeCompression(*compression).c_str());
   std::fflush(stdout);
   for (auto it = procs.rbegin(); it != procs.rend(); ++it) (void)(*it)->Kill(SIGTERM);
   for (auto& p : procs) (void)p->Wait();
