@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -132,29 +133,42 @@ int64_t PushValueBytes(const CompressionSpec& c, DType key_dtype, int64_t count)
 
 std::string EncodeTopK(float* values, int64_t n, int64_t k) {
   k = std::max<int64_t>(0, std::min(k, n));
-  std::vector<uint32_t> order(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) order[static_cast<size_t>(i)] = static_cast<uint32_t>(i);
-  if (k < n) {
-    auto magnitude = [values](uint32_t i) {
-      float v = std::fabs(values[i]);
-      return std::isnan(v) ? HUGE_VALF : v;
-    };
-    std::nth_element(order.begin(), order.begin() + k, order.end(),
-                     [&magnitude](uint32_t a, uint32_t b) {
-                       const float ma = magnitude(a), mb = magnitude(b);
-                       return ma > mb || (ma == mb && a < b);
-                     });
-    order.resize(static_cast<size_t>(k));
-    std::sort(order.begin(), order.end());
-  }
   std::string out(static_cast<size_t>(k * kTopKPairBytes), '\0');
+  if (k == 0) return out;
+  auto magnitude = [](float v) {
+    const float m = std::fabs(v);
+    return std::isnan(m) ? HUGE_VALF : m;
+  };
+  // The k-th largest magnitude (a selection over a copy: direct float
+  // comparisons, no index indirection), then one pass in index order takes
+  // every entry above it and the first ones equal to it.
+  float threshold = 0;
+  int64_t ties = 0;  // entries equal to the threshold still to take
+  if (k < n) {
+    std::vector<float> mags(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) mags[static_cast<size_t>(i)] = magnitude(values[i]);
+    std::nth_element(mags.begin(), mags.begin() + (k - 1), mags.end(), std::greater<float>());
+    threshold = mags[static_cast<size_t>(k - 1)];
+    int64_t above = 0;
+    for (int64_t i = 0; i < k - 1; ++i) above += mags[static_cast<size_t>(i)] > threshold;
+    ties = k - above;
+  }
   char* p = out.data();
-  for (uint32_t i : order) {
-    const uint32_t index = i;  // little-endian hosts (as DecodeValue assumes)
+  for (int64_t i = 0, taken = 0; i < n && taken < k; ++i) {
+    if (k < n) {
+      const float m = magnitude(values[i]);
+      if (m < threshold) continue;
+      if (m == threshold) {
+        if (ties == 0) continue;
+        --ties;
+      }
+    }
+    const uint32_t index = static_cast<uint32_t>(i);  // little-endian hosts (as DecodeValue)
     std::memcpy(p, &index, 4);
     std::memcpy(p + 4, &values[i], 4);
     values[i] = 0;
     p += kTopKPairBytes;
+    ++taken;
   }
   return out;
 }
