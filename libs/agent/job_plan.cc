@@ -175,7 +175,7 @@ absl::StatusOr<JobPlan> PlanJob(const v1::Assignment& a, const TrainerResources&
     plan.kvstore_token = a.kvstore_token();
     // Validated at submit (libs/scheduler/spec.cc); a spec from elsewhere
     // that names no known compression fails the job here.
-    absl::StatusOr<kvstore::Compression> compression =
+    absl::StatusOr<kvstore::CompressionSpec> compression =
         kvstore::ParseCompression(spec.sync().gradient_compression());
     if (!compression.ok()) {
       return absl::InvalidArgumentError(

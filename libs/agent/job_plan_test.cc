@@ -199,6 +199,11 @@ TEST(JobPlanTest, KvstoreModeAndItsConsistencies) {
   plan = PlanJob(a, r);
   ASSERT_TRUE(plan.ok()) << plan.status();
   EXPECT_EQ(plan->config.kvstore_compression, kvstore::Compression::kBF16);
+  a.mutable_spec()->mutable_sync()->set_gradient_compression("topk:0.05");
+  plan = PlanJob(a, r);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->config.kvstore_compression,
+            kvstore::CompressionSpec(kvstore::Compression::kTopK, 0.05));
   a.mutable_spec()->mutable_sync()->set_gradient_compression("f8");
   EXPECT_EQ(PlanJob(a, r).status().code(), absl::StatusCode::kInvalidArgument);
 }

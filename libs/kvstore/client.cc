@@ -148,9 +148,10 @@ std::function<bool(grpc::ByteBuffer*)> Once(const grpc::ByteBuffer& buffer) {
 }  // namespace
 
 KVClient::KVClient(ClientOptions options)
-    : options_(std::move(options)),
-      compression_(options_.compression),
-      pool_(std::make_unique<ElasticThreadPool>()) {}
+    : options_(std::move(options)), pool_(std::make_unique<ElasticThreadPool>()) {
+  absl::Status compression = encoder_.SetCompression(options_.compression);
+  DT_CHECK(compression.ok()) << compression;  // Connect validated it
+}
 
 KVClient::~KVClient() {
   pool_.reset();  // finishes operations in flight while keys_ and channels_ exist
@@ -175,6 +176,7 @@ absl::StatusOr<std::unique_ptr<KVClient>> KVClient::Connect(ClientOptions option
         " for headers"));
   }
   if (options.max_attempts < 1) options.max_attempts = 1;
+  DT_RETURN_IF_ERROR(Annotate(ValidateCompression(options.compression), "kvstore client"));
   if (options.replicas < 1 || options.servers.size() % static_cast<size_t>(options.replicas) != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "kvstore client: ", options.servers.size(), " servers are not ", options.replicas,
@@ -213,9 +215,8 @@ class KVClient::TrackedCall {
   grpc::ClientContext* const ctx_;
 };
 
-absl::Status KVClient::SetPushCompression(Compression compression) {
-  compression_.store(compression);
-  return absl::OkStatus();
+absl::Status KVClient::SetPushCompression(const CompressionSpec& compression) {
+  return encoder_.SetCompression(compression);
 }
 
 void KVClient::Cancel(const std::string& reason) {
@@ -720,19 +721,16 @@ int64_t SliceBytes(const SliceSpec& spec) {
   return spec.count * static_cast<int64_t>(DTypeSize(spec.dtype));
 }
 
-// The slice's source values as they go on the wire: the caller's memory
-// itself (pinned by `token`), or a converted copy.
-grpc::Slice WireSlice(const SliceSpec& spec, const char* src, Compression compression,
-                      const std::shared_ptr<PinToken>& token) {
-  const DType wire = WireDType(spec.dtype, compression);
-  if (wire == spec.dtype) {
+// The slice's pushed values as they go on the wire: the caller's memory
+// itself (pinned by `token`), or their encoding (push_encoder.h).
+absl::StatusOr<grpc::Slice> WireSlice(PushEncoder& encoder, const CompressionSpec& compression,
+                                      const SliceSpec& spec, int64_t round, const char* src,
+                                      const std::shared_ptr<PinToken>& token) {
+  DT_ASSIGN_OR_RETURN(std::shared_ptr<const std::string> encoded,
+                      encoder.Encode(compression, spec, round, src));
+  if (encoded == nullptr) {
     return wire::SharedSlice(token, src, static_cast<size_t>(SliceBytes(spec)));
   }
-  std::vector<float> values(static_cast<size_t>(spec.count));
-  absl::string_view whole(src, static_cast<size_t>(SliceBytes(spec)));
-  absl::Status decoded = DecodeValue({whole}, spec.dtype, spec.count, values.data(), false);
-  DT_CHECK(decoded.ok()) << decoded;
-  auto encoded = std::make_shared<std::string>(EncodeToString(values.data(), spec.count, wire));
   const char* data = encoded->data();
   size_t size = encoded->size();
   return wire::SharedSlice(std::move(encoded), data, size);
@@ -819,11 +817,12 @@ absl::Status KVClient::PushOnce(int server, const std::vector<SliceOp>& work, bo
   DT_ASSIGN_OR_RETURN(Endpoint to, Route(server, /*write=*/true));
   const std::string& address = to.address;
   grpc::Channel* const channel = to.channel.get();
-  const Compression compression = compression_.load();
+  const CompressionSpec compression = encoder_.compression();
   v1::PushRequest header;
   header.set_job(options_.job);
   header.set_worker(options_.worker);
-  header.set_compression(ToProto(compression));
+  header.set_compression(ToProto(compression.method));
+  header.set_topk_ratio(compression.topk_ratio);
   auto token = std::make_shared<PinToken>(state);
   std::vector<grpc::Slice> values;
   for (const SliceOp& w : work) {
@@ -833,7 +832,9 @@ absl::Status KVClient::PushOnce(int server, const std::vector<SliceOp>& work, bo
     item->set_round(w.round);
     item->set_dtype(static_cast<int>(w.slice->spec.dtype));
     for (int64_t d : w.slice->spec.shape) item->add_shape(d);
-    values.push_back(WireSlice(w.slice->spec, w.src, compression, token));
+    DT_ASSIGN_OR_RETURN(grpc::Slice value,
+                        WireSlice(encoder_, compression, w.slice->spec, w.round, w.src, token));
+    values.push_back(std::move(value));
   }
   // Chunk the values into messages of chunk_bytes; the first carries the header.
   std::vector<grpc::ByteBuffer> messages;

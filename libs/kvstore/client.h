@@ -87,6 +87,7 @@
 #include "absl/time/time.h"
 #include "libs/kvstore/parameter_server.h"
 #include "libs/kvstore/placement.h"
+#include "libs/kvstore/push_encoder.h"
 #include "libs/kvstore/types.h"
 
 namespace grpc {
@@ -115,9 +116,9 @@ struct ClientOptions {
   // The job's kvstore capability (libs/security/job_token.h), sent with
   // every call; "" sends none (shards without a cluster secret).
   std::string token;
-  // Encoding of pushed f32 values (halves push traffic; see Compression);
-  // SetPushCompression changes it later.
-  Compression compression = Compression::kNone;
+  // Encoding of pushed values (f16/bf16 halve push traffic, top-k sends a
+  // fraction of it; see Compression); SetPushCompression changes it later.
+  CompressionSpec compression;
   PlacementOptions placement;
   // Value bytes per message. 1 MiB keeps messages far below the default
   // 4 MiB limit while amortizing per-message costs.
@@ -170,8 +171,8 @@ class KVClient : public ParameterServer {
   // `reason`; DeleteJob and LeaveJob still work. Irreversible.
   void Cancel(const std::string& reason) override;
 
-  // Pushes issued from now on encode f32 values as `compression`.
-  absl::Status SetPushCompression(Compression compression) override;
+  // Pushes issued from now on encode values as `compression`.
+  absl::Status SetPushCompression(const CompressionSpec& compression) override;
 
   // Places the keys and creates their slices on the shards (idempotent: a
   // key that exists with the same spec keeps its value). Every worker calls
@@ -254,7 +255,7 @@ class KVClient : public ParameterServer {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(map_mu_);
 
   const ClientOptions options_;
-  std::atomic<Compression> compression_;  // of pushes, from options_.compression
+  PushEncoder encoder_;  // of pushes, from options_.compression
   int num_shards_ = 0;
   std::vector<std::shared_ptr<grpc::Channel>> channels_;  // by server (unreplicated)
   // Replicated: the map followed, and a channel per replica address.

@@ -4,6 +4,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 
 namespace dtrain {
@@ -54,6 +55,56 @@ TEST(CodecTest, RejectsWrongSizesAndTypesWithoutWriting) {
   EXPECT_EQ(out, std::vector<float>(4, 9.0f));
   EXPECT_FALSE(DecodeValue({bytes}, DType::kI32, 3, out.data(), false).ok());
   EXPECT_EQ(TotalBytes(Cut(bytes, {5})), 12u);
+}
+
+// A top-k push of the given (index, value) pairs.
+std::string TopKPairs(const std::vector<std::pair<uint32_t, float>>& pairs) {
+  std::string out;
+  for (const auto& [index, value] : pairs) {
+    out.append(reinterpret_cast<const char*>(&index), 4);
+    out.append(reinterpret_cast<const char*>(&value), 4);
+  }
+  return out;
+}
+
+TEST(CodecTest, TopKPushScattersAcrossPieceBoundaries) {
+  const CompressionSpec c(Compression::kTopK, 0.3);  // k = 3 of 10
+  std::string bytes = TopKPairs({{0, 1.5f}, {4, -2.0f}, {9, 8.0f}});
+  for (std::vector<size_t> sizes : {std::vector<size_t>{}, {3}, {5, 9}, {8, 8}, {1, 1, 1, 20}}) {
+    std::vector<absl::string_view> pieces = Cut(bytes, sizes);
+    ASSERT_TRUE(CheckPushValue(pieces, c, DType::kF32, 10).ok());
+    std::vector<float> out(10, 7.0f);
+    DecodePush(pieces, c, DType::kF32, 10, out.data(), /*accumulate=*/false);
+    EXPECT_EQ(out, (std::vector<float>{1.5f, 0, 0, 0, -2.0f, 0, 0, 0, 0, 8.0f}));
+    DecodePush(pieces, c, DType::kF32, 10, out.data(), /*accumulate=*/true);
+    EXPECT_EQ(out, (std::vector<float>{3.0f, 0, 0, 0, -4.0f, 0, 0, 0, 0, 16.0f}));
+  }
+  // An index named twice adds twice (the honest encoder never does this).
+  std::string twice = TopKPairs({{2, 1.0f}, {2, 2.0f}, {3, 1.0f}});
+  ASSERT_TRUE(CheckPushValue({twice}, c, DType::kF32, 10).ok());
+  std::vector<float> out(10, 0.0f);
+  DecodePush({twice}, c, DType::kF32, 10, out.data(), true);
+  EXPECT_EQ(out[2], 3.0f);
+}
+
+TEST(CodecTest, TopKPushRefusesHostileIndicesAndSizes) {
+  const CompressionSpec c(Compression::kTopK, 0.3);
+  for (uint32_t bad : {10u, 11u, 0x7fffffffu, 0x80000000u, 0xffffffffu}) {
+    std::string bytes = TopKPairs({{0, 1.0f}, {1, 1.0f}, {bad, 1.0f}});
+    absl::Status s = CheckPushValue(Cut(bytes, {13}), c, DType::kF32, 10);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_NE(s.message().find(absl::StrCat("pair 2 names index ", bad)), absl::string_view::npos)
+        << s;
+  }
+  std::string short_push = TopKPairs({{0, 1.0f}, {1, 1.0f}});
+  absl::Status s = CheckPushValue({short_push}, c, DType::kF32, 10);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("expected 24"), absl::string_view::npos) << s;
+  // A dense push of the wrong size.
+  std::string dense(12, '\0');
+  EXPECT_EQ(CheckPushValue({dense}, Compression::kF16, DType::kF32, 4).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(CheckPushValue({dense}, Compression::kNone, DType::kF32, 3).ok());
 }
 
 }  // namespace

@@ -338,9 +338,10 @@ absl::Status InProcessParameterServer::RunOnShard(Op op, int shard,
   if (is_cancelled_) return cancelled();
   Store& store = *shards_->stores[static_cast<size_t>(shard)];
   if (op != Op::kPull) {
-    const Compression compression = compression_.load();
+    const CompressionSpec compression = encoder_.compression();
     std::vector<PushItem> items(work.size());
-    std::vector<std::string> encoded(work.size());  // values in a wire dtype of their own
+    // As the gRPC client sends them (client.cc WireSlice).
+    std::vector<std::shared_ptr<const std::string>> encoded(work.size());
     for (size_t i = 0; i < work.size(); ++i) {
       const SliceSpec& spec = work[i].slice->spec;
       items[i].key = spec.key;
@@ -348,13 +349,12 @@ absl::Status InProcessParameterServer::RunOnShard(Op op, int shard,
       items[i].round = work[i].round;
       items[i].dtype = spec.dtype;
       items[i].shape = spec.shape;
-      const DType wire = WireDType(spec.dtype, compression);
-      if (wire == spec.dtype) {
+      DT_ASSIGN_OR_RETURN(encoded[i],
+                          encoder_.Encode(compression, spec, work[i].round, work[i].src));
+      if (encoded[i] == nullptr) {
         items[i].data.emplace_back(work[i].src, static_cast<size_t>(SliceBytes(spec)));
       } else {
-        // As the gRPC client sends it (client.cc WireSlice): f32 narrowed.
-        encoded[i] = EncodeToString(reinterpret_cast<const float*>(work[i].src), spec.count, wire);
-        items[i].data.emplace_back(encoded[i]);
+        items[i].data.emplace_back(*encoded[i]);
       }
     }
     DT_RETURN_IF_ERROR(store.Push(job_, worker_, compression, items).status());
@@ -383,9 +383,8 @@ absl::Status InProcessParameterServer::RunOnShard(Op op, int shard,
   return absl::OkStatus();
 }
 
-absl::Status InProcessParameterServer::SetPushCompression(Compression compression) {
-  compression_.store(compression);
-  return absl::OkStatus();
+absl::Status InProcessParameterServer::SetPushCompression(const CompressionSpec& compression) {
+  return encoder_.SetCompression(compression);
 }
 
 absl::StatusOr<int64_t> InProcessParameterServer::PushedRound(const std::string& key) const {

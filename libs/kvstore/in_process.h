@@ -57,6 +57,7 @@
 #include "absl/time/time.h"
 #include "libs/kvstore/parameter_server.h"
 #include "libs/kvstore/placement.h"
+#include "libs/kvstore/push_encoder.h"
 #include "libs/kvstore/store.h"
 #include "libs/kvstore/types.h"
 
@@ -120,7 +121,7 @@ class InProcessParameterServer : public ParameterServer {
   absl::Status LeaveJob() override;
   // A waiting pull notices within a few milliseconds.
   void Cancel(const std::string& reason) override;
-  absl::Status SetPushCompression(Compression compression) override;
+  absl::Status SetPushCompression(const CompressionSpec& compression) override;
   absl::Status Init(const std::vector<KeySpec>& keys) override;
 
   Work PushAsync(std::vector<PushSource> items) override;
@@ -159,7 +160,7 @@ class InProcessParameterServer : public ParameterServer {
   absl::flat_hash_map<std::string, std::unique_ptr<Key>> keys_ ABSL_GUARDED_BY(mu_);
   absl::Status cancelled_ ABSL_GUARDED_BY(mu_);
   std::atomic<bool> is_cancelled_{false};
-  std::atomic<Compression> compression_{Compression::kNone};
+  PushEncoder encoder_;
   std::unique_ptr<ElasticThreadPool> pool_;  // last: destroyed (joined) first
 };
 

@@ -150,14 +150,17 @@ class ParameterServer {
   // Push then pull of the pushed round.
   virtual Work PushPullAsync(std::vector<PushPullItem> items) = 0;
 
-  // How later pushes encode f32 values on their way to the shards (types.h,
-  // Compression: f16 or bf16 halve push traffic; the shards widen them to
-  // f32 before summing, so pulls stay f32). Keys of other dtypes travel in
-  // their own. kUnimplemented from an implementation without compression.
-  virtual absl::Status SetPushCompression(Compression compression) {
-    if (compression == Compression::kNone) return absl::OkStatus();
+  // How later pushes encode values on their way to the shards (types.h,
+  // Compression): f16 or bf16 halve push traffic (the shards widen them to
+  // f32 before summing; keys of other dtypes travel in their own); top-k
+  // sends each slice's largest entries and carries the rest into the
+  // worker's next push of the slice (push_encoder.h). Pulls stay dense.
+  // kInvalidArgument for an invalid spec; kUnimplemented from an
+  // implementation without compression.
+  virtual absl::Status SetPushCompression(const CompressionSpec& compression) {
+    if (compression.method == Compression::kNone) return absl::OkStatus();
     return absl::UnimplementedError(absl::StrCat("this parameter server has no push compression (",
-                                                 CompressionName(compression), ")"));
+                                                 DescribeCompression(compression), ")"));
   }
 
   // A replacement for a lost worker (same worker id) of a running job with

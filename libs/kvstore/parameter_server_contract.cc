@@ -207,6 +207,115 @@ TEST_P(ParameterServerContractTest, PushCompressionRoundsEachWorkersPushesToItsE
   round(2 * x);  // exact
 }
 
+// Top-k with error feedback: a round's sum is the sum of what the workers
+// sent (each slice's k largest entries of gradient + residual), and what a
+// worker did not send reaches the shards in its later rounds.
+TEST_P(ParameterServerContractTest, TopKPushSendsTheLargestEntriesAndCarriesTheRest) {
+  constexpr int64_t kN = 16;  // one slice; k = 4
+  const JobConfig config = Config("topk", 2, Consistency::kSync);
+  std::vector<std::unique_ptr<ParameterServer>> w;
+  w.push_back(Connect(config.job, 0));
+  w.push_back(Connect(config.job, 1));
+  ASSERT_TRUE(CreateJobAndInit(w, config, {{"w", {kN}}}));
+  for (const auto& worker : w) {
+    ASSERT_TRUE(worker->SetPushCompression({Compression::kTopK, 0.25}).ok());
+  }
+  // Worker 0's largest entries are at the top, worker 1's at the bottom.
+  std::vector<std::vector<float>> first(2, Filled(kN, 0));
+  for (int64_t i = 0; i < kN; ++i) {
+    first[0][static_cast<size_t>(i)] = static_cast<float>(i + 1);
+    first[1][static_cast<size_t>(i)] = -static_cast<float>(kN - i);
+  }
+  auto round = [&](const std::vector<std::vector<float>>& g) {
+    std::vector<std::vector<float>> out(2, Filled(kN, -99));
+    std::vector<absl::Status> status(2);
+    std::thread other([&] { status[1] = w[1]->PushPull({{"w", g[1].data(), out[1].data()}}); });
+    status[0] = w[0]->PushPull({{"w", g[0].data(), out[0].data()}});
+    other.join();
+    EXPECT_TRUE(status[0].ok()) << status[0];
+    EXPECT_TRUE(status[1].ok()) << status[1];
+    EXPECT_EQ(out[0], out[1]);
+    return out[0];
+  };
+  std::vector<float> sum1 = round(first);
+  std::vector<float> want1 = Filled(kN, 0);
+  for (int64_t i : {0, 1, 2, 3}) want1[static_cast<size_t>(i)] = first[1][static_cast<size_t>(i)];
+  for (int64_t i : {12, 13, 14, 15}) {
+    want1[static_cast<size_t>(i)] = first[0][static_cast<size_t>(i)];
+  }
+  EXPECT_EQ(sum1, want1);
+  // No new gradient: round 2 sends the next largest of what was held back.
+  const std::vector<std::vector<float>> zero(2, Filled(kN, 0));
+  std::vector<float> sum2 = round(zero);
+  std::vector<float> want2 = Filled(kN, 0);
+  for (int64_t i : {4, 5, 6, 7}) want2[static_cast<size_t>(i)] = first[1][static_cast<size_t>(i)];
+  for (int64_t i : {8, 9, 10, 11}) {
+    want2[static_cast<size_t>(i)] = first[0][static_cast<size_t>(i)];
+  }
+  EXPECT_EQ(sum2, want2);
+  // Two more rounds drain the residuals: every entry arrived once.
+  std::vector<float> total = sum1;
+  for (int r = 0; r < 3; ++r) {
+    std::vector<float> sum = r == 0 ? sum2 : round(zero);
+    for (int64_t i = 0; i < kN; ++i) total[static_cast<size_t>(i)] += sum[static_cast<size_t>(i)];
+  }
+  for (int64_t i = 0; i < kN; ++i) {
+    const size_t j = static_cast<size_t>(i);
+    EXPECT_EQ(total[j], first[0][j] + first[1][j]) << i;
+  }
+  EXPECT_EQ(round(zero), Filled(kN, 0)) << "nothing is left to send";
+
+  // An invalid ratio is refused; the compression in force stays.
+  EXPECT_EQ(w[0]->SetPushCompression({Compression::kTopK, 0}).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(w[0]->SetPushCompression({Compression::kTopK, 2}).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+// A sliced key: each slice sends its own k entries with indices within the
+// slice, and they land at their places in the key.
+TEST_P(ParameterServerContractTest, TopKPushOfASlicedKeyLandsEachEntryInPlace) {
+  const JobConfig config = Config("topk-sliced", 2, Consistency::kSync);
+  std::vector<std::unique_ptr<ParameterServer>> w;
+  w.push_back(Connect(config.job, 0));
+  w.push_back(Connect(config.job, 1));
+  ASSERT_TRUE(CreateJobAndInit(w, config, {{"w", {kSlicedElements}}}));
+  for (const auto& worker : w) {
+    ASSERT_TRUE(worker->SetPushCompression({Compression::kTopK, 0.5}).ok());
+  }
+  std::vector<std::vector<float>> g(2, Filled(kSlicedElements, 0));
+  for (int64_t i = 0; i < kSlicedElements; ++i) {
+    g[0][static_cast<size_t>(i)] = static_cast<float>(i % 1000 + 1);
+    g[1][static_cast<size_t>(i)] = -static_cast<float>((i * 7) % 1000 + 1);
+  }
+  const std::vector<std::vector<float>> zero(2, Filled(kSlicedElements, 0));
+  std::vector<float> total = Filled(kSlicedElements, 0);
+  int64_t nonzero_first = 0;
+  for (int r = 0; r < 2; ++r) {  // ratio 0.5: two rounds send everything
+    const auto& grad = r == 0 ? g : zero;
+    std::vector<std::vector<float>> out(2, Filled(kSlicedElements, -99));
+    std::vector<absl::Status> status(2);
+    std::thread other([&] { status[1] = w[1]->PushPull({{"w", grad[1].data(), out[1].data()}}); });
+    status[0] = w[0]->PushPull({{"w", grad[0].data(), out[0].data()}});
+    other.join();
+    ASSERT_TRUE(status[0].ok()) << status[0];
+    ASSERT_TRUE(status[1].ok()) << status[1];
+    for (int64_t i = 0; i < kSlicedElements; ++i) {
+      const float v = out[0][static_cast<size_t>(i)];
+      if (r == 0 && v != 0) ++nonzero_first;
+      total[static_cast<size_t>(i)] += v;
+    }
+  }
+  // Each worker sent half of each slice in round 1: their union is more
+  // than half of the key and (their largest entries lie apart) not all.
+  EXPECT_GE(nonzero_first, kSlicedElements / 2);
+  EXPECT_LT(nonzero_first, kSlicedElements);
+  for (int64_t i = 0; i < kSlicedElements; ++i) {
+    const size_t j = static_cast<size_t>(i);
+    ASSERT_EQ(total[j], g[0][j] + g[1][j]) << "element " << i;
+  }
+}
+
 // ASYNC with SGD on the server: every push is applied on arrival, whichever
 // worker sends it, and a pull returns the weights at once.
 TEST_P(ParameterServerContractTest, AsyncServerSideSgdAppliesEachPush) {

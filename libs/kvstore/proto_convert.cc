@@ -108,6 +108,8 @@ v1::Compression ToProto(Compression c) {
       return v1::COMPRESSION_F16;
     case Compression::kBF16:
       return v1::COMPRESSION_BF16;
+    case Compression::kTopK:
+      return v1::COMPRESSION_TOPK;
   }
   return v1::COMPRESSION_NONE;
 }
@@ -120,9 +122,20 @@ absl::StatusOr<Compression> FromProto(v1::Compression p) {
       return Compression::kF16;
     case v1::COMPRESSION_BF16:
       return Compression::kBF16;
+    case v1::COMPRESSION_TOPK:
+      return Compression::kTopK;
     default:
       return absl::InvalidArgumentError(absl::StrCat("unknown compression ", static_cast<int>(p)));
   }
+}
+
+absl::StatusOr<CompressionSpec> CompressionFromProto(v1::Compression method, double topk_ratio) {
+  absl::StatusOr<Compression> m = FromProto(method);
+  if (!m.ok()) return m.status();
+  CompressionSpec c(*m, topk_ratio);
+  absl::Status valid = ValidateCompression(c);
+  if (!valid.ok()) return valid;
+  return c;
 }
 
 v1::GetJobResponse ToProto(const JobStatus& s) {

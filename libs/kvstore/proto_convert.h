@@ -26,6 +26,10 @@ absl::StatusOr<SliceSpec> FromProto(const v1::SliceSpec& proto);
 
 v1::Compression ToProto(Compression compression);
 absl::StatusOr<Compression> FromProto(v1::Compression proto);
+// A push's compression from its header (compression, topk_ratio):
+// kInvalidArgument for an unknown method or a ratio ValidateCompression
+// refuses.
+absl::StatusOr<CompressionSpec> CompressionFromProto(v1::Compression method, double topk_ratio);
 
 // A key's dtype as sent in a message: kInvalidArgument for an unknown code.
 absl::StatusOr<DType> DTypeFromWire(int32_t code);

@@ -30,9 +30,16 @@ TEST(ProtoConvertTest, RoundTrips) {
   s.count = 10;
   EXPECT_EQ(*FromProto(ToProto(s)), s);
 
-  for (Compression k : {Compression::kNone, Compression::kF16, Compression::kBF16}) {
+  for (Compression k :
+       {Compression::kNone, Compression::kF16, Compression::kBF16, Compression::kTopK}) {
     EXPECT_EQ(*FromProto(ToProto(k)), k);
   }
+  EXPECT_EQ(*CompressionFromProto(v1::COMPRESSION_TOPK, 0.1),
+            CompressionSpec(Compression::kTopK, 0.1));
+  EXPECT_EQ(CompressionFromProto(v1::COMPRESSION_TOPK, 0).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(CompressionFromProto(v1::COMPRESSION_F16, 0.1).status().code(),
+            absl::StatusCode::kInvalidArgument);
   JobStatus status;
   status.config = c;
   status.shard_index = 2;

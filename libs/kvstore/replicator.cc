@@ -53,7 +53,8 @@ absl::StatusOr<MutationResult> ApplyMutation(Store* store, const v1::Mutation& m
         return absl::InvalidArgumentError(absl::StrCat("replicated push: ", p.data_size(),
                                                        " values for ", p.items_size(), " items"));
       }
-      DT_ASSIGN_OR_RETURN(Compression compression, FromProto(p.compression()));
+      DT_ASSIGN_OR_RETURN(CompressionSpec compression,
+                          CompressionFromProto(p.compression(), p.topk_ratio()));
       std::vector<PushItem> items;
       for (int i = 0; i < p.items_size(); ++i) {
         const v1::PushItem& proto = p.items(i);

@@ -335,10 +335,11 @@ absl::StatusOr<InitResult> Store::Init(absl::string_view job_name,
 }
 
 absl::StatusOr<int64_t> Store::ExpectedPushBytes(absl::string_view job_name, absl::string_view key,
-                                                 int32_t slice, Compression compression) const {
+                                                 int32_t slice,
+                                                 const CompressionSpec& compression) const {
   DT_ASSIGN_OR_RETURN(std::shared_ptr<Job> job, FindJob(job_name));
   DT_ASSIGN_OR_RETURN(std::shared_ptr<Slice> s, FindSlice(*job, key, slice));
-  return s->spec.count * static_cast<int64_t>(DTypeSize(WireDType(s->spec.dtype, compression)));
+  return PushValueBytes(compression, s->spec.dtype, s->spec.count);
 }
 
 namespace {
@@ -380,7 +381,9 @@ void Store::ApplySgd(const JobConfig& config, Slice& s, const float* g) {
 }
 
 absl::StatusOr<PushResult> Store::Push(absl::string_view job_name, int worker,
-                                       Compression compression, absl::Span<const PushItem> items) {
+                                       const CompressionSpec& compression,
+                                       absl::Span<const PushItem> items) {
+  DT_RETURN_IF_ERROR(ValidateCompression(compression));
   DT_ASSIGN_OR_RETURN(std::shared_ptr<Job> job, FindJob(job_name));
   DT_RETURN_IF_ERROR(CheckWorker(*job, worker));
   const JobConfig& config = job->config;
@@ -425,13 +428,10 @@ absl::StatusOr<PushResult> Store::Push(absl::string_view job_name, int worker,
           absl::StrCat(SliceName(job_name, spec), ": push has shape ", ShapeString(item.shape),
                        " but the key was initialized with shape ", ShapeString(spec.shape)));
     }
-    const DType wire = WireDType(spec.dtype, compression);
-    const size_t want = static_cast<size_t>(spec.count) * DTypeSize(wire);
-    const size_t got = TotalBytes(item.data);
-    if (got != want) {
+    absl::Status value_ok = CheckPushValue(item.data, compression, spec.dtype, spec.count);
+    if (!value_ok.ok()) {
       return absl::InvalidArgumentError(
-          absl::StrCat(SliceName(job_name, spec), ": push carries ", got, " bytes, expected ", want,
-                       " (", spec.count, " elements as ", DTypeName(wire), ")"));
+          absl::StrCat(SliceName(job_name, spec), ": ", value_ok.message()));
     }
     if (item.round < 1) {
       return absl::InvalidArgumentError(absl::StrCat(SliceName(job_name, spec), ": round ",
@@ -471,15 +471,13 @@ absl::StatusOr<PushResult> Store::Push(absl::string_view job_name, int worker,
     Slice& s = *slices[i];
     s.mu.AssertHeld();
     const int64_t n = s.spec.count;
-    const DType wire = WireDType(s.spec.dtype, compression);
-    absl::Status decoded;
+    const DType key_dtype = s.spec.dtype;
     if (config.consistency == Consistency::kSync) {
       if (s.pending == 0) {
-        decoded = DecodeValue(item.data, wire, n, Fresh(s.accum, n), /*accumulate=*/false);
+        DecodePush(item.data, compression, key_dtype, n, Fresh(s.accum, n), /*accumulate=*/false);
       } else {
-        decoded = DecodeValue(item.data, wire, n, Exclusive(s.accum), /*accumulate=*/true);
+        DecodePush(item.data, compression, key_dtype, n, Exclusive(s.accum), /*accumulate=*/true);
       }
-      DT_CHECK(decoded.ok()) << decoded;
       s.pushed[static_cast<size_t>(worker)] = item.round;
       if (++s.pending == config.num_workers) {
         if (config.optimizer == OptimizerKind::kSgd) {
@@ -500,19 +498,17 @@ absl::StatusOr<PushResult> Store::Push(absl::string_view job_name, int worker,
       if (config.optimizer == OptimizerKind::kNone) {
         float* value = Exclusive(s.value);
         if (config.gradient_scale == 1) {
-          decoded = DecodeValue(item.data, wire, n, value, /*accumulate=*/true);
+          DecodePush(item.data, compression, key_dtype, n, value, /*accumulate=*/true);
         } else {
           float* g = Fresh(s.accum, n);
-          decoded = DecodeValue(item.data, wire, n, g, /*accumulate=*/false);
+          DecodePush(item.data, compression, key_dtype, n, g, /*accumulate=*/false);
           const float scale = static_cast<float>(config.gradient_scale);
           for (int64_t k = 0; k < n; ++k) value[k] += scale * g[k];
           s.accum.reset();
         }
-        DT_CHECK(decoded.ok()) << decoded;
       } else {
         float* g = Fresh(s.accum, n);
-        decoded = DecodeValue(item.data, wire, n, g, /*accumulate=*/false);
-        DT_CHECK(decoded.ok()) << decoded;
+        DecodePush(item.data, compression, key_dtype, n, g, /*accumulate=*/false);
         ApplySgd(config, s, g);
       }
       s.pushed[static_cast<size_t>(worker)] = item.round;

@@ -127,7 +127,8 @@ struct PushItem {
   // The key's dtype and shape as the pusher knows them; checked against Init.
   DType dtype = DType::kF32;
   std::vector<int64_t> shape;
-  // The gradient in WireDType(dtype, compression), in pieces.
+  // The gradient as the push's compression encodes it (codec.h,
+  // PushValueBytes), in pieces.
   std::vector<absl::string_view> data;
 };
 
@@ -217,11 +218,15 @@ class Store {
   // `job` with `compression`; lets a server reject oversized streams before
   // reading them. Errors as for Push.
   absl::StatusOr<int64_t> ExpectedPushBytes(absl::string_view job, absl::string_view key,
-                                            int32_t slice, Compression compression) const;
+                                            int32_t slice,
+                                            const CompressionSpec& compression) const;
 
   // Applies a worker's gradients for a batch of slices (see the file
-  // comment); all or none.
-  absl::StatusOr<PushResult> Push(absl::string_view job, int worker, Compression compression,
+  // comment); all or none. A top-k push (codec.h) is scattered into the
+  // round's sum; an index outside its slice is kInvalidArgument naming the
+  // key, slice and index.
+  absl::StatusOr<PushResult> Push(absl::string_view job, int worker,
+                                  const CompressionSpec& compression,
                                   absl::Span<const PushItem> items);
 
   // Reads a batch of slices, waiting for their rounds as the job's

@@ -344,6 +344,75 @@ TEST_F(StoreTest, CompressedPushesAndHalfPrecisionKeys) {
   EXPECT_EQ((*hv)[0].bytes.view(), h16);
 }
 
+// Top-k (index, value) pairs (codec.h).
+std::string Pairs(const std::vector<std::pair<uint32_t, float>>& pairs) {
+  std::string out;
+  for (const auto& [index, value] : pairs) {
+    out.append(reinterpret_cast<const char*>(&index), 4);
+    out.append(reinterpret_cast<const char*>(&value), 4);
+  }
+  return out;
+}
+
+TEST_F(StoreTest, TopKPushesScatterIntoTheRoundsSum) {
+  const CompressionSpec topk(Compression::kTopK, 0.5);  // k = 2 of 4
+  SetUpJob(Config(2));
+  EXPECT_EQ(*store_.ExpectedPushBytes("j", "w", 0, topk), 2 * kTopKPairBytes);
+  std::string p0 = Pairs({{0, 1.5f}, {3, -2.0f}});
+  std::string p1 = Pairs({{1, 4.0f}, {3, 0.5f}});
+  ASSERT_TRUE(store_.Push("j", 0, topk, {{"w", 0, 1, DType::kF32, {4}, {p0}}}).ok());
+  // The other worker's pairs add to the same round; index 3 gets both.
+  ASSERT_TRUE(store_.Push("j", 1, topk, {{"w", 0, 1, DType::kF32, {4}, {p1}}}).ok());
+  EXPECT_EQ(*Pull(0, 1), (std::vector<float>{1.5f, 4.0f, 0.0f, -1.5f}));
+  // Round 2 mixes top-k and dense pushes; zeros where top-k sent nothing.
+  ASSERT_TRUE(
+      store_.Push("j", 0, topk, {{"w", 0, 2, DType::kF32, {4}, {Pairs({{2, 1}, {1, 1}})}}}).ok());
+  ASSERT_TRUE(Push(1, 2, {10, 10, 10, 10}).ok());
+  EXPECT_EQ(*Pull(0, 2), (std::vector<float>{10, 11, 11, 10}));
+}
+
+TEST_F(StoreTest, TopKPushesWithHostileIndicesChangeNothing) {
+  const CompressionSpec topk(Compression::kTopK, 0.5);
+  JobConfig c = Config(1, Consistency::kAsync);
+  c.optimizer = OptimizerKind::kSgd;
+  c.learning_rate = 1;
+  SetUpJob(c);
+  ASSERT_TRUE(store_.Init("j", {{Spec("v", {4}), {}}}).ok());
+  std::string good = Pairs({{0, 1.0f}, {1, 1.0f}});
+  for (uint32_t bad : {4u, 5u, 1u << 31, 0xffffffffu}) {
+    std::string hostile = Pairs({{0, 1.0f}, {bad, 1.0f}});
+    absl::Status s =
+        store_
+            .Push("j", 0, topk,
+                  {{"v", 0, 1, DType::kF32, {4}, {good}}, {"w", 0, 1, DType::kF32, {4}, {hostile}}})
+            .status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    EXPECT_TRUE(absl::StrContains(s.message(),
+                                  absl::StrCat("key 'w' slice 0: top-k pair 1 names index ", bad)))
+        << s;
+  }
+  // Wrong sizes: one pair short, one pair long, and a ratio of 0.
+  for (std::string wrong : {Pairs({{0, 1}}), Pairs({{0, 1}, {1, 1}, {2, 1}})}) {
+    EXPECT_EQ(store_.Push("j", 0, topk, {{"w", 0, 1, DType::kF32, {4}, {wrong}}}).status().code(),
+              absl::StatusCode::kInvalidArgument);
+  }
+  EXPECT_EQ(store_
+                .Push("j", 0, CompressionSpec(Compression::kTopK, 0),
+                      {{"w", 0, 1, DType::kF32, {4}, {good}}})
+                .status()
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  // Nothing was applied: both keys are at round 0 with their initial values.
+  EXPECT_EQ(*Pull(0, 0), (std::vector<float>{1, 2, 3, 4}));
+  auto v = store_.Pull("j", 0, {{"v", 0, 0}}, PullOptions());
+  EXPECT_EQ(Floats((*v)[0]), (std::vector<float>{0, 0, 0, 0}));
+  // A good push is applied by SGD to the scattered gradient (zeros elsewhere).
+  ASSERT_TRUE(
+      store_.Push("j", 0, topk, {{"w", 0, 1, DType::kF32, {4}, {Pairs({{1, 0.5f}, {3, 1}})}}})
+          .ok());
+  EXPECT_EQ(*Pull(0, 1), (std::vector<float>{1, 1.5f, 3, 3}));
+}
+
 TEST_F(StoreTest, ExportImportResumesMidRound) {
   JobConfig c = Config(2);
   c.optimizer = OptimizerKind::kSgd;

@@ -1,10 +1,13 @@
 #include "libs/kvstore/types.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/strip.h"
 
 namespace dtrain {
 namespace kvstore {
@@ -29,17 +32,61 @@ const char* CompressionName(Compression c) {
       return "f16";
     case Compression::kBF16:
       return "bf16";
+    case Compression::kTopK:
+      return "topk";
   }
   return "?";
 }
 
-absl::StatusOr<Compression> ParseCompression(absl::string_view name) {
-  for (Compression c : {Compression::kNone, Compression::kF16, Compression::kBF16}) {
-    if (name == CompressionName(c)) return c;
+bool operator==(const CompressionSpec& a, const CompressionSpec& b) {
+  return a.method == b.method && a.topk_ratio == b.topk_ratio;
+}
+
+int64_t TopKCount(double ratio, int64_t n) {
+  if (n <= 0) return 0;
+  const double want = std::ceil(ratio * static_cast<double>(n));
+  if (!(want < static_cast<double>(n))) return n;  // also NaN
+  return std::max<int64_t>(1, static_cast<int64_t>(want));
+}
+
+std::string DescribeCompression(const CompressionSpec& c) {
+  if (c.method != Compression::kTopK) return CompressionName(c.method);
+  return absl::StrCat("topk:", c.topk_ratio);
+}
+
+absl::Status ValidateCompression(const CompressionSpec& c) {
+  if (c.method == Compression::kTopK) {
+    if (!(c.topk_ratio > 0 && c.topk_ratio <= 1)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("top-k ratio ", c.topk_ratio,
+                       " is outside (0, 1] (the fraction of each slice a push sends)"));
+    }
+  } else if (c.topk_ratio != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("compression ", CompressionName(c.method),
+                                                   " takes no ratio (got ", c.topk_ratio, ")"));
   }
-  if (name.empty()) return Compression::kNone;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<CompressionSpec> ParseCompression(absl::string_view name) {
+  for (Compression c : {Compression::kNone, Compression::kF16, Compression::kBF16}) {
+    if (name == CompressionName(c)) return CompressionSpec(c);
+  }
+  if (name.empty()) return CompressionSpec();
+  if (name == "topk") return CompressionSpec(Compression::kTopK, kDefaultTopKRatio);
+  if (absl::ConsumePrefix(&name, "topk:")) {
+    double ratio = 0;
+    if (!absl::SimpleAtod(name, &ratio) || !(ratio > 0 && ratio <= 1)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("top-k ratio '", name,
+                       "' must be a number in (0, 1], the fraction of each slice a push sends "
+                       "(e.g. topk:0.01)"));
+    }
+    return CompressionSpec(Compression::kTopK, ratio);
+  }
   return absl::InvalidArgumentError(
-      absl::StrCat("unknown gradient compression '", name, "' (accepted: none, f16, bf16)"));
+      absl::StrCat("unknown gradient compression '", name,
+                   "' (accepted: none, f16, bf16, topk, topk:<ratio> with ratio in (0, 1])"));
 }
 
 const char* OptimizerName(OptimizerKind o) {
@@ -187,6 +234,8 @@ DType WireDType(DType key_dtype, Compression compression) {
       return DType::kF16;
     case Compression::kBF16:
       return DType::kBF16;
+    case Compression::kTopK:
+      return DType::kF32;
   }
   return key_dtype;
 }

@@ -35,14 +35,45 @@ enum class Consistency { kSync, kAsync, kBoundedDelay };
 enum class OptimizerKind { kNone, kSgd };
 
 // Wire encoding of pushed values (protos/kvstore.proto, Compression).
-enum class Compression { kNone, kF16, kBF16 };
+// kTopK: each push of a slice carries only its k largest-magnitude entries
+// as (index, f32 value) pairs; the worker keeps what it did not send and
+// adds it to its next push of the slice (error feedback).
+enum class Compression { kNone, kF16, kBF16, kTopK };
+
+// A compression with its parameter: what a job spec names and what a push
+// travels with.
+struct CompressionSpec {
+  Compression method = Compression::kNone;
+  // kTopK only (0 otherwise): the fraction of a slice's elements a push
+  // sends, in (0, 1]; a slice of n elements sends TopKCount(ratio, n).
+  double topk_ratio = 0;
+
+  CompressionSpec() = default;
+  // Implicit: a method without parameters (kNone, kF16, kBF16).
+  CompressionSpec(Compression m) : method(m) {}  // NOLINT(runtime/explicit)
+  CompressionSpec(Compression m, double ratio) : method(m), topk_ratio(ratio) {}
+};
+bool operator==(const CompressionSpec& a, const CompressionSpec& b);
+inline bool operator!=(const CompressionSpec& a, const CompressionSpec& b) { return !(a == b); }
+
+// The ratio `topk` alone means.
+inline constexpr double kDefaultTopKRatio = 0.01;
+
+// k = max(1, ceil(ratio * n)), at most n; 0 for an empty slice.
+int64_t TopKCount(double ratio, int64_t n);
 
 const char* ConsistencyName(Consistency c);  // "sync", "async", "bounded_delay"
-const char* CompressionName(Compression c);  // "none", "f16", "bf16"
+const char* CompressionName(Compression c);  // "none", "f16", "bf16", "topk"
+// "none", "f16", "bf16", "topk:0.01": what ParseCompression reads back.
+std::string DescribeCompression(const CompressionSpec& c);
 // The compression a job spec names (JobSpec sync.gradient_compression,
-// `trainctl submit --gradient_compression`): "" or "none", "f16", "bf16";
-// kInvalidArgument listing the accepted names otherwise.
-absl::StatusOr<Compression> ParseCompression(absl::string_view name);
+// `trainctl submit --gradient_compression`): "" or "none", "f16", "bf16",
+// "topk" (ratio kDefaultTopKRatio) or "topk:<ratio>" with ratio in (0, 1];
+// kInvalidArgument naming the accepted forms otherwise.
+absl::StatusOr<CompressionSpec> ParseCompression(absl::string_view name);
+// kInvalidArgument unless kTopK has a finite ratio in (0, 1] and the other
+// methods have none (a push's header is checked with it).
+absl::Status ValidateCompression(const CompressionSpec& c);
 const char* OptimizerName(OptimizerKind o);  // "none", "sgd"
 
 struct JobConfig {
@@ -125,7 +156,8 @@ struct JobStatus {
   std::vector<SliceStatus> slices;  // filled on request
 };
 
-// The dtype values travel in for a push of a `key_dtype` key.
+// The dtype values travel in for a push of a `key_dtype` key (kTopK: the
+// pairs' values are f32).
 DType WireDType(DType key_dtype, Compression compression);
 
 }  // namespace kvstore

@@ -72,15 +72,33 @@ TEST(TypesTest, SliceSpecValidation) {
 
 TEST(TypesTest, ParseCompressionNamesEveryEncodingAndRejectsOthers) {
   for (Compression c : {Compression::kNone, Compression::kF16, Compression::kBF16}) {
-    absl::StatusOr<Compression> parsed = ParseCompression(CompressionName(c));
+    absl::StatusOr<CompressionSpec> parsed = ParseCompression(CompressionName(c));
     ASSERT_TRUE(parsed.ok()) << parsed.status();
     EXPECT_EQ(*parsed, c);
   }
   EXPECT_EQ(*ParseCompression(""), Compression::kNone);
-  absl::StatusOr<Compression> bad = ParseCompression("fp8");
+  absl::StatusOr<CompressionSpec> bad = ParseCompression("fp8");
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(bad.status().message().find("'fp8'"), std::string::npos) << bad.status();
-  EXPECT_NE(bad.status().message().find("none, f16, bf16"), std::string::npos) << bad.status();
+  EXPECT_NE(bad.status().message().find("none, f16, bf16, topk"), std::string::npos)
+      << bad.status();
+}
+
+TEST(TypesTest, ParseCompressionReadsTopKRatios) {
+  EXPECT_EQ(*ParseCompression("topk"), CompressionSpec(Compression::kTopK, kDefaultTopKRatio));
+  EXPECT_EQ(*ParseCompression("topk:0.05"), CompressionSpec(Compression::kTopK, 0.05));
+  EXPECT_EQ(*ParseCompression("topk:1"), CompressionSpec(Compression::kTopK, 1.0));
+  for (const char* bad : {"topk:0", "topk:-0.1", "topk:1.5", "topk:", "topk:x", "topk:nan"}) {
+    absl::StatusOr<CompressionSpec> parsed = ParseCompression(bad);
+    EXPECT_EQ(parsed.status().code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_NE(parsed.status().message().find("(0, 1]"), std::string::npos) << parsed.status();
+  }
+  const CompressionSpec c(Compression::kTopK, 0.05);
+  EXPECT_EQ(*ParseCompression(DescribeCompression(c)), c);
+  EXPECT_EQ(DescribeCompression(Compression::kBF16), "bf16");
+  EXPECT_TRUE(ValidateCompression(c).ok());
+  EXPECT_FALSE(ValidateCompression({Compression::kTopK, 0}).ok());
+  EXPECT_FALSE(ValidateCompression({Compression::kNone, 0.5}).ok());
 }
 
 }  // namespace

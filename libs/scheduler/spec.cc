@@ -112,10 +112,10 @@ absl::Status ValidateJobSpec(const JobSpec& s) {
     return Bad("sync.max_staleness", "only meaningful with consistency BOUNDED_DELAY");
   }
   if (!s.sync().gradient_compression().empty()) {
-    absl::StatusOr<kvstore::Compression> c =
+    absl::StatusOr<kvstore::CompressionSpec> c =
         kvstore::ParseCompression(s.sync().gradient_compression());
     if (!c.ok()) return Bad("sync.gradient_compression", std::string(c.status().message()));
-    if (!kvstore && *c != kvstore::Compression::kNone) {
+    if (!kvstore && c->method != kvstore::Compression::kNone) {
       return Bad("sync.gradient_compression",
                  absl::StrCat(s.sync().gradient_compression(),
                               " needs sync.mode KVSTORE (allreduce sends f32 gradients)"));

@@ -142,6 +142,18 @@ TEST(SpecTest, EveryBadFieldIsNamed) {
        "sync.gradient_compression: unknown gradient compression 'fp8'"},
       {[](JobSpec* s) { s->mutable_sync()->set_gradient_compression("f16"); },
        "sync.gradient_compression: f16 needs sync.mode KVSTORE"},
+      {[](JobSpec* s) {
+         s->mutable_sync()->set_mode(v1::KVSTORE);
+         s->mutable_sync()->set_gradient_compression("topk:0");
+       },
+       "sync.gradient_compression: top-k ratio '0' must be a number in (0, 1]"},
+      {[](JobSpec* s) {
+         s->mutable_sync()->set_mode(v1::KVSTORE);
+         s->mutable_sync()->set_gradient_compression("topk:1.5");
+       },
+       "sync.gradient_compression: top-k ratio '1.5' must be a number in (0, 1]"},
+      {[](JobSpec* s) { s->mutable_sync()->set_gradient_compression("topk"); },
+       "sync.gradient_compression: topk needs sync.mode KVSTORE"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.field);
@@ -159,7 +171,7 @@ TEST(SpecTest, KvstoreBoundedDelayIsFine) {
   s.mutable_sync()->set_consistency(v1::BOUNDED_DELAY);
   s.mutable_sync()->set_max_staleness(2);
   EXPECT_TRUE(ValidateJobSpec(s).ok()) << ValidateJobSpec(s);
-  for (const char* c : {"none", "f16", "bf16"}) {
+  for (const char* c : {"none", "f16", "bf16", "topk", "topk:0.1", "topk:1"}) {
     s.mutable_sync()->set_gradient_compression(c);
     EXPECT_TRUE(ValidateJobSpec(s).ok()) << c << ": " << ValidateJobSpec(s);
   }

@@ -177,8 +177,9 @@ struct DataParallelOptions {
   // kBoundedDelay only (>= 0); must be 0 for the other modes.
   int kvstore_max_staleness = 0;
   // How this trainer's gradient pushes travel (ParameterServer::
-  // SetPushCompression): f16 or bf16 halve their bytes; pulls stay f32.
-  kvstore::Compression kvstore_compression = kvstore::Compression::kNone;
+  // SetPushCompression): f16 or bf16 halve their bytes, top-k sends a
+  // fraction of them with error feedback; pulls stay f32.
+  kvstore::CompressionSpec kvstore_compression;
   // This trainer joins a running job (recovery in place) through
   // `communicator`: the strategy is made for it, but the initial weights are
   // not shared (the other trainers are not there; Regroup brings the

@@ -184,7 +184,7 @@ struct JobConfig {
   kvstore::ParameterServer* kvstore = nullptr;
   kvstore::Consistency kvstore_consistency = kvstore::Consistency::kSync;
   int kvstore_max_staleness = 0;
-  kvstore::Compression kvstore_compression = kvstore::Compression::kNone;
+  kvstore::CompressionSpec kvstore_compression;
 
   // Rank 0 writes a checkpoint here (atomically replaced) every
   // checkpoint_interval_epochs, with these extra metadata entries.

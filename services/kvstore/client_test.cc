@@ -455,6 +455,24 @@ v1::PushRequest GoodPush(const std::string& key, int64_t n, int32_t slice = 0) {
   return r;
 }
 
+// Worker 1's top-k push (ratio 0.001) of round 2 of `key` (n elements)
+// carrying the (index, value) pairs.
+v1::PushRequest TopKPush(const std::string& key, int64_t n,
+                         const std::vector<std::pair<uint32_t, float>>& pairs) {
+  v1::PushRequest r = GoodPush(key, n);
+  r.set_worker(1);
+  r.set_compression(v1::COMPRESSION_TOPK);
+  r.set_topk_ratio(0.001);
+  r.mutable_items(0)->set_round(2);
+  std::string bytes;
+  for (const auto& [index, value] : pairs) {
+    bytes.append(reinterpret_cast<const char*>(&index), 4);
+    bytes.append(reinterpret_cast<const char*>(&value), 4);
+  }
+  r.mutable_chunks(0)->set_data(bytes);
+  return r;
+}
+
 TEST(KVClientTest, BadInputGetsClearStatusAndLeavesValuesIntact) {
   ServerOptions options;
   options.quota_bytes_per_job = 1 << 20;
@@ -630,6 +648,47 @@ TEST(KVClientTest, BadInputGetsClearStatusAndLeavesValuesIntact) {
          return raw.Push(r);
        },
        absl::StatusCode::kInvalidArgument, "compression 9"},
+      {"top-k index past the slice",
+       [&] {
+         return raw.Push(TopKPush("b", 3000, {{0, 1.0f}, {1, 1.0f}, {3000, 1.0f}}));
+       },
+       absl::StatusCode::kInvalidArgument, "key 'b' slice 0: top-k pair 2 names index 3000"},
+      {"top-k index 2^32 - 1",
+       [&] {
+         return raw.Push(TopKPush("b", 3000, {{0xffffffffu, 1.0f}, {1, 1.0f}, {2, 1.0f}}));
+       },
+       absl::StatusCode::kInvalidArgument, "top-k pair 0 names index 4294967295"},
+      {"one bad top-k index spoils the batch",
+       [&] {
+         v1::PushRequest r = TopKPush("a", 8, {{7, 5.0f}});  // fine: k = 1 of 8
+         v1::PushRequest b = TopKPush("b", 3000, {{0, 1.0f}, {5, 1.0f}, {99999, 1.0f}});
+         *r.add_items() = b.items(0);
+         v1::Chunk* c = r.add_chunks();
+         *c = b.chunks(0);
+         c->set_item(1);
+         return raw.Push(r);
+       },
+       absl::StatusCode::kInvalidArgument, "key 'b' slice 0: top-k pair 2 names index 99999"},
+      {"top-k pairs of the wrong size",
+       [&] {
+         return raw.Push(TopKPush("b", 3000, {{0, 1.0f}, {1, 1.0f}}));
+       },
+       absl::StatusCode::kInvalidArgument, "expected 24"},
+      {"top-k without a ratio",
+       [&] {
+         v1::PushRequest r = TopKPush("b", 3000, {{0, 1.0f}, {1, 1.0f}, {2, 1.0f}});
+         r.set_topk_ratio(0);
+         return raw.Push(r);
+       },
+       absl::StatusCode::kInvalidArgument, "top-k ratio 0 is outside (0, 1]"},
+      {"a ratio with f16",
+       [&] {
+         auto r = GoodPush("a", 8);
+         r.set_compression(v1::COMPRESSION_F16);
+         r.set_topk_ratio(0.5);
+         return raw.Push(r);
+       },
+       absl::StatusCode::kInvalidArgument, "compression f16 takes no ratio"},
       {"same slice twice in one push",
        [&] {
          auto r = GoodPush("b", 3000);

@@ -114,8 +114,9 @@ class ReplicationTest : public ::testing::Test {
   }
 
   static std::unique_ptr<KVClient> Client(const std::vector<std::string>& servers, int replicas,
-                                          int worker) {
+                                          int worker, CompressionSpec compression = {}) {
     ClientOptions o;
+    o.compression = compression;
     o.servers = servers;
     o.replicas = replicas;
     o.job = "job";
@@ -170,13 +171,15 @@ class ReplicationTest : public ::testing::Test {
   }
 
   // The same job on one unreplicated shard.
-  std::vector<std::vector<float>> Reference(int rounds) {
+  std::vector<std::vector<float>> Reference(int rounds, CompressionSpec compression = {}) {
     ServerOptions o;
     o.job_ttl = absl::ZeroDuration();
     auto server = KVStoreServer::Start(o);
     EXPECT_TRUE(server.ok());
     std::vector<std::unique_ptr<KVClient>> clients;
-    for (int w = 0; w < 2; ++w) clients.push_back(Client({(*server)->local_address()}, 1, w));
+    for (int w = 0; w < 2; ++w) {
+      clients.push_back(Client({(*server)->local_address()}, 1, w, compression));
+    }
     Setup(clients);
     std::vector<std::vector<float>> out;
     Rounds(clients, 1, rounds, &out);
@@ -233,6 +236,35 @@ TEST_F(ReplicationTest, ReplicatedValuesEqualAnUnreplicatedRunBitForBit) {
   EXPECT_EQ(replicas_[0]->replicator()->Role(), "head");
   EXPECT_EQ(replicas_[1]->replicator()->Role(), "tail");
   EXPECT_GE(replicas_[0]->replicator()->stats().forwarded, 2 * 2 + 2 * 6);
+}
+
+// Top-k pushes travel down the chain as received: the replicas end equal to
+// an unreplicated run with the same compression (and unlike a dense one).
+TEST_F(ReplicationTest, TopKPushesReplicateBitForBit) {
+  const CompressionSpec topk(Compression::kTopK, 0.05);
+  const std::vector<std::vector<float>> ref = Reference(6, topk);
+  const std::vector<std::vector<float>> dense = Reference(6);
+  replicas_.push_back(StartReplica(0));
+  replicas_.push_back(StartReplica(1));
+  FormChain();
+  const std::vector<std::string> servers = {replicas_[0]->local_address(),
+                                            replicas_[1]->local_address()};
+  std::vector<std::unique_ptr<KVClient>> clients;
+  for (int w = 0; w < 2; ++w) clients.push_back(Client(servers, 2, w, topk));
+  Setup(clients);
+  std::vector<std::vector<float>> got;
+  Rounds(clients, 1, 6, &got);
+  for (size_t i = 0; i < ref.size(); ++i) {
+    ASSERT_EQ(got[i].size(), ref[i].size());
+    EXPECT_EQ(std::memcmp(got[i].data(), ref[i].data(), ref[i].size() * 4), 0) << i;
+    EXPECT_NE(std::memcmp(got[i].data(), dense[i].data(), ref[i].size() * 4), 0) << i;
+  }
+  for (const std::string& key : {"small", "large"}) {
+    auto head = replicas_[0]->store().Pull("job", 0, {{key, 0, 0}}, PullOptions());
+    auto tail = replicas_[1]->store().Pull("job", 0, {{key, 0, 0}}, PullOptions());
+    ASSERT_TRUE(head.ok() && tail.ok());
+    EXPECT_EQ((*head)[0].bytes.view(), (*tail)[0].bytes.view()) << key;
+  }
 }
 
 TEST_F(ReplicationTest, TheHeadDiesMidJobAndNoPushIsLostOrAppliedTwice) {

@@ -477,7 +477,7 @@ class KVStoreServer::Impl {
   // values, and the store's view of it.
   struct ReceivedPush {
     v1::PushRequest header;
-    Compression compression = Compression::kNone;
+    CompressionSpec compression;
     std::deque<wire::Decoded> messages;
     std::vector<PushItem> items;
     int64_t bytes = 0;
@@ -493,7 +493,7 @@ class KVStoreServer::Impl {
     const v1::PushRequest& h = p->header;
     // Before the store is asked about the job (its keys' sizes).
     DT_RETURN_IF_ERROR(security::JobScope::Check(h.job()));
-    DT_ASSIGN_OR_RETURN(p->compression, FromProto(h.compression()));
+    DT_ASSIGN_OR_RETURN(p->compression, CompressionFromProto(h.compression(), h.topk_ratio()));
     // Check the items against the store before reading their values.
     std::vector<std::pair<std::string, int64_t>> sizes;
     for (const v1::PushItem& proto : h.items()) {
@@ -542,6 +542,7 @@ class KVStoreServer::Impl {
       push->set_job(p.header.job());
       push->set_worker(p.header.worker());
       push->set_compression(p.header.compression());
+      push->set_topk_ratio(p.header.topk_ratio());
       *push->mutable_items() = p.header.items();
       for (const PushItem& item : p.items) {
         std::string* data = push->add_data();

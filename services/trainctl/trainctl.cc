@@ -105,7 +105,9 @@ ABSL_FLAG(std::string, sync, "", "submit: ALLREDUCE or KVSTORE");
 ABSL_FLAG(std::string, consistency, "", "submit: SYNCHRONOUS, ASYNCHRONOUS or BOUNDED_DELAY");
 ABSL_FLAG(int, max_staleness, 0, "submit: BOUNDED_DELAY: steps a trainer may run ahead");
 ABSL_FLAG(std::string, gradient_compression, "",
-          "submit: KVSTORE: how gradient pushes travel: none, f16 or bf16 (half the bytes)");
+          "submit: KVSTORE: how gradient pushes travel: none, f16 or bf16 (half the bytes), "
+          "topk or topk:<ratio> (each push sends that fraction of each slice, the largest "
+          "entries, and carries the rest into the next push; topk = topk:0.01)");
 ABSL_FLAG(bool, hybridize, false, "submit: compile the model");
 ABSL_FLAG(bool, sync_batch_norm, false, "submit: batch norm over the global batch");
 ABSL_FLAG(bool, collective_tls, false,
@@ -165,7 +167,8 @@ namespace v1 = dtrain::scheduler::v1;
 constexpr char kUsage[] =
     "trainctl: the dtrain scheduler's client.\n"
     "  trainctl submit [--name=... --model=... ...|-f job.yaml|job.json] [--wait]\n"
-    "      (KVSTORE jobs: --gradient_compression=none|f16|bf16 halves gradient pushes)\n"
+    "      (KVSTORE jobs: --gradient_compression=none|f16|bf16 halves gradient pushes;\n"
+    "       topk[:ratio], ratio in (0, 1], default 0.01, sends that fraction of them)\n"
     "  trainctl get ID\n"
     "  trainctl list [--state=RUNNING]\n"
     "  trainctl cancel ID [--reason=...]\n"

@@ -2,7 +2,8 @@
 // replies, a client) does it on bytes from the network:
 // libs/kvstore/wire.h (zero-copy Decode over gRPC slices), proto_convert.h
 // (FromProto, DTypeFromWire), types.h (ValidateJobConfig, ValidateSliceSpec,
-// CheckedNumElements), chunks.h (ChunkAssembler) and codec.h (DecodeValue).
+// CheckedNumElements), chunks.h (ChunkAssembler) and codec.h (DecodeValue, CheckPushValue,
+// DecodePush).
 //
 // Input: byte 0 picks the message (low 3 bits), byte 1 the size of the
 // gRPC slices the rest arrives in (so chunk data crosses slice boundaries);
@@ -70,13 +71,45 @@ void AssembleAndDecode(const std::vector<wire::InChunk>& chunks,
   }
 }
 
+// A top-k push, checked and scattered as the shard does (codec.h,
+// CheckPushValue and DecodePush).
+void PushTopK(const dtrain::kvstore::v1::PushRequest& header, const wire::Decoded& decoded,
+              const kv::CompressionSpec& compression) {
+  std::vector<std::pair<std::string, int64_t>> sizes;
+  std::vector<int64_t> counts;
+  for (const auto& item : header.items()) {
+    absl::StatusOr<int64_t> n =
+        kv::CheckedNumElements(std::vector<int64_t>(item.shape().begin(), item.shape().end()));
+    if (!n.ok() || *n > kMaxElements) return;
+    sizes.emplace_back(absl::StrCat("push of key '", item.key(), "'"),
+                       kv::PushValueBytes(compression, DType::kF32, *n));
+    counts.push_back(*n);
+  }
+  kv::ChunkAssembler assembler(sizes);
+  for (const wire::InChunk& c : decoded.chunks) {
+    if (!assembler.Add(c.item, c.offset, c.data).ok()) return;
+  }
+  if (!assembler.Finish(/*allow_empty=*/false).ok()) return;
+  for (size_t i = 0; i < counts.size(); ++i) {
+    const std::vector<absl::string_view>& pieces = assembler.pieces(i);
+    if (!kv::CheckPushValue(pieces, compression, DType::kF32, counts[i]).ok()) continue;
+    std::vector<float> values(static_cast<size_t>(counts[i]), 1.0f);
+    kv::DecodePush(pieces, compression, DType::kF32, counts[i], values.data(), true);
+  }
+}
+
 void Push(const grpc::ByteBuffer& buffer) {
   dtrain::kvstore::v1::PushRequest header;
   wire::Decoded decoded;
   if (!wire::Decode(buffer, wire::kPushChunksField, &header, &decoded).ok()) return;
   Check(header.chunks_size() == 0, "chunks are not parsed into the header");
-  absl::StatusOr<kv::Compression> compression = kv::FromProto(header.compression());
+  absl::StatusOr<kv::CompressionSpec> compression =
+      kv::CompressionFromProto(header.compression(), header.topk_ratio());
   if (!compression.ok()) return;
+  if (compression->method == kv::Compression::kTopK) {
+    PushTopK(header, decoded, *compression);
+    return;
+  }
   std::vector<std::pair<std::string, int64_t>> sizes;
   std::vector<DType> dtypes;
   for (const auto& item : header.items()) {
@@ -85,7 +118,7 @@ void Push(const grpc::ByteBuffer& buffer) {
     absl::StatusOr<int64_t> n =
         kv::CheckedNumElements(std::vector<int64_t>(item.shape().begin(), item.shape().end()));
     if (!n.ok() || *n > kMaxElements) return;
-    const DType on_wire = kv::WireDType(*dtype, *compression);
+    const DType on_wire = kv::WireDType(*dtype, compression->method);
     sizes.emplace_back(absl::StrCat("push of key '", item.key(), "'"),
                        *n * static_cast<int64_t>(dtrain::DTypeSize(on_wire)));
     dtypes.push_back(on_wire);

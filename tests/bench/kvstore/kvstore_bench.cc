@@ -65,7 +65,9 @@ ABSL_FLAG(int, keys, 8, "keys the bytes are split into");
 ABSL_FLAG(int, steps, 0, "timed steps (0: 20 for >= 1 MiB, else 2000)");
 ABSL_FLAG(int, warmup, 0, "untimed steps first (0: steps / 10, at least 2)");
 ABSL_FLAG(std::string, optimizer, "sgd", "server-side optimizer: sgd or none");
-ABSL_FLAG(std::string, compression, "none", "push compression: none, f16, bf16");
+ABSL_FLAG(std::string, compression, "none",
+          "push compression: none, f16, bf16, topk or topk:<ratio> (as trainctl's "
+          "--gradient_compression)");
 ABSL_FLAG(int64_t, chunk_bytes, 1 << 20, "value bytes per message");
 ABSL_FLAG(int64_t, max_message_bytes, 4 << 20, "gRPC message limit (clients and servers)");
 ABSL_FLAG(bool, tls, true,
@@ -152,9 +154,8 @@ absl::StatusOr<Result> RunOnce(const char* argv0, int replicas) {
     config.optimizer = OptimizerKind::kSgd;
     config.learning_rate = 1e-6;  // keeps the weights finite over many steps
   }
-  Compression compression = Compression::kNone;
-  if (absl::GetFlag(FLAGS_compression) == "f16") compression = Compression::kF16;
-  if (absl::GetFlag(FLAGS_compression) == "bf16") compression = Compression::kBF16;
+  absl::StatusOr<CompressionSpec> compression = ParseCompression(absl::GetFlag(FLAGS_compression));
+  if (!compression.ok()) return Annotate(compression.status(), "--compression");
 
   const int64_t elements = bytes / 4;
   std::vector<int64_t> key_elements;
@@ -173,7 +174,7 @@ absl::StatusOr<Result> RunOnce(const char* argv0, int replicas) {
       options.replicas = replicas;
       options.job = config.job;
       options.worker = w;
-      options.compression = compression;
+      options.compression = *compression;
       options.chunk_bytes = absl::GetFlag(FLAGS_chunk_bytes);
       options.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
       auto client = KVClient::Connect(options);
@@ -233,10 +234,10 @@ absl::StatusOr<Result> RunOnce(const char* argv0, int replicas) {
   Result result{moved / seconds / 1e9, pct(0.50), pct(0.99)};
   std::printf(
       "kvstore workers=%d servers=%d replicas=%d bytes=%lld keys=%d tls=%s callback=%s "
-      "pushpull_GBps=%.3f p50_us=%.0f p99_us=%.0f\n",
+      "pushpull_GBps=%.3f p50_us=%.0f p99_us=%.0f compression=%s\n",
       workers, servers, replicas, static_cast<long long>(elements * 4), keys,
       absl::GetFlag(FLAGS_tls) ? "on" : "off", absl::GetFlag(FLAGS_callback_data) ? "on" : "off",
-      result.gbps, result.p50, result.p99);
+      result.gbps, result.p50, result.p99, DescribeCompression(*compression).c_str());
   std::fflush(stdout);
   for (auto it = procs.rbegin(); it != procs.rend(); ++it) (void)(*it)->Kill(SIGTERM);
   for (auto& p : procs) (void)p->Wait();
