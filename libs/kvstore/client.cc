@@ -677,6 +677,42 @@ Work KVClient::Start(Op op, std::vector<SliceOp> work,
     state->remaining = static_cast<int>(by_server.size());
   }
   auto shared_deps = std::make_shared<std::vector<std::shared_ptr<Work::State>>>(std::move(deps));
+  if (run_one_inline && by_server.size() > 1 && options_.data_path != DataPath::kGrpc &&
+      options_.replicas == 1) {
+    // Blocking form over several shards: every shard's request goes out from
+    // this thread, then every reply is read on it (the shards work in
+    // parallel, no hand-off). A shard's part that fails this first attempt
+    // runs again with the usual retries; one without a data port goes to
+    // the pool (gRPC).
+    for (const auto& dep : *shared_deps) {
+      if (dep != state) dep->WaitTasks();
+    }
+    std::vector<std::pair<int, std::unique_ptr<PendingData>>> pending;
+    std::vector<int> again;
+    for (auto& [server, server_work] : by_server) {
+      absl::StatusOr<std::unique_ptr<PendingData>> p =
+          StartDataCall(options_.servers[static_cast<size_t>(server)],
+                        channels_[static_cast<size_t>(server)], op, server_work);
+      if (!p.ok()) {
+        again.push_back(server);
+      } else if (*p == nullptr) {
+        pool_->Schedule([this, op, server = server, w = server_work, state] {
+          state->Finish(RunOnServer(op, server, w, state));
+        });
+      } else {
+        pending.emplace_back(server, *std::move(p));
+      }
+    }
+    for (auto& [server, p] : pending) {
+      if (FinishDataCall(std::move(p), by_server[server]).ok()) {
+        state->Finish(absl::OkStatus());
+      } else {
+        again.push_back(server);
+      }
+    }
+    for (int server : again) state->Finish(RunOnServer(op, server, by_server[server], state));
+    return Work(std::move(state));
+  }
   std::function<void()> inline_task;
   for (auto& [server, server_work] : by_server) {
     std::function<void()> task = [this, op, server = server, w = std::move(server_work), state,
@@ -1125,46 +1161,53 @@ void KVClient::ReturnDataConn(const std::string& address,
   if (pool->idle.size() < 16) pool->idle.push_back(std::move(conn));
 }
 
-absl::Status KVClient::DataPortCall(const std::string& address,
-                                    const std::shared_ptr<grpc::Channel>& channel, Op op,
-                                    const std::vector<SliceOp>& work, bool* used) {
-  DT_RETURN_IF_ERROR(CancelStatus());
-  absl::StatusOr<std::unique_ptr<DataPortConnection>> taken = TakeDataConn(address, channel);
-  if (taken.ok() && *taken == nullptr) return absl::OkStatus();  // gRPC
-  *used = true;
-  DT_RETURN_IF_ERROR(taken.status());
-  std::unique_ptr<DataPortConnection> conn = *std::move(taken);
-  const char* method = op == Op::kPush ? "Push" : op == Op::kPull ? "Pull" : "PushPull";
-  auto annotate = [&](const absl::Status& s) {
+// A data port request sent and not yet answered.
+struct KVClient::PendingData {
+  KVClient* client = nullptr;
+  std::string address;
+  Op op = Op::kPush;
+  std::unique_ptr<DataPortConnection> conn;
+  ~PendingData() {
+    if (conn == nullptr) return;
+    absl::MutexLock lock(&client->calls_mu_);
+    client->data_calls_.erase(conn.get());
+  }
+  // `s` with the call named; a transport failure also forgets the shard's
+  // idle connections (it went away, or restarted, maybe on another port:
+  // its data port is asked again).
+  absl::Status Annotate(const absl::Status& s) {
     if (absl::IsUnavailable(s)) {
-      // The shard went away (or restarted, maybe with another port): its
-      // idle connections are dead too, and its data port is asked again.
-      absl::MutexLock lock(&data_mu_);
-      DataPool* pool = data_pools_[address].get();
+      absl::MutexLock lock(&client->data_mu_);
+      DataPool* pool = client->data_pools_[address].get();
       absl::MutexLock pool_lock(&pool->mu);
       pool->idle.clear();
       pool->discovered = false;
       pool->unix_failed = false;
     }
+    const char* method = op == Op::kPush ? "Push" : op == Op::kPull ? "Pull" : "PushPull";
     return absl::Status(s.code(), absl::StrCat("DataPort.", method, " to ", address, " (",
-                                               DataConn::KindName(conn->kind()),
-                                               "): ", s.message()));
-  };
-  // Registered for Cancel while it runs.
+                                               DataConn::KindName(conn->kind()), "): ",
+                                               s.message()));
+  }
+};
+
+absl::StatusOr<std::unique_ptr<KVClient::PendingData>> KVClient::StartDataCall(
+    const std::string& address, const std::shared_ptr<grpc::Channel>& channel, Op op,
+    const std::vector<SliceOp>& work) {
+  DT_RETURN_IF_ERROR(CancelStatus());
+  DT_ASSIGN_OR_RETURN(std::unique_ptr<DataPortConnection> conn, TakeDataConn(address, channel));
+  if (conn == nullptr) return nullptr;  // gRPC
+  auto pending = std::make_unique<PendingData>();
+  pending->client = this;
+  pending->address = address;
+  pending->op = op;
   {
+    // Registered for Cancel while it runs.
     absl::MutexLock lock(&calls_mu_);
     if (!cancelled_.ok()) return cancelled_;
     data_calls_.insert(conn.get());
   }
-  struct Untrack {
-    KVClient* c;
-    DataPortConnection* conn;
-    ~Untrack() {
-      absl::MutexLock lock(&c->calls_mu_);
-      c->data_calls_.erase(conn);
-    }
-  } untrack{this, conn.get()};
-
+  pending->conn = std::move(conn);
   std::string header;
   std::vector<absl::string_view> payload;
   std::vector<std::string> encoded;  // compressed values
@@ -1211,24 +1254,42 @@ absl::Status KVClient::DataPortCall(const std::string& address,
     }
     header = r.SerializeAsString();
   }
-  const DataOp data_op = op == Op::kPush ? DataOp::kPush
+  const DataOp data_op = op == Op::kPush   ? DataOp::kPush
                          : op == Op::kPull ? DataOp::kPull
                                            : DataOp::kPushPull;
   const absl::Duration timeout = op == Op::kPush ? options_.rpc_timeout : options_.pull_timeout;
-  absl::Status sent = conn->Send(data_op, header, payload, reply_bytes, timeout);
-  if (!sent.ok()) return annotate(sent);
-  absl::StatusOr<std::string> reply = conn->ReceiveHeader();
-  if (!reply.ok()) return annotate(reply.status());
-  if (op == Op::kPush) {
-    v1::PushResponse r;
-    if (!r.ParseFromString(*reply)) return annotate(absl::DataLossError("unparsable PushResponse"));
-    ReturnDataConn(address, std::move(conn));
+  absl::Status sent = pending->conn->Send(data_op, header, payload, reply_bytes, timeout);
+  if (!sent.ok()) return pending->Annotate(sent);
+  return pending;
+}
+
+absl::Status KVClient::FinishDataCall(std::unique_ptr<PendingData> pending,
+                                      const std::vector<SliceOp>& work) {
+  DataPortConnection& conn = *pending->conn;
+  absl::StatusOr<std::string> reply = conn.ReceiveHeader();
+  if (!reply.ok()) return pending->Annotate(reply.status());
+  auto done = [&] {
+    std::unique_ptr<DataPortConnection> c = std::move(pending->conn);
+    {
+      absl::MutexLock lock(&calls_mu_);
+      data_calls_.erase(c.get());
+    }
+    ReturnDataConn(pending->address, std::move(c));
     return absl::OkStatus();
+  };
+  if (pending->op == Op::kPush) {
+    v1::PushResponse r;
+    if (!r.ParseFromString(*reply)) {
+      return pending->Annotate(absl::DataLossError("unparsable PushResponse"));
+    }
+    return done();
   }
   v1::PullResponse r;
-  if (!r.ParseFromString(*reply)) return annotate(absl::DataLossError("unparsable PullResponse"));
+  if (!r.ParseFromString(*reply)) {
+    return pending->Annotate(absl::DataLossError("unparsable PullResponse"));
+  }
   if (r.items_size() != static_cast<int>(work.size())) {
-    return annotate(absl::DataLossError(
+    return pending->Annotate(absl::DataLossError(
         absl::StrCat(r.items_size(), " items for ", work.size(), " requested")));
   }
   uint64_t total = 0;
@@ -1237,24 +1298,32 @@ absl::Status KVClient::DataPortCall(const std::string& address,
     const SliceSpec& spec = work[static_cast<size_t>(i)].slice->spec;
     if (item.item() != i || item.dtype() != static_cast<int>(spec.dtype) ||
         item.bytes() != SliceBytes(spec)) {
-      return annotate(absl::DataLossError(absl::StrCat(
+      return pending->Annotate(absl::DataLossError(absl::StrCat(
           "key '", spec.key, "' slice ", spec.slice, " came as item ", item.item(), " of ",
           item.bytes(), " bytes of dtype ", item.dtype(), ", expected ", SliceBytes(spec))));
     }
     total += static_cast<uint64_t>(item.bytes());
   }
-  if (total != conn->reply_payload_bytes()) {
-    return annotate(absl::DataLossError(absl::StrCat("reply payload of ",
-                                                     conn->reply_payload_bytes(),
-                                                     " bytes, its items need ", total)));
+  if (total != conn.reply_payload_bytes()) {
+    return pending->Annotate(absl::DataLossError(absl::StrCat(
+        "reply payload of ", conn.reply_payload_bytes(), " bytes, its items need ", total)));
   }
-  for (size_t i = 0; i < work.size(); ++i) {
-    absl::Status read = conn->ReadPayload(work[i].dst,
-                                          static_cast<size_t>(SliceBytes(work[i].slice->spec)));
-    if (!read.ok()) return annotate(read);
+  for (const SliceOp& w : work) {
+    absl::Status read = conn.ReadPayload(w.dst, static_cast<size_t>(SliceBytes(w.slice->spec)));
+    if (!read.ok()) return pending->Annotate(read);
   }
-  ReturnDataConn(address, std::move(conn));
-  return absl::OkStatus();
+  return done();
+}
+
+absl::Status KVClient::DataPortCall(const std::string& address,
+                                    const std::shared_ptr<grpc::Channel>& channel, Op op,
+                                    const std::vector<SliceOp>& work, bool* used) {
+  absl::StatusOr<std::unique_ptr<PendingData>> pending =
+      StartDataCall(address, channel, op, work);
+  if (pending.ok() && *pending == nullptr) return absl::OkStatus();  // gRPC
+  *used = true;
+  DT_RETURN_IF_ERROR(pending.status());
+  return FinishDataCall(*std::move(pending), work);
 }
 
 absl::StatusOr<JobStatus> KVClient::GetJob(int server, bool include_slices) {

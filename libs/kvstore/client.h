@@ -260,6 +260,12 @@ class KVClient : public ParameterServer {
   absl::StatusOr<std::unique_ptr<DataPortConnection>> TakeDataConn(
       const std::string& address, const std::shared_ptr<grpc::Channel>& channel);
   void ReturnDataConn(const std::string& address, std::unique_ptr<DataPortConnection> conn);
+  struct PendingData;
+  absl::StatusOr<std::unique_ptr<PendingData>> StartDataCall(
+      const std::string& address, const std::shared_ptr<grpc::Channel>& channel, Op op,
+      const std::vector<SliceOp>& work);
+  absl::Status FinishDataCall(std::unique_ptr<PendingData> pending,
+                              const std::vector<SliceOp>& work);
   absl::Status DataPortCall(const std::string& address,
                             const std::shared_ptr<grpc::Channel>& channel, Op op,
                             const std::vector<SliceOp>& work, bool* used);

@@ -305,7 +305,15 @@ absl::StatusOr<std::shared_ptr<SSL_CTX>> MakeTlsContext(const DataPortTls& tls, 
 absl::StatusOr<std::shared_ptr<SSL_CTX>> ClientTlsContext(const DataPortTls& tls) {
   static absl::Mutex mu(absl::kConstInit);
   static auto* cache = new std::map<std::string, std::shared_ptr<SSL_CTX>>();
-  const std::string key = absl::StrCat(tls.ca_file, "\n", tls.cert_file, "\n", tls.key_file);
+  // Keyed by the files and their modification times: rewritten
+  // certificates are read again.
+  std::string key;
+  for (const std::string& f : {tls.ca_file, tls.cert_file, tls.key_file}) {
+    struct stat st {};
+    stat(f.c_str(), &st);
+    absl::StrAppend(&key, f, "@", st.st_mtim.tv_sec, ".", st.st_mtim.tv_nsec, "/", st.st_size,
+                    "\n");
+  }
   absl::MutexLock lock(&mu);
   auto it = cache->find(key);
   if (it != cache->end()) return it->second;
@@ -496,16 +504,19 @@ absl::StatusOr<std::unique_ptr<DataPortServer>> DataPortServer::Start(
     const size_t slash = path.rfind('/');
     const std::string dir = slash == std::string::npos ? "." : path.substr(0, slash);
     struct stat st {};
-    if (stat(dir.c_str(), &st) != 0 || st.st_uid != getuid() || (st.st_mode & 077) != 0) {
+    if (stat(dir.c_str(), &st) != 0 || st.st_uid != getuid() || (st.st_mode & 022) != 0) {
       return absl::FailedPreconditionError(absl::StrCat(
           "data port: socket directory '", dir,
-          "' must exist, belong to this uid and be private (chmod 700)"));
+          "' must exist, belong to this uid and be writable only by it (chmod 700)"));
     }
     unlink(path.c_str());  // a stale socket of an earlier run
     addr.sun_family = AF_UNIX;
     std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
     DT_ASSIGN_OR_RETURN(s->unix_fd_, Listen(AF_UNIX, reinterpret_cast<sockaddr*>(&addr),
                                             sizeof(addr), path.c_str()));
+    // Who may connect is the directory's mode and then SO_PEERCRED (same
+    // uid or root), not the socket file's.
+    chmod(path.c_str(), 0777);
   }
   DataPortServer* self = s.get();
   if (s->tcp_fd_ >= 0) {

@@ -99,7 +99,9 @@ struct DataPortServerOptions {
   // "host:port" to listen on for TCP (port 0 picks one); "": no TCP.
   std::string tcp_listen;
   // Path of the Unix socket; "": none. Its directory must exist, belong to
-  // this uid and be private (mode 0700); a stale socket there is replaced.
+  // this uid and be writable only by it (the default one is 0700); a stale
+  // socket there is replaced. Peers of another uid (except root) are
+  // refused (SO_PEERCRED).
   std::string unix_socket;
   DataPortTls tls;
   // Connections served at once (both kinds); one more is refused with

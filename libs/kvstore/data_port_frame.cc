@@ -49,6 +49,9 @@ std::string DataOpName(uint16_t op) {
     case 5:
       name = "REPLICATE";
       break;
+    case 0:
+      if (reply) return "ERROR reply";
+      return "op 0";
     default:
       return absl::StrCat("op ", op);
   }
@@ -111,7 +114,10 @@ absl::StatusOr<FrameHeader> DecodeFrameHeader(absl::string_view bytes, bool requ
         absl::StrCat("data port frame: unknown flags 0x", absl::Hex(h.flags)));
   }
   const bool is_reply = (h.op & kReplyBit) != 0;
-  if (is_reply == request || !KnownOp(static_cast<uint16_t>(h.op & ~kReplyBit))) {
+  const uint16_t base = static_cast<uint16_t>(h.op & ~kReplyBit);
+  // An error reply to a frame that could not be decoded names no op.
+  const bool error_to_unknown = is_reply && base == 0 && h.arg != 0;
+  if (is_reply == request || (!KnownOp(base) && !error_to_unknown)) {
     return absl::InvalidArgumentError(absl::StrCat("data port frame: unknown ",
                                                    request ? "request" : "reply", " op ", h.op));
   }

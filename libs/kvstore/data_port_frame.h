@@ -24,7 +24,8 @@
 // item order; REPLICATE a ReplicateBatch / ReplicateResponse (the chain's
 // link). An error reply has a non-zero status, its message as the header
 // and no payload; after it the server closes the connection when the
-// request's payload was not read (or the frame was malformed).
+// request's payload was not read (or the frame was malformed; the reply to
+// a frame whose header could not be decoded has op 0 | kReplyBit).
 //
 // Nothing here does I/O; the decoder never trusts a length it did not bound.
 #ifndef DTRAIN_LIBS_KVSTORE_DATA_PORT_FRAME_H_
