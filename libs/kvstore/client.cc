@@ -1050,6 +1050,9 @@ struct KVClient::DataPool {
   bool discovered ABSL_GUARDED_BY(mu) = false;
   bool available ABSL_GUARDED_BY(mu) = false;
   bool unix_failed ABSL_GUARDED_BY(mu) = false;  // the socket could not be used: TCP
+  // The data port could not be reached (a firewall, a NetworkPolicy, or the
+  // shard is down): gRPC until then.
+  absl::Time skip_until ABSL_GUARDED_BY(mu) = absl::InfinitePast();
   DataPortAddress address ABSL_GUARDED_BY(mu);
   std::vector<std::unique_ptr<DataPortConnection>> idle ABSL_GUARDED_BY(mu);
 };
@@ -1095,6 +1098,7 @@ absl::StatusOr<std::unique_ptr<DataPortConnection>> KVClient::TakeDataConn(
     pool->idle.pop_back();
     return conn;
   }
+  if (absl::Now() < pool->skip_until) return nullptr;
   if (!pool->discovered) {
     auto stub = v1::KVStore::NewStub(channel);
     grpc::ClientContext ctx;
@@ -1142,6 +1146,15 @@ absl::StatusOr<std::unique_ptr<DataPortConnection>> KVClient::TakeDataConn(
   absl::StatusOr<std::unique_ptr<DataPortConnection>> conn =
       DataPortConnection::Dial(tcp, hello, ProcessTls(), timeout);
   if (absl::IsResourceExhausted(conn.status())) return nullptr;  // at its limit: gRPC
+  if (absl::IsUnavailable(conn.status())) {
+    // Not reachable though gRPC answered (a firewall?), or gone: gRPC for a
+    // while (which fails over or retries as usual when the shard is gone).
+    DT_LOG(DEBUG) << "kvstore data port " << tcp.host << ":" << tcp.tcp_port << " of " << address
+                  << ": " << conn.status() << "; using gRPC for 30 s";
+    pool->skip_until = absl::Now() + absl::Seconds(30);
+    pool->discovered = false;
+    return nullptr;
+  }
   if (!conn.ok()) {
     return absl::Status(conn.status().code(),
                         absl::StrCat("data port ", tcp.host, ":", tcp.tcp_port, " of ", address,

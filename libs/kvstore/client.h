@@ -59,7 +59,8 @@
 // Work is done; a destination is written until then.
 //
 // Errors are the shards' Status (see store.h), prefixed with the RPC and the
-// server ("KVStoreData.Push to 127.0.0.1:7001: ..."), or kInvalidArgument /
+// server ("KVStoreData.Push to 127.0.0.1:7001: ...", "DataPort.PushPull to
+// 127.0.0.1:7001 (unix): ..." over the data port), or kInvalidArgument /
 // kNotFound from the client for an unknown key or a missing buffer.
 //
 // Data path (ClientOptions.data_path): by default pushes and pulls go over

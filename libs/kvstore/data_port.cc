@@ -775,6 +775,7 @@ void DataPortServer::Serve(std::unique_ptr<DataConn> conn, int id) {
     request.payload_bytes = h->payload_bytes;
     request.kind = conn->kind();
     request.scope = &scope;
+    request.who = &who;
     request.deadline =
         h->arg == 0 ? absl::InfiniteFuture() : absl::Now() + absl::Milliseconds(h->arg);
     DataConn* c = conn.get();

@@ -125,6 +125,8 @@ struct DataRequest {
   std::function<bool()> cancelled;
   // The job the connection is bound to (its HELLO); nullopt: unconfined.
   const absl::optional<std::string>* scope = nullptr;
+  // Who the connection is (its HELLO's identity).
+  const security::Identity* who = nullptr;
   DataConn::Kind kind = DataConn::Kind::kTcp;
 };
 

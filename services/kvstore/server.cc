@@ -775,8 +775,11 @@ class KVStoreServer::Impl : public DataPortHandler {
   absl::StatusOr<absl::optional<std::string>> Hello(const security::Identity& who,
                                                     const v1::DataHello& hello,
                                                     DataConn::Kind kind) override {
+    // A HELLO without a job opens a replica link (REPLICATE frames from
+    // the predecessor: kvstore identities only).
     DT_ASSIGN_OR_RETURN(absl::optional<std::string> job,
-                        AuthorizeKvstore(who, "Push", hello.token().empty() ? nullptr : &hello.token(),
+                        AuthorizeKvstore(who, hello.job().empty() ? "Replicate" : "Push",
+                                         hello.token().empty() ? nullptr : &hello.token(),
                                          options_.job_token_secret));
     if (job.has_value() && *job != hello.job()) {
       return absl::PermissionDeniedError(
@@ -984,8 +987,27 @@ class KVStoreServer::Impl : public DataPortHandler {
   std::atomic<DataPortServer*> data_port_{nullptr};
 };
 
-absl::Status KVStoreServer::Impl::HandleReplicate(const DataRequest&, DataReply*) {
-  return absl::UnimplementedError("data port REPLICATE: not served by this shard");
+absl::Status KVStoreServer::Impl::HandleReplicate(const DataRequest& request, DataReply* reply) {
+  // As Replica.Replicate: kvstore shards only (libs/security/authz.h).
+  DT_RETURN_IF_ERROR(security::Authorize(
+      request.who != nullptr ? *request.who : security::Identity{}, security::Action::kReplicate));
+  if (replicator_ == nullptr) {
+    return absl::FailedPreconditionError("data port REPLICATE: this shard is not replicated");
+  }
+  constexpr uint64_t kBatchLimit = (uint64_t{1} << 31) - 1;  // what protobuf parses
+  if (request.payload_bytes == 0 || request.payload_bytes > kBatchLimit) {
+    return absl::InvalidArgumentError(absl::StrCat("data port REPLICATE: a batch of ",
+                                                   request.payload_bytes, " bytes (1 to ",
+                                                   kBatchLimit, ")"));
+  }
+  DT_ASSIGN_OR_RETURN(absl::string_view payload, request.read_payload());
+  v1::ReplicateBatch batch;
+  if (!batch.ParseFromArray(payload.data(), static_cast<int>(payload.size()))) {
+    return absl::InvalidArgumentError("data port REPLICATE: the batch does not parse");
+  }
+  DT_ASSIGN_OR_RETURN(v1::ReplicateReply r, replicator_->Receive(std::move(batch), request.deadline));
+  reply->header = r.SerializeAsString();
+  return absl::OkStatus();
 }
 
 namespace {
@@ -1148,7 +1170,9 @@ absl::StatusOr<std::unique_ptr<KVStoreServer>> KVStoreServer::Start(const Server
           "replication needs 0 <= shard_index < num_shards and replica_index >= 0, got shard ",
           options.shard_index, " of ", options.num_shards, ", replica ", options.replica_index));
     }
-    server->link_ = std::make_unique<GrpcReplicaLink>(options.replication_timeout);
+    // The chain's writes travel over the successor's data port (gRPC when it
+    // has none).
+    server->link_ = std::make_unique<DataPortReplicaLink>(options.replication_timeout);
     ReplicatorOptions r;
     r.shard = options.shard_index;
     r.replica = options.replica_index;
