@@ -133,6 +133,7 @@ TEST(KVStoreServerTest, MetricsCountPushesPullsRoundsAndHeldBytes) {
   ASSERT_TRUE(server.ok()) << server.status();
   ClientOptions client_options;
   client_options.servers = {(*server)->local_address()};
+  client_options.data_path = DataPath::kGrpc;  // the gRPC handlers (data port: data_port_test)
   client_options.job = "m";
   auto client = KVClient::Connect(client_options);
   ASSERT_TRUE(client.ok());
@@ -204,6 +205,7 @@ int ThreadsHeldByWaitingPulls(bool callback_data, int waiting) {
   for (int w = 0; w <= waiting; ++w) {
     ClientOptions o;
     o.servers = {(*server)->local_address()};
+    o.data_path = DataPath::kGrpc;  // the gRPC handlers (data port: data_port_test)
     o.job = "t";
     o.worker = w;
     auto c = KVClient::Connect(o);
@@ -274,6 +276,7 @@ TEST(KVStoreServerTest, CallbackDataPullDeadlineNamesMissingWorkers) {
   ASSERT_TRUE(server.ok()) << server.status();
   ClientOptions o;
   o.servers = {(*server)->local_address()};
+  o.data_path = DataPath::kGrpc;  // the gRPC handlers (data port: data_port_test)
   o.job = "d";
   o.max_attempts = 1;
   auto client = KVClient::Connect(o);
@@ -325,6 +328,7 @@ TEST(KVStoreServerTest, CallbackDataKeepsTrainersToTheirTokensJob) {
   auto connect = [&](const std::string& job, int worker) {
     ClientOptions o;
     o.servers = {(*server)->local_address()};
+    o.data_path = DataPath::kGrpc;  // the gRPC handlers (data port: data_port_test)
     o.job = job;
     o.worker = worker;
     o.token = b_token;
@@ -399,6 +403,7 @@ TEST(KVStoreServerTest, ShutdownSnapshotsAndRestartResumes) {
   const int port = (*server)->port();
   ClientOptions client_options;
   client_options.servers = {(*server)->local_address()};
+  client_options.data_path = DataPath::kGrpc;  // the gRPC handlers (data port: data_port_test)
   client_options.job = "r";
   auto client = KVClient::Connect(client_options);
   ASSERT_TRUE(client.ok());
@@ -444,6 +449,7 @@ TEST(KVStoreServerTest, IdleJobsExpireFromMemoryMetricsAndSnapshots) {
   auto connect = [&](const std::string& job) {
     ClientOptions o;
     o.servers = {(*server)->local_address()};
+    o.data_path = DataPath::kGrpc;  // the gRPC handlers (data port: data_port_test)
     o.job = job;
     auto c = KVClient::Connect(o);
     EXPECT_TRUE(c.ok()) << c.status();
