@@ -1198,9 +1198,9 @@ struct KVClient::PendingData {
       pool->unix_failed = false;
     }
     const char* method = op == Op::kPush ? "Push" : op == Op::kPull ? "Pull" : "PushPull";
-    return absl::Status(s.code(), absl::StrCat("DataPort.", method, " to ", address, " (",
-                                               DataConn::KindName(conn->kind()), "): ",
-                                               s.message()));
+    return absl::Status(s.code(),
+                        absl::StrCat("DataPort.", method, " to ", address, " (",
+                                     DataConn::KindName(conn->kind()), "): ", s.message()));
   }
 };
 
@@ -1331,8 +1331,7 @@ absl::Status KVClient::FinishDataCall(std::unique_ptr<PendingData> pending,
 absl::Status KVClient::DataPortCall(const std::string& address,
                                     const std::shared_ptr<grpc::Channel>& channel, Op op,
                                     const std::vector<SliceOp>& work, bool* used) {
-  absl::StatusOr<std::unique_ptr<PendingData>> pending =
-      StartDataCall(address, channel, op, work);
+  absl::StatusOr<std::unique_ptr<PendingData>> pending = StartDataCall(address, channel, op, work);
   if (pending.ok() && *pending == nullptr) return absl::OkStatus();  // gRPC
   *used = true;
   DT_RETURN_IF_ERROR(pending.status());

@@ -311,8 +311,7 @@ class KVClient : public ParameterServer {
   absl::flat_hash_set<grpc::ClientContext*> calls_ ABSL_GUARDED_BY(calls_mu_);
   absl::flat_hash_set<DataPortConnection*> data_calls_ ABSL_GUARDED_BY(calls_mu_);
   absl::Mutex data_mu_;
-  absl::flat_hash_map<std::string, std::unique_ptr<DataPool>> data_pools_
-      ABSL_GUARDED_BY(data_mu_);
+  absl::flat_hash_map<std::string, std::unique_ptr<DataPool>> data_pools_ ABSL_GUARDED_BY(data_mu_);
   absl::Status cancelled_ ABSL_GUARDED_BY(calls_mu_);
 };
 

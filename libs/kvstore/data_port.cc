@@ -173,8 +173,7 @@ class FdConn : public DataConn {
     if (timeout != absl::InfiniteDuration()) {
       timeout = std::max(timeout, absl::Milliseconds(1));
       tv.tv_sec = static_cast<time_t>(absl::ToInt64Seconds(timeout));
-      tv.tv_usec =
-          static_cast<suseconds_t>(absl::ToInt64Microseconds(timeout) % 1000000);
+      tv.tv_usec = static_cast<suseconds_t>(absl::ToInt64Microseconds(timeout) % 1000000);
     }
     setsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
   }
@@ -348,8 +347,8 @@ absl::Status CheckPeerUid(int fd, const char* who) {
   }
   if (cred.uid != getuid() && cred.uid != 0) {
     return absl::PermissionDeniedError(absl::StrCat("data port: the ", who, " runs as uid ",
-                                                    cred.uid, ", not this process's uid ",
-                                                    getuid(), " (or root)"));
+                                                    cred.uid, ", not this process's uid ", getuid(),
+                                                    " (or root)"));
   }
   return absl::OkStatus();
 }
@@ -409,12 +408,12 @@ struct Segment {
     struct stat st {};
     if (fstat(fd, &st) != 0 || st.st_size <= 0 || st.st_size > kMaxSegmentBytes) {
       close(fd);
-      return absl::InvalidArgumentError(absl::StrCat(
-          "data port: shared-memory segment of ", st.st_size, " bytes (1 to ", kMaxSegmentBytes,
-          ")"));
+      return absl::InvalidArgumentError(absl::StrCat("data port: shared-memory segment of ",
+                                                     st.st_size, " bytes (1 to ", kMaxSegmentBytes,
+                                                     ")"));
     }
-    void* p = mmap(nullptr, static_cast<size_t>(st.st_size), PROT_READ | PROT_WRITE, MAP_SHARED,
-                   fd, 0);
+    void* p =
+        mmap(nullptr, static_cast<size_t>(st.st_size), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     close(fd);
     if (p == MAP_FAILED) return absl::InvalidArgumentError(Errno("data port: mmap of segment"));
     Unmap();
@@ -490,9 +489,9 @@ absl::StatusOr<std::unique_ptr<DataPortServer>> DataPortServer::Start(
     sockaddr_storage bound{};
     socklen_t len = sizeof(bound);
     getsockname(s->tcp_fd_, reinterpret_cast<sockaddr*>(&bound), &len);
-    s->tcp_port_ = ntohs(bound.ss_family == AF_INET6
-                             ? reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port
-                             : reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
+    s->tcp_port_ =
+        ntohs(bound.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port
+                                          : reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
   }
   if (!options.unix_socket.empty()) {
     const std::string& path = options.unix_socket;
@@ -505,9 +504,9 @@ absl::StatusOr<std::unique_ptr<DataPortServer>> DataPortServer::Start(
     const std::string dir = slash == std::string::npos ? "." : path.substr(0, slash);
     struct stat st {};
     if (stat(dir.c_str(), &st) != 0 || st.st_uid != getuid() || (st.st_mode & 022) != 0) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "data port: socket directory '", dir,
-          "' must exist, belong to this uid and be writable only by it (chmod 700)"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("data port: socket directory '", dir,
+                       "' must exist, belong to this uid and be writable only by it (chmod 700)"));
     }
     unlink(path.c_str());  // a stale socket of an earlier run
     addr.sun_family = AF_UNIX;
@@ -572,7 +571,7 @@ void DataPortServer::AcceptLoop(int listen_fd, bool unix_socket) {
       absl::SleepFor(absl::Milliseconds(10));
       continue;
     }
-    const DataConn::Kind kind = unix_socket              ? DataConn::Kind::kUnix
+    const DataConn::Kind kind = unix_socket           ? DataConn::Kind::kUnix
                                 : tls_ctx_ != nullptr ? DataConn::Kind::kTls
                                                       : DataConn::Kind::kTcp;
     if (!unix_socket) {
@@ -609,30 +608,31 @@ void DataPortServer::AcceptLoop(int listen_fd, bool unix_socket) {
       ++refused_;
       e.conn = nullptr;
       // Refused on its own thread (a TLS handshake first), not this one.
-      e.thread = std::thread([conn = std::move(conn), max = options_.max_connections,
-                              done]() mutable {
-        auto* c = conn.get();
-        SetTimeouts(static_cast<FdConn*>(c)->fd(), absl::Seconds(5));
-        struct Done {
-          std::atomic<bool>* d;
-          ~Done() { *d = true; }
-        } mark{done.get()};
-        if (c->kind() == DataConn::Kind::kTls && !static_cast<TlsConn*>(c)->Accept().ok()) return;
-        // Read the HELLO first, so that closing does not reset the reply away.
-        char fixed[kFrameHeaderSize];
-        if (c->ReadFull(fixed, sizeof(fixed)).ok()) {
-          absl::StatusOr<FrameHeader> h =
-              DecodeFrameHeader(absl::string_view(fixed, sizeof(fixed)), true);
-          if (h.ok() && h->header_bytes <= 4096) {
-            std::string header(h->header_bytes, '\0');
-            (void)c->ReadFull(header.data(), header.size());
-          }
-        }
-        (void)WriteError(*c, static_cast<uint16_t>(DataOp::kHello), 0,
-                         absl::ResourceExhaustedError(absl::StrCat(
-                             "kvstore data port: at its limit of ", max,
-                             " connections (--data_max_connections); use gRPC or retry")));
-      });
+      e.thread =
+          std::thread([conn = std::move(conn), max = options_.max_connections, done]() mutable {
+            auto* c = conn.get();
+            SetTimeouts(static_cast<FdConn*>(c)->fd(), absl::Seconds(5));
+            struct Done {
+              std::atomic<bool>* d;
+              ~Done() { *d = true; }
+            } mark{done.get()};
+            if (c->kind() == DataConn::Kind::kTls && !static_cast<TlsConn*>(c)->Accept().ok())
+              return;
+            // Read the HELLO first, so that closing does not reset the reply away.
+            char fixed[kFrameHeaderSize];
+            if (c->ReadFull(fixed, sizeof(fixed)).ok()) {
+              absl::StatusOr<FrameHeader> h =
+                  DecodeFrameHeader(absl::string_view(fixed, sizeof(fixed)), true);
+              if (h.ok() && h->header_bytes <= 4096) {
+                std::string header(h->header_bytes, '\0');
+                (void)c->ReadFull(header.data(), header.size());
+              }
+            }
+            (void)WriteError(*c, static_cast<uint16_t>(DataOp::kHello), 0,
+                             absl::ResourceExhaustedError(absl::StrCat(
+                                 "kvstore data port: at its limit of ", max,
+                                 " connections (--data_max_connections); use gRPC or retry")));
+          });
     } else {
       e.thread = std::thread([this, conn = std::move(conn), id, done]() mutable {
         Serve(std::move(conn), id);
@@ -690,8 +690,8 @@ void DataPortServer::Serve(std::unique_ptr<DataConn> conn, int id) {
     absl::StatusOr<FrameHeader> h =
         DecodeFrameHeader(absl::string_view(fixed, sizeof(fixed)), /*request=*/true);
     if (h.ok() && h->op != static_cast<uint16_t>(DataOp::kHello)) {
-      h = absl::InvalidArgumentError(absl::StrCat("data port: the first frame must be HELLO, got ",
-                                                  DataOpName(h->op)));
+      h = absl::InvalidArgumentError(
+          absl::StrCat("data port: the first frame must be HELLO, got ", DataOpName(h->op)));
     }
     if (h.ok() && h->payload_bytes != 0) {
       h = absl::InvalidArgumentError("data port: HELLO carries no payload");
@@ -714,8 +714,7 @@ void DataPortServer::Serve(std::unique_ptr<DataConn> conn, int id) {
                           : segment.Map(seg_fd);
     }
     if (status.ok()) {
-      absl::StatusOr<absl::optional<std::string>> bound =
-          handler_->Hello(who, hello, conn->kind());
+      absl::StatusOr<absl::optional<std::string>> bound = handler_->Hello(who, hello, conn->kind());
       if (bound.ok()) {
         scope = *bound;
       } else {
@@ -838,9 +837,10 @@ absl::StatusOr<std::string> DefaultDataSocketPath() {
   struct stat st {};
   if (lstat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != getuid() ||
       (st.st_mode & 077) != 0) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "data port: '", dir, "' is not a private directory of this uid (remove it, or give "
-        "--data_socket)"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("data port: '", dir,
+                     "' is not a private directory of this uid (remove it, or give "
+                     "--data_socket)"));
   }
   return absl::StrCat(dir, "/kvstore-", getpid(), "-", counter++, ".sock");
 }
@@ -886,8 +886,7 @@ absl::StatusOr<std::unique_ptr<DataConn>> DialDataConn(const DataPortAddress& ad
   addrinfo* res = nullptr;
   const std::string service = std::to_string(address.tcp_port);
   if (getaddrinfo(address.host.c_str(), service.c_str(), &hints, &res) != 0 || res == nullptr) {
-    return absl::UnavailableError(
-        absl::StrCat("data port: cannot resolve '", address.host, "'"));
+    return absl::UnavailableError(absl::StrCat("data port: cannot resolve '", address.host, "'"));
   }
   int fd = socket(res->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) {
@@ -896,8 +895,8 @@ absl::StatusOr<std::unique_ptr<DataConn>> DialDataConn(const DataPortAddress& ad
   }
   SetTimeouts(fd, timeout);
   if (connect(fd, res->ai_addr, res->ai_addrlen) != 0) {
-    std::string error = Errno(
-        absl::StrCat("data port: connect ", address.host, ":", address.tcp_port).c_str());
+    std::string error =
+        Errno(absl::StrCat("data port: connect ", address.host, ":", address.tcp_port).c_str());
     freeaddrinfo(res);
     close(fd);
     return absl::UnavailableError(error);
@@ -905,7 +904,8 @@ absl::StatusOr<std::unique_ptr<DataConn>> DialDataConn(const DataPortAddress& ad
   freeaddrinfo(res);
   int one = 1;
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-  if (!address.tls) return std::unique_ptr<DataConn>(std::make_unique<FdConn>(fd, DataConn::Kind::kTcp));
+  if (!address.tls)
+    return std::unique_ptr<DataConn>(std::make_unique<FdConn>(fd, DataConn::Kind::kTcp));
   if (!tls.enabled) {
     close(fd);
     return absl::FailedPreconditionError(
@@ -1006,8 +1006,7 @@ absl::Status DataPortConnection::Send(DataOp op, const std::string& header,
   reply_read_ = 0;
   // A second of slack over the server's own deadline, so its answer (e.g.
   // DEADLINE_EXCEEDED naming the missing workers) arrives first.
-  conn_->SetReadTimeout(timeout == absl::InfiniteDuration() ? timeout
-                                                            : timeout + absl::Seconds(1));
+  conn_->SetReadTimeout(timeout == absl::InfiniteDuration() ? timeout : timeout + absl::Seconds(1));
   int pass_fd = -1;
   if (conn_->kind() == DataConn::Kind::kUnix) {
     DT_RETURN_IF_ERROR(EnsureSegment(std::max(total, reply_bytes), &pass_fd));

@@ -131,8 +131,8 @@ struct DataRequest {
 };
 
 struct DataReply {
-  std::string header;                     // serialized protobuf
-  std::vector<absl::string_view> values;  // the payload, in order
+  std::string header;                               // serialized protobuf
+  std::vector<absl::string_view> values;            // the payload, in order
   std::vector<std::shared_ptr<const void>> owners;  // keep `values` alive
 };
 

@@ -87,9 +87,8 @@ void EncodeFrameHeader(const FrameHeader& h, char out[kFrameHeaderSize]) {
 
 absl::StatusOr<FrameHeader> DecodeFrameHeader(absl::string_view bytes, bool request) {
   if (bytes.size() < kFrameHeaderSize) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("data port frame: ", bytes.size(), " bytes, a header needs ",
-                     kFrameHeaderSize));
+    return absl::InvalidArgumentError(absl::StrCat("data port frame: ", bytes.size(),
+                                                   " bytes, a header needs ", kFrameHeaderSize));
   }
   const char* in = bytes.data();
   const uint32_t magic = Get<uint32_t>(in);
@@ -118,8 +117,8 @@ absl::StatusOr<FrameHeader> DecodeFrameHeader(absl::string_view bytes, bool requ
   // An error reply to a frame that could not be decoded names no op.
   const bool error_to_unknown = is_reply && base == 0 && h.arg != 0;
   if (is_reply == request || (!KnownOp(base) && !error_to_unknown)) {
-    return absl::InvalidArgumentError(absl::StrCat("data port frame: unknown ",
-                                                   request ? "request" : "reply", " op ", h.op));
+    return absl::InvalidArgumentError(
+        absl::StrCat("data port frame: unknown ", request ? "request" : "reply", " op ", h.op));
   }
   if (h.header_bytes > kMaxFrameHeaderBytes) {
     return absl::InvalidArgumentError(absl::StrCat("data port frame: header of ", h.header_bytes,
@@ -134,8 +133,8 @@ absl::StatusOr<std::vector<absl::string_view>> SplitPayload(absl::string_view pa
   uint64_t off = 0;
   for (int64_t size : sizes) {
     if (size < 0 || static_cast<uint64_t>(size) > payload.size() - off) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "data port frame: payload of ", payload.size(), " bytes is shorter than its items"));
+      return absl::InvalidArgumentError(absl::StrCat("data port frame: payload of ", payload.size(),
+                                                     " bytes is shorter than its items"));
     }
     out.push_back(payload.substr(off, static_cast<size_t>(size)));
     off += static_cast<uint64_t>(size);
@@ -186,9 +185,8 @@ absl::Status CheckRequestFrame(
         need += static_cast<uint64_t>(n);
       }
       if (need != h.payload_bytes) {
-        return absl::InvalidArgumentError(absl::StrCat("data port PUSH: payload of ",
-                                                       h.payload_bytes, " bytes, its items need ",
-                                                       need));
+        return absl::InvalidArgumentError(absl::StrCat(
+            "data port PUSH: payload of ", h.payload_bytes, " bytes, its items need ", need));
       }
       return absl::OkStatus();
     }
@@ -196,9 +194,8 @@ absl::Status CheckRequestFrame(
       break;
   }
   if (h.payload_bytes != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("data port ", DataOpName(h.op),
-                                                   ": unexpected payload of ", h.payload_bytes,
-                                                   " bytes"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "data port ", DataOpName(h.op), ": unexpected payload of ", h.payload_bytes, " bytes"));
   }
   return absl::OkStatus();
 }

@@ -4,12 +4,11 @@
 // path: gRPC (sync and callback servers), the data port over TCP with mutual
 // TLS, and the data port over the Unix socket and shared memory (auto, with
 // TLS certificates present, as a user runs it).
+#include <cstdlib>
+#include <filesystem>
 #include <memory>
 #include <string>
 #include <vector>
-
-#include <cstdlib>
-#include <filesystem>
 
 #include "gtest/gtest.h"
 #include "libs/base/status.h"

@@ -2,6 +2,8 @@
 // security on (mutual TLS, a cluster secret): who is refused, what hostile
 // frames get, and that the shard keeps serving the next good client; the
 // shared accounting (metrics) of data port requests.
+#include "libs/kvstore/data_port.h"
+
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
@@ -20,7 +22,6 @@
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "libs/kvstore/client.h"
-#include "libs/kvstore/data_port.h"
 #include "libs/kvstore/data_port_frame.h"
 #include "libs/metrics/scrape.h"
 #include "libs/rpc/credentials.h"
@@ -184,8 +185,8 @@ TEST_F(DataPortTest, TokensAreCheckedAndBindTheConnectionToTheirJob) {
     pull.set_job("a");
     v1::PullItem* item = pull.add_items();
     item->set_key("w");
-    ASSERT_TRUE((*bound)->Send(DataOp::kPull, pull.SerializeAsString(), {}, 16, absl::Seconds(5))
-                    .ok());
+    ASSERT_TRUE(
+        (*bound)->Send(DataOp::kPull, pull.SerializeAsString(), {}, 16, absl::Seconds(5)).ok());
     absl::StatusOr<std::string> reply = (*bound)->ReceiveHeader();
     EXPECT_EQ(reply.status().code(), absl::StatusCode::kPermissionDenied) << reply.status();
     // A push naming a, with its payload: refused before any lookup of a.
@@ -369,14 +370,15 @@ TEST_F(DataPortTest, DataPortRequestsCountInTheKvstoresMetrics) {
   auto before = metrics::Scrape(server_->metrics_port());
   ASSERT_TRUE(before.ok());
   const double pushpulls =
-      metrics::SampleValue(*before, "dtrain_kvstore_requests_total{code=\"OK\",method=\"PushPull\"}")
+      metrics::SampleValue(*before,
+                           "dtrain_kvstore_requests_total{code=\"OK\",method=\"PushPull\"}")
           .value_or(0);
   ExpectServes(DataPath::kAuto);  // one PushPull over the Unix socket
   ExpectServes(DataPath::kTcp);   // one over TLS
   auto after = metrics::Scrape(server_->metrics_port());
   ASSERT_TRUE(after.ok());
-  absl::StatusOr<double> v =
-      metrics::SampleValue(*after, "dtrain_kvstore_requests_total{code=\"OK\",method=\"PushPull\"}");
+  absl::StatusOr<double> v = metrics::SampleValue(
+      *after, "dtrain_kvstore_requests_total{code=\"OK\",method=\"PushPull\"}");
   ASSERT_TRUE(v.ok()) << *after;
   EXPECT_EQ(*v, pushpulls + 2);
   // Neither went over gRPC.

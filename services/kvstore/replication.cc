@@ -10,10 +10,10 @@
 #include "libs/base/logging.h"
 #include "libs/base/status.h"
 #include "libs/kvstore/data_port.h"
-#include "protos/kvstore.grpc.pb.h"
 #include "libs/rpc/authorize.h"
 #include "libs/rpc/credentials.h"
 #include "libs/security/authz.h"
+#include "protos/kvstore.grpc.pb.h"
 #include "protos/scheduler.grpc.pb.h"
 
 namespace dtrain {
@@ -106,8 +106,8 @@ absl::StatusOr<v1::ReplicateReply> DataPortReplicaLink::Replicate(const std::str
     absl::MutexLock lock(&peer->mu);
     peer->idle.clear();
     peer->discovered = false;  // it may come back on another port
-    return absl::Status(s.code(), absl::StrCat("data port REPLICATE to ", address, ": ",
-                                               s.message()));
+    return absl::Status(s.code(),
+                        absl::StrCat("data port REPLICATE to ", address, ": ", s.message()));
   };
   if (conn == nullptr) {
     std::shared_ptr<const rpc::Credentials> c = rpc::DefaultCredentials();

@@ -152,8 +152,9 @@ class KVStoreServer::Impl : public DataPortHandler {
         std::max<int64_t>(1024, std::min(options_.chunk_bytes, options_.max_message_bytes / 2));
     // The metrics of every method, created once: building label sets and
     // bucket lists per call costs more than a small push-pull's arithmetic.
-    for (const char* method : {"CreateJob", "DeleteJob", "GetJob", "Init", "Snapshot", "DataPort", "Push",
-                               "Pull", "PushPull", "PushUnary", "PullUnary", "PushPullUnary"}) {
+    for (const char* method :
+         {"CreateJob", "DeleteJob", "GetJob", "Init", "Snapshot", "DataPort", "Push", "Pull",
+          "PushPull", "PushUnary", "PullUnary", "PushPullUnary"}) {
       MethodMetrics& m = methods_[method];
       m.ok = &requests_.Add({{"method", method}, {"code", "OK"}});
       m.latency = &latency_.Add({{"method", method}}, metrics::LatencyBuckets());
@@ -782,9 +783,8 @@ class KVStoreServer::Impl : public DataPortHandler {
                                          hello.token().empty() ? nullptr : &hello.token(),
                                          options_.job_token_secret));
     if (job.has_value() && *job != hello.job()) {
-      return absl::PermissionDeniedError(
-          absl::StrCat(who.ToString(), ": the kvstore token grants job '", *job, "', not '",
-                       hello.job(), "'"));
+      return absl::PermissionDeniedError(absl::StrCat(
+          who.ToString(), ": the kvstore token grants job '", *job, "', not '", hello.job(), "'"));
     }
     DT_LOG(DEBUG) << "data port (" << DataConn::KindName(kind) << "): " << who.ToString()
                   << " for job '" << hello.job() << "' worker " << hello.worker();
@@ -794,9 +794,8 @@ class KVStoreServer::Impl : public DataPortHandler {
   absl::Status Handle(const DataRequest& request, DataReply* reply) override {
     const char* method = DataOpMethod(request.op);
     const Clock::time_point start = Clock::now();
-    security::JobScope scope(request.scope != nullptr && request.scope->has_value()
-                                 ? &**request.scope
-                                 : nullptr);
+    security::JobScope scope(
+        request.scope != nullptr && request.scope->has_value() ? &**request.scope : nullptr);
     absl::Status status = HandleData(request, reply);
     if (request.op != DataOp::kReplicate) Account(method, start, status);
     return status;
@@ -1005,7 +1004,8 @@ absl::Status KVStoreServer::Impl::HandleReplicate(const DataRequest& request, Da
   if (!batch.ParseFromArray(payload.data(), static_cast<int>(payload.size()))) {
     return absl::InvalidArgumentError("data port REPLICATE: the batch does not parse");
   }
-  DT_ASSIGN_OR_RETURN(v1::ReplicateReply r, replicator_->Receive(std::move(batch), request.deadline));
+  DT_ASSIGN_OR_RETURN(v1::ReplicateReply r,
+                      replicator_->Receive(std::move(batch), request.deadline));
   reply->header = r.SerializeAsString();
   return absl::OkStatus();
 }

@@ -198,7 +198,7 @@ class KVStoreServer {
   std::unique_ptr<Services> services_;  // outlives rpc_
   std::unique_ptr<rpc::Server> rpc_;
   std::unique_ptr<DataPortServer> data_port_;  // after impl_, its handler
-  std::unique_ptr<MapHeartbeat> heartbeat_;  // after rpc_: peers dial us once it runs
+  std::unique_ptr<MapHeartbeat> heartbeat_;    // after rpc_: peers dial us once it runs
   bool resumed_ = false;
   bool shut_down_ = false;
   absl::Notification reaper_stop_;

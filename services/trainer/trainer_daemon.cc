@@ -325,10 +325,9 @@ int main(int argc, char** argv) {
     if (!kv.empty()) {
       // Gradients of KVSTORE jobs go through the shards: one kvstore job per
       // attempt, every trainer a worker.
-      options.connect_parameter_server = [kv, replicas, kv_unavailable_s,
-                                          data_path = *data_path](const std::string& job,
-                                                                          int worker,
-                                                                          const std::string& token)
+      options.connect_parameter_server = [kv, replicas, kv_unavailable_s, data_path = *data_path](
+                                             const std::string& job, int worker,
+                                             const std::string& token)
           -> absl::StatusOr<std::unique_ptr<dtrain::kvstore::ParameterServer>> {
         dtrain::kvstore::ClientOptions ko;
         ko.servers = kv;

@@ -73,8 +73,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         need += static_cast<uint64_t>(sizes.back());
       }
       Check(need == h->payload_bytes, "payload checked against the store");
-      const absl::string_view payload =
-          frame.substr(kv::kFrameHeaderSize + h->header_bytes);
+      const absl::string_view payload = frame.substr(kv::kFrameHeaderSize + h->header_bytes);
       if (payload.size() == h->payload_bytes) {
         absl::StatusOr<std::vector<absl::string_view>> parts = kv::SplitPayload(payload, sizes);
         Check(parts.ok() && parts->size() == sizes.size(), "an exact payload splits");

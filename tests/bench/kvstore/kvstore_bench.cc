@@ -246,8 +246,7 @@ absl::StatusOr<Result> RunOnce(const char* argv0, int replicas) {
       "data_path=%s pushpull_GBps=%.3f p50_us=%.0f p99_us=%.0f\n",
       workers, servers, replicas, static_cast<long long>(elements * 4), keys,
       absl::GetFlag(FLAGS_tls) ? "on" : "off", absl::GetFlag(FLAGS_callback_data) ? "on" : "off",
-      absl::GetFlag(FLAGS_data_path).c_str(),
-      result.gbps, result.p50, result.p99);
+      absl::GetFlag(FLAGS_data_path).c_str(), result.gbps, result.p50, result.p99);
   std::fflush(stdout);
   for (auto it = procs.rbegin(); it != procs.rend(); ++it) (void)(*it)->Kill(SIGTERM);
   for (auto& p : procs) (void)p->Wait();
