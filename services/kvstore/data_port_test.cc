@@ -207,6 +207,19 @@ TEST_F(DataPortTest, TokensAreCheckedAndBindTheConnectionToTheirJob) {
   ExpectServes(DataPath::kTcp);
 }
 
+// Only kvstore shards may open a replica link or send REPLICATE frames.
+TEST_F(DataPortTest, ReplicationIsForKvstoreIdentitiesOnly) {
+  const DataPortTls tls = TlsOf(dir_, "trainer-0");
+  auto link = DataPortConnection::Dial(tcp_, Hello("", ""), tls, absl::Seconds(5));
+  EXPECT_EQ(link.status().code(), absl::StatusCode::kPermissionDenied) << link.status();
+  auto conn = DataPortConnection::Dial(tcp_, Hello("a", Token("a")), tls, absl::Seconds(5));
+  ASSERT_TRUE(conn.ok()) << conn.status();
+  ASSERT_TRUE((*conn)->Send(DataOp::kReplicate, "", {"x"}, 0, absl::Seconds(5)).ok());
+  absl::StatusOr<std::string> reply = (*conn)->ReceiveHeader();
+  EXPECT_EQ(reply.status().code(), absl::StatusCode::kPermissionDenied) << reply.status();
+  ExpectServes(DataPath::kTcp);
+}
+
 TEST_F(DataPortTest, ClientWithoutACertificateOfTheClusterIsRefused) {
   const std::string rogue = TempDir("rogue");
   ASSERT_TRUE(security::InitCertDir(rogue, {}).ok());
