@@ -24,6 +24,7 @@
 #include "libs/base/retry.h"
 #include "libs/base/status.h"
 #include "libs/kvstore/codec.h"
+#include "libs/kvstore/data_port.h"
 #include "libs/kvstore/proto_convert.h"
 #include "libs/kvstore/shard_map.h"
 #include "libs/kvstore/thread_pool.h"
@@ -225,6 +226,7 @@ void KVClient::Cancel(const std::string& reason) {
   cancelled_ = absl::CancelledError(
       absl::StrCat("kvstore job ", options_.job, " worker ", options_.worker, ": ", reason));
   for (grpc::ClientContext* ctx : calls_) ctx->TryCancel();
+  for (DataPortConnection* conn : data_calls_) conn->Shutdown();
 }
 
 absl::Status KVClient::CancelStatus() const {
@@ -676,6 +678,42 @@ Work KVClient::Start(Op op, std::vector<SliceOp> work,
     state->remaining = static_cast<int>(by_server.size());
   }
   auto shared_deps = std::make_shared<std::vector<std::shared_ptr<Work::State>>>(std::move(deps));
+  if (run_one_inline && by_server.size() > 1 && options_.data_path != DataPath::kGrpc &&
+      options_.replicas == 1) {
+    // Blocking form over several shards: every shard's request goes out from
+    // this thread, then every reply is read on it (the shards work in
+    // parallel, no hand-off). A shard's part that fails this first attempt
+    // runs again with the usual retries; one without a data port goes to
+    // the pool (gRPC).
+    for (const auto& dep : *shared_deps) {
+      if (dep != state) dep->WaitTasks();
+    }
+    std::vector<std::pair<int, std::unique_ptr<PendingData>>> pending;
+    std::vector<int> again;
+    for (auto& [server, server_work] : by_server) {
+      absl::StatusOr<std::unique_ptr<PendingData>> p =
+          StartDataCall(options_.servers[static_cast<size_t>(server)],
+                        channels_[static_cast<size_t>(server)], op, server_work);
+      if (!p.ok()) {
+        again.push_back(server);
+      } else if (*p == nullptr) {
+        pool_->Schedule([this, op, server = server, w = server_work, state] {
+          state->Finish(RunOnServer(op, server, w, state));
+        });
+      } else {
+        pending.emplace_back(server, *std::move(p));
+      }
+    }
+    for (auto& [server, p] : pending) {
+      if (FinishDataCall(std::move(p), by_server[server]).ok()) {
+        state->Finish(absl::OkStatus());
+      } else {
+        again.push_back(server);
+      }
+    }
+    for (int server : again) state->Finish(RunOnServer(op, server, by_server[server], state));
+    return Work(std::move(state));
+  }
   std::function<void()> inline_task;
   for (auto& [server, server_work] : by_server) {
     std::function<void()> task = [this, op, server = server, w = std::move(server_work), state,
@@ -815,6 +853,12 @@ absl::Status KVClient::PushOnce(int server, const std::vector<SliceOp>& work, bo
     return PullOnce(server, work);
   }
   DT_ASSIGN_OR_RETURN(Endpoint to, Route(server, /*write=*/true));
+  if (options_.data_path != DataPath::kGrpc) {
+    bool used = false;
+    absl::Status s =
+        DataPortCall(to.address, to.channel, pull_back ? Op::kPushPull : Op::kPush, work, &used);
+    if (used) return s;
+  }
   const std::string& address = to.address;
   grpc::Channel* const channel = to.channel.get();
   const CompressionSpec compression = encoder_.compression();
@@ -931,6 +975,11 @@ absl::Status KVClient::PushOnce(int server, const std::vector<SliceOp>& work, bo
 
 absl::Status KVClient::PullOnce(int server, const std::vector<SliceOp>& work) {
   DT_ASSIGN_OR_RETURN(Endpoint to, Route(server, /*write=*/false));
+  if (options_.data_path != DataPath::kGrpc) {
+    bool used = false;
+    absl::Status s = DataPortCall(to.address, to.channel, Op::kPull, work, &used);
+    if (used) return s;
+  }
   const std::string& address = to.address;
   grpc::Channel* const channel = to.channel.get();
   v1::PullRequest request;
@@ -970,6 +1019,323 @@ absl::Status KVClient::PullOnce(int server, const std::vector<SliceOp>& work) {
   DT_RETURN_IF_ERROR(
       FromGrpcStatus(reader->Finish(), absl::StrCat("KVStoreData.Pull to ", address)));
   return read;
+}
+
+// ---------------------------------------------------------------------------
+// The data port
+
+const char* DataPathName(DataPath path) {
+  switch (path) {
+    case DataPath::kAuto:
+      return "auto";
+    case DataPath::kTcp:
+      return "tcp";
+    case DataPath::kGrpc:
+      return "grpc";
+  }
+  return "auto";
+}
+
+absl::StatusOr<DataPath> ParseDataPath(absl::string_view name) {
+  for (DataPath p : {DataPath::kAuto, DataPath::kTcp, DataPath::kGrpc}) {
+    if (name == DataPathName(p)) return p;
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown kvstore data path '", name, "' (auto, tcp or grpc)"));
+}
+
+// What this client knows of one server address's data port, and its idle
+// connections.
+struct KVClient::DataPool {
+  absl::Mutex mu;
+  bool discovered ABSL_GUARDED_BY(mu) = false;
+  bool available ABSL_GUARDED_BY(mu) = false;
+  bool unix_failed ABSL_GUARDED_BY(mu) = false;  // the socket could not be used: TCP
+  // The data port could not be reached (a firewall, a NetworkPolicy, or the
+  // shard is down): gRPC until then.
+  absl::Time skip_until ABSL_GUARDED_BY(mu) = absl::InfinitePast();
+  DataPortAddress address ABSL_GUARDED_BY(mu);
+  std::vector<std::unique_ptr<DataPortConnection>> idle ABSL_GUARDED_BY(mu);
+};
+
+namespace {
+
+DataPortTls ProcessTls() {
+  std::shared_ptr<const rpc::Credentials> c = rpc::DefaultCredentials();
+  DataPortTls tls;
+  if (!c->insecure()) {
+    tls.enabled = true;
+    tls.ca_file = c->files().ca;
+    tls.cert_file = c->files().cert;
+    tls.key_file = c->files().key;
+  }
+  return tls;
+}
+
+std::string HostOf(const std::string& address) {
+  const size_t colon = address.rfind(':');
+  std::string host = colon == std::string::npos ? address : address.substr(0, colon);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  }
+  if (host.empty() || host == "0.0.0.0") host = "127.0.0.1";
+  return host;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<DataPortConnection>> KVClient::TakeDataConn(
+    const std::string& address, const std::shared_ptr<grpc::Channel>& channel) {
+  DataPool* pool;
+  {
+    absl::MutexLock lock(&data_mu_);
+    std::unique_ptr<DataPool>& p = data_pools_[address];
+    if (p == nullptr) p = std::make_unique<DataPool>();
+    pool = p.get();
+  }
+  absl::MutexLock lock(&pool->mu);
+  if (!pool->idle.empty()) {
+    std::unique_ptr<DataPortConnection> conn = std::move(pool->idle.back());
+    pool->idle.pop_back();
+    return conn;
+  }
+  if (absl::Now() < pool->skip_until) return nullptr;
+  if (!pool->discovered) {
+    auto stub = v1::KVStore::NewStub(channel);
+    grpc::ClientContext ctx;
+    AddToken(&ctx);
+    ctx.set_deadline(Deadline(std::min(options_.rpc_timeout, absl::Seconds(10))));
+    v1::DataPortResponse response;
+    grpc::Status s = stub->DataPort(&ctx, v1::DataPortRequest(), &response);
+    if (s.error_code() == grpc::StatusCode::UNIMPLEMENTED) {
+      pool->discovered = true;  // a shard from before the data port: gRPC
+      return nullptr;
+    }
+    DT_RETURN_IF_ERROR(FromGrpcStatus(s, absl::StrCat("KVStore.DataPort to ", address)));
+    pool->discovered = true;
+    pool->address.host = HostOf(address);
+    pool->address.tcp_port = response.tcp_port();
+    pool->address.tls = response.tls();
+    if (options_.data_path == DataPath::kAuto && !response.unix_socket().empty() &&
+        !response.host_id().empty() && response.host_id() == HostId()) {
+      pool->address.unix_socket = response.unix_socket();
+    }
+    pool->available = pool->address.tcp_port != 0 || !pool->address.unix_socket.empty();
+  }
+  if (!pool->available) return nullptr;
+  v1::DataHello hello;
+  hello.set_job(options_.job);
+  hello.set_worker(options_.worker);
+  hello.set_token(options_.token);
+  const absl::Duration timeout = std::min(options_.rpc_timeout, absl::Seconds(10));
+  if (!pool->address.unix_socket.empty() && !pool->unix_failed) {
+    absl::StatusOr<std::unique_ptr<DataPortConnection>> conn =
+        DataPortConnection::Dial(pool->address, hello, ProcessTls(), timeout);
+    if (conn.ok()) return conn;
+    if (absl::IsPermissionDenied(conn.status()) && pool->address.tcp_port == 0) {
+      return conn.status();
+    }
+    // Not usable from here (another uid, a socket in another mount
+    // namespace, ...): TCP from now on.
+    DT_LOG(DEBUG) << "kvstore data port socket " << pool->address.unix_socket << ": "
+                  << conn.status() << "; using TCP";
+    pool->unix_failed = true;
+  }
+  if (pool->address.tcp_port == 0) return nullptr;
+  DataPortAddress tcp = pool->address;
+  tcp.unix_socket.clear();
+  absl::StatusOr<std::unique_ptr<DataPortConnection>> conn =
+      DataPortConnection::Dial(tcp, hello, ProcessTls(), timeout);
+  if (absl::IsResourceExhausted(conn.status())) return nullptr;  // at its limit: gRPC
+  if (absl::IsUnavailable(conn.status())) {
+    // Not reachable though gRPC answered (a firewall?), or gone: gRPC for a
+    // while (which fails over or retries as usual when the shard is gone).
+    DT_LOG(DEBUG) << "kvstore data port " << tcp.host << ":" << tcp.tcp_port << " of " << address
+                  << ": " << conn.status() << "; using gRPC for 30 s";
+    pool->skip_until = absl::Now() + absl::Seconds(30);
+    pool->discovered = false;
+    return nullptr;
+  }
+  if (!conn.ok()) {
+    return absl::Status(conn.status().code(),
+                        absl::StrCat("data port ", tcp.host, ":", tcp.tcp_port, " of ", address,
+                                     ": ", conn.status().message()));
+  }
+  return conn;
+}
+
+void KVClient::ReturnDataConn(const std::string& address,
+                              std::unique_ptr<DataPortConnection> conn) {
+  DataPool* pool;
+  {
+    absl::MutexLock lock(&data_mu_);
+    pool = data_pools_[address].get();
+  }
+  absl::MutexLock lock(&pool->mu);
+  if (pool->idle.size() < 16) pool->idle.push_back(std::move(conn));
+}
+
+// A data port request sent and not yet answered.
+struct KVClient::PendingData {
+  KVClient* client = nullptr;
+  std::string address;
+  Op op = Op::kPush;
+  std::unique_ptr<DataPortConnection> conn;
+  ~PendingData() {
+    if (conn == nullptr) return;
+    absl::MutexLock lock(&client->calls_mu_);
+    client->data_calls_.erase(conn.get());
+  }
+  // `s` with the call named; a transport failure also forgets the shard's
+  // idle connections (it went away, or restarted, maybe on another port:
+  // its data port is asked again).
+  absl::Status Annotate(const absl::Status& s) {
+    if (absl::IsUnavailable(s)) {
+      absl::MutexLock lock(&client->data_mu_);
+      DataPool* pool = client->data_pools_[address].get();
+      absl::MutexLock pool_lock(&pool->mu);
+      pool->idle.clear();
+      pool->discovered = false;
+      pool->unix_failed = false;
+    }
+    const char* method = op == Op::kPush ? "Push" : op == Op::kPull ? "Pull" : "PushPull";
+    return absl::Status(s.code(),
+                        absl::StrCat("DataPort.", method, " to ", address, " (",
+                                     DataConn::KindName(conn->kind()), "): ", s.message()));
+  }
+};
+
+absl::StatusOr<std::unique_ptr<KVClient::PendingData>> KVClient::StartDataCall(
+    const std::string& address, const std::shared_ptr<grpc::Channel>& channel, Op op,
+    const std::vector<SliceOp>& work) {
+  DT_RETURN_IF_ERROR(CancelStatus());
+  DT_ASSIGN_OR_RETURN(std::unique_ptr<DataPortConnection> conn, TakeDataConn(address, channel));
+  if (conn == nullptr) return nullptr;  // gRPC
+  auto pending = std::make_unique<PendingData>();
+  pending->client = this;
+  pending->address = address;
+  pending->op = op;
+  {
+    // Registered for Cancel while it runs.
+    absl::MutexLock lock(&calls_mu_);
+    if (!cancelled_.ok()) return cancelled_;
+    data_calls_.insert(conn.get());
+  }
+  pending->conn = std::move(conn);
+  std::string header;
+  std::vector<absl::string_view> payload;
+  std::vector<std::shared_ptr<const std::string>> encoded;  // compressed values
+  uint64_t reply_bytes = 0;
+  if (op == Op::kPull) {
+    v1::PullRequest r;
+    r.set_job(options_.job);
+    r.set_worker(options_.worker);
+    for (const SliceOp& w : work) {
+      v1::PullItem* item = r.add_items();
+      item->set_key(w.slice->spec.key);
+      item->set_slice(w.slice->spec.slice);
+      item->set_round(w.round);
+      reply_bytes += static_cast<uint64_t>(SliceBytes(w.slice->spec));
+    }
+    header = r.SerializeAsString();
+  } else {
+    const CompressionSpec compression = encoder_.compression();
+    v1::PushRequest r;
+    r.set_job(options_.job);
+    r.set_worker(options_.worker);
+    r.set_compression(ToProto(compression.method));
+    r.set_topk_ratio(compression.topk_ratio);
+    for (const SliceOp& w : work) {
+      const SliceSpec& spec = w.slice->spec;
+      v1::PushItem* item = r.add_items();
+      item->set_key(spec.key);
+      item->set_slice(spec.slice);
+      item->set_round(w.round);
+      item->set_dtype(static_cast<int>(spec.dtype));
+      for (int64_t d : spec.shape) item->add_shape(d);
+      // The caller's memory itself, or its encoding (push_encoder.h).
+      absl::StatusOr<std::shared_ptr<const std::string>> value =
+          encoder_.Encode(compression, spec, w.round, w.src);
+      if (!value.ok()) return value.status();
+      if (*value == nullptr) {
+        payload.emplace_back(w.src, static_cast<size_t>(SliceBytes(spec)));
+      } else {
+        encoded.push_back(std::move(*value));
+        payload.push_back(*encoded.back());
+      }
+      if (op == Op::kPushPull) reply_bytes += static_cast<uint64_t>(SliceBytes(spec));
+    }
+    header = r.SerializeAsString();
+  }
+  const DataOp data_op = op == Op::kPush   ? DataOp::kPush
+                         : op == Op::kPull ? DataOp::kPull
+                                           : DataOp::kPushPull;
+  const absl::Duration timeout = op == Op::kPush ? options_.rpc_timeout : options_.pull_timeout;
+  absl::Status sent = pending->conn->Send(data_op, header, payload, reply_bytes, timeout);
+  if (!sent.ok()) return pending->Annotate(sent);
+  return pending;
+}
+
+absl::Status KVClient::FinishDataCall(std::unique_ptr<PendingData> pending,
+                                      const std::vector<SliceOp>& work) {
+  DataPortConnection& conn = *pending->conn;
+  absl::StatusOr<std::string> reply = conn.ReceiveHeader();
+  if (!reply.ok()) return pending->Annotate(reply.status());
+  auto done = [&] {
+    std::unique_ptr<DataPortConnection> c = std::move(pending->conn);
+    {
+      absl::MutexLock lock(&calls_mu_);
+      data_calls_.erase(c.get());
+    }
+    ReturnDataConn(pending->address, std::move(c));
+    return absl::OkStatus();
+  };
+  if (pending->op == Op::kPush) {
+    v1::PushResponse r;
+    if (!r.ParseFromString(*reply)) {
+      return pending->Annotate(absl::DataLossError("unparsable PushResponse"));
+    }
+    return done();
+  }
+  v1::PullResponse r;
+  if (!r.ParseFromString(*reply)) {
+    return pending->Annotate(absl::DataLossError("unparsable PullResponse"));
+  }
+  if (r.items_size() != static_cast<int>(work.size())) {
+    return pending->Annotate(absl::DataLossError(
+        absl::StrCat(r.items_size(), " items for ", work.size(), " requested")));
+  }
+  uint64_t total = 0;
+  for (int i = 0; i < r.items_size(); ++i) {
+    const v1::PulledItem& item = r.items(i);
+    const SliceSpec& spec = work[static_cast<size_t>(i)].slice->spec;
+    if (item.item() != i || item.dtype() != static_cast<int>(spec.dtype) ||
+        item.bytes() != SliceBytes(spec)) {
+      return pending->Annotate(absl::DataLossError(absl::StrCat(
+          "key '", spec.key, "' slice ", spec.slice, " came as item ", item.item(), " of ",
+          item.bytes(), " bytes of dtype ", item.dtype(), ", expected ", SliceBytes(spec))));
+    }
+    total += static_cast<uint64_t>(item.bytes());
+  }
+  if (total != conn.reply_payload_bytes()) {
+    return pending->Annotate(absl::DataLossError(absl::StrCat(
+        "reply payload of ", conn.reply_payload_bytes(), " bytes, its items need ", total)));
+  }
+  for (const SliceOp& w : work) {
+    absl::Status read = conn.ReadPayload(w.dst, static_cast<size_t>(SliceBytes(w.slice->spec)));
+    if (!read.ok()) return pending->Annotate(read);
+  }
+  return done();
+}
+
+absl::Status KVClient::DataPortCall(const std::string& address,
+                                    const std::shared_ptr<grpc::Channel>& channel, Op op,
+                                    const std::vector<SliceOp>& work, bool* used) {
+  absl::StatusOr<std::unique_ptr<PendingData>> pending = StartDataCall(address, channel, op, work);
+  if (pending.ok() && *pending == nullptr) return absl::OkStatus();  // gRPC
+  *used = true;
+  DT_RETURN_IF_ERROR(pending.status());
+  return FinishDataCall(*std::move(pending), work);
 }
 
 absl::StatusOr<JobStatus> KVClient::GetJob(int server, bool include_slices) {

@@ -59,10 +59,20 @@
 // Work is done; a destination is written until then.
 //
 // Errors are the shards' Status (see store.h), prefixed with the RPC and the
-// server ("KVStoreData.Push to 127.0.0.1:7001: ..."), or kInvalidArgument /
+// server ("KVStoreData.Push to 127.0.0.1:7001: ...", "DataPort.PushPull to
+// 127.0.0.1:7001 (unix): ..." over the data port), or kInvalidArgument /
 // kNotFound from the client for an unknown key or a missing buffer.
 //
-// Performance: requests and replies that fit in one message go as unary
+// Data path (ClientOptions.data_path): by default pushes and pulls go over
+// each shard's data port, not gRPC: a pool of connections per server
+// address, an operation taking an idle one and running on the calling
+// thread (one shard's part inline), the values written straight from the
+// caller's buffers (writev; or one copy into the shared-memory segment) and
+// read straight into them. The rounds, retries, failover, replicated
+// routing, Cancel and compression are the same on every path; a shard without
+// a data port is served over gRPC.
+//
+// Performance (gRPC path): requests and replies that fit in one message go as unary
 // calls, larger ones stream in chunk_bytes messages. A process moving large
 // values should call TuneMallocForBulkTransfers() (malloc_tuning.h) at start.
 //
@@ -83,6 +93,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "libs/kvstore/parameter_server.h"
@@ -102,6 +113,20 @@ class ShardMap;
 }  // namespace v1
 
 class ElasticThreadPool;
+class DataPortConnection;
+
+// How pushes and pulls travel (control calls always use gRPC):
+//   kAuto: the shard's data port (libs/kvstore/data_port.h), over its Unix
+//          socket and shared memory when the shard runs on this host (same
+//          boot id, a socket this uid can connect to), else over TCP (mutual
+//          TLS); gRPC when the shard has no data port (or refuses more
+//          connections).
+//   kTcp:  the data port over TCP only, else gRPC.
+//   kGrpc: KVStoreData over gRPC only.
+enum class DataPath { kAuto, kTcp, kGrpc };
+const char* DataPathName(DataPath path);  // "auto", "tcp", "grpc"
+// InvalidArgument naming the accepted names.
+absl::StatusOr<DataPath> ParseDataPath(absl::string_view name);
 
 struct ClientOptions {
   // "host:port" of every shard; shard i must run with --shard_index=i.
@@ -138,6 +163,8 @@ struct ClientOptions {
   // How long a shard may stay unreachable (UNAVAILABLE) before an operation
   // on it fails (see "Failure detection"). Not counted in max_attempts.
   absl::Duration unavailable_timeout = absl::Seconds(5);
+  // See DataPath.
+  DataPath data_path = DataPath::kAuto;
 };
 
 class KVClient : public ParameterServer {
@@ -231,6 +258,21 @@ class KVClient : public ParameterServer {
   absl::Status PushOnce(int server, const std::vector<SliceOp>& work, bool pull_back,
                         const std::shared_ptr<Work::State>& state);
   absl::Status PullOnce(int server, const std::vector<SliceOp>& work);
+  // The data port: an idle (or new) connection to the shard at `address`
+  // (reached over `channel` for discovery), or null for gRPC.
+  struct DataPool;
+  absl::StatusOr<std::unique_ptr<DataPortConnection>> TakeDataConn(
+      const std::string& address, const std::shared_ptr<grpc::Channel>& channel);
+  void ReturnDataConn(const std::string& address, std::unique_ptr<DataPortConnection> conn);
+  struct PendingData;
+  absl::StatusOr<std::unique_ptr<PendingData>> StartDataCall(
+      const std::string& address, const std::shared_ptr<grpc::Channel>& channel, Op op,
+      const std::vector<SliceOp>& work);
+  absl::Status FinishDataCall(std::unique_ptr<PendingData> pending,
+                              const std::vector<SliceOp>& work);
+  absl::Status DataPortCall(const std::string& address,
+                            const std::shared_ptr<grpc::Channel>& channel, Op op,
+                            const std::vector<SliceOp>& work, bool* used);
   // Runs `attempt` until it succeeds, fails with a non-transient error,
   // max_attempts failed with DEADLINE_EXCEEDED or ABORTED, UNAVAILABLE
   // lasted unavailable_timeout, or (when `cancellable`) Cancel was called.
@@ -270,6 +312,9 @@ class KVClient : public ParameterServer {
   absl::flat_hash_map<std::string, std::unique_ptr<Key>> keys_ ABSL_GUARDED_BY(mu_);
   mutable absl::Mutex calls_mu_;
   absl::flat_hash_set<grpc::ClientContext*> calls_ ABSL_GUARDED_BY(calls_mu_);
+  absl::flat_hash_set<DataPortConnection*> data_calls_ ABSL_GUARDED_BY(calls_mu_);
+  absl::Mutex data_mu_;
+  absl::flat_hash_map<std::string, std::unique_ptr<DataPool>> data_pools_ ABSL_GUARDED_BY(data_mu_);
   absl::Status cancelled_ ABSL_GUARDED_BY(calls_mu_);
 };
 

@@ -355,8 +355,9 @@ TEST(KVClientTest, PushRetriedAfterTimeoutIsAppliedOnce) {
       metrics::SampleValue(*text, "dtrain_kvstore_duplicate_pushes_total");
   ASSERT_TRUE(duplicates.ok()) << *text;
   EXPECT_GE(*duplicates, 1);
+  // (Over the data port, the default: the same metrics, method PushPull.)
   absl::StatusOr<double> timeouts = metrics::SampleValue(
-      *text, "dtrain_kvstore_requests_total{code=\"DEADLINE_EXCEEDED\",method=\"PushPullUnary\"}");
+      *text, "dtrain_kvstore_requests_total{code=\"DEADLINE_EXCEEDED\",method=\"PushPull\"}");
   EXPECT_TRUE(timeouts.ok() && *timeouts >= 1) << *text;
 }
 
@@ -914,7 +915,7 @@ TEST(KVClientTest, ClientSideErrors) {
   // so a trainer's attempt ends retryably (LostJobStateError).
   absl::Status gone = client->Push({{"w", g.data()}});
   EXPECT_EQ(gone.code(), absl::StatusCode::kAborted);
-  EXPECT_TRUE(absl::StrContains(gone.message(), "KVStoreData.PushUnary to 127.0.0.1:")) << gone;
+  EXPECT_TRUE(absl::StrContains(gone.message(), "DataPort.Push to 127.0.0.1:")) << gone;
   EXPECT_TRUE(absl::StrContains(gone.message(), "not found")) << gone;
   EXPECT_TRUE(absl::StrContains(gone.message(), "new attempt")) << gone;
 }

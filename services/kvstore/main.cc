@@ -15,7 +15,8 @@
 // longest pull wait of 10 min) is dropped as an orphan. Trainers delete
 // their jobs when an attempt ends; the TTL catches the ones they could not.
 //
-// Serves dtrain.kvstore.v1.KVStore and KVStoreData, dtrain.admin.Admin, gRPC
+// Serves dtrain.kvstore.v1.KVStore and KVStoreData, the data port (--data_listen,
+// --data_socket), dtrain.admin.Admin, gRPC
 // health checking and reflection (see server.h). Resumes from the snapshot
 // in --data_dir if there is one. SIGTERM or SIGINT: stops taking calls, lets
 // calls in flight finish (--shutdown_grace_s), writes a final snapshot and
@@ -54,6 +55,16 @@ ABSL_FLAG(double, job_ttl_s, 3600,
 ABSL_FLAG(bool, callback_data, false,
           "serve the unary data calls (small pushes and pulls) on gRPC's callback API: no thread "
           "hand-off, and a pull waiting for its round holds no thread");
+ABSL_FLAG(std::string, data_listen, "auto",
+          "the data port's TCP address (Push, Pull and PushPull outside gRPC, mutual TLS unless "
+          "--insecure; libs/kvstore/data_port.h); auto: the --listen host, any free port; "
+          "empty: no TCP data port");
+ABSL_FLAG(std::string, data_socket, "auto",
+          "the data port's Unix socket for clients on this host (shared memory); auto: "
+          "kvstore-<pid>-<n>.sock in a private directory of this uid ($XDG_RUNTIME_DIR/"
+          "dtrain-kvstore or /tmp/dtrain-kvstore-<uid>); empty: none");
+ABSL_FLAG(int, data_max_connections, 256,
+          "data port connections served at once; more are refused (their clients use gRPC)");
 ABSL_FLAG(int64_t, max_message_bytes, 4 << 20, "gRPC send/receive limit per message");
 ABSL_FLAG(double, shutdown_grace_s, 10, "seconds calls in flight get to finish at shutdown");
 ABSL_FLAG(std::string, scheduler, "",
@@ -104,6 +115,9 @@ int main(int argc, char** argv) {
   options.max_jobs = absl::GetFlag(FLAGS_max_jobs);
   options.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
   options.callback_data = absl::GetFlag(FLAGS_callback_data);
+  options.data_listen = absl::GetFlag(FLAGS_data_listen);
+  options.data_socket = absl::GetFlag(FLAGS_data_socket);
+  options.data_max_connections = absl::GetFlag(FLAGS_data_max_connections);
   options.job_ttl = absl::Seconds(absl::GetFlag(FLAGS_job_ttl_s));
   options.scheduler = absl::GetFlag(FLAGS_scheduler);
   options.replica_index = absl::GetFlag(FLAGS_replica_index);

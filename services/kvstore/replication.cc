@@ -9,9 +9,11 @@
 #include "libs/base/grpc_status.h"
 #include "libs/base/logging.h"
 #include "libs/base/status.h"
+#include "libs/kvstore/data_port.h"
 #include "libs/rpc/authorize.h"
 #include "libs/rpc/credentials.h"
 #include "libs/security/authz.h"
+#include "protos/kvstore.grpc.pb.h"
 #include "protos/scheduler.grpc.pb.h"
 
 namespace dtrain {
@@ -50,6 +52,83 @@ absl::StatusOr<v1::ReplicateReply> GrpcReplicaLink::Replicate(const std::string&
   writer->WritesDone();
   DT_RETURN_IF_ERROR(
       FromGrpcStatus(writer->Finish(), absl::StrCat("Replica.Replicate to ", address)));
+  return reply;
+}
+
+struct DataPortReplicaLink::Peer {
+  absl::Mutex mu;
+  bool discovered ABSL_GUARDED_BY(mu) = false;
+  DataPortAddress address ABSL_GUARDED_BY(mu);  // tcp_port 0: gRPC
+  std::vector<std::unique_ptr<DataPortConnection>> idle ABSL_GUARDED_BY(mu);
+};
+
+DataPortReplicaLink::DataPortReplicaLink(absl::Duration timeout)
+    : timeout_(timeout), fallback_(timeout) {}
+
+DataPortReplicaLink::~DataPortReplicaLink() = default;
+
+DataPortReplicaLink::Peer* DataPortReplicaLink::PeerOf(const std::string& address) {
+  absl::MutexLock lock(&mu_);
+  std::unique_ptr<Peer>& p = peers_[address];
+  if (p == nullptr) p = std::make_unique<Peer>();
+  return p.get();
+}
+
+absl::StatusOr<v1::ReplicateReply> DataPortReplicaLink::Replicate(const std::string& address,
+                                                                  const std::string& batch) {
+  Peer* peer = PeerOf(address);
+  std::unique_ptr<DataPortConnection> conn;
+  DataPortAddress where;
+  {
+    absl::MutexLock lock(&peer->mu);
+    if (!peer->discovered) {
+      auto stub = v1::KVStore::NewStub(rpc::NewChannel(address));
+      grpc::ClientContext ctx;
+      ctx.set_deadline(absl::ToChronoTime(absl::Now() + std::min(timeout_, absl::Seconds(5))));
+      v1::DataPortResponse response;
+      grpc::Status s = stub->DataPort(&ctx, v1::DataPortRequest(), &response);
+      if (s.ok() || s.error_code() == grpc::StatusCode::UNIMPLEMENTED) {
+        peer->discovered = true;
+        const size_t colon = address.rfind(':');
+        peer->address.host = colon == std::string::npos ? address : address.substr(0, colon);
+        peer->address.tcp_port = response.tcp_port();
+        peer->address.tls = response.tls();
+      }
+    }
+    where = peer->address;
+    if (!peer->idle.empty()) {
+      conn = std::move(peer->idle.back());
+      peer->idle.pop_back();
+    }
+  }
+  if (where.tcp_port == 0) return fallback_.Replicate(address, batch);
+  auto forget = [&](const absl::Status& s) {
+    absl::MutexLock lock(&peer->mu);
+    peer->idle.clear();
+    peer->discovered = false;  // it may come back on another port
+    return absl::Status(s.code(),
+                        absl::StrCat("data port REPLICATE to ", address, ": ", s.message()));
+  };
+  if (conn == nullptr) {
+    std::shared_ptr<const rpc::Credentials> c = rpc::DefaultCredentials();
+    DataPortTls tls;
+    if (!c->insecure()) tls = {true, c->files().ca, c->files().cert, c->files().key};
+    v1::DataHello hello;  // no job: a replica link
+    absl::StatusOr<std::unique_ptr<DataPortConnection>> dialed =
+        DataPortConnection::Dial(where, hello, tls, std::min(timeout_, absl::Seconds(10)));
+    if (!dialed.ok()) return forget(dialed.status());
+    conn = *std::move(dialed);
+  }
+  absl::Status sent = conn->Send(DataOp::kReplicate, "", {batch}, 0, timeout_);
+  if (!sent.ok()) return forget(sent);
+  absl::StatusOr<std::string> header = conn->ReceiveHeader();
+  if (!header.ok()) return forget(header.status());
+  v1::ReplicateReply reply;
+  if (!reply.ParseFromString(*header)) {
+    return forget(absl::DataLossError("unparsable ReplicateReply"));
+  }
+  absl::MutexLock lock(&peer->mu);
+  if (peer->idle.size() < 4) peer->idle.push_back(std::move(conn));
   return reply;
 }
 

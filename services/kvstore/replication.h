@@ -41,6 +41,27 @@ class GrpcReplicaLink : public ReplicaLink {
   absl::flat_hash_map<std::string, std::shared_ptr<grpc::Channel>> channels_ ABSL_GUARDED_BY(mu_);
 };
 
+// Sends batches over the successor's data port (a REPLICATE frame carrying
+// the serialized batch; libs/kvstore/data_port.h), TCP with this process's
+// credentials, found through KVStore.DataPort; over gRPC (`fallback`) when
+// the successor has no data port. A pool of connections per successor.
+class DataPortReplicaLink : public ReplicaLink {
+ public:
+  explicit DataPortReplicaLink(absl::Duration timeout);
+  ~DataPortReplicaLink() override;
+  absl::StatusOr<v1::ReplicateReply> Replicate(const std::string& address,
+                                               const std::string& batch) override;
+
+ private:
+  struct Peer;
+  Peer* PeerOf(const std::string& address);
+
+  const absl::Duration timeout_;
+  GrpcReplicaLink fallback_;
+  absl::Mutex mu_;
+  absl::flat_hash_map<std::string, std::unique_ptr<Peer>> peers_ ABSL_GUARDED_BY(mu_);
+};
+
 // dtrain.kvstore.v1.Replica over a Replicator.
 class ReplicaService final : public v1::Replica::Service {
  public:

@@ -24,6 +24,7 @@
 #include "libs/base/logging.h"
 #include "libs/base/status.h"
 #include "libs/kvstore/chunks.h"
+#include "libs/kvstore/data_port.h"
 #include "libs/kvstore/malloc_tuning.h"
 #include "libs/kvstore/proto_convert.h"
 #include "libs/kvstore/wire.h"
@@ -87,35 +88,45 @@ const char* CodeName(absl::StatusCode code) {
 
 namespace {
 
-// The kvstore's one authorization point (Run): the caller of `ctx` may call
-// `method` (rules: libs/security/authz.h). With a cluster secret, a
-// trainer's call must carry a kvstore token: then the job it grants, to
-// which the call is confined (security::JobScope); nullopt: unconfined.
-absl::StatusOr<absl::optional<std::string>> Authorized(const grpc::ServerContextBase& ctx,
-                                                       const char* method,
-                                                       const std::string& secret) {
-  DT_ASSIGN_OR_RETURN(security::Identity who,
-                      rpc::AuthorizedPeer(ctx, security::KvstoreAction(method)));
+// The kvstore's one authorization step, for gRPC calls and data port
+// connections alike: `who` may call `method` (rules: libs/security/authz.h).
+// With a cluster secret, a trainer must present a kvstore token (`token`,
+// null when none was sent): then the job it grants, to which its calls are
+// confined (security::JobScope); nullopt: unconfined.
+absl::StatusOr<absl::optional<std::string>> AuthorizeKvstore(const security::Identity& who,
+                                                             const char* method,
+                                                             const std::string* token,
+                                                             const std::string& secret) {
+  DT_RETURN_IF_ERROR(security::Authorize(who, security::KvstoreAction(method)));
   if (secret.empty() || !who.authenticated || who.role != security::Role::kTrainer) {
     return absl::nullopt;
   }
-  auto token = ctx.client_metadata().find(security::kJobTokenMetadata);
-  if (token == ctx.client_metadata().end()) {
+  if (token == nullptr) {
     return absl::PermissionDeniedError(
         absl::StrCat(who.ToString(), " sent no kvstore token (", security::kJobTokenMetadata,
                      " metadata; the scheduler's assignment carries it)"));
   }
-  DT_ASSIGN_OR_RETURN(
-      std::string job,
-      security::VerifyJobToken(
-          secret, absl::string_view(token->second.data(), token->second.size()), absl::Now()));
+  DT_ASSIGN_OR_RETURN(std::string job, security::VerifyJobToken(secret, *token, absl::Now()));
   return absl::optional<std::string>(std::move(job));
+}
+
+// A gRPC call's caller (its certificate) and token (metadata).
+absl::StatusOr<absl::optional<std::string>> Authorized(const grpc::ServerContextBase& ctx,
+                                                       const char* method,
+                                                       const std::string& secret) {
+  DT_ASSIGN_OR_RETURN(security::Identity who, rpc::PeerIdentity(ctx));
+  auto token = ctx.client_metadata().find(security::kJobTokenMetadata);
+  if (token == ctx.client_metadata().end()) {
+    return AuthorizeKvstore(who, method, nullptr, secret);
+  }
+  const std::string value(token->second.data(), token->second.size());
+  return AuthorizeKvstore(who, method, &value, secret);
 }
 
 }  // namespace
 
 // Everything behind the gRPC services: handlers and their metrics.
-class KVStoreServer::Impl {
+class KVStoreServer::Impl : public DataPortHandler {
  public:
   Impl(const ServerOptions& options, Store* store, Snapshotter* snapshotter, Replicator* replicator)
       : options_(options),
@@ -141,8 +152,9 @@ class KVStoreServer::Impl {
         std::max<int64_t>(1024, std::min(options_.chunk_bytes, options_.max_message_bytes / 2));
     // The metrics of every method, created once: building label sets and
     // bucket lists per call costs more than a small push-pull's arithmetic.
-    for (const char* method : {"CreateJob", "DeleteJob", "GetJob", "Init", "Snapshot", "Push",
-                               "Pull", "PushPull", "PushUnary", "PullUnary", "PushPullUnary"}) {
+    for (const char* method :
+         {"CreateJob", "DeleteJob", "GetJob", "Init", "Snapshot", "DataPort", "Push", "Pull",
+          "PushPull", "PushUnary", "PullUnary", "PushPullUnary"}) {
       MethodMetrics& m = methods_[method];
       m.ok = &requests_.Add({{"method", method}, {"code", "OK"}});
       m.latency = &latency_.Add({{"method", method}}, metrics::LatencyBuckets());
@@ -170,6 +182,12 @@ class KVStoreServer::Impl {
 
   // Counts a finished call and converts its status for gRPC.
   grpc::Status Record(const char* method, Clock::time_point start, const absl::Status& status) {
+    Account(method, start, status);
+    return ToGrpcStatus(status);
+  }
+
+  // Counts a finished call of either transport (gRPC or the data port).
+  void Account(const char* method, Clock::time_point start, const absl::Status& status) {
     double seconds = std::chrono::duration<double>(Clock::now() - start).count();
     const MethodMetrics& m = methods_.at(method);
     if (status.ok()) {
@@ -181,7 +199,6 @@ class KVStoreServer::Impl {
     if (!status.ok() && !absl::IsDeadlineExceeded(status) && !absl::IsCancelled(status)) {
       DT_LOG(DEBUG) << method << ": " << status;
     }
-    return ToGrpcStatus(status);
   }
 
   // ---- The callback data path (ServerOptions.callback_data) ----
@@ -483,19 +500,16 @@ class KVStoreServer::Impl {
     int64_t bytes = 0;
   };
 
-  absl::Status ReceivePush(const std::function<bool(grpc::ByteBuffer*)>& read, ReceivedPush* p) {
+  // The checks of a push before any value is read, for both transports:
+  // writes allowed here, the job within the caller's scope, the items'
+  // expected value bytes (`sizes`, from the store: what the values must add
+  // up to).
+  absl::Status PreparePush(ReceivedPush* p, std::vector<std::pair<std::string, int64_t>>* sizes) {
     DT_RETURN_IF_ERROR(CheckWrites());
-    grpc::ByteBuffer buffer;
-    if (!read(&buffer)) return absl::InvalidArgumentError("push: empty request stream");
-    p->messages.emplace_back();
-    DT_RETURN_IF_ERROR(Annotate(
-        wire::Decode(buffer, wire::kPushChunksField, &p->header, &p->messages.back()), "push"));
     const v1::PushRequest& h = p->header;
     // Before the store is asked about the job (its keys' sizes).
     DT_RETURN_IF_ERROR(security::JobScope::Check(h.job()));
     DT_ASSIGN_OR_RETURN(p->compression, CompressionFromProto(h.compression(), h.topk_ratio()));
-    // Check the items against the store before reading their values.
-    std::vector<std::pair<std::string, int64_t>> sizes;
     for (const v1::PushItem& proto : h.items()) {
       PushItem item;
       item.key = proto.key();
@@ -505,11 +519,24 @@ class KVStoreServer::Impl {
       item.shape.assign(proto.shape().begin(), proto.shape().end());
       DT_ASSIGN_OR_RETURN(int64_t expected,
                           store_->ExpectedPushBytes(h.job(), item.key, item.slice, p->compression));
-      sizes.emplace_back(
+      sizes->emplace_back(
           absl::StrCat("push of job '", h.job(), "' key '", item.key, "' slice ", item.slice),
           expected);
       p->items.push_back(std::move(item));
     }
+    return absl::OkStatus();
+  }
+
+  absl::Status ReceivePush(const std::function<bool(grpc::ByteBuffer*)>& read, ReceivedPush* p) {
+    DT_RETURN_IF_ERROR(CheckWrites());
+    grpc::ByteBuffer buffer;
+    if (!read(&buffer)) return absl::InvalidArgumentError("push: empty request stream");
+    p->messages.emplace_back();
+    DT_RETURN_IF_ERROR(Annotate(
+        wire::Decode(buffer, wire::kPushChunksField, &p->header, &p->messages.back()), "push"));
+    // Check the items against the store before reading their values.
+    std::vector<std::pair<std::string, int64_t>> sizes;
+    DT_RETURN_IF_ERROR(PreparePush(p, &sizes));
     ChunkAssembler assembler(std::move(sizes));
     for (bool more = true; more;) {
       for (const wire::InChunk& c : p->messages.back().chunks) {
@@ -732,7 +759,143 @@ class KVStoreServer::Impl {
     return SendPulled(values, true, WriteOnce(response));
   }
 
+  // ---- The data port (libs/kvstore/data_port.h): the same checks, store
+  // operations and accounting as the gRPC data calls above ----
+
+  void set_data_port(DataPortServer* data_port) { data_port_.store(data_port); }
+
+  absl::Status DataPort(v1::DataPortResponse* response) {
+    DataPortServer* port = data_port_.load();
+    if (port == nullptr) return absl::OkStatus();
+    response->set_tcp_port(port->tcp_port());
+    response->set_tls(port->tls());
+    response->set_unix_socket(port->unix_socket());
+    response->set_host_id(HostId());
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<absl::optional<std::string>> Hello(const security::Identity& who,
+                                                    const v1::DataHello& hello,
+                                                    DataConn::Kind kind) override {
+    // A HELLO without a job opens a replica link (REPLICATE frames from
+    // the predecessor: kvstore identities only).
+    DT_ASSIGN_OR_RETURN(absl::optional<std::string> job,
+                        AuthorizeKvstore(who, hello.job().empty() ? "Replicate" : "Push",
+                                         hello.token().empty() ? nullptr : &hello.token(),
+                                         options_.job_token_secret));
+    if (job.has_value() && *job != hello.job()) {
+      return absl::PermissionDeniedError(absl::StrCat(
+          who.ToString(), ": the kvstore token grants job '", *job, "', not '", hello.job(), "'"));
+    }
+    DT_LOG(DEBUG) << "data port (" << DataConn::KindName(kind) << "): " << who.ToString()
+                  << " for job '" << hello.job() << "' worker " << hello.worker();
+    return job;
+  }
+
+  absl::Status Handle(const DataRequest& request, DataReply* reply) override {
+    const char* method = DataOpMethod(request.op);
+    const Clock::time_point start = Clock::now();
+    security::JobScope scope(
+        request.scope != nullptr && request.scope->has_value() ? &**request.scope : nullptr);
+    absl::Status status = HandleData(request, reply);
+    if (request.op != DataOp::kReplicate) Account(method, start, status);
+    return status;
+  }
+
  private:
+  absl::Status HandleData(const DataRequest& request, DataReply* reply) {
+    PullOptions pull;
+    pull.deadline = std::min(request.deadline, absl::Now() + options_.max_pull_wait);
+    pull.cancelled = request.cancelled;
+    switch (request.op) {
+      case DataOp::kPull: {
+        DT_RETURN_IF_ERROR(CheckReads());
+        v1::PullRequest r;
+        if (!r.ParseFromArray(request.header.data(), static_cast<int>(request.header.size()))) {
+          return absl::InvalidArgumentError("data port PULL: unparsable PullRequest");
+        }
+        if (request.payload_bytes != 0) {
+          return absl::InvalidArgumentError("data port PULL: a pull carries no payload");
+        }
+        DT_RETURN_IF_ERROR(security::JobScope::Check(r.job()));
+        std::vector<PullRequestItem> items;
+        for (const v1::PullItem& p : r.items()) items.push_back({p.key(), p.slice(), p.round()});
+        DT_ASSIGN_OR_RETURN(std::vector<PulledValue> values,
+                            store_->Pull(r.job(), r.worker(), items, pull));
+        return PulledReply(values, reply);
+      }
+      case DataOp::kPush:
+      case DataOp::kPushPull: {
+        ReceivedPush p;
+        if (!p.header.ParseFromArray(request.header.data(),
+                                     static_cast<int>(request.header.size())) ||
+            p.header.chunks_size() > 0) {
+          return absl::InvalidArgumentError(
+              "data port PUSH: unparsable PushRequest (or one with chunks)");
+        }
+        std::vector<std::pair<std::string, int64_t>> sizes;
+        DT_RETURN_IF_ERROR(PreparePush(&p, &sizes));
+        std::vector<int64_t> bytes;
+        uint64_t need = 0;
+        for (const auto& [what, n] : sizes) {
+          bytes.push_back(n);
+          need += static_cast<uint64_t>(n);
+        }
+        if (need != request.payload_bytes || p.items.empty()) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "data port PUSH of job '", p.header.job(), "': payload of ", request.payload_bytes,
+              " bytes, its ", p.items.size(), " items need ", need));
+        }
+        DT_ASSIGN_OR_RETURN(absl::string_view payload, request.read_payload());
+        DT_ASSIGN_OR_RETURN(std::vector<absl::string_view> pieces, SplitPayload(payload, bytes));
+        for (size_t i = 0; i < p.items.size(); ++i) p.items[i].data = {pieces[i]};
+        p.bytes = static_cast<int64_t>(need);
+        push_bytes_.Increment(static_cast<double>(need));
+        DT_ASSIGN_OR_RETURN(PushResult result, ApplyPush(p));
+        if (request.op == DataOp::kPush) {
+          v1::PushResponse r;
+          r.set_applied(result.applied);
+          r.set_duplicates(result.duplicates);
+          reply->header = r.SerializeAsString();
+          return absl::OkStatus();
+        }
+        std::vector<PullRequestItem> items;
+        for (const PushItem& item : p.items) items.push_back({item.key, item.slice, item.round});
+        DT_ASSIGN_OR_RETURN(std::vector<PulledValue> values,
+                            store_->Pull(p.header.job(), p.header.worker(), items, pull));
+        return PulledReply(values, reply);
+      }
+      case DataOp::kReplicate:
+        return HandleReplicate(request, reply);
+      case DataOp::kHello:
+        break;
+    }
+    return absl::InvalidArgumentError(
+        absl::StrCat("data port: unexpected ", DataOpName(static_cast<uint16_t>(request.op))));
+  }
+
+  absl::Status HandleReplicate(const DataRequest& request, DataReply* reply);
+
+  // A pull's reply: the items' sizes in the header, the values as the
+  // payload (referenced, not copied, until written).
+  absl::Status PulledReply(const std::vector<PulledValue>& values, DataReply* reply) {
+    v1::PullResponse header;
+    int64_t total = 0;
+    for (size_t i = 0; i < values.size(); ++i) {
+      v1::PulledItem* item = header.add_items();
+      item->set_item(static_cast<int32_t>(i));
+      item->set_round(values[i].round);
+      item->set_dtype(static_cast<int32_t>(values[i].dtype));
+      item->set_bytes(static_cast<int64_t>(values[i].bytes.size));
+      reply->values.push_back(values[i].bytes.view());
+      reply->owners.push_back(values[i].bytes.owner);
+      total += static_cast<int64_t>(values[i].bytes.size);
+    }
+    reply->header = header.SerializeAsString();
+    pull_bytes_.Increment(static_cast<double>(total));
+    return absl::OkStatus();
+  }
+
   std::vector<prometheus::MetricFamily> Collect() const {
     std::vector<metrics::Sample> rounds, keys, slices, held;
     for (const std::string& job : store_->JobNames()) {
@@ -763,6 +926,16 @@ class KVStoreServer::Impl {
                             MetricType::Counter,
                             {{{}, static_cast<double>(snapshotter_->snapshots_written())}}),
     };
+    if (DataPortServer* port = data_port_.load(); port != nullptr) {
+      std::vector<metrics::Sample> open;
+      for (const auto& [kind, n] : port->Connections()) {
+        open.push_back({{{"kind", kind}}, static_cast<double>(n)});
+      }
+      families.push_back(metrics::MakeFamily("dtrain_kvstore_data_port_connections",
+                                             "Data port connections open now, by kind (tcp, "
+                                             "tls, unix).",
+                                             MetricType::Gauge, open));
+    }
     if (replicator_ != nullptr) {
       const ReplicatorStats st = replicator_->stats();
       const std::string role = replicator_->Role();
@@ -811,7 +984,32 @@ class KVStoreServer::Impl {
     prometheus::Histogram* latency = nullptr;
   };
   std::map<std::string, MethodMetrics> methods_;  // filled by the constructor, then read-only
+  std::atomic<DataPortServer*> data_port_{nullptr};
 };
+
+absl::Status KVStoreServer::Impl::HandleReplicate(const DataRequest& request, DataReply* reply) {
+  // As Replica.Replicate: kvstore shards only (libs/security/authz.h).
+  DT_RETURN_IF_ERROR(security::Authorize(
+      request.who != nullptr ? *request.who : security::Identity{}, security::Action::kReplicate));
+  if (replicator_ == nullptr) {
+    return absl::FailedPreconditionError("data port REPLICATE: this shard is not replicated");
+  }
+  constexpr uint64_t kBatchLimit = (uint64_t{1} << 31) - 1;  // what protobuf parses
+  if (request.payload_bytes == 0 || request.payload_bytes > kBatchLimit) {
+    return absl::InvalidArgumentError(absl::StrCat("data port REPLICATE: a batch of ",
+                                                   request.payload_bytes, " bytes (1 to ",
+                                                   kBatchLimit, ")"));
+  }
+  DT_ASSIGN_OR_RETURN(absl::string_view payload, request.read_payload());
+  v1::ReplicateBatch batch;
+  if (!batch.ParseFromArray(payload.data(), static_cast<int>(payload.size()))) {
+    return absl::InvalidArgumentError("data port REPLICATE: the batch does not parse");
+  }
+  DT_ASSIGN_OR_RETURN(v1::ReplicateReply r,
+                      replicator_->Receive(std::move(batch), request.deadline));
+  reply->header = r.SerializeAsString();
+  return absl::OkStatus();
+}
 
 namespace {
 
@@ -839,6 +1037,10 @@ class ControlService final : public v1::KVStore::Service {
   grpc::Status Snapshot(grpc::ServerContext* ctx, const v1::SnapshotRequest*,
                         v1::SnapshotResponse* response) override {
     return impl_->Run("Snapshot", ctx, [&] { return impl_->Snapshot(response); });
+  }
+  grpc::Status DataPort(grpc::ServerContext* ctx, const v1::DataPortRequest*,
+                        v1::DataPortResponse* response) override {
+    return impl_->Run("DataPort", ctx, [&] { return impl_->DataPort(response); });
   }
 
  private:
@@ -969,7 +1171,9 @@ absl::StatusOr<std::unique_ptr<KVStoreServer>> KVStoreServer::Start(const Server
           "replication needs 0 <= shard_index < num_shards and replica_index >= 0, got shard ",
           options.shard_index, " of ", options.num_shards, ", replica ", options.replica_index));
     }
-    server->link_ = std::make_unique<GrpcReplicaLink>(options.replication_timeout);
+    // The chain's writes travel over the successor's data port (gRPC when it
+    // has none).
+    server->link_ = std::make_unique<DataPortReplicaLink>(options.replication_timeout);
     ReplicatorOptions r;
     r.shard = options.shard_index;
     r.replica = options.replica_index;
@@ -1010,6 +1214,42 @@ absl::StatusOr<std::unique_ptr<KVStoreServer>> KVStoreServer::Start(const Server
   server->rpc_->Expose(server->impl_->registry());
   server->rpc_->Expose(server->impl_->store_metrics());
   DT_RETURN_IF_ERROR(server->rpc_->Start());
+  {
+    DataPortServerOptions d;
+    if (options.data_listen == "auto") {
+      const size_t colon = options.listen.rfind(':');
+      d.tcp_listen = absl::StrCat(
+          colon == std::string::npos ? std::string("127.0.0.1") : options.listen.substr(0, colon),
+          ":0");
+    } else {
+      d.tcp_listen = options.data_listen;
+    }
+    if (options.data_socket == "auto") {
+      absl::StatusOr<std::string> path = DefaultDataSocketPath();
+      if (path.ok()) {
+        d.unix_socket = *path;
+      } else {
+        DT_LOG(WARNING) << "no data port socket: " << path.status();
+      }
+    } else {
+      d.unix_socket = options.data_socket;
+    }
+    std::shared_ptr<const rpc::Credentials> credentials = rpc::DefaultCredentials();
+    if (!credentials->insecure()) {
+      d.tls.enabled = true;
+      d.tls.ca_file = credentials->files().ca;
+      d.tls.cert_file = credentials->files().cert;
+      d.tls.key_file = credentials->files().key;
+    }
+    d.max_connections = options.data_max_connections;
+    if (!d.tcp_listen.empty() || !d.unix_socket.empty()) {
+      DT_ASSIGN_OR_RETURN(server->data_port_, DataPortServer::Start(d, server->impl_.get()));
+      server->impl_->set_data_port(server->data_port_.get());
+      DT_LOG(INFO) << "kvstore shard " << options.shard_index << " data port: tcp port "
+                   << server->data_port_->tcp_port() << (d.tls.enabled ? " (TLS)" : " (plain)")
+                   << ", socket " << (d.unix_socket.empty() ? "none" : d.unix_socket);
+    }
+  }
   if (server->replicator_ != nullptr) {
     MapHeartbeatOptions h;
     h.scheduler = options.scheduler;
@@ -1073,6 +1313,10 @@ absl::Status KVStoreServer::Shutdown(absl::Duration grace) {
   rpc_done.Notify();
   if (stopper.joinable()) stopper.join();
   if (replicator_ != nullptr) replicator_->Stop();
+  if (data_port_) {
+    impl_->set_data_port(nullptr);
+    data_port_->Shutdown();
+  }
   absl::Status status;
   if (snapshotter_) {
     snapshotter_->Stop();
@@ -1092,6 +1336,12 @@ absl::Status KVStoreServer::Shutdown(absl::Duration grace) {
 int KVStoreServer::port() const { return rpc_ ? rpc_->port() : 0; }
 
 int KVStoreServer::metrics_port() const { return rpc_ ? rpc_->metrics_port() : 0; }
+
+int KVStoreServer::data_port() const { return data_port_ ? data_port_->tcp_port() : 0; }
+
+std::string KVStoreServer::data_socket() const {
+  return data_port_ ? data_port_->unix_socket() : "";
+}
 
 std::string KVStoreServer::local_address() const { return absl::StrCat("127.0.0.1:", port()); }
 

@@ -40,6 +40,12 @@
 // memory back to the OS (ReleaseFreeMemory, malloc_tuning.h), so resident
 // memory follows the jobs held.
 //
+// The data port (ServerOptions.data_listen, data_socket) serves Push, Pull
+// and PushPull outside gRPC, a thread per connection; its requests count in
+// dtrain_kvstore_requests_total and the duration histogram under the same
+// method names, and
+//   dtrain_kvstore_data_port_connections{kind}   open now (tcp, tls, unix)
+//
 // Calls block a gRPC server thread while a pull waits for its round
 // (except with callback_data, see ServerOptions); the wait ends at the call's deadline, at
 // max_pull_wait, or when the call is cancelled (also by Shutdown).
@@ -109,6 +115,18 @@ struct ServerOptions {
   // completes the round answers it). Off by default.
   bool callback_data = false;
 
+  // The data port (libs/kvstore/data_port.h): Push, Pull and PushPull
+  // outside gRPC, which clients find through KVStore.DataPort and use by
+  // default. data_listen: its TCP address (mutual TLS with the process's
+  // credentials, plain only when they are insecure); "auto": the host of
+  // `listen`, any free port; "": none. data_socket: its Unix socket (shared
+  // memory, for clients on this host); "auto": DefaultDataSocketPath(); "":
+  // none. Both run the same checks, store operations and metrics as the
+  // gRPC data calls.
+  std::string data_listen = "auto";
+  std::string data_socket = "auto";
+  int data_max_connections = 256;
+
   // Chain replication (protos/replication.proto). With a scheduler address,
   // this server is replica `replica_index` of shard `shard_index` (of
   // `num_shards`): it heartbeats to the scheduler, follows its shard map,
@@ -126,6 +144,7 @@ struct ServerOptions {
 };
 
 class MapHeartbeat;
+class DataPortServer;
 
 class KVStoreServer {
  public:
@@ -151,6 +170,9 @@ class KVStoreServer {
   int metrics_port() const;
   // "127.0.0.1:<port>", for clients in tests.
   std::string local_address() const;
+  // The data port's TCP port (0: none) and Unix socket ("": none).
+  int data_port() const;
+  std::string data_socket() const;
   // True if Start resumed from a snapshot.
   bool resumed() const { return resumed_; }
 
@@ -175,7 +197,8 @@ class KVStoreServer {
   struct Services;
   std::unique_ptr<Services> services_;  // outlives rpc_
   std::unique_ptr<rpc::Server> rpc_;
-  std::unique_ptr<MapHeartbeat> heartbeat_;  // after rpc_: peers dial us once it runs
+  std::unique_ptr<DataPortServer> data_port_;  // after impl_, its handler
+  std::unique_ptr<MapHeartbeat> heartbeat_;    // after rpc_: peers dial us once it runs
   bool resumed_ = false;
   bool shut_down_ = false;
   absl::Notification reaper_stop_;

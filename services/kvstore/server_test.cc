@@ -128,6 +128,7 @@ TEST(KVStoreServerTest, MetricsCountPushesPullsRoundsAndHeldBytes) {
   ASSERT_TRUE(server.ok()) << server.status();
   ClientOptions client_options;
   client_options.servers = {(*server)->local_address()};
+  client_options.data_path = DataPath::kGrpc;  // the gRPC handlers (data port: data_port_test)
   client_options.job = "m";
   auto client = KVClient::Connect(client_options);
   ASSERT_TRUE(client.ok());
@@ -199,6 +200,7 @@ int ThreadsHeldByWaitingPulls(bool callback_data, int waiting) {
   for (int w = 0; w <= waiting; ++w) {
     ClientOptions o;
     o.servers = {(*server)->local_address()};
+    o.data_path = DataPath::kGrpc;  // the gRPC handlers (data port: data_port_test)
     o.job = "t";
     o.worker = w;
     auto c = KVClient::Connect(o);
@@ -269,6 +271,7 @@ TEST(KVStoreServerTest, CallbackDataPullDeadlineNamesMissingWorkers) {
   ASSERT_TRUE(server.ok()) << server.status();
   ClientOptions o;
   o.servers = {(*server)->local_address()};
+  o.data_path = DataPath::kGrpc;  // the gRPC handlers (data port: data_port_test)
   o.job = "d";
   o.max_attempts = 1;
   auto client = KVClient::Connect(o);
@@ -320,6 +323,7 @@ TEST(KVStoreServerTest, CallbackDataKeepsTrainersToTheirTokensJob) {
   auto connect = [&](const std::string& job, int worker) {
     ClientOptions o;
     o.servers = {(*server)->local_address()};
+    o.data_path = DataPath::kGrpc;  // the gRPC handlers (data port: data_port_test)
     o.job = job;
     o.worker = worker;
     o.token = b_token;
@@ -394,6 +398,7 @@ TEST(KVStoreServerTest, ShutdownSnapshotsAndRestartResumes) {
   const int port = (*server)->port();
   ClientOptions client_options;
   client_options.servers = {(*server)->local_address()};
+  client_options.data_path = DataPath::kGrpc;  // the gRPC handlers (data port: data_port_test)
   client_options.job = "r";
   auto client = KVClient::Connect(client_options);
   ASSERT_TRUE(client.ok());
@@ -439,6 +444,7 @@ TEST(KVStoreServerTest, IdleJobsExpireFromMemoryMetricsAndSnapshots) {
   auto connect = [&](const std::string& job) {
     ClientOptions o;
     o.servers = {(*server)->local_address()};
+    o.data_path = DataPath::kGrpc;  // the gRPC handlers (data port: data_port_test)
     o.job = job;
     auto c = KVClient::Connect(o);
     EXPECT_TRUE(c.ok()) << c.status();

@@ -173,6 +173,10 @@ ABSL_FLAG(int, kvstore_replicas, 1,
 ABSL_FLAG(double, kvstore_unavailable_timeout_s, 5,
           "how long a kvstore shard may stay unreachable before the job's kvstore calls fail "
           "(the job then fails retryably); bounds failure detection of a dead shard");
+ABSL_FLAG(std::string, kvstore_data_path, "auto",
+          "how KVSTORE jobs' pushes and pulls travel: auto (the shards' data port: Unix socket and "
+          "shared memory for a shard on this host, else TCP with mutual TLS; gRPC for a shard "
+          "without one), tcp (the data port over TCP only), grpc");
 ABSL_FLAG(std::string, cuda_collective, "auto",
           "between trainers of CUDA jobs: auto (NCCL when each trainer has one GPU, else TCP with "
           "gradients staged through host memory), nccl (the same), or tcp");
@@ -299,6 +303,13 @@ int main(int argc, char** argv) {
       kv.emplace_back(a);
     }
     const int replicas = absl::GetFlag(FLAGS_kvstore_replicas);
+    const absl::StatusOr<dtrain::kvstore::DataPath> data_path =
+        dtrain::kvstore::ParseDataPath(absl::GetFlag(FLAGS_kvstore_data_path));
+    if (!data_path.ok()) {
+      std::fprintf(stderr, "trainer: --kvstore_data_path: %s\n",
+                   std::string(data_path.status().message()).c_str());
+      return 2;
+    }
     if (replicas < 1 || kv.size() % static_cast<size_t>(replicas) != 0) {
       std::fprintf(stderr,
                    "trainer: --kvstore lists %zu addresses, not --kvstore_replicas=%d replicas of "
@@ -309,9 +320,9 @@ int main(int argc, char** argv) {
     if (!kv.empty()) {
       // Gradients of KVSTORE jobs go through the shards: one kvstore job per
       // attempt, every trainer a worker.
-      options.connect_parameter_server = [kv, replicas, kv_unavailable_s](const std::string& job,
-                                                                          int worker,
-                                                                          const std::string& token)
+      options.connect_parameter_server = [kv, replicas, kv_unavailable_s, data_path = *data_path](
+                                             const std::string& job, int worker,
+                                             const std::string& token)
           -> absl::StatusOr<std::unique_ptr<dtrain::kvstore::ParameterServer>> {
         dtrain::kvstore::ClientOptions ko;
         ko.servers = kv;
@@ -320,6 +331,7 @@ int main(int argc, char** argv) {
         ko.worker = worker;
         ko.token = token;
         ko.unavailable_timeout = absl::Seconds(kv_unavailable_s);
+        ko.data_path = data_path;
         DT_ASSIGN_OR_RETURN(std::unique_ptr<dtrain::kvstore::KVClient> client,
                             dtrain::kvstore::KVClient::Connect(ko));
         DT_LOG(INFO) << "kvstore job " << job << " worker " << worker << ": synchronizing through "

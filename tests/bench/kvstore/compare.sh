@@ -12,6 +12,9 @@
 #
 #   tests/bench/kvstore/compare.sh [--workers 2] [--servers 2] [--bytes 67108864] [--seconds 3]
 #                                  [--bin PATH] [--notls] [--callback_data] [--small_only]
+#                                  [--data_path auto|tcp|grpc]
+# --data_path: the clients' data path (kvstore_bench --data_path; default auto:
+# the data port over Unix sockets and shared memory; data_path= in the lines).
 # --callback_data: the servers answer small (unary) pushes and pulls on
 # gRPC's callback API (kvstore_server --callback_data; callback=on in the
 # summary lines). --small_only: only the 4 KiB latency runs (no iperf3, no
@@ -21,7 +24,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
 workers=2 servers=2 bytes=$((64 << 20)) seconds=3 bin= tlsflag=--tls tls=on
-cbflag=--nocallback_data callback=off small_only=0
+cbflag=--nocallback_data callback=off small_only=0 data_path=auto
 while [ $# -gt 0 ]; do
   case "$1" in
     --workers) workers=$2; shift 2 ;;
@@ -32,7 +35,8 @@ while [ $# -gt 0 ]; do
     --notls) tlsflag=--notls tls=off; shift ;;
     --callback_data) cbflag=--callback_data callback=on; shift ;;
     --small_only) small_only=1; shift ;;
-    -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
+    --data_path) data_path=$2; shift 2 ;;
+    -h|--help) sed -n '2,25p' "$0"; exit 0 ;;
     *) echo "compare.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -43,13 +47,13 @@ if [ -z "$bin" ]; then
   bin=$($bazel info bazel-bin 2>/dev/null)/tests/bench/kvstore/kvstore_bench
 fi
 get() { grep " replicas=$2 " <<<"$1" | sed -n "s/.*$3=\([0-9.]*\).*/\1/p" | tail -1; }
-small=$("$bin" --workers="$workers" --servers="$servers" --bytes=4096 --keys=1 --replicas=1,2 "$tlsflag" "$cbflag")
+small=$("$bin" --workers="$workers" --servers="$servers" --bytes=4096 --keys=1 --replicas=1,2 "$tlsflag" "$cbflag" --data_path="$data_path")
 echo "$small"
-small8=$("$bin" --workers="$workers" --servers="$servers" --bytes=4096 --keys=8 --replicas=1,2 "$tlsflag" "$cbflag")
+small8=$("$bin" --workers="$workers" --servers="$servers" --bytes=4096 --keys=8 --replicas=1,2 "$tlsflag" "$cbflag" --data_path="$data_path")
 echo "$small8"
 latency() {
-  echo "compare replicas=$1 tls=$tls callback=$callback latency bytes=4096 keys=1 p50_us=$(get "$small" "$1" p50_us) p99_us=$(get "$small" "$1" p99_us) (goals: p50 <= 100, p99 <= 300)"
-  echo "compare replicas=$1 tls=$tls callback=$callback latency bytes=4096 keys=8 p50_us=$(get "$small8" "$1" p50_us) keys8_over_keys1_p50=$(awk "BEGIN{printf \"%.2f\", $(get "$small8" "$1" p50_us)/$(get "$small" "$1" p50_us)}") (goal <= 1.5)"
+  echo "compare replicas=$1 tls=$tls callback=$callback data_path=$data_path latency bytes=4096 keys=1 p50_us=$(get "$small" "$1" p50_us) p99_us=$(get "$small" "$1" p99_us) (goals: p50 <= 100, p99 <= 300)"
+  echo "compare replicas=$1 tls=$tls callback=$callback data_path=$data_path latency bytes=4096 keys=8 p50_us=$(get "$small8" "$1" p50_us) keys8_over_keys1_p50=$(awk "BEGIN{printf \"%.2f\", $(get "$small8" "$1" p50_us)/$(get "$small" "$1" p50_us)}") (goal <= 1.5)"
 }
 if [ "$small_only" = 1 ]; then
   for r in 1 2; do latency $r; done
@@ -68,10 +72,10 @@ wait $server 2>/dev/null || true
 tcp=$(python3 -c 'import json,sys; print("%.3f" % (json.load(sys.stdin)["end"]["sum_received"]["bits_per_second"] / 8e9))' <<<"$json")
 echo "iperf3 streams=1 seconds=$seconds GBps=$tcp"
 
-ours=$("$bin" --workers="$workers" --servers="$servers" --bytes="$bytes" --replicas=1,2 "$tlsflag" "$cbflag")
+ours=$("$bin" --workers="$workers" --servers="$servers" --bytes="$bytes" --replicas=1,2 "$tlsflag" "$cbflag" --data_path="$data_path")
 echo "$ours"
 for r in 1 2; do
   x=$(get "$ours" $r pushpull_GBps)
-  echo "compare replicas=$r tls=$tls callback=$callback kvstore_GBps=$x iperf3_GBps=$tcp ratio=$(awk "BEGIN{printf \"%.2f\", $x/$tcp}") (goal >= 1.0)"
+  echo "compare replicas=$r tls=$tls callback=$callback data_path=$data_path kvstore_GBps=$x iperf3_GBps=$tcp ratio=$(awk "BEGIN{printf \"%.2f\", $x/$tcp}") (goal >= 1.0)"
   latency $r
 done

@@ -15,7 +15,12 @@
 // --steps steps are timed. Prints one line per --replicas value:
 //
 //   kvstore workers=<w> servers=<s> replicas=<r> bytes=<b> keys=<k> tls=<on|off>
-//           pushpull_GBps=<x> p50_us=<y> p99_us=<z>
+//           callback=<on|off> data_path=<auto|tcp|grpc> pushpull_GBps=<x> p50_us=<y> p99_us=<z>
+//
+// --data_path picks the clients' data path (ClientOptions.data_path): auto
+// (the default: the shards' data port over their Unix sockets and shared
+// memory, since the workers run on the shards' host), tcp (the data port
+// over TCP, mutual TLS unless --notls), grpc (KVStoreData over gRPC).
 //
 // With --replicas=1,2 (the default) every shard also runs as a chain of 2
 // replicas (a scheduler_server owns the shard map), the same workload again,
@@ -74,6 +79,10 @@ ABSL_FLAG(bool, tls, true,
           "mutual TLS on every connection (certificates made for the run); --notls: plain text");
 ABSL_FLAG(bool, callback_data, false,
           "the servers serve small pushes and pulls on gRPC's callback API (--callback_data)");
+ABSL_FLAG(std::string, data_path, "auto",
+          "how pushes and pulls travel (ClientOptions.data_path): auto (the data port, Unix socket "
+          "and shared memory on this host), tcp (the data port over TCP, TLS unless --notls), "
+          "grpc");
 ABSL_FLAG(std::string, server_binary, "", "kvstore_server to run (default: from runfiles)");
 
 namespace dtrain {
@@ -177,6 +186,7 @@ absl::StatusOr<Result> RunOnce(const char* argv0, int replicas) {
       options.compression = *compression;
       options.chunk_bytes = absl::GetFlag(FLAGS_chunk_bytes);
       options.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
+      options.data_path = *ParseDataPath(absl::GetFlag(FLAGS_data_path));
       auto client = KVClient::Connect(options);
       if (!client.ok() || !(*client)->CreateJob(config).ok()) {
         std::fprintf(stderr, "worker %d: cannot connect or create the job\n", w);
@@ -234,10 +244,11 @@ absl::StatusOr<Result> RunOnce(const char* argv0, int replicas) {
   Result result{moved / seconds / 1e9, pct(0.50), pct(0.99)};
   std::printf(
       "kvstore workers=%d servers=%d replicas=%d bytes=%lld keys=%d tls=%s callback=%s "
-      "pushpull_GBps=%.3f p50_us=%.0f p99_us=%.0f compression=%s\n",
+      "data_path=%s pushpull_GBps=%.3f p50_us=%.0f p99_us=%.0f compression=%s\n",
       workers, servers, replicas, static_cast<long long>(elements * 4), keys,
       absl::GetFlag(FLAGS_tls) ? "on" : "off", absl::GetFlag(FLAGS_callback_data) ? "on" : "off",
-      result.gbps, result.p50, result.p99, DescribeCompression(*compression).c_str());
+      absl::GetFlag(FLAGS_data_path).c_str(), result.gbps, result.p50, result.p99,
+      DescribeCompression(*compression).c_str());
   std::fflush(stdout);
   for (auto it = procs.rbegin(); it != procs.rend(); ++it) (void)(*it)->Kill(SIGTERM);
   for (auto& p : procs) (void)p->Wait();
@@ -249,6 +260,11 @@ int Run(const char* argv0) {
   const int servers = absl::GetFlag(FLAGS_servers);
   const int keys = absl::GetFlag(FLAGS_keys);
   const int64_t bytes = absl::GetFlag(FLAGS_bytes);
+  if (!ParseDataPath(absl::GetFlag(FLAGS_data_path)).ok()) {
+    std::fprintf(stderr, "kvstore_bench: %s\n",
+                 ParseDataPath(absl::GetFlag(FLAGS_data_path)).status().ToString().c_str());
+    return 2;
+  }
   if (workers < 1 || servers < 1 || keys < 1 || bytes < 4 * keys) {
     std::fprintf(stderr, "kvstore_bench: bad --workers, --servers, --keys or --bytes\n");
     return 2;

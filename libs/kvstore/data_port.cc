@@ -1,0 +1,1058 @@
+#include "libs/kvstore/data_port.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <openssl/err.h>
+#include <openssl/pem.h>
+#include <openssl/ssl.h>
+#include <openssl/x509v3.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/uio.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <fstream>
+#include <utility>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
+#include "libs/base/logging.h"
+#include "libs/base/status.h"
+#include "protos/kvstore.pb.h"
+
+namespace dtrain {
+namespace kvstore {
+namespace {
+
+std::string Errno(const char* what) { return absl::StrCat(what, ": ", std::strerror(errno)); }
+
+std::string SslErrors() {
+  std::string out;
+  for (unsigned long e = ERR_get_error(); e != 0; e = ERR_get_error()) {
+    char buf[256];
+    ERR_error_string_n(e, buf, sizeof(buf));
+    if (!out.empty()) out += "; ";
+    out += buf;
+  }
+  return out.empty() ? "no OpenSSL error" : out;
+}
+
+// Splits "host:port" ("[v6]:port" too).
+absl::Status SplitHostPort(const std::string& address, std::string* host, int* port) {
+  const size_t colon = address.rfind(':');
+  if (colon == std::string::npos || !absl::SimpleAtoi(address.substr(colon + 1), port) ||
+      *port < 0 || *port > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("data port address '", address, "' is not host:port"));
+  }
+  *host = address.substr(0, colon);
+  if (host->size() >= 2 && host->front() == '[' && host->back() == ']') {
+    *host = host->substr(1, host->size() - 2);
+  }
+  return absl::OkStatus();
+}
+
+// A plain socket: TCP or Unix (which can pass descriptors).
+class FdConn : public DataConn {
+ public:
+  FdConn(int fd, Kind kind) : fd_(fd), kind_(kind) {}
+  ~FdConn() override {
+    if (received_fd_ >= 0) close(received_fd_);
+    close(fd_);
+  }
+  Kind kind() const override { return kind_; }
+
+  absl::Status ReadFull(void* buf, size_t n) override {
+    char* p = static_cast<char*>(buf);
+    while (n > 0) {
+      ssize_t got;
+      if (kind_ == Kind::kUnix) {
+        iovec iov{p, n};
+        alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))];
+        msghdr msg{};
+        msg.msg_iov = &iov;
+        msg.msg_iovlen = 1;
+        msg.msg_control = control;
+        msg.msg_controllen = sizeof(control);
+        got = recvmsg(fd_, &msg, MSG_CMSG_CLOEXEC);
+        if (got > 0) {
+          for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
+            if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
+              int fd;
+              std::memcpy(&fd, CMSG_DATA(c), sizeof(fd));
+              if (received_fd_ >= 0) close(received_fd_);
+              received_fd_ = fd;
+            }
+          }
+        }
+      } else {
+        got = recv(fd_, p, n, 0);
+      }
+      if (got > 0) {
+        p += got;
+        n -= static_cast<size_t>(got);
+        continue;
+      }
+      if (got < 0 && errno == EINTR) continue;
+      if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+        return absl::DeadlineExceededError("data port: no reply before the deadline");
+      }
+      return absl::UnavailableError(got == 0 ? "data port: connection closed by the peer"
+                                             : Errno("data port: read"));
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status WriteAll(const std::vector<absl::string_view>& pieces, int pass_fd) override {
+    if (pass_fd >= 0 && kind_ != Kind::kUnix) {
+      return absl::FailedPreconditionError("data port: only a Unix socket passes descriptors");
+    }
+    std::vector<iovec> iov;
+    for (absl::string_view p : pieces) {
+      if (!p.empty()) iov.push_back({const_cast<char*>(p.data()), p.size()});
+    }
+    size_t first = 0;
+    while (first < iov.size()) {
+      msghdr msg{};
+      msg.msg_iov = &iov[first];
+      msg.msg_iovlen = std::min<size_t>(iov.size() - first, 1024);
+      alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))];
+      if (pass_fd >= 0) {
+        msg.msg_control = control;
+        msg.msg_controllen = sizeof(control);
+        cmsghdr* c = CMSG_FIRSTHDR(&msg);
+        c->cmsg_level = SOL_SOCKET;
+        c->cmsg_type = SCM_RIGHTS;
+        c->cmsg_len = CMSG_LEN(sizeof(int));
+        std::memcpy(CMSG_DATA(c), &pass_fd, sizeof(int));
+      }
+      ssize_t sent = sendmsg(fd_, &msg, MSG_NOSIGNAL);
+      if (sent < 0) {
+        if (errno == EINTR) continue;
+        return absl::UnavailableError(Errno("data port: write"));
+      }
+      pass_fd = -1;
+      size_t left = static_cast<size_t>(sent);
+      while (left > 0 && first < iov.size()) {
+        if (left >= iov[first].iov_len) {
+          left -= iov[first].iov_len;
+          ++first;
+        } else {
+          iov[first].iov_base = static_cast<char*>(iov[first].iov_base) + left;
+          iov[first].iov_len -= left;
+          left = 0;
+        }
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  int TakeReceivedFd() override {
+    int fd = received_fd_;
+    received_fd_ = -1;
+    return fd;
+  }
+  void Shutdown() override { shutdown(fd_, SHUT_RDWR); }
+  bool PeerClosed() override {
+    pollfd p{fd_, POLLRDHUP, 0};
+    return poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0;
+  }
+  void SetReadTimeout(absl::Duration timeout) override {
+    timeval tv{};
+    if (timeout != absl::InfiniteDuration()) {
+      timeout = std::max(timeout, absl::Milliseconds(1));
+      tv.tv_sec = static_cast<time_t>(absl::ToInt64Seconds(timeout));
+      tv.tv_usec = static_cast<suseconds_t>(absl::ToInt64Microseconds(timeout) % 1000000);
+    }
+    setsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  }
+  int fd() const { return fd_; }
+
+ protected:
+  const int fd_;
+  const Kind kind_;
+  int received_fd_ = -1;
+};
+
+absl::StatusOr<security::Identity> PeerCertIdentity(SSL* ssl);
+
+// TCP under TLS 1.3.
+class TlsConn : public FdConn {
+ public:
+  TlsConn(int fd, SSL* ssl) : FdConn(fd, Kind::kTls), ssl_(ssl) {}
+  ~TlsConn() override { SSL_free(ssl_); }
+
+  // Server side: the handshake, then the client's verified identity.
+  absl::StatusOr<security::Identity> Accept() {
+    if (SSL_accept(ssl_) != 1) {
+      return absl::UnauthenticatedError("data port: TLS handshake failed: " + SslErrors());
+    }
+    return PeerCertIdentity(ssl_);
+  }
+  // Client side: the handshake (the server's certificate verified).
+  absl::Status Connect() {
+    if (SSL_connect(ssl_) != 1) {
+      return absl::UnavailableError("data port: TLS handshake with the shard failed: " +
+                                    SslErrors());
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status ReadFull(void* buf, size_t n) override {
+    char* p = static_cast<char*>(buf);
+    while (n > 0) {
+      size_t got = 0;
+      int r = SSL_read_ex(ssl_, p, n, &got);
+      if (r == 1) {
+        p += got;
+        n -= got;
+        continue;
+      }
+      const int err = SSL_get_error(ssl_, r);
+      if (err == SSL_ERROR_SYSCALL && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+        return absl::DeadlineExceededError("data port: no reply before the deadline");
+      }
+      ERR_clear_error();
+      return absl::UnavailableError(err == SSL_ERROR_ZERO_RETURN
+                                        ? "data port: connection closed by the peer"
+                                        : "data port: TLS read failed (connection closed?)");
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status WriteAll(const std::vector<absl::string_view>& pieces, int pass_fd) override {
+    if (pass_fd >= 0) {
+      return absl::FailedPreconditionError("data port: only a Unix socket passes descriptors");
+    }
+    // Small pieces are gathered into one record (a frame's headers and a
+    // small value: one write, one record).
+    size_t total = 0;
+    for (absl::string_view p : pieces) total += p.size();
+    if (total <= 16384) {
+      gather_.clear();
+      for (absl::string_view p : pieces) gather_.append(p.data(), p.size());
+      return Write(gather_);
+    }
+    for (absl::string_view p : pieces) DT_RETURN_IF_ERROR(Write(p));
+    return absl::OkStatus();
+  }
+
+ private:
+  absl::Status Write(absl::string_view data) {
+    while (!data.empty()) {
+      size_t wrote = 0;
+      if (SSL_write_ex(ssl_, data.data(), data.size(), &wrote) != 1) {
+        ERR_clear_error();
+        return absl::UnavailableError("data port: TLS write failed (connection closed?)");
+      }
+      data.remove_prefix(wrote);
+    }
+    return absl::OkStatus();
+  }
+
+  SSL* const ssl_;
+  std::string gather_;
+};
+
+// SSL_CTX for one side, from the certificate files.
+absl::StatusOr<std::shared_ptr<SSL_CTX>> MakeTlsContext(const DataPortTls& tls, bool server) {
+  // OpenSSL writes to the socket itself (alerts, or a record after the peer
+  // went away) without MSG_NOSIGNAL: a default SIGPIPE would kill the
+  // process, so it is ignored (unless the process handles it).
+  static const bool ignored = [] {
+    struct sigaction old {};
+    if (sigaction(SIGPIPE, nullptr, &old) == 0 && old.sa_handler == SIG_DFL) {
+      signal(SIGPIPE, SIG_IGN);
+    }
+    return true;
+  }();
+  (void)ignored;
+  std::shared_ptr<SSL_CTX> ctx(SSL_CTX_new(server ? TLS_server_method() : TLS_client_method()),
+                               SSL_CTX_free);
+  if (ctx == nullptr) return absl::InternalError("data port: SSL_CTX_new: " + SslErrors());
+  SSL_CTX_set_min_proto_version(ctx.get(), TLS1_3_VERSION);
+  if (SSL_CTX_use_certificate_chain_file(ctx.get(), tls.cert_file.c_str()) != 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("data port: certificate ", tls.cert_file, ": ", SslErrors()));
+  }
+  if (SSL_CTX_use_PrivateKey_file(ctx.get(), tls.key_file.c_str(), SSL_FILETYPE_PEM) != 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("data port: key ", tls.key_file, ": ", SslErrors()));
+  }
+  if (SSL_CTX_load_verify_locations(ctx.get(), tls.ca_file.c_str(), nullptr) != 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("data port: CA ", tls.ca_file, ": ", SslErrors()));
+  }
+  SSL_CTX_set_verify(ctx.get(), SSL_VERIFY_PEER | (server ? SSL_VERIFY_FAIL_IF_NO_PEER_CERT : 0),
+                     nullptr);
+  if (server) SSL_CTX_set_num_tickets(ctx.get(), 0);  // no session tickets to send
+  return ctx;
+}
+
+// The client context, made once per set of files.
+absl::StatusOr<std::shared_ptr<SSL_CTX>> ClientTlsContext(const DataPortTls& tls) {
+  static absl::Mutex mu(absl::kConstInit);
+  static auto* cache = new std::map<std::string, std::shared_ptr<SSL_CTX>>();
+  // Keyed by the files and their modification times: rewritten
+  // certificates are read again.
+  std::string key;
+  for (const std::string& f : {tls.ca_file, tls.cert_file, tls.key_file}) {
+    struct stat st {};
+    stat(f.c_str(), &st);
+    absl::StrAppend(&key, f, "@", st.st_mtim.tv_sec, ".", st.st_mtim.tv_nsec, "/", st.st_size,
+                    "\n");
+  }
+  absl::MutexLock lock(&mu);
+  auto it = cache->find(key);
+  if (it != cache->end()) return it->second;
+  DT_ASSIGN_OR_RETURN(std::shared_ptr<SSL_CTX> ctx, MakeTlsContext(tls, /*server=*/false));
+  (*cache)[key] = ctx;
+  return ctx;
+}
+
+// The identity in the verified peer certificate of `ssl`.
+absl::StatusOr<security::Identity> PeerCertIdentity(SSL* ssl) {
+  X509* cert = SSL_get_peer_certificate(ssl);
+  if (cert == nullptr) return absl::UnauthenticatedError("the peer presented no certificate");
+  std::unique_ptr<X509, void (*)(X509*)> owned(cert, X509_free);
+  if (SSL_get_verify_result(ssl) != X509_V_OK) {
+    return absl::UnauthenticatedError("the peer's certificate is not signed by the cluster CA");
+  }
+  std::unique_ptr<BIO, int (*)(BIO*)> bio(BIO_new(BIO_s_mem()), BIO_free);
+  PEM_write_bio_X509(bio.get(), cert);
+  char* data = nullptr;
+  long size = BIO_get_mem_data(bio.get(), &data);
+  absl::StatusOr<security::Identity> id =
+      security::IdentityFromCertPem(absl::string_view(data, static_cast<size_t>(size)));
+  if (!id.ok()) return absl::UnauthenticatedError(id.status().message());
+  return id;
+}
+
+absl::Status CheckPeerUid(int fd, const char* who) {
+  ucred cred{};
+  socklen_t len = sizeof(cred);
+  if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) {
+    return absl::UnavailableError(Errno("data port: SO_PEERCRED"));
+  }
+  if (cred.uid != getuid() && cred.uid != 0) {
+    return absl::PermissionDeniedError(absl::StrCat("data port: the ", who, " runs as uid ",
+                                                    cred.uid, ", not this process's uid ", getuid(),
+                                                    " (or root)"));
+  }
+  return absl::OkStatus();
+}
+
+void SetTimeouts(int fd, absl::Duration timeout) {
+  timeval tv{};
+  tv.tv_sec = static_cast<time_t>(absl::ToInt64Seconds(timeout));
+  tv.tv_usec = static_cast<suseconds_t>(absl::ToInt64Microseconds(timeout) % 1000000);
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+}
+
+void ClearTimeouts(int fd) {
+  timeval tv{};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+}
+
+// Writes one frame: fixed header, protobuf header, payload pieces.
+absl::Status WriteFrame(DataConn& conn, FrameHeader h, absl::string_view header,
+                        const std::vector<absl::string_view>& payload, int pass_fd = -1) {
+  char fixed[kFrameHeaderSize];
+  h.header_bytes = static_cast<uint32_t>(header.size());
+  EncodeFrameHeader(h, fixed);
+  std::vector<absl::string_view> pieces = {absl::string_view(fixed, sizeof(fixed)), header};
+  pieces.insert(pieces.end(), payload.begin(), payload.end());
+  return conn.WriteAll(pieces, pass_fd);
+}
+
+absl::Status WriteError(DataConn& conn, uint16_t op, uint64_t id, const absl::Status& status) {
+  FrameHeader h;
+  h.op = static_cast<uint16_t>(op | kReplyBit);
+  h.request_id = id;
+  h.arg = static_cast<uint32_t>(status.code());
+  return WriteFrame(conn, h, status.message(), {});
+}
+
+// A segment the client passed: checked (sealed against shrinking, sized)
+// and mapped.
+struct Segment {
+  char* data = nullptr;
+  uint64_t bytes = 0;
+  ~Segment() { Unmap(); }
+  void Unmap() {
+    if (data != nullptr) munmap(data, bytes);
+    data = nullptr;
+    bytes = 0;
+  }
+  absl::Status Map(int fd) {
+    const int seals = fcntl(fd, F_GET_SEALS);
+    if (seals < 0 || (seals & F_SEAL_SHRINK) == 0) {
+      close(fd);
+      return absl::InvalidArgumentError(
+          "data port: the shared-memory segment is not a memfd sealed with F_SEAL_SHRINK (a "
+          "shrink would fault the server)");
+    }
+    struct stat st {};
+    if (fstat(fd, &st) != 0 || st.st_size <= 0 || st.st_size > kMaxSegmentBytes) {
+      close(fd);
+      return absl::InvalidArgumentError(absl::StrCat("data port: shared-memory segment of ",
+                                                     st.st_size, " bytes (1 to ", kMaxSegmentBytes,
+                                                     ")"));
+    }
+    void* p =
+        mmap(nullptr, static_cast<size_t>(st.st_size), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    close(fd);
+    if (p == MAP_FAILED) return absl::InvalidArgumentError(Errno("data port: mmap of segment"));
+    Unmap();
+    data = static_cast<char*>(p);
+    bytes = static_cast<uint64_t>(st.st_size);
+    return absl::OkStatus();
+  }
+};
+
+absl::StatusOr<int> Listen(int family, const sockaddr* addr, socklen_t len, const char* what) {
+  int fd = socket(family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return absl::UnavailableError(Errno("data port: socket"));
+  int one = 1;
+  if (family != AF_UNIX) setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  if (bind(fd, addr, len) != 0 || listen(fd, 128) != 0) {
+    std::string error = Errno(absl::StrCat("data port: bind ", what).c_str());
+    close(fd);
+    return absl::UnavailableError(error);
+  }
+  return fd;
+}
+
+}  // namespace
+
+const char* DataConn::KindName(Kind kind) {
+  switch (kind) {
+    case Kind::kTcp:
+      return "tcp";
+    case Kind::kTls:
+      return "tls";
+    case Kind::kUnix:
+      return "unix";
+  }
+  return "unknown";
+}
+
+// ---------------------------------------------------------------------------
+// Server
+
+absl::StatusOr<std::unique_ptr<DataPortServer>> DataPortServer::Start(
+    const DataPortServerOptions& options, DataPortHandler* handler) {
+  std::unique_ptr<DataPortServer> s(new DataPortServer());
+  s->options_ = options;
+  s->handler_ = handler;
+  if (options.max_connections < 1) {
+    return absl::InvalidArgumentError("data port: max_connections must be >= 1");
+  }
+  if (options.tls.enabled && !options.tcp_listen.empty()) {
+    DT_ASSIGN_OR_RETURN(std::shared_ptr<SSL_CTX> ctx, MakeTlsContext(options.tls, true));
+    s->tls_ctx_ = ctx;
+  }
+  if (!options.tcp_listen.empty()) {
+    std::string host;
+    int port = 0;
+    DT_RETURN_IF_ERROR(SplitHostPort(options.tcp_listen, &host, &port));
+    addrinfo hints{};
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
+    addrinfo* res = nullptr;
+    const std::string service = std::to_string(port);
+    if (getaddrinfo(host.empty() || host == "0.0.0.0" || host == "::" ? nullptr : host.c_str(),
+                    service.c_str(), &hints, &res) != 0 ||
+        res == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("data port: cannot resolve '", options.tcp_listen, "'"));
+    }
+    absl::StatusOr<int> fd =
+        Listen(res->ai_family, res->ai_addr, res->ai_addrlen, options.tcp_listen.c_str());
+    freeaddrinfo(res);
+    DT_RETURN_IF_ERROR(fd.status());
+    s->tcp_fd_ = *fd;
+    sockaddr_storage bound{};
+    socklen_t len = sizeof(bound);
+    getsockname(s->tcp_fd_, reinterpret_cast<sockaddr*>(&bound), &len);
+    s->tcp_port_ =
+        ntohs(bound.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port
+                                          : reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
+  }
+  if (!options.unix_socket.empty()) {
+    const std::string& path = options.unix_socket;
+    sockaddr_un addr{};
+    if (path.size() >= sizeof(addr.sun_path)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("data port: socket path '", path, "' is too long"));
+    }
+    const size_t slash = path.rfind('/');
+    const std::string dir = slash == std::string::npos ? "." : path.substr(0, slash);
+    struct stat st {};
+    if (stat(dir.c_str(), &st) != 0 || st.st_uid != getuid() || (st.st_mode & 022) != 0) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("data port: socket directory '", dir,
+                       "' must exist, belong to this uid and be writable only by it (chmod 700)"));
+    }
+    unlink(path.c_str());  // a stale socket of an earlier run
+    addr.sun_family = AF_UNIX;
+    std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
+    DT_ASSIGN_OR_RETURN(s->unix_fd_, Listen(AF_UNIX, reinterpret_cast<sockaddr*>(&addr),
+                                            sizeof(addr), path.c_str()));
+    // Who may connect is the directory's mode and then SO_PEERCRED (same
+    // uid or root), not the socket file's.
+    chmod(path.c_str(), 0777);
+  }
+  DataPortServer* self = s.get();
+  if (s->tcp_fd_ >= 0) {
+    s->acceptors_.emplace_back([self] { self->AcceptLoop(self->tcp_fd_, false); });
+  }
+  if (s->unix_fd_ >= 0) {
+    s->acceptors_.emplace_back([self] { self->AcceptLoop(self->unix_fd_, true); });
+  }
+  return s;
+}
+
+DataPortServer::~DataPortServer() { Shutdown(); }
+
+void DataPortServer::Shutdown() {
+  if (shut_down_) return;
+  shut_down_ = true;
+  stopping_ = true;
+  for (int fd : {tcp_fd_, unix_fd_}) {
+    if (fd >= 0) shutdown(fd, SHUT_RDWR);
+  }
+  for (std::thread& t : acceptors_) t.join();
+  for (int fd : {tcp_fd_, unix_fd_}) {
+    if (fd >= 0) close(fd);
+  }
+  if (!options_.unix_socket.empty()) unlink(options_.unix_socket.c_str());
+  std::map<int, Entry> conns;
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto& [id, e] : conns_) {
+      if (e.conn != nullptr) e.conn->Shutdown();
+    }
+    conns.swap(conns_);
+  }
+  for (auto& [id, e] : conns) e.thread.join();
+}
+
+std::map<std::string, int> DataPortServer::Connections() const {
+  std::map<std::string, int> out = {{"tcp", 0}, {"tls", 0}, {"unix", 0}};
+  absl::MutexLock lock(&mu_);
+  for (const auto& [id, e] : conns_) {
+    if (e.conn != nullptr) ++out[DataConn::KindName(e.kind)];
+  }
+  return out;
+}
+
+void DataPortServer::AcceptLoop(int listen_fd, bool unix_socket) {
+  while (!stopping_) {
+    int fd = accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC);
+    if (fd < 0) {
+      if (errno == EINTR || errno == ECONNABORTED) continue;
+      if (stopping_) return;
+      DT_LOG(WARNING) << Errno("data port: accept");
+      absl::SleepFor(absl::Milliseconds(10));
+      continue;
+    }
+    const DataConn::Kind kind = unix_socket           ? DataConn::Kind::kUnix
+                                : tls_ctx_ != nullptr ? DataConn::Kind::kTls
+                                                      : DataConn::Kind::kTcp;
+    if (!unix_socket) {
+      int one = 1;
+      setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    }
+    std::vector<std::thread> ended;
+    mu_.Lock();
+    // Join the threads of connections that ended.
+    for (auto it = conns_.begin(); it != conns_.end();) {
+      if (it->second.done->load()) {
+        ended.push_back(std::move(it->second.thread));
+        it = conns_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    int open = 0;
+    for (const auto& [other, entry] : conns_) open += entry.conn != nullptr;
+    const int id = next_id_++;
+    Entry& e = conns_[id];
+    e.kind = kind;
+    std::shared_ptr<std::atomic<bool>> done = e.done;
+    std::unique_ptr<DataConn> conn;
+    if (kind == DataConn::Kind::kTls) {
+      SSL* ssl = SSL_new(static_cast<SSL_CTX*>(tls_ctx_.get()));
+      SSL_set_fd(ssl, fd);
+      conn = std::make_unique<TlsConn>(fd, ssl);
+    } else {
+      conn = std::make_unique<FdConn>(fd, kind);
+    }
+    e.conn = conn.get();
+    if (open >= options_.max_connections) {
+      ++refused_;
+      e.conn = nullptr;
+      // Refused on its own thread (a TLS handshake first), not this one.
+      e.thread =
+          std::thread([conn = std::move(conn), max = options_.max_connections, done]() mutable {
+            auto* c = conn.get();
+            SetTimeouts(static_cast<FdConn*>(c)->fd(), absl::Seconds(5));
+            struct Done {
+              std::atomic<bool>* d;
+              ~Done() { *d = true; }
+            } mark{done.get()};
+            if (c->kind() == DataConn::Kind::kTls && !static_cast<TlsConn*>(c)->Accept().ok())
+              return;
+            // Read the HELLO first, so that closing does not reset the reply away.
+            char fixed[kFrameHeaderSize];
+            if (c->ReadFull(fixed, sizeof(fixed)).ok()) {
+              absl::StatusOr<FrameHeader> h =
+                  DecodeFrameHeader(absl::string_view(fixed, sizeof(fixed)), true);
+              if (h.ok() && h->header_bytes <= 4096) {
+                std::string header(h->header_bytes, '\0');
+                (void)c->ReadFull(header.data(), header.size());
+              }
+            }
+            (void)WriteError(*c, static_cast<uint16_t>(DataOp::kHello), 0,
+                             absl::ResourceExhaustedError(absl::StrCat(
+                                 "kvstore data port: at its limit of ", max,
+                                 " connections (--data_max_connections); use gRPC or retry")));
+          });
+    } else {
+      e.thread = std::thread([this, conn = std::move(conn), id, done]() mutable {
+        Serve(std::move(conn), id);
+        *done = true;
+      });
+    }
+    mu_.Unlock();
+    for (std::thread& t : ended) t.join();
+  }
+}
+
+void DataPortServer::Serve(std::unique_ptr<DataConn> conn, int id) {
+  const int fd = static_cast<FdConn*>(conn.get())->fd();
+  struct Ended {
+    DataPortServer* s;
+    int id;
+    ~Ended() {
+      absl::MutexLock lock(&s->mu_);
+      auto it = s->conns_.find(id);
+      if (it != s->conns_.end()) it->second.conn = nullptr;
+    }
+  } ended{this, id};
+  // The handshake and HELLO within 10 s.
+  SetTimeouts(fd, absl::Seconds(10));
+  security::Identity who = security::Anonymous();
+  if (conn->kind() == DataConn::Kind::kTls) {
+    absl::StatusOr<security::Identity> id_or = static_cast<TlsConn*>(conn.get())->Accept();
+    if (!id_or.ok()) {
+      DT_LOG(DEBUG) << "data port: TLS handshake refused: " << id_or.status();
+      return;
+    }
+    who = *id_or;
+  }
+  Segment segment;
+  if (conn->kind() == DataConn::Kind::kUnix) {
+    absl::Status peer = CheckPeerUid(fd, "client");
+    if (!peer.ok()) {
+      (void)WriteError(*conn, static_cast<uint16_t>(DataOp::kHello), 0, peer);
+      return;
+    }
+    if (options_.tls.enabled) {
+      // A local process of this uid could read the certificate files; it
+      // counts as a trainer, so a cluster secret still requires its token.
+      who.name = absl::StrCat("local-uid-", getuid());
+      who.role = security::Role::kTrainer;
+      who.authenticated = true;
+    }
+  }
+  // HELLO
+  absl::optional<std::string> scope;
+  {
+    char fixed[kFrameHeaderSize];
+    absl::Status s = conn->ReadFull(fixed, sizeof(fixed));
+    if (!s.ok()) return;
+    absl::StatusOr<FrameHeader> h =
+        DecodeFrameHeader(absl::string_view(fixed, sizeof(fixed)), /*request=*/true);
+    if (h.ok() && h->op != static_cast<uint16_t>(DataOp::kHello)) {
+      h = absl::InvalidArgumentError(
+          absl::StrCat("data port: the first frame must be HELLO, got ", DataOpName(h->op)));
+    }
+    if (h.ok() && h->payload_bytes != 0) {
+      h = absl::InvalidArgumentError("data port: HELLO carries no payload");
+    }
+    if (!h.ok()) {
+      (void)WriteError(*conn, static_cast<uint16_t>(DataOp::kHello), 0, h.status());
+      return;
+    }
+    std::string header(h->header_bytes, '\0');
+    if (!conn->ReadFull(header.data(), header.size()).ok()) return;
+    v1::DataHello hello;
+    absl::Status status;
+    if (!hello.ParseFromString(header)) {
+      status = absl::InvalidArgumentError("data port: unparsable DataHello");
+    }
+    if (status.ok() && conn->kind() == DataConn::Kind::kUnix) {
+      const int seg_fd = conn->TakeReceivedFd();
+      status = seg_fd < 0 ? absl::InvalidArgumentError(
+                                "data port: a Unix HELLO must pass its shared-memory segment")
+                          : segment.Map(seg_fd);
+    }
+    if (status.ok()) {
+      absl::StatusOr<absl::optional<std::string>> bound = handler_->Hello(who, hello, conn->kind());
+      if (bound.ok()) {
+        scope = *bound;
+      } else {
+        status = bound.status();
+      }
+    }
+    if (!status.ok()) {
+      DT_LOG(DEBUG) << "data port: refused " << who.ToString() << ": " << status;
+      (void)WriteError(*conn, static_cast<uint16_t>(DataOp::kHello), h->request_id, status);
+      return;
+    }
+    FrameHeader reply;
+    reply.op = static_cast<uint16_t>(h->op | kReplyBit);
+    reply.request_id = h->request_id;
+    if (!WriteFrame(*conn, reply, "", {}).ok()) return;
+  }
+  ClearTimeouts(fd);
+
+  std::unique_ptr<char[]> buffer;
+  uint64_t buffer_bytes = 0;
+  std::string header;
+  while (!stopping_) {
+    char fixed[kFrameHeaderSize];
+    if (!conn->ReadFull(fixed, sizeof(fixed)).ok()) return;
+    absl::StatusOr<FrameHeader> h =
+        DecodeFrameHeader(absl::string_view(fixed, sizeof(fixed)), /*request=*/true);
+    const int new_segment = conn->TakeReceivedFd();
+    if (!h.ok()) {
+      if (new_segment >= 0) close(new_segment);
+      (void)WriteError(*conn, 0, 0, h.status());
+      return;
+    }
+    header.resize(h->header_bytes);
+    if (!conn->ReadFull(header.data(), header.size()).ok()) {
+      if (new_segment >= 0) close(new_segment);
+      return;
+    }
+    absl::Status bad;
+    if (new_segment >= 0) bad = segment.Map(new_segment);
+    const bool in_segment = (h->flags & kPayloadInSegment) != 0;
+    if (bad.ok() && in_segment && h->payload_bytes > segment.bytes) {
+      bad = absl::InvalidArgumentError(absl::StrCat("data port: payload of ", h->payload_bytes,
+                                                    " bytes does not fit the segment of ",
+                                                    segment.bytes));
+    }
+    if (bad.ok() && h->op == static_cast<uint16_t>(DataOp::kHello)) {
+      bad = absl::InvalidArgumentError("data port: HELLO twice");
+    }
+    if (!bad.ok()) {
+      (void)WriteError(*conn, h->op, h->request_id, bad);
+      return;
+    }
+    bool payload_read = h->payload_bytes == 0;
+    DataRequest request;
+    request.op = static_cast<DataOp>(h->op);
+    request.header = header;
+    request.payload_bytes = h->payload_bytes;
+    request.kind = conn->kind();
+    request.scope = &scope;
+    request.who = &who;
+    request.deadline =
+        h->arg == 0 ? absl::InfiniteFuture() : absl::Now() + absl::Milliseconds(h->arg);
+    DataConn* c = conn.get();
+    request.cancelled = [this, c] { return stopping_.load() || c->PeerClosed(); };
+    request.read_payload = [&]() -> absl::StatusOr<absl::string_view> {
+      if (payload_read) {
+        if (h->payload_bytes == 0) return absl::string_view();
+        return absl::FailedPreconditionError("data port: payload read twice");
+      }
+      payload_read = true;
+      if (in_segment) return absl::string_view(segment.data, h->payload_bytes);
+      if (h->payload_bytes > buffer_bytes) {
+        buffer.reset(new char[h->payload_bytes]);
+        buffer_bytes = h->payload_bytes;
+      }
+      DT_RETURN_IF_ERROR(conn->ReadFull(buffer.get(), h->payload_bytes));
+      return absl::string_view(buffer.get(), h->payload_bytes);
+    };
+    DataReply reply;
+    absl::Status status = handler_->Handle(request, &reply);
+    if (!status.ok()) {
+      if (!WriteError(*conn, h->op, h->request_id, status).ok()) return;
+      if (!payload_read && !in_segment) return;  // the stream is out of step
+      continue;
+    }
+    if (!payload_read && !in_segment) {
+      (void)WriteError(*conn, h->op, h->request_id,
+                       absl::InternalError("data port: the handler left the payload unread"));
+      return;
+    }
+    FrameHeader out;
+    out.op = static_cast<uint16_t>(h->op | kReplyBit);
+    out.request_id = h->request_id;
+    uint64_t total = 0;
+    for (absl::string_view v : reply.values) total += v.size();
+    out.payload_bytes = total;
+    std::vector<absl::string_view> payload = reply.values;
+    if (conn->kind() == DataConn::Kind::kUnix && total > 0 && total <= segment.bytes) {
+      char* p = segment.data;
+      for (absl::string_view v : reply.values) {
+        std::memcpy(p, v.data(), v.size());
+        p += v.size();
+      }
+      out.flags = kPayloadInSegment;
+      payload.clear();
+    }
+    if (!WriteFrame(*conn, out, reply.header, payload).ok()) return;
+  }
+}
+
+absl::StatusOr<std::string> DefaultDataSocketPath() {
+  static std::atomic<int> counter{0};
+  const char* runtime = std::getenv("XDG_RUNTIME_DIR");
+  std::string dir = runtime != nullptr && runtime[0] == '/'
+                        ? absl::StrCat(runtime, "/dtrain-kvstore")
+                        : absl::StrCat("/tmp/dtrain-kvstore-", getuid());
+  if (mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) {
+    return absl::FailedPreconditionError(Errno(absl::StrCat("mkdir ", dir).c_str()));
+  }
+  struct stat st {};
+  if (lstat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != getuid() ||
+      (st.st_mode & 077) != 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("data port: '", dir,
+                     "' is not a private directory of this uid (remove it, or give "
+                     "--data_socket)"));
+  }
+  return absl::StrCat(dir, "/kvstore-", getpid(), "-", counter++, ".sock");
+}
+
+std::string HostId() {
+  static const std::string* id = [] {
+    std::ifstream in("/proc/sys/kernel/random/boot_id");
+    std::string line;
+    std::getline(in, line);
+    return new std::string(absl::StripAsciiWhitespace(line));
+  }();
+  return *id;
+}
+
+// ---------------------------------------------------------------------------
+// Client
+
+absl::StatusOr<std::unique_ptr<DataConn>> DialDataConn(const DataPortAddress& address,
+                                                       const DataPortTls& tls,
+                                                       absl::Duration timeout) {
+  if (!address.unix_socket.empty()) {
+    sockaddr_un addr{};
+    if (address.unix_socket.size() >= sizeof(addr.sun_path)) {
+      return absl::InvalidArgumentError("data port: socket path too long");
+    }
+    addr.sun_family = AF_UNIX;
+    std::memcpy(addr.sun_path, address.unix_socket.c_str(), address.unix_socket.size() + 1);
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) return absl::UnavailableError(Errno("data port: socket"));
+    if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+      std::string error = Errno(absl::StrCat("data port: connect ", address.unix_socket).c_str());
+      close(fd);
+      return absl::UnavailableError(error);
+    }
+    auto conn = std::make_unique<FdConn>(fd, DataConn::Kind::kUnix);
+    DT_RETURN_IF_ERROR(CheckPeerUid(fd, "server"));
+    return std::unique_ptr<DataConn>(std::move(conn));
+  }
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_NUMERICSERV;
+  addrinfo* res = nullptr;
+  const std::string service = std::to_string(address.tcp_port);
+  if (getaddrinfo(address.host.c_str(), service.c_str(), &hints, &res) != 0 || res == nullptr) {
+    return absl::UnavailableError(absl::StrCat("data port: cannot resolve '", address.host, "'"));
+  }
+  int fd = socket(res->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) {
+    freeaddrinfo(res);
+    return absl::UnavailableError(Errno("data port: socket"));
+  }
+  SetTimeouts(fd, timeout);
+  if (connect(fd, res->ai_addr, res->ai_addrlen) != 0) {
+    std::string error =
+        Errno(absl::StrCat("data port: connect ", address.host, ":", address.tcp_port).c_str());
+    freeaddrinfo(res);
+    close(fd);
+    return absl::UnavailableError(error);
+  }
+  freeaddrinfo(res);
+  int one = 1;
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  if (!address.tls)
+    return std::unique_ptr<DataConn>(std::make_unique<FdConn>(fd, DataConn::Kind::kTcp));
+  if (!tls.enabled) {
+    close(fd);
+    return absl::FailedPreconditionError(
+        "data port: the shard's data port is TLS but this process has no certificates");
+  }
+  absl::StatusOr<std::shared_ptr<SSL_CTX>> ctx = ClientTlsContext(tls);
+  if (!ctx.ok()) {
+    close(fd);
+    return ctx.status();
+  }
+  SSL* ssl = SSL_new(ctx->get());
+  SSL_set_fd(ssl, fd);
+  auto conn = std::make_unique<TlsConn>(fd, ssl);
+  // The server's certificate must name the host dialed (as gRPC checks).
+  X509_VERIFY_PARAM* param = SSL_get0_param(ssl);
+  in6_addr ip6;
+  in_addr ip4;
+  if (inet_pton(AF_INET, address.host.c_str(), &ip4) == 1 ||
+      inet_pton(AF_INET6, address.host.c_str(), &ip6) == 1) {
+    X509_VERIFY_PARAM_set1_ip_asc(param, address.host.c_str());
+  } else {
+    X509_VERIFY_PARAM_set1_host(param, address.host.c_str(), 0);
+    SSL_set_tlsext_host_name(ssl, address.host.c_str());
+  }
+  DT_RETURN_IF_ERROR(conn->Connect());
+  ClearTimeouts(fd);
+  return std::unique_ptr<DataConn>(std::move(conn));
+}
+
+absl::StatusOr<std::unique_ptr<DataPortConnection>> DataPortConnection::Dial(
+    const DataPortAddress& address, const v1::DataHello& hello, const DataPortTls& tls,
+    absl::Duration timeout) {
+  std::unique_ptr<DataPortConnection> c(new DataPortConnection());
+  DT_ASSIGN_OR_RETURN(c->conn_, DialDataConn(address, tls, timeout));
+  int pass_fd = -1;
+  if (c->conn_->kind() == DataConn::Kind::kUnix) {
+    DT_RETURN_IF_ERROR(c->EnsureSegment(1 << 20, &pass_fd));
+  }
+  FrameHeader h;
+  h.op = static_cast<uint16_t>(DataOp::kHello);
+  h.request_id = c->next_id_++;
+  c->conn_->SetReadTimeout(timeout);
+  DT_RETURN_IF_ERROR(WriteFrame(*c->conn_, h, hello.SerializeAsString(), {}, pass_fd));
+  DT_RETURN_IF_ERROR(c->ReceiveHeader().status());
+  return c;
+}
+
+DataPortConnection::~DataPortConnection() {
+  if (segment_ != nullptr) munmap(segment_, segment_bytes_);
+  if (segment_fd_ >= 0) close(segment_fd_);
+}
+
+absl::Status DataPortConnection::EnsureSegment(uint64_t bytes, int* pass_fd) {
+  *pass_fd = -1;
+  if (bytes <= segment_bytes_ || bytes > static_cast<uint64_t>(kMaxSegmentBytes)) {
+    return absl::OkStatus();
+  }
+  uint64_t size = std::max<uint64_t>(segment_bytes_, 1 << 20);
+  while (size < bytes) size *= 2;
+  size = std::min<uint64_t>(size, kMaxSegmentBytes);
+  int fd = memfd_create("dtrain-kvstore-segment", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  if (fd < 0) return absl::UnavailableError(Errno("data port: memfd_create"));
+  if (ftruncate(fd, static_cast<off_t>(size)) != 0 ||
+      fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_SEAL) != 0) {
+    std::string error = Errno("data port: sizing the segment");
+    close(fd);
+    return absl::UnavailableError(error);
+  }
+  void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (p == MAP_FAILED) {
+    std::string error = Errno("data port: mmap");
+    close(fd);
+    return absl::UnavailableError(error);
+  }
+  if (segment_ != nullptr) munmap(segment_, segment_bytes_);
+  if (segment_fd_ >= 0) close(segment_fd_);
+  segment_ = static_cast<char*>(p);
+  segment_bytes_ = size;
+  segment_fd_ = fd;
+  *pass_fd = fd;
+  return absl::OkStatus();
+}
+
+absl::Status DataPortConnection::Send(DataOp op, const std::string& header,
+                                      const std::vector<absl::string_view>& payload,
+                                      uint64_t reply_bytes, absl::Duration timeout) {
+  FrameHeader h;
+  h.op = static_cast<uint16_t>(op);
+  h.request_id = next_id_++;
+  const int64_t ms = absl::ToInt64Milliseconds(timeout);
+  h.arg = timeout == absl::InfiniteDuration() || ms > 0x7fffffff
+              ? 0
+              : static_cast<uint32_t>(std::max<int64_t>(ms, 1));
+  uint64_t total = 0;
+  for (absl::string_view p : payload) total += p.size();
+  h.payload_bytes = total;
+  reply_ = FrameHeader();
+  reply_read_ = 0;
+  // A second of slack over the server's own deadline, so its answer (e.g.
+  // DEADLINE_EXCEEDED naming the missing workers) arrives first.
+  conn_->SetReadTimeout(timeout == absl::InfiniteDuration() ? timeout : timeout + absl::Seconds(1));
+  int pass_fd = -1;
+  if (conn_->kind() == DataConn::Kind::kUnix) {
+    DT_RETURN_IF_ERROR(EnsureSegment(std::max(total, reply_bytes), &pass_fd));
+    if (total > 0 && total <= segment_bytes_) {
+      char* p = segment_;
+      for (absl::string_view piece : payload) {
+        std::memcpy(p, piece.data(), piece.size());
+        p += piece.size();
+      }
+      h.flags = kPayloadInSegment;
+      return WriteFrame(*conn_, h, header, {}, pass_fd);
+    }
+  }
+  return WriteFrame(*conn_, h, header, payload, pass_fd);
+}
+
+absl::StatusOr<std::string> DataPortConnection::ReceiveHeader() {
+  char fixed[kFrameHeaderSize];
+  DT_RETURN_IF_ERROR(conn_->ReadFull(fixed, sizeof(fixed)));
+  DT_ASSIGN_OR_RETURN(reply_, DecodeFrameHeader(absl::string_view(fixed, sizeof(fixed)),
+                                                /*request=*/false));
+  reply_read_ = 0;
+  std::string header(reply_.header_bytes, '\0');
+  DT_RETURN_IF_ERROR(conn_->ReadFull(header.data(), header.size()));
+  if (reply_.arg != 0) {
+    const auto code = static_cast<absl::StatusCode>(reply_.arg);
+    return absl::Status(code == absl::StatusCode::kOk ? absl::StatusCode::kUnknown : code, header);
+  }
+  if ((reply_.flags & kPayloadInSegment) != 0 && reply_.payload_bytes > segment_bytes_) {
+    return absl::DataLossError("data port: reply payload larger than the segment");
+  }
+  return header;
+}
+
+absl::Status DataPortConnection::ReadPayload(char* dst, size_t n) {
+  if (reply_read_ + n > reply_.payload_bytes) {
+    return absl::DataLossError("data port: reply payload shorter than its items");
+  }
+  if ((reply_.flags & kPayloadInSegment) != 0) {
+    std::memcpy(dst, segment_ + reply_read_, n);
+  } else {
+    DT_RETURN_IF_ERROR(conn_->ReadFull(dst, n));
+  }
+  reply_read_ += n;
+  return absl::OkStatus();
+}
+
+}  // namespace kvstore
+}  // namespace dtrain

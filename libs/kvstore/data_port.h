@@ -1,0 +1,276 @@
+// The kvstore's data port: Push, Pull and PushPull (and the chain's
+// REPLICATE) outside gRPC, framed as in data_port_frame.h. gRPC stays the
+// control path (jobs, Init, the shard map) and tells clients where the data
+// port is (KVStore.DataPort).
+//
+// Transports, behind one interface (DataConn, like gloo's transport pairs):
+//   - TCP: mutual TLS 1.3 through OpenSSL with the cluster's certificates
+//     (the peer's chain is verified against the CA; the server takes the
+//     client's identity from its certificate as rpc::PeerIdentity does).
+//     Plain TCP only when the process runs --insecure. TCP_NODELAY.
+//   - Unix socket + shared memory, for a client on the shard's host: both
+//     sides check SO_PEERCRED (same uid, or root). The client creates a
+//     memfd sealed against shrinking (F_SEAL_SHRINK: a truncate cannot make
+//     the server fault) and passes it with SCM_RIGHTS in its HELLO (and a
+//     bigger one with a later request when a value outgrows it); pushed
+//     values are written into the segment and the server reads them in
+//     place; pull replies are written into it and the client copies them
+//     out once. Values that do not fit go on the socket.
+//
+//   DataPortServer (thread per connection, blocking I/O: the connection's
+//   thread reads a frame, runs it through the DataPortHandler, writes the
+//   reply; a SYNC pull blocks that thread until its round completes, its
+//   frame's timeout passes, the peer closes, or Shutdown).
+//
+//   auto conn = DataPortConnection::Dial(address, hello, tls, timeout);
+//   DT_RETURN_IF_ERROR((*conn)->Send(DataOp::kPushPull, header, values, reply_bytes, timeout));
+//   DT_ASSIGN_OR_RETURN(std::string reply, (*conn)->ReceiveHeader());
+//   DT_RETURN_IF_ERROR((*conn)->ReadPayload(dst, n));
+//
+// Nothing here knows about gRPC.
+#ifndef DTRAIN_LIBS_KVSTORE_DATA_PORT_H_
+#define DTRAIN_LIBS_KVSTORE_DATA_PORT_H_
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "absl/types/optional.h"
+#include "libs/kvstore/data_port_frame.h"
+#include "libs/security/identity.h"
+
+namespace dtrain {
+namespace kvstore {
+namespace v1 {
+class DataHello;
+}  // namespace v1
+
+// The cluster's certificate files (rpc::Credentials' TlsFiles); disabled:
+// plain TCP (--insecure).
+struct DataPortTls {
+  bool enabled = false;
+  std::string ca_file, cert_file, key_file;
+};
+
+// Largest shared-memory segment a client creates (and a server maps).
+inline constexpr int64_t kMaxSegmentBytes = int64_t{1} << 30;
+
+// One data port connection, either side: a byte stream that can pass a file
+// descriptor (Unix sockets only).
+class DataConn {
+ public:
+  enum class Kind { kTcp, kTls, kUnix };
+  static const char* KindName(Kind kind);  // "tcp", "tls", "unix"
+
+  virtual ~DataConn() = default;
+  virtual Kind kind() const = 0;
+  // Reads exactly `n` bytes: UNAVAILABLE when the peer closed or reset the
+  // connection (or Shutdown was called), DEADLINE_EXCEEDED past the read
+  // timeout.
+  virtual absl::Status ReadFull(void* buf, size_t n) = 0;
+  // Writes every piece, in order; `pass_fd` >= 0 travels with the first
+  // byte (Unix sockets; FailedPrecondition elsewhere).
+  virtual absl::Status WriteAll(const std::vector<absl::string_view>& pieces, int pass_fd = -1) = 0;
+  // A descriptor that arrived with the bytes read since the last call, or
+  // -1; the caller owns it.
+  virtual int TakeReceivedFd() { return -1; }
+  // Ends blocked reads and writes, from any thread.
+  virtual void Shutdown() = 0;
+  // Whether the peer closed its end (polls; does not read).
+  virtual bool PeerClosed() = 0;
+  // Blocking reads give up after `timeout` (InfiniteDuration: never).
+  virtual void SetReadTimeout(absl::Duration timeout) = 0;
+};
+
+// ---------------------------------------------------------------------------
+// Server
+
+struct DataPortServerOptions {
+  // "host:port" to listen on for TCP (port 0 picks one); "": no TCP.
+  std::string tcp_listen;
+  // Path of the Unix socket; "": none. Its directory must exist, belong to
+  // this uid and be writable only by it (the default one is 0700); a stale
+  // socket there is replaced. Peers of another uid (except root) are
+  // refused (SO_PEERCRED).
+  std::string unix_socket;
+  DataPortTls tls;
+  // Connections served at once (both kinds); one more is refused with
+  // RESOURCE_EXHAUSTED (its client falls back to gRPC).
+  int max_connections = 256;
+};
+
+// One request as the connection's thread hands it to the handler.
+struct DataRequest {
+  DataOp op = DataOp::kPush;
+  absl::string_view header;  // the protobuf header
+  uint64_t payload_bytes = 0;
+  // Reads the payload (exactly payload_bytes; a view into the connection's
+  // buffer or shared-memory segment, valid until Handle returns). Call it at
+  // most once, after checking payload_bytes: a payload not read makes the
+  // server close the connection after the reply.
+  std::function<absl::StatusOr<absl::string_view>()> read_payload;
+  // From the frame's timeout (InfiniteFuture: none).
+  absl::Time deadline = absl::InfiniteFuture();
+  // True once the peer closed its end or the server is shutting down.
+  std::function<bool()> cancelled;
+  // The job the connection is bound to (its HELLO); nullopt: unconfined.
+  const absl::optional<std::string>* scope = nullptr;
+  // Who the connection is (its HELLO's identity).
+  const security::Identity* who = nullptr;
+  DataConn::Kind kind = DataConn::Kind::kTcp;
+};
+
+struct DataReply {
+  std::string header;                               // serialized protobuf
+  std::vector<absl::string_view> values;            // the payload, in order
+  std::vector<std::shared_ptr<const void>> owners;  // keep `values` alive
+};
+
+// What the server runs: the kvstore shard behind both gRPC and the data
+// port (services/kvstore/server.cc).
+class DataPortHandler {
+ public:
+  virtual ~DataPortHandler() = default;
+  // A connection's HELLO from `who` (its certificate's identity; for a Unix
+  // peer of this uid a trainer named after it): the job the connection is
+  // bound to (nullopt: unconfined), or why it is refused.
+  virtual absl::StatusOr<absl::optional<std::string>> Hello(const security::Identity& who,
+                                                            const v1::DataHello& hello,
+                                                            DataConn::Kind kind) = 0;
+  // Runs one request; fills `reply` when OK.
+  virtual absl::Status Handle(const DataRequest& request, DataReply* reply) = 0;
+};
+
+class DataPortServer {
+ public:
+  // Binds and starts accepting. kUnavailable when an address cannot be bound,
+  // kInvalidArgument for a bad address, kFailedPrecondition for a socket
+  // directory that is not private, TLS files' errors.
+  static absl::StatusOr<std::unique_ptr<DataPortServer>> Start(const DataPortServerOptions& options,
+                                                               DataPortHandler* handler);
+  ~DataPortServer();  // Shutdown
+  DataPortServer(const DataPortServer&) = delete;
+  DataPortServer& operator=(const DataPortServer&) = delete;
+
+  // Stops accepting, ends every connection (blocked pulls end), joins their
+  // threads, removes the socket file. Later calls do nothing.
+  void Shutdown();
+
+  int tcp_port() const { return tcp_port_; }
+  const std::string& unix_socket() const { return options_.unix_socket; }
+  bool tls() const { return options_.tls.enabled; }
+  // Connections open now, by kind ("tcp", "tls", "unix").
+  std::map<std::string, int> Connections() const;
+  // Connections refused at the max_connections limit since Start.
+  int64_t refused() const { return refused_.load(); }
+
+  struct Impl;
+
+ private:
+  DataPortServer() = default;
+  void AcceptLoop(int listen_fd, bool unix_socket) ABSL_NO_THREAD_SAFETY_ANALYSIS;
+  void Serve(std::unique_ptr<DataConn> conn, int id);
+
+  DataPortServerOptions options_;
+  DataPortHandler* handler_ = nullptr;
+  std::shared_ptr<void> tls_ctx_;  // SSL_CTX
+  int tcp_fd_ = -1, unix_fd_ = -1;
+  int tcp_port_ = 0;
+  std::vector<std::thread> acceptors_;
+  std::atomic<bool> stopping_{false};
+  std::atomic<int64_t> refused_{0};
+  mutable absl::Mutex mu_;
+  struct Entry {
+    std::thread thread;
+    DataConn* conn = nullptr;  // null once the thread ended
+    DataConn::Kind kind = DataConn::Kind::kTcp;
+    std::shared_ptr<std::atomic<bool>> done = std::make_shared<std::atomic<bool>>(false);
+  };
+  std::map<int, Entry> conns_ ABSL_GUARDED_BY(mu_);
+  int next_id_ ABSL_GUARDED_BY(mu_) = 0;
+  bool shut_down_ = false;
+};
+
+// The default Unix socket of a shard: <dir>/kvstore-<pid>-<n>.sock in
+// $XDG_RUNTIME_DIR/dtrain-kvstore or /tmp/dtrain-kvstore-<uid>, created 0700
+// (and checked to be this uid's and private).
+absl::StatusOr<std::string> DefaultDataSocketPath();
+
+// This host's boot id ("" when unknown): where a client and a shard compare
+// hosts before the client tries the shard's Unix socket.
+std::string HostId();
+
+// ---------------------------------------------------------------------------
+// Client
+
+struct DataPortAddress {
+  std::string host;  // for TCP (the host the client dialed for gRPC)
+  int tcp_port = 0;
+  bool tls = false;
+  std::string unix_socket;  // "": TCP
+};
+
+// A client's connection: one request at a time.
+class DataPortConnection {
+ public:
+  // Connects (TCP, with TLS when address.tls, verifying the server against
+  // the CA and the host name; or the Unix socket, checking the server's
+  // uid and creating the segment), sends the HELLO and reads its answer
+  // (the server's refusal as its status). Transport failures are
+  // UNAVAILABLE.
+  static absl::StatusOr<std::unique_ptr<DataPortConnection>> Dial(const DataPortAddress& address,
+                                                                  const v1::DataHello& hello,
+                                                                  const DataPortTls& tls,
+                                                                  absl::Duration timeout);
+  ~DataPortConnection();
+
+  DataConn::Kind kind() const { return conn_->kind(); }
+
+  // Sends a request: `payload` goes into the segment (grown to hold it and
+  // `reply_bytes`, the payload the reply will carry) on a Unix connection,
+  // on the socket otherwise. The reply is awaited until `timeout` (which
+  // the frame also carries to the server).
+  absl::Status Send(DataOp op, const std::string& header,
+                    const std::vector<absl::string_view>& payload, uint64_t reply_bytes,
+                    absl::Duration timeout);
+  // Reads the reply's headers: the protobuf header, or the server's error.
+  absl::StatusOr<std::string> ReceiveHeader();
+  uint64_t reply_payload_bytes() const { return reply_.payload_bytes; }
+  // The next `n` bytes of the reply's payload.
+  absl::Status ReadPayload(char* dst, size_t n);
+  // Ends a blocked call (from any thread); the connection is then unusable.
+  void Shutdown() { conn_->Shutdown(); }
+
+ private:
+  DataPortConnection() = default;
+  absl::Status EnsureSegment(uint64_t bytes, int* pass_fd);
+
+  std::unique_ptr<DataConn> conn_;
+  uint64_t next_id_ = 1;
+  FrameHeader reply_;
+  uint64_t reply_read_ = 0;
+  // The shared-memory segment (Unix connections).
+  int segment_fd_ = -1;
+  char* segment_ = nullptr;
+  uint64_t segment_bytes_ = 0;
+};
+
+// For tests of hostile peers: a raw connection to a data port (no HELLO).
+absl::StatusOr<std::unique_ptr<DataConn>> DialDataConn(const DataPortAddress& address,
+                                                       const DataPortTls& tls,
+                                                       absl::Duration timeout);
+
+}  // namespace kvstore
+}  // namespace dtrain
+
+#endif  // DTRAIN_LIBS_KVSTORE_DATA_PORT_H_

@@ -1,0 +1,406 @@
+// The kvstore data port (libs/kvstore/data_port.h) of a real shard, with
+// security on (mutual TLS, a cluster secret): who is refused, what hostile
+// frames get, and that the shard keeps serving the next good client; the
+// shared accounting (metrics) of data port requests.
+#include "libs/kvstore/data_port.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "libs/kvstore/client.h"
+#include "libs/kvstore/data_port_frame.h"
+#include "libs/metrics/scrape.h"
+#include "libs/rpc/credentials.h"
+#include "libs/security/certs.h"
+#include "libs/security/job_token.h"
+#include "protos/kvstore.pb.h"
+#include "services/kvstore/server.h"
+
+namespace dtrain {
+namespace kvstore {
+namespace {
+
+std::string TempDir(const std::string& name) {
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  std::string dir = std::string(tmp != nullptr ? tmp : "/tmp") + "/" + name;
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  return dir;
+}
+
+std::shared_ptr<const rpc::Credentials> Creds(const std::string& dir, const std::string& name) {
+  auto c = rpc::Credentials::Load(
+      {dir + "/ca.pem", dir + "/" + name + ".pem", dir + "/" + name + ".key"});
+  EXPECT_TRUE(c.ok()) << c.status();
+  return c.ok() ? *c : rpc::Credentials::Insecure();
+}
+
+DataPortTls TlsOf(const std::string& dir, const std::string& name) {
+  return {true, dir + "/ca.pem", dir + "/" + name + ".pem", dir + "/" + name + ".key"};
+}
+
+std::string Frame(DataOp op, const std::string& header, uint64_t payload_bytes = 0,
+                  uint64_t id = 1) {
+  FrameHeader h;
+  h.op = static_cast<uint16_t>(op);
+  h.header_bytes = static_cast<uint32_t>(header.size());
+  h.payload_bytes = payload_bytes;
+  h.request_id = id;
+  char fixed[kFrameHeaderSize];
+  EncodeFrameHeader(h, fixed);
+  return std::string(fixed, sizeof(fixed)) + header;
+}
+
+std::string HelloFrame(const std::string& job, const std::string& token) {
+  v1::DataHello hello;
+  hello.set_job(job);
+  hello.set_token(token);
+  return Frame(DataOp::kHello, hello.SerializeAsString());
+}
+
+// Reads one reply: its status code and header (the message of an error).
+absl::Status ReadReply(DataConn& conn, std::string* header = nullptr) {
+  char fixed[kFrameHeaderSize];
+  if (absl::Status s = conn.ReadFull(fixed, sizeof(fixed)); !s.ok()) return s;
+  absl::StatusOr<FrameHeader> h = DecodeFrameHeader({fixed, sizeof(fixed)}, /*request=*/false);
+  if (!h.ok()) return h.status();
+  std::string body(h->header_bytes, '\0');
+  if (absl::Status s = conn.ReadFull(body.data(), body.size()); !s.ok()) return s;
+  if (header != nullptr) *header = body;
+  if (h->arg != 0) return absl::Status(static_cast<absl::StatusCode>(h->arg), body);
+  return absl::OkStatus();
+}
+
+class DataPortTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = TempDir("certs");
+    ASSERT_TRUE(security::InitCertDir(dir_, {}).ok());
+    ASSERT_TRUE(security::IssueCert(dir_, {"trainer-0", security::Role::kTrainer}).ok());
+    absl::StatusOr<std::string> secret = security::ReadClusterSecret(dir_ + "/cluster.secret");
+    ASSERT_TRUE(secret.ok()) << secret.status();
+    secret_ = *secret;
+    // Short (a socket path has 108 bytes at most), and reachable by others.
+    char tmpl[] = "/tmp/kv_data_port_test.XXXXXX";
+    ASSERT_NE(mkdtemp(tmpl), nullptr);
+    socket_dir_ = tmpl;
+    chmod(socket_dir_.c_str(), 0711);  // others may reach the socket: SO_PEERCRED decides
+    rpc::SetDefaultCredentials(Creds(dir_, "kvstore"));
+    ServerOptions options;
+    options.job_token_secret = secret_;
+    options.metrics_listen = "127.0.0.1:0";
+    options.data_socket = socket_dir_ + "/kv.sock";
+    options.data_max_connections = 4;
+    auto server = KVStoreServer::Start(options);
+    ASSERT_TRUE(server.ok()) << server.status();
+    server_ = std::move(*server);
+    rpc::SetDefaultCredentials(Creds(dir_, "trainer-0"));
+    tcp_ = {"127.0.0.1", server_->data_port(), true, ""};
+    unix_ = {"", 0, false, server_->data_socket()};
+    // Job "a" with key "w" (4 floats), made by a trainer holding a's token.
+    ClientOptions o;
+    o.servers = {server_->local_address()};
+    o.job = "a";
+    o.token = Token("a");
+    auto client = KVClient::Connect(o);
+    ASSERT_TRUE(client.ok());
+    JobConfig config;
+    config.job = "a";
+    config.num_workers = 1;
+    ASSERT_TRUE((*client)->CreateJob(config).ok());
+    ASSERT_TRUE((*client)->Init({{"w", {4}}}).ok());
+  }
+  void TearDown() override {
+    if (server_) ASSERT_TRUE(server_->Shutdown(absl::ZeroDuration()).ok());
+    rpc::SetDefaultCredentials(rpc::Credentials::Insecure());
+    std::filesystem::remove_all(socket_dir_);
+  }
+
+  std::string Token(const std::string& job) {
+    return security::MintJobToken(secret_, job, absl::Now() + absl::Hours(1));
+  }
+
+  v1::DataHello Hello(const std::string& job, const std::string& token) {
+    v1::DataHello h;
+    h.set_job(job);
+    h.set_token(token);
+    return h;
+  }
+
+  // A good client still gets a SYNC round through the data port (both
+  // transports), so the shard is up and serving.
+  void ExpectServes(DataPath path) {
+    ClientOptions o;
+    o.servers = {server_->local_address()};
+    o.job = "a";
+    o.token = Token("a");
+    o.data_path = path;
+    auto client = KVClient::Connect(o);
+    ASSERT_TRUE(client.ok());
+    ASSERT_TRUE((*client)->Init({{"w", {4}}}).ok());
+    ASSERT_TRUE((*client)->Resync().ok());
+    std::vector<float> g(4, 1.0f), out(4, 0.0f);
+    absl::Status s = (*client)->PushPull({{"w", g.data(), out.data()}});
+    ASSERT_TRUE(s.ok()) << s;
+  }
+
+  std::string dir_, secret_, socket_dir_;
+  std::unique_ptr<KVStoreServer> server_;
+  DataPortAddress tcp_, unix_;
+};
+
+TEST_F(DataPortTest, TokensAreCheckedAndBindTheConnectionToTheirJob) {
+  for (const DataPortAddress& where : {tcp_, unix_}) {
+    SCOPED_TRACE(where.unix_socket.empty() ? "tcp" : "unix");
+    const DataPortTls tls = TlsOf(dir_, "trainer-0");
+    // No token, a forged one, another job's.
+    auto none = DataPortConnection::Dial(where, Hello("a", ""), tls, absl::Seconds(5));
+    EXPECT_EQ(none.status().code(), absl::StatusCode::kPermissionDenied) << none.status();
+    EXPECT_NE(none.status().message().find("sent no kvstore token"), std::string::npos);
+    auto forged =
+        DataPortConnection::Dial(where, Hello("a", "v1.a.99999999999.00ff"), tls, absl::Seconds(5));
+    EXPECT_FALSE(forged.ok());
+    auto other = DataPortConnection::Dial(where, Hello("a", Token("b")), tls, absl::Seconds(5));
+    EXPECT_EQ(other.status().code(), absl::StatusCode::kPermissionDenied) << other.status();
+    EXPECT_NE(other.status().message().find("grants job 'b', not 'a'"), std::string::npos)
+        << other.status();
+    // Bound to b: a pull naming a is refused, and the connection stays usable.
+    auto bound = DataPortConnection::Dial(where, Hello("b", Token("b")), tls, absl::Seconds(5));
+    ASSERT_TRUE(bound.ok()) << bound.status();
+    v1::PullRequest pull;
+    pull.set_job("a");
+    v1::PullItem* item = pull.add_items();
+    item->set_key("w");
+    ASSERT_TRUE(
+        (*bound)->Send(DataOp::kPull, pull.SerializeAsString(), {}, 16, absl::Seconds(5)).ok());
+    absl::StatusOr<std::string> reply = (*bound)->ReceiveHeader();
+    EXPECT_EQ(reply.status().code(), absl::StatusCode::kPermissionDenied) << reply.status();
+    // A push naming a, with its payload: refused before any lookup of a.
+    v1::PushRequest push;
+    push.set_job("a");
+    v1::PushItem* p = push.add_items();
+    p->set_key("w");
+    p->set_round(1);
+    p->add_shape(4);
+    const std::string values(16, '\0');
+    ASSERT_TRUE((*bound)
+                    ->Send(DataOp::kPush, push.SerializeAsString(), {values}, 0, absl::Seconds(5))
+                    .ok());
+    reply = (*bound)->ReceiveHeader();
+    EXPECT_EQ(reply.status().code(), absl::StatusCode::kPermissionDenied) << reply.status();
+  }
+  ExpectServes(DataPath::kAuto);
+  ExpectServes(DataPath::kTcp);
+}
+
+// Only kvstore shards may open a replica link or send REPLICATE frames.
+TEST_F(DataPortTest, ReplicationIsForKvstoreIdentitiesOnly) {
+  const DataPortTls tls = TlsOf(dir_, "trainer-0");
+  auto link = DataPortConnection::Dial(tcp_, Hello("", ""), tls, absl::Seconds(5));
+  EXPECT_EQ(link.status().code(), absl::StatusCode::kPermissionDenied) << link.status();
+  auto conn = DataPortConnection::Dial(tcp_, Hello("a", Token("a")), tls, absl::Seconds(5));
+  ASSERT_TRUE(conn.ok()) << conn.status();
+  ASSERT_TRUE((*conn)->Send(DataOp::kReplicate, "", {"x"}, 0, absl::Seconds(5)).ok());
+  absl::StatusOr<std::string> reply = (*conn)->ReceiveHeader();
+  EXPECT_EQ(reply.status().code(), absl::StatusCode::kPermissionDenied) << reply.status();
+  ExpectServes(DataPath::kTcp);
+}
+
+TEST_F(DataPortTest, ClientWithoutACertificateOfTheClusterIsRefused) {
+  const std::string rogue = TempDir("rogue");
+  ASSERT_TRUE(security::InitCertDir(rogue, {}).ok());
+  ASSERT_TRUE(security::IssueCert(rogue, {"trainer-0", security::Role::kTrainer}).ok());
+  // Its own CA: it does not trust the shard, and the shard does not trust it.
+  auto conn = DataPortConnection::Dial(tcp_, Hello("a", Token("a")), TlsOf(rogue, "trainer-0"),
+                                       absl::Seconds(5));
+  EXPECT_FALSE(conn.ok());
+  // Trusting the cluster CA but presenting a certificate of another CA.
+  DataPortTls mixed = TlsOf(rogue, "trainer-0");
+  mixed.ca_file = dir_ + "/ca.pem";
+  conn = DataPortConnection::Dial(tcp_, Hello("a", Token("a")), mixed, absl::Seconds(5));
+  EXPECT_FALSE(conn.ok());
+  EXPECT_EQ(conn.status().code(), absl::StatusCode::kUnavailable) << conn.status();
+  // Plain TCP to the TLS port.
+  DataPortAddress plain = tcp_;
+  plain.tls = false;
+  auto raw = DialDataConn(plain, {}, absl::Seconds(5));
+  ASSERT_TRUE(raw.ok());
+  ASSERT_TRUE((*raw)->WriteAll({HelloFrame("a", Token("a"))}).ok());
+  (*raw)->SetReadTimeout(absl::Seconds(5));
+  EXPECT_FALSE(ReadReply(**raw).ok());
+  ExpectServes(DataPath::kTcp);
+}
+
+TEST_F(DataPortTest, UnixPeerOfAnotherUidIsRefused) {
+  ASSERT_EQ(getuid(), 0u) << "the test setuid()s a child";
+  const std::string hello = HelloFrame("a", Token("a"));
+  const std::string path = server_->data_socket();
+  pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    // Only raw system calls from here (the parent has threads).
+    if (setuid(65534) != 0) _exit(10);
+    int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
+    if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) _exit(11);
+    (void)write(fd, hello.data(), hello.size());
+    char fixed[kFrameHeaderSize];
+    size_t got = 0;
+    while (got < sizeof(fixed)) {
+      ssize_t n = read(fd, fixed + got, sizeof(fixed) - got);
+      if (n <= 0) _exit(12);
+      got += static_cast<size_t>(n);
+    }
+    uint32_t code;
+    std::memcpy(&code, fixed + 8, 4);
+    _exit(code == static_cast<uint32_t>(absl::StatusCode::kPermissionDenied) ? 0 : 13);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "10: setuid, 11: connect, 12: no reply, 13: not refused";
+  ExpectServes(DataPath::kAuto);
+}
+
+TEST_F(DataPortTest, UnsealedSegmentIsRefused) {
+  auto raw = DialDataConn(unix_, {}, absl::Seconds(5));
+  ASSERT_TRUE(raw.ok()) << raw.status();
+  int fd = memfd_create("unsealed", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(ftruncate(fd, 1 << 20), 0);
+  ASSERT_TRUE((*raw)->WriteAll({HelloFrame("a", Token("a"))}, fd).ok());
+  close(fd);
+  (*raw)->SetReadTimeout(absl::Seconds(5));
+  absl::Status s = ReadReply(**raw);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find("F_SEAL_SHRINK"), std::string::npos) << s;
+  // And a Unix HELLO without any segment.
+  raw = DialDataConn(unix_, {}, absl::Seconds(5));
+  ASSERT_TRUE(raw.ok());
+  ASSERT_TRUE((*raw)->WriteAll({HelloFrame("a", Token("a"))}).ok());
+  (*raw)->SetReadTimeout(absl::Seconds(5));
+  s = ReadReply(**raw);
+  EXPECT_NE(s.message().find("must pass its shared-memory segment"), std::string::npos) << s;
+  ExpectServes(DataPath::kAuto);
+}
+
+TEST_F(DataPortTest, HostileFramesGetAnErrorAndTheConnectionCloses) {
+  const DataPortTls tls = TlsOf(dir_, "trainer-0");
+  auto open = [&]() {
+    auto raw = DialDataConn(tcp_, tls, absl::Seconds(5));
+    EXPECT_TRUE(raw.ok()) << raw.status();
+    (*raw)->SetReadTimeout(absl::Seconds(5));
+    EXPECT_TRUE((*raw)->WriteAll({HelloFrame("a", Token("a"))}).ok());
+    EXPECT_TRUE(ReadReply(**raw).ok());
+    return std::move(*raw);
+  };
+  struct Case {
+    const char* name;
+    std::string bytes;
+    const char* message;
+  };
+  std::string bad_magic = Frame(DataOp::kPull, "");
+  bad_magic[0] = 'X';
+  std::string big_header = Frame(DataOp::kPull, "");
+  big_header[14] = '\x7f';  // header_bytes ~ 8 MiB
+  std::string unknown_op = Frame(DataOp::kPull, "");
+  unknown_op[6] = 42;
+  v1::PushRequest push;
+  push.set_job("a");
+  v1::PushItem* item = push.add_items();
+  item->set_key("w");
+  item->set_round(1);
+  item->add_shape(4);
+  // 16 bytes expected; the frame says 1 TiB (and sends none of it).
+  const std::string mismatch = Frame(DataOp::kPush, push.SerializeAsString(), uint64_t{1} << 40);
+  for (const Case& c : {Case{"bad magic", bad_magic, "bad magic"},
+                        Case{"oversized header", big_header, "at most 1048576"},
+                        Case{"unknown op", unknown_op, "unknown request op 42"},
+                        Case{"payload mismatch", mismatch, "its 1 items need 16"}}) {
+    SCOPED_TRACE(c.name);
+    std::unique_ptr<DataConn> conn = open();
+    ASSERT_TRUE(conn->WriteAll({c.bytes}).ok());
+    absl::Status s = ReadReply(*conn);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    EXPECT_NE(s.message().find(c.message), std::string::npos) << s;
+    char byte;
+    EXPECT_EQ(conn->ReadFull(&byte, 1).code(), absl::StatusCode::kUnavailable);  // closed
+  }
+  // Truncated: half a header, then the client goes away.
+  {
+    std::unique_ptr<DataConn> conn = open();
+    ASSERT_TRUE(conn->WriteAll({Frame(DataOp::kPull, "").substr(0, 13)}).ok());
+  }
+  // A frame before HELLO.
+  auto raw = DialDataConn(tcp_, tls, absl::Seconds(5));
+  ASSERT_TRUE(raw.ok());
+  (*raw)->SetReadTimeout(absl::Seconds(5));
+  ASSERT_TRUE((*raw)->WriteAll({Frame(DataOp::kPull, "")}).ok());
+  EXPECT_NE(ReadReply(**raw).message().find("the first frame must be HELLO"), std::string::npos);
+  ExpectServes(DataPath::kTcp);
+  ExpectServes(DataPath::kAuto);
+}
+
+TEST_F(DataPortTest, ConnectionsOverTheLimitAreRefusedAndClientsUseGrpc) {
+  const DataPortTls tls = TlsOf(dir_, "trainer-0");
+  std::vector<std::unique_ptr<DataPortConnection>> held;
+  for (int i = 0; i < 4; ++i) {  // data_max_connections
+    auto c = DataPortConnection::Dial(tcp_, Hello("a", Token("a")), tls, absl::Seconds(5));
+    ASSERT_TRUE(c.ok()) << c.status();
+    held.push_back(std::move(*c));
+  }
+  auto refused = DataPortConnection::Dial(tcp_, Hello("a", Token("a")), tls, absl::Seconds(5));
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted) << refused.status();
+  EXPECT_NE(refused.status().message().find("at its limit of 4 connections"), std::string::npos);
+  // A client still gets its rounds (over gRPC).
+  ExpectServes(DataPath::kTcp);
+  auto text = metrics::Scrape(server_->metrics_port());
+  ASSERT_TRUE(text.ok());
+  absl::StatusOr<double> open =
+      metrics::SampleValue(*text, "dtrain_kvstore_data_port_connections{kind=\"tls\"}");
+  ASSERT_TRUE(open.ok()) << *text;
+  EXPECT_EQ(*open, 4);
+  held.clear();
+}
+
+TEST_F(DataPortTest, DataPortRequestsCountInTheKvstoresMetrics) {
+  auto before = metrics::Scrape(server_->metrics_port());
+  ASSERT_TRUE(before.ok());
+  const double pushpulls =
+      metrics::SampleValue(*before,
+                           "dtrain_kvstore_requests_total{code=\"OK\",method=\"PushPull\"}")
+          .value_or(0);
+  ExpectServes(DataPath::kAuto);  // one PushPull over the Unix socket
+  ExpectServes(DataPath::kTcp);   // one over TLS
+  auto after = metrics::Scrape(server_->metrics_port());
+  ASSERT_TRUE(after.ok());
+  absl::StatusOr<double> v = metrics::SampleValue(
+      *after, "dtrain_kvstore_requests_total{code=\"OK\",method=\"PushPull\"}");
+  ASSERT_TRUE(v.ok()) << *after;
+  EXPECT_EQ(*v, pushpulls + 2);
+  // Neither went over gRPC.
+  EXPECT_EQ(metrics::SampleValue(
+                *after, "dtrain_kvstore_requests_total{code=\"OK\",method=\"PushPullUnary\"}")
+                .value_or(-1),
+            0);
+}
+
+}  // namespace
+}  // namespace kvstore
+}  // namespace dtrain
