@@ -7,6 +7,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "libs/agent/step_window.h"
 #include "libs/base/logging.h"
 #include "libs/base/retry.h"
@@ -46,12 +47,16 @@ struct Agent::Job {
   // The kvstore client was cancelled for a regroup: a failure that follows
   // is the attempt's, not the job's (retryable).
   bool regroup_cancelled = false;
-  // KVSTORE jobs in synchronous rounds (guarded by Agent::mu_): when this
+  // KVSTORE jobs in synchronous rounds or bounded delay (guarded by Agent::mu_): when this
   // rank's current step started (InfiniteFuture: not in a step), and how
   // long a step may take before heartbeats say a peer is lost (a survivor
   // waits in a round for a lost rank; see agent.h).
   absl::Time step_since = absl::InfiniteFuture();
   absl::Duration step_allowance = absl::Seconds(1);
+  // ALLREDUCE jobs over NCCL (guarded by Agent::mu_): the current
+  // membership's NCCL communicator, which a regroup offer aborts (a
+  // collective waiting for a dead peer may never fail by itself).
+  collective::Communicator* device_comm = nullptr;
 };
 
 namespace {
@@ -74,6 +79,14 @@ v1::ProgressReport ToReport(const train::JobProgress& p) {
   return r;
 }
 
+// A KVSTORE job whose weights live on the kvstore (asynchronous or
+// bounded-delay): its survivors never regroup; a replacement continues the
+// lost worker's rounds (see agent.h).
+bool KvstoreHoldsWeights(const v1::JobSpec& spec) {
+  return spec.sync().mode() == v1::KVSTORE && (spec.sync().consistency() == v1::ASYNCHRONOUS ||
+                                               spec.sync().consistency() == v1::BOUNDED_DELAY);
+}
+
 AgentObserver* NoObserver() {
   static AgentObserver* const none = new AgentObserver();
   return none;
@@ -89,6 +102,15 @@ constexpr char kDrainClaim[] = "dtrain/drain/claim";
 constexpr char kDrainStep[] = "dtrain/drain/step";
 
 namespace {
+
+// ALLREDUCE jobs over NCCL exchange a regroup's state over a host
+// communicator (TCP) made from the job's NCCL options.
+collective::CommunicatorOptions ExchangeOptions(const collective::CommunicatorOptions& nccl) {
+  collective::CommunicatorOptions o = nccl;
+  o.transport = collective::TransportKind::kTcp;
+  o.key_prefix = "regroup";
+  return o;
+}
 
 // The keys of membership generation G > 0 of an attempt: "gen<G>/<key>".
 class GenerationStore : public collective::Store {
@@ -110,6 +132,38 @@ class GenerationStore : public collective::Store {
   const std::string prefix_;
 };
 
+// The rendezvous store key of where an attempt with kvstore-held weights
+// started: "<epochs done> <steps of the next epoch>".
+constexpr char kKvstoreStart[] = "dtrain/kvstore/start";
+
+// With kvstore-held weights a replacement continues the lost worker's
+// rounds, which count from where the attempt started: rank 0 publishes it
+// (its assignment's resume position) before training, a joiner reads it.
+absl::Status KvstoreAttemptStart(collective::Store* store, const v1::Assignment& a,
+                                 train::JobConfig* config) {
+  if (!a.join()) {
+    if (a.rank() != 0) return absl::OkStatus();
+    const absl::Status s =
+        store->Set(kKvstoreStart, absl::StrCat(a.resume_epoch(), " ", a.resume_step()));
+    if (!s.ok()) {
+      DT_LOG(WARNING) << "job " << a.job_id() << ": " << s
+                      << "; a replacement could not join this attempt";
+    }
+    return absl::OkStatus();
+  }
+  absl::StatusOr<std::string> start = store->Get(kKvstoreStart, absl::Seconds(10));
+  if (!start.ok()) {
+    return Annotate(start.status(), "reading where the attempt started (rank 0 publishes it)");
+  }
+  std::vector<std::string> parts = absl::StrSplit(*start, ' ');
+  if (parts.size() != 2 || !absl::SimpleAtoi(parts[0], &config->attempt_start_epoch) ||
+      !absl::SimpleAtoi(parts[1], &config->attempt_start_step)) {
+    return absl::DataLossError(
+        absl::StrCat(kKvstoreStart, " holds '", *start, "', not '<epoch> <step>'"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 // A running job's progress: to the observer, and (rank 0) to the scheduler;
@@ -123,16 +177,22 @@ class Agent::Progress : public train::JobObserver {
   // this is destroyed, after RunJob).
   Progress(Agent* agent, Job* job, collective::Store* store, collective::Store* attempt_store,
            const collective::CommunicatorOptions& comm_options,
-           std::unique_ptr<kvstore::ParameterServer>* ps)
+           std::unique_ptr<kvstore::ParameterServer>* ps, bool watch_steps)
       : agent_(agent),
         job_(job),
         store_(store),
         attempt_store_(attempt_store),
         comm_options_(comm_options),
         ps_(ps != nullptr && *ps != nullptr ? ps : nullptr),
+        watch_steps_(watch_steps),
         generation_(job->assignment.generation()) {}
 
   ~Progress() override {
+    {
+      // The communicators are about to go (this rank's and RunAssignment's).
+      absl::MutexLock lock(&agent_->mu_);
+      job_->device_comm = nullptr;
+    }
     for (const std::unique_ptr<kvstore::ParameterServer>& old : retired_ps_) {
       const absl::Status s = old->DeleteJob();
       if (!s.ok() && !absl::IsNotFound(s)) {
@@ -144,6 +204,10 @@ class Agent::Progress : public train::JobObserver {
 
   kvstore::ParameterServer* RegroupKvstore() override {
     return ps_ != nullptr ? ps_->get() : nullptr;
+  }
+
+  collective::Communicator* RegroupDeviceCommunicator() override {
+    return device_comms_.empty() ? nullptr : device_comms_.back().get();
   }
 
   // Recovery in place (see agent.h): waits for the scheduler's next
@@ -205,8 +269,18 @@ class Agent::Progress : public train::JobObserver {
       const absl::Time start = absl::Now();
       collective::CommunicatorOptions o = comm_options_;
       o.timeout = std::min(o.timeout, agent_->options_.regroup_timeout);
+      // Over NCCL: the state goes over a host communicator, then the
+      // gradients over a new NCCL communicator (a new unique id under the
+      // generation's keys).
+      const bool nccl = o.transport == collective::TransportKind::kNccl;
       absl::StatusOr<std::unique_ptr<collective::Communicator>> made =
-          agent_->options_.connect_communicator(rank, world, stores_.back().get(), o);
+          agent_->options_.connect_communicator(rank, world, stores_.back().get(),
+                                                nccl ? ExchangeOptions(o) : o);
+      absl::StatusOr<std::unique_ptr<collective::Communicator>> device;
+      if (made.ok() && nccl) {
+        device = agent_->options_.connect_communicator(rank, world, stores_.back().get(), o);
+        if (!device.ok()) made = device.status();
+      }
       if (!made.ok()) {
         absl::Status s = Annotate(
             made.status(),
@@ -231,9 +305,11 @@ class Agent::Progress : public train::JobObserver {
           return s;
         }
       }
+      if (nccl) device_comms_.push_back(*std::move(device));
       {
         absl::MutexLock lock(&agent_->mu_);
         job_->peer_lost = false;
+        if (nccl) job_->device_comm = device_comms_.back().get();
         // Reports name the rank and generation this trainer now runs.
         job_->assignment.set_rank(rank);
         job_->assignment.set_world_size(world);
@@ -259,7 +335,7 @@ class Agent::Progress : public train::JobObserver {
   }
 
   bool DrainRequested(int64_t steps_done) override {
-    if (ps_ != nullptr) {
+    if (watch_steps_) {
       absl::MutexLock lock(&agent_->mu_);
       job_->step_since = absl::Now();  // a step follows
     }
@@ -285,7 +361,7 @@ class Agent::Progress : public train::JobObserver {
     agent_->observer_->OnStep(p, t);
     window_.Add(t.phases, t.samples);
     const absl::Time now = absl::Now();
-    if (ps_ != nullptr) {
+    if (watch_steps_) {
       absl::MutexLock lock(&agent_->mu_);
       job_->step_allowance = std::max(absl::Seconds(1), 4 * (now - job_->step_since));
       job_->step_since = absl::InfiniteFuture();
@@ -424,6 +500,8 @@ class Agent::Progress : public train::JobObserver {
   collective::Store* const attempt_store_;
   const collective::CommunicatorOptions comm_options_;
   std::unique_ptr<kvstore::ParameterServer>* const ps_;
+  // Step start and end times go to the heartbeats (Job::step_since).
+  const bool watch_steps_;
   // Earlier generations' kvstore clients (the trainer may hold them until
   // its regroup is done).
   std::vector<std::unique_ptr<kvstore::ParameterServer>> retired_ps_;
@@ -437,6 +515,8 @@ class Agent::Progress : public train::JobObserver {
   // Each regroup's store and communicator, alive until the job ends.
   std::vector<std::unique_ptr<collective::Store>> stores_;
   std::vector<std::unique_ptr<collective::Communicator>> comms_;
+  // ALLREDUCE jobs over NCCL: each regroup's NCCL communicator.
+  std::vector<std::unique_ptr<collective::Communicator>> device_comms_;
   absl::Time last_report_ = absl::InfinitePast();
   StepWindow window_{kStepWindow};
   bool claimed_ = false;
@@ -656,10 +736,15 @@ void Agent::Heartbeat() {
       current_->offered_kvstore_token = g.kvstore_token();
       // A KVSTORE job's ranks may wait in a round the lost rank never
       // pushes: their step fails now, and they meet the new membership
-      // (train::JobObserver::RegroupKvstore).
-      if (current_->ps != nullptr) {
+      // (train::JobObserver::RegroupKvstore). (With kvstore-held weights
+      // they go on: the replacement continues the lost worker's rounds.)
+      if (current_->ps != nullptr && !KvstoreHoldsWeights(current_->assignment.spec())) {
         current_->regroup_cancelled = true;
         current_->ps->Cancel(absl::StrCat("regrouping in generation ", g.generation()));
+      }
+      // Likewise an NCCL collective waiting for the lost rank.
+      if (current_->device_comm != nullptr) {
+        current_->device_comm->Abort(absl::StrCat("regrouping in generation ", g.generation()));
       }
     }
   }
@@ -912,6 +997,7 @@ absl::Status Agent::RunAssignment(Job* job, train::JobProgress* progress,
 
   std::unique_ptr<collective::Store> store;
   std::unique_ptr<collective::Store> generation_store;
+  std::unique_ptr<collective::Communicator> exchange_comm;  // an NCCL joiner's
   std::unique_ptr<collective::Communicator> comm;
   switch (plan.gradient_path) {
     case GradientPath::kLocal:
@@ -927,7 +1013,11 @@ absl::Status Agent::RunAssignment(Job* job, train::JobProgress* progress,
         job->ps = ps->get();
         if (job->stop) job->ps->Cancel(absl::StrCat("job stopped: ", job->stop_reason));
       }
-      if (a.join()) {
+      if (a.join() && KvstoreHoldsWeights(a.spec())) {
+        // A replacement of a worker whose weights are on the kvstore: it
+        // pulls them and continues that worker's rounds (train::JobConfig::join).
+        plan.config.join = true;
+      } else if (a.join()) {
         // A replacement receives the survivors' state over a communicator
         // of its generation (the rounds go through the kvstore).
         store = cluster_->RendezvousStore(trainer_id(), a.job_id(), a.attempt());
@@ -955,14 +1045,30 @@ absl::Status Agent::RunAssignment(Job* job, train::JobProgress* progress,
       }
       plan.config.join = a.join();
       const absl::Time start = absl::Now();
+      collective::Store* meet = generation_store != nullptr ? generation_store.get() : store.get();
+      if (a.join() && plan.gradient_path == GradientPath::kAllreduceNccl) {
+        // A replacement receives the state over a host communicator first,
+        // as the survivors send it (Progress::Regroup).
+        absl::StatusOr<std::unique_ptr<collective::Communicator>> exchange =
+            options_.connect_communicator(rank, world, meet,
+                                          ExchangeOptions(plan.communicator_options));
+        if (!exchange.ok()) {
+          return Annotate(exchange.status(), absl::StrCat("regroup of rank ", rank, " of ", world,
+                                                          " in generation ", a.generation()));
+        }
+        exchange_comm = *std::move(exchange);
+        plan.config.exchange_communicator = exchange_comm.get();
+      }
       absl::StatusOr<std::unique_ptr<collective::Communicator>> made =
-          options_.connect_communicator(
-              rank, world, generation_store != nullptr ? generation_store.get() : store.get(),
-              plan.communicator_options);
+          options_.connect_communicator(rank, world, meet, plan.communicator_options);
       if (!made.ok()) {
         return Annotate(made.status(), absl::StrCat("rendezvous of rank ", rank, " of ", world));
       }
       comm = *std::move(made);
+      if (plan.gradient_path == GradientPath::kAllreduceNccl) {
+        absl::MutexLock lock(&mu_);
+        job->device_comm = comm.get();
+      }
       DT_LOG(INFO) << "job " << a.job_id() << " rank " << rank << ": connected to " << world - 1
                    << " peers in " << absl::Now() - start << " ("
                    << GradientPathName(plan.gradient_path) << ")";
@@ -977,16 +1083,28 @@ absl::Status Agent::RunAssignment(Job* job, train::JobProgress* progress,
   if (store == nullptr && world > 1) {
     store = cluster_->RendezvousStore(trainer_id(), a.job_id(), a.attempt());
   }
-  // Recovery in place: host-transport allreduce or synchronous kvstore
-  // rounds (CPU replicas) only.
+  if (plan.gradient_path == GradientPath::kKvstore && KvstoreHoldsWeights(a.spec()) && world > 1) {
+    DT_RETURN_IF_ERROR(KvstoreAttemptStart(store.get(), a, &plan.config));
+  }
+  // Recovery in place with a regroup: allreduce (host transports or NCCL)
+  // or synchronous kvstore rounds, CPU or CUDA replicas, without
+  // sync_batch_norm.
   const bool kvstore_rounds = plan.gradient_path == GradientPath::kKvstore &&
                               plan.config.kvstore_consistency == kvstore::Consistency::kSync;
-  const bool regroups = (plan.gradient_path == GradientPath::kAllreduceTcp || kvstore_rounds) &&
-                        world > 1 &&
-                        std::all_of(plan.config.devices.begin(), plan.config.devices.end(),
-                                    [](const Device& d) { return d.is_cpu(); });
+  const bool nccl = plan.gradient_path == GradientPath::kAllreduceNccl;
+  const bool regroups =
+      (plan.gradient_path == GradientPath::kAllreduceTcp || nccl || kvstore_rounds) && world > 1 &&
+      !plan.config.sync_batch_norm;
+  // A survivor may wait for a lost peer without an error: in a synchronous
+  // or bounded-delay kvstore round, or in an NCCL collective over shared
+  // memory or NVLink. Its heartbeats say so once a step stalls.
+  const bool watch_steps =
+      world > 1 && ((regroups && (kvstore_rounds || nccl)) ||
+                    (plan.gradient_path == GradientPath::kKvstore &&
+                     plan.config.kvstore_consistency == kvstore::Consistency::kBoundedDelay));
   Progress observer(this, job, world > 1 ? store.get() : nullptr, regroups ? store.get() : nullptr,
-                    plan.communicator_options, regroups && kvstore_rounds ? ps : nullptr);
+                    plan.communicator_options, regroups && kvstore_rounds ? ps : nullptr,
+                    watch_steps);
   return train::RunJob(plan.config, &observer, progress);
 }
 

@@ -83,7 +83,8 @@
 // checkpoint (checkpoint_step) and the scheduler requeues the job from it
 // without counting the attempt.
 //
-// Recovery in place (ALLREDUCE jobs over a host transport, CPU devices):
+// Recovery in place (ALLREDUCE jobs, CPU or CUDA devices; not with
+// sync_batch_norm):
 // when a step fails because a peer is gone, train::RunJob asks the job's
 // observer to regroup (libs/train/job.h). The job keeps its state; its
 // heartbeats (sent at once, then every regroup_heartbeat_interval) list it
@@ -129,8 +130,29 @@
 // generation's own kvstore job (security::KvstoreJobName with the
 // generation, Regroup.kvstore_token; train::JobObserver::RegroupKvstore).
 // The old generation's kvstore job is dropped after RunJob. A replacement
-// (join) connects both. A cancelled round outside a step (the epoch's
-// statistics) ends the attempt retryably: the scheduler requeues it.
+// (join) connects both. A cancelled epoch's statistics round regroups the
+// same way (libs/train/job.h), but no step runs then, so the loss is
+// noticed at the heartbeat timeout; any other cancelled round outside a
+// step ends the attempt retryably: the scheduler requeues it.
+//
+// ALLREDUCE jobs over NCCL: a survivor blocked in an NCCL collective on a
+// dead peer may never fail by itself, so its heartbeats say peer-lost once
+// its step stalls (as for synchronous kvstore rounds below) and a Regroup
+// aborts the job's NCCL communicator (collective::Communicator::Abort); the
+// regroup then connects a host communicator (TCP, "regroup" keys) for the
+// exchange of the state and a new NCCL communicator for the gradients
+// (train::JobObserver::RegroupDeviceCommunicator), both under the
+// generation's keys; a replacement (join) connects the same two, in the
+// same order (train::JobConfig::exchange_communicator).
+//
+// KVSTORE jobs whose weights live on the kvstore (ASYNCHRONOUS,
+// BOUNDED_DELAY) recover in place without a regroup: the survivors keep
+// training (a Regroup does not cancel their kvstore client; a
+// bounded-delay survivor that waits in a pull for the lost worker has its
+// heartbeats say a peer is lost once its step stalls, as above), and a
+// replacement (join) connects to the attempt's own kvstore job as the lost
+// rank's worker, with no communicator: train::RunJob pulls the weights and
+// continues that worker's rounds (libs/train/job.h).
 //
 // Thread-safety: Shutdown() may be called from any thread at any time; Run()
 // is called once. The observer is called on job threads, one job at a time.

@@ -524,6 +524,60 @@ TEST(AgentTest, KvstoreJobsConnectThroughTheFactory) {
   EXPECT_TRUE(cluster.rendezvous().empty());
 }
 
+// A replacement of a lost rank of an ALLREDUCE job over NCCL (join,
+// generation 1) meets under the generation's keys twice, in the order the
+// survivors regroup: first a host communicator (TCP, "regroup" keys) that
+// carries the state out of the survivors' device memory, then a new NCCL
+// communicator for the gradients (its own unique id, under "gen1/"). Here
+// the NCCL side is a fake that fails (no GPU): the job fails retryably,
+// naming the rendezvous. (data_parallel_cuda_test runs the real side.)
+TEST(AgentTest, ACudaReplacementMeetsOverAHostCommunicatorThenOverNccl) {
+  FakeCluster cluster;
+  absl::Mutex mu;
+  std::vector<std::string> calls;
+  AgentOptions o = Options();
+  o.resources.devices = {"cuda:0"};
+  o.connect_communicator = [&](int rank, int world, collective::Store* store,
+                               const collective::CommunicatorOptions& co)
+      -> absl::StatusOr<std::unique_ptr<collective::Communicator>> {
+    EXPECT_EQ(rank, 1);
+    EXPECT_EQ(world, 2);
+    // Which keys the store writes: the generation's.
+    EXPECT_TRUE(store->Set(absl::StrCat("probe-", calls.size()), "x").ok());
+    absl::MutexLock lock(&mu);
+    calls.push_back(absl::StrCat(co.transport == collective::TransportKind::kNccl ? "nccl" : "tcp",
+                                 " ", co.key_prefix, " cuda:", co.cuda_device));
+    if (co.transport == collective::TransportKind::kNccl) {
+      return absl::UnavailableError("no NCCL peer here");
+    }
+    collective::CommunicatorOptions one;
+    one.transport = collective::TransportKind::kInProcess;
+    return collective::Communicator::Create(0, 1, store, one);
+  };
+  RunningAgent agent(&cluster, o);
+  v1::Assignment a = SmallJob("job-gpu", 1);
+  a.mutable_spec()->set_device_kind("cuda");
+  a.mutable_spec()->set_num_trainers(2);
+  a.set_world_size(2);
+  a.set_rank(1);
+  a.set_generation(1);
+  a.set_join(true);
+  cluster.Assign(a);
+  ASSERT_TRUE(cluster.WaitUntil([&]() { return cluster.HasFinal("job-gpu"); }));
+  const v1::ProgressReport last = *cluster.Final("job-gpu");
+  EXPECT_EQ(last.final_state(), v1::FAILED);
+  EXPECT_EQ(last.reason(), "rendezvous of rank 1 of 2: no NCCL peer here");
+  EXPECT_TRUE(last.retryable());
+  {
+    absl::MutexLock lock(&mu);
+    EXPECT_THAT(calls, ::testing::ElementsAre("tcp regroup cuda:0", "nccl allreduce cuda:0"));
+  }
+  std::unique_ptr<collective::Store> attempt = cluster.RendezvousStore("test", "job-gpu", 1);
+  for (const char* key : {"gen1/probe-0", "gen1/probe-1"}) {
+    EXPECT_TRUE(attempt->Get(key, absl::ZeroDuration()).ok()) << key;
+  }
+}
+
 // Meeting the peers can take long; heartbeats keep flowing meanwhile and
 // list the job, so the scheduler does not take the trainer for lost or the
 // job for dropped. A connection error then fails the job, retryable.

@@ -154,10 +154,6 @@ absl::StatusOr<JobPlan> PlanJob(const v1::Assignment& a, const TrainerResources&
           "sync mode KVSTORE, but this trainer was started without --kvstore servers");
     }
     plan.gradient_path = GradientPath::kKvstore;
-    // A generation after a recovery in place meets in a kvstore job of its
-    // own (its token names it).
-    plan.kvstore_job = security::KvstoreJobName(a.job_id(), a.attempt(), a.generation());
-    plan.kvstore_token = a.kvstore_token();
     switch (spec.sync().consistency()) {
       case v1::ASYNCHRONOUS:
         c.kvstore_consistency = kvstore::Consistency::kAsync;
@@ -169,6 +165,14 @@ absl::StatusOr<JobPlan> PlanJob(const v1::Assignment& a, const TrainerResources&
       default:
         c.kvstore_consistency = kvstore::Consistency::kSync;
     }
+    // A generation after a recovery in place meets in a kvstore job of its
+    // own (its token names it) in synchronous rounds; with kvstore-held
+    // weights every generation trains in the attempt's (a replacement
+    // continues the lost worker's rounds there).
+    const bool rounds = c.kvstore_consistency == kvstore::Consistency::kSync;
+    plan.kvstore_job =
+        security::KvstoreJobName(a.job_id(), a.attempt(), rounds ? a.generation() : 0);
+    plan.kvstore_token = a.kvstore_token();
     // Validated at submit (libs/scheduler/spec.cc); a spec from elsewhere
     // that names no known compression fails the job here.
     absl::StatusOr<kvstore::Compression> compression =

@@ -213,6 +213,14 @@ class Communicator {
   // OK while healthy; otherwise the error that broke the communicator.
   virtual absl::Status health() const = 0;
 
+  // Breaks the communicator from another thread: operations waiting for
+  // peers end with an error and later ones fail. For a caller that learns
+  // elsewhere that a peer is gone while a collective may wait for it forever
+  // (a device transport cannot always see it: NCCL over shared memory or
+  // NVLink). The host transports see a dead peer's socket close; for them
+  // it does nothing.
+  virtual void Abort(const std::string& reason) {}
+
   // The algorithm Allreduce uses for a message of `bytes`; kAuto when the
   // implementation chooses by itself (NCCL).
   virtual Algorithm AllreduceAlgorithmFor(size_t bytes) const = 0;

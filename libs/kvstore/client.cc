@@ -1019,6 +1019,16 @@ absl::Status KVClient::Resync() {
   return absl::OkStatus();
 }
 
+absl::StatusOr<int64_t> KVClient::ResumeRounds() {
+  DT_RETURN_IF_ERROR(Resync());
+  absl::MutexLock lock(&mu_);
+  int64_t lowest = -1;
+  for (const auto& [name, key] : keys_) {
+    for (int64_t r : key->pushed) lowest = lowest < 0 ? r : std::min(lowest, r);
+  }
+  return std::max<int64_t>(lowest, 0);
+}
+
 absl::StatusOr<std::vector<std::string>> KVClient::Snapshot() {
   std::vector<std::string> paths(static_cast<size_t>(num_shards_));
   DT_RETURN_IF_ERROR(ForEachServer([&](int i) -> absl::Status {

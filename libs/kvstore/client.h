@@ -193,6 +193,8 @@ class KVClient : public ParameterServer {
   // Sets this client's round counters to what the shards report for this
   // worker (after a shard restarted from a snapshot, or a worker restarted).
   absl::Status Resync();
+  // Resync, then the lowest round this worker pushed of any key it Init'ed.
+  absl::StatusOr<int64_t> ResumeRounds() override;
 
   // The job's state on shard `server`.
   absl::StatusOr<JobStatus> GetJob(int server, bool include_slices);

@@ -397,5 +397,26 @@ absl::StatusOr<int64_t> InProcessParameterServer::PushedRound(const std::string&
   return *std::min_element(it->second->pushed.begin(), it->second->pushed.end());
 }
 
+absl::StatusOr<int64_t> InProcessParameterServer::ResumeRounds() {
+  absl::MutexLock lock(&mu_);
+  int64_t lowest = -1;
+  for (auto& [name, key] : keys_) {
+    if (key->last) key->last->WaitTasks();
+    for (size_t i = 0; i < key->slices.size(); ++i) {
+      const PlacedSlice& placed = key->slices[i];
+      DT_ASSIGN_OR_RETURN(JobStatus status,
+                          shards_->stores[static_cast<size_t>(placed.server)]->GetJob(
+                              job_, worker_, /*include_slices=*/true));
+      for (const SliceStatus& st : status.slices) {
+        if (st.spec.key == placed.spec.key && st.spec.slice == placed.spec.slice) {
+          key->pushed[i] = st.pushed_round;
+        }
+      }
+      lowest = lowest < 0 ? key->pushed[i] : std::min(lowest, key->pushed[i]);
+    }
+  }
+  return std::max<int64_t>(lowest, 0);
+}
+
 }  // namespace kvstore
 }  // namespace dtrain

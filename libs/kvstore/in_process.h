@@ -33,7 +33,8 @@
 // Push compression (SetPushCompression) encodes values as the gRPC client
 // does, so its effect on training shows in process too.
 // What it lacks: retries (nothing is transient here), and the
-// client's Resync/Snapshot (a test reaches the Stores through shard()).
+// client's Resync/Snapshot (a test reaches the Stores through shard();
+// ResumeRounds reads a worker's rounds from them).
 //
 // Lifetime: the Stores live while the InProcessKVStore or any of its
 // ParameterServers does, in any order of destruction.
@@ -133,6 +134,8 @@ class InProcessParameterServer : public ParameterServer {
   // The round this worker last pushed for `key` (the lowest over its
   // slices), or kNotFound for a key it did not Init.
   absl::StatusOr<int64_t> PushedRound(const std::string& key) const;
+  // Reads this worker's rounds from the shards (see ParameterServer).
+  absl::StatusOr<int64_t> ResumeRounds() override;
 
  private:
   friend class InProcessKVStore;

@@ -27,6 +27,7 @@
 #include "absl/base/attributes.h"
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "libs/kvstore/types.h"
@@ -157,6 +158,16 @@ class ParameterServer {
     if (compression == Compression::kNone) return absl::OkStatus();
     return absl::UnimplementedError(absl::StrCat("this parameter server has no push compression (",
                                                  CompressionName(compression), ")"));
+  }
+
+  // A replacement for a lost worker (same worker id) of a running job with
+  // kvstore-held weights: after its Init, sets this client's round counters
+  // of the keys it Init'ed to the rounds the shards hold for this worker, so
+  // that its next push of each key is the round after the lost worker's
+  // last, and returns the lowest of them (0: the worker never pushed).
+  // kUnimplemented from an implementation that cannot.
+  virtual absl::StatusOr<int64_t> ResumeRounds() {
+    return absl::UnimplementedError("this parameter server cannot resume a worker's rounds");
   }
 
   // Blocking forms (an implementation may run them without a hand-off).

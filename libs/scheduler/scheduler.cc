@@ -19,6 +19,21 @@
 namespace dtrain {
 namespace scheduler {
 
+namespace {
+
+// KVSTORE jobs whose weights live on the kvstore: every generation of an
+// attempt trains in the attempt's own kvstore job (generation 0's).
+bool KvstoreHoldsWeights(const JobSpec& spec) {
+  return spec.sync().mode() == v1::KVSTORE && (spec.sync().consistency() == v1::ASYNCHRONOUS ||
+                                               spec.sync().consistency() == v1::BOUNDED_DELAY);
+}
+
+int KvstoreGeneration(const JobSpec& spec, int generation) {
+  return KvstoreHoldsWeights(spec) ? 0 : generation;
+}
+
+}  // namespace
+
 bool IsFinal(JobState s) { return s == v1::SUCCEEDED || s == v1::FAILED || s == v1::CANCELLED; }
 
 absl::StatusOr<std::unique_ptr<Scheduler>> Scheduler::Open(SchedulerOptions options) {
@@ -391,7 +406,8 @@ absl::StatusOr<HeartbeatReply> Scheduler::Heartbeat(const HeartbeatRequest& requ
       if (!options_.job_token_secret.empty() && a->spec().sync().mode() == v1::KVSTORE) {
         a->set_kvstore_token(security::MintJobToken(
             options_.job_token_secret,
-            security::KvstoreJobName(a->job_id(), a->attempt(), jt->second.status.generation()),
+            security::KvstoreJobName(a->job_id(), a->attempt(),
+                                     KvstoreGeneration(a->spec(), jt->second.status.generation())),
             options_.now() + options_.job_token_lifetime));
       }
       // Every job: a KVSTORE job's ranks meet over a host communicator too
@@ -420,7 +436,8 @@ absl::StatusOr<HeartbeatReply> Scheduler::Heartbeat(const HeartbeatRequest& requ
           jt->second.status.spec().sync().mode() == v1::KVSTORE) {
         g->set_kvstore_token(security::MintJobToken(
             options_.job_token_secret,
-            security::KvstoreJobName(t.job_id, g->attempt(), g->generation()),
+            security::KvstoreJobName(t.job_id, g->attempt(),
+                                     KvstoreGeneration(jt->second.status.spec(), g->generation())),
             options_.now() + options_.job_token_lifetime));
       }
     }
@@ -508,6 +525,12 @@ absl::StatusOr<bool> Scheduler::ReportProgress(const ProgressReport& report) {
   bool settled = false;  // the current generation's change completed
   if (r.recovery_seconds() > 0 && r.generation() == next.generation() &&
       r.generation() > job.recovered_generation) {
+    if (job.change == Job::Change::kReplace && job.lost_at != absl::InfinitePast()) {
+      // Kvstore-held weights: the replacement cannot know when its
+      // predecessor died; count from its last sign of life.
+      r.set_recovery_seconds(
+          std::max(r.recovery_seconds(), absl::ToDoubleSeconds(options_.now() - job.lost_at)));
+    }
     settled = true;
     const std::string lost =
         absl::StrFormat("(generation %d, %d step%s lost)", r.generation(), r.recovery_steps_lost(),
@@ -1075,17 +1098,15 @@ absl::Duration Scheduler::PeerLostTimeout() const {
 
 bool Scheduler::RecoversInPlace(const Job& job) const {
   const JobSpec& spec = job.status.spec();
-  // CPU trainers only: the trainers regroup over host transports. KVSTORE
-  // jobs in synchronous rounds only (each generation meets in a kvstore job
-  // of its own; the replicas hold the weights). The survivors must hold a
-  // state to send: the job made progress (or already regrouped). A loss
-  // before that (the ranks may still be meeting for the first time)
-  // requeues.
-  const bool kvstore_rounds = spec.sync().mode() == v1::KVSTORE &&
-                              (spec.sync().consistency() == v1::SYNCHRONOUS ||
-                               spec.sync().consistency() == v1::CONSISTENCY_UNSPECIFIED);
-  return options_.recover_in_place && (spec.sync().mode() != v1::KVSTORE || kvstore_rounds) &&
-         spec.device_kind() != "cuda" &&
+  // CPU and CUDA trainers (the state travels through host memory; NCCL
+  // communicators are made again). KVSTORE jobs in synchronous rounds meet
+  // in a kvstore job of their generation (the replicas hold the weights);
+  // with kvstore-held weights the spare joins the attempt's kvstore job
+  // (see "Recovery in place"). Not with sync_batch_norm (its groups span
+  // the old membership). The job must have made progress (or already
+  // regrouped): the survivors hold a state to send. A loss before that (the
+  // ranks may still be meeting for the first time) requeues.
+  return options_.recover_in_place && !spec.sync_batch_norm() &&
          (job.status.generation() > 0 || job.status.epoch() > 0 || job.status.step() > 0);
 }
 
@@ -1126,6 +1147,7 @@ bool Scheduler::RecoverInPlace(Job* job, const Trainer& lost, const std::string&
   job->recovery_note = absl::StrCat("rank ", lost.rank, " lost on trainer ", lost.id);
   job->recovery_trainer = spare->id;
   job->change = Job::Change::kReplace;
+  job->lost_at = KvstoreHoldsWeights(spec) ? lost.last_heartbeat : absl::InfinitePast();
   job->peer_lost = false;
   job->rank_done[lost.rank] = false;
   if (job->stragglers != nullptr) job->stragglers->Reset(lost.rank);

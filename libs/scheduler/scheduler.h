@@ -28,7 +28,8 @@
 // resumes from the newest one (Assignment.resume_checkpoint), so a requeued
 // job loses at most checkpoint_interval_epochs of work.
 //
-// Recovery in place (CPU ALLREDUCE jobs of several trainers, recover_in_place):
+// Recovery in place (CPU ALLREDUCE and KVSTORE jobs of several trainers,
+// recover_in_place):
 // when a trainer of a running attempt that has reported progress (or
 // regrouped already) is lost and a free trainer that fits the job exists,
 // the attempt is not requeued. The job's generation goes up,
@@ -49,6 +50,16 @@
 // trainers silent for more than 2 heartbeat intervals are then lost at
 // once (in that heartbeat or the next CheckLiveness) instead of after
 // heartbeat_timeout.
+//
+// KVSTORE jobs whose weights live on the kvstore (ASYNCHRONOUS,
+// BOUNDED_DELAY) recover in place too, differently: the survivors never
+// stop (nothing they hold is lost; a bounded-delay survivor waits in a pull
+// for the lost worker, which its heartbeats report as a lost peer), and the
+// spare joins the attempt's own kvstore job (the token of generation 0's
+// "<job>-a<A>", in every generation) as the lost rank's kvstore worker: it
+// pulls the weights and continues that worker's rounds. Its recovery
+// report's seconds are replaced by the time from the lost trainer's last
+// heartbeat (the survivors saw no failure to count from) to the report.
 //
 // Elastic jobs (spec.min_trainers < num_trainers or max_trainers >
 // num_trainers; ALLREDUCE on CPU). A lost trainer with no spare free: while
@@ -198,8 +209,9 @@ struct SchedulerOptions {
   absl::Duration heartbeat_interval = absl::Seconds(1);
   // On trainer loss: true puts the job back in the queue, false fails it.
   bool requeue_on_trainer_loss = true;
-  // On trainer loss: an ALLREDUCE job continues on a spare trainer within
-  // the same attempt (see "Recovery in place") when one is free.
+  // On trainer loss: a job (ALLREDUCE or KVSTORE, CPU or CUDA, not
+  // sync_batch_norm) continues on a spare trainer within the same attempt
+  // (see "Recovery in place") when one is free.
   bool recover_in_place = true;
   // A job is placed at most this many times (the first run included); when a
   // trainer of its last attempt is lost, it FAILS with the reason.
@@ -355,6 +367,9 @@ class Scheduler {
     // job shrank onto its survivors (elastic, no spare), or it grew.
     enum class Change { kReplace, kShrink, kGrow };
     Change change = Change::kReplace;
+    // A KVSTORE job with kvstore-held weights: the lost trainer's last
+    // heartbeat, where its recovery's seconds count from.
+    absl::Time lost_at = absl::InfinitePast();
   };
   // One job attempt's rendezvous table.
   struct Kv {

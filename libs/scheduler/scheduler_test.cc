@@ -1505,24 +1505,134 @@ TEST_F(SchedulerTest, KvstoreJobRecoversInPlaceInAKvstoreJobOfItsGeneration) {
   EXPECT_EQ(granted(survivor.regroups(0).kvstore_token()), job->id() + "-a1-g1");
 }
 
-// No free trainer, a KVSTORE job whose kvstore holds the weights
-// (asynchronous), recover_in_place off, no progress yet, or a CUDA job: the
-// attempt is requeued as before.
-TEST_F(SchedulerTest, WithoutASpareOrForKvstoreJobsTheAttemptIsRequeued) {
-  for (int variant = 0; variant < 5; ++variant) {
+// A KVSTORE job whose kvstore holds the weights (asynchronous): the spare
+// joins the attempt's own kvstore job (every token grants "<id>-a1"), and
+// its recovery counts from the lost trainer's last heartbeat.
+TEST_F(SchedulerTest, KvstoreJobWithKvstoreHeldWeightsRecoversInTheAttemptsKvstoreJob) {
+  SchedulerOptions o = Options();
+  o.job_token_secret = "00112233445566778899aabbccddeeff";
+  auto s = Open(o);
+  JobSpec spec = Spec("kv", 2);
+  spec.mutable_sync()->set_mode(v1::KVSTORE);
+  spec.mutable_sync()->set_consistency(v1::ASYNCHRONOUS);
+  auto job = s->Submit(spec);
+  ASSERT_TRUE(job.ok()) << job.status();
+  std::string t1 = AddTrainer(s.get());
+  std::string t2 = AddTrainer(s.get());
+  HeartbeatReply a1 = Beat(s.get(), t1);
+  ASSERT_EQ(a1.assignments_size(), 1);
+  ASSERT_EQ(Beat(s.get(), t2).assignments_size(), 1);
+  auto granted = [&](const std::string& token) {
+    absl::StatusOr<std::string> name = security::VerifyJobToken(o.job_token_secret, token, now_);
+    return name.ok() ? *name : name.status().ToString();
+  };
+  const int r1 = a1.assignments(0).rank(), r2 = 1 - r1;
+  std::string spare = AddTrainer(s.get());
+  Beat(s.get(), spare);
+  Progressed(s.get(), job->id(), t1, t2);
+  const absl::Time last_heartbeat = now_;  // t2's, from Progressed at the latest
+
+  now_ += absl::Seconds(11);
+  Beat(s.get(), t1, {job->id()});
+  Beat(s.get(), spare);
+  EXPECT_EQ(s->CheckLiveness(), 1);
+  auto st = s->Get(job->id());
+  ASSERT_TRUE(st.ok());
+  EXPECT_EQ(st->state(), v1::RUNNING) << st->DebugString();
+  EXPECT_EQ(st->attempts(), 1);
+  EXPECT_EQ(st->generation(), 1);
+  ASSERT_EQ(st->trainers_size(), 2);
+  EXPECT_EQ(st->trainers(r2), spare);
+  HeartbeatReply joined = Beat(s.get(), spare);
+  ASSERT_EQ(joined.assignments_size(), 1);
+  EXPECT_TRUE(joined.assignments(0).join());
+  EXPECT_EQ(joined.assignments(0).rank(), r2);
+  EXPECT_EQ(joined.assignments(0).generation(), 1);
+  EXPECT_EQ(granted(joined.assignments(0).kvstore_token()), job->id() + "-a1");
+  HeartbeatReply survivor = Beat(s.get(), t1, {job->id()});
+  EXPECT_EQ(survivor.cancel_job_ids_size(), 0);
+  ASSERT_EQ(survivor.regroups_size(), 1);
+  EXPECT_EQ(granted(survivor.regroups(0).kvstore_token()), job->id() + "-a1");
+
+  // The replacement reports after its first step, 2 s later: the recovery
+  // took 13 s from the last heartbeat, whatever the joiner measured.
+  now_ += absl::Seconds(2);
+  ProgressReport rec;
+  rec.set_trainer_id(spare);
+  rec.set_job_id(job->id());
+  rec.set_rank(r2);
+  rec.set_attempt(1);
+  rec.set_generation(1);
+  rec.set_recovery_seconds(0.5);
+  rec.set_recovery_steps_lost(1);
+  ASSERT_TRUE(s->ReportProgress(rec).ok());
+  st = s->Get(job->id());
+  EXPECT_EQ(st->recoveries(), 1);
+  EXPECT_DOUBLE_EQ(st->last_recovery_seconds(), absl::ToDoubleSeconds(now_ - last_heartbeat));
+  EXPECT_EQ(st->steps_lost(), 1);
+  EXPECT_NE(
+      st->events().rbegin()->reason().find("recovered in place on trainer " + spare + " in 13.0 s"),
+      std::string::npos)
+      << st->DebugString();
+}
+
+// A CUDA job (one GPU per trainer) recovers in place onto a spare with a
+// GPU; a spare without one is not used (the attempt is requeued).
+TEST_F(SchedulerTest, CudaJobRecoversInPlaceOnlyOnASpareWithAGpu) {
+  for (const std::string spare_device : {"cuda:0", "cpu"}) {
+    SCOPED_TRACE(spare_device);
+    auto s = Open(Options());
+    auto job = s->Submit(Spec("gpu", 2, 0, "cuda"));
+    ASSERT_TRUE(job.ok()) << job.status();
+    std::string t1 = AddTrainer(s.get(), "cuda:0");
+    std::string t2 = AddTrainer(s.get(), "cuda:0");
+    HeartbeatReply a1 = Beat(s.get(), t1);
+    ASSERT_EQ(a1.assignments_size(), 1);
+    ASSERT_EQ(Beat(s.get(), t2).assignments_size(), 1);
+    const int r2 = 1 - a1.assignments(0).rank();
+    std::string spare = AddTrainer(s.get(), spare_device);
+    Beat(s.get(), spare);
+    Progressed(s.get(), job->id(), t1, t2);
+    now_ += absl::Seconds(11);
+    Beat(s.get(), t1, {job->id()});
+    Beat(s.get(), spare);
+    EXPECT_EQ(s->CheckLiveness(), 1);
+    auto st = s->Get(job->id());
+    ASSERT_TRUE(st.ok());
+    if (spare_device == "cpu") {
+      EXPECT_EQ(st->state(), v1::QUEUED) << st->DebugString();
+      EXPECT_EQ(st->generation(), 0);
+      continue;
+    }
+    EXPECT_EQ(st->state(), v1::RUNNING) << st->DebugString();
+    EXPECT_EQ(st->attempts(), 1);
+    EXPECT_EQ(st->generation(), 1);
+    EXPECT_EQ(st->trainers(r2), spare);
+    HeartbeatReply joined = Beat(s.get(), spare);
+    ASSERT_EQ(joined.assignments_size(), 1);
+    EXPECT_TRUE(joined.assignments(0).join());
+    EXPECT_EQ(joined.assignments(0).spec().device_kind(), "cuda");
+    HeartbeatReply survivor = Beat(s.get(), t1, {job->id()});
+    EXPECT_EQ(survivor.cancel_job_ids_size(), 0);
+    ASSERT_EQ(survivor.regroups_size(), 1);
+    EXPECT_EQ(survivor.regroups(0).generation(), 1);
+  }
+}
+
+// No free trainer, recover_in_place off, no progress yet, or a
+// sync_batch_norm job (its groups span the old membership): the attempt is
+// requeued as before.
+TEST_F(SchedulerTest, WithoutASpareOrWithSyncBatchNormTheAttemptIsRequeued) {
+  for (int variant = 0; variant < 4; ++variant) {
     SCOPED_TRACE(variant);
     SchedulerOptions o = Options();
     o.recover_in_place = variant != 2;
     auto s = Open(o);
-    const std::string kind = variant == 4 ? "cuda" : "cpu";
-    JobSpec spec = Spec("q", 2, 0, kind);
-    if (variant == 1) {
-      spec.mutable_sync()->set_mode(v1::KVSTORE);
-      spec.mutable_sync()->set_consistency(v1::ASYNCHRONOUS);
-    }
+    JobSpec spec = Spec("q", 2);
+    if (variant == 1) spec.set_sync_batch_norm(true);
     auto job = s->Submit(spec);
     ASSERT_TRUE(job.ok()) << job.status();
-    const std::string device = variant == 4 ? "cuda:0" : "cpu";
+    const std::string device = "cpu";
     std::string t1 = AddTrainer(s.get(), device);
     std::string t2 = AddTrainer(s.get(), device);
     Beat(s.get(), t1);

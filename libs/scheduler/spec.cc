@@ -151,11 +151,11 @@ absl::Status ValidateJobSpec(const JobSpec& s) {
   }
   const bool elastic = (s.min_trainers() != 0 && s.min_trainers() < trainers) ||
                        (s.max_trainers() != 0 && s.max_trainers() > trainers);
-  if (elastic && (kvstore || s.device_kind() == "cuda" || s.sync_batch_norm() || trainers < 2)) {
+  if (elastic && (kvstore || s.sync_batch_norm() || trainers < 2)) {
     return Bad(
         s.min_trainers() != 0 && s.min_trainers() < trainers ? "min_trainers" : "max_trainers",
         "elastic jobs (min_trainers < num_trainers or max_trainers > num_trainers) need "
-        "sync.mode ALLREDUCE, device_kind cpu, no sync_batch_norm and num_trainers >= 2");
+        "sync.mode ALLREDUCE, no sync_batch_norm and num_trainers >= 2");
   }
   if (s.threads() < 0 || s.threads() > 1024) {
     return Bad("threads", absl::StrCat("must be in 0..1024 (0 = all cores), got ", s.threads()));

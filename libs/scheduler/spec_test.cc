@@ -41,6 +41,11 @@ TEST(SpecTest, ElasticAllreduceJobPassesAndKeepsItsBounds) {
   ApplyDefaults(&s);
   EXPECT_EQ(s.min_trainers(), 1);
   EXPECT_EQ(s.max_trainers(), 4);
+  // CUDA trainers too (their state travels through host memory), several
+  // GPUs per trainer included.
+  s.set_device_kind("cuda");
+  s.set_devices_per_trainer(2);
+  EXPECT_TRUE(ValidateJobSpec(s).ok()) << ValidateJobSpec(s);
 }
 
 TEST(SpecTest, EveryBadFieldIsNamed) {
@@ -126,7 +131,7 @@ TEST(SpecTest, EveryBadFieldIsNamed) {
       {[](JobSpec* s) {
          s->set_num_trainers(2);
          s->set_max_trainers(4);
-         s->set_device_kind("cuda");
+         s->set_sync_batch_norm(true);
        },
        "max_trainers: elastic jobs"},
       {[](JobSpec* s) { s->set_max_trainers(2); }, "max_trainers: elastic jobs"},

@@ -368,7 +368,11 @@ absl::StatusOr<std::unique_ptr<DataParallelTrainer>> DataParallelTrainer::Create
   // job's (broadcast from rank 0, or what the kvstore holds), then every
   // other replica copies them.
   impl->sync = std::move(sync);
-  DT_RETURN_IF_ERROR(impl->sync->Start(impl->reducer.get()));
+  if (o.joining) {
+    impl->sync->Attach(impl->reducer.get());  // Regroup brings the weights
+  } else {
+    DT_RETURN_IF_ERROR(impl->sync->Start(impl->reducer.get()));
+  }
   const size_t np = impl->params[0].size();
   for (int r = 1; r < impl->k; ++r) {
     for (size_t p = 0; p < np; ++p) {
@@ -447,15 +451,26 @@ absl::StatusOr<float> DataParallelTrainer::Step(const Tensor& x, const Tensor& l
 }
 
 absl::Status DataParallelTrainer::Regroup(collective::Communicator* comm, int root,
-                                          kvstore::ParameterServer* kvstore) {
+                                          kvstore::ParameterServer* kvstore,
+                                          collective::Communicator* gradients) {
   Impl& s = *impl_;
   if (comm == nullptr) return absl::InvalidArgumentError("Regroup needs a communicator");
+  if (gradients == nullptr) gradients = comm;
   const bool rounds =
       s.options.kvstore != nullptr && s.options.kvstore_consistency == kvstore::Consistency::kSync;
-  if (s.cuda_replicas || s.options.sync_batch_norm || (s.options.kvstore != nullptr && !rounds)) {
+  if (s.options.sync_batch_norm || (s.options.kvstore != nullptr && !rounds)) {
     return absl::UnimplementedError(
-        "recovery in place is implemented for CPU replicas with allreduce or synchronous "
-        "kvstore rounds and no sync_batch_norm");
+        "recovery in place is implemented for allreduce or synchronous kvstore rounds and no "
+        "sync_batch_norm");
+  }
+  if (comm->options().transport == collective::TransportKind::kNccl) {
+    return absl::InvalidArgumentError(
+        "Regroup: the state travels over a host communicator; pass the NCCL one as `gradients`");
+  }
+  if (gradients->size() != comm->size() || gradients->rank() != comm->rank()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("Regroup: the gradients' communicator is rank ", gradients->rank(), " of ",
+                     gradients->size(), ", the state's rank ", comm->rank(), " of ", comm->size()));
   }
   if (rounds && kvstore == nullptr) {
     return absl::InvalidArgumentError("Regroup of a kvstore job needs the new kvstore job");
@@ -485,9 +500,10 @@ absl::Status DataParallelTrainer::Regroup(collective::Communicator* comm, int ro
       s.options = o;
     }
   } else {
-    o.communicator = comm;
+    o.communicator = gradients;
+    o.joining = false;
     DT_ASSIGN_OR_RETURN(std::unique_ptr<GradientSync> sync, CreateGradientSync(o));
-    if (std::string(sync->name()) != "allreduce") {
+    if (std::string(sync->name()) != "allreduce" && std::string(sync->name()) != "nccl_allreduce") {
       return absl::UnimplementedError(
           absl::StrCat("recovery in place with the ", sync->name(), " strategy"));
     }
@@ -496,10 +512,25 @@ absl::Status DataParallelTrainer::Regroup(collective::Communicator* comm, int ro
     s.options = o;
   }
   const bool is_root = comm->rank() == root;
-  auto broadcast = [&](Tensor* t, const std::string& what) {
-    return Annotate(
-        comm->Broadcast(t->raw_data(), static_cast<size_t>(t->numel()), DType::kF32, root),
-        absl::StrCat("regroup: broadcast of ", what, " from rank ", root));
+  auto broadcast = [&](Tensor* t, const std::string& what) -> absl::Status {
+    const std::string context = absl::StrCat("regroup: broadcast of ", what, " from rank ", root);
+    if (!s.cuda_replicas) {
+      return Annotate(
+          comm->Broadcast(t->raw_data(), static_cast<size_t>(t->numel()), DType::kF32, root),
+          context);
+    }
+    // Device memory through the host: the root's copy goes out, every rank
+    // copies what arrived back to its device.
+    std::optional<cuda::StreamGuard> on_replica;
+    on_replica.emplace(s.streams[0]);
+    absl::StatusOr<Tensor> host = t->To(Device::Cpu(0));
+    if (!host.ok()) return Annotate(host.status(), context);
+    DT_RETURN_IF_ERROR(Annotate(s.streams[0]->Synchronize(), context));
+    DT_RETURN_IF_ERROR(Annotate(
+        comm->Broadcast(host->raw_data(), static_cast<size_t>(host->numel()), DType::kF32, root),
+        context));
+    DT_RETURN_IF_ERROR(Annotate(t->CopyFrom(*host), context));
+    return Annotate(s.streams[0]->Synchronize(), context);  // before `host` is freed
   };
   nn::Module* m0 = s.replicas[0].get();
   for (auto& [name, v] : m0->NamedParameters()) {
@@ -561,6 +592,21 @@ int64_t DataParallelTrainer::CountCorrect(const Tensor& x, const Tensor& labels)
   int64_t correct = ops::CountCorrect(m->Forward(Variable(*xr)).value(), *yr);
   m->Train();
   return correct;
+}
+
+absl::StatusOr<int64_t> DataParallelTrainer::ResumeKvstoreWorker() {
+  if (std::string(impl_->sync->name()) != "kvstore_weights") {
+    return absl::FailedPreconditionError(
+        absl::StrCat("resuming a kvstore worker needs kvstore-held weights (kAsync or "
+                     "kBoundedDelay); the strategy is ",
+                     impl_->sync->name()));
+  }
+  absl::StatusOr<int64_t> rounds = impl_->options.kvstore->ResumeRounds();
+  if (!rounds.ok()) {
+    return Annotate(rounds.status(),
+                    absl::StrCat("resuming kvstore worker ", impl_->options.kvstore->worker()));
+  }
+  return rounds;
 }
 
 absl::Status DataParallelTrainer::PullLatestWeights() { return impl_->sync->PullLatestWeights(); }

@@ -179,6 +179,12 @@ struct DataParallelOptions {
   // How this trainer's gradient pushes travel (ParameterServer::
   // SetPushCompression): f16 or bf16 halve their bytes; pulls stay f32.
   kvstore::Compression kvstore_compression = kvstore::Compression::kNone;
+  // This trainer joins a running job (recovery in place) through
+  // `communicator`: the strategy is made for it, but the initial weights are
+  // not shared (the other trainers are not there; Regroup brings the
+  // state). For a device communicator (NCCL), whose strategy keeps its
+  // buckets in device memory from the start.
+  bool joining = false;
 };
 
 // The kvstore job a data-parallel run with `workers` trainers needs in the
@@ -232,8 +238,8 @@ class DataParallelTrainer {
   // synchronous kvstore mode takes n == 3 (its key "stats/epoch").
   absl::Status AverageStatistics(float* sums, int n);
 
-  // Recovery in place (CPU replicas, the "allreduce" strategy, or "local"
-  // for a trainer that joins a running job): continues with `communicator`
+  // Recovery in place (the "allreduce" or "nccl_allreduce" strategy, or
+  // "local" for a trainer that joins a running job): continues with `communicator`
   // (not owned; it outlives the trainer or the next Regroup), a new
   // membership of the job's ranks after a peer was lost. A Step that failed
   // because of the lost peer applied no update (the engine skipped it), so
@@ -245,10 +251,23 @@ class DataParallelTrainer {
   // owned; it outlives the trainer or the next Regroup): the new
   // membership's kvstore job, which Regroup creates (`communicator` only
   // carries the broadcast); the same client as before for a joiner, which
-  // made the job at Create. Unimplemented for CUDA replicas,
-  // sync_batch_norm and the kvstore-held weights modes.
+  // made the job at Create. CUDA replicas: the state travels through host
+  // memory (device -> host on the root, host -> device everywhere), over
+  // `communicator`, a host transport; `gradients` (not owned; null: the
+  // same as `communicator`) is the new membership's communicator for the
+  // gradients, an NCCL one for the "nccl_allreduce" strategy. Unimplemented
+  // for sync_batch_norm and the kvstore-held weights modes.
   absl::Status Regroup(collective::Communicator* communicator, int root,
-                       kvstore::ParameterServer* kvstore = nullptr);
+                       kvstore::ParameterServer* kvstore = nullptr,
+                       collective::Communicator* gradients = nullptr);
+
+  // kAsync / kBoundedDelay kvstore modes: this trainer replaces a lost one
+  // under the same kvstore worker id in a running job (Create pulled the
+  // server's weights). Continues that worker's rounds
+  // (kvstore::ParameterServer::ResumeRounds) and returns the steps it had
+  // completed: the rounds every bucket had pushed (the lowest, when it died
+  // between two buckets' pushes). FailedPrecondition in the other modes.
+  absl::StatusOr<int64_t> ResumeKvstoreWorker();
 
   // The gradient-sync strategy Create chose (gradient_sync.h): "local",
   // "allreduce", "nccl_allreduce", "kvstore_sync" or "kvstore_weights".

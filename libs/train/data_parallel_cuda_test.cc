@@ -262,6 +262,147 @@ TEST(DataParallelCudaTest, NcclDevicePathMatchesCpuReference) {
       kTolerance);
 }
 
+// Recovery in place with CUDA replicas (libs/train/job.h): two trainers on
+// the GPU train 4 steps over a host communicator, then trainer 1 is gone;
+// a replacement (its own seed, no communicator) and trainer 0 regroup over
+// a new host communicator: trainer 0's device-resident parameters and
+// momentum travel device -> host -> device. Both then train steps 5..10 and
+// must end where the undisturbed CPU reference does.
+TEST(DataParallelCudaTest, LostTrainerIsReplacedFromASurvivorThroughHostMemory) {
+  DT_SKIP_WITHOUT_GPU();
+  constexpr int kTrainers = 2;
+  constexpr int kBefore = 4;
+  const int64_t share = kBatch / kTrainers;
+  collective::InMemoryStore store;
+  auto step = [&](DataParallelTrainer* t, int rank, int s) -> absl::Status {
+    Tensor x, y;
+    SyntheticBatch(kBatch, s, &x, &y);
+    return t
+        ->Step(x.Slice(rank * share, (rank + 1) * share).Clone(),
+               y.Slice(rank * share, (rank + 1) * share).Clone())
+        .status();
+  };
+  auto connect = [&](int rank, const std::string& prefix) {
+    collective::CommunicatorOptions co;
+    co.transport = collective::TransportKind::kTcp;
+    co.timeout = absl::Seconds(60);
+    co.key_prefix = prefix;
+    return collective::Communicator::Create(rank, kTrainers, &store, co);
+  };
+  std::vector<std::vector<std::vector<float>>> results(kTrainers);
+  std::vector<absl::Status> statuses(kTrainers + 1);
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < kTrainers; ++rank) {
+    threads.emplace_back([&, rank] {
+      auto comm = connect(rank, "gen0");
+      if (!comm.ok()) {
+        statuses[rank] = comm.status();
+        return;
+      }
+      DataParallelOptions o = Options("mlp", {Device::Cuda(0)});
+      o.communicator = comm->get();
+      auto trainer = DataParallelTrainer::Create(o);
+      if (!trainer.ok()) {
+        statuses[rank] = trainer.status();
+        return;
+      }
+      for (int s = 0; s < kBefore && statuses[rank].ok(); ++s) {
+        statuses[rank] = step(trainer->get(), rank, s);
+      }
+      if (rank == 1 || !statuses[rank].ok()) return;  // trainer 1 is lost
+      auto next = connect(0, "gen1");
+      if (!next.ok()) {
+        statuses[0] = next.status();
+        return;
+      }
+      statuses[0] = (*trainer)->Regroup(next->get(), /*root=*/0);
+      for (int s = kBefore; s < kSteps && statuses[0].ok(); ++s) {
+        statuses[0] = step(trainer->get(), 0, s);
+      }
+      results[0] = Parameters((*trainer)->replica(0));
+    });
+  }
+  threads[1].join();
+  ASSERT_TRUE(statuses[1].ok()) << statuses[1];
+  std::thread joiner([&] {
+    auto comm = connect(1, "gen1");
+    if (!comm.ok()) {
+      statuses[2] = comm.status();
+      return;
+    }
+    DataParallelOptions o = Options("mlp", {Device::Cuda(0)});
+    o.seed = 99;  // its own weights, overwritten by the regroup
+    auto trainer = DataParallelTrainer::Create(o);
+    if (!trainer.ok()) {
+      statuses[2] = trainer.status();
+      return;
+    }
+    statuses[2] = (*trainer)->Regroup(comm->get(), /*root=*/0);
+    for (int s = kBefore; s < kSteps && statuses[2].ok(); ++s) {
+      statuses[2] = step(trainer->get(), 1, s);
+    }
+    results[1] = Parameters((*trainer)->replica(0));
+  });
+  threads[0].join();
+  joiner.join();
+  for (const absl::Status& st : statuses) ASSERT_TRUE(st.ok()) << st;
+  auto want = ReferenceRun("mlp", kBatch, kSteps, 5);
+  for (int r = 0; r < kTrainers; ++r) {
+    EXPECT_LT(CheckedDifference(results[r], want), kTolerance) << "trainer " << r;
+  }
+  EXPECT_EQ(results[0], results[1]);
+}
+
+// The NCCL device path's regroup on one GPU: the job's NCCL communicator is
+// aborted (what libs/agent does when the scheduler offers a new
+// membership), so it fails from then on; the trainer regroups with a host
+// communicator for the state and a new NCCL communicator (new unique id
+// under new keys) for the gradients, and ends where the reference does.
+TEST(DataParallelCudaTest, NcclTrainerRegroupsOntoANewNcclCommunicatorAfterAnAbort) {
+  DT_SKIP_WITHOUT_GPU();
+  collective::InMemoryStore store;
+  auto connect = [&](collective::TransportKind kind, const std::string& prefix) {
+    collective::CommunicatorOptions co;
+    co.transport = kind;
+    co.cuda_device = 0;
+    co.timeout = absl::Seconds(60);
+    co.key_prefix = prefix;
+    return collective::Communicator::Create(0, 1, &store, co);
+  };
+  auto nccl = connect(collective::TransportKind::kNccl, "gen0");
+  ASSERT_TRUE(nccl.ok()) << nccl.status();
+  DataParallelOptions o = Options("mlp", {Device::Cuda(0)});
+  o.communicator = nccl->get();
+  auto trainer = DataParallelTrainer::Create(o);
+  ASSERT_TRUE(trainer.ok()) << trainer.status();
+  EXPECT_EQ(std::string((*trainer)->sync_name()), "nccl_allreduce");
+  for (int s = 0; s < 4; ++s) {
+    Tensor x, y;
+    SyntheticBatch(kBatch, s, &x, &y);
+    ASSERT_TRUE((*trainer)->Step(x, y).ok()) << s;
+  }
+  (*nccl)->Abort("regrouping in generation 1");
+  EXPECT_NE((*nccl)->health().message().find("regrouping in generation 1"), std::string::npos)
+      << (*nccl)->health();
+  // The state goes over a host communicator, not the NCCL one.
+  EXPECT_TRUE(absl::IsInvalidArgument((*trainer)->Regroup(nccl->get(), 0)));
+  auto exchange = connect(collective::TransportKind::kTcp, "gen1/regroup");
+  ASSERT_TRUE(exchange.ok()) << exchange.status();
+  auto next = connect(collective::TransportKind::kNccl, "gen1/allreduce");
+  ASSERT_TRUE(next.ok()) << next.status();
+  ASSERT_TRUE((*trainer)->Regroup(exchange->get(), 0, nullptr, next->get()).ok());
+  EXPECT_EQ(std::string((*trainer)->sync_name()), "nccl_allreduce");
+  for (int s = 4; s < kSteps; ++s) {
+    Tensor x, y;
+    SyntheticBatch(kBatch, s, &x, &y);
+    absl::StatusOr<float> loss = (*trainer)->Step(x, y);
+    ASSERT_TRUE(loss.ok()) << loss.status();
+  }
+  EXPECT_LT(
+      CheckedDifference(Parameters((*trainer)->replica(0)), ReferenceRun("mlp", kBatch, kSteps, 5)),
+      kTolerance);
+}
+
 }  // namespace
 }  // namespace train
 }  // namespace dtrain

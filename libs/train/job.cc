@@ -65,8 +65,13 @@ absl::Status Validate(const JobConfig& c) {
   if (c.checkpoint_interval_epochs < 0) {
     return bad("checkpoint_interval_epochs", "must be >= 0");
   }
-  if (c.join && (c.communicator == nullptr || c.hybridize)) {
-    return bad("join", "a joining rank needs a communicator (allreduce) and no hybridize");
+  // With kvstore-held weights a joiner continues a lost worker's rounds.
+  const bool weights_on_kvstore =
+      c.kvstore != nullptr && c.kvstore_consistency != kvstore::Consistency::kSync;
+  if (c.join && ((c.communicator == nullptr && !weights_on_kvstore) || c.hybridize)) {
+    return bad("join",
+               "a joining rank needs a communicator (allreduce, synchronous kvstore rounds) or "
+               "kvstore-held weights, and no hybridize");
   }
   if (c.checkpoint_interval_epochs > 0 && c.checkpoint_path.empty()) {
     return bad("checkpoint_path", "needed with checkpoint_interval_epochs");
@@ -257,6 +262,7 @@ struct RegroupResult {
 // kvstore job (KVSTORE jobs; see JobObserver::RegroupKvstore).
 absl::StatusOr<RegroupResult> ExchangeState(const JobConfig& c, DataParallelTrainer* trainer,
                                             collective::Communicator* comm,
+                                            collective::Communicator* gradients,
                                             kvstore::ParameterServer* kvstore, bool survivor,
                                             bool failed, const Partial& here,
                                             int64_t steps_per_epoch, int64_t steps_run, int world) {
@@ -280,7 +286,7 @@ absl::StatusOr<RegroupResult> ExchangeState(const JobConfig& c, DataParallelTrai
     return absl::FailedPreconditionError(
         "regroup: no rank of the new membership holds the job's state");
   }
-  DT_RETURN_IF_ERROR(trainer->Regroup(comm, out.root, kvstore));
+  DT_RETURN_IF_ERROR(trainer->Regroup(comm, out.root, kvstore, gradients));
   double pos[7] = {static_cast<double>(here.epoch),
                    static_cast<double>(here.step),
                    here.loss_sum,
@@ -329,7 +335,8 @@ absl::StatusOr<RegroupResult> RegroupSurvivor(const JobConfig& c, JobObserver* o
                                               DataParallelTrainer* trainer,
                                               const absl::Status& failure, const Partial& here,
                                               int64_t steps_per_epoch, int64_t steps_run, int world,
-                                              collective::Communicator** comm_out) {
+                                              collective::Communicator** comm_out,
+                                              bool step_failed = true) {
   absl::Status last = failure;
   for (int tries = 0; tries < 3; ++tries) {
     absl::StatusOr<collective::Communicator*> comm = observer->Regroup(last);
@@ -337,9 +344,10 @@ absl::StatusOr<RegroupResult> RegroupSurvivor(const JobConfig& c, JobObserver* o
       DT_LOG(WARNING) << "job " << c.name << ": no recovery in place: " << comm.status();
       return failure.ok() ? comm.status() : failure;
     }
-    absl::StatusOr<RegroupResult> done =
-        ExchangeState(c, trainer, *comm, observer->RegroupKvstore(), /*survivor=*/true,
-                      /*failed=*/!last.ok(), here, steps_per_epoch, steps_run, world);
+    absl::StatusOr<RegroupResult> done = ExchangeState(
+        c, trainer, *comm, observer->RegroupDeviceCommunicator(), observer->RegroupKvstore(),
+        /*survivor=*/true,
+        /*failed=*/step_failed && !last.ok(), here, steps_per_epoch, steps_run, world);
     *comm_out = *comm;
     if (done.ok() || !IsTransient(done.status())) return done;
     DT_LOG(WARNING) << "job " << c.name << ": regroup failed (" << done.status()
@@ -408,8 +416,11 @@ absl::Status Run(const JobConfig& c, JobObserver* observer, JobProgress* progres
   o.sgd = c.sgd;
   o.init = init;
   o.seed = c.seed;
-  // A joining rank meets the others in its first exchange, not at Create.
-  o.communicator = c.join ? nullptr : c.communicator;
+  // A joining rank meets the others in its first exchange, not at Create
+  // (over NCCL its strategy is made for the communicator, without sharing
+  // initial weights: its buckets live in device memory).
+  o.communicator = c.join && c.exchange_communicator == nullptr ? nullptr : c.communicator;
+  o.joining = c.join && c.exchange_communicator != nullptr;
   o.kvstore = c.kvstore;
   o.kvstore_workers = world;
   o.kvstore_consistency = c.kvstore_consistency;
@@ -421,6 +432,14 @@ absl::Status Run(const JobConfig& c, JobObserver* observer, JobProgress* progres
   // shared (with the other trainers, or the kvstore's shards).
   int first_epoch = 0;
   int64_t first_step = 0;
+  // A joiner of a job with kvstore-held weights takes them from the kvstore
+  // and counts its position from where the attempt started.
+  const bool kvstore_joiner =
+      c.join && c.kvstore != nullptr && c.kvstore_consistency != kvstore::Consistency::kSync;
+  if (kvstore_joiner) {
+    first_epoch = c.attempt_start_epoch;
+    first_step = c.attempt_start_step;
+  }
   if (!c.resume_from.empty() && !c.join) {
     o.restore = [&c, &first_epoch, &first_step, progress](nn::Module* model,
                                                           nn::Sgd* optimizer) -> absl::Status {
@@ -476,12 +495,42 @@ absl::Status Run(const JobConfig& c, JobObserver* observer, JobProgress* progres
   progress->steps_per_epoch = loader->batches_per_epoch();
   int64_t steps_per_epoch = loader->batches_per_epoch();
   int64_t joined_steps_run = 0;
-  if (c.join) {
-    DT_ASSIGN_OR_RETURN(RegroupResult joined,
-                        ExchangeState(c, trainer.get(), c.communicator, c.kvstore,
-                                      /*survivor=*/false,
-                                      /*failed=*/false, Partial{}, steps_per_epoch,
-                                      /*steps_run=*/0, world));
+  // A recovery in place waiting for its first completed step (the root
+  // reports it).
+  bool recovering = false;
+  bool recovery_root = false;
+  absl::Time failed_at;
+  int64_t recovery_steps_lost = 0;
+  if (kvstore_joiner) {
+    // The lost worker's rounds are the steps it completed in this attempt:
+    // continue after them, at the same place of the same epoch's order.
+    DT_ASSIGN_OR_RETURN(const int64_t rounds, trainer->ResumeKvstoreWorker());
+    const int64_t at = static_cast<int64_t>(first_epoch) * steps_per_epoch + first_step + rounds;
+    first_epoch = static_cast<int>(std::min<int64_t>(at / steps_per_epoch, c.epochs));
+    first_step = first_epoch < c.epochs ? at % steps_per_epoch : 0;
+    joined_steps_run = rounds;
+    resumed = Partial{first_epoch, first_step, 0, 0, 0};
+    progress->epoch = first_epoch;
+    progress->step = first_step;
+    DT_LOG(INFO) << "job " << c.name << " rank " << rank << ": continuing kvstore worker " << rank
+                 << " after its " << rounds << " steps, at epoch " << first_epoch + 1 << " step "
+                 << first_step << " (weights from the kvstore)";
+    // It reports the recovery once its first step is done (the scheduler
+    // counts the seconds from the lost trainer's last heartbeat): the step
+    // the lost worker was in, at most, is lost.
+    recovering = true;
+    recovery_root = true;
+    failed_at = absl::Now();
+    recovery_steps_lost = 1;
+  } else if (c.join) {
+    DT_ASSIGN_OR_RETURN(
+        RegroupResult joined,
+        ExchangeState(c, trainer.get(),
+                      c.exchange_communicator != nullptr ? c.exchange_communicator : c.communicator,
+                      c.exchange_communicator != nullptr ? c.communicator : nullptr, c.kvstore,
+                      /*survivor=*/false,
+                      /*failed=*/false, Partial{}, steps_per_epoch,
+                      /*steps_run=*/0, world));
     joined_steps_run = joined.steps_run;
     first_epoch = joined.at.epoch;
     first_step = joined.at.step;
@@ -492,12 +541,9 @@ absl::Status Run(const JobConfig& c, JobObserver* observer, JobProgress* progres
   // (A joiner's communicator only carried its first exchange.)
   const bool kvstore_rounds =
       c.kvstore != nullptr && c.kvstore_consistency == kvstore::Consistency::kSync && world > 1;
-  // A recovery in place waiting for its first completed step (the root
-  // reports it).
-  bool recovering = false;
-  bool recovery_root = false;
-  absl::Time failed_at;
-  int64_t recovery_steps_lost = 0;
+  // Allreduce over NCCL (see "Recovery in place" in job.h).
+  const bool device_collective = c.communicator != nullptr && c.communicator->options().transport ==
+                                                                  collective::TransportKind::kNccl;
 
   // By this call, over all epochs (a joiner continues the root's count).
   int64_t steps_run = joined_steps_run;
@@ -505,6 +551,42 @@ absl::Status Run(const JobConfig& c, JobObserver* observer, JobProgress* progres
   // and its statistics so far.
   int64_t start_step = first_step;
   Partial resume_at = resumed;
+  // Whether a failure of a collective (a step's, or the epoch's statistics
+  // round) may be a lost peer's, worth a regroup.
+  auto recoverable = [&](const absl::Status& s) {
+    if ((c.communicator == nullptr && !kvstore_rounds) || hybrid) return false;
+    // A KVSTORE job's survivor learns of the loss from its agent, which
+    // cancels the kvstore client (see job.h); over NCCL the agent aborts the
+    // communicator: any error may be a lost peer's.
+    if (kvstore_rounds || device_collective) {
+      return (device_collective || absl::IsCancelled(s)) && !observer->StopRequested();
+    }
+    return IsTransient(s);
+  };
+  // After a survivor's regroup: the new membership's rank and world (an
+  // elastic job's shard changes), where the job continues (`*epoch`: the
+  // one before the root's, for the epoch loop's ++epoch).
+  auto adopt = [&](const RegroupResult& regroup, collective::Communicator* comm, absl::Time failed,
+                   int* epoch) -> absl::Status {
+    if (!recovering) failed_at = failed;  // a failure during a recovery: the first counts
+    recovering = true;
+    if (comm->rank() != rank || comm->size() != world) {
+      // A smaller or larger membership: this rank's shard changes.
+      rank = comm->rank();
+      world = comm->size();
+      DT_RETURN_IF_ERROR(make_loader());
+      steps_per_epoch = loader->batches_per_epoch();
+      progress->steps_per_epoch = steps_per_epoch;
+      DT_RETURN_IF_ERROR(load_test_set());
+    }
+    recovery_root = regroup.root == rank;
+    recovery_steps_lost += regroup.steps_lost;
+    steps_run = regroup.steps_run;
+    resume_at = regroup.at;
+    start_step = regroup.at.step;
+    *epoch = regroup.at.epoch - 1;
+    return absl::OkStatus();
+  };
   for (int epoch = first_epoch; epoch < c.epochs; ++epoch) {
     data::Batch b;
     double loss_sum = 0;
@@ -545,14 +627,7 @@ absl::Status Run(const JobConfig& c, JobObserver* observer, JobProgress* progres
         if (!stepped.ok()) {
           failure = Annotate(stepped.status(), absl::StrCat("rank ", rank, ", epoch ", epoch + 1,
                                                             " step ", step + 1));
-          // A KVSTORE job's survivor learns of the loss from its agent,
-          // which cancels the kvstore client (see job.h).
-          const bool recoverable =
-              kvstore_rounds ? absl::IsCancelled(stepped.status()) && !observer->StopRequested()
-                             : IsTransient(stepped.status());
-          if ((c.communicator == nullptr && !kvstore_rounds) || hybrid || !recoverable) {
-            return failure;
-          }
+          if (!recoverable(stepped.status())) return failure;
           DT_LOG(WARNING) << "job " << c.name << ": " << failure << "; trying to recover in place";
           regroup_now = true;
         }
@@ -560,31 +635,17 @@ absl::Status Run(const JobConfig& c, JobObserver* observer, JobProgress* progres
       if (regroup_now) {
         // A KVSTORE job's step stalled from its start until the agent
         // cancelled it.
-        const absl::Time failed = kvstore_rounds ? step_start : absl::Now();
+        // (Over NCCL too: a peer's loss may only show when the agent aborts
+        // the communicator.)
+        const absl::Time failed = kvstore_rounds || device_collective ? step_start : absl::Now();
         trace::ScopedSpan recovery_span(c.trace, "recovery", trace::kTrackStep, steps_run);
         collective::Communicator* comm = nullptr;
         DT_ASSIGN_OR_RETURN(RegroupResult regroup,
                             RegroupSurvivor(c, observer, trainer.get(), failure,
                                             Partial{epoch, step, loss_sum, seen, correct},
                                             steps_per_epoch, steps_run, world, &comm));
-        if (!recovering) failed_at = failed;  // a failure during a recovery: the first counts
-        recovering = true;
-        if (comm->rank() != rank || comm->size() != world) {
-          // A smaller or larger membership: this rank's shard changes.
-          rank = comm->rank();
-          world = comm->size();
-          DT_RETURN_IF_ERROR(make_loader());
-          steps_per_epoch = loader->batches_per_epoch();
-          progress->steps_per_epoch = steps_per_epoch;
-          DT_RETURN_IF_ERROR(load_test_set());
-        }
-        recovery_root = regroup.root == rank;
-        recovery_steps_lost += regroup.steps_lost;
-        steps_run = regroup.steps_run;
-        resume_at = regroup.at;
-        start_step = regroup.at.step;
         // The loop's ++epoch makes it the root's epoch.
-        epoch = regroup.at.epoch - 1;
+        DT_RETURN_IF_ERROR(adopt(regroup, comm, failed, &epoch));
         regrouped = true;
         break;
       }
@@ -646,11 +707,37 @@ absl::Status Run(const JobConfig& c, JobObserver* observer, JobProgress* progres
     // weights this rank's share).
     float sums[3] = {static_cast<float>(loss_sum), static_cast<float>(seen),
                      static_cast<float>(correct)};
+    absl::Status averaged;
     {
       trace::ScopedSpan span(c.trace, "epoch statistics", trace::kTrackStep, steps_run);
-      DT_RETURN_IF_ERROR(
-          Annotate(trainer->AverageStatistics(sums, 3),
-                   absl::StrCat("rank ", rank, ": averaging the loss of epoch ", epoch + 1)));
+      averaged = Annotate(trainer->AverageStatistics(sums, 3),
+                          absl::StrCat("rank ", rank, ": averaging the loss of epoch ", epoch + 1));
+    }
+    if (!averaged.ok()) {
+      // A peer lost in the epoch's statistics round: regroup as after a
+      // failed step (no step is lost: every survivor finished the epoch's
+      // steps), then the new membership meets for this epoch's statistics
+      // (the root's position is the epoch's end: no step is left to run).
+      if (!recoverable(averaged)) return averaged;
+      DT_LOG(WARNING) << "job " << c.name << ": " << averaged << "; trying to recover in place";
+      const absl::Time failed = absl::Now();
+      trace::ScopedSpan recovery_span(c.trace, "recovery", trace::kTrackStep, steps_run);
+      collective::Communicator* comm = nullptr;
+      DT_ASSIGN_OR_RETURN(RegroupResult regroup,
+                          RegroupSurvivor(c, observer, trainer.get(), averaged,
+                                          Partial{epoch, step, loss_sum, seen, correct},
+                                          steps_per_epoch, steps_run, world, &comm,
+                                          /*step_failed=*/false));
+      DT_RETURN_IF_ERROR(adopt(regroup, comm, failed, &epoch));
+      continue;
+    }
+    if (recovering) {
+      // The statistics round of a regroup at the epoch's end completed it.
+      recovering = false;
+      if (recovery_root) {
+        observer->OnRecovered(absl::ToDoubleSeconds(absl::Now() - failed_at), recovery_steps_lost);
+      }
+      recovery_steps_lost = 0;
     }
     if (sums[1] > 0) {
       progress->loss = sums[0] / sums[1];

@@ -63,10 +63,17 @@
 // minus where the root resumed: 1 when every survivor failed the same
 // step). A regroup that fails transiently (another rank lost meanwhile) asks
 // for the next membership, up to 3 times; otherwise, or when Regroup answers
-// an error, RunJob returns the step's error as before. Failures outside a
-// step (the epoch's statistics round, evaluation, a checkpoint, a drain's
-// meeting) are not recovered: RunJob returns the error (a transient one:
-// the scheduler requeues the attempt from its checkpoint).
+// an error, RunJob returns the step's error as before. A peer lost in the
+// epoch's statistics round (after the epoch's last step) is recovered the
+// same way with no step lost: the survivors' position is the epoch's end,
+// and the new membership meets again for that epoch's statistics (a
+// joiner adopts the root's; OnRecovered follows that round). Evaluation
+// and checkpoints are rank 0's alone: a peer lost meanwhile shows in the
+// next collective (a step's) and is recovered there; if rank 0 is lost,
+// its replacement evaluates at the next epoch's end. Not recovered: this
+// rank's own failures outside a step (a checkpoint it cannot write) and a
+// drain's meeting: RunJob returns the error (a transient one: the
+// scheduler requeues the attempt from its checkpoint).
 //
 // KVSTORE jobs in synchronous rounds recover the same way: a survivor's
 // step fails when its kvstore client is cancelled (CANCELLED while
@@ -77,6 +84,30 @@
 // (JobObserver::RegroupKvstore): no round of the old one has to be
 // completed. The recovery's seconds count from the start of the failed
 // step (the wait for the scheduler to notice the loss included).
+//
+// KVSTORE jobs whose weights live on the kvstore (kAsync, kBoundedDelay)
+// need no exchange: the survivors never stop (they hold nothing the job
+// needs), and a replacement (JobConfig::join, no communicator) joins the
+// attempt's kvstore job as the lost rank's worker: Create pulls the
+// server's weights, DataParallelTrainer::ResumeKvstoreWorker continues that
+// worker's rounds, and the rounds it had pushed are the steps it completed,
+// so the joiner continues at attempt_start + rounds (same epoch order, same
+// shard) with the epoch's statistics from zero. The step the lost worker
+// was in is lost (1 step; the buckets it had pushed of it stay applied).
+// Once its first step is done the joiner calls OnRecovered.
+//
+// CUDA replicas recover the same way: the failed step applied nothing, the
+// survivors keep their device-resident model and momentum, and the state
+// travels through host memory over Regroup's communicator (a host
+// transport). ALLREDUCE jobs over NCCL: a survivor's step fails when its
+// NCCL communicator is aborted (libs/agent aborts it when the scheduler
+// offers the next membership: a collective waiting for a dead peer over
+// shared memory or NVLink may never fail by itself), any step failure is
+// then worth a regroup while StopRequested is false (a regroup that never
+// comes ends it with the step's error), and the new membership's NCCL
+// communicator (RegroupDeviceCommunicator; a joiner's JobConfig
+// communicator, with exchange_communicator for the state) carries the
+// gradients.
 //
 // Elastic jobs. The new membership may be smaller (no spare: the survivors
 // continue, ranks renumbered) or larger (RegroupRequested: a new rank joins
@@ -166,6 +197,16 @@ struct JobConfig {
   // place"): `communicator` is the new membership's; the state, the data
   // position and the epoch's statistics come from the surviving ranks.
   bool join = false;
+  // A joiner of an ALLREDUCE job over NCCL (not owned): the host
+  // communicator of its generation that carries the exchange of the state
+  // (device memory travels through the host); `communicator` (NCCL) then
+  // carries the gradients. Null otherwise.
+  collective::Communicator* exchange_communicator = nullptr;
+  // A joiner with kvstore-held weights (kvstore_consistency kAsync or
+  // kBoundedDelay): where the attempt started (its checkpoint's epochs done
+  // and steps of the next epoch), which the lost worker's rounds count from.
+  int attempt_start_epoch = 0;
+  int64_t attempt_start_step = 0;
 
   // The timeline (not owned; null: none): every step's phases and bucket
   // reductions (step_trace.h, with the count of steps this call ran) and, on
@@ -243,6 +284,11 @@ class JobObserver {
   // (not owned: it must outlive RunJob). The communicator then only carries
   // the exchange of the state; the gradients' rounds continue there.
   virtual kvstore::ParameterServer* RegroupKvstore() { return nullptr; }
+  // ALLREDUCE jobs over NCCL: after Regroup answered a communicator (a host
+  // transport, which carries the exchange of the state), the NCCL
+  // communicator of the same membership for the gradients (not owned: it
+  // must outlive RunJob). Null: Regroup's carries both.
+  virtual collective::Communicator* RegroupDeviceCommunicator() { return nullptr; }
   // On the rank that sent the state, after the first step completed since
   // a regroup: the seconds since the failed step, and the steps lost.
   virtual void OnRecovered(double seconds, int64_t steps_lost) {}

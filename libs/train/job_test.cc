@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "libs/collective/store.h"
+#include "libs/kvstore/in_process.h"
 
 namespace dtrain {
 namespace train {
@@ -401,6 +402,223 @@ TEST(JobTest, LostRankIsReplacedInPlaceAndTheJobEndsLikeTheUndisturbedOne) {
   EXPECT_NEAR(got_last.loss, ref_last.loss, 1e-5 * ref_last.loss);
   EXPECT_NEAR(got_last.test_accuracy, ref_last.test_accuracy, 0.002);
   EXPECT_GT(ref_last.test_accuracy, 0.5);
+}
+
+// A bounded-delay KVSTORE job (the kvstore holds the weights): rank 1 of 2
+// stops after 11 steps of epoch 1 and rank 0 trains on until the bound
+// holds it back; a replacement (JobConfig::join, no communicator) connects
+// as kvstore worker 1, continues that worker's rounds at step 12 (its first
+// DrainRequested sees 11 steps done) and reports one step lost; both ranks
+// finish both epochs.
+class Joiner : public JobObserver {
+ public:
+  bool DrainRequested(int64_t steps_done) override {
+    polls.push_back(steps_done);
+    return false;
+  }
+  void OnRecovered(double seconds, int64_t steps_lost) override {
+    ++recoveries;
+    recovered_seconds = seconds;
+    lost = steps_lost;
+  }
+  std::vector<int64_t> polls;
+  int recoveries = 0;
+  double recovered_seconds = -1;
+  int64_t lost = -1;
+};
+
+TEST(JobTest, KvstoreWorkerWithKvstoreHeldWeightsIsReplacedAndContinuesItsRounds) {
+  kvstore::InProcessOptions ko;
+  ko.num_shards = 1;
+  auto kv = kvstore::InProcessKVStore::Create(ko);
+  ASSERT_TRUE(kv.ok()) << kv.status();
+  auto config = [](int rank, kvstore::ParameterServer* ps) {
+    JobConfig c = SmallJob(2);  // 16 steps an epoch
+    c.rank = rank;
+    c.world_size = 2;
+    c.kvstore = ps;
+    c.kvstore_consistency = kvstore::Consistency::kBoundedDelay;
+    c.kvstore_max_staleness = 2;
+    return c;
+  };
+  absl::Status st[3];
+  JobProgress p[3];
+  Recorder survivor;
+  Joiner joiner;
+  std::thread rank0([&] {
+    auto ps = (*kv)->Connect("kvw", 0);
+    ASSERT_TRUE(ps.ok()) << ps.status();
+    st[0] = RunJob(config(0, ps->get()), &survivor, &p[0]);
+  });
+  {
+    auto ps = (*kv)->Connect("kvw", 1);
+    ASSERT_TRUE(ps.ok()) << ps.status();
+    StopAfter stop(11);
+    st[1] = RunJob(config(1, ps->get()), &stop, &p[1]);
+  }
+  {
+    auto ps = (*kv)->Connect("kvw", 1);
+    ASSERT_TRUE(ps.ok()) << ps.status();
+    JobConfig c = config(1, ps->get());
+    c.join = true;
+    st[2] = RunJob(c, &joiner, &p[2]);
+  }
+  rank0.join();
+  EXPECT_TRUE(st[0].ok()) << st[0];
+  EXPECT_TRUE(absl::IsCancelled(st[1])) << st[1];
+  ASSERT_TRUE(st[2].ok()) << st[2];
+  // The survivor never stopped: all 32 steps, two epochs.
+  EXPECT_EQ(survivor.steps, 32);
+  EXPECT_EQ(p[0].epoch, 2);
+  // The replacement did the lost worker's remaining 21 steps.
+  ASSERT_EQ(joiner.polls.size(), 21u);
+  EXPECT_EQ(joiner.polls.front(), 11);
+  EXPECT_EQ(joiner.polls.back(), 31);
+  EXPECT_EQ(p[2].epoch, 2);
+  EXPECT_EQ(joiner.recoveries, 1);
+  EXPECT_EQ(joiner.lost, 1);
+  EXPECT_GT(joiner.recovered_seconds, 0);
+  EXPECT_GT(p[0].test_accuracy, 0.5);
+}
+
+// A communicator that goes away in the epoch's statistics round (its first
+// synchronous allreduce of 3 floats): it closes the real one (so the peers'
+// round fails) and fails that call.
+class DiesInStatistics : public collective::Communicator {
+ public:
+  explicit DiesInStatistics(std::unique_ptr<collective::Communicator> inner)
+      : inner_(std::move(inner)),
+        options_(inner_->options()),
+        rank_(inner_->rank()),
+        size_(inner_->size()) {}
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  const collective::CommunicatorOptions& options() const override { return options_; }
+  const char* transport_name() const override { return "dies-in-statistics"; }
+  absl::Status health() const override {
+    return inner_ != nullptr ? inner_->health() : absl::UnavailableError("gone");
+  }
+  collective::Algorithm AllreduceAlgorithmFor(size_t bytes) const override {
+    return collective::Algorithm::kAuto;
+  }
+
+ private:
+  absl::Status DoAllreduce(void* data, size_t count, DType dtype, collective::ReduceOp op,
+                           absl::Duration timeout) override {
+    if (count == 3 && inner_ != nullptr) {
+      inner_.reset();
+      return absl::UnavailableError("this rank went away in the statistics round");
+    }
+    return Inner()->Allreduce(data, count, dtype, op, timeout);
+  }
+  absl::Status DoReduceScatter(const void* input, void* output, size_t output_count, DType dtype,
+                               collective::ReduceOp op, absl::Duration timeout) override {
+    return Inner()->ReduceScatter(input, output, output_count, dtype, op, timeout);
+  }
+  absl::Status DoAllgather(const void* input, void* output, size_t input_count, DType dtype,
+                           absl::Duration timeout) override {
+    return Inner()->Allgather(input, output, input_count, dtype, timeout);
+  }
+  absl::Status DoBroadcast(void* data, size_t count, DType dtype, int root,
+                           absl::Duration timeout) override {
+    return Inner()->Broadcast(data, count, dtype, root, timeout);
+  }
+  absl::Status DoBarrier(absl::Duration timeout) override { return Inner()->Barrier(timeout); }
+  std::shared_ptr<collective::Work> DoAllreduceAsync(void* data, size_t count, DType dtype,
+                                                     collective::ReduceOp op,
+                                                     absl::Duration timeout) override {
+    return Inner()->AllreduceAsync(data, count, dtype, op, timeout);
+  }
+  std::shared_ptr<collective::Work> DoReduceScatterAsync(const void* input, void* output,
+                                                         size_t output_count, DType dtype,
+                                                         collective::ReduceOp op,
+                                                         absl::Duration timeout) override {
+    return Inner()->ReduceScatterAsync(input, output, output_count, dtype, op, timeout);
+  }
+  std::shared_ptr<collective::Work> DoAllgatherAsync(const void* input, void* output,
+                                                     size_t input_count, DType dtype,
+                                                     absl::Duration timeout) override {
+    return Inner()->AllgatherAsync(input, output, input_count, dtype, timeout);
+  }
+  std::shared_ptr<collective::Work> DoBroadcastAsync(void* data, size_t count, DType dtype,
+                                                     int root, absl::Duration timeout) override {
+    return Inner()->BroadcastAsync(data, count, dtype, root, timeout);
+  }
+  std::shared_ptr<collective::Work> DoBarrierAsync(absl::Duration timeout) override {
+    return Inner()->BarrierAsync(timeout);
+  }
+  collective::Communicator* Inner() {
+    EXPECT_NE(inner_, nullptr) << "used after it went away";
+    return inner_.get();
+  }
+
+  std::unique_ptr<collective::Communicator> inner_;
+  const collective::CommunicatorOptions options_;
+  const int rank_, size_;
+};
+
+// A peer lost in the epoch's statistics round (after the epoch's last
+// step): rank 0's round fails, it regroups with a replacement as after a
+// failed step, with no step lost (both hold the epoch's end), the new
+// membership meets for epoch 1's statistics, and epoch 2 is the
+// undisturbed run's exactly.
+TEST(JobTest, PeerLostInTheStatisticsRoundIsReplacedInPlaceWithNoStepLost) {
+  auto run_two = [](bool disturbed, Regrouper* regrouper, JobProgress* joiner_progress,
+                    collective::Store* store) {
+    absl::Status st[3];
+    JobProgress p[2];
+    std::vector<std::thread> ranks;
+    for (int r = 0; r < 2; ++r) {
+      ranks.emplace_back([&, r] {
+        collective::CommunicatorOptions co;
+        co.transport = collective::TransportKind::kInProcess;
+        JobConfig c = SmallJob(2);  // 16 steps an epoch
+        c.rank = r;
+        c.world_size = 2;
+        {
+          auto comm = collective::Communicator::Create(r, 2, store, co);
+          ASSERT_TRUE(comm.ok()) << comm.status();
+          std::unique_ptr<collective::Communicator> used = *std::move(comm);
+          if (disturbed && r == 1) used = std::make_unique<DiesInStatistics>(std::move(used));
+          c.communicator = used.get();
+          JobObserver none;
+          st[r] = RunJob(c, r == 0 ? static_cast<JobObserver*>(regrouper) : &none, &p[r]);
+        }
+        if (!disturbed || r == 0) return;
+        co.key_prefix = "gen1";
+        auto comm = collective::Communicator::Create(1, 2, store, co);
+        ASSERT_TRUE(comm.ok()) << comm.status();
+        c.communicator = comm->get();
+        c.join = true;
+        st[2] = RunJob(c, nullptr, joiner_progress);
+      });
+    }
+    for (auto& t : ranks) t.join();
+    EXPECT_TRUE(st[0].ok()) << st[0];
+    if (disturbed) {
+      EXPECT_TRUE(absl::IsUnavailable(st[1])) << st[1];
+      EXPECT_TRUE(st[2].ok()) << st[2];
+    } else {
+      EXPECT_TRUE(st[1].ok()) << st[1];
+    }
+  };
+  collective::InMemoryStore ref_store, store;
+  Regrouper ref(&ref_store), got(&store);
+  JobProgress joiner;
+  run_two(false, &ref, nullptr, &ref_store);
+  run_two(true, &got, &joiner, &store);
+  EXPECT_EQ(ref.regroups, 0);
+  EXPECT_EQ(got.regroups, 1);
+  EXPECT_TRUE(got.failure_code == absl::StatusCode::kUnavailable ||
+              got.failure_code == absl::StatusCode::kAborted)
+      << absl::StatusCodeToString(got.failure_code);
+  EXPECT_EQ(got.lost, 0);  // every survivor had finished the epoch's steps
+  EXPECT_GT(got.recovered_seconds, 0);
+  EXPECT_EQ(joiner.epoch, 2);
+  ASSERT_EQ(ref.epochs.size(), 2u);
+  ASSERT_EQ(got.epochs.size(), 2u);
+  EXPECT_NEAR(got.epochs[1].loss, ref.epochs[1].loss, 1e-5 * ref.epochs[1].loss);
+  EXPECT_NEAR(got.epochs[1].test_accuracy, ref.epochs[1].test_accuracy, 0.002);
 }
 
 // Elastic: rank 1 of 2 goes away at step 12 of epoch 1 and rank 0 goes on

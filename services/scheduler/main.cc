@@ -40,7 +40,8 @@ ABSL_FLAG(int, max_attempts, 5,
 ABSL_FLAG(int, max_queued_jobs_per_user, 100,
           "QUEUED jobs a user may have; more submits are RESOURCE_EXHAUSTED (0: no limit)");
 ABSL_FLAG(bool, recover_in_place, true,
-          "when a trainer of a running ALLREDUCE job is lost and a free trainer exists, replace "
+          "when a trainer of a running job (ALLREDUCE or KVSTORE, CPU or CUDA) is lost and a free "
+          "trainer exists, replace "
           "the lost rank within the same attempt (the survivors keep their state and send it to "
           "the replacement) instead of requeueing the job from its checkpoint");
 ABSL_FLAG(absl::Duration, finished_job_retention, absl::Hours(7 * 24),

@@ -81,6 +81,19 @@ class NcclCollective final : public Communicator {
     return collective::Algorithm::kAuto;  // NCCL's own choice
   }
 
+  // ncclCommAbort (serialized with enqueues and the watchdog's polls): the
+  // kernels waiting for a peer return, the pending operations fail (the
+  // watchdog sees the abort) and later ones are NotRun.
+  void Abort(const std::string& reason) override {
+    absl::MutexLock issue(&issue_mu_);
+    if (!nccl_->aborted()) nccl_->Abort(reason);
+    absl::MutexLock lock(&mu_);
+    if (broken_.ok()) {
+      broken_ = absl::AbortedError(
+          absl::StrCat("NCCL communicator of ", nccl_->Who(), " aborted: ", reason));
+    }
+  }
+
  private:
   // One enqueued operation, oldest first.
   struct Pending {

@@ -51,7 +51,10 @@
 // the operation fails naming this rank and device and what peers published,
 // and every pending and later operation fails with FAILED_PRECONDITION
 // quoting it. health() reports the first error (it learns of NCCL's
-// asynchronous errors while operations are pending).
+// asynchronous errors while operations are pending). Abort(reason), from
+// any thread, does the same on demand (a trainer's agent that learns a
+// peer is lost: a collective waiting for it over shared memory or NVLink
+// may never fail by itself): health() then says ABORTED with the reason.
 //
 // Not supported: two ranks of one communicator on the same GPU (NCCL rejects
 // it at init, "Duplicate GPU detected"); use one rank per GPU.

@@ -1,0 +1,181 @@
+// End to end on a GPU: recovery in place of a CUDA job. Skips on a machine
+// without a CUDA device, naming the reason (CI); the day a GPU machine with
+// Bazel and the Fashion-MNIST package runs it, it is the must-show
+// for CUDA. `trainctl cluster up` starts the scheduler (heartbeat timeout
+// 3 s) and one CPU trainer (whose certificate the GPU trainers borrow); the
+// test starts three GPU trainers: on three GPUs one each with NCCL
+// between them, on fewer all on cuda:0 with the TCP collective (host
+// staging). A two-trainer LeNet job (device_kind cuda, momentum) runs; rank
+// 0's trainer is SIGKILLed mid-epoch: the survivor keeps its device-resident
+// state (its NCCL communicator aborted by its agent when the scheduler
+// offers the new membership), the third trainer joins in the lost rank's
+// place and receives the state through host memory. The job must SUCCEED
+// on attempt 1 with at least one recovery.
+#include <grpcpp/grpcpp.h>
+#include <signal.h>
+
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "gtest/gtest.h"
+#include "libs/base/grpc_status.h"
+#include "libs/base/subprocess.h"
+#include "libs/cuda/cuda_status.h"
+#include "libs/rpc/credentials.h"
+#include "protos/scheduler.grpc.pb.h"
+#include "tests/e2e/e2e_util.h"
+
+namespace dtrain {
+namespace e2e {
+namespace {
+
+namespace v1 = scheduler::v1;
+
+class RecoverCudaE2eTest : public ::testing::Test {
+ protected:
+  void TearDown() override {
+    for (auto& t : gpu_trainers_) {
+      t->Signal(SIGKILL).IgnoreError();
+      t->Wait(absl::Seconds(10)).status().IgnoreError();
+    }
+    if (dir_.empty()) return;
+    int rc;
+    Trainctl("cluster down --grace_s=5 --dir=" + dir_, &rc);
+    for (const ClusterProcess& p : ReadCluster(dir_)) {
+      if (ProcessAlive(p.pid)) kill(p.pid, SIGKILL);
+    }
+  }
+
+  // Trainer id (from "registered as <id>;" in its log) -> the GPU trainer.
+  std::map<std::string, Subprocess*> GpuTrainerIds() {
+    std::map<std::string, Subprocess*> out;
+    for (size_t i = 0; i < gpu_trainers_.size(); ++i) {
+      std::ifstream log(absl::StrCat(dir_, "/gpu-", i, ".log"));
+      std::stringstream text;
+      text << log.rdbuf();
+      const std::string t = text.str();
+      const std::string key = "registered as ";
+      for (size_t at = t.find(key); at != std::string::npos; at = t.find(key, at + 1)) {
+        const size_t end = t.find(';', at);
+        out[t.substr(at + key.size(), end - at - key.size())] = gpu_trainers_[i].get();
+      }
+    }
+    return out;
+  }
+
+  std::string dir_;
+  std::vector<std::unique_ptr<Subprocess>> gpu_trainers_;
+};
+
+TEST_F(RecoverCudaE2eTest, KilledTrainerOfACudaJobIsReplacedInPlace) {
+  std::string reason;
+  const int gpus = cuda::DeviceCount(&reason);
+  if (gpus == 0) GTEST_SKIP() << "no CUDA device (" << reason << "): test needs a GPU";
+  const bool nccl = gpus >= 3;
+  dir_ = TmpDir("recover_cuda");
+  int rc;
+  const std::string up = Trainctl(
+      "cluster up --restart=never --trainers=1 --heartbeat_timeout_s=3 --dir=" + dir_, &rc);
+  ASSERT_EQ(rc, 0) << up;
+  std::string scheduler, cert_name;
+  for (const ClusterProcess& p : ReadCluster(dir_)) {
+    if (p.role == "scheduler") scheduler = p.address;
+    if (p.role == "trainer") cert_name = p.name;
+  }
+  ASSERT_NE(scheduler, "") << up;
+  ASSERT_NE(cert_name, "") << up;
+  for (int i = 0; i < 3; ++i) {
+    SubprocessOptions o;
+    o.argv = {Runfile("services/trainer/trainer"),
+              "--scheduler=" + scheduler,
+              absl::StrCat("--name=gpu-", i),
+              absl::StrCat("--devices=cuda:", nccl ? i : 0),
+              absl::StrCat("--cuda_collective=", nccl ? "nccl" : "tcp"),
+              absl::StrCat("--work_dir=", dir_, "/gpu-", i),
+              absl::StrCat("--checkpoint_dir=", dir_, "/checkpoints"),
+              "--collective_host=127.0.0.1",
+              absl::StrCat("--ca=", dir_, "/certs/ca.pem"),
+              absl::StrCat("--cert=", dir_, "/certs/", cert_name, ".pem"),
+              absl::StrCat("--key=", dir_, "/certs/", cert_name, ".key")};
+    o.output_file = absl::StrCat(dir_, "/gpu-", i, ".log");
+    absl::StatusOr<std::unique_ptr<Subprocess>> t = Subprocess::Start(o);
+    ASSERT_TRUE(t.ok()) << t.status();
+    gpu_trainers_.push_back(*std::move(t));
+  }
+  auto stub = v1::JobService::NewStub(rpc::NewChannel(scheduler));
+  auto ctx = [] {
+    auto c = std::make_unique<grpc::ClientContext>();
+    c->set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+    return c;
+  };
+  v1::SubmitRequest r;
+  v1::JobSpec* s = r.mutable_spec();
+  s->set_name("cuda-disturbed");
+  s->set_model("lenet");
+  s->set_epochs(3);
+  s->set_global_batch_size(128);
+  s->set_lr(0.05);
+  s->set_momentum(0.9);  // the state sent to the replacement includes momentum
+  s->set_init("kaiming");
+  s->set_seed(3);
+  s->set_test_limit(2000);
+  s->set_threads(1);
+  s->set_num_trainers(2);
+  s->set_device_kind("cuda");
+  s->set_checkpoint_interval_epochs(1);
+  v1::JobStatus job;
+  ASSERT_TRUE(stub->Submit(ctx().get(), r, &job).ok());
+  // Mid-epoch 2 or 3 (469 steps an epoch on all 60,000 images).
+  auto mid = [](const v1::JobStatus& j) {
+    return j.state() == v1::RUNNING && (j.epoch() == 1 || j.epoch() == 2) && j.step() >= 20 &&
+           j.step() + 20 <= j.steps_per_epoch();
+  };
+  for (absl::Time deadline = absl::Now() + absl::Seconds(240); !mid(job) && absl::Now() < deadline;
+       absl::SleepFor(absl::Milliseconds(20))) {
+    v1::GetRequest get;
+    get.set_id(job.id());
+    ASSERT_TRUE(stub->Get(ctx().get(), get, &job).ok());
+    if (job.state() != v1::RUNNING && job.state() != v1::QUEUED) break;
+  }
+  ASSERT_TRUE(mid(job)) << "not in the middle of epoch 2 or 3: " << job.DebugString();
+  ASSERT_EQ(job.trainers_size(), 2);
+  std::map<std::string, Subprocess*> ids = GpuTrainerIds();
+  auto victim = ids.find(job.trainers(0));
+  ASSERT_NE(victim, ids.end()) << job.trainers(0);
+  std::fprintf(stderr, "cuda (%s): killing rank 0 (%s) at epoch %d step %lld\n",
+               nccl ? "nccl" : "tcp", victim->first.c_str(), job.epoch() + 1,
+               static_cast<long long>(job.step()));
+  ASSERT_TRUE(victim->second->Signal(SIGKILL).ok());
+  const absl::Time killed = absl::Now();
+
+  absl::StatusOr<v1::JobStatus> done = WatchToEnd(stub.get(), job.id(), absl::Seconds(300));
+  ASSERT_TRUE(done.ok()) << done.status();
+  std::fprintf(stderr,
+               "cuda: %s in %s after the kill, attempts %d, recoveries %d, last recovery %.2f s, "
+               "steps lost %lld, test accuracy %.4f\n",
+               v1::JobState_Name(done->state()).c_str(),
+               absl::FormatDuration(absl::Now() - killed).c_str(), done->attempts(),
+               done->recoveries(), done->last_recovery_seconds(),
+               static_cast<long long>(done->steps_lost()), done->test_accuracy());
+  ASSERT_EQ(done->state(), v1::SUCCEEDED) << done->DebugString();
+  EXPECT_EQ(done->attempts(), 1) << done->DebugString();
+  EXPECT_GE(done->recoveries(), 1) << done->DebugString();
+  EXPECT_GE(done->generation(), 1);
+  EXPECT_GT(done->last_recovery_seconds(), 0);
+  EXPECT_EQ(done->epoch(), 3);
+  ASSERT_EQ(done->trainers_size(), 2);
+  EXPECT_NE(done->trainers(0), victim->first);
+  EXPECT_EQ(done->trainers(1), job.trainers(1));
+  EXPECT_GT(done->test_accuracy(), 0.6) << done->DebugString();
+}
+
+}  // namespace
+}  // namespace e2e
+}  // namespace dtrain
