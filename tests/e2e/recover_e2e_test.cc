@@ -392,7 +392,7 @@ TEST_F(RecoverE2eTest, ElasticJobShrinksOnALossAndGrowsBackOntoANewTrainer) {
 
 TEST_F(RecoverE2eTest, KilledRankOfAKvstoreJobWithKvstoreHeldWeightsIsReplacedInPlace) {
   // 2 trainers and a spare per job; the first job's victim stays dead.
-  Up("never", 4, " --kvstore_shards=1 --kvstore_replicas=1");
+  ASSERT_NO_FATAL_FAILURE(Up("never", 4, " --kvstore_shards=1 --kvstore_replicas=1"));
   mode_ = v1::KVSTORE;
   consistency_ = v1::ASYNCHRONOUS;
   KillRankZeroOfAKvstoreWeightsJob(1);
