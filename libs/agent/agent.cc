@@ -1080,7 +1080,9 @@ absl::Status Agent::RunAssignment(Job* job, train::JobProgress* progress,
         return Annotate(made.status(), absl::StrCat("rendezvous of rank ", rank, " of ", world));
       }
       comm = *std::move(made);
-      if (plan.gradient_path == GradientPath::kAllreduceNccl) job->device_comm->Set(comm.get(), a.generation());
+      if (plan.gradient_path == GradientPath::kAllreduceNccl) {
+        job->device_comm->Set(comm.get(), a.generation());
+      }
       DT_LOG(INFO) << "job " << a.job_id() << " rank " << rank << ": connected to " << world - 1
                    << " peers in " << absl::Now() - start << " ("
                    << GradientPathName(plan.gradient_path) << ")";

@@ -128,8 +128,8 @@ TEST_F(JoinerKilledE2eTest, ReplacementKilledWhileJoiningIsReplacedByTheNextSpar
   ASSERT_EQ(kill(pids.at(joiner), SIGKILL), 0);
   std::fprintf(stderr, "killed rank 0 (%s), then its replacement %s %s later\n", victim.c_str(),
                joiner.c_str(), absl::FormatDuration(absl::Now() - killed).c_str());
-  EXPECT_EQ(offered.recoveries(), 0) << "the replacement had joined already: "
-                                     << offered.DebugString();
+  EXPECT_EQ(offered.recoveries(), 0)
+      << "the replacement had joined already: " << offered.DebugString();
   EXPECT_EQ(offered.generation(), 1) << offered.DebugString();
 
   absl::StatusOr<v1::JobStatus> last = WatchToEnd(stub_.get(), job.id(), absl::Seconds(180));
