@@ -2,12 +2,17 @@
 
 #include <algorithm>
 #include <atomic>
+#include <memory>
+#include <string>
 #include <thread>
 #include <utility>
+#include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "libs/agent/device_comm_slot.h"
 #include "libs/agent/step_window.h"
 #include "libs/base/logging.h"
 #include "libs/base/retry.h"
@@ -53,10 +58,11 @@ struct Agent::Job {
   // waits in a round for a lost rank; see agent.h).
   absl::Time step_since = absl::InfiniteFuture();
   absl::Duration step_allowance = absl::Seconds(1);
-  // ALLREDUCE jobs over NCCL (guarded by Agent::mu_): the current
-  // membership's NCCL communicator, which a regroup offer aborts (a
-  // collective waiting for a dead peer may never fail by itself).
-  collective::Communicator* device_comm = nullptr;
+  // ALLREDUCE jobs over NCCL: the current membership's NCCL communicator,
+  // which a regroup offer aborts (a collective waiting for a dead peer may
+  // never fail by itself). The pointer never changes; the heartbeat thread
+  // copies it under Agent::mu_ and aborts after releasing the lock.
+  const std::shared_ptr<DeviceCommSlot> device_comm = std::make_shared<DeviceCommSlot>();
 };
 
 namespace {
@@ -188,11 +194,9 @@ class Agent::Progress : public train::JobObserver {
         generation_(job->assignment.generation()) {}
 
   ~Progress() override {
-    {
-      // The communicators are about to go (this rank's and RunAssignment's).
-      absl::MutexLock lock(&agent_->mu_);
-      job_->device_comm = nullptr;
-    }
+    // The communicators are about to go (this rank's and RunAssignment's);
+    // waits for an abort in flight.
+    job_->device_comm->Set(nullptr, 0);
     for (const std::unique_ptr<kvstore::ParameterServer>& old : retired_ps_) {
       const absl::Status s = old->DeleteJob();
       if (!s.ok() && !absl::IsNotFound(s)) {
@@ -305,11 +309,13 @@ class Agent::Progress : public train::JobObserver {
           return s;
         }
       }
-      if (nccl) device_comms_.push_back(*std::move(device));
+      if (nccl) {
+        device_comms_.push_back(*std::move(device));
+        job_->device_comm->Set(device_comms_.back().get(), generation);
+      }
       {
         absl::MutexLock lock(&agent_->mu_);
         job_->peer_lost = false;
-        if (nccl) job_->device_comm = device_comms_.back().get();
         // Reports name the rank and generation this trainer now runs.
         job_->assignment.set_rank(rank);
         job_->assignment.set_world_size(world);
@@ -723,6 +729,13 @@ void Agent::Heartbeat() {
       current_->drain = true;
     }
   }
+  // NCCL communicators to abort, after Agent::mu_ is released.
+  struct DeviceAbort {
+    std::shared_ptr<DeviceCommSlot> slot;
+    std::string reason;
+    int32_t generation;
+  };
+  std::vector<DeviceAbort> aborts;
   for (const v1::Regroup& g : reply->regroups()) {
     absl::MutexLock lock(&mu_);
     if (current_ != nullptr && !current_->done && current_->assignment.job_id() == g.job_id() &&
@@ -743,11 +756,11 @@ void Agent::Heartbeat() {
         current_->ps->Cancel(absl::StrCat("regrouping in generation ", g.generation()));
       }
       // Likewise an NCCL collective waiting for the lost rank.
-      if (current_->device_comm != nullptr) {
-        current_->device_comm->Abort(absl::StrCat("regrouping in generation ", g.generation()));
-      }
+      aborts.push_back({current_->device_comm,
+                        absl::StrCat("regrouping in generation ", g.generation()), g.generation()});
     }
   }
+  for (const DeviceAbort& d : aborts) d.slot->Abort(d.reason, d.generation);
   for (const v1::Assignment& a : reply->assignments()) Accept(a);
 }
 
@@ -999,6 +1012,8 @@ absl::Status Agent::RunAssignment(Job* job, train::JobProgress* progress,
   std::unique_ptr<collective::Store> generation_store;
   std::unique_ptr<collective::Communicator> exchange_comm;  // an NCCL joiner's
   std::unique_ptr<collective::Communicator> comm;
+  // Before `comm` goes, on every path (Progress clears it too).
+  absl::Cleanup forget_device_comm = [job] { job->device_comm->Set(nullptr, 0); };
   switch (plan.gradient_path) {
     case GradientPath::kLocal:
       break;
@@ -1066,8 +1081,7 @@ absl::Status Agent::RunAssignment(Job* job, train::JobProgress* progress,
       }
       comm = *std::move(made);
       if (plan.gradient_path == GradientPath::kAllreduceNccl) {
-        absl::MutexLock lock(&mu_);
-        job->device_comm = comm.get();
+        job->device_comm->Set(comm.get(), a.generation());
       }
       DT_LOG(INFO) << "job " << a.job_id() << " rank " << rank << ": connected to " << world - 1
                    << " peers in " << absl::Now() - start << " ("

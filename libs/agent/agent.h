@@ -138,7 +138,8 @@
 // ALLREDUCE jobs over NCCL: a survivor blocked in an NCCL collective on a
 // dead peer may never fail by itself, so its heartbeats say peer-lost once
 // its step stalls (as for synchronous kvstore rounds below) and a Regroup
-// aborts the job's NCCL communicator (collective::Communicator::Abort); the
+// aborts the job's NCCL communicator (collective::Communicator::Abort,
+// after the agent's lock is released: device_comm_slot.h); the
 // regroup then connects a host communicator (TCP, "regroup" keys) for the
 // exchange of the state and a new NCCL communicator for the gradients
 // (train::JobObserver::RegroupDeviceCommunicator), both under the

@@ -10,11 +10,14 @@
 // state (its NCCL communicator aborted by its agent when the scheduler
 // offers the new membership), the third trainer joins in the lost rank's
 // place and receives the state through host memory. The job must SUCCEED
-// on attempt 1 with at least one recovery.
+// on attempt 1 with at least one recovery. The job trains on 12,800 images
+// (100 steps an epoch); DTRAIN_E2E_DATA_DIR, when set, names the
+// Fashion-MNIST directory (tools/gpu-check's bundle carries a slice of it).
 #include <grpcpp/grpcpp.h>
 #include <signal.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <map>
 #include <memory>
@@ -79,6 +82,7 @@ TEST_F(RecoverCudaE2eTest, KilledTrainerOfACudaJobIsReplacedInPlace) {
   const int gpus = cuda::DeviceCount(&reason);
   if (gpus == 0) GTEST_SKIP() << "no CUDA device (" << reason << "): test needs a GPU";
   const bool nccl = gpus >= 3;
+  const char* data_dir = std::getenv("DTRAIN_E2E_DATA_DIR");
   dir_ = TmpDir("recover_cuda");
   int rc;
   const std::string up = Trainctl(
@@ -104,6 +108,7 @@ TEST_F(RecoverCudaE2eTest, KilledTrainerOfACudaJobIsReplacedInPlace) {
               absl::StrCat("--ca=", dir_, "/certs/ca.pem"),
               absl::StrCat("--cert=", dir_, "/certs/", cert_name, ".pem"),
               absl::StrCat("--key=", dir_, "/certs/", cert_name, ".key")};
+    if (data_dir != nullptr) o.argv.push_back(absl::StrCat("--data_roots=", data_dir));
     o.output_file = absl::StrCat(dir_, "/gpu-", i, ".log");
     absl::StatusOr<std::unique_ptr<Subprocess>> t = Subprocess::Start(o);
     ASSERT_TRUE(t.ok()) << t.status();
@@ -125,14 +130,16 @@ TEST_F(RecoverCudaE2eTest, KilledTrainerOfACudaJobIsReplacedInPlace) {
   s->set_momentum(0.9);  // the state sent to the replacement includes momentum
   s->set_init("kaiming");
   s->set_seed(3);
+  s->set_train_limit(12800);
   s->set_test_limit(2000);
+  if (data_dir != nullptr) s->set_data_dir(data_dir);
   s->set_threads(1);
   s->set_num_trainers(2);
   s->set_device_kind("cuda");
   s->set_checkpoint_interval_epochs(1);
   v1::JobStatus job;
   ASSERT_TRUE(stub->Submit(ctx().get(), r, &job).ok());
-  // Mid-epoch 2 or 3 (469 steps an epoch on all 60,000 images).
+  // Mid-epoch 2 or 3 (100 steps an epoch).
   auto mid = [](const v1::JobStatus& j) {
     return j.state() == v1::RUNNING && (j.epoch() == 1 || j.epoch() == 2) && j.step() >= 20 &&
            j.step() + 20 <= j.steps_per_epoch();

@@ -81,13 +81,18 @@ class NcclCollective final : public Communicator {
     return collective::Algorithm::kAuto;  // NCCL's own choice
   }
 
-  // ncclCommAbort (serialized with enqueues and the watchdog's polls): the
-  // kernels waiting for a peer return, the pending operations fail (the
-  // watchdog sees the abort) and later ones are NotRun.
+  // Never waits for the issue lock (an enqueue may hold it): breaks the
+  // communicator at once (later operations are NotRun, health() names the
+  // reason) and hands the ncclCommAbort to the watchdog thread, which
+  // serializes it with enqueues (ncclCommAbort frees the NCCL communicator);
+  // the kernels waiting for a peer then return and the pending operations
+  // fail. Takes only mu_, which no thread holds across an NCCL or CUDA call.
   void Abort(const std::string& reason) override {
-    absl::MutexLock issue(&issue_mu_);
-    if (!nccl_->aborted()) nccl_->Abort(reason);
     absl::MutexLock lock(&mu_);
+    if (!abort_requested_) {
+      abort_requested_ = true;
+      abort_reason_ = reason;
+    }
     if (broken_.ok()) {
       broken_ = absl::AbortedError(
           absl::StrCat("NCCL communicator of ", nccl_->Who(), " aborted: ", reason));
@@ -269,13 +274,31 @@ class NcclCollective final : public Communicator {
       CudaEvent* done = nullptr;
       absl::Time deadline;
       absl::Duration timeout;
+      bool abort_now = false;
+      std::string abort_reason;
       {
         absl::MutexLock lock(&mu_);
         auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-          return !pending_.empty() || shutdown_;
+          return !pending_.empty() || shutdown_ || (abort_requested_ && !abort_done_);
         };
         mu_.Await(absl::Condition(&ready));
-        if (pending_.empty()) return;  // shut down with nothing pending
+        if (abort_requested_ && !abort_done_) {
+          abort_done_ = true;
+          abort_now = true;
+          abort_reason = abort_reason_;
+        }
+      }
+      if (abort_now) {
+        // Abort's request, before the pending operations fail (their
+        // kernels may still wait for a peer).
+        absl::MutexLock issue(&issue_mu_);
+        if (!nccl_->aborted()) nccl_->Abort(abort_reason);
+        continue;
+      }
+      {
+        absl::MutexLock lock(&mu_);
+        // Only this thread pops pending_: empty means shut down.
+        if (pending_.empty()) return;
         if (!broken_.ok()) {
           FailPendingLocked(nullptr, absl::OkStatus());
           continue;
@@ -354,6 +377,10 @@ class NcclCollective final : public Communicator {
   std::deque<Pending> pending_ ABSL_GUARDED_BY(mu_);
   absl::Status broken_ ABSL_GUARDED_BY(mu_);
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
+  // Abort's request, which the watchdog carries out.
+  bool abort_requested_ ABSL_GUARDED_BY(mu_) = false;
+  bool abort_done_ ABSL_GUARDED_BY(mu_) = false;
+  std::string abort_reason_ ABSL_GUARDED_BY(mu_);
   uint64_t issued_ ABSL_GUARDED_BY(mu_) = 0;
   std::thread watchdog_;
 };

@@ -54,7 +54,9 @@
 // asynchronous errors while operations are pending). Abort(reason), from
 // any thread, does the same on demand (a trainer's agent that learns a
 // peer is lost: a collective waiting for it over shared memory or NVLink
-// may never fail by itself): health() then says ABORTED with the reason.
+// may never fail by itself): health() says ABORTED with the reason at once,
+// and the watchdog thread calls ncclCommAbort, so Abort never waits for an
+// operation being enqueued.
 //
 // Not supported: two ranks of one communicator on the same GPU (NCCL rejects
 // it at init, "Duplicate GPU detected"); use one rank per GPU.

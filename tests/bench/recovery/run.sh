@@ -3,9 +3,14 @@
 # takes to recover in place from a SIGKILL of its rank 0 trainer, over RUNS
 # runs, and how long the same job takes to finish after the same kill with
 # checkpoint-restart (--recover_in_place=false) in the same invocation.
+# Modes async and bounded time the same kill and in-place recovery of a
+# KVSTORE job whose weights the kvstore holds (one shard, lr 0.02:
+# ASYNCHRONOUS, or BOUNDED_DELAY with --max_staleness=2).
 #
-#   bazel build //services/trainctl //services/trainer //services/scheduler:scheduler_server
-#   tests/bench/recovery/run.sh [RUNS] [inplace|requeue|both]
+#   bazel build //services/trainctl //services/trainer //services/scheduler:scheduler_server \
+#     //services/kvstore:kvstore_server
+#   tests/bench/recovery/run.sh [RUNS] [inplace|requeue|both|async|bounded|kvstore]
+#   (both: inplace and requeue; kvstore: async and bounded)
 #
 # Each run: `trainctl cluster up --restart=never --trainers=3
 # --heartbeat_timeout_s=3` (one spare), the job (3 epochs of 48 steps, a
@@ -14,6 +19,9 @@
 # line per run, then key=value lines:
 #   recovery_seconds_p50/p90/max  JobStatus.last_recovery_seconds (in place:
 #                                 the failed step to the next completed step)
+#   async_recovery_seconds_*, bounded_recovery_seconds_*   the same for the
+#                                 KVSTORE modes (from the victim's last
+#                                 heartbeat to the replacement's first step)
 #   inplace_finish_after_kill_s_p50, requeue_finish_after_kill_s_p50
 #   requeue_over_inplace_finish   ratio of the two medians (> 1: in place
 #                                 finishes sooner)
@@ -47,14 +55,23 @@ print(" ".join(out))' "$@"
 
 one_run() {  # MODE I
   local mode=$1 i=$2 d="$WORK/$1-$2" flags="" id st ep step t0 pid k e j
-  [ "$mode" = requeue ] && flags="--recover_in_place=false"
+  local sync="--sync=ALLREDUCE --lr=0.05"
+  case "$mode" in
+    requeue) flags="--recover_in_place=false" ;;
+    async | bounded)
+      flags="--kvstore_shards=1 --kvstore_replicas=1"
+      sync="--sync=KVSTORE --lr=0.02 --consistency=ASYNCHRONOUS"
+      [ "$mode" = bounded ] && sync="--sync=KVSTORE --lr=0.02 --consistency=BOUNDED_DELAY --max_staleness=2"
+      ;;
+  esac
   local out
   out=$("$T" cluster up --restart=never --trainers=3 --heartbeat_timeout_s=3 $flags --dir="$d" 2>&1) || {
     echo "cluster up failed: $out" >&2; return 1; }
   eval "$(echo "$out" | grep '^export ')"
-  id=$("$T" submit -o json --name=bench --model=lenet --epochs=3 --batch_size=128 --lr=0.05 \
+  # shellcheck disable=SC2086
+  id=$("$T" submit -o json --name=bench --model=lenet --epochs=3 --batch_size=128 $sync \
       --momentum=0.9 --init=kaiming --seed=3 --train_limit=6144 --test_limit=2000 --threads=1 \
-      --num_trainers=2 --checkpoint_interval_epochs=1 --sync=ALLREDUCE | field id)
+      --num_trainers=2 --checkpoint_interval_epochs=1 | field id)
   local deadline=$((SECONDS + 120))
   while :; do
     read -r st ep step t0 <<<"$("$T" get "$id" -o json | field state epoch step trainers)"
@@ -93,7 +110,12 @@ for p in json.load(open(d + "/cluster.json"))["processes"]:
   "$T" cluster down --grace_s=3 --dir="$d" >/dev/null 2>&1
 }
 
-case "$MODES" in both) set -- inplace requeue ;; *) set -- "$MODES" ;; esac
+case "$MODES" in
+  both) set -- inplace requeue ;;
+  kvstore) set -- async bounded ;;
+  inplace | requeue | async | bounded) set -- "$MODES" ;;
+  *) echo "unknown mode '$MODES' (inplace, requeue, both, async, bounded or kvstore)" >&2; exit 2 ;;
+esac
 for mode in "$@"; do
   for i in $(seq "$RUNS"); do one_run "$mode" "$i"; done
 done
@@ -107,7 +129,7 @@ def pct(v, p):
     i = min(len(v) - 1, max(0, int(round(p / 100 * (len(v) - 1)))))
     return v[i]
 out = {}
-for mode in ("inplace", "requeue"):
+for mode in ("inplace", "requeue", "async", "bounded"):
     mine = [r for r in rows if r[0] == mode]
     if not mine: continue
     ok = [r for r in mine if r[1] == "SUCCEEDED"]
@@ -117,14 +139,16 @@ for mode in ("inplace", "requeue"):
     out[f"{mode}_finish_after_kill_s_p50"] = round(pct(fin, 50), 2)
     out[f"{mode}_finish_after_kill_s_max"] = round(max(fin), 2) if fin else float("nan")
     out[f"{mode}_attempts_max"] = max(int(r[3]) for r in ok) if ok else 0
-    if mode == "inplace":
+    if mode != "requeue":
+        pre = "" if mode == "inplace" else mode + "_"
         rec = [float(r[5]) for r in ok if float(r[5]) > 0]
-        out["recovery_samples"] = len(rec)
+        out[f"{pre}recovery_samples"] = len(rec)
         for p in (50, 90):
-            out[f"recovery_seconds_p{p}"] = round(pct(rec, p), 2)
-        out["recovery_seconds_min"] = round(min(rec), 2) if rec else float("nan")
-        out["recovery_seconds_max"] = round(max(rec), 2) if rec else float("nan")
-        out["inplace_steps_lost_max"] = max(int(r[6]) for r in ok) if ok else 0
+            out[f"{pre}recovery_seconds_p{p}"] = round(pct(rec, p), 2)
+        out[f"{pre}recovery_seconds_min"] = round(min(rec), 2) if rec else float("nan")
+        out[f"{pre}recovery_seconds_max"] = round(max(rec), 2) if rec else float("nan")
+        out[f"{mode}_steps_lost_max"] = max(int(r[6]) for r in ok) if ok else 0
+        out[f"{mode}_recoveries_max"] = max(int(r[4]) for r in ok) if ok else 0
 if "inplace_finish_after_kill_s_p50" in out and "requeue_finish_after_kill_s_p50" in out:
     out["requeue_over_inplace_finish"] = round(
         out["requeue_finish_after_kill_s_p50"] / out["inplace_finish_after_kill_s_p50"], 3)
