@@ -1116,6 +1116,7 @@ absl::StatusOr<std::unique_ptr<DataPortConnection>> KVClient::TakeDataConn(
     pool->address.host = HostOf(address);
     pool->address.tcp_port = response.tcp_port();
     pool->address.tls = response.tls();
+    pool->address.instance = response.instance();
     if (options_.data_path == DataPath::kAuto && !response.unix_socket().empty() &&
         !response.host_id().empty() && response.host_id() == HostId()) {
       pool->address.unix_socket = response.unix_socket();

@@ -8,6 +8,7 @@
 #include <netinet/tcp.h>
 #include <openssl/err.h>
 #include <openssl/pem.h>
+#include <openssl/rand.h>
 #include <openssl/ssl.h>
 #include <openssl/x509v3.h>
 #include <poll.h>
@@ -24,6 +25,7 @@
 #include <fstream>
 #include <utility>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
@@ -453,11 +455,24 @@ const char* DataConn::KindName(Kind kind) {
 // ---------------------------------------------------------------------------
 // Server
 
+namespace {
+
+// `bytes` random bytes (OpenSSL's generator), hex.
+std::string RandomHex(int bytes) {
+  std::string raw(static_cast<size_t>(bytes), '\0');
+  DT_CHECK(RAND_bytes(reinterpret_cast<unsigned char*>(raw.data()), bytes) == 1)
+      << "RAND_bytes failed";
+  return absl::BytesToHexString(raw);
+}
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<DataPortServer>> DataPortServer::Start(
     const DataPortServerOptions& options, DataPortHandler* handler) {
   std::unique_ptr<DataPortServer> s(new DataPortServer());
   s->options_ = options;
   s->handler_ = handler;
+  s->instance_ = RandomHex(8);
   if (options.max_connections < 1) {
     return absl::InvalidArgumentError("data port: max_connections must be >= 1");
   }
@@ -729,7 +744,9 @@ void DataPortServer::Serve(std::unique_ptr<DataConn> conn, int id) {
     FrameHeader reply;
     reply.op = static_cast<uint16_t>(h->op | kReplyBit);
     reply.request_id = h->request_id;
-    if (!WriteFrame(*conn, reply, "", {}).ok()) return;
+    v1::DataHelloReply accepted;
+    accepted.set_instance(instance_);
+    if (!WriteFrame(*conn, reply, accepted.SerializeAsString(), {}).ok()) return;
   }
   ClearTimeouts(fd);
 
@@ -842,7 +859,8 @@ absl::StatusOr<std::string> DefaultDataSocketPath() {
                      "' is not a private directory of this uid (remove it, or give "
                      "--data_socket)"));
   }
-  return absl::StrCat(dir, "/kvstore-", getpid(), "-", counter++, ".sock");
+  // Random too: processes of containers that share /tmp have the same pids.
+  return absl::StrCat(dir, "/kvstore-", getpid(), "-", counter++, "-", RandomHex(4), ".sock");
 }
 
 std::string HostId() {
@@ -949,7 +967,17 @@ absl::StatusOr<std::unique_ptr<DataPortConnection>> DataPortConnection::Dial(
   h.request_id = c->next_id_++;
   c->conn_->SetReadTimeout(timeout);
   DT_RETURN_IF_ERROR(WriteFrame(*c->conn_, h, hello.SerializeAsString(), {}, pass_fd));
-  DT_RETURN_IF_ERROR(c->ReceiveHeader().status());
+  DT_ASSIGN_OR_RETURN(std::string answer, c->ReceiveHeader());
+  v1::DataHelloReply accepted;
+  if (!accepted.ParseFromString(answer)) {
+    return absl::DataLossError("data port: unparsable answer to HELLO");
+  }
+  if (!address.instance.empty() && accepted.instance() != address.instance) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "data port: ", address.unix_socket.empty() ? "the TCP port" : address.unix_socket,
+        " is another server's (instance ", accepted.instance(), ", expected ", address.instance,
+        ")"));
+  }
   return c;
 }
 

@@ -168,6 +168,8 @@ class DataPortServer {
 
   int tcp_port() const { return tcp_port_; }
   const std::string& unix_socket() const { return options_.unix_socket; }
+  // A random id made at Start, sent in every HELLO answer.
+  const std::string& instance() const { return instance_; }
   bool tls() const { return options_.tls.enabled; }
   // Connections open now, by kind ("tcp", "tls", "unix").
   std::map<std::string, int> Connections() const;
@@ -182,6 +184,7 @@ class DataPortServer {
   void Serve(std::unique_ptr<DataConn> conn, int id);
 
   DataPortServerOptions options_;
+  std::string instance_;
   DataPortHandler* handler_ = nullptr;
   std::shared_ptr<void> tls_ctx_;  // SSL_CTX
   int tcp_fd_ = -1, unix_fd_ = -1;
@@ -218,6 +221,10 @@ struct DataPortAddress {
   int tcp_port = 0;
   bool tls = false;
   std::string unix_socket;  // "": TCP
+  // The server's DataPortServer::instance() as discovery reported it; when
+  // set, Dial refuses (FAILED_PRECONDITION) a server that answers with
+  // another one.
+  std::string instance;
 };
 
 // A client's connection: one request at a time.

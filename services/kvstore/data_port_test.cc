@@ -207,6 +207,34 @@ TEST_F(DataPortTest, TokensAreCheckedAndBindTheConnectionToTheirJob) {
   ExpectServes(DataPath::kTcp);
 }
 
+// A client reaches the socket of the server it discovered, or none: a
+// socket at the advertised path that answers with another instance (a
+// server of another container sharing /tmp) is refused, and a client whose
+// discovery named another instance uses TCP.
+TEST_F(DataPortTest, ASocketOfAnotherServerIsRefused) {
+  const DataPortTls tls = TlsOf(dir_, "trainer-0");
+  const std::string instance = server_->data_port_instance();
+  ASSERT_EQ(instance.size(), 16u);
+  DataPortAddress right = unix_;
+  right.instance = instance;
+  auto reached = DataPortConnection::Dial(right, Hello("a", Token("a")), tls, absl::Seconds(5));
+  ASSERT_TRUE(reached.ok()) << reached.status();
+  DataPortAddress wrong = unix_;
+  wrong.instance = "0123456789abcdef";
+  auto refused = DataPortConnection::Dial(wrong, Hello("a", Token("a")), tls, absl::Seconds(5));
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition) << refused.status();
+  EXPECT_NE(refused.status().message().find("is another server's (instance " + instance +
+                                            ", expected 0123456789abcdef)"),
+            std::string::npos)
+      << refused.status();
+  // Default socket paths differ even within one process (and carry random
+  // bytes: processes of containers sharing /tmp have the same pids).
+  absl::StatusOr<std::string> a = DefaultDataSocketPath(), b = DefaultDataSocketPath();
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_NE(*a, *b);
+  ExpectServes(DataPath::kAuto);
+}
+
 // Only kvstore shards may open a replica link or send REPLICATE frames.
 TEST_F(DataPortTest, ReplicationIsForKvstoreIdentitiesOnly) {
   const DataPortTls tls = TlsOf(dir_, "trainer-0");

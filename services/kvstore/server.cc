@@ -771,6 +771,7 @@ class KVStoreServer::Impl : public DataPortHandler {
     response->set_tls(port->tls());
     response->set_unix_socket(port->unix_socket());
     response->set_host_id(HostId());
+    response->set_instance(port->instance());
     return absl::OkStatus();
   }
 
@@ -1341,6 +1342,10 @@ int KVStoreServer::data_port() const { return data_port_ ? data_port_->tcp_port(
 
 std::string KVStoreServer::data_socket() const {
   return data_port_ ? data_port_->unix_socket() : "";
+}
+
+std::string KVStoreServer::data_port_instance() const {
+  return data_port_ ? data_port_->instance() : "";
 }
 
 std::string KVStoreServer::local_address() const { return absl::StrCat("127.0.0.1:", port()); }

@@ -173,6 +173,8 @@ class KVStoreServer {
   // The data port's TCP port (0: none) and Unix socket ("": none).
   int data_port() const;
   std::string data_socket() const;
+  // The data port's random id (DataPortServer::instance()); "" without one.
+  std::string data_port_instance() const;
   // True if Start resumed from a snapshot.
   bool resumed() const { return resumed_; }
 
