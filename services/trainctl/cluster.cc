@@ -649,6 +649,9 @@ absl::Status StartAll(const ClusterOptions& o, const std::string& dir, std::vect
     if (replicas > 1 && o.kvstore_shards > 0) {
       argv.push_back(absl::StrCat("--kvstore_replicas=", replicas));
     }
+    if (!o.kvstore_data_path.empty()) {
+      argv.push_back("--kvstore_data_path=" + o.kvstore_data_path);
+    }
     s = start(p, argv, false);
   }
   if (s.ok() && o.trainers > 0) {
@@ -867,6 +870,9 @@ int Up(const ClusterOptions& o) {
   if (o.insecure) argv.push_back("--insecure");
   if (o.max_attempts > 0) argv.push_back(absl::StrCat("--max_attempts=", o.max_attempts));
   if (!o.recover_in_place) argv.push_back("--recover_in_place=false");
+  if (!o.kvstore_data_path.empty()) {
+    argv.push_back("--kvstore_data_path=" + o.kvstore_data_path);
+  }
   if (o.trainers > 0) argv.push_back("--trainer_bin=" + *trainer_bin);
   if (o.kvstore_shards > 0) argv.push_back("--kvstore_bin=" + *kvstore_bin);
   const std::string log = dir + "/supervisor.log";

@@ -27,6 +27,8 @@ struct ClusterOptions {
   double heartbeat_timeout_s = 0;  // up: the scheduler's (0: its default)
   int max_attempts = 0;            // up: the scheduler's (0: its default)
   bool recover_in_place = true;    // up: the scheduler's --recover_in_place
+  // up: the trainers' --kvstore_data_path (auto, tcp or grpc); "": their default.
+  std::string kvstore_data_path;
   std::string restart = "always";  // up: always or never (restart what exits)
   double grace_s = 15;             // down: SIGTERM, then SIGKILL after this
   bool json = false;               // -o json

@@ -146,6 +146,10 @@ ABSL_FLAG(int, max_attempts, 0,
 ABSL_FLAG(bool, recover_in_place, true,
           "cluster up: a lost trainer of an ALLREDUCE job is replaced by a free one within the "
           "same attempt (false: the job is requeued from its checkpoint, as before)");
+ABSL_FLAG(std::string, kvstore_data_path, "",
+          "cluster up: how the trainers reach the kvstore shards: auto (the data port: shared "
+          "memory on this host, else TCP with TLS), tcp (the data port over TCP) or grpc (gRPC "
+          "only); empty: the trainers' default (auto)");
 ABSL_FLAG(double, grace_s, 15, "cluster down: seconds after SIGTERM before SIGKILL");
 ABSL_FLAG(std::string, restart, "always",
           "cluster up: always (a process that exits is started again, on the same ports, after "
@@ -688,6 +692,12 @@ int main(int argc, char** argv) {
     o.max_attempts = absl::GetFlag(FLAGS_max_attempts);
     if (o.max_attempts < 0) return Usage("--max_attempts must be >= 0");
     o.recover_in_place = absl::GetFlag(FLAGS_recover_in_place);
+    o.kvstore_data_path = absl::GetFlag(FLAGS_kvstore_data_path);
+    if (!o.kvstore_data_path.empty() && o.kvstore_data_path != "auto" &&
+        o.kvstore_data_path != "tcp" && o.kvstore_data_path != "grpc") {
+      return Usage("--kvstore_data_path must be auto, tcp or grpc, got '" + o.kvstore_data_path +
+                   "'");
+    }
     o.grace_s = absl::GetFlag(FLAGS_grace_s);
     o.restart = absl::GetFlag(FLAGS_restart);
     o.json = Json();

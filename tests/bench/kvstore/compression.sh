@@ -4,7 +4,7 @@
 # cluster `trainctl cluster up` starts), once per compression, back to back
 # on one cluster. Prints one line per job and one per compressed job against
 # the uncompressed one:
-#   compression name=<c> samples_per_s=<x> test_accuracy=<a> seconds=<t> pushed_MB=<m>
+#   compression name=<c> data_path=<p> samples_per_s=<x> test_accuracy=<a> seconds=<t> pushed_MB=<m>
 #   compression_vs_none name=<c> speed_ratio=<x / x_none> accuracy_delta=<a - a_none>
 #     pushed_ratio=<m / m_none>
 #     (goal for f16 and bf16: |accuracy_delta| <= 0.01; top-k trades
@@ -13,18 +13,22 @@
 # dtrain_kvstore_push_bytes_total counters).
 #
 #   tests/bench/kvstore/compression.sh [--epochs 5]
-#       [--compressions none,f16,bf16,topk,topk:0.1] [--bin DIR]
+#       [--compressions none,f16,bf16,topk,topk:0.1] [--data_path auto|tcp|grpc] [--bin DIR]
+# --data_path: how the trainers reach the shards (trainctl cluster up
+# --kvstore_data_path; default auto, the data port); grpc gives the figures
+# of the gRPC data path, for a before/after in one session.
 # --bin DIR: built binaries (DIR/services/trainctl/trainctl ...; a bazel-bin),
 # no build (to time on an otherwise idle machine).
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
-epochs=5 compressions=none,f16,bf16 bin=
+epochs=5 compressions=none,f16,bf16 bin= data_path=auto
 while [ $# -gt 0 ]; do
   case "$1" in
     --epochs) epochs=$2; shift 2 ;;
     --compressions) compressions=$2; shift 2 ;;
     --bin) bin=$2; shift 2 ;;
-    -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
+    --data_path) data_path=$2; shift 2 ;;
+    -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
     *) echo "compression.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -38,7 +42,7 @@ ctl="$bin/services/trainctl/trainctl"
 dir=$(mktemp -d /tmp/dtrain-compression.XXXXXX)
 cleanup() { "$ctl" cluster down --dir="$dir/cluster" --grace_s=10 >/dev/null 2>&1 || true; }
 trap cleanup EXIT INT TERM
-up=$("$ctl" cluster up --dir="$dir/cluster" --trainers=2 --kvstore_shards=2)
+up=$("$ctl" cluster up --dir="$dir/cluster" --trainers=2 --kvstore_shards=2 --kvstore_data_path="$data_path")
 eval "$(grep '^export ' <<<"$up")"
 metrics=$(awk '$1 ~ /^kvstore-/ {print $NF}' <<<"$up")
 # Bytes pushed to the kvstore shards so far (all of them).
@@ -68,8 +72,8 @@ for c in ${compressions//,/ }; do
   if [ "$st" != "SUCCEEDED" ]; then echo "compression.sh: job $id ($c) ended $st" >&2; exit 1; fi
   bytes[$c]=$(($(pushed) - b0))
   speed[$c]=$s accuracy[$c]=$a
-  printf 'compression name=%s samples_per_s=%.0f test_accuracy=%.4f seconds=%.1f pushed_MB=%.1f\n' \
-    "$c" "$s" "$a" "$(awk "BEGIN{print $t1-$t0}")" "$(awk "BEGIN{print ${bytes[$c]}/1e6}")"
+  printf 'compression name=%s data_path=%s samples_per_s=%.0f test_accuracy=%.4f seconds=%.1f pushed_MB=%.1f\n' \
+    "$c" "$data_path" "$s" "$a" "$(awk "BEGIN{print $t1-$t0}")" "$(awk "BEGIN{print ${bytes[$c]}/1e6}")"
 done
 if [ -n "${speed[none]:-}" ]; then
   for c in ${compressions//,/ }; do
