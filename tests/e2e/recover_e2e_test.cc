@@ -123,6 +123,33 @@ class RecoverE2eTest : public ClusterFixture {
   // checks the recovery in place (see the file comment).
   void KillRankZeroAndExpectRecoveryInPlace();
 
+  // Rank 0 (on `victim`) went to a spare while rank 1 kept its trainer, and
+  // the events say so: lost, recovering in place, recovered; never requeued.
+  void ExpectRankZeroReplacedInPlace(const v1::JobStatus& done, const v1::JobStatus& job,
+                                     const std::string& victim) {
+    ASSERT_EQ(done.trainers_size(), 2);
+    EXPECT_NE(done.trainers(0), victim);
+    EXPECT_EQ(done.trainers(1), job.trainers(1));
+    bool lost_event = false, recovered_event = false, requeued = false;
+    for (const v1::JobEvent& e : done.events()) {
+      if (e.reason().find("rank 0 lost on trainer " + victim) != std::string::npos &&
+          e.reason().find("recovering in place on trainer " + done.trainers(0)) !=
+              std::string::npos) {
+        lost_event = true;
+      }
+      if (e.reason().find("recovered in place on trainer " + done.trainers(0) + " in ") !=
+          std::string::npos) {
+        recovered_event = true;
+      }
+      if (e.state() == v1::QUEUED && e.reason().find("requeued") != std::string::npos) {
+        requeued = true;
+      }
+    }
+    EXPECT_TRUE(lost_event) << done.DebugString();
+    EXPECT_TRUE(recovered_event) << done.DebugString();
+    EXPECT_FALSE(requeued) << done.DebugString();
+  }
+
   // Kills rank 0's trainer mid-epoch of a KVSTORE job whose weights live on
   // the kvstore (consistency_) and checks that a spare continued its rounds
   // while the survivor never stopped; the scheduler's recoveries counter
@@ -188,27 +215,7 @@ void RecoverE2eTest::KillRankZeroAndExpectRecoveryInPlace() {
   EXPECT_LE(done.steps_lost(), 1) << done.DebugString();
   EXPECT_EQ(done.epoch(), epochs_);
   // The dead trainer's rank went to the spare; rank 1 kept its trainer.
-  ASSERT_EQ(done.trainers_size(), 2);
-  EXPECT_NE(done.trainers(0), victim->first);
-  EXPECT_EQ(done.trainers(1), job.trainers(1));
-  bool lost_event = false, recovered_event = false, requeued = false;
-  for (const v1::JobEvent& e : done.events()) {
-    if (e.reason().find("rank 0 lost on trainer " + victim->first) != std::string::npos &&
-        e.reason().find("recovering in place on trainer " + done.trainers(0)) !=
-            std::string::npos) {
-      lost_event = true;
-    }
-    if (e.reason().find("recovered in place on trainer " + done.trainers(0) + " in ") !=
-        std::string::npos) {
-      recovered_event = true;
-    }
-    if (e.state() == v1::QUEUED && e.reason().find("requeued") != std::string::npos) {
-      requeued = true;
-    }
-  }
-  EXPECT_TRUE(lost_event) << done.DebugString();
-  EXPECT_TRUE(recovered_event) << done.DebugString();
-  EXPECT_FALSE(requeued) << done.DebugString();
+  ASSERT_NO_FATAL_FAILURE(ExpectRankZeroReplacedInPlace(done, job, victim->first));
   // The replacement took the state from its peer, not from disk: no rank of
   // the job resumed from the checkpoint, and the replacement joined.
   int resumed_ranks = 0, joined = 0;
@@ -436,27 +443,7 @@ void RecoverE2eTest::KillRankZeroOfAKvstoreWeightsJob(int recoveries_total) {
   EXPECT_GT(done.last_recovery_seconds(), 0);
   EXPECT_LE(done.last_recovery_seconds(), consistency_ == v1::BOUNDED_DELAY ? 8 : 15)
       << done.DebugString();
-  ASSERT_EQ(done.trainers_size(), 2);
-  EXPECT_NE(done.trainers(0), victim->first);
-  EXPECT_EQ(done.trainers(1), job.trainers(1));
-  bool lost_event = false, recovered_event = false, requeued = false;
-  for (const v1::JobEvent& e : done.events()) {
-    if (e.reason().find("rank 0 lost on trainer " + victim->first) != std::string::npos &&
-        e.reason().find("recovering in place on trainer " + done.trainers(0)) !=
-            std::string::npos) {
-      lost_event = true;
-    }
-    if (e.reason().find("recovered in place on trainer " + done.trainers(0) + " in ") !=
-        std::string::npos) {
-      recovered_event = true;
-    }
-    if (e.state() == v1::QUEUED && e.reason().find("requeued") != std::string::npos) {
-      requeued = true;
-    }
-  }
-  EXPECT_TRUE(lost_event) << done.DebugString();
-  EXPECT_TRUE(recovered_event) << done.DebugString();
-  EXPECT_FALSE(requeued) << done.DebugString();
+  ASSERT_NO_FATAL_FAILURE(ExpectRankZeroReplacedInPlace(done, job, victim->first));
   // The replacement continued worker 0's rounds (it had pushed some); the
   // survivor never failed a step nor regrouped; nobody read a checkpoint.
   int continued = 0, survivor_failed = 0, resumed = 0;
