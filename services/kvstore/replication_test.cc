@@ -203,6 +203,32 @@ class ReplicationTest : public ::testing::Test {
     b_ = b;
   }
 
+  // Two replicas of one shard in a chain; two workers (compression
+  // `compression`) set the job up and run rounds 1..rounds, the values
+  // pulled after each in `got` (as Rounds).
+  void RunRoundsOnAChainOfTwo(int rounds, const CompressionSpec& compression,
+                              std::vector<std::vector<float>>* got) {
+    replicas_.push_back(StartReplica(0));
+    replicas_.push_back(StartReplica(1));
+    FormChain();
+    const std::vector<std::string> servers = {replicas_[0]->local_address(),
+                                              replicas_[1]->local_address()};
+    std::vector<std::unique_ptr<KVClient>> clients;
+    for (int w = 0; w < 2; ++w) clients.push_back(Client(servers, 2, w, compression));
+    Setup(clients);
+    Rounds(clients, 1, rounds, got);
+  }
+
+  // Head and tail hold the same bytes for every key.
+  void ExpectReplicasHoldTheSameValues() {
+    for (const std::string& key : {"small", "large"}) {
+      auto head = replicas_[0]->store().Pull("job", 0, {{key, 0, 0}}, PullOptions());
+      auto tail = replicas_[1]->store().Pull("job", 0, {{key, 0, 0}}, PullOptions());
+      ASSERT_TRUE(head.ok() && tail.ok());
+      EXPECT_EQ((*head)[0].bytes.view(), (*tail)[0].bytes.view()) << key;
+    }
+  }
+
   MapOwner owner_;
   int owner_port_ = 0;
   std::unique_ptr<grpc::Server> owner_server_;
@@ -212,27 +238,14 @@ class ReplicationTest : public ::testing::Test {
 
 TEST_F(ReplicationTest, ReplicatedValuesEqualAnUnreplicatedRunBitForBit) {
   const std::vector<std::vector<float>> ref = Reference(6);
-  replicas_.push_back(StartReplica(0));
-  replicas_.push_back(StartReplica(1));
-  FormChain();
-  const std::vector<std::string> servers = {replicas_[0]->local_address(),
-                                            replicas_[1]->local_address()};
-  std::vector<std::unique_ptr<KVClient>> clients;
-  for (int w = 0; w < 2; ++w) clients.push_back(Client(servers, 2, w));
-  Setup(clients);
   std::vector<std::vector<float>> got;
-  Rounds(clients, 1, 6, &got);
+  ASSERT_NO_FATAL_FAILURE(RunRoundsOnAChainOfTwo(6, {}, &got));
   for (size_t i = 0; i < ref.size(); ++i) {
     ASSERT_EQ(got[i].size(), ref[i].size());
     EXPECT_EQ(std::memcmp(got[i].data(), ref[i].data(), ref[i].size() * 4), 0) << i;
   }
   // Both replicas hold the same state; the tail served the reads.
-  for (const std::string& key : {"small", "large"}) {
-    auto head = replicas_[0]->store().Pull("job", 0, {{key, 0, 0}}, PullOptions());
-    auto tail = replicas_[1]->store().Pull("job", 0, {{key, 0, 0}}, PullOptions());
-    ASSERT_TRUE(head.ok() && tail.ok());
-    EXPECT_EQ((*head)[0].bytes.view(), (*tail)[0].bytes.view()) << key;
-  }
+  ASSERT_NO_FATAL_FAILURE(ExpectReplicasHoldTheSameValues());
   EXPECT_EQ(replicas_[0]->replicator()->Role(), "head");
   EXPECT_EQ(replicas_[1]->replicator()->Role(), "tail");
   EXPECT_GE(replicas_[0]->replicator()->stats().forwarded, 2 * 2 + 2 * 6);
@@ -244,27 +257,14 @@ TEST_F(ReplicationTest, TopKPushesReplicateBitForBit) {
   const CompressionSpec topk(Compression::kTopK, 0.05);
   const std::vector<std::vector<float>> ref = Reference(6, topk);
   const std::vector<std::vector<float>> dense = Reference(6);
-  replicas_.push_back(StartReplica(0));
-  replicas_.push_back(StartReplica(1));
-  FormChain();
-  const std::vector<std::string> servers = {replicas_[0]->local_address(),
-                                            replicas_[1]->local_address()};
-  std::vector<std::unique_ptr<KVClient>> clients;
-  for (int w = 0; w < 2; ++w) clients.push_back(Client(servers, 2, w, topk));
-  Setup(clients);
   std::vector<std::vector<float>> got;
-  Rounds(clients, 1, 6, &got);
+  ASSERT_NO_FATAL_FAILURE(RunRoundsOnAChainOfTwo(6, topk, &got));
   for (size_t i = 0; i < ref.size(); ++i) {
     ASSERT_EQ(got[i].size(), ref[i].size());
     EXPECT_EQ(std::memcmp(got[i].data(), ref[i].data(), ref[i].size() * 4), 0) << i;
     EXPECT_NE(std::memcmp(got[i].data(), dense[i].data(), ref[i].size() * 4), 0) << i;
   }
-  for (const std::string& key : {"small", "large"}) {
-    auto head = replicas_[0]->store().Pull("job", 0, {{key, 0, 0}}, PullOptions());
-    auto tail = replicas_[1]->store().Pull("job", 0, {{key, 0, 0}}, PullOptions());
-    ASSERT_TRUE(head.ok() && tail.ok());
-    EXPECT_EQ((*head)[0].bytes.view(), (*tail)[0].bytes.view()) << key;
-  }
+  ASSERT_NO_FATAL_FAILURE(ExpectReplicasHoldTheSameValues());
 }
 
 TEST_F(ReplicationTest, TheHeadDiesMidJobAndNoPushIsLostOrAppliedTwice) {
