@@ -124,6 +124,42 @@ class SchedulerTest : public ::testing::Test {
     ADD_FAILURE() << "no trainer holds rank 0 of " << job;
   }
 
+  // Job `job` runs on t1 and t2 (rank r2) and has made progress; a spare is
+  // free. t2 goes silent past the heartbeat timeout while t1 reports the
+  // peer lost: the job stays RUNNING on attempt 1 in generation 1 with the
+  // spare as rank r2, the spare's next heartbeat brings its joining
+  // assignment (`joined`) and t1's a Regroup (`survivor`), and no cancel.
+  // `last_heartbeat`: when t2 was last heard of.
+  void LoseRankToASpare(Scheduler* s, const std::string& job, const std::string& t1,
+                        const std::string& t2, int r2, HeartbeatReply* joined,
+                        HeartbeatReply* survivor, absl::Time* last_heartbeat = nullptr) {
+    std::string spare = AddTrainer(s);
+    Beat(s, spare);
+    Progressed(s, job, t1, t2);
+    if (last_heartbeat != nullptr) *last_heartbeat = now_;  // t2's, from Progressed at the latest
+
+    now_ += absl::Seconds(11);
+    Beat(s, t1, {job});
+    Beat(s, spare);
+    EXPECT_EQ(s->CheckLiveness(), 1);
+    auto st = s->Get(job);
+    ASSERT_TRUE(st.ok());
+    EXPECT_EQ(st->state(), v1::RUNNING) << st->DebugString();
+    EXPECT_EQ(st->attempts(), 1);
+    EXPECT_EQ(st->generation(), 1);
+    ASSERT_EQ(st->trainers_size(), 2);
+    EXPECT_EQ(st->trainers(r2), spare);
+    *joined = Beat(s, spare);
+    ASSERT_EQ(joined->assignments_size(), 1);
+    EXPECT_TRUE(joined->assignments(0).join());
+    EXPECT_EQ(joined->assignments(0).rank(), r2);
+    EXPECT_EQ(joined->assignments(0).generation(), 1);
+    *survivor = Beat(s, t1, {job});
+    EXPECT_EQ(survivor->cancel_job_ids_size(), 0);
+    ASSERT_EQ(survivor->regroups_size(), 1);
+    EXPECT_EQ(survivor->regroups(0).generation(), 1);
+  }
+
   static std::string TmpPath(const std::string& name) {
     const char* dir = std::getenv("TEST_TMPDIR");
     std::string p = std::string(dir ? dir : "/tmp") + "/" + name;
@@ -1477,31 +1513,10 @@ TEST_F(SchedulerTest, KvstoreJobRecoversInPlaceInAKvstoreJobOfItsGeneration) {
     return name.ok() ? *name : name.status().ToString();
   };
   EXPECT_EQ(granted(a1.assignments(0).kvstore_token()), job->id() + "-a1");
-  const int r1 = a1.assignments(0).rank(), r2 = 1 - r1;
-  std::string spare = AddTrainer(s.get());
-  Beat(s.get(), spare);
-  Progressed(s.get(), job->id(), t1, t2);
-
-  now_ += absl::Seconds(11);
-  Beat(s.get(), t1, {job->id()});
-  Beat(s.get(), spare);
-  EXPECT_EQ(s->CheckLiveness(), 1);
-  auto st = s->Get(job->id());
-  ASSERT_TRUE(st.ok());
-  EXPECT_EQ(st->state(), v1::RUNNING) << st->DebugString();
-  EXPECT_EQ(st->attempts(), 1);
-  EXPECT_EQ(st->generation(), 1);
-  ASSERT_EQ(st->trainers_size(), 2);
-  EXPECT_EQ(st->trainers(r2), spare);
-  HeartbeatReply joined = Beat(s.get(), spare);
-  ASSERT_EQ(joined.assignments_size(), 1);
-  EXPECT_TRUE(joined.assignments(0).join());
-  EXPECT_EQ(joined.assignments(0).generation(), 1);
+  const int r2 = 1 - a1.assignments(0).rank();
+  HeartbeatReply joined, survivor;
+  ASSERT_NO_FATAL_FAILURE(LoseRankToASpare(s.get(), job->id(), t1, t2, r2, &joined, &survivor));
   EXPECT_EQ(granted(joined.assignments(0).kvstore_token()), job->id() + "-a1-g1");
-  HeartbeatReply survivor = Beat(s.get(), t1, {job->id()});
-  EXPECT_EQ(survivor.cancel_job_ids_size(), 0);
-  ASSERT_EQ(survivor.regroups_size(), 1);
-  EXPECT_EQ(survivor.regroups(0).generation(), 1);
   EXPECT_EQ(granted(survivor.regroups(0).kvstore_token()), job->id() + "-a1-g1");
 }
 
@@ -1517,56 +1532,27 @@ TEST_F(SchedulerTest, KvstoreJobWithKvstoreHeldWeightsRecoversInTheAttemptsKvsto
   spec.mutable_sync()->set_consistency(v1::ASYNCHRONOUS);
   auto job = s->Submit(spec);
   ASSERT_TRUE(job.ok()) << job.status();
-  std::string t1 = AddTrainer(s.get());
-  std::string t2 = AddTrainer(s.get());
-  HeartbeatReply a1 = Beat(s.get(), t1);
-  ASSERT_EQ(a1.assignments_size(), 1);
-  ASSERT_EQ(Beat(s.get(), t2).assignments_size(), 1);
+  std::string t1, t2;
+  HeartbeatReply a1;
+  ASSERT_NO_FATAL_FAILURE(PlaceOnTwoTrainers(s.get(), &t1, &t2, &a1));
   auto granted = [&](const std::string& token) {
     absl::StatusOr<std::string> name = security::VerifyJobToken(o.job_token_secret, token, now_);
     return name.ok() ? *name : name.status().ToString();
   };
-  const int r1 = a1.assignments(0).rank(), r2 = 1 - r1;
-  std::string spare = AddTrainer(s.get());
-  Beat(s.get(), spare);
-  Progressed(s.get(), job->id(), t1, t2);
-  const absl::Time last_heartbeat = now_;  // t2's, from Progressed at the latest
-
-  now_ += absl::Seconds(11);
-  Beat(s.get(), t1, {job->id()});
-  Beat(s.get(), spare);
-  EXPECT_EQ(s->CheckLiveness(), 1);
-  auto st = s->Get(job->id());
-  ASSERT_TRUE(st.ok());
-  EXPECT_EQ(st->state(), v1::RUNNING) << st->DebugString();
-  EXPECT_EQ(st->attempts(), 1);
-  EXPECT_EQ(st->generation(), 1);
-  ASSERT_EQ(st->trainers_size(), 2);
-  EXPECT_EQ(st->trainers(r2), spare);
-  HeartbeatReply joined = Beat(s.get(), spare);
-  ASSERT_EQ(joined.assignments_size(), 1);
-  EXPECT_TRUE(joined.assignments(0).join());
-  EXPECT_EQ(joined.assignments(0).rank(), r2);
-  EXPECT_EQ(joined.assignments(0).generation(), 1);
+  const int r2 = 1 - a1.assignments(0).rank();
+  HeartbeatReply joined, survivor;
+  absl::Time last_heartbeat;
+  ASSERT_NO_FATAL_FAILURE(
+      LoseRankToASpare(s.get(), job->id(), t1, t2, r2, &joined, &survivor, &last_heartbeat));
   EXPECT_EQ(granted(joined.assignments(0).kvstore_token()), job->id() + "-a1");
-  HeartbeatReply survivor = Beat(s.get(), t1, {job->id()});
-  EXPECT_EQ(survivor.cancel_job_ids_size(), 0);
-  ASSERT_EQ(survivor.regroups_size(), 1);
   EXPECT_EQ(granted(survivor.regroups(0).kvstore_token()), job->id() + "-a1");
+  const std::string spare = joined.assignments(0).trainer_ids(r2);
 
   // The replacement reports after its first step, 2 s later: the recovery
   // took 13 s from the last heartbeat, whatever the joiner measured.
   now_ += absl::Seconds(2);
-  ProgressReport rec;
-  rec.set_trainer_id(spare);
-  rec.set_job_id(job->id());
-  rec.set_rank(r2);
-  rec.set_attempt(1);
-  rec.set_generation(1);
-  rec.set_recovery_seconds(0.5);
-  rec.set_recovery_steps_lost(1);
-  ASSERT_TRUE(s->ReportProgress(rec).ok());
-  st = s->Get(job->id());
+  ASSERT_TRUE(s->ReportProgress(Recovered(spare, job->id(), r2, 1, 0.5, 1)).ok());
+  auto st = s->Get(job->id());
   EXPECT_EQ(st->recoveries(), 1);
   EXPECT_DOUBLE_EQ(st->last_recovery_seconds(), absl::ToDoubleSeconds(now_ - last_heartbeat));
   EXPECT_EQ(st->steps_lost(), 1);
