@@ -678,8 +678,7 @@ Work KVClient::Start(Op op, std::vector<SliceOp> work,
     state->remaining = static_cast<int>(by_server.size());
   }
   auto shared_deps = std::make_shared<std::vector<std::shared_ptr<Work::State>>>(std::move(deps));
-  if (run_one_inline && by_server.size() > 1 && options_.data_path != DataPath::kGrpc &&
-      options_.replicas == 1) {
+  if (run_one_inline && by_server.size() > 1 && options_.data_path != DataPath::kGrpc) {
     // Blocking form over several shards: every shard's request goes out from
     // this thread, then every reply is read on it (the shards work in
     // parallel, no hand-off). A shard's part that fails this first attempt
@@ -691,9 +690,11 @@ Work KVClient::Start(Op op, std::vector<SliceOp> work,
     std::vector<std::pair<int, std::unique_ptr<PendingData>>> pending;
     std::vector<int> again;
     for (auto& [server, server_work] : by_server) {
+      // Writes (and PushPulls) at a chain's head, pulls at its tail.
+      absl::StatusOr<Endpoint> to = Route(server, /*write=*/op != Op::kPull);
       absl::StatusOr<std::unique_ptr<PendingData>> p =
-          StartDataCall(options_.servers[static_cast<size_t>(server)],
-                        channels_[static_cast<size_t>(server)], op, server_work);
+          to.ok() ? StartDataCall(to->address, to->channel, op, server_work)
+                  : absl::StatusOr<std::unique_ptr<PendingData>>(to.status());
       if (!p.ok()) {
         again.push_back(server);
       } else if (*p == nullptr) {
@@ -847,11 +848,8 @@ absl::Status ReadPullReply(const std::function<bool(grpc::ByteBuffer*)>& read,
 
 absl::Status KVClient::PushOnce(int server, const std::vector<SliceOp>& work, bool pull_back,
                                 const std::shared_ptr<Work::State>& state) {
-  if (pull_back && options_.replicas > 1) {
-    // Writes at the head, reads at the tail.
-    DT_RETURN_IF_ERROR(PushOnce(server, work, /*pull_back=*/false, state));
-    return PullOnce(server, work);
-  }
+  // At a chain's head, which answers a PushPull once every replica holds
+  // the values it returns.
   DT_ASSIGN_OR_RETURN(Endpoint to, Route(server, /*write=*/true));
   if (options_.data_path != DataPath::kGrpc) {
     bool used = false;
@@ -1223,6 +1221,7 @@ absl::StatusOr<std::unique_ptr<KVClient::PendingData>> KVClient::StartDataCall(
     data_calls_.insert(conn.get());
   }
   pending->conn = std::move(conn);
+  pending->conn->set_spin(options_.reply_spin);
   std::string header;
   std::vector<absl::string_view> payload;
   std::vector<std::shared_ptr<const std::string>> encoded;  // compressed values

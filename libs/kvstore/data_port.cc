@@ -12,6 +12,7 @@
 #include <openssl/ssl.h>
 #include <openssl/x509v3.h>
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
@@ -179,6 +180,15 @@ class FdConn : public DataConn {
     }
     setsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
   }
+  bool SpinUntilReadable(absl::Duration spin) override {
+    const absl::Time end = absl::Now() + spin;
+    for (;;) {
+      pollfd p{fd_, POLLIN, 0};
+      if (poll(&p, 1, 0) != 0) return true;  // readable, closed, or an error to read
+      if (absl::Now() >= end) return false;
+      sched_yield();  // another thread on this CPU may be what we wait for
+    }
+  }
   int fd() const { return fd_; }
 
  protected:
@@ -231,6 +241,10 @@ class TlsConn : public FdConn {
                                         : "data port: TLS read failed (connection closed?)");
     }
     return absl::OkStatus();
+  }
+
+  bool SpinUntilReadable(absl::Duration spin) override {
+    return SSL_pending(ssl_) > 0 || FdConn::SpinUntilReadable(spin);
   }
 
   absl::Status WriteAll(const std::vector<absl::string_view>& pieces, int pass_fd) override {
@@ -753,8 +767,10 @@ void DataPortServer::Serve(std::unique_ptr<DataConn> conn, int id) {
   std::unique_ptr<char[]> buffer;
   uint64_t buffer_bytes = 0;
   std::string header;
+  absl::Duration spin = absl::ZeroDuration();
   while (!stopping_) {
     char fixed[kFrameHeaderSize];
+    if (spin > absl::ZeroDuration()) conn->SpinUntilReadable(spin);
     if (!conn->ReadFull(fixed, sizeof(fixed)).ok()) return;
     absl::StatusOr<FrameHeader> h =
         DecodeFrameHeader(absl::string_view(fixed, sizeof(fixed)), /*request=*/true);
@@ -839,6 +855,8 @@ void DataPortServer::Serve(std::unique_ptr<DataConn> conn, int id) {
       payload.clear();
     }
     if (!WriteFrame(*conn, out, reply.header, payload).ok()) return;
+    spin = h->op == static_cast<uint16_t>(DataOp::kReplicate) ? options_.replicate_spin
+                                                               : absl::ZeroDuration();
   }
 }
 
@@ -1052,6 +1070,7 @@ absl::Status DataPortConnection::Send(DataOp op, const std::string& header,
 }
 
 absl::StatusOr<std::string> DataPortConnection::ReceiveHeader() {
+  if (spin_ > absl::ZeroDuration()) conn_->SpinUntilReadable(spin_);
   char fixed[kFrameHeaderSize];
   DT_RETURN_IF_ERROR(conn_->ReadFull(fixed, sizeof(fixed)));
   DT_ASSIGN_OR_RETURN(reply_, DecodeFrameHeader(absl::string_view(fixed, sizeof(fixed)),

@@ -1,5 +1,7 @@
 #include "libs/kvstore/replicator.h"
 
+#include <sched.h>
+
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -154,6 +156,7 @@ void Replicator::SetMap(const v1::ShardMap& map) {
   DT_LOG(INFO) << WhoLocked() << ": " << DescribeChain(map_, options_.shard);
   successor_ = next;
   ++successor_epoch_;
+  retry_at_ = absl::InfinitePast();
   caught_up_ = {-1, 0};
   // Writes sent to the old successor and not acknowledged go again, inside
   // the state transfer to the new one.
@@ -234,37 +237,57 @@ absl::StatusOr<MutationResult> Replicator::ApplyAndQueueLocked(
     auto p = std::make_shared<Pending>();
     p->mutation = std::move(mutation);
     queue_.push_back(p);
+    last_queued_ = p;
     *queued = std::move(p);
+  } else {
+    last_queued_ = nullptr;  // the tail: applied here is applied everywhere
   }
   return result;
 }
 
-absl::Status Replicator::Await(const std::shared_ptr<Pending>& p, absl::Time deadline) {
-  if (!p->done.WaitForNotificationWithDeadline(deadline)) {
+absl::Status Replicator::Ack::Wait(absl::Time deadline) const {
+  if (pending_ == nullptr) return absl::OkStatus();
+  // A small batch's acknowledgement comes within tens of microseconds:
+  // poll for it before sleeping (a sleeping thread's wakeup costs as much).
+  const absl::Time end = absl::Now() + spin_;
+  while (!pending_->done.HasBeenNotified() && absl::Now() < end) sched_yield();
+  if (!pending_->done.WaitForNotificationWithDeadline(deadline)) {
     return absl::DeadlineExceededError(
         "the write was applied at the head but not yet acknowledged by every replica; retry (a "
         "retried push is not applied twice)");
   }
-  return p->status;
+  return pending_->status;
+}
+
+absl::StatusOr<MutationResult> Replicator::Apply(v1::Mutation mutation, Ack* ack) {
+  auto shared = std::make_shared<const v1::Mutation>(std::move(mutation));
+  absl::MutexLock lock(&mu_);
+  if (stop_) return absl::UnavailableError(absl::StrCat(WhoLocked(), " is shutting down"));
+  DT_RETURN_IF_ERROR(CheckIsHeadLocked());
+  DT_ASSIGN_OR_RETURN(MutationResult result, ApplyAndQueueLocked(std::move(shared), &ack->pending_));
+  ack->spin_ = options_.ack_spin;
+  SendInlineLocked();
+  return result;
 }
 
 absl::StatusOr<MutationResult> Replicator::Submit(v1::Mutation mutation, absl::Time deadline) {
-  auto shared = std::make_shared<const v1::Mutation>(std::move(mutation));
-  std::shared_ptr<Pending> queued;
-  absl::StatusOr<MutationResult> result;
-  {
-    absl::MutexLock lock(&mu_);
-    if (stop_) return absl::UnavailableError(absl::StrCat(WhoLocked(), " is shutting down"));
-    DT_RETURN_IF_ERROR(CheckIsHeadLocked());
-    result = ApplyAndQueueLocked(std::move(shared), &queued);
-  }
-  if (result.ok() && queued != nullptr) DT_RETURN_IF_ERROR(Await(queued, deadline));
+  Ack ack;
+  DT_ASSIGN_OR_RETURN(MutationResult result, Apply(std::move(mutation), &ack));
+  DT_RETURN_IF_ERROR(ack.Wait(deadline));
   return result;
+}
+
+Replicator::Ack Replicator::AppliedSoFar() const {
+  absl::MutexLock lock(&mu_);
+  Ack ack;
+  ack.pending_ = last_queued_;
+  ack.spin_ = options_.ack_spin;
+  return ack;
 }
 
 absl::StatusOr<v1::ReplicateReply> Replicator::Receive(v1::ReplicateBatch batch,
                                                        absl::Time deadline) {
-  std::vector<std::shared_ptr<Pending>> queued;
+  std::vector<Ack> queued;
   v1::ReplicateReply reply;
   {
     absl::MutexLock lock(&mu_);
@@ -304,119 +327,149 @@ absl::StatusOr<v1::ReplicateReply> Replicator::Receive(v1::ReplicateBatch batch,
           absl::StrCat(WhoLocked(), " has no state yet; send the state first"));
     }
     for (v1::Mutation& m : *batch.mutable_mutations()) {
-      std::shared_ptr<Pending> p;
+      Ack ack;
       absl::StatusOr<MutationResult> r =
-          ApplyAndQueueLocked(std::make_shared<const v1::Mutation>(std::move(m)), &p);
+          ApplyAndQueueLocked(std::make_shared<const v1::Mutation>(std::move(m)), &ack.pending_);
       reply.add_codes(static_cast<int32_t>(r.status().code()));
-      if (p != nullptr) queued.push_back(std::move(p));
+      if (ack.pending_ != nullptr) {
+        ack.spin_ = options_.ack_spin;
+        queued.push_back(std::move(ack));
+      }
       ++stats_.received;
     }
+    SendInlineLocked();
   }
-  for (const std::shared_ptr<Pending>& p : queued) DT_RETURN_IF_ERROR(Await(p, deadline));
+  for (const Ack& ack : queued) DT_RETURN_IF_ERROR(ack.Wait(deadline));
   return reply;
+}
+
+void Replicator::SendInlineLocked() {
+  // A few batches at most: the caller has its own request to answer.
+  for (int i = 0; i < 4; ++i) {
+    if (stop_ || sending_ || successor_.replica < 0 || need_transfer_ || queue_.empty() ||
+        absl::Now() < retry_at_) {
+      return;
+    }
+    sending_ = true;
+    const bool sent = SendBatchLocked();
+    sending_ = false;
+    if (!sent) return;
+  }
 }
 
 void Replicator::Forward() {
   absl::MutexLock lock(&mu_);
   for (;;) {
     auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      return stop_ || (successor_.replica >= 0 && (need_transfer_ || !queue_.empty()));
+      return stop_ ||
+             (!sending_ && successor_.replica >= 0 && (need_transfer_ || !queue_.empty()));
     };
     mu_.Await(absl::Condition(&ready));
     if (stop_) return;
     const uint64_t epoch = successor_epoch_;
-    const Peer to = successor_;
-    v1::ReplicateBatch batch;
-    batch.set_map_version(map_.version());
-    batch.set_shard(options_.shard);
-    batch.set_from_replica(options_.replica);
-    batch.set_from_incarnation(options_.incarnation);
-    const bool transfer = need_transfer_;
-    std::vector<JobState> jobs;
-    std::vector<std::shared_ptr<const v1::Mutation>> mutations;
-    if (transfer) {
-      // Everything queued is in the store already: the state covers it.
-      jobs = store_->Export();
-      need_transfer_ = false;
-      while (!queue_.empty()) {
-        inflight_.push_back(std::move(queue_.front()));
-        queue_.pop_front();
-      }
-    } else {
-      for (int i = 0; i < options_.max_batch && !queue_.empty(); ++i) {
-        mutations.push_back(queue_.front()->mutation);
-        inflight_.push_back(std::move(queue_.front()));
-        queue_.pop_front();
-      }
-    }
-    const size_t sent = inflight_.size();
-    int64_t state_bytes = 0;
-    absl::StatusOr<v1::ReplicateReply> reply;
-    {
-      mu_.Unlock();
-      if (transfer) {
-        checkpoint::Checkpoint ckpt = EncodeState(jobs, options_.shard);
-        jobs.clear();
-        v1::StateTransfer* state = batch.mutable_state();
-        state->mutable_metadata()->insert(ckpt.metadata.begin(), ckpt.metadata.end());
-        for (checkpoint::TensorRecord& t : ckpt.tensors) {
-          v1::TensorBytes* out = state->add_tensors();
-          out->set_name(std::move(t.name));
-          state_bytes += static_cast<int64_t>(t.data.size());
-          out->set_data(std::move(t.data));
-        }
-      }
-      // The batch's bytes: its header, then each mutation as field 7
-      // (concatenated messages merge), without copying the mutations into
-      // a batch message first.
-      std::string bytes = batch.SerializeAsString();
-      batch.Clear();
-      for (const std::shared_ptr<const v1::Mutation>& m : mutations) {
-        const size_t size = m->ByteSizeLong();
-        bytes.push_back(static_cast<char>((v1::ReplicateBatch::kMutationsFieldNumber << 3) | 2));
-        for (size_t v = size;; v >>= 7) {
-          if (v < 0x80) {
-            bytes.push_back(static_cast<char>(v));
-            break;
-          }
-          bytes.push_back(static_cast<char>((v & 0x7f) | 0x80));
-        }
-        const size_t at = bytes.size();
-        bytes.resize(at + size);
-        m->SerializeWithCachedSizesToArray(reinterpret_cast<uint8_t*>(&bytes[at]));
-      }
-      mutations.clear();
-      reply = link_->Replicate(to.address, bytes);
-      mu_.Lock();
-    }
-    if (stop_) return;                        // Stop completed inflight_
-    if (epoch != successor_epoch_) continue;  // SetMap took care of inflight_
-    if (reply.ok()) {
-      if (transfer) {
-        ++stats_.transfers;
-        stats_.transfer_bytes += state_bytes;
-        caught_up_ = {to.replica, to.incarnation};
-        DT_LOG(INFO) << WhoLocked() << ": replica " << to.replica << " at " << to.address
-                     << " took over this replica's state (" << state_bytes << " value bytes)";
-      } else {
-        stats_.forwarded += static_cast<int64_t>(sent);
-      }
-      CompleteLocked(&inflight_, absl::OkStatus());
-      continue;
-    }
-    ++stats_.send_failures;
-    if (stats_.send_failures % 50 == 1) {
-      DT_LOG(WARNING) << WhoLocked() << ": sending to replica " << to.replica << " at "
-                      << to.address
-                      << " failed (retrying until the map changes): " << reply.status();
-    }
-    RequeueInflightLocked();
-    if (transfer) need_transfer_ = true;
     auto woken = [this, epoch]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
       return stop_ || epoch != successor_epoch_;
     };
-    mu_.AwaitWithTimeout(absl::Condition(&woken), options_.retry_backoff);
+    if (const absl::Time now = absl::Now(); now < retry_at_) {
+      mu_.AwaitWithTimeout(absl::Condition(&woken), retry_at_ - now);
+      continue;
+    }
+    sending_ = true;
+    SendBatchLocked();
+    sending_ = false;
   }
+}
+
+bool Replicator::SendBatchLocked() {
+  const uint64_t epoch = successor_epoch_;
+  const Peer to = successor_;
+  v1::ReplicateBatch batch;
+  batch.set_map_version(map_.version());
+  batch.set_shard(options_.shard);
+  batch.set_from_replica(options_.replica);
+  batch.set_from_incarnation(options_.incarnation);
+  const bool transfer = need_transfer_;
+  std::vector<JobState> jobs;
+  std::vector<std::shared_ptr<const v1::Mutation>> mutations;
+  if (transfer) {
+    // Everything queued is in the store already: the state covers it.
+    jobs = store_->Export();
+    need_transfer_ = false;
+    while (!queue_.empty()) {
+      inflight_.push_back(std::move(queue_.front()));
+      queue_.pop_front();
+    }
+  } else {
+    for (int i = 0; i < options_.max_batch && !queue_.empty(); ++i) {
+      mutations.push_back(queue_.front()->mutation);
+      inflight_.push_back(std::move(queue_.front()));
+      queue_.pop_front();
+    }
+  }
+  const size_t sent = inflight_.size();
+  int64_t state_bytes = 0;
+  absl::StatusOr<v1::ReplicateReply> reply;
+  {
+    mu_.Unlock();
+    if (transfer) {
+      checkpoint::Checkpoint ckpt = EncodeState(jobs, options_.shard);
+      jobs.clear();
+      v1::StateTransfer* state = batch.mutable_state();
+      state->mutable_metadata()->insert(ckpt.metadata.begin(), ckpt.metadata.end());
+      for (checkpoint::TensorRecord& t : ckpt.tensors) {
+        v1::TensorBytes* out = state->add_tensors();
+        out->set_name(std::move(t.name));
+        state_bytes += static_cast<int64_t>(t.data.size());
+        out->set_data(std::move(t.data));
+      }
+    }
+    // The batch's bytes: its header, then each mutation as field 7
+    // (concatenated messages merge), without copying the mutations into
+    // a batch message first.
+    std::string bytes = batch.SerializeAsString();
+    batch.Clear();
+    for (const std::shared_ptr<const v1::Mutation>& m : mutations) {
+      const size_t size = m->ByteSizeLong();
+      bytes.push_back(static_cast<char>((v1::ReplicateBatch::kMutationsFieldNumber << 3) | 2));
+      for (size_t v = size;; v >>= 7) {
+        if (v < 0x80) {
+          bytes.push_back(static_cast<char>(v));
+          break;
+        }
+        bytes.push_back(static_cast<char>((v & 0x7f) | 0x80));
+      }
+      const size_t at = bytes.size();
+      bytes.resize(at + size);
+      m->SerializeWithCachedSizesToArray(reinterpret_cast<uint8_t*>(&bytes[at]));
+    }
+    mutations.clear();
+    reply = link_->Replicate(to.address, bytes);
+    mu_.Lock();
+  }
+  if (stop_) return false;                        // Stop completed inflight_
+  if (epoch != successor_epoch_) return true;     // SetMap took care of inflight_
+  if (reply.ok()) {
+    if (transfer) {
+      ++stats_.transfers;
+      stats_.transfer_bytes += state_bytes;
+      caught_up_ = {to.replica, to.incarnation};
+      DT_LOG(INFO) << WhoLocked() << ": replica " << to.replica << " at " << to.address
+                   << " took over this replica's state (" << state_bytes << " value bytes)";
+    } else {
+      stats_.forwarded += static_cast<int64_t>(sent);
+    }
+    CompleteLocked(&inflight_, absl::OkStatus());
+    return true;
+  }
+  ++stats_.send_failures;
+  if (stats_.send_failures % 50 == 1) {
+    DT_LOG(WARNING) << WhoLocked() << ": sending to replica " << to.replica << " at " << to.address
+                    << " failed (retrying until the map changes): " << reply.status();
+  }
+  RequeueInflightLocked();
+  if (transfer) need_transfer_ = true;
+  retry_at_ = absl::Now() + options_.retry_backoff;
+  return false;
 }
 
 }  // namespace kvstore

@@ -5,15 +5,25 @@
 //   r.SetMap(heartbeat_reply.map());              // whenever the owner answers
 //   // at the head, for a client's write:
 //   DT_ASSIGN_OR_RETURN(MutationResult done, r.Submit(mutation, deadline));
+//   // or, to overlap the chain with other work (a PushPull's wait for its
+//   // round), apply now and wait for the chain before answering:
+//   Replicator::Ack ack;
+//   DT_ASSIGN_OR_RETURN(MutationResult done, r.Apply(mutation, &ack));
+//   ...
+//   DT_RETURN_IF_ERROR(ack.Wait(deadline));
+//   // a read at the head, answered once every replica holds what it read:
+//   DT_RETURN_IF_ERROR(r.AppliedSoFar().Wait(deadline));
 //   // on any replica, for a batch from its predecessor:
 //   DT_ASSIGN_OR_RETURN(v1::ReplicateReply reply, r.Receive(batch, deadline));
 //
 // Order. Submit and Receive apply a mutation to the store and queue it for
 // the successor under one lock, so the successor receives the mutations in
 // exactly the order this replica applied them, and applies them in that
-// order too. A forwarder thread sends the queue in batches (one batch in
-// flight); a write returns only when the successor (and so every replica
-// after it) applied it. A mutation the store refuses changes nothing (the
+// order too. One batch is in flight at a time. The thread that applied a
+// mutation sends the queue itself when no batch is in flight (no hand-off
+// to another thread on the write path); a forwarder thread sends what is
+// left, the state transfers and the retries. A write returns only when
+// the successor (and so every replica after it) applied it. A mutation the store refuses changes nothing (the
 // store is all or nothing) and is not forwarded: the other replicas would
 // refuse it the same way.
 //
@@ -86,6 +96,8 @@ struct ReplicatorOptions {
   absl::Duration retry_backoff = absl::Milliseconds(20);
   // Mutations per batch.
   int max_batch = 256;
+  // How long Ack::Wait polls before its thread sleeps.
+  absl::Duration ack_spin = absl::Microseconds(50);
 };
 
 struct ReplicatorStats {
@@ -97,6 +109,8 @@ struct ReplicatorStats {
 };
 
 class Replicator {
+  struct Pending;
+
  public:
   // `store` and `link` must outlive the Replicator.
   Replicator(Store* store, ReplicaLink* link, ReplicatorOptions options);
@@ -115,10 +129,32 @@ class Replicator {
   // state transfer and receives its mutations; (-1, 0) if none.
   std::pair<int, uint64_t> caught_up() const;
 
+  // Completes once every replica applied the mutations it stands for.
+  class Ack {
+   public:
+    Ack() = default;  // nothing to wait for
+    // OK once the chain applied them; kDeadlineExceeded at `deadline`
+    // (the client retries, and the retry is a duplicate); kUnavailable when
+    // this replica stopped or left its chain first.
+    absl::Status Wait(absl::Time deadline) const;
+
+   private:
+    friend class Replicator;
+    std::shared_ptr<Pending> pending_;
+    absl::Duration spin_;
+  };
+
   // A client's write, at the head: applies it, forwards it, and returns its
-  // result once the chain applied it (kDeadlineExceeded at `deadline`:
-  // the client retries, and the retry is a duplicate).
+  // result once the chain applied it (Apply, then Ack::Wait).
   absl::StatusOr<MutationResult> Submit(v1::Mutation mutation, absl::Time deadline);
+  // A client's write, at the head, without waiting for the chain: its
+  // result as this replica applied it, and in `ack` when every replica did.
+  // Answer the client only after `ack` completes.
+  absl::StatusOr<MutationResult> Apply(v1::Mutation mutation, Ack* ack);
+  // Completes once every mutation applied here so far is on every replica:
+  // a read at the head waits for it before answering, so that it never
+  // returns a value a replica that takes over could lack.
+  Ack AppliedSoFar() const;
 
   // A batch from the predecessor: applies the state (if any) and the
   // mutations in order, forwards them, and replies once the successor
@@ -142,7 +178,6 @@ class Replicator {
   void Stop();
 
  private:
-  struct Pending;
   struct Peer {
     int replica = -1;
     uint64_t incarnation = 0;
@@ -156,11 +191,17 @@ class Replicator {
   absl::StatusOr<MutationResult> ApplyAndQueueLocked(std::shared_ptr<const v1::Mutation> mutation,
                                                      std::shared_ptr<Pending>* queued)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Sends the next batch (or the state transfer) to the successor, with mu_
+  // released while it travels; false when it failed (retry_at_ is then
+  // set). Only the thread that set sending_.
+  bool SendBatchLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Sends queued batches from the calling thread while no other batch is in
+  // flight, the successor holds this replica's state and no retry is due.
+  void SendInlineLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Puts the batch in flight back at the front of the queue, in order.
   void RequeueInflightLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void CompleteLocked(std::deque<std::shared_ptr<Pending>>* entries, const absl::Status& status)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  static absl::Status Await(const std::shared_ptr<Pending>& p, absl::Time deadline);
   void Forward();
 
   Store* const store_;
@@ -175,6 +216,9 @@ class Replicator {
   bool need_transfer_ ABSL_GUARDED_BY(mu_) = false;
   std::deque<std::shared_ptr<Pending>> queue_ ABSL_GUARDED_BY(mu_);     // not yet sent
   std::deque<std::shared_ptr<Pending>> inflight_ ABSL_GUARDED_BY(mu_);  // sent, unacknowledged
+  std::shared_ptr<Pending> last_queued_ ABSL_GUARDED_BY(mu_);  // null: all applied is replicated
+  bool sending_ ABSL_GUARDED_BY(mu_) = false;                   // a batch is in flight
+  absl::Time retry_at_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();  // after a failed batch
   std::pair<int, uint64_t> caught_up_ ABSL_GUARDED_BY(mu_) = {-1, 0};
   ReplicatorStats stats_ ABSL_GUARDED_BY(mu_);
   bool stop_ ABSL_GUARDED_BY(mu_) = false;

@@ -62,8 +62,8 @@ struct DataPortReplicaLink::Peer {
   std::vector<std::unique_ptr<DataPortConnection>> idle ABSL_GUARDED_BY(mu);
 };
 
-DataPortReplicaLink::DataPortReplicaLink(absl::Duration timeout)
-    : timeout_(timeout), fallback_(timeout) {}
+DataPortReplicaLink::DataPortReplicaLink(absl::Duration timeout, absl::Duration spin)
+    : timeout_(timeout), spin_(spin), fallback_(timeout) {}
 
 DataPortReplicaLink::~DataPortReplicaLink() = default;
 
@@ -119,6 +119,7 @@ absl::StatusOr<v1::ReplicateReply> DataPortReplicaLink::Replicate(const std::str
     if (!dialed.ok()) return forget(dialed.status());
     conn = *std::move(dialed);
   }
+  conn->set_spin(spin_);
   absl::Status sent = conn->Send(DataOp::kReplicate, "", {batch}, 0, timeout_);
   if (!sent.ok()) return forget(sent);
   absl::StatusOr<std::string> header = conn->ReceiveHeader();

@@ -47,7 +47,9 @@ class GrpcReplicaLink : public ReplicaLink {
 // the successor has no data port. A pool of connections per successor.
 class DataPortReplicaLink : public ReplicaLink {
  public:
-  explicit DataPortReplicaLink(absl::Duration timeout);
+  // `spin`: how long a send polls for the acknowledgement before sleeping
+  // (DataPortConnection::set_spin).
+  DataPortReplicaLink(absl::Duration timeout, absl::Duration spin);
   ~DataPortReplicaLink() override;
   absl::StatusOr<v1::ReplicateReply> Replicate(const std::string& address,
                                                const std::string& batch) override;
@@ -57,6 +59,7 @@ class DataPortReplicaLink : public ReplicaLink {
   Peer* PeerOf(const std::string& address);
 
   const absl::Duration timeout_;
+  const absl::Duration spin_;
   GrpcReplicaLink fallback_;
   absl::Mutex mu_;
   absl::flat_hash_map<std::string, std::unique_ptr<Peer>> peers_ ABSL_GUARDED_BY(mu_);

@@ -244,6 +244,9 @@ class KVStoreServer::Impl : public DataPortHandler {
   // Ends `call` once: with `status`, or when ok and `values` is set, with
   // the reply of those values.
   void Complete(UnaryCall& call, absl::Status status, const std::vector<PulledValue>* values) {
+    if (status.ok() && values != nullptr) {
+      status = ReadCommitted(absl::Now() + options_.replication_timeout);
+    }
     {
       absl::MutexLock lock(&call.mu);
       if (call.done) return;
@@ -560,7 +563,10 @@ class KVStoreServer::Impl : public DataPortHandler {
     return absl::OkStatus();
   }
 
-  absl::StatusOr<PushResult> ApplyPush(const ReceivedPush& p) {
+  // Applies a push (through the chain when replicated). With `ack`, does
+  // not wait for the chain: the caller waits (ReadCommitted covers it)
+  // before answering.
+  absl::StatusOr<PushResult> ApplyPush(const ReceivedPush& p, Replicator::Ack* ack = nullptr) {
     DT_RETURN_IF_ERROR(security::JobScope::Check(p.header.job()));
     PushResult result;
     if (replicator_ != nullptr) {
@@ -575,7 +581,8 @@ class KVStoreServer::Impl : public DataPortHandler {
         std::string* data = push->add_data();
         for (absl::string_view piece : item.data) data->append(piece.data(), piece.size());
       }
-      DT_ASSIGN_OR_RETURN(MutationResult r, Replicate(std::move(m)));
+      DT_ASSIGN_OR_RETURN(MutationResult r, ack != nullptr ? replicator_->Apply(std::move(m), ack)
+                                                           : Replicate(std::move(m)));
       result = r.push;
     } else {
       DT_ASSIGN_OR_RETURN(result,
@@ -583,6 +590,27 @@ class KVStoreServer::Impl : public DataPortHandler {
     }
     if (result.duplicates > 0) duplicates_.Increment(result.duplicates);
     return result;
+  }
+
+  // Before values read here are answered: at a chain's head (a PushPull),
+  // waits until every replica holds every write applied here so far, so a
+  // client never gets a value that a replica taking over could lack. At
+  // the tail and unreplicated: at once.
+  absl::Status ReadCommitted(absl::Time deadline) const {
+    if (replicator_ == nullptr) return absl::OkStatus();
+    return replicator_->AppliedSoFar().Wait(deadline);
+  }
+
+  // A PushPull's pull, after its push: the values of the pushed items'
+  // rounds once complete and on every replica.
+  absl::StatusOr<std::vector<PulledValue>> PullPushed(const ReceivedPush& p,
+                                                      const PullOptions& options) {
+    std::vector<PullRequestItem> items;
+    for (const PushItem& item : p.items) items.push_back({item.key, item.slice, item.round});
+    DT_ASSIGN_OR_RETURN(std::vector<PulledValue> values,
+                        store_->Pull(p.header.job(), p.header.worker(), items, options));
+    DT_RETURN_IF_ERROR(ReadCommitted(absl::Now() + options_.replication_timeout));
+    return values;
   }
 
   // How long a pull of the call `ctx` may wait: its deadline, at most
@@ -680,6 +708,7 @@ class KVStoreServer::Impl : public DataPortHandler {
     for (const v1::PullItem& p : r.items()) items.push_back({p.key(), p.slice(), p.round()});
     DT_ASSIGN_OR_RETURN(std::vector<PulledValue> values,
                         store_->Pull(r.job(), r.worker(), items, MakePullOptions(ctx)));
+    DT_RETURN_IF_ERROR(ReadCommitted(absl::Now() + options_.replication_timeout));
     return SendPulled(values, false, [writer](const grpc::ByteBuffer& b, bool last) {
       return writer->Write(b,
                            last ? grpc::WriteOptions().set_last_message() : grpc::WriteOptions());
@@ -690,13 +719,10 @@ class KVStoreServer::Impl : public DataPortHandler {
                         grpc::ServerReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer>* stream) {
     ReceivedPush p;
     DT_RETURN_IF_ERROR(ReceivePush([stream](grpc::ByteBuffer* b) { return stream->Read(b); }, &p));
-    DT_RETURN_IF_ERROR(ApplyPush(p).status());
-    std::vector<PullRequestItem> items;
-    for (const PushItem& item : p.items) items.push_back({item.key, item.slice, item.round});
-    p.messages.clear();  // release the pushed bytes before waiting
-    DT_ASSIGN_OR_RETURN(
-        std::vector<PulledValue> values,
-        store_->Pull(p.header.job(), p.header.worker(), items, MakePullOptions(ctx)));
+    Replicator::Ack ack;
+    DT_RETURN_IF_ERROR(ApplyPush(p, &ack).status());
+    p.messages.clear();  // release the pushed bytes before waiting (items keep their keys)
+    DT_ASSIGN_OR_RETURN(std::vector<PulledValue> values, PullPushed(p, MakePullOptions(ctx)));
     return SendPulled(values, false, [stream](const grpc::ByteBuffer& b, bool last) {
       return stream->Write(b,
                            last ? grpc::WriteOptions().set_last_message() : grpc::WriteOptions());
@@ -742,6 +768,7 @@ class KVStoreServer::Impl : public DataPortHandler {
     for (const v1::PullItem& p : r.items()) items.push_back({p.key(), p.slice(), p.round()});
     DT_ASSIGN_OR_RETURN(std::vector<PulledValue> values,
                         store_->Pull(r.job(), r.worker(), items, MakePullOptions(ctx)));
+    DT_RETURN_IF_ERROR(ReadCommitted(absl::Now() + options_.replication_timeout));
     return SendPulled(values, true, WriteOnce(response));
   }
 
@@ -749,13 +776,10 @@ class KVStoreServer::Impl : public DataPortHandler {
                              grpc::ByteBuffer* response) {
     ReceivedPush p;
     DT_RETURN_IF_ERROR(ReceivePush(ReadOnce(request), &p));
-    DT_RETURN_IF_ERROR(ApplyPush(p).status());
-    std::vector<PullRequestItem> items;
-    for (const PushItem& item : p.items) items.push_back({item.key, item.slice, item.round});
+    Replicator::Ack ack;
+    DT_RETURN_IF_ERROR(ApplyPush(p, &ack).status());
     p.messages.clear();
-    DT_ASSIGN_OR_RETURN(
-        std::vector<PulledValue> values,
-        store_->Pull(p.header.job(), p.header.worker(), items, MakePullOptions(ctx)));
+    DT_ASSIGN_OR_RETURN(std::vector<PulledValue> values, PullPushed(p, MakePullOptions(ctx)));
     return SendPulled(values, true, WriteOnce(response));
   }
 
@@ -823,6 +847,7 @@ class KVStoreServer::Impl : public DataPortHandler {
         for (const v1::PullItem& p : r.items()) items.push_back({p.key(), p.slice(), p.round()});
         DT_ASSIGN_OR_RETURN(std::vector<PulledValue> values,
                             store_->Pull(r.job(), r.worker(), items, pull));
+        DT_RETURN_IF_ERROR(ReadCommitted(absl::Now() + options_.replication_timeout));
         return PulledReply(values, reply);
       }
       case DataOp::kPush:
@@ -852,18 +877,17 @@ class KVStoreServer::Impl : public DataPortHandler {
         for (size_t i = 0; i < p.items.size(); ++i) p.items[i].data = {pieces[i]};
         p.bytes = static_cast<int64_t>(need);
         push_bytes_.Increment(static_cast<double>(need));
-        DT_ASSIGN_OR_RETURN(PushResult result, ApplyPush(p));
         if (request.op == DataOp::kPush) {
+          DT_ASSIGN_OR_RETURN(PushResult result, ApplyPush(p));
           v1::PushResponse r;
           r.set_applied(result.applied);
           r.set_duplicates(result.duplicates);
           reply->header = r.SerializeAsString();
           return absl::OkStatus();
         }
-        std::vector<PullRequestItem> items;
-        for (const PushItem& item : p.items) items.push_back({item.key, item.slice, item.round});
-        DT_ASSIGN_OR_RETURN(std::vector<PulledValue> values,
-                            store_->Pull(p.header.job(), p.header.worker(), items, pull));
+        Replicator::Ack ack;
+        DT_RETURN_IF_ERROR(ApplyPush(p, &ack).status());
+        DT_ASSIGN_OR_RETURN(std::vector<PulledValue> values, PullPushed(p, pull));
         return PulledReply(values, reply);
       }
       case DataOp::kReplicate:
@@ -1174,8 +1198,10 @@ absl::StatusOr<std::unique_ptr<KVStoreServer>> KVStoreServer::Start(const Server
     }
     // The chain's writes travel over the successor's data port (gRPC when it
     // has none).
-    server->link_ = std::make_unique<DataPortReplicaLink>(options.replication_timeout);
+    server->link_ =
+        std::make_unique<DataPortReplicaLink>(options.replication_timeout, options.replica_spin);
     ReplicatorOptions r;
+    r.ack_spin = options.replica_spin;
     r.shard = options.shard_index;
     r.replica = options.replica_index;
     std::random_device random;
@@ -1243,6 +1269,7 @@ absl::StatusOr<std::unique_ptr<KVStoreServer>> KVStoreServer::Start(const Server
       d.tls.key_file = credentials->files().key;
     }
     d.max_connections = options.data_max_connections;
+    d.replicate_spin = options.replica_spin;
     if (!d.tcp_listen.empty() || !d.unix_socket.empty()) {
       DT_ASSIGN_OR_RETURN(server->data_port_, DataPortServer::Start(d, server->impl_.get()));
       server->impl_->set_data_port(server->data_port_.get());

@@ -126,6 +126,13 @@ struct ServerOptions {
   std::string data_listen = "auto";
   std::string data_socket = "auto";
   int data_max_connections = 256;
+  // How long a replica's threads poll before sleeping where a reply or the
+  // next frame usually comes within microseconds (the successor's
+  // acknowledgement, the predecessor's next batch, the chain's
+  // acknowledgement of a read): each saves a thread wakeup (tens of
+  // microseconds on a virtual machine) at the cost of that much CPU. Zero:
+  // sleep at once (hosts with no spare core).
+  absl::Duration replica_spin = absl::Microseconds(50);
 
   // Chain replication (protos/replication.proto). With a scheduler address,
   // this server is replica `replica_index` of shard `shard_index` (of

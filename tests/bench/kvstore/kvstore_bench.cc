@@ -15,12 +15,15 @@
 // --steps steps are timed. Prints one line per --replicas value:
 //
 //   kvstore workers=<w> servers=<s> replicas=<r> bytes=<b> keys=<k> tls=<on|off>
-//           callback=<on|off> data_path=<auto|tcp|grpc> pushpull_GBps=<x> p50_us=<y> p99_us=<z>
+//           callback=<on|off> data_path=<auto|tcp|grpc> reply_spin_us=<n> pushpull_GBps=<x>
+//           p50_us=<y> p99_us=<z>
 //
 // --data_path picks the clients' data path (ClientOptions.data_path): auto
 // (the default: the shards' data port over their Unix sockets and shared
 // memory, since the workers run on the shards' host), tcp (the data port
 // over TCP, mutual TLS unless --notls), grpc (KVStoreData over gRPC).
+// --reply_spin_us is ClientOptions.reply_spin (0 shows what polling for
+// replies saves).
 //
 // With --replicas=1,2 (the default) every shard also runs as a chain of 2
 // replicas (a scheduler_server owns the shard map), the same workload again,
@@ -83,6 +86,10 @@ ABSL_FLAG(std::string, data_path, "auto",
           "how pushes and pulls travel (ClientOptions.data_path): auto (the data port, Unix socket "
           "and shared memory on this host), tcp (the data port over TCP, TLS unless --notls), "
           "grpc");
+ABSL_FLAG(int, replica_spin_us, 50, "the servers' --replica_spin_us");
+ABSL_FLAG(int, reply_spin_us, 50,
+          "how long a worker polls for a data port reply before sleeping (ClientOptions.reply_spin; "
+          "0: sleep at once)");
 ABSL_FLAG(std::string, server_binary, "", "kvstore_server to run (default: from runfiles)");
 
 namespace dtrain {
@@ -124,6 +131,7 @@ absl::StatusOr<Result> RunOnce(const char* argv0, int replicas) {
           absl::StrCat("--shard_index=", i), "--snapshot_interval_s=0",
           absl::StrCat("--max_message_bytes=", absl::GetFlag(FLAGS_max_message_bytes))};
       flags.push_back(absl::StrCat("--callback_data=", absl::GetFlag(FLAGS_callback_data)));
+      flags.push_back(absl::StrCat("--replica_spin_us=", absl::GetFlag(FLAGS_replica_spin_us)));
       if (replicas > 1) {
         flags.push_back("--scheduler=" + scheduler);
         flags.push_back(absl::StrCat("--replica_index=", j));
@@ -187,6 +195,7 @@ absl::StatusOr<Result> RunOnce(const char* argv0, int replicas) {
       options.chunk_bytes = absl::GetFlag(FLAGS_chunk_bytes);
       options.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
       options.data_path = *ParseDataPath(absl::GetFlag(FLAGS_data_path));
+      options.reply_spin = absl::Microseconds(absl::GetFlag(FLAGS_reply_spin_us));
       auto client = KVClient::Connect(options);
       if (!client.ok() || !(*client)->CreateJob(config).ok()) {
         std::fprintf(stderr, "worker %d: cannot connect or create the job\n", w);
@@ -244,10 +253,10 @@ absl::StatusOr<Result> RunOnce(const char* argv0, int replicas) {
   Result result{moved / seconds / 1e9, pct(0.50), pct(0.99)};
   std::printf(
       "kvstore workers=%d servers=%d replicas=%d bytes=%lld keys=%d tls=%s callback=%s "
-      "data_path=%s pushpull_GBps=%.3f p50_us=%.0f p99_us=%.0f compression=%s\n",
+      "data_path=%s reply_spin_us=%d pushpull_GBps=%.3f p50_us=%.0f p99_us=%.0f compression=%s\n",
       workers, servers, replicas, static_cast<long long>(elements * 4), keys,
       absl::GetFlag(FLAGS_tls) ? "on" : "off", absl::GetFlag(FLAGS_callback_data) ? "on" : "off",
-      absl::GetFlag(FLAGS_data_path).c_str(), result.gbps, result.p50, result.p99,
+      absl::GetFlag(FLAGS_data_path).c_str(), absl::GetFlag(FLAGS_reply_spin_us), result.gbps, result.p50, result.p99,
       DescribeCompression(*compression).c_str());
   std::fflush(stdout);
   for (auto it = procs.rbegin(); it != procs.rend(); ++it) (void)(*it)->Kill(SIGTERM);
