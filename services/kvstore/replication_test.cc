@@ -5,10 +5,13 @@
 // and with real processes in tests/e2e). Checks: every value equals an
 // unreplicated run's bit for bit; the head's loss mid-job is survived with
 // no push lost or applied twice; a new replica catches up while training
-// goes on.
+// goes on. With security on: a chain on one host replicates over the
+// successor's Unix socket (its replica ticket lets the predecessor in).
 #include <grpcpp/grpcpp.h>
 
+#include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <map>
 #include <thread>
 #include <vector>
@@ -20,6 +23,9 @@
 #include "gtest/gtest.h"
 #include "libs/kvstore/client.h"
 #include "libs/kvstore/shard_map.h"
+#include "libs/metrics/scrape.h"
+#include "libs/rpc/credentials.h"
+#include "libs/security/certs.h"
 #include "protos/scheduler.grpc.pb.h"
 #include "services/kvstore/server.h"
 
@@ -91,7 +97,8 @@ class ReplicationTest : public ::testing::Test {
  protected:
   void SetUp() override {
     grpc::ServerBuilder b;
-    b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &owner_port_);
+    b.AddListeningPort("127.0.0.1:0", rpc::DefaultCredentials()->ServerCredentials(),
+                       &owner_port_);
     b.RegisterService(&owner_);
     owner_server_ = b.BuildAndStart();
     ASSERT_NE(owner_server_, nullptr);
@@ -108,6 +115,7 @@ class ReplicationTest : public ::testing::Test {
     o.num_shards = 1;
     o.replica_index = replica;
     o.job_ttl = absl::ZeroDuration();
+    o.metrics_listen = "127.0.0.1:0";
     auto s = KVStoreServer::Start(o);
     EXPECT_TRUE(s.ok()) << s.status();
     return s.ok() ? std::move(*s) : nullptr;
@@ -345,6 +353,55 @@ TEST_F(ReplicationTest, AHeadWaitingForADeadSuccessorStillShutsDownInTime) {
   clients[0]->Cancel("test over");
   pusher.join();
   EXPECT_FALSE(push.ok());
+}
+
+// The fixture with security on: mutual TLS everywhere, every process here
+// holding the kvstore certificate (the map owner too).
+class TlsReplicationTest : public ReplicationTest {
+ protected:
+  void SetUp() override {
+    const char* tmp = std::getenv("TEST_TMPDIR");
+    const std::string dir = std::string(tmp != nullptr ? tmp : "/tmp") + "/replication_certs";
+    std::filesystem::remove_all(dir);
+    ASSERT_TRUE(security::InitCertDir(dir, {}).ok());
+    auto creds =
+        rpc::Credentials::Load({dir + "/ca.pem", dir + "/kvstore.pem", dir + "/kvstore.key"});
+    ASSERT_TRUE(creds.ok()) << creds.status();
+    rpc::SetDefaultCredentials(*creds);
+    ReplicationTest::SetUp();
+  }
+  void TearDown() override {
+    ReplicationTest::TearDown();
+    rpc::SetDefaultCredentials(rpc::Credentials::Insecure());
+  }
+};
+
+// Both replicas on this host: the head's link takes the tail's Unix socket
+// (its batches in shared memory, no TLS), and the chain computes what an
+// unreplicated run does.
+TEST_F(TlsReplicationTest, ASameHostChainReplicatesOverTheUnixSocket) {
+  const std::vector<std::vector<float>> ref = Reference(4);
+  std::vector<std::vector<float>> got;
+  ASSERT_NO_FATAL_FAILURE(RunRoundsOnAChainOfTwo(4, {}, &got));
+  for (size_t i = 0; i < ref.size(); ++i) {
+    ASSERT_EQ(got[i].size(), ref[i].size());
+    EXPECT_EQ(std::memcmp(got[i].data(), ref[i].data(), ref[i].size() * 4), 0) << i;
+  }
+  ASSERT_NO_FATAL_FAILURE(ExpectReplicasHoldTheSameValues());
+  absl::StatusOr<std::string> text = metrics::Scrape(replicas_[0]->metrics_port());
+  ASSERT_TRUE(text.ok()) << text.status();
+  auto frames = [&](const char* kind) {
+    return metrics::SampleValue(
+        *text, absl::StrCat("dtrain_kvstore_replicate_frames_total{kind=\"", kind, "\"}"));
+  };
+  absl::StatusOr<double> unix_frames = frames("unix");
+  ASSERT_TRUE(unix_frames.ok()) << *text;
+  EXPECT_GE(*unix_frames, 4);  // at least one batch a round
+  for (const char* other : {"tls", "tcp", "grpc"}) {
+    absl::StatusOr<double> n = frames(other);
+    ASSERT_TRUE(n.ok()) << other;
+    EXPECT_EQ(*n, 0) << other;
+  }
 }
 
 }  // namespace
