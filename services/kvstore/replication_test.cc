@@ -13,6 +13,7 @@
 #include <cstring>
 #include <filesystem>
 #include <map>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -110,6 +111,7 @@ class ReplicationTest : public ::testing::Test {
 
   std::unique_ptr<KVStoreServer> StartReplica(int replica) {
     ServerOptions o;
+    o.data_socket = data_socket_;
     o.scheduler = absl::StrCat("127.0.0.1:", owner_port_);
     o.shard_index = 0;
     o.num_shards = 1;
@@ -118,6 +120,10 @@ class ReplicationTest : public ::testing::Test {
     o.metrics_listen = "127.0.0.1:0";
     auto s = KVStoreServer::Start(o);
     EXPECT_TRUE(s.ok()) << s.status();
+    if (s.ok() && unusable_socket_) {
+      // As for a successor in another mount namespace (a pod on this node).
+      std::filesystem::remove((*s)->data_socket());
+    }
     return s.ok() ? std::move(*s) : nullptr;
   }
 
@@ -241,6 +247,8 @@ class ReplicationTest : public ::testing::Test {
   int owner_port_ = 0;
   std::unique_ptr<grpc::Server> owner_server_;
   std::vector<std::unique_ptr<KVStoreServer>> replicas_;
+  std::string data_socket_ = "auto";  // the replicas' ServerOptions.data_socket
+  bool unusable_socket_ = false;      // their socket files removed after start
   v1::KvstoreHeartbeatRequest a_, b_;
 };
 
@@ -355,54 +363,92 @@ TEST_F(ReplicationTest, AHeadWaitingForADeadSuccessorStillShutsDownInTime) {
   EXPECT_FALSE(push.ok());
 }
 
-// The fixture with security on: mutual TLS everywhere, every process here
-// holding the kvstore certificate (the map owner too).
-class TlsReplicationTest : public ReplicationTest {
+// The fixture for the replica link's transports: security on (mutual TLS
+// everywhere, every process here holding the certificate GetParam() names,
+// the map owner too: kvstore as in a cluster, or admin, which may do
+// everything, as in kvstore_bench), or off ("": --insecure).
+class ReplicaLinkTest : public ReplicationTest, public ::testing::WithParamInterface<std::string> {
  protected:
   void SetUp() override {
-    const char* tmp = std::getenv("TEST_TMPDIR");
-    const std::string dir = std::string(tmp != nullptr ? tmp : "/tmp") + "/replication_certs";
-    std::filesystem::remove_all(dir);
-    ASSERT_TRUE(security::InitCertDir(dir, {}).ok());
-    auto creds =
-        rpc::Credentials::Load({dir + "/ca.pem", dir + "/kvstore.pem", dir + "/kvstore.key"});
-    ASSERT_TRUE(creds.ok()) << creds.status();
-    rpc::SetDefaultCredentials(*creds);
+    if (!GetParam().empty()) {
+      const char* tmp = std::getenv("TEST_TMPDIR");
+      const std::string dir = std::string(tmp != nullptr ? tmp : "/tmp") + "/replication_certs";
+      std::filesystem::remove_all(dir);
+      ASSERT_TRUE(security::InitCertDir(dir, {}).ok());
+      auto creds = rpc::Credentials::Load(
+          {dir + "/ca.pem", dir + "/" + GetParam() + ".pem", dir + "/" + GetParam() + ".key"});
+      ASSERT_TRUE(creds.ok()) << creds.status();
+      rpc::SetDefaultCredentials(*creds);
+    }
     ReplicationTest::SetUp();
   }
   void TearDown() override {
     ReplicationTest::TearDown();
     rpc::SetDefaultCredentials(rpc::Credentials::Insecure());
   }
+
+  // Runs 4 rounds on a chain of two, checks the values against an
+  // unreplicated run, and returns the batches the head sent, by transport.
+  std::map<std::string, double> RunAndCountFrames() {
+    std::map<std::string, double> out;
+    const std::vector<std::vector<float>> ref = Reference(4);
+    std::vector<std::vector<float>> got;
+    RunRoundsOnAChainOfTwo(4, {}, &got);
+    if (HasFatalFailure()) return out;
+    for (size_t i = 0; i < ref.size(); ++i) {
+      EXPECT_EQ(got[i].size(), ref[i].size());
+      if (got[i].size() != ref[i].size()) continue;
+      EXPECT_EQ(std::memcmp(got[i].data(), ref[i].data(), ref[i].size() * 4), 0) << i;
+    }
+    ExpectReplicasHoldTheSameValues();
+    absl::StatusOr<std::string> text = metrics::Scrape(replicas_[0]->metrics_port());
+    EXPECT_TRUE(text.ok()) << text.status();
+    if (!text.ok()) return out;
+    for (const char* kind : {"unix", "tls", "tcp", "grpc"}) {
+      absl::StatusOr<double> n = metrics::SampleValue(
+          *text, absl::StrCat("dtrain_kvstore_replicate_frames_total{kind=\"", kind, "\"}"));
+      EXPECT_TRUE(n.ok()) << kind << ": " << *text;
+      out[kind] = n.value_or(-1);
+    }
+    return out;
+  }
 };
 
 // Both replicas on this host: the head's link takes the tail's Unix socket
-// (its batches in shared memory, no TLS), and the chain computes what an
+// (its batches in shared memory, no TLS) and the chain computes what an
 // unreplicated run does.
-TEST_F(TlsReplicationTest, ASameHostChainReplicatesOverTheUnixSocket) {
-  const std::vector<std::vector<float>> ref = Reference(4);
-  std::vector<std::vector<float>> got;
-  ASSERT_NO_FATAL_FAILURE(RunRoundsOnAChainOfTwo(4, {}, &got));
-  for (size_t i = 0; i < ref.size(); ++i) {
-    ASSERT_EQ(got[i].size(), ref[i].size());
-    EXPECT_EQ(std::memcmp(got[i].data(), ref[i].data(), ref[i].size() * 4), 0) << i;
-  }
-  ASSERT_NO_FATAL_FAILURE(ExpectReplicasHoldTheSameValues());
-  absl::StatusOr<std::string> text = metrics::Scrape(replicas_[0]->metrics_port());
-  ASSERT_TRUE(text.ok()) << text.status();
-  auto frames = [&](const char* kind) {
-    return metrics::SampleValue(
-        *text, absl::StrCat("dtrain_kvstore_replicate_frames_total{kind=\"", kind, "\"}"));
-  };
-  absl::StatusOr<double> unix_frames = frames("unix");
-  ASSERT_TRUE(unix_frames.ok()) << *text;
-  EXPECT_GE(*unix_frames, 4);  // at least one batch a round
-  for (const char* other : {"tls", "tcp", "grpc"}) {
-    absl::StatusOr<double> n = frames(other);
-    ASSERT_TRUE(n.ok()) << other;
-    EXPECT_EQ(*n, 0) << other;
-  }
+TEST_P(ReplicaLinkTest, ASameHostChainReplicatesOverTheUnixSocket) {
+  std::map<std::string, double> frames = RunAndCountFrames();
+  EXPECT_GE(frames["unix"], 4);  // at least one batch a round
+  EXPECT_EQ(frames["tls"], 0);
+  EXPECT_EQ(frames["tcp"], 0);
+  EXPECT_EQ(frames["grpc"], 0);
 }
+
+// A successor without a socket is reached over TCP (mutual TLS when on).
+TEST_P(ReplicaLinkTest, WithoutASocketTheLinkUsesTcp) {
+  data_socket_ = "";
+  std::map<std::string, double> frames = RunAndCountFrames();
+  const std::string tcp = GetParam().empty() ? "tcp" : "tls";
+  EXPECT_GE(frames[tcp], 4);
+  EXPECT_EQ(frames["unix"], 0);
+  EXPECT_EQ(frames["grpc"], 0);
+}
+
+// A socket this host's boot id points to but the link cannot reach: TCP.
+TEST_P(ReplicaLinkTest, AnUnreachableSocketFallsBackToTcp) {
+  unusable_socket_ = true;
+  std::map<std::string, double> frames = RunAndCountFrames();
+  const std::string tcp = GetParam().empty() ? "tcp" : "tls";
+  EXPECT_GE(frames[tcp], 4);
+  EXPECT_EQ(frames["unix"], 0);
+  EXPECT_EQ(frames["grpc"], 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Identities, ReplicaLinkTest, ::testing::Values("kvstore", "admin", ""),
+                         [](const ::testing::TestParamInfo<std::string>& info) {
+                           return info.param.empty() ? std::string("insecure") : info.param;
+                         });
 
 }  // namespace
 }  // namespace kvstore
