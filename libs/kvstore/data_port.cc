@@ -475,8 +475,8 @@ absl::Status CheckReplicaTicket(const std::string& sent, const std::string& tick
   if (sent.empty()) {
     return absl::PermissionDeniedError(
         "data port: a Unix HELLO without a job opens a replica link and must carry the shard's "
-        "replica ticket (KVStore.DataPort gives it to kvstore shards only); this one carried "
-        "none");
+        "replica ticket (KVStore.DataPort gives it only to kvstore shards and admins); this one "
+        "carried none");
   }
   if (sent.size() != ticket.size() ||
       CRYPTO_memcmp(sent.data(), ticket.data(), ticket.size()) != 0) {

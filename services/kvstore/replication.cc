@@ -158,7 +158,7 @@ absl::StatusOr<v1::ReplicateReply> DataPortReplicaLink::Replicate(const std::str
         // Not usable from here (a socket in another mount namespace, a
         // restarted successor, ...): TCP until the next discovery.
         DT_LOG(INFO) << "replica link to " << address << ": its data port socket "
-                        << where.unix_socket << ": " << dialed.status() << "; using TCP";
+                     << where.unix_socket << ": " << dialed.status() << "; using TCP";
         absl::MutexLock lock(&peer->mu);
         peer->unix_failed = true;
       }

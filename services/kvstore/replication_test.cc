@@ -98,8 +98,7 @@ class ReplicationTest : public ::testing::Test {
  protected:
   void SetUp() override {
     grpc::ServerBuilder b;
-    b.AddListeningPort("127.0.0.1:0", rpc::DefaultCredentials()->ServerCredentials(),
-                       &owner_port_);
+    b.AddListeningPort("127.0.0.1:0", rpc::DefaultCredentials()->ServerCredentials(), &owner_port_);
     b.RegisterService(&owner_);
     owner_server_ = b.BuildAndStart();
     ASSERT_NE(owner_server_, nullptr);
