@@ -6,6 +6,7 @@
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <openssl/crypto.h>
 #include <openssl/err.h>
 #include <openssl/pem.h>
 #include <openssl/rand.h>
@@ -471,12 +472,33 @@ const char* DataConn::KindName(Kind kind) {
 
 namespace {
 
-// `bytes` random bytes (OpenSSL's generator), hex.
-std::string RandomHex(int bytes) {
+// `bytes` random bytes (OpenSSL's generator).
+std::string RandomBytes(int bytes) {
   std::string raw(static_cast<size_t>(bytes), '\0');
   DT_CHECK(RAND_bytes(reinterpret_cast<unsigned char*>(raw.data()), bytes) == 1)
       << "RAND_bytes failed";
-  return absl::BytesToHexString(raw);
+  return raw;
+}
+
+// `bytes` random bytes, hex.
+std::string RandomHex(int bytes) { return absl::BytesToHexString(RandomBytes(bytes)); }
+
+// A Unix HELLO without a job (a replica link) with TLS on: its ticket must
+// be `ticket` (compared in constant time).
+absl::Status CheckReplicaTicket(const std::string& sent, const std::string& ticket) {
+  if (sent.empty()) {
+    return absl::PermissionDeniedError(
+        "data port: a Unix HELLO without a job opens a replica link and must carry the shard's "
+        "replica ticket (KVStore.DataPort gives it only to kvstore shards and admins); this one "
+        "carried none");
+  }
+  if (sent.size() != ticket.size() ||
+      CRYPTO_memcmp(sent.data(), ticket.data(), ticket.size()) != 0) {
+    return absl::PermissionDeniedError(
+        "data port: the replica ticket of this Unix HELLO is not this shard's (a restarted shard "
+        "has a new one: ask its KVStore.DataPort again)");
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -487,6 +509,7 @@ absl::StatusOr<std::unique_ptr<DataPortServer>> DataPortServer::Start(
   s->options_ = options;
   s->handler_ = handler;
   s->instance_ = RandomHex(8);
+  s->replica_ticket_ = RandomBytes(kReplicaTicketBytes);
   if (options.max_connections < 1) {
     return absl::InvalidArgumentError("data port: max_connections must be >= 1");
   }
@@ -741,6 +764,16 @@ void DataPortServer::Serve(std::unique_ptr<DataConn> conn, int id) {
       status = seg_fd < 0 ? absl::InvalidArgumentError(
                                 "data port: a Unix HELLO must pass its shared-memory segment")
                           : segment.Map(seg_fd);
+    }
+    if (status.ok() && conn->kind() == DataConn::Kind::kUnix && options_.tls.enabled &&
+        hello.job().empty()) {
+      // A chain predecessor on this host: the ticket it got over mutual TLS
+      // (KVStore.DataPort) makes it a kvstore peer.
+      status = CheckReplicaTicket(hello.replica_ticket(), replica_ticket_);
+      if (status.ok()) {
+        who.name = absl::StrCat("local-replica-uid-", getuid());
+        who.role = security::Role::kKvstore;
+      }
     }
     if (status.ok()) {
       absl::StatusOr<absl::optional<std::string>> bound = handler_->Hello(who, hello, conn->kind());

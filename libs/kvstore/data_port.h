@@ -9,7 +9,12 @@
 //     client's identity from its certificate as rpc::PeerIdentity does).
 //     Plain TCP only when the process runs --insecure. TCP_NODELAY.
 //   - Unix socket + shared memory, for a client on the shard's host: both
-//     sides check SO_PEERCRED (same uid, or root). The client creates a
+//     sides check SO_PEERCRED (same uid, or root). With TLS on, a Unix peer
+//     is a trainer ("local-uid-<uid>"), or a kvstore peer ("local-replica-
+//     uid-<uid>") when its HELLO has no job and carries the server's
+//     replica_ticket() (a chain predecessor on this host, which got it over
+//     mutual TLS; a HELLO without a job and without the right ticket is
+//     PERMISSION_DENIED). The client creates a
 //     memfd sealed against shrinking (F_SEAL_SHRINK: a truncate cannot make
 //     the server fault) and passes it with SCM_RIGHTS in its HELLO (and a
 //     bigger one with a later request when a value outgrows it); pushed
@@ -61,6 +66,9 @@ struct DataPortTls {
   bool enabled = false;
   std::string ca_file, cert_file, key_file;
 };
+
+// Size of DataPortServer::replica_ticket().
+inline constexpr int kReplicaTicketBytes = 32;
 
 // Largest shared-memory segment a client creates (and a server maps).
 inline constexpr int64_t kMaxSegmentBytes = int64_t{1} << 30;
@@ -151,7 +159,8 @@ class DataPortHandler {
  public:
   virtual ~DataPortHandler() = default;
   // A connection's HELLO from `who` (its certificate's identity; for a Unix
-  // peer of this uid a trainer named after it): the job the connection is
+  // peer of this uid a trainer named after it, or a kvstore peer when it
+  // presented the replica ticket): the job the connection is
   // bound to (nullopt: unconfined), or why it is refused.
   virtual absl::StatusOr<absl::optional<std::string>> Hello(const security::Identity& who,
                                                             const v1::DataHello& hello,
@@ -179,6 +188,10 @@ class DataPortServer {
   const std::string& unix_socket() const { return options_.unix_socket; }
   // A random id made at Start, sent in every HELLO answer.
   const std::string& instance() const { return instance_; }
+  // kReplicaTicketBytes random bytes made at Start: a Unix HELLO without a
+  // job that carries them is a kvstore peer (with TLS; see above). Give
+  // them only to peers authenticated as allowed to replicate.
+  const std::string& replica_ticket() const { return replica_ticket_; }
   bool tls() const { return options_.tls.enabled; }
   // Connections open now, by kind ("tcp", "tls", "unix").
   std::map<std::string, int> Connections() const;
@@ -194,6 +207,7 @@ class DataPortServer {
 
   DataPortServerOptions options_;
   std::string instance_;
+  std::string replica_ticket_;
   DataPortHandler* handler_ = nullptr;
   std::shared_ptr<void> tls_ctx_;  // SSL_CTX
   int tcp_fd_ = -1, unix_fd_ = -1;

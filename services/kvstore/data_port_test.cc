@@ -5,6 +5,7 @@
 #include "libs/kvstore/data_port.h"
 
 #include <fcntl.h>
+#include <grpcpp/grpcpp.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -27,6 +28,7 @@
 #include "libs/rpc/credentials.h"
 #include "libs/security/certs.h"
 #include "libs/security/job_token.h"
+#include "protos/kvstore.grpc.pb.h"
 #include "protos/kvstore.pb.h"
 #include "services/kvstore/server.h"
 
@@ -232,6 +234,73 @@ TEST_F(DataPortTest, ASocketOfAnotherServerIsRefused) {
   absl::StatusOr<std::string> a = DefaultDataSocketPath(), b = DefaultDataSocketPath();
   ASSERT_TRUE(a.ok() && b.ok());
   EXPECT_NE(*a, *b);
+  ExpectServes(DataPath::kAuto);
+}
+
+// KVStore.DataPort as `name` (its certificate; a trainer sends a's token).
+v1::DataPortResponse DataPortAs(const std::string& dir, const std::string& name,
+                                const std::string& address, const std::string& token) {
+  std::shared_ptr<const rpc::Credentials> creds = Creds(dir, name);
+  auto stub = v1::KVStore::NewStub(rpc::NewChannel(address, creds.get()));
+  grpc::ClientContext ctx;
+  if (!token.empty()) ctx.AddMetadata(security::kJobTokenMetadata, token);
+  v1::DataPortResponse response;
+  grpc::Status s = stub->DataPort(&ctx, v1::DataPortRequest(), &response);
+  EXPECT_TRUE(s.ok()) << name << ": " << s.error_message();
+  return response;
+}
+
+// The replica ticket (a same-host chain link over the Unix socket) goes to
+// identities that may replicate and is what makes a Unix peer a kvstore.
+TEST_F(DataPortTest, TheReplicaTicketGoesToKvstoreShardsOnlyAndLetsTheirUnixLinkIn) {
+  const DataPortTls tls = TlsOf(dir_, "trainer-0");
+  const v1::DataPortResponse trainer =
+      DataPortAs(dir_, "trainer-0", server_->local_address(), Token("a"));
+  EXPECT_EQ(trainer.unix_socket(), server_->data_socket());  // an answer, without the ticket
+  EXPECT_TRUE(trainer.replica_ticket().empty());
+  const v1::DataPortResponse shard = DataPortAs(dir_, "kvstore", server_->local_address(), "");
+  ASSERT_EQ(shard.replica_ticket().size(), static_cast<size_t>(kReplicaTicketBytes));
+  EXPECT_EQ(DataPortAs(dir_, "kvstore", server_->local_address(), "").replica_ticket(),
+            shard.replica_ticket());  // one per start
+
+  // With the ticket a Unix link is a kvstore peer: REPLICATE passes
+  // authorization (this shard is not replicated, which it says next).
+  v1::DataHello link = Hello("", "");
+  link.set_replica_ticket(shard.replica_ticket());
+  auto replica = DataPortConnection::Dial(unix_, link, tls, absl::Seconds(5));
+  ASSERT_TRUE(replica.ok()) << replica.status();
+  ASSERT_TRUE((*replica)->Send(DataOp::kReplicate, "", {"x"}, 0, absl::Seconds(5)).ok());
+  absl::StatusOr<std::string> reply = (*replica)->ReceiveHeader();
+  EXPECT_EQ(reply.status().code(), absl::StatusCode::kFailedPrecondition) << reply.status();
+  EXPECT_NE(reply.status().message().find("not replicated"), std::string::npos) << reply.status();
+  // The ticket on a trainer's HELLO (with a job) makes it no kvstore.
+  v1::DataHello job = Hello("a", Token("a"));
+  job.set_replica_ticket(shard.replica_ticket());
+  auto trainer_conn = DataPortConnection::Dial(unix_, job, tls, absl::Seconds(5));
+  ASSERT_TRUE(trainer_conn.ok()) << trainer_conn.status();
+  ASSERT_TRUE((*trainer_conn)->Send(DataOp::kReplicate, "", {"x"}, 0, absl::Seconds(5)).ok());
+  reply = (*trainer_conn)->ReceiveHeader();
+  EXPECT_EQ(reply.status().code(), absl::StatusCode::kPermissionDenied) << reply.status();
+  ExpectServes(DataPath::kAuto);
+}
+
+// A Unix HELLO without a job (a replica link) and without the right ticket
+// is refused, and the shard keeps serving.
+TEST_F(DataPortTest, AUnixReplicaLinkWithoutTheRightTicketIsRefused) {
+  const DataPortTls tls = TlsOf(dir_, "trainer-0");
+  auto none = DataPortConnection::Dial(unix_, Hello("", ""), tls, absl::Seconds(5));
+  EXPECT_EQ(none.status().code(), absl::StatusCode::kPermissionDenied) << none.status();
+  EXPECT_NE(none.status().message().find("must carry the shard's replica ticket"),
+            std::string::npos)
+      << none.status();
+  for (const std::string& wrong : {std::string(kReplicaTicketBytes, 'x'), std::string("short")}) {
+    v1::DataHello hello = Hello("", "");
+    hello.set_replica_ticket(wrong);
+    auto refused = DataPortConnection::Dial(unix_, hello, tls, absl::Seconds(5));
+    EXPECT_EQ(refused.status().code(), absl::StatusCode::kPermissionDenied) << refused.status();
+    EXPECT_NE(refused.status().message().find("is not this shard's"), std::string::npos)
+        << refused.status();
+  }
   ExpectServes(DataPath::kAuto);
 }
 

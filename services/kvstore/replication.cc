@@ -58,7 +58,11 @@ absl::StatusOr<v1::ReplicateReply> GrpcReplicaLink::Replicate(const std::string&
 struct DataPortReplicaLink::Peer {
   absl::Mutex mu;
   bool discovered ABSL_GUARDED_BY(mu) = false;
-  DataPortAddress address ABSL_GUARDED_BY(mu);  // tcp_port 0: gRPC
+  // tcp_port 0 and no unix_socket: gRPC. unix_socket: the successor is on
+  // this host (and, with TLS, `ticket` lets this link in).
+  DataPortAddress address ABSL_GUARDED_BY(mu);
+  std::string ticket ABSL_GUARDED_BY(mu);
+  bool unix_failed ABSL_GUARDED_BY(mu) = false;  // TCP until the next discovery
   std::vector<std::unique_ptr<DataPortConnection>> idle ABSL_GUARDED_BY(mu);
 };
 
@@ -74,11 +78,23 @@ DataPortReplicaLink::Peer* DataPortReplicaLink::PeerOf(const std::string& addres
   return p.get();
 }
 
+void DataPortReplicaLink::Count(const char* kind) {
+  absl::MutexLock lock(&frames_mu_);
+  ++frames_[kind];
+}
+
+std::map<std::string, int64_t> DataPortReplicaLink::FramesSent() const {
+  absl::MutexLock lock(&frames_mu_);
+  return frames_;
+}
+
 absl::StatusOr<v1::ReplicateReply> DataPortReplicaLink::Replicate(const std::string& address,
                                                                   const std::string& batch) {
   Peer* peer = PeerOf(address);
   std::unique_ptr<DataPortConnection> conn;
   DataPortAddress where;
+  std::string ticket;
+  bool try_unix = false;
   {
     absl::MutexLock lock(&peer->mu);
     if (!peer->discovered) {
@@ -89,19 +105,34 @@ absl::StatusOr<v1::ReplicateReply> DataPortReplicaLink::Replicate(const std::str
       grpc::Status s = stub->DataPort(&ctx, v1::DataPortRequest(), &response);
       if (s.ok() || s.error_code() == grpc::StatusCode::UNIMPLEMENTED) {
         peer->discovered = true;
+        peer->unix_failed = false;
         const size_t colon = address.rfind(':');
+        peer->address = DataPortAddress();
         peer->address.host = colon == std::string::npos ? address : address.substr(0, colon);
         peer->address.tcp_port = response.tcp_port();
         peer->address.tls = response.tls();
+        peer->address.instance = response.instance();
+        peer->ticket = response.replica_ticket();
+        // The successor's socket when it is on this host; with TLS only
+        // with its ticket (without one its Unix HELLO would be refused).
+        if (!response.unix_socket().empty() && !response.host_id().empty() &&
+            response.host_id() == HostId() && (!response.tls() || !peer->ticket.empty())) {
+          peer->address.unix_socket = response.unix_socket();
+        }
       }
     }
     where = peer->address;
+    ticket = peer->ticket;
+    try_unix = !where.unix_socket.empty() && !peer->unix_failed;
     if (!peer->idle.empty()) {
       conn = std::move(peer->idle.back());
       peer->idle.pop_back();
     }
   }
-  if (where.tcp_port == 0) return fallback_.Replicate(address, batch);
+  if (where.tcp_port == 0 && !try_unix) {
+    Count("grpc");
+    return fallback_.Replicate(address, batch);
+  }
   auto forget = [&](const absl::Status& s) {
     absl::MutexLock lock(&peer->mu);
     peer->idle.clear();
@@ -114,14 +145,37 @@ absl::StatusOr<v1::ReplicateReply> DataPortReplicaLink::Replicate(const std::str
     DataPortTls tls;
     if (!c->insecure()) tls = {true, c->files().ca, c->files().cert, c->files().key};
     v1::DataHello hello;  // no job: a replica link
-    absl::StatusOr<std::unique_ptr<DataPortConnection>> dialed =
-        DataPortConnection::Dial(where, hello, tls, std::min(timeout_, absl::Seconds(10)));
-    if (!dialed.ok()) return forget(dialed.status());
-    conn = *std::move(dialed);
+    const absl::Duration dial_timeout = std::min(timeout_, absl::Seconds(10));
+    if (try_unix) {
+      hello.set_replica_ticket(ticket);
+      absl::StatusOr<std::unique_ptr<DataPortConnection>> dialed =
+          DataPortConnection::Dial(where, hello, tls, dial_timeout);
+      if (dialed.ok()) {
+        conn = *std::move(dialed);
+      } else if (where.tcp_port == 0) {
+        return forget(dialed.status());
+      } else {
+        // Not usable from here (a socket in another mount namespace, a
+        // restarted successor, ...): TCP until the next discovery.
+        DT_LOG(INFO) << "replica link to " << address << ": its data port socket "
+                     << where.unix_socket << ": " << dialed.status() << "; using TCP";
+        absl::MutexLock lock(&peer->mu);
+        peer->unix_failed = true;
+      }
+      hello.clear_replica_ticket();
+    }
+    if (conn == nullptr) {
+      where.unix_socket.clear();
+      absl::StatusOr<std::unique_ptr<DataPortConnection>> dialed =
+          DataPortConnection::Dial(where, hello, tls, dial_timeout);
+      if (!dialed.ok()) return forget(dialed.status());
+      conn = *std::move(dialed);
+    }
   }
   conn->set_spin(spin_);
   absl::Status sent = conn->Send(DataOp::kReplicate, "", {batch}, 0, timeout_);
   if (!sent.ok()) return forget(sent);
+  Count(DataConn::KindName(conn->kind()));
   absl::StatusOr<std::string> header = conn->ReceiveHeader();
   if (!header.ok()) return forget(header.status());
   v1::ReplicateReply reply;

@@ -6,6 +6,7 @@
 #define DTRAIN_SERVICES_KVSTORE_REPLICATION_H_
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <thread>
@@ -42,8 +43,11 @@ class GrpcReplicaLink : public ReplicaLink {
 };
 
 // Sends batches over the successor's data port (a REPLICATE frame carrying
-// the serialized batch; libs/kvstore/data_port.h), TCP with this process's
-// credentials, found through KVStore.DataPort; over gRPC (`fallback`) when
+// the serialized batch; libs/kvstore/data_port.h), found through
+// KVStore.DataPort: over its Unix socket (the batch in shared memory) when
+// the successor runs on this host (same boot id) and, with TLS, gave this
+// process its replica ticket (it does for kvstore identities); else over TCP
+// with this process's credentials (mutual TLS); over gRPC (`fallback`) when
 // the successor has no data port. A pool of connections per successor.
 class DataPortReplicaLink : public ReplicaLink {
  public:
@@ -54,15 +58,23 @@ class DataPortReplicaLink : public ReplicaLink {
   absl::StatusOr<v1::ReplicateReply> Replicate(const std::string& address,
                                                const std::string& batch) override;
 
+  // Batches sent since start, by transport: "unix", "tls", "tcp" (REPLICATE
+  // frames) and "grpc" (Replica.Replicate calls); every kind is present.
+  std::map<std::string, int64_t> FramesSent() const;
+
  private:
   struct Peer;
   Peer* PeerOf(const std::string& address);
+  void Count(const char* kind);
 
   const absl::Duration timeout_;
   const absl::Duration spin_;
   GrpcReplicaLink fallback_;
   absl::Mutex mu_;
   absl::flat_hash_map<std::string, std::unique_ptr<Peer>> peers_ ABSL_GUARDED_BY(mu_);
+  mutable absl::Mutex frames_mu_;
+  std::map<std::string, int64_t> frames_ ABSL_GUARDED_BY(frames_mu_) = {
+      {"unix", 0}, {"tls", 0}, {"tcp", 0}, {"grpc", 0}};
 };
 
 // dtrain.kvstore.v1.Replica over a Replicator.

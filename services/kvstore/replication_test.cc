@@ -5,11 +5,15 @@
 // and with real processes in tests/e2e). Checks: every value equals an
 // unreplicated run's bit for bit; the head's loss mid-job is survived with
 // no push lost or applied twice; a new replica catches up while training
-// goes on.
+// goes on. With security on: a chain on one host replicates over the
+// successor's Unix socket (its replica ticket lets the predecessor in).
 #include <grpcpp/grpcpp.h>
 
+#include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <map>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -20,6 +24,9 @@
 #include "gtest/gtest.h"
 #include "libs/kvstore/client.h"
 #include "libs/kvstore/shard_map.h"
+#include "libs/metrics/scrape.h"
+#include "libs/rpc/credentials.h"
+#include "libs/security/certs.h"
 #include "protos/scheduler.grpc.pb.h"
 #include "services/kvstore/server.h"
 
@@ -91,7 +98,7 @@ class ReplicationTest : public ::testing::Test {
  protected:
   void SetUp() override {
     grpc::ServerBuilder b;
-    b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &owner_port_);
+    b.AddListeningPort("127.0.0.1:0", rpc::DefaultCredentials()->ServerCredentials(), &owner_port_);
     b.RegisterService(&owner_);
     owner_server_ = b.BuildAndStart();
     ASSERT_NE(owner_server_, nullptr);
@@ -103,13 +110,19 @@ class ReplicationTest : public ::testing::Test {
 
   std::unique_ptr<KVStoreServer> StartReplica(int replica) {
     ServerOptions o;
+    o.data_socket = data_socket_;
     o.scheduler = absl::StrCat("127.0.0.1:", owner_port_);
     o.shard_index = 0;
     o.num_shards = 1;
     o.replica_index = replica;
     o.job_ttl = absl::ZeroDuration();
+    o.metrics_listen = "127.0.0.1:0";
     auto s = KVStoreServer::Start(o);
     EXPECT_TRUE(s.ok()) << s.status();
+    if (s.ok() && unusable_socket_) {
+      // As for a successor in another mount namespace (a pod on this node).
+      std::filesystem::remove((*s)->data_socket());
+    }
     return s.ok() ? std::move(*s) : nullptr;
   }
 
@@ -233,6 +246,8 @@ class ReplicationTest : public ::testing::Test {
   int owner_port_ = 0;
   std::unique_ptr<grpc::Server> owner_server_;
   std::vector<std::unique_ptr<KVStoreServer>> replicas_;
+  std::string data_socket_ = "auto";  // the replicas' ServerOptions.data_socket
+  bool unusable_socket_ = false;      // their socket files removed after start
   v1::KvstoreHeartbeatRequest a_, b_;
 };
 
@@ -346,6 +361,93 @@ TEST_F(ReplicationTest, AHeadWaitingForADeadSuccessorStillShutsDownInTime) {
   pusher.join();
   EXPECT_FALSE(push.ok());
 }
+
+// The fixture for the replica link's transports: security on (mutual TLS
+// everywhere, every process here holding the certificate GetParam() names,
+// the map owner too: kvstore as in a cluster, or admin, which may do
+// everything, as in kvstore_bench), or off ("": --insecure).
+class ReplicaLinkTest : public ReplicationTest, public ::testing::WithParamInterface<std::string> {
+ protected:
+  void SetUp() override {
+    if (!GetParam().empty()) {
+      const char* tmp = std::getenv("TEST_TMPDIR");
+      const std::string dir = std::string(tmp != nullptr ? tmp : "/tmp") + "/replication_certs";
+      std::filesystem::remove_all(dir);
+      ASSERT_TRUE(security::InitCertDir(dir, {}).ok());
+      auto creds = rpc::Credentials::Load(
+          {dir + "/ca.pem", dir + "/" + GetParam() + ".pem", dir + "/" + GetParam() + ".key"});
+      ASSERT_TRUE(creds.ok()) << creds.status();
+      rpc::SetDefaultCredentials(*creds);
+    }
+    ReplicationTest::SetUp();
+  }
+  void TearDown() override {
+    ReplicationTest::TearDown();
+    rpc::SetDefaultCredentials(rpc::Credentials::Insecure());
+  }
+
+  // Runs 4 rounds on a chain of two, checks the values against an
+  // unreplicated run, and returns the batches the head sent, by transport.
+  std::map<std::string, double> RunAndCountFrames() {
+    std::map<std::string, double> out;
+    const std::vector<std::vector<float>> ref = Reference(4);
+    std::vector<std::vector<float>> got;
+    RunRoundsOnAChainOfTwo(4, {}, &got);
+    if (HasFatalFailure()) return out;
+    for (size_t i = 0; i < ref.size(); ++i) {
+      EXPECT_EQ(got[i].size(), ref[i].size());
+      if (got[i].size() != ref[i].size()) continue;
+      EXPECT_EQ(std::memcmp(got[i].data(), ref[i].data(), ref[i].size() * 4), 0) << i;
+    }
+    ExpectReplicasHoldTheSameValues();
+    absl::StatusOr<std::string> text = metrics::Scrape(replicas_[0]->metrics_port());
+    EXPECT_TRUE(text.ok()) << text.status();
+    if (!text.ok()) return out;
+    for (const char* kind : {"unix", "tls", "tcp", "grpc"}) {
+      absl::StatusOr<double> n = metrics::SampleValue(
+          *text, absl::StrCat("dtrain_kvstore_replicate_frames_total{kind=\"", kind, "\"}"));
+      EXPECT_TRUE(n.ok()) << kind << ": " << *text;
+      out[kind] = n.value_or(-1);
+    }
+    return out;
+  }
+};
+
+// Both replicas on this host: the head's link takes the tail's Unix socket
+// (its batches in shared memory, no TLS) and the chain computes what an
+// unreplicated run does.
+TEST_P(ReplicaLinkTest, ASameHostChainReplicatesOverTheUnixSocket) {
+  std::map<std::string, double> frames = RunAndCountFrames();
+  EXPECT_GE(frames["unix"], 4);  // at least one batch a round
+  EXPECT_EQ(frames["tls"], 0);
+  EXPECT_EQ(frames["tcp"], 0);
+  EXPECT_EQ(frames["grpc"], 0);
+}
+
+// A successor without a socket is reached over TCP (mutual TLS when on).
+TEST_P(ReplicaLinkTest, WithoutASocketTheLinkUsesTcp) {
+  data_socket_ = "";
+  std::map<std::string, double> frames = RunAndCountFrames();
+  const std::string tcp = GetParam().empty() ? "tcp" : "tls";
+  EXPECT_GE(frames[tcp], 4);
+  EXPECT_EQ(frames["unix"], 0);
+  EXPECT_EQ(frames["grpc"], 0);
+}
+
+// A socket this host's boot id points to but the link cannot reach: TCP.
+TEST_P(ReplicaLinkTest, AnUnreachableSocketFallsBackToTcp) {
+  unusable_socket_ = true;
+  std::map<std::string, double> frames = RunAndCountFrames();
+  const std::string tcp = GetParam().empty() ? "tcp" : "tls";
+  EXPECT_GE(frames[tcp], 4);
+  EXPECT_EQ(frames["unix"], 0);
+  EXPECT_EQ(frames["grpc"], 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Identities, ReplicaLinkTest, ::testing::Values("kvstore", "admin", ""),
+                         [](const ::testing::TestParamInfo<std::string>& info) {
+                           return info.param.empty() ? std::string("insecure") : info.param;
+                         });
 
 }  // namespace
 }  // namespace kvstore

@@ -788,7 +788,9 @@ class KVStoreServer::Impl : public DataPortHandler {
 
   void set_data_port(DataPortServer* data_port) { data_port_.store(data_port); }
 
-  absl::Status DataPort(v1::DataPortResponse* response) {
+  void set_replica_link(const DataPortReplicaLink* link) { link_ = link; }
+
+  absl::Status DataPort(const grpc::ServerContextBase& ctx, v1::DataPortResponse* response) {
     DataPortServer* port = data_port_.load();
     if (port == nullptr) return absl::OkStatus();
     response->set_tcp_port(port->tcp_port());
@@ -796,6 +798,16 @@ class KVStoreServer::Impl : public DataPortHandler {
     response->set_unix_socket(port->unix_socket());
     response->set_host_id(HostId());
     response->set_instance(port->instance());
+    // The replica ticket lets a Unix peer in as a kvstore (a chain
+    // predecessor on this host): only for callers that may replicate over
+    // mutual TLS already (kvstore shards, admins), never for trainers.
+    if (port->tls()) {
+      absl::StatusOr<security::Identity> who = rpc::PeerIdentity(ctx);
+      if (who.ok() && who->authenticated &&
+          security::Authorize(*who, security::Action::kReplicate).ok()) {
+        response->set_replica_ticket(port->replica_ticket());
+      }
+    }
     return absl::OkStatus();
   }
 
@@ -961,6 +973,17 @@ class KVStoreServer::Impl : public DataPortHandler {
                                              "tls, unix).",
                                              MetricType::Gauge, open));
     }
+    if (link_ != nullptr) {
+      std::vector<metrics::Sample> frames;
+      for (const auto& [kind, n] : link_->FramesSent()) {
+        frames.push_back({{{"kind", kind}}, static_cast<double>(n)});
+      }
+      families.push_back(metrics::MakeFamily(
+          "dtrain_kvstore_replicate_frames_total",
+          "Batches this replica sent to its successor, by transport (unix: socket and shared "
+          "memory on this host; tls, tcp: the data port over TCP; grpc: Replica.Replicate).",
+          MetricType::Counter, frames));
+    }
     if (replicator_ != nullptr) {
       const ReplicatorStats st = replicator_->stats();
       const std::string role = replicator_->Role();
@@ -1010,6 +1033,7 @@ class KVStoreServer::Impl : public DataPortHandler {
   };
   std::map<std::string, MethodMetrics> methods_;  // filled by the constructor, then read-only
   std::atomic<DataPortServer*> data_port_{nullptr};
+  const DataPortReplicaLink* link_ = nullptr;  // null: unreplicated; set before serving
 };
 
 absl::Status KVStoreServer::Impl::HandleReplicate(const DataRequest& request, DataReply* reply) {
@@ -1065,7 +1089,7 @@ class ControlService final : public v1::KVStore::Service {
   }
   grpc::Status DataPort(grpc::ServerContext* ctx, const v1::DataPortRequest*,
                         v1::DataPortResponse* response) override {
-    return impl_->Run("DataPort", ctx, [&] { return impl_->DataPort(response); });
+    return impl_->Run("DataPort", ctx, [&] { return impl_->DataPort(*ctx, response); });
   }
 
  private:
@@ -1189,6 +1213,7 @@ absl::StatusOr<std::unique_ptr<KVStoreServer>> KVStoreServer::Start(const Server
   server->snapshotter_ = std::make_unique<Snapshotter>(server->store_.get(), options.data_dir,
                                                        options.snapshot_interval);
   uint64_t r_incarnation = 0;
+  const DataPortReplicaLink* link = nullptr;  // its metrics
   if (!options.scheduler.empty()) {
     if (options.num_shards < 1 || options.shard_index >= options.num_shards ||
         options.replica_index < 0) {
@@ -1198,8 +1223,10 @@ absl::StatusOr<std::unique_ptr<KVStoreServer>> KVStoreServer::Start(const Server
     }
     // The chain's writes travel over the successor's data port (gRPC when it
     // has none).
-    server->link_ =
+    auto data_port_link =
         std::make_unique<DataPortReplicaLink>(options.replication_timeout, options.replica_spin);
+    link = data_port_link.get();
+    server->link_ = std::move(data_port_link);
     ReplicatorOptions r;
     r.ack_spin = options.replica_spin;
     r.shard = options.shard_index;
@@ -1212,6 +1239,7 @@ absl::StatusOr<std::unique_ptr<KVStoreServer>> KVStoreServer::Start(const Server
   }
   server->impl_ = std::make_unique<Impl>(options, server->store_.get(), server->snapshotter_.get(),
                                          server->replicator_.get());
+  server->impl_->set_replica_link(link);
   server->services_ = std::make_unique<Services>();
   server->services_->control = std::make_unique<ControlService>(server->impl_.get());
   server->services_->data =
