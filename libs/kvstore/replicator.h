@@ -147,9 +147,11 @@ class Replicator {
   // A client's write, at the head: applies it, forwards it, and returns its
   // result once the chain applied it (Apply, then Ack::Wait).
   absl::StatusOr<MutationResult> Submit(v1::Mutation mutation, absl::Time deadline);
-  // A client's write, at the head, without waiting for the chain: its
-  // result as this replica applied it, and in `ack` when every replica did.
-  // Answer the client only after `ack` completes.
+  // A client's write, at the head: applies it and queues it for the chain.
+  // When no batch is in flight the calling thread sends the queue itself
+  // (and returns with the acknowledgement in hand); otherwise it returns
+  // at once and the thread that holds the connection sends it next. `ack`
+  // completes when every replica applied it: answer the client only then.
   absl::StatusOr<MutationResult> Apply(v1::Mutation mutation, Ack* ack);
   // Completes once every mutation applied here so far is on every replica:
   // a read at the head waits for it before answering, so that it never

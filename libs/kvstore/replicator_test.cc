@@ -44,6 +44,7 @@ class Link : public ReplicaLink {
       if (it == replicas_.end()) return absl::UnavailableError(absl::StrCat("no ", address));
       to = it->second;
       ++batches_;
+      last_sender_ = std::this_thread::get_id();
     }
     return to->Receive(batch, absl::Now() + absl::Seconds(10));
   }
@@ -72,6 +73,11 @@ class Link : public ReplicaLink {
     absl::MutexLock lock(&mu_);
     return batches_;
   }
+  // The thread that sent the last batch.
+  std::thread::id last_sender() {
+    absl::MutexLock lock(&mu_);
+    return last_sender_;
+  }
 
  private:
   absl::Mutex mu_;
@@ -85,6 +91,7 @@ class Link : public ReplicaLink {
     return gates;
   }
   int batches_ = 0;
+  std::thread::id last_sender_;
 };
 
 struct Node {
@@ -263,6 +270,60 @@ TEST_F(ReplicatorTest, WritesQueuedWhileABatchIsInFlightGoTogether) {
   // one more batch (or two, if the forwarder took the first before the
   // second was queued and one more arrived meanwhile).
   EXPECT_LE(link_.batches() - before, 3);
+}
+
+TEST_F(ReplicatorTest, TheThreadThatAppliesAWriteSendsItWhenNoBatchIsInFlight) {
+  Node& a = Add(0);
+  Node& b = Add(1);
+  SetMap(Map(1, {{0, kActive}, {1, kActive}}));
+  ASSERT_TRUE(WaitCaughtUp(0, 1));
+  ASSERT_TRUE(a.replicator.Submit(CreateJob(2, Consistency::kSync), Soon()).ok());
+  ASSERT_TRUE(a.replicator.Submit(Init(64), Soon()).ok());
+  // No hand-off to the forwarder: the batch left from this thread.
+  EXPECT_EQ(link_.last_sender(), std::this_thread::get_id());
+  Replicator::Ack ack;
+  ASSERT_TRUE(a.replicator.Apply(Push(0, 1, 64), &ack).ok());
+  EXPECT_EQ(link_.last_sender(), std::this_thread::get_id());
+  EXPECT_TRUE(ack.Wait(absl::Now()).ok());  // acknowledged on the way
+  EXPECT_EQ(Fingerprint(b.store), Fingerprint(a.store));
+}
+
+TEST_F(ReplicatorTest, AnAckAndAppliedSoFarCompleteOnlyOnceTheChainHoldsTheWrites) {
+  Node& a = Add(0);
+  Node& b = Add(1);
+  SetMap(Map(1, {{0, kActive}, {1, kActive}}));
+  ASSERT_TRUE(WaitCaughtUp(0, 1));
+  ASSERT_TRUE(a.replicator.Submit(CreateJob(2, Consistency::kSync), Soon()).ok());
+  ASSERT_TRUE(a.replicator.Submit(Init(64), Soon()).ok());
+  link_.Close();
+  // Worker 0's push: its thread sends it and waits at the closed gate.
+  std::thread first([&] { EXPECT_TRUE(a.replicator.Submit(Push(0, 1, 64), Soon()).ok()); });
+  for (absl::Time end = Soon(); absl::Now() < end; absl::SleepFor(absl::Milliseconds(1))) {
+    if (a.store.GetJob("j", 0, true)->slices[0].pushed_round == 1) break;
+  }
+  // Worker 1's push completes the round at the head; Apply returns with it
+  // applied there (a batch is in flight, so it is only queued).
+  Replicator::Ack ack;
+  absl::StatusOr<MutationResult> applied = a.replicator.Apply(Push(1, 1, 64), &ack);
+  ASSERT_TRUE(applied.ok()) << applied.status();
+  EXPECT_EQ(applied->push.applied, 1);
+  EXPECT_EQ(a.store.GetJob("j", 1, true)->slices[0].completed_round, 1);
+  // Neither the write nor a read of the round may be answered yet: the
+  // successor lacks both pushes.
+  const absl::Status early = ack.Wait(absl::Now() + absl::Milliseconds(50));
+  EXPECT_TRUE(absl::IsDeadlineExceeded(early)) << early;
+  const absl::Status read = a.replicator.AppliedSoFar().Wait(absl::Now() + absl::Milliseconds(50));
+  EXPECT_TRUE(absl::IsDeadlineExceeded(read)) << read;
+  EXPECT_EQ(b.store.GetJob("j", 1, true)->slices[0].completed_round, 0);
+  link_.Open();
+  first.join();
+  EXPECT_TRUE(ack.Wait(Soon()).ok());
+  EXPECT_TRUE(a.replicator.AppliedSoFar().Wait(Soon()).ok());
+  EXPECT_EQ(b.store.GetJob("j", 1, true)->slices[0].completed_round, 1);
+  EXPECT_EQ(Fingerprint(b.store), Fingerprint(a.store));
+  // The tail holds only what every replica holds: its reads wait for
+  // nothing.
+  EXPECT_TRUE(b.replicator.AppliedSoFar().Wait(absl::Now()).ok());
 }
 
 TEST_F(ReplicatorTest, OnlyTheHeadTakesWritesAndOnlyActiveMembersServeReads) {
