@@ -168,8 +168,11 @@ struct ClientOptions {
   // On the data port, how long a call polls for its reply before its
   // thread sleeps: a reply that comes within it skips the wakeup of a
   // sleeping thread (tens of microseconds on a virtual machine), at the
-  // cost of that much CPU per call. Zero: sleep at once.
-  absl::Duration reply_spin = absl::Microseconds(50);
+  // cost of that much CPU per call. Off by default: a call that fans out
+  // to several shards waits on several server threads, and on a host with
+  // fewer spare cores than that the spinning delays them (measured in
+  // libs/kvstore/README.md).
+  absl::Duration reply_spin = absl::ZeroDuration();
 };
 
 class KVClient : public ParameterServer {

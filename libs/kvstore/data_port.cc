@@ -889,7 +889,7 @@ void DataPortServer::Serve(std::unique_ptr<DataConn> conn, int id) {
     }
     if (!WriteFrame(*conn, out, reply.header, payload).ok()) return;
     spin = h->op == static_cast<uint16_t>(DataOp::kReplicate) ? options_.replicate_spin
-                                                               : absl::ZeroDuration();
+                                                              : absl::ZeroDuration();
   }
 }
 

@@ -264,7 +264,8 @@ absl::StatusOr<MutationResult> Replicator::Apply(v1::Mutation mutation, Ack* ack
   absl::MutexLock lock(&mu_);
   if (stop_) return absl::UnavailableError(absl::StrCat(WhoLocked(), " is shutting down"));
   DT_RETURN_IF_ERROR(CheckIsHeadLocked());
-  DT_ASSIGN_OR_RETURN(MutationResult result, ApplyAndQueueLocked(std::move(shared), &ack->pending_));
+  DT_ASSIGN_OR_RETURN(MutationResult result,
+                      ApplyAndQueueLocked(std::move(shared), &ack->pending_));
   ack->spin_ = options_.ack_spin;
   SendInlineLocked();
   return result;
@@ -361,8 +362,7 @@ void Replicator::Forward() {
   absl::MutexLock lock(&mu_);
   for (;;) {
     auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      return stop_ ||
-             (!sending_ && successor_.replica >= 0 && (need_transfer_ || !queue_.empty()));
+      return stop_ || (!sending_ && successor_.replica >= 0 && (need_transfer_ || !queue_.empty()));
     };
     mu_.Await(absl::Condition(&ready));
     if (stop_) return;
@@ -446,8 +446,8 @@ bool Replicator::SendBatchLocked() {
     reply = link_->Replicate(to.address, bytes);
     mu_.Lock();
   }
-  if (stop_) return false;                        // Stop completed inflight_
-  if (epoch != successor_epoch_) return true;     // SetMap took care of inflight_
+  if (stop_) return false;                     // Stop completed inflight_
+  if (epoch != successor_epoch_) return true;  // SetMap took care of inflight_
   if (reply.ok()) {
     if (transfer) {
       ++stats_.transfers;

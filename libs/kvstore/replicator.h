@@ -23,9 +23,9 @@
 // mutation sends the queue itself when no batch is in flight (no hand-off
 // to another thread on the write path); a forwarder thread sends what is
 // left, the state transfers and the retries. A write returns only when
-// the successor (and so every replica after it) applied it. A mutation the store refuses changes nothing (the
-// store is all or nothing) and is not forwarded: the other replicas would
-// refuse it the same way.
+// the successor (and so every replica after it) applied it. A mutation the store refuses changes
+// nothing (the store is all or nothing) and is not forwarded: the other replicas would refuse it
+// the same way.
 //
 // Failures. A batch that fails (the successor died, or its map is older or
 // newer than ours) is sent again after a backoff until the map changes.
@@ -97,7 +97,7 @@ struct ReplicatorOptions {
   // Mutations per batch.
   int max_batch = 256;
   // How long Ack::Wait polls before its thread sleeps.
-  absl::Duration ack_spin = absl::Microseconds(50);
+  absl::Duration ack_spin = absl::Microseconds(100);
 };
 
 struct ReplicatorStats {
@@ -219,7 +219,7 @@ class Replicator {
   std::deque<std::shared_ptr<Pending>> queue_ ABSL_GUARDED_BY(mu_);     // not yet sent
   std::deque<std::shared_ptr<Pending>> inflight_ ABSL_GUARDED_BY(mu_);  // sent, unacknowledged
   std::shared_ptr<Pending> last_queued_ ABSL_GUARDED_BY(mu_);  // null: all applied is replicated
-  bool sending_ ABSL_GUARDED_BY(mu_) = false;                   // a batch is in flight
+  bool sending_ ABSL_GUARDED_BY(mu_) = false;                  // a batch is in flight
   absl::Time retry_at_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();  // after a failed batch
   std::pair<int, uint64_t> caught_up_ ABSL_GUARDED_BY(mu_) = {-1, 0};
   ReplicatorStats stats_ ABSL_GUARDED_BY(mu_);

@@ -4,7 +4,8 @@
 // shards of 2 replicas each; the supervisor restarts what dies, as
 // Kubernetes restarts a pod) runs a 2-trainer MLP job through the kvstore
 // (SYNCHRONOUS rounds, a checkpoint after every epoch) undisturbed, then
-// again while, every 6-9 s, a random trainer, kvstore replica or the
+// again while, every eighth of the undisturbed run's time (2-6 s, plus up to
+// half of it at random), a random trainer, kvstore replica or the
 // scheduler is SIGKILLed. The disturbed job must SUCCEED with a test
 // accuracy within 0.01 of the undisturbed one; nothing the scheduler
 // acknowledged may be lost: jobs submitted during the chaos all exist and
@@ -12,6 +13,7 @@
 // history, in order, with versions that never went back.
 #include <signal.h>
 
+#include <algorithm>
 #include <map>
 #include <random>
 #include <string>
@@ -66,12 +68,20 @@ TEST(KvstoreChaosE2eTest, RandomKillsEveryFewSecondsLoseNothing) {
   KvstoreCluster cluster("chaos", options);
   ASSERT_TRUE(cluster.status().ok()) << cluster.status();
 
+  const absl::Time ref_start = absl::Now();
   absl::StatusOr<v1::JobStatus> ref = cluster.Submit(Job("undisturbed"));
   ASSERT_TRUE(ref.ok()) << ref.status();
   absl::StatusOr<v1::JobStatus> ref_done =
       WatchToEnd(cluster.jobs(), ref->id(), absl::Seconds(300));
   ASSERT_TRUE(ref_done.ok()) << ref_done.status();
   ASSERT_EQ(ref_done->state(), v1::SUCCEEDED) << ref_done->DebugString();
+  // Kills every eighth of the undisturbed run (2-6 s, plus up to half of
+  // that at random): at least three land however fast the job runs here.
+  const int64_t gap_ms =
+      std::clamp<int64_t>(absl::ToInt64Milliseconds(absl::Now() - ref_start) / 8, 2000, 6000);
+  auto next_gap = [&](std::mt19937& rng) {
+    return absl::Milliseconds(gap_ms + static_cast<int64_t>(rng() % (gap_ms / 2)));
+  };
 
   absl::StatusOr<v1::JobStatus> job = cluster.Submit(Job("chaos"));
   ASSERT_TRUE(job.ok()) << job.status();
@@ -81,7 +91,7 @@ TEST(KvstoreChaosE2eTest, RandomKillsEveryFewSecondsLoseNothing) {
   std::vector<v1::JobState> seen_states;  // the chaos job's states, as polled
   int64_t last_version = 0;
   const absl::Time start = absl::Now();
-  absl::Time next_kill = start + absl::Seconds(6);
+  absl::Time next_kill = start + absl::Milliseconds(gap_ms);
   v1::JobStatus st = *job;
   const absl::Time deadline = start + absl::Seconds(600);
   while (!Final(st.state()) && absl::Now() < deadline) {
@@ -126,7 +136,7 @@ TEST(KvstoreChaosE2eTest, RandomKillsEveryFewSecondsLoseNothing) {
         }
       }
     }
-    next_kill = absl::Now() + absl::Seconds(6 + rng() % 4);
+    next_kill = absl::Now() + next_gap(rng);
   }
   const std::string schedule = absl::StrJoin(kills, ", ");
   ASSERT_TRUE(Final(st.state())) << "still " << st.DebugString() << "\nkills: " << schedule;

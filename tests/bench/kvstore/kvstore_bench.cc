@@ -86,10 +86,11 @@ ABSL_FLAG(std::string, data_path, "auto",
           "how pushes and pulls travel (ClientOptions.data_path): auto (the data port, Unix socket "
           "and shared memory on this host), tcp (the data port over TCP, TLS unless --notls), "
           "grpc");
-ABSL_FLAG(int, replica_spin_us, 50, "the servers' --replica_spin_us");
-ABSL_FLAG(int, reply_spin_us, 50,
-          "how long a worker polls for a data port reply before sleeping (ClientOptions.reply_spin; "
-          "0: sleep at once)");
+ABSL_FLAG(int, replica_spin_us, 100, "the servers' --replica_spin_us");
+ABSL_FLAG(
+    int, reply_spin_us, 0,
+    "how long a worker polls for a data port reply before sleeping (ClientOptions.reply_spin; "
+    "0: sleep at once)");
 ABSL_FLAG(std::string, server_binary, "", "kvstore_server to run (default: from runfiles)");
 
 namespace dtrain {
@@ -256,8 +257,8 @@ absl::StatusOr<Result> RunOnce(const char* argv0, int replicas) {
       "data_path=%s reply_spin_us=%d pushpull_GBps=%.3f p50_us=%.0f p99_us=%.0f compression=%s\n",
       workers, servers, replicas, static_cast<long long>(elements * 4), keys,
       absl::GetFlag(FLAGS_tls) ? "on" : "off", absl::GetFlag(FLAGS_callback_data) ? "on" : "off",
-      absl::GetFlag(FLAGS_data_path).c_str(), absl::GetFlag(FLAGS_reply_spin_us), result.gbps, result.p50, result.p99,
-      DescribeCompression(*compression).c_str());
+      absl::GetFlag(FLAGS_data_path).c_str(), absl::GetFlag(FLAGS_reply_spin_us), result.gbps,
+      result.p50, result.p99, DescribeCompression(*compression).c_str());
   std::fflush(stdout);
   for (auto it = procs.rbegin(); it != procs.rend(); ++it) (void)(*it)->Kill(SIGTERM);
   for (auto& p : procs) (void)p->Wait();
