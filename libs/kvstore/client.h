@@ -47,11 +47,11 @@
 // replicas serve (Replica.GetShardMap; the scheduler owns it): writes
 // (CreateJob, Init, Push, DeleteJob, LeaveJob) go to each chain's head, reads
 // (Pull, GetJob) to its tail; a push-pull goes to the head, which answers it
-// once every replica holds the values it returns (one round trip). A call that fails with UNAVAILABLE (a replica died, or is
-// no longer what the map said) makes the client refresh its map from the
-// replicas and retry, within unavailable_timeout: failover takes the
-// scheduler's heartbeat timeout plus a refresh. A retried push is a
-// duplicate wherever the chain had applied it, so nothing is applied twice.
+// once every replica holds the values it returns (one round trip). A call that fails with
+// UNAVAILABLE (a replica died, or is no longer what the map said) makes the client refresh its map
+// from the replicas and retry, within unavailable_timeout: failover takes the scheduler's heartbeat
+// timeout plus a refresh. A retried push is a duplicate wherever the chain had applied it, so
+// nothing is applied twice.
 //
 // Buffers. Push sources and pull destinations are the caller's memory,
 // holding the whole key in its dtype (row-major). Pushes send it without
