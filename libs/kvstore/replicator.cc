@@ -15,7 +15,8 @@
 namespace dtrain {
 namespace kvstore {
 
-absl::StatusOr<MutationResult> ApplyMutation(Store* store, const v1::Mutation& m) {
+absl::StatusOr<MutationResult> ApplyMutation(Store* store, const v1::Mutation& m,
+                                             const absl::string_view* values) {
   MutationResult result;
   switch (m.op_case()) {
     case v1::Mutation::kCreateJob: {
@@ -51,9 +52,14 @@ absl::StatusOr<MutationResult> ApplyMutation(Store* store, const v1::Mutation& m
     }
     case v1::Mutation::kPush: {
       const v1::ReplicatedPush& p = m.push();
-      if (p.data_size() != p.items_size()) {
-        return absl::InvalidArgumentError(absl::StrCat("replicated push: ", p.data_size(),
-                                                       " values for ", p.items_size(), " items"));
+      const bool apart = p.data_bytes_size() > 0;
+      if (apart && values == nullptr) {
+        return absl::InvalidArgumentError("replicated push: its values travel apart but none came");
+      }
+      if ((apart ? p.data_bytes_size() : p.data_size()) != p.items_size()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("replicated push: ", apart ? p.data_bytes_size() : p.data_size(),
+                         " values for ", p.items_size(), " items"));
       }
       DT_ASSIGN_OR_RETURN(CompressionSpec compression,
                           CompressionFromProto(p.compression(), p.topk_ratio()));
@@ -66,7 +72,7 @@ absl::StatusOr<MutationResult> ApplyMutation(Store* store, const v1::Mutation& m
         item.round = proto.round();
         DT_ASSIGN_OR_RETURN(item.dtype, DTypeFromWire(proto.dtype()));
         item.shape.assign(proto.shape().begin(), proto.shape().end());
-        item.data = {p.data(i)};
+        item.data = {apart ? values[i] : absl::string_view(p.data(i))};
         items.push_back(std::move(item));
       }
       DT_ASSIGN_OR_RETURN(result.push, store->Push(p.job(), p.worker(), compression, items));
@@ -76,6 +82,60 @@ absl::StatusOr<MutationResult> ApplyMutation(Store* store, const v1::Mutation& m
       break;
   }
   return absl::InvalidArgumentError("replicated mutation with no operation");
+}
+
+namespace {
+
+// Values a push carrying data_bytes takes: its items' count.
+int ApartValues(const v1::Mutation& m) {
+  return m.op_case() == v1::Mutation::kPush ? m.push().data_bytes_size() : 0;
+}
+
+// Checks that `values` are exactly the bytes the batch's data_bytes name.
+absl::Status CheckApartValues(const v1::ReplicateBatch& batch,
+                              const std::vector<absl::string_view>& values) {
+  size_t at = 0;
+  for (const v1::Mutation& m : batch.mutations()) {
+    for (int i = 0; i < ApartValues(m); ++i, ++at) {
+      const int64_t want = m.push().data_bytes(i);
+      if (at >= values.size() || want < 0 || static_cast<uint64_t>(want) != values[at].size()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("replicated batch: value ", at, " should have ", want, " bytes, ",
+                         at < values.size() ? absl::StrCat(values[at].size()) : "none", " came"));
+      }
+    }
+  }
+  if (at != values.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("replicated batch: ", values.size(), " values for pushes that name ", at));
+  }
+  return absl::OkStatus();
+}
+
+// `m` with `values` (its ApartValues) moved inside it.
+void InlineInto(v1::Mutation* m, const absl::string_view* values) {
+  v1::ReplicatedPush* p = m->mutable_push();
+  for (int i = 0; i < p->data_bytes_size(); ++i) p->add_data(values[i].data(), values[i].size());
+  p->clear_data_bytes();
+}
+
+}  // namespace
+
+absl::StatusOr<v1::ReplicateBatch> InlineValues(absl::string_view bytes,
+                                                const std::vector<absl::string_view>& values) {
+  v1::ReplicateBatch batch;
+  if (!batch.ParseFromArray(bytes.data(), static_cast<int>(bytes.size()))) {
+    return absl::InvalidArgumentError("replicated batch: does not parse");
+  }
+  DT_RETURN_IF_ERROR(CheckApartValues(batch, values));
+  size_t at = 0;
+  for (v1::Mutation& m : *batch.mutable_mutations()) {
+    const int n = ApartValues(m);
+    if (n == 0) continue;
+    InlineInto(&m, &values[at]);
+    at += static_cast<size_t>(n);
+  }
+  return batch;
 }
 
 // A mutation applied here and queued for the successor.
@@ -231,8 +291,9 @@ std::string Replicator::Role() const {
 }
 
 absl::StatusOr<MutationResult> Replicator::ApplyAndQueueLocked(
-    std::shared_ptr<const v1::Mutation> mutation, std::shared_ptr<Pending>* queued) {
-  DT_ASSIGN_OR_RETURN(MutationResult result, ApplyMutation(store_, *mutation));
+    std::shared_ptr<const v1::Mutation> mutation, std::shared_ptr<Pending>* queued,
+    const absl::string_view* values) {
+  DT_ASSIGN_OR_RETURN(MutationResult result, ApplyMutation(store_, *mutation, values));
   if (successor_.replica >= 0) {
     auto p = std::make_shared<Pending>();
     p->mutation = std::move(mutation);
@@ -286,8 +347,9 @@ Replicator::Ack Replicator::AppliedSoFar() const {
   return ack;
 }
 
-absl::StatusOr<v1::ReplicateReply> Replicator::Receive(v1::ReplicateBatch batch,
-                                                       absl::Time deadline) {
+absl::StatusOr<v1::ReplicateReply> Replicator::Receive(
+    v1::ReplicateBatch batch, absl::Time deadline, const std::vector<absl::string_view>& values) {
+  DT_RETURN_IF_ERROR(CheckApartValues(batch, values));
   std::vector<Ack> queued;
   v1::ReplicateReply reply;
   {
@@ -327,10 +389,21 @@ absl::StatusOr<v1::ReplicateReply> Replicator::Receive(v1::ReplicateBatch batch,
       return absl::UnavailableError(
           absl::StrCat(WhoLocked(), " has no state yet; send the state first"));
     }
+    size_t at = 0;  // into values
     for (v1::Mutation& m : *batch.mutable_mutations()) {
+      const absl::string_view* apart = nullptr;
+      if (const int n = ApartValues(m); n > 0) {
+        // Applied from where they arrived; copied in only to go on.
+        if (successor_.replica >= 0) {
+          InlineInto(&m, &values[at]);
+        } else {
+          apart = &values[at];
+        }
+        at += static_cast<size_t>(n);
+      }
       Ack ack;
-      absl::StatusOr<MutationResult> r =
-          ApplyAndQueueLocked(std::make_shared<const v1::Mutation>(std::move(m)), &ack.pending_);
+      absl::StatusOr<MutationResult> r = ApplyAndQueueLocked(
+          std::make_shared<const v1::Mutation>(std::move(m)), &ack.pending_, apart);
       reply.add_codes(static_cast<int32_t>(r.status().code()));
       if (ack.pending_ != nullptr) {
         ack.spin_ = options_.ack_spin;
@@ -343,6 +416,59 @@ absl::StatusOr<v1::ReplicateReply> Replicator::Receive(v1::ReplicateBatch batch,
   for (const Ack& ack : queued) DT_RETURN_IF_ERROR(ack.Wait(deadline));
   return reply;
 }
+
+namespace {
+
+// Past this, a batch's bytes travel as one message even where pushes' values
+// could travel apart (a data port frame's header holds at most 1 MiB).
+constexpr size_t kMaxApartHeaderBytes = 512 << 10;
+
+void AppendMessage(int field, const google::protobuf::MessageLite& m, std::string* out) {
+  const size_t size = m.ByteSizeLong();
+  out->push_back(static_cast<char>((field << 3) | 2));
+  for (size_t v = size;; v >>= 7) {
+    if (v < 0x80) {
+      out->push_back(static_cast<char>(v));
+      break;
+    }
+    out->push_back(static_cast<char>((v & 0x7f) | 0x80));
+  }
+  const size_t at = out->size();
+  out->resize(at + size);
+  m.SerializeWithCachedSizesToArray(reinterpret_cast<uint8_t*>(&(*out)[at]));
+}
+
+// The batch's bytes: its header, then each mutation as field 7
+// (concatenated messages merge), without copying the mutations into a batch
+// message first. With `apart`, pushes carry data_bytes and their values go
+// to `values` (views into `mutations`).
+std::string SerializeBatch(const v1::ReplicateBatch& header,
+                           const std::vector<std::shared_ptr<const v1::Mutation>>& mutations,
+                           bool apart, std::vector<absl::string_view>* values) {
+  std::string bytes = header.SerializeAsString();
+  for (const std::shared_ptr<const v1::Mutation>& m : mutations) {
+    if (!apart || m->op_case() != v1::Mutation::kPush || m->push().data_size() == 0) {
+      AppendMessage(v1::ReplicateBatch::kMutationsFieldNumber, *m, &bytes);
+      continue;
+    }
+    const v1::ReplicatedPush& p = m->push();
+    v1::Mutation stripped;
+    v1::ReplicatedPush* s = stripped.mutable_push();
+    s->set_job(p.job());
+    s->set_worker(p.worker());
+    s->set_compression(p.compression());
+    s->set_topk_ratio(p.topk_ratio());
+    *s->mutable_items() = p.items();
+    for (const std::string& d : p.data()) {
+      s->add_data_bytes(static_cast<int64_t>(d.size()));
+      values->push_back(d);
+    }
+    AppendMessage(v1::ReplicateBatch::kMutationsFieldNumber, stripped, &bytes);
+  }
+  return bytes;
+}
+
+}  // namespace
 
 void Replicator::SendInlineLocked() {
   // A few batches at most: the caller has its own request to answer.
@@ -423,27 +549,17 @@ bool Replicator::SendBatchLocked() {
         out->set_data(std::move(t.data));
       }
     }
-    // The batch's bytes: its header, then each mutation as field 7
-    // (concatenated messages merge), without copying the mutations into
-    // a batch message first.
-    std::string bytes = batch.SerializeAsString();
-    batch.Clear();
-    for (const std::shared_ptr<const v1::Mutation>& m : mutations) {
-      const size_t size = m->ByteSizeLong();
-      bytes.push_back(static_cast<char>((v1::ReplicateBatch::kMutationsFieldNumber << 3) | 2));
-      for (size_t v = size;; v >>= 7) {
-        if (v < 0x80) {
-          bytes.push_back(static_cast<char>(v));
-          break;
-        }
-        bytes.push_back(static_cast<char>((v & 0x7f) | 0x80));
-      }
-      const size_t at = bytes.size();
-      bytes.resize(at + size);
-      m->SerializeWithCachedSizesToArray(reinterpret_cast<uint8_t*>(&bytes[at]));
+    std::vector<absl::string_view> values;
+    std::string bytes = SerializeBatch(batch, mutations, /*apart=*/!transfer, &values);
+    if (!values.empty() && bytes.size() > kMaxApartHeaderBytes) {
+      // Big values inside the mutations (an Init): all of it as one message.
+      values.clear();
+      bytes = SerializeBatch(batch, mutations, /*apart=*/false, &values);
     }
-    mutations.clear();
-    reply = link_->Replicate(to.address, bytes);
+    batch.Clear();
+    reply = link_->Replicate(to.address, bytes, values);
+    values.clear();
+    mutations.clear();  // the values' owners
     mu_.Lock();
   }
   if (stop_) return false;                     // Stop completed inflight_

@@ -58,6 +58,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "libs/kvstore/store.h"
@@ -74,18 +75,32 @@ struct MutationResult {
   PushResult push;
 };
 
-// Applies one mutation to `store`, as the client's call would have.
-absl::StatusOr<MutationResult> ApplyMutation(Store* store, const v1::Mutation& mutation);
+// Applies one mutation to `store`, as the client's call would have. A push
+// with data_bytes takes its items' bytes from `values` (as many as it has
+// items).
+absl::StatusOr<MutationResult> ApplyMutation(Store* store, const v1::Mutation& mutation,
+                                             const absl::string_view* values = nullptr);
 
-// How a replica reaches its successor (gRPC in services/kvstore).
+// How a replica reaches its successor (services/kvstore: the data port, or
+// gRPC).
 class ReplicaLink {
  public:
   virtual ~ReplicaLink() = default;
   // Sends a serialized v1::ReplicateBatch to the replica at `address` and
   // returns its reply once it (and the replicas after it) applied the batch.
-  virtual absl::StatusOr<v1::ReplicateReply> Replicate(const std::string& address,
-                                                       const std::string& batch) = 0;
+  // With `values`, the batch's pushes carry data_bytes instead of data and
+  // `values` are their bytes, in order (a link that cannot send them apart
+  // puts them back: InlineValues).
+  virtual absl::StatusOr<v1::ReplicateReply> Replicate(
+      const std::string& address, const std::string& batch,
+      const std::vector<absl::string_view>& values) = 0;
 };
+
+// A batch whose pushes' values travel apart (ReplicatedPush.data_bytes) as
+// one whose values are inside it: for links and receivers that take only
+// those. kInvalidArgument when the sizes and the values disagree.
+absl::StatusOr<v1::ReplicateBatch> InlineValues(absl::string_view batch,
+                                                const std::vector<absl::string_view>& values);
 
 struct ReplicatorOptions {
   int shard = 0;
@@ -160,8 +175,11 @@ class Replicator {
 
   // A batch from the predecessor: applies the state (if any) and the
   // mutations in order, forwards them, and replies once the successor
-  // acknowledged them.
-  absl::StatusOr<v1::ReplicateReply> Receive(v1::ReplicateBatch batch, absl::Time deadline);
+  // acknowledged them. `values`: the bytes of pushes that carry data_bytes
+  // (applied from there; copied only to be forwarded); kInvalidArgument,
+  // with nothing applied, when they do not add up.
+  absl::StatusOr<v1::ReplicateReply> Receive(v1::ReplicateBatch batch, absl::Time deadline,
+                                             const std::vector<absl::string_view>& values = {});
 
   // OK if this replica may serve reads (an ACTIVE member with the state);
   // kUnavailable naming the reason otherwise.
@@ -190,8 +208,11 @@ class Replicator {
   absl::Status CheckIsHeadLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::string WhoLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Applies and, with a successor, queues; returns the queued entry or null.
+  // `values`: a push's items' bytes when they travel apart (the mutation
+  // must then not be queued: it is inlined first when there is a successor).
   absl::StatusOr<MutationResult> ApplyAndQueueLocked(std::shared_ptr<const v1::Mutation> mutation,
-                                                     std::shared_ptr<Pending>* queued)
+                                                     std::shared_ptr<Pending>* queued,
+                                                     const absl::string_view* values = nullptr)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Sends the next batch (or the state transfer) to the successor, with mu_
   // released while it travels; false when it failed (retry_at_ is then

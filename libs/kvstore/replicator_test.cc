@@ -26,8 +26,11 @@ namespace {
 // Delivers batches to replicas of this process; addresses in `down` fail.
 class Link : public ReplicaLink {
  public:
-  absl::StatusOr<v1::ReplicateReply> Replicate(const std::string& address,
-                                               const std::string& bytes) override {
+  // Values that travel apart are handed over as they came (the data port's
+  // way); the parsed batch is what a successor would get.
+  absl::StatusOr<v1::ReplicateReply> Replicate(
+      const std::string& address, const std::string& bytes,
+      const std::vector<absl::string_view>& values) override {
     v1::ReplicateBatch batch;
     if (!batch.ParseFromString(bytes)) return absl::InvalidArgumentError("bad batch");
     absl::Notification* gate;
@@ -46,7 +49,7 @@ class Link : public ReplicaLink {
       ++batches_;
       last_sender_ = std::this_thread::get_id();
     }
-    return to->Receive(batch, absl::Now() + absl::Seconds(10));
+    return to->Receive(batch, absl::Now() + absl::Seconds(10), values);
   }
   void Add(const std::string& address, Replicator* r) {
     absl::MutexLock lock(&mu_);
@@ -324,6 +327,47 @@ TEST_F(ReplicatorTest, AnAckAndAppliedSoFarCompleteOnlyOnceTheChainHoldsTheWrite
   // The tail holds only what every replica holds: its reads wait for
   // nothing.
   EXPECT_TRUE(b.replicator.AppliedSoFar().Wait(absl::Now()).ok());
+}
+
+TEST_F(ReplicatorTest, ABatchWhoseValuesDisagreeWithItsPushesIsRefusedWhole) {
+  Node& a = Add(0);
+  Node& b = Add(1);
+  SetMap(Map(1, {{0, kActive}, {1, kActive}}));
+  ASSERT_TRUE(WaitCaughtUp(0, 1));
+  ASSERT_TRUE(a.replicator.Submit(CreateJob(2, Consistency::kAsync), Soon()).ok());
+  ASSERT_TRUE(a.replicator.Submit(Init(64), Soon()).ok());
+  const std::string before = Fingerprint(b.store);
+  // Two pushes whose values travel apart: 256 bytes each named.
+  v1::ReplicateBatch batch;
+  batch.set_map_version(1);
+  batch.set_shard(0);
+  batch.set_from_replica(0);
+  batch.set_from_incarnation(100);
+  for (int w = 0; w < 2; ++w) {
+    v1::Mutation m = Push(w, 1, 64);
+    m.mutable_push()->clear_data();
+    m.mutable_push()->add_data_bytes(256);
+    *batch.add_mutations() = m;
+  }
+  const std::string good(256, '\0'), short_value(128, '\0');
+  for (const std::vector<absl::string_view>& values :
+       {std::vector<absl::string_view>{good}, std::vector<absl::string_view>{good, short_value},
+        std::vector<absl::string_view>{good, good, good}}) {
+    absl::StatusOr<v1::ReplicateReply> r = b.replicator.Receive(batch, Soon(), values);
+    EXPECT_TRUE(absl::IsInvalidArgument(r.status())) << r.status();
+    EXPECT_TRUE(absl::IsInvalidArgument(InlineValues(batch.SerializeAsString(), values).status()));
+  }
+  EXPECT_EQ(Fingerprint(b.store), before);  // not even the first push
+  // The right values: both applied, as if they had been inside the batch.
+  absl::StatusOr<v1::ReplicateBatch> whole = InlineValues(batch.SerializeAsString(), {good, good});
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  EXPECT_EQ(whole->mutations(1).push().data(0), good);
+  EXPECT_EQ(whole->mutations(1).push().data_bytes_size(), 0);
+  absl::StatusOr<v1::ReplicateReply> r = b.replicator.Receive(batch, Soon(), {good, good});
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->codes_size(), 2);
+  EXPECT_EQ(r->codes(0), 0);
+  EXPECT_EQ(r->codes(1), 0);
 }
 
 TEST_F(ReplicatorTest, OnlyTheHeadTakesWritesAndOnlyActiveMembersServeReads) {

@@ -34,8 +34,15 @@ std::shared_ptr<grpc::Channel> GrpcReplicaLink::Channel(const std::string& addre
   return channel;
 }
 
-absl::StatusOr<v1::ReplicateReply> GrpcReplicaLink::Replicate(const std::string& address,
-                                                              const std::string& bytes) {
+absl::StatusOr<v1::ReplicateReply> GrpcReplicaLink::Replicate(
+    const std::string& address, const std::string& batch,
+    const std::vector<absl::string_view>& values) {
+  std::string inlined;
+  if (!values.empty()) {
+    DT_ASSIGN_OR_RETURN(v1::ReplicateBatch whole, InlineValues(batch, values));
+    inlined = whole.SerializeAsString();
+  }
+  const std::string& bytes = values.empty() ? batch : inlined;
   auto stub = v1::Replica::NewStub(Channel(address));
   grpc::ClientContext ctx;
   ctx.set_deadline(absl::ToChronoTime(absl::Now() + timeout_));
@@ -62,7 +69,8 @@ struct DataPortReplicaLink::Peer {
   // this host (and, with TLS, `ticket` lets this link in).
   DataPortAddress address ABSL_GUARDED_BY(mu);
   std::string ticket ABSL_GUARDED_BY(mu);
-  bool unix_failed ABSL_GUARDED_BY(mu) = false;  // TCP until the next discovery
+  bool unix_failed ABSL_GUARDED_BY(mu) = false;   // TCP until the next discovery
+  bool values_apart ABSL_GUARDED_BY(mu) = false;  // DataPortResponse.replicate_values_apart
   std::vector<std::unique_ptr<DataPortConnection>> idle ABSL_GUARDED_BY(mu);
 };
 
@@ -88,13 +96,15 @@ std::map<std::string, int64_t> DataPortReplicaLink::FramesSent() const {
   return frames_;
 }
 
-absl::StatusOr<v1::ReplicateReply> DataPortReplicaLink::Replicate(const std::string& address,
-                                                                  const std::string& batch) {
+absl::StatusOr<v1::ReplicateReply> DataPortReplicaLink::Replicate(
+    const std::string& address, const std::string& batch,
+    const std::vector<absl::string_view>& values) {
   Peer* peer = PeerOf(address);
   std::unique_ptr<DataPortConnection> conn;
   DataPortAddress where;
   std::string ticket;
   bool try_unix = false;
+  bool values_apart = false;
   {
     absl::MutexLock lock(&peer->mu);
     if (!peer->discovered) {
@@ -113,6 +123,7 @@ absl::StatusOr<v1::ReplicateReply> DataPortReplicaLink::Replicate(const std::str
         peer->address.tls = response.tls();
         peer->address.instance = response.instance();
         peer->ticket = response.replica_ticket();
+        peer->values_apart = response.replicate_values_apart();
         // The successor's socket when it is on this host; with TLS only
         // with its ticket (without one its Unix HELLO would be refused).
         if (!response.unix_socket().empty() && !response.host_id().empty() &&
@@ -123,6 +134,7 @@ absl::StatusOr<v1::ReplicateReply> DataPortReplicaLink::Replicate(const std::str
     }
     where = peer->address;
     ticket = peer->ticket;
+    values_apart = peer->values_apart;
     try_unix = !where.unix_socket.empty() && !peer->unix_failed;
     if (!peer->idle.empty()) {
       conn = std::move(peer->idle.back());
@@ -131,7 +143,7 @@ absl::StatusOr<v1::ReplicateReply> DataPortReplicaLink::Replicate(const std::str
   }
   if (where.tcp_port == 0 && !try_unix) {
     Count("grpc");
-    return fallback_.Replicate(address, batch);
+    return fallback_.Replicate(address, batch, values);
   }
   auto forget = [&](const absl::Status& s) {
     absl::MutexLock lock(&peer->mu);
@@ -173,7 +185,19 @@ absl::StatusOr<v1::ReplicateReply> DataPortReplicaLink::Replicate(const std::str
     }
   }
   conn->set_spin(spin_);
-  absl::Status sent = conn->Send(DataOp::kReplicate, "", {batch}, 0, timeout_);
+  // The values as the frame's payload (on a Unix socket: written straight
+  // into the shared segment, applied from there by the successor); a
+  // successor that does not take them apart gets one whole batch.
+  absl::Status sent;
+  if (values.empty()) {
+    sent = conn->Send(DataOp::kReplicate, "", {batch}, 0, timeout_);
+  } else if (values_apart) {
+    sent = conn->Send(DataOp::kReplicate, batch, values, 0, timeout_);
+  } else {
+    absl::StatusOr<v1::ReplicateBatch> whole = InlineValues(batch, values);
+    if (!whole.ok()) return whole.status();
+    sent = conn->Send(DataOp::kReplicate, "", {whole->SerializeAsString()}, 0, timeout_);
+  }
   if (!sent.ok()) return forget(sent);
   Count(DataConn::KindName(conn->kind()));
   absl::StatusOr<std::string> header = conn->ReceiveHeader();

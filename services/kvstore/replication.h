@@ -30,8 +30,9 @@ class GrpcReplicaLink : public ReplicaLink {
  public:
   explicit GrpcReplicaLink(absl::Duration timeout, int64_t chunk_bytes = 1 << 20)
       : timeout_(timeout), chunk_bytes_(chunk_bytes) {}
-  absl::StatusOr<v1::ReplicateReply> Replicate(const std::string& address,
-                                               const std::string& batch) override;
+  absl::StatusOr<v1::ReplicateReply> Replicate(
+      const std::string& address, const std::string& batch,
+      const std::vector<absl::string_view>& values) override;
 
  private:
   std::shared_ptr<grpc::Channel> Channel(const std::string& address);
@@ -55,8 +56,9 @@ class DataPortReplicaLink : public ReplicaLink {
   // (DataPortConnection::set_spin).
   DataPortReplicaLink(absl::Duration timeout, absl::Duration spin);
   ~DataPortReplicaLink() override;
-  absl::StatusOr<v1::ReplicateReply> Replicate(const std::string& address,
-                                               const std::string& batch) override;
+  absl::StatusOr<v1::ReplicateReply> Replicate(
+      const std::string& address, const std::string& batch,
+      const std::vector<absl::string_view>& values) override;
 
   // Batches sent since start, by transport: "unix", "tls", "tcp" (REPLICATE
   // frames) and "grpc" (Replica.Replicate calls); every kind is present.

@@ -23,6 +23,7 @@
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
 #include "libs/kvstore/client.h"
+#include "libs/kvstore/data_port.h"
 #include "libs/kvstore/shard_map.h"
 #include "libs/metrics/scrape.h"
 #include "libs/rpc/credentials.h"
@@ -442,6 +443,44 @@ TEST_P(ReplicaLinkTest, AnUnreachableSocketFallsBackToTcp) {
   EXPECT_GE(frames[tcp], 4);
   EXPECT_EQ(frames["unix"], 0);
   EXPECT_EQ(frames["grpc"], 0);
+}
+
+// A REPLICATE frame whose payload is not the bytes its batch's pushes name
+// (ReplicatedPush.data_bytes), or whose batch does not parse, is refused
+// whole with a reason; the successor keeps what it held.
+TEST_P(ReplicaLinkTest, AReplicateFrameWhoseValuesDisagreeWithItsBatchIsRefused) {
+  RunAndCountFrames();
+  if (HasFatalFailure()) return;
+  std::shared_ptr<const rpc::Credentials> c = rpc::DefaultCredentials();
+  DataPortTls tls;
+  if (!c->insecure()) tls = {true, c->files().ca, c->files().cert, c->files().key};
+  DataPortAddress tail;
+  tail.host = "127.0.0.1";
+  tail.tcp_port = replicas_[1]->data_port();
+  tail.tls = tls.enabled;
+  v1::ReplicateBatch batch;
+  batch.set_shard(0);
+  v1::ReplicatedPush* push = batch.add_mutations()->mutable_push();
+  push->set_job("job");
+  push->add_items()->set_key("small");
+  push->add_data_bytes(100);
+  const std::string short_payload(50, 'x');
+  struct Case {
+    std::string header;
+    std::string want;
+  };
+  for (const Case& bad :
+       {Case{batch.SerializeAsString(), "payload of 50 bytes, the batch's pushes name 100"},
+        Case{"\xff\xff not a batch", "the batch does not parse"}}) {
+    auto conn = DataPortConnection::Dial(tail, v1::DataHello(), tls, absl::Seconds(5));
+    ASSERT_TRUE(conn.ok()) << conn.status();
+    ASSERT_TRUE(
+        (*conn)->Send(DataOp::kReplicate, bad.header, {short_payload}, 0, absl::Seconds(5)).ok());
+    absl::StatusOr<std::string> reply = (*conn)->ReceiveHeader();
+    EXPECT_EQ(reply.status().code(), absl::StatusCode::kInvalidArgument) << reply.status();
+    EXPECT_NE(reply.status().message().find(bad.want), std::string::npos) << reply.status();
+  }
+  ExpectReplicasHoldTheSameValues();
 }
 
 INSTANTIATE_TEST_SUITE_P(Identities, ReplicaLinkTest, ::testing::Values("kvstore", "admin", ""),

@@ -798,6 +798,7 @@ class KVStoreServer::Impl : public DataPortHandler {
     response->set_unix_socket(port->unix_socket());
     response->set_host_id(HostId());
     response->set_instance(port->instance());
+    response->set_replicate_values_apart(true);
     // The replica ticket lets a Unix peer in as a kvstore (a chain
     // predecessor on this host): only for callers that may replicate over
     // mutual TLS already (kvstore shards, admins), never for trainers.
@@ -1042,6 +1043,38 @@ absl::Status KVStoreServer::Impl::HandleReplicate(const DataRequest& request, Da
       request.who != nullptr ? *request.who : security::Identity{}, security::Action::kReplicate));
   if (replicator_ == nullptr) {
     return absl::FailedPreconditionError("data port REPLICATE: this shard is not replicated");
+  }
+  if (!request.header.empty()) {
+    // The batch as the header, its pushes' values as the payload (applied
+    // from the connection's buffer or segment, not copied).
+    v1::ReplicateBatch batch;
+    if (!batch.ParseFromArray(request.header.data(), static_cast<int>(request.header.size()))) {
+      return absl::InvalidArgumentError("data port REPLICATE: the batch does not parse");
+    }
+    std::vector<int64_t> sizes;
+    uint64_t need = 0;
+    for (const v1::Mutation& m : batch.mutations()) {
+      if (m.op_case() != v1::Mutation::kPush) continue;
+      for (int64_t n : m.push().data_bytes()) {
+        if (n < 0) return absl::InvalidArgumentError("data port REPLICATE: a negative value size");
+        sizes.push_back(n);
+        need += static_cast<uint64_t>(n);
+      }
+    }
+    if (need != request.payload_bytes) {
+      return absl::InvalidArgumentError(absl::StrCat("data port REPLICATE: payload of ",
+                                                     request.payload_bytes,
+                                                     " bytes, the batch's pushes name ", need));
+    }
+    std::vector<absl::string_view> values;
+    if (need > 0) {
+      DT_ASSIGN_OR_RETURN(absl::string_view payload, request.read_payload());
+      DT_ASSIGN_OR_RETURN(values, SplitPayload(payload, sizes));
+    }
+    DT_ASSIGN_OR_RETURN(v1::ReplicateReply r,
+                        replicator_->Receive(std::move(batch), request.deadline, values));
+    reply->header = r.SerializeAsString();
+    return absl::OkStatus();
   }
   constexpr uint64_t kBatchLimit = (uint64_t{1} << 31) - 1;  // what protobuf parses
   if (request.payload_bytes == 0 || request.payload_bytes > kBatchLimit) {
