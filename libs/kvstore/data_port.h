@@ -123,7 +123,7 @@ struct DataPortServerOptions {
   // After answering a REPLICATE frame, how long the connection's thread
   // polls for the next one before it sleeps (a chain under load sends
   // batches back to back; DataConn::SpinUntilReadable).
-  absl::Duration replicate_spin = absl::Microseconds(100);
+  absl::Duration replicate_spin = absl::Microseconds(50);
 };
 
 // One request as the connection's thread hands it to the handler.

@@ -112,7 +112,7 @@ struct ReplicatorOptions {
   // Mutations per batch.
   int max_batch = 256;
   // How long Ack::Wait polls before its thread sleeps.
-  absl::Duration ack_spin = absl::Microseconds(100);
+  absl::Duration ack_spin = absl::Microseconds(50);
 };
 
 struct ReplicatorStats {

@@ -65,7 +65,7 @@ ABSL_FLAG(std::string, data_socket, "auto",
           "dtrain-kvstore or /tmp/dtrain-kvstore-<uid>); empty: none");
 ABSL_FLAG(int, data_max_connections, 256,
           "data port connections served at once; more are refused (their clients use gRPC)");
-ABSL_FLAG(int, replica_spin_us, 100,
+ABSL_FLAG(int, replica_spin_us, 50,
           "with --scheduler (replicated): microseconds a thread polls for the chain's reply or "
           "next batch before sleeping (saves a wakeup per hop; costs that much CPU); 0: never");
 ABSL_FLAG(int64_t, max_message_bytes, 4 << 20, "gRPC send/receive limit per message");

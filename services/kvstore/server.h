@@ -132,7 +132,7 @@ struct ServerOptions {
   // acknowledgement of a read): each saves a thread wakeup (tens of
   // microseconds on a virtual machine) at the cost of that much CPU. Zero:
   // sleep at once (hosts with no spare core).
-  absl::Duration replica_spin = absl::Microseconds(100);
+  absl::Duration replica_spin = absl::Microseconds(50);
 
   // Chain replication (protos/replication.proto). With a scheduler address,
   // this server is replica `replica_index` of shard `shard_index` (of
