@@ -141,6 +141,11 @@ absl::StatusOr<v1::ReplicateBatch> InlineValues(absl::string_view bytes,
 // A mutation applied here and queued for the successor.
 struct Replicator::Pending {
   std::shared_ptr<const v1::Mutation> mutation;
+  // A push applied with referenced values (Apply's `values`): its items'
+  // bytes, in `owned` once Detach copied them.
+  std::vector<absl::string_view> values;
+  std::vector<std::string> owned;
+  bool being_sent = false;  // its values are being read, unlocked (mu_)
   absl::Notification done;
   absl::Status status;  // written once, before done
 };
@@ -320,16 +325,37 @@ absl::Status Replicator::Ack::Wait(absl::Time deadline) const {
   return pending_->status;
 }
 
-absl::StatusOr<MutationResult> Replicator::Apply(v1::Mutation mutation, Ack* ack) {
+absl::StatusOr<MutationResult> Replicator::Apply(v1::Mutation mutation, Ack* ack,
+                                                 std::vector<absl::string_view> values) {
+  if (static_cast<size_t>(ApartValues(mutation)) != values.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("Replicator::Apply: ", values.size(),
+                                                   " values for ", ApartValues(mutation),
+                                                   " items sent apart"));
+  }
   auto shared = std::make_shared<const v1::Mutation>(std::move(mutation));
   absl::MutexLock lock(&mu_);
   if (stop_) return absl::UnavailableError(absl::StrCat(WhoLocked(), " is shutting down"));
   DT_RETURN_IF_ERROR(CheckIsHeadLocked());
   DT_ASSIGN_OR_RETURN(MutationResult result,
-                      ApplyAndQueueLocked(std::move(shared), &ack->pending_));
+                      ApplyAndQueueLocked(std::move(shared), &ack->pending_,
+                                          values.empty() ? nullptr : values.data()));
+  if (ack->pending_ != nullptr) ack->pending_->values = std::move(values);
   ack->spin_ = options_.ack_spin;
   SendInlineLocked();
   return result;
+}
+
+void Replicator::Detach(const Ack& ack) {
+  Pending* p = ack.pending_.get();
+  if (p == nullptr) return;
+  absl::MutexLock lock(&mu_);
+  if (p->values.empty() || !p->owned.empty()) return;
+  auto settled = [p]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !p->being_sent; };
+  mu_.Await(absl::Condition(&settled));
+  if (p->done.HasBeenNotified()) return;  // never read again
+  // Still to be sent (queued, or to go again): it needs its own bytes.
+  for (absl::string_view v : p->values) p->owned.emplace_back(v);
+  for (size_t i = 0; i < p->values.size(); ++i) p->values[i] = p->owned[i];
 }
 
 absl::StatusOr<MutationResult> Replicator::Submit(v1::Mutation mutation, absl::Time deadline) {
@@ -441,12 +467,27 @@ void AppendMessage(int field, const google::protobuf::MessageLite& m, std::strin
 // The batch's bytes: its header, then each mutation as field 7
 // (concatenated messages merge), without copying the mutations into a batch
 // message first. With `apart`, pushes carry data_bytes and their values go
-// to `values` (views into `mutations`).
-std::string SerializeBatch(const v1::ReplicateBatch& header,
-                           const std::vector<std::shared_ptr<const v1::Mutation>>& mutations,
+// to `values` (views into the entries).
+struct BatchEntry {
+  const v1::Mutation* mutation;
+  const std::vector<absl::string_view>* values;  // referenced values (Apply's)
+};
+std::string SerializeBatch(const v1::ReplicateBatch& header, const std::vector<BatchEntry>& entries,
                            bool apart, std::vector<absl::string_view>* values) {
   std::string bytes = header.SerializeAsString();
-  for (const std::shared_ptr<const v1::Mutation>& m : mutations) {
+  for (const BatchEntry& e : entries) {
+    const v1::Mutation* m = e.mutation;
+    if (!e.values->empty()) {  // a push whose values are referenced
+      if (apart) {
+        AppendMessage(v1::ReplicateBatch::kMutationsFieldNumber, *m, &bytes);
+        values->insert(values->end(), e.values->begin(), e.values->end());
+      } else {
+        v1::Mutation whole = *m;
+        InlineInto(&whole, e.values->data());
+        AppendMessage(v1::ReplicateBatch::kMutationsFieldNumber, whole, &bytes);
+      }
+      continue;
+    }
     if (!apart || m->op_case() != v1::Mutation::kPush || m->push().data_size() == 0) {
       AppendMessage(v1::ReplicateBatch::kMutationsFieldNumber, *m, &bytes);
       continue;
@@ -516,7 +557,7 @@ bool Replicator::SendBatchLocked() {
   batch.set_from_incarnation(options_.incarnation);
   const bool transfer = need_transfer_;
   std::vector<JobState> jobs;
-  std::vector<std::shared_ptr<const v1::Mutation>> mutations;
+  std::vector<std::shared_ptr<Pending>> mutations;
   if (transfer) {
     // Everything queued is in the store already: the state covers it.
     jobs = store_->Export();
@@ -527,7 +568,8 @@ bool Replicator::SendBatchLocked() {
     }
   } else {
     for (int i = 0; i < options_.max_batch && !queue_.empty(); ++i) {
-      mutations.push_back(queue_.front()->mutation);
+      mutations.push_back(queue_.front());
+      mutations.back()->being_sent = true;
       inflight_.push_back(std::move(queue_.front()));
       queue_.pop_front();
     }
@@ -549,18 +591,23 @@ bool Replicator::SendBatchLocked() {
         out->set_data(std::move(t.data));
       }
     }
+    std::vector<BatchEntry> entries;
+    for (const std::shared_ptr<Pending>& p : mutations) {
+      entries.push_back({p->mutation.get(), &p->values});
+    }
     std::vector<absl::string_view> values;
-    std::string bytes = SerializeBatch(batch, mutations, /*apart=*/!transfer, &values);
+    std::string bytes = SerializeBatch(batch, entries, /*apart=*/!transfer, &values);
     if (!values.empty() && bytes.size() > kMaxApartHeaderBytes) {
       // Big values inside the mutations (an Init): all of it as one message.
       values.clear();
-      bytes = SerializeBatch(batch, mutations, /*apart=*/false, &values);
+      bytes = SerializeBatch(batch, entries, /*apart=*/false, &values);
     }
     batch.Clear();
     reply = link_->Replicate(to.address, bytes, values);
     values.clear();
-    mutations.clear();  // the values' owners
     mu_.Lock();
+    for (const std::shared_ptr<Pending>& p : mutations) p->being_sent = false;
+    mutations.clear();
   }
   if (stop_) return false;                     // Stop completed inflight_
   if (epoch != successor_epoch_) return true;  // SetMap took care of inflight_

@@ -167,7 +167,17 @@ class Replicator {
   // (and returns with the acknowledgement in hand); otherwise it returns
   // at once and the thread that holds the connection sends it next. `ack`
   // completes when every replica applied it: answer the client only then.
-  absl::StatusOr<MutationResult> Apply(v1::Mutation mutation, Ack* ack);
+  //
+  // `values`: for a push whose items carry data_bytes instead of data, the
+  // items' bytes, referenced and not copied (they go from there to the
+  // successor). The caller keeps them valid and unchanged until it called
+  // Detach(*ack), which it must before they go away.
+  absl::StatusOr<MutationResult> Apply(v1::Mutation mutation, Ack* ack,
+                                       std::vector<absl::string_view> values = {});
+  // For a write applied with referenced values: returns once the chain no
+  // longer needs them (acknowledged, or copied here if still queued; waits
+  // while its batch is being sent).
+  void Detach(const Ack& ack);
   // Completes once every mutation applied here so far is on every replica:
   // a read at the head waits for it before answering, so that it never
   // returns a value a replica that takes over could lack.

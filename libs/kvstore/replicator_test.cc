@@ -329,6 +329,59 @@ TEST_F(ReplicatorTest, AnAckAndAppliedSoFarCompleteOnlyOnceTheChainHoldsTheWrite
   EXPECT_TRUE(b.replicator.AppliedSoFar().Wait(absl::Now()).ok());
 }
 
+// A push applied with referenced values (the data port's segment): Detach
+// waits while its batch is being sent, and copies the values of one still
+// queued, so the caller may reuse its buffer.
+TEST_F(ReplicatorTest, DetachWaitsForTheSendAndCopiesWhatIsStillQueued) {
+  Node& a = Add(0);
+  Node& b = Add(1);
+  SetMap(Map(1, {{0, kActive}, {1, kActive}}));
+  ASSERT_TRUE(WaitCaughtUp(0, 1));
+  ASSERT_TRUE(a.replicator.Submit(CreateJob(2, Consistency::kAsync), Soon()).ok());
+  ASSERT_TRUE(a.replicator.Submit(Init(64), Soon()).ok());
+  auto by_reference = [](int worker, std::string* bytes) {
+    v1::Mutation m = Push(worker, 1, 64);
+    *bytes = m.push().data(0);
+    m.mutable_push()->clear_data();
+    m.mutable_push()->add_data_bytes(static_cast<int64_t>(bytes->size()));
+    return m;
+  };
+  std::string first_bytes, second_bytes;
+  v1::Mutation first = by_reference(0, &first_bytes);
+  v1::Mutation second = by_reference(1, &second_bytes);
+  link_.Close();
+  // Worker 0's push: its thread sends it and waits at the closed gate.
+  std::thread sender([&] {
+    Replicator::Ack ack;
+    EXPECT_TRUE(a.replicator.Apply(first, &ack, {first_bytes}).ok());
+    EXPECT_TRUE(ack.Wait(Soon()).ok());
+  });
+  for (absl::Time end = Soon(); absl::Now() < end; absl::SleepFor(absl::Milliseconds(1))) {
+    if (a.store.GetJob("j", 0, true)->slices[0].pushed_round == 1) break;
+  }
+  // Its values are being read: Detach waits.
+  absl::Notification detached_first;
+  const Replicator::Ack first_ack = a.replicator.AppliedSoFar();  // worker 0's push
+  std::thread detacher([&] {
+    a.replicator.Detach(first_ack);
+    detached_first.Notify();
+  });
+  // Worker 1's push is only queued: Detach copies it at once.
+  Replicator::Ack ack;
+  ASSERT_TRUE(a.replicator.Apply(second, &ack, {second_bytes}).ok());
+  a.replicator.Detach(ack);
+  const std::string sent_second = second_bytes;
+  second_bytes.assign(second_bytes.size(), '\xff');  // the caller reuses its buffer
+  EXPECT_FALSE(detached_first.WaitForNotificationWithTimeout(absl::Milliseconds(50)));
+  link_.Open();
+  sender.join();
+  detacher.join();
+  EXPECT_TRUE(detached_first.HasBeenNotified());
+  EXPECT_TRUE(ack.Wait(Soon()).ok());
+  // The successor got the bytes as they were when applied.
+  EXPECT_EQ(Fingerprint(b.store), Fingerprint(a.store));
+}
+
 TEST_F(ReplicatorTest, ABatchWhoseValuesDisagreeWithItsPushesIsRefusedWhole) {
   Node& a = Add(0);
   Node& b = Add(1);

@@ -17,6 +17,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/types/optional.h"
@@ -566,7 +567,12 @@ class KVStoreServer::Impl : public DataPortHandler {
   // Applies a push (through the chain when replicated). With `ack`, does
   // not wait for the chain: the caller waits (ReadCommitted covers it)
   // before answering.
-  absl::StatusOr<PushResult> ApplyPush(const ReceivedPush& p, Replicator::Ack* ack = nullptr) {
+  //
+  // With `by_reference` (and `ack`), a push whose items are one piece each
+  // (the data port's) reaches the chain without a copy: the caller keeps the
+  // pieces valid until it called Replicator::Detach(*ack).
+  absl::StatusOr<PushResult> ApplyPush(const ReceivedPush& p, Replicator::Ack* ack = nullptr,
+                                       bool by_reference = false) {
     DT_RETURN_IF_ERROR(security::JobScope::Check(p.header.job()));
     PushResult result;
     if (replicator_ != nullptr) {
@@ -577,12 +583,22 @@ class KVStoreServer::Impl : public DataPortHandler {
       push->set_compression(p.header.compression());
       push->set_topk_ratio(p.header.topk_ratio());
       *push->mutable_items() = p.header.items();
+      std::vector<absl::string_view> values;
+      by_reference = by_reference && ack != nullptr &&
+                     std::all_of(p.items.begin(), p.items.end(),
+                                 [](const PushItem& item) { return item.data.size() == 1; });
       for (const PushItem& item : p.items) {
+        if (by_reference) {
+          push->add_data_bytes(static_cast<int64_t>(item.data[0].size()));
+          values.push_back(item.data[0]);
+          continue;
+        }
         std::string* data = push->add_data();
         for (absl::string_view piece : item.data) data->append(piece.data(), piece.size());
       }
-      DT_ASSIGN_OR_RETURN(MutationResult r, ack != nullptr ? replicator_->Apply(std::move(m), ack)
-                                                           : Replicate(std::move(m)));
+      DT_ASSIGN_OR_RETURN(MutationResult r,
+                          ack != nullptr ? replicator_->Apply(std::move(m), ack, std::move(values))
+                                         : Replicate(std::move(m)));
       result = r.push;
     } else {
       DT_ASSIGN_OR_RETURN(result,
@@ -890,16 +906,21 @@ class KVStoreServer::Impl : public DataPortHandler {
         for (size_t i = 0; i < p.items.size(); ++i) p.items[i].data = {pieces[i]};
         p.bytes = static_cast<int64_t>(need);
         push_bytes_.Increment(static_cast<double>(need));
+        // The chain reads the pushed values where they arrived (the
+        // connection's buffer or segment, valid until this returns).
+        Replicator::Ack ack;
+        absl::Cleanup detach = [&] {
+          if (replicator_ != nullptr) replicator_->Detach(ack);
+        };
+        DT_ASSIGN_OR_RETURN(PushResult result, ApplyPush(p, &ack, /*by_reference=*/true));
         if (request.op == DataOp::kPush) {
-          DT_ASSIGN_OR_RETURN(PushResult result, ApplyPush(p));
+          DT_RETURN_IF_ERROR(ack.Wait(absl::Now() + options_.replication_timeout));
           v1::PushResponse r;
           r.set_applied(result.applied);
           r.set_duplicates(result.duplicates);
           reply->header = r.SerializeAsString();
           return absl::OkStatus();
         }
-        Replicator::Ack ack;
-        DT_RETURN_IF_ERROR(ApplyPush(p, &ack).status());
         DT_ASSIGN_OR_RETURN(std::vector<PulledValue> values, PullPushed(p, pull));
         return PulledReply(values, reply);
       }
