@@ -54,7 +54,7 @@ ABSL_FLAG(double, job_ttl_s, 3600,
           "<= 0: never)");
 ABSL_FLAG(bool, callback_data, false,
           "serve the unary data calls (small pushes and pulls) on gRPC's callback API: no thread "
-          "hand-off, and a pull waiting for its round holds no thread");
+          "hand-off, and a pull waiting for its round holds no thread (unreplicated shards only)");
 ABSL_FLAG(std::string, data_listen, "auto",
           "the data port's TCP address (Push, Pull and PushPull outside gRPC, mutual TLS unless "
           "--insecure; libs/kvstore/data_port.h); auto: the --listen host, any free port; "

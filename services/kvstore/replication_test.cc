@@ -118,6 +118,7 @@ class ReplicationTest : public ::testing::Test {
     o.replica_index = replica;
     o.job_ttl = absl::ZeroDuration();
     o.metrics_listen = "127.0.0.1:0";
+    o.callback_data = callback_data_;
     auto s = KVStoreServer::Start(o);
     EXPECT_TRUE(s.ok()) << s.status();
     if (s.ok() && unusable_socket_) {
@@ -127,9 +128,10 @@ class ReplicationTest : public ::testing::Test {
     return s.ok() ? std::move(*s) : nullptr;
   }
 
-  static std::unique_ptr<KVClient> Client(const std::vector<std::string>& servers, int replicas,
-                                          int worker, CompressionSpec compression = {}) {
+  std::unique_ptr<KVClient> Client(const std::vector<std::string>& servers, int replicas,
+                                   int worker, CompressionSpec compression = {}) const {
     ClientOptions o;
+    o.data_path = client_data_path_;
     o.compression = compression;
     o.servers = servers;
     o.replicas = replicas;
@@ -249,6 +251,8 @@ class ReplicationTest : public ::testing::Test {
   std::vector<std::unique_ptr<KVStoreServer>> replicas_;
   std::string data_socket_ = "auto";  // the replicas' ServerOptions.data_socket
   bool unusable_socket_ = false;      // their socket files removed after start
+  bool callback_data_ = false;        // their ServerOptions.callback_data
+  DataPath client_data_path_ = DataPath::kAuto;
   v1::KvstoreHeartbeatRequest a_, b_;
 };
 
@@ -269,6 +273,40 @@ TEST_F(ReplicationTest, ReplicatedValuesEqualAnUnreplicatedRunBitForBit) {
 
 // Top-k pushes travel down the chain as received: the replicas end equal to
 // an unreplicated run with the same compression (and unlike a dense one).
+// Replicated shards started with callback_data ignore it: a replicated
+// pull waits for the chain, which the callback path's continuations (run
+// inside the push that completes the round, under the replicator) cannot.
+// Small push-pulls over gRPC (unary calls, the callback path's) of two
+// workers, every round one waiting for the other: they complete, and the
+// replicas agree.
+TEST_F(ReplicationTest, CallbackDataOnAReplicatedShardServesTheSyncPath) {
+  callback_data_ = true;
+  client_data_path_ = DataPath::kGrpc;
+  replicas_.push_back(StartReplica(0));
+  replicas_.push_back(StartReplica(1));
+  FormChain();
+  const std::vector<std::string> servers = {replicas_[0]->local_address(),
+                                            replicas_[1]->local_address()};
+  std::vector<std::unique_ptr<KVClient>> clients;
+  for (int w = 0; w < 2; ++w) clients.push_back(Client(servers, 2, w));
+  Setup(clients);
+  std::vector<std::vector<float>> got(2, std::vector<float>(kSmall));
+  std::vector<std::thread> threads;
+  for (int w = 0; w < 2; ++w) {
+    threads.emplace_back([&, w] {
+      std::vector<float> g(kSmall);
+      for (int r = 1; r <= 20; ++r) {
+        for (int64_t i = 0; i < kSmall; ++i) g[i] = Grad(w, r, i);
+        absl::Status s = clients[w]->PushPull({{"small", g.data(), got[w].data()}});
+        ASSERT_TRUE(s.ok()) << "worker " << w << " round " << r << ": " << s;
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  EXPECT_EQ(got[0], got[1]);
+  ExpectReplicasHoldTheSameValues();
+}
+
 TEST_F(ReplicationTest, TopKPushesReplicateBitForBit) {
   const CompressionSpec topk(Compression::kTopK, 0.05);
   const std::vector<std::vector<float>> ref = Reference(6, topk);

@@ -1296,8 +1296,15 @@ absl::StatusOr<std::unique_ptr<KVStoreServer>> KVStoreServer::Start(const Server
   server->impl_->set_replica_link(link);
   server->services_ = std::make_unique<Services>();
   server->services_->control = std::make_unique<ControlService>(server->impl_.get());
-  server->services_->data =
-      std::make_unique<DataService>(server->impl_.get(), options.callback_data);
+  // A replicated shard answers a pull once the chain holds what it read; the
+  // callback path's continuations run inside the store's push (under the
+  // replicator), where that cannot be waited for: the sync path there.
+  const bool callback_data = options.callback_data && server->replicator_ == nullptr;
+  if (options.callback_data && !callback_data) {
+    DT_LOG(WARNING) << "--callback_data is ignored on a replicated shard (--scheduler): its "
+                       "pulls wait for the chain on the sync path";
+  }
+  server->services_->data = std::make_unique<DataService>(server->impl_.get(), callback_data);
 
   rpc::ServerOptions rpc_options;
   rpc_options.service = "kvstore";

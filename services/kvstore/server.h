@@ -113,7 +113,7 @@ struct ServerOptions {
   // pushes and pulls) on gRPC's callback API: no hand-off to a sync server
   // thread, and a pull waiting for its round holds no thread (the push that
   // completes the round answers it). Off by default.
-  bool callback_data = false;
+  bool callback_data = false;  // ignored on a replicated shard (see Start)
 
   // The data port (libs/kvstore/data_port.h): Push, Pull and PushPull
   // outside gRPC, which clients find through KVStore.DataPort and use by
