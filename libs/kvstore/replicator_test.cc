@@ -210,6 +210,17 @@ class ReplicatorTest : public ::testing::Test {
     return false;
   }
 
+  // Replicas 0 -> 1 in a chain (the successor caught up) holding job "j"
+  // (`workers` workers) and its key "w" of 64 floats, made through the head.
+  void ChainOfTwoWithAJob(int workers, Consistency consistency) {
+    Node& head = Add(0);
+    Add(1);
+    SetMap(Map(1, {{0, kActive}, {1, kActive}}));
+    ASSERT_TRUE(WaitCaughtUp(0, 1));
+    ASSERT_TRUE(head.replicator.Submit(CreateJob(workers, consistency), Soon()).ok());
+    ASSERT_TRUE(head.replicator.Submit(Init(64), Soon()).ok());
+  }
+
   Link link_;
   std::map<int, std::unique_ptr<Node>> nodes_;
 };
@@ -249,12 +260,9 @@ TEST_F(ReplicatorTest, EveryAcknowledgedWriteIsOnEveryReplicaInTheHeadsOrder) {
 }
 
 TEST_F(ReplicatorTest, WritesQueuedWhileABatchIsInFlightGoTogether) {
-  Node& a = Add(0);
-  Add(1);
-  SetMap(Map(1, {{0, kActive}, {1, kActive}}));
-  ASSERT_TRUE(WaitCaughtUp(0, 1));
-  ASSERT_TRUE(a.replicator.Submit(CreateJob(8, Consistency::kAsync), Soon()).ok());
-  ASSERT_TRUE(a.replicator.Submit(Init(64), Soon()).ok());
+  ChainOfTwoWithAJob(8, Consistency::kAsync);
+  ASSERT_FALSE(HasFatalFailure());
+  Node& a = *nodes_[0];
   const int before = link_.batches();
   link_.Close();
   std::vector<std::thread> workers;
@@ -276,12 +284,10 @@ TEST_F(ReplicatorTest, WritesQueuedWhileABatchIsInFlightGoTogether) {
 }
 
 TEST_F(ReplicatorTest, TheThreadThatAppliesAWriteSendsItWhenNoBatchIsInFlight) {
-  Node& a = Add(0);
-  Node& b = Add(1);
-  SetMap(Map(1, {{0, kActive}, {1, kActive}}));
-  ASSERT_TRUE(WaitCaughtUp(0, 1));
-  ASSERT_TRUE(a.replicator.Submit(CreateJob(2, Consistency::kSync), Soon()).ok());
-  ASSERT_TRUE(a.replicator.Submit(Init(64), Soon()).ok());
+  ChainOfTwoWithAJob(2, Consistency::kSync);
+  ASSERT_FALSE(HasFatalFailure());
+  Node& a = *nodes_[0];
+  Node& b = *nodes_[1];
   // No hand-off to the forwarder: the batch left from this thread.
   EXPECT_EQ(link_.last_sender(), std::this_thread::get_id());
   Replicator::Ack ack;
@@ -292,12 +298,10 @@ TEST_F(ReplicatorTest, TheThreadThatAppliesAWriteSendsItWhenNoBatchIsInFlight) {
 }
 
 TEST_F(ReplicatorTest, AnAckAndAppliedSoFarCompleteOnlyOnceTheChainHoldsTheWrites) {
-  Node& a = Add(0);
-  Node& b = Add(1);
-  SetMap(Map(1, {{0, kActive}, {1, kActive}}));
-  ASSERT_TRUE(WaitCaughtUp(0, 1));
-  ASSERT_TRUE(a.replicator.Submit(CreateJob(2, Consistency::kSync), Soon()).ok());
-  ASSERT_TRUE(a.replicator.Submit(Init(64), Soon()).ok());
+  ChainOfTwoWithAJob(2, Consistency::kSync);
+  ASSERT_FALSE(HasFatalFailure());
+  Node& a = *nodes_[0];
+  Node& b = *nodes_[1];
   link_.Close();
   // Worker 0's push: its thread sends it and waits at the closed gate.
   std::thread first([&] { EXPECT_TRUE(a.replicator.Submit(Push(0, 1, 64), Soon()).ok()); });
@@ -333,12 +337,10 @@ TEST_F(ReplicatorTest, AnAckAndAppliedSoFarCompleteOnlyOnceTheChainHoldsTheWrite
 // waits while its batch is being sent, and copies the values of one still
 // queued, so the caller may reuse its buffer.
 TEST_F(ReplicatorTest, DetachWaitsForTheSendAndCopiesWhatIsStillQueued) {
-  Node& a = Add(0);
-  Node& b = Add(1);
-  SetMap(Map(1, {{0, kActive}, {1, kActive}}));
-  ASSERT_TRUE(WaitCaughtUp(0, 1));
-  ASSERT_TRUE(a.replicator.Submit(CreateJob(2, Consistency::kAsync), Soon()).ok());
-  ASSERT_TRUE(a.replicator.Submit(Init(64), Soon()).ok());
+  ChainOfTwoWithAJob(2, Consistency::kAsync);
+  ASSERT_FALSE(HasFatalFailure());
+  Node& a = *nodes_[0];
+  Node& b = *nodes_[1];
   auto by_reference = [](int worker, std::string* bytes) {
     v1::Mutation m = Push(worker, 1, 64);
     *bytes = m.push().data(0);
@@ -383,12 +385,10 @@ TEST_F(ReplicatorTest, DetachWaitsForTheSendAndCopiesWhatIsStillQueued) {
 }
 
 TEST_F(ReplicatorTest, ABatchWhoseValuesDisagreeWithItsPushesIsRefusedWhole) {
-  Node& a = Add(0);
-  Node& b = Add(1);
-  SetMap(Map(1, {{0, kActive}, {1, kActive}}));
-  ASSERT_TRUE(WaitCaughtUp(0, 1));
-  ASSERT_TRUE(a.replicator.Submit(CreateJob(2, Consistency::kAsync), Soon()).ok());
-  ASSERT_TRUE(a.replicator.Submit(Init(64), Soon()).ok());
+  ChainOfTwoWithAJob(2, Consistency::kAsync);
+  ASSERT_FALSE(HasFatalFailure());
+  Node& a = *nodes_[0];
+  Node& b = *nodes_[1];
   const std::string before = Fingerprint(b.store);
   // Two pushes whose values travel apart: 256 bytes each named.
   v1::ReplicateBatch batch;

@@ -219,11 +219,9 @@ class ReplicationTest : public ::testing::Test {
     b_ = b;
   }
 
-  // Two replicas of one shard in a chain; two workers (compression
-  // `compression`) set the job up and run rounds 1..rounds, the values
-  // pulled after each in `got` (as Rounds).
-  void RunRoundsOnAChainOfTwo(int rounds, const CompressionSpec& compression,
-                              std::vector<std::vector<float>>* got) {
+  // Two replicas of one shard in a chain, and two workers' clients
+  // (compression `compression`) that set the job up.
+  std::vector<std::unique_ptr<KVClient>> StartChainOfTwo(const CompressionSpec& compression = {}) {
     replicas_.push_back(StartReplica(0));
     replicas_.push_back(StartReplica(1));
     FormChain();
@@ -232,6 +230,15 @@ class ReplicationTest : public ::testing::Test {
     std::vector<std::unique_ptr<KVClient>> clients;
     for (int w = 0; w < 2; ++w) clients.push_back(Client(servers, 2, w, compression));
     Setup(clients);
+    return clients;
+  }
+
+  // Two replicas of one shard in a chain; two workers (compression
+  // `compression`) set the job up and run rounds 1..rounds, the values
+  // pulled after each in `got` (as Rounds).
+  void RunRoundsOnAChainOfTwo(int rounds, const CompressionSpec& compression,
+                              std::vector<std::vector<float>>* got) {
+    std::vector<std::unique_ptr<KVClient>> clients = StartChainOfTwo(compression);
     Rounds(clients, 1, rounds, got);
   }
 
@@ -282,14 +289,7 @@ TEST_F(ReplicationTest, ReplicatedValuesEqualAnUnreplicatedRunBitForBit) {
 TEST_F(ReplicationTest, CallbackDataOnAReplicatedShardServesTheSyncPath) {
   callback_data_ = true;
   client_data_path_ = DataPath::kGrpc;
-  replicas_.push_back(StartReplica(0));
-  replicas_.push_back(StartReplica(1));
-  FormChain();
-  const std::vector<std::string> servers = {replicas_[0]->local_address(),
-                                            replicas_[1]->local_address()};
-  std::vector<std::unique_ptr<KVClient>> clients;
-  for (int w = 0; w < 2; ++w) clients.push_back(Client(servers, 2, w));
-  Setup(clients);
+  std::vector<std::unique_ptr<KVClient>> clients = StartChainOfTwo();
   std::vector<std::vector<float>> got(2, std::vector<float>(kSmall));
   std::vector<std::thread> threads;
   for (int w = 0; w < 2; ++w) {
@@ -323,14 +323,7 @@ TEST_F(ReplicationTest, TopKPushesReplicateBitForBit) {
 
 TEST_F(ReplicationTest, TheHeadDiesMidJobAndNoPushIsLostOrAppliedTwice) {
   const std::vector<std::vector<float>> ref = Reference(10);
-  replicas_.push_back(StartReplica(0));
-  replicas_.push_back(StartReplica(1));
-  FormChain();
-  const std::vector<std::string> servers = {replicas_[0]->local_address(),
-                                            replicas_[1]->local_address()};
-  std::vector<std::unique_ptr<KVClient>> clients;
-  for (int w = 0; w < 2; ++w) clients.push_back(Client(servers, 2, w));
-  Setup(clients);
+  std::vector<std::unique_ptr<KVClient>> clients = StartChainOfTwo();
   std::vector<std::vector<float>> got;
   Rounds(clients, 1, 4, &got);
   // The head goes away mid-job; the owner notices and drops it from the
@@ -371,14 +364,7 @@ TEST_F(ReplicationTest, TheHeadDiesMidJobAndNoPushIsLostOrAppliedTwice) {
 }
 
 TEST_F(ReplicationTest, AHeadWaitingForADeadSuccessorStillShutsDownInTime) {
-  replicas_.push_back(StartReplica(0));
-  replicas_.push_back(StartReplica(1));
-  FormChain();
-  const std::vector<std::string> servers = {replicas_[0]->local_address(),
-                                            replicas_[1]->local_address()};
-  std::vector<std::unique_ptr<KVClient>> clients;
-  for (int w = 0; w < 2; ++w) clients.push_back(Client(servers, 2, w));
-  Setup(clients);
+  std::vector<std::unique_ptr<KVClient>> clients = StartChainOfTwo();
   // The tail goes away and the map never changes (the owner says nothing):
   // the head's next write waits for the chain.
   replicas_[1].reset();
@@ -450,6 +436,16 @@ class ReplicaLinkTest : public ReplicationTest, public ::testing::WithParamInter
     }
     return out;
   }
+
+  // Runs the rounds; the head's batches went over TCP (TLS when on), none
+  // over the socket or gRPC.
+  void ExpectBatchesOverTcpOnly() {
+    std::map<std::string, double> frames = RunAndCountFrames();
+    const std::string tcp = GetParam().empty() ? "tcp" : "tls";
+    EXPECT_GE(frames[tcp], 4);
+    EXPECT_EQ(frames["unix"], 0);
+    EXPECT_EQ(frames["grpc"], 0);
+  }
 };
 
 // Both replicas on this host: the head's link takes the tail's Unix socket
@@ -466,21 +462,13 @@ TEST_P(ReplicaLinkTest, ASameHostChainReplicatesOverTheUnixSocket) {
 // A successor without a socket is reached over TCP (mutual TLS when on).
 TEST_P(ReplicaLinkTest, WithoutASocketTheLinkUsesTcp) {
   data_socket_ = "";
-  std::map<std::string, double> frames = RunAndCountFrames();
-  const std::string tcp = GetParam().empty() ? "tcp" : "tls";
-  EXPECT_GE(frames[tcp], 4);
-  EXPECT_EQ(frames["unix"], 0);
-  EXPECT_EQ(frames["grpc"], 0);
+  ExpectBatchesOverTcpOnly();
 }
 
 // A socket this host's boot id points to but the link cannot reach: TCP.
 TEST_P(ReplicaLinkTest, AnUnreachableSocketFallsBackToTcp) {
   unusable_socket_ = true;
-  std::map<std::string, double> frames = RunAndCountFrames();
-  const std::string tcp = GetParam().empty() ? "tcp" : "tls";
-  EXPECT_GE(frames[tcp], 4);
-  EXPECT_EQ(frames["unix"], 0);
-  EXPECT_EQ(frames["grpc"], 0);
+  ExpectBatchesOverTcpOnly();
 }
 
 // A REPLICATE frame whose payload is not the bytes its batch's pushes name
