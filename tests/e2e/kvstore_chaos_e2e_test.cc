@@ -4,7 +4,7 @@
 // shards of 2 replicas each; the supervisor restarts what dies, as
 // Kubernetes restarts a pod) runs a 2-trainer MLP job through the kvstore
 // (SYNCHRONOUS rounds, a checkpoint after every epoch) undisturbed, then
-// again while, every fifth of the undisturbed run's time (3-8 s, plus up to
+// again while, every eighth of the undisturbed run's time (2-6 s, plus up to
 // half of it at random), a random trainer, kvstore replica or the
 // scheduler is SIGKILLed, 8 times at most (so that the job can finish
 // however slow the machine). The disturbed job must SUCCEED with a test
@@ -76,11 +76,11 @@ TEST(KvstoreChaosE2eTest, RandomKillsEveryFewSecondsLoseNothing) {
       WatchToEnd(cluster.jobs(), ref->id(), absl::Seconds(300));
   ASSERT_TRUE(ref_done.ok()) << ref_done.status();
   ASSERT_EQ(ref_done->state(), v1::SUCCEEDED) << ref_done->DebugString();
-  // Kills every fifth of the undisturbed run (3-8 s, plus up to half of
+  // Kills every eighth of the undisturbed run (2-6 s, plus up to half of
   // that at random): at least three land however fast the job runs here;
   // at most kMaxKills, so that it ends however slow.
   const int64_t gap_ms =
-      std::clamp<int64_t>(absl::ToInt64Milliseconds(absl::Now() - ref_start) / 5, 3000, 8000);
+      std::clamp<int64_t>(absl::ToInt64Milliseconds(absl::Now() - ref_start) / 8, 2000, 6000);
   constexpr size_t kMaxKills = 8;
   auto next_gap = [&](std::mt19937& rng) {
     return absl::Milliseconds(gap_ms + static_cast<int64_t>(rng() % (gap_ms / 2)));
