@@ -94,20 +94,17 @@ int ApartValues(const v1::Mutation& m) {
 // Checks that `values` are exactly the bytes the batch's data_bytes name.
 absl::Status CheckApartValues(const v1::ReplicateBatch& batch,
                               const std::vector<absl::string_view>& values) {
-  size_t at = 0;
-  for (const v1::Mutation& m : batch.mutations()) {
-    for (int i = 0; i < ApartValues(m); ++i, ++at) {
-      const int64_t want = m.push().data_bytes(i);
-      if (at >= values.size() || want < 0 || static_cast<uint64_t>(want) != values[at].size()) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("replicated batch: value ", at, " should have ", want, " bytes, ",
-                         at < values.size() ? absl::StrCat(values[at].size()) : "none", " came"));
-      }
-    }
+  DT_ASSIGN_OR_RETURN(std::vector<int64_t> sizes, ApartValueSizes(batch));
+  if (sizes.size() != values.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("replicated batch: ", values.size(),
+                                                   " values for pushes that name ", sizes.size()));
   }
-  if (at != values.size()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("replicated batch: ", values.size(), " values for pushes that name ", at));
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    if (static_cast<uint64_t>(sizes[i]) != values[i].size()) {
+      return absl::InvalidArgumentError(absl::StrCat("replicated batch: value ", i, " should have ",
+                                                     sizes[i], " bytes, ", values[i].size(),
+                                                     " came"));
+    }
   }
   return absl::OkStatus();
 }
@@ -120,6 +117,21 @@ void InlineInto(v1::Mutation* m, const absl::string_view* values) {
 }
 
 }  // namespace
+
+absl::StatusOr<std::vector<int64_t>> ApartValueSizes(const v1::ReplicateBatch& batch) {
+  std::vector<int64_t> sizes;
+  for (const v1::Mutation& m : batch.mutations()) {
+    for (int i = 0; i < ApartValues(m); ++i) {
+      const int64_t n = m.push().data_bytes(i);
+      if (n < 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("replicated batch: value ", sizes.size(), " has ", n, " bytes"));
+      }
+      sizes.push_back(n);
+    }
+  }
+  return sizes;
+}
 
 absl::StatusOr<v1::ReplicateBatch> InlineValues(absl::string_view bytes,
                                                 const std::vector<absl::string_view>& values) {

@@ -99,6 +99,11 @@ class ReplicaLink {
 // A batch whose pushes' values travel apart (ReplicatedPush.data_bytes) as
 // one whose values are inside it: for links and receivers that take only
 // those. kInvalidArgument when the sizes and the values disagree.
+// The byte counts of the values a batch's pushes carry apart
+// (ReplicatedPush.data_bytes), in the order they travel; kInvalidArgument
+// for a negative one.
+absl::StatusOr<std::vector<int64_t>> ApartValueSizes(const v1::ReplicateBatch& batch);
+
 absl::StatusOr<v1::ReplicateBatch> InlineValues(absl::string_view batch,
                                                 const std::vector<absl::string_view>& values);
 

@@ -246,7 +246,7 @@ class KVStoreServer::Impl : public DataPortHandler {
   // the reply of those values.
   void Complete(UnaryCall& call, absl::Status status, const std::vector<PulledValue>* values) {
     if (status.ok() && values != nullptr) {
-      status = ReadCommitted(absl::Now() + options_.replication_timeout);
+      status = ReadCommitted();
     }
     {
       absl::MutexLock lock(&call.mu);
@@ -611,10 +611,11 @@ class KVStoreServer::Impl : public DataPortHandler {
   // Before values read here are answered: at a chain's head (a PushPull),
   // waits until every replica holds every write applied here so far, so a
   // client never gets a value that a replica taking over could lack. At
-  // the tail and unreplicated: at once.
-  absl::Status ReadCommitted(absl::Time deadline) const {
+  // the tail and unreplicated: at once. Gives up after replication_timeout
+  // (the client retries).
+  absl::Status ReadCommitted() const {
     if (replicator_ == nullptr) return absl::OkStatus();
-    return replicator_->AppliedSoFar().Wait(deadline);
+    return replicator_->AppliedSoFar().Wait(absl::Now() + options_.replication_timeout);
   }
 
   // A PushPull's pull, after its push: the values of the pushed items'
@@ -625,7 +626,7 @@ class KVStoreServer::Impl : public DataPortHandler {
     for (const PushItem& item : p.items) items.push_back({item.key, item.slice, item.round});
     DT_ASSIGN_OR_RETURN(std::vector<PulledValue> values,
                         store_->Pull(p.header.job(), p.header.worker(), items, options));
-    DT_RETURN_IF_ERROR(ReadCommitted(absl::Now() + options_.replication_timeout));
+    DT_RETURN_IF_ERROR(ReadCommitted());
     return values;
   }
 
@@ -724,7 +725,7 @@ class KVStoreServer::Impl : public DataPortHandler {
     for (const v1::PullItem& p : r.items()) items.push_back({p.key(), p.slice(), p.round()});
     DT_ASSIGN_OR_RETURN(std::vector<PulledValue> values,
                         store_->Pull(r.job(), r.worker(), items, MakePullOptions(ctx)));
-    DT_RETURN_IF_ERROR(ReadCommitted(absl::Now() + options_.replication_timeout));
+    DT_RETURN_IF_ERROR(ReadCommitted());
     return SendPulled(values, false, [writer](const grpc::ByteBuffer& b, bool last) {
       return writer->Write(b,
                            last ? grpc::WriteOptions().set_last_message() : grpc::WriteOptions());
@@ -784,7 +785,7 @@ class KVStoreServer::Impl : public DataPortHandler {
     for (const v1::PullItem& p : r.items()) items.push_back({p.key(), p.slice(), p.round()});
     DT_ASSIGN_OR_RETURN(std::vector<PulledValue> values,
                         store_->Pull(r.job(), r.worker(), items, MakePullOptions(ctx)));
-    DT_RETURN_IF_ERROR(ReadCommitted(absl::Now() + options_.replication_timeout));
+    DT_RETURN_IF_ERROR(ReadCommitted());
     return SendPulled(values, true, WriteOnce(response));
   }
 
@@ -876,7 +877,7 @@ class KVStoreServer::Impl : public DataPortHandler {
         for (const v1::PullItem& p : r.items()) items.push_back({p.key(), p.slice(), p.round()});
         DT_ASSIGN_OR_RETURN(std::vector<PulledValue> values,
                             store_->Pull(r.job(), r.worker(), items, pull));
-        DT_RETURN_IF_ERROR(ReadCommitted(absl::Now() + options_.replication_timeout));
+        DT_RETURN_IF_ERROR(ReadCommitted());
         return PulledReply(values, reply);
       }
       case DataOp::kPush:
@@ -1072,16 +1073,10 @@ absl::Status KVStoreServer::Impl::HandleReplicate(const DataRequest& request, Da
     if (!batch.ParseFromArray(request.header.data(), static_cast<int>(request.header.size()))) {
       return absl::InvalidArgumentError("data port REPLICATE: the batch does not parse");
     }
-    std::vector<int64_t> sizes;
+    absl::StatusOr<std::vector<int64_t>> sizes = ApartValueSizes(batch);
+    DT_RETURN_IF_ERROR(Annotate(sizes.status(), "data port REPLICATE"));
     uint64_t need = 0;
-    for (const v1::Mutation& m : batch.mutations()) {
-      if (m.op_case() != v1::Mutation::kPush) continue;
-      for (int64_t n : m.push().data_bytes()) {
-        if (n < 0) return absl::InvalidArgumentError("data port REPLICATE: a negative value size");
-        sizes.push_back(n);
-        need += static_cast<uint64_t>(n);
-      }
-    }
+    for (int64_t n : *sizes) need += static_cast<uint64_t>(n);
     if (need != request.payload_bytes) {
       return absl::InvalidArgumentError(absl::StrCat("data port REPLICATE: payload of ",
                                                      request.payload_bytes,
@@ -1090,7 +1085,7 @@ absl::Status KVStoreServer::Impl::HandleReplicate(const DataRequest& request, Da
     std::vector<absl::string_view> values;
     if (need > 0) {
       DT_ASSIGN_OR_RETURN(absl::string_view payload, request.read_payload());
-      DT_ASSIGN_OR_RETURN(values, SplitPayload(payload, sizes));
+      DT_ASSIGN_OR_RETURN(values, SplitPayload(payload, *sizes));
     }
     DT_ASSIGN_OR_RETURN(v1::ReplicateReply r,
                         replicator_->Receive(std::move(batch), request.deadline, values));
