@@ -173,6 +173,9 @@ class FdConn : public DataConn {
     return poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0;
   }
   void SetReadTimeout(absl::Duration timeout) override {
+    // Clients set the same timeout on every request: one system call less.
+    if (read_timeout_.has_value() && *read_timeout_ == timeout) return;
+    read_timeout_ = timeout;
     timeval tv{};
     if (timeout != absl::InfiniteDuration()) {
       timeout = std::max(timeout, absl::Milliseconds(1));
@@ -196,6 +199,8 @@ class FdConn : public DataConn {
   const int fd_;
   const Kind kind_;
   int received_fd_ = -1;
+  // The last SetReadTimeout (unknown: the socket's timeout was set otherwise).
+  absl::optional<absl::Duration> read_timeout_;
 };
 
 absl::StatusOr<security::Identity> PeerCertIdentity(SSL* ssl);

@@ -9,6 +9,9 @@
 #   compare replicas=<r> kvstore_GBps=<x> iperf3_GBps=<y> ratio=<x/y> (goal >= 1.0)
 #   compare replicas=<r> latency bytes=4096 keys=1 p50_us=<a> p99_us=<b> (goals: p50 <= 100, p99 <= 300)
 #   compare replicas=<r> keys8_over_keys1_p50=<c> (goal <= 1.5)
+# and, from round_floor (the same rounds' processes and messages doing no
+# work: what this machine allows; --floor_bin or built with the bench):
+#   round_floor_ratio replicas=<r> shards2_over_shards1_p50=<f>
 #
 #   tests/bench/kvstore/compare.sh [--workers 2] [--servers 2] [--bytes 67108864] [--seconds 3]
 #                                  [--bin PATH] [--notls] [--callback_data] [--small_only]
@@ -20,7 +23,8 @@
 # summary lines). --small_only: only the 4 KiB latency runs (no iperf3, no
 # 64 MiB run), for comparing data paths that differ only there.
 # --bin runs an already built kvstore_bench (no setup, no build: for a run
-# on an otherwise idle machine). Set BAZEL to use another Bazel command line.
+# on an otherwise idle machine; round_floor is taken from the same folder).
+# Set BAZEL to use another Bazel command line.
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
 workers=2 servers=2 bytes=$((64 << 20)) seconds=3 bin= tlsflag=--tls tls=on
@@ -43,9 +47,10 @@ done
 if [ -z "$bin" ]; then
   bazel=${BAZEL:-bazel}
   tools/setup --bench
-  $bazel build --noshow_progress //tests/bench/kvstore:kvstore_bench 2>&1 | grep -E '^(ERROR|FAILED)' >&2 || true
+  $bazel build --noshow_progress //tests/bench/kvstore:kvstore_bench //tests/bench/kvstore:round_floor 2>&1 | grep -E '^(ERROR|FAILED)' >&2 || true
   bin=$($bazel info bazel-bin 2>/dev/null)/tests/bench/kvstore/kvstore_bench
 fi
+floor_bin=$(dirname "$bin")/round_floor
 get() { grep " replicas=$2 " <<<"$1" | sed -n "s/.*$3=\([0-9.]*\).*/\1/p" | tail -1; }
 small=$("$bin" --workers="$workers" --servers="$servers" --bytes=4096 --keys=1 --replicas=1,2 "$tlsflag" "$cbflag" --data_path="$data_path")
 echo "$small"
@@ -55,8 +60,18 @@ latency() {
   echo "compare replicas=$1 tls=$tls callback=$callback data_path=$data_path latency bytes=4096 keys=1 p50_us=$(get "$small" "$1" p50_us) p99_us=$(get "$small" "$1" p99_us) (goals: p50 <= 100, p99 <= 300)"
   echo "compare replicas=$1 tls=$tls callback=$callback data_path=$data_path latency bytes=4096 keys=8 p50_us=$(get "$small8" "$1" p50_us) keys8_over_keys1_p50=$(awk "BEGIN{printf \"%.2f\", $(get "$small8" "$1" p50_us)/$(get "$small" "$1" p50_us)}") (goal <= 1.5)"
 }
+# What the machine allows for these rounds (no TLS, no work): the floor of
+# keys8_over_keys1_p50 (keys=8 spans both shards, keys=1 one of them).
+floor() {
+  if [ -x "$floor_bin" ]; then
+    "$floor_bin" --workers="$workers" --bytes=4096 --replicas=1,2
+  else
+    echo "compare.sh: no round_floor next to $bin (bazel build //tests/bench/kvstore:round_floor)" >&2
+  fi
+}
 if [ "$small_only" = 1 ]; then
   for r in 1 2; do latency $r; done
+  floor
   exit 0
 fi
 command -v iperf3 >/dev/null || { echo "compare.sh: iperf3 is missing (tools/setup --bench)" >&2; exit 1; }
@@ -79,3 +94,4 @@ for r in 1 2; do
   echo "compare replicas=$r tls=$tls callback=$callback data_path=$data_path kvstore_GBps=$x iperf3_GBps=$tcp ratio=$(awk "BEGIN{printf \"%.2f\", $x/$tcp}") (goal >= 1.0)"
   latency $r
 done
+floor

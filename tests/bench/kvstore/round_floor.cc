@@ -1,0 +1,222 @@
+// round_floor: what this machine allows for kvstore_bench's small rounds.
+//
+//   bazel run //tests/bench/kvstore:round_floor -- --workers=2 --replicas=1,2
+//
+// Runs the processes and messages of a kvstore_bench round with no work in
+// them: --workers worker threads in this process; per shard a head process
+// and, with 2 replicas, a tail process; Unix stream sockets between them. A
+// worker sends its share of --bytes to every shard and waits for every
+// shard's answer. A head (one thread, all its workers' sockets in one poll)
+// answers once each worker has pushed and, with 2 replicas, the tail has
+// acknowledged the round's one batch. No TLS, no parsing, no store, one
+// batch per round: the cheapest way to run the round, so what kvstore_bench
+// measures above it is the kvstore's own cost.
+//
+// Waits spin the way the kvstore's do (kvstore_server --replica_spin_us):
+// the head waiting for the tail's acknowledgement and the tail waiting for
+// its next batch poll for --spin_us, yielding the CPU between polls, before
+// they sleep; the head waits for requests without polling, as the data
+// port's connections from clients do.
+//
+// kvstore_bench's keys=1 round uses one shard and its keys=8 round (with 2
+// servers) both shards, so for each replica count this prints
+//
+//   round_floor workers=<w> shards=<1|2> replicas=<r> bytes=<b> spin_us=<s> p50_us=<x> p99_us=<y>
+//   round_floor_ratio replicas=<r> shards2_over_shards1_p50=<x>
+//
+// the ratio being the floor of compare.sh's keys8_over_keys1_p50. Each
+// figure is the median of --repeats runs (the shapes alternate, so a slow
+// spell of the machine does not land on one of them).
+#include <poll.h>
+#include <sched.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+
+ABSL_FLAG(int, workers, 2, "worker threads");
+ABSL_FLAG(std::string, replicas, "1,2", "replica counts to run (1 or 2 each)");
+ABSL_FLAG(int, bytes, 4096, "bytes each worker pushes (and pulls) per round, split over the shards");
+ABSL_FLAG(int, rounds, 20000, "rounds per run (the first tenth untimed)");
+ABSL_FLAG(int, spin_us, 50, "how long a head or tail polls before it sleeps (as --replica_spin_us)");
+ABSL_FLAG(int, repeats, 3, "runs of each shape; the figures are their medians");
+
+namespace {
+
+// Reads or writes all n bytes; a dead peer ends this process (a child's
+// peer is gone when the measurement is over).
+void Full(int fd, char* p, size_t n, bool read_it) {
+  while (n > 0) {
+    const ssize_t got = read_it ? read(fd, p, n) : write(fd, p, n);
+    if (got <= 0) _exit(0);
+    p += got;
+    n -= static_cast<size_t>(got);
+  }
+}
+
+// Until one of `fds` is readable (polling for `spin` first); its index.
+size_t WaitReadable(std::vector<pollfd>& fds, absl::Duration spin) {
+  const absl::Time end = absl::Now() + spin;
+  for (;;) {
+    for (pollfd& p : fds) p.revents = 0;
+    const bool polling = spin > absl::ZeroDuration() && absl::Now() < end;
+    if (poll(fds.data(), fds.size(), polling ? 0 : -1) > 0) {
+      for (size_t i = 0; i < fds.size(); ++i) {
+        if (fds[i].revents != 0) return i;
+      }
+    }
+    if (polling) sched_yield();
+  }
+}
+
+struct Figures {
+  double p50 = 0, p99 = 0;
+};
+
+Figures RunOnce(int workers, int shards, int replicas, int bytes, int rounds, absl::Duration spin) {
+  const int share = std::max(1, bytes / shards);
+  std::vector<std::vector<int>> worker_fds(workers, std::vector<int>(shards));
+  std::vector<pid_t> children;
+  for (int s = 0; s < shards; ++s) {
+    std::vector<int> head_fds(workers);
+    for (int w = 0; w < workers; ++w) {
+      int sv[2];
+      if (socketpair(AF_UNIX, SOCK_STREAM, 0, sv) != 0) _exit(1);
+      worker_fds[w][s] = sv[0];
+      head_fds[w] = sv[1];
+    }
+    int chain[2] = {-1, -1};
+    if (replicas == 2 && socketpair(AF_UNIX, SOCK_STREAM, 0, chain) != 0) _exit(1);
+    if (replicas == 2) {
+      const pid_t tail = fork();
+      if (tail == 0) {
+        std::vector<char> batch(static_cast<size_t>(share) * workers);
+        std::vector<pollfd> fds{{chain[1], POLLIN, 0}};
+        for (;;) {
+          WaitReadable(fds, spin);
+          Full(chain[1], batch.data(), batch.size(), true);
+          char ack = 1;
+          Full(chain[1], &ack, 1, false);
+        }
+      }
+      children.push_back(tail);
+    }
+    const pid_t head = fork();
+    if (head == 0) {
+      std::vector<char> values(static_cast<size_t>(share) * workers);
+      std::vector<pollfd> from_workers;
+      for (int fd : head_fds) from_workers.push_back({fd, POLLIN, 0});
+      for (;;) {
+        for (int pushed = 0; pushed < workers; ++pushed) {
+          const size_t w = WaitReadable(from_workers, absl::ZeroDuration());
+          Full(head_fds[w], values.data() + share * w, share, true);
+          from_workers[w].events = 0;  // its next push is the next round's
+        }
+        for (pollfd& p : from_workers) p.events = POLLIN;
+        if (replicas == 2) {
+          Full(chain[0], values.data(), values.size(), false);
+          std::vector<pollfd> ack_fd{{chain[0], POLLIN, 0}};
+          WaitReadable(ack_fd, spin);
+          char ack;
+          Full(chain[0], &ack, 1, true);
+        }
+        for (int fd : head_fds) Full(fd, values.data(), share, false);
+      }
+    }
+    children.push_back(head);
+    for (int fd : head_fds) close(fd);
+    if (replicas == 2) {
+      close(chain[0]);
+      close(chain[1]);
+    }
+  }
+  std::vector<std::vector<double>> took(workers);
+  std::vector<std::thread> threads;
+  for (int w = 0; w < workers; ++w) {
+    threads.emplace_back([&, w] {
+      std::vector<char> buffer(share);
+      for (int r = 0; r < rounds; ++r) {
+        const absl::Time start = absl::Now();
+        for (int s = 0; s < shards; ++s) Full(worker_fds[w][s], buffer.data(), share, false);
+        for (int s = 0; s < shards; ++s) Full(worker_fds[w][s], buffer.data(), share, true);
+        if (r >= rounds / 10) took[w].push_back(absl::ToDoubleMicroseconds(absl::Now() - start));
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (pid_t child : children) kill(child, SIGKILL);
+  for (pid_t child : children) waitpid(child, nullptr, 0);
+  for (auto& fds : worker_fds) {
+    for (int fd : fds) close(fd);
+  }
+  std::vector<double> all;
+  for (const auto& t : took) all.insert(all.end(), t.begin(), t.end());
+  std::sort(all.begin(), all.end());
+  return {all[all.size() / 2], all[all.size() * 99 / 100]};
+}
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  const int workers = absl::GetFlag(FLAGS_workers);
+  const int bytes = absl::GetFlag(FLAGS_bytes);
+  const int rounds = absl::GetFlag(FLAGS_rounds);
+  const int repeats = absl::GetFlag(FLAGS_repeats);
+  const int spin_us = absl::GetFlag(FLAGS_spin_us);
+  if (workers < 1 || bytes < 2 || rounds < 10 || repeats < 1 || spin_us < 0) {
+    fprintf(stderr,
+            "round_floor: needs --workers >= 1, --bytes >= 2, --rounds >= 10, --repeats >= 1 and "
+            "--spin_us >= 0\n");
+    return 2;
+  }
+  std::vector<int> replica_counts;
+  for (absl::string_view r : absl::StrSplit(absl::GetFlag(FLAGS_replicas), ',')) {
+    int n = 0;
+    if (!absl::SimpleAtoi(r, &n) || (n != 1 && n != 2)) {
+      fprintf(stderr, "round_floor: --replicas takes 1 and 2 (comma-separated), got '%s'\n",
+              std::string(r).c_str());
+      return 2;
+    }
+    replica_counts.push_back(n);
+  }
+  signal(SIGPIPE, SIG_IGN);
+  for (int replicas : replica_counts) {
+    std::vector<double> p50[2], p99[2];
+    for (int i = 0; i < repeats; ++i) {
+      for (int shards = 1; shards <= 2; ++shards) {
+        const Figures f = RunOnce(workers, shards, replicas, bytes, rounds,
+                                  absl::Microseconds(spin_us));
+        p50[shards - 1].push_back(f.p50);
+        p99[shards - 1].push_back(f.p99);
+      }
+    }
+    for (int shards = 1; shards <= 2; ++shards) {
+      printf("round_floor workers=%d shards=%d replicas=%d bytes=%d spin_us=%d p50_us=%.0f "
+             "p99_us=%.0f\n",
+             workers, shards, replicas, bytes, spin_us, Median(p50[shards - 1]),
+             Median(p99[shards - 1]));
+    }
+    printf("round_floor_ratio replicas=%d shards2_over_shards1_p50=%.2f\n", replicas,
+           Median(p50[1]) / Median(p50[0]));
+    fflush(stdout);
+  }
+  return 0;
+}
