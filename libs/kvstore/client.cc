@@ -13,7 +13,6 @@
 #include <cstring>
 #include <functional>
 #include <map>
-#include <set>
 #include <thread>
 #include <utility>
 
@@ -519,153 +518,68 @@ absl::Status KVClient::Init(const std::vector<KeySpec>& keys) {
 }
 
 Work KVClient::PushAsync(std::vector<PushSource> items) {
-  return PushImpl(std::move(items), /*run_one_inline=*/false);
+  return Issue(Op::kPush, CallItems(std::move(items)), /*run_one_inline=*/false);
 }
 
 absl::Status KVClient::Push(std::vector<PushSource> items) {
-  return PushImpl(std::move(items), /*run_one_inline=*/true).Wait();
-}
-
-Work KVClient::PushImpl(std::vector<PushSource> items, bool run_one_inline) {
-  std::vector<SliceOp> work;
-  std::vector<std::shared_ptr<Work::State>> deps;
-  auto state = std::make_shared<Work::State>();
-  {
-    absl::MutexLock lock(&mu_);
-    std::set<std::string> names;
-    std::vector<Key*> keys;
-    for (const PushSource& item : items) {
-      auto it = keys_.find(item.key);
-      if (it == keys_.end()) {
-        return Failed(absl::NotFoundError(
-            absl::StrCat("push of key '", item.key, "': not Init'ed by this client")));
-      }
-      if (item.data == nullptr) {
-        return Failed(
-            absl::InvalidArgumentError(absl::StrCat("push of key '", item.key, "': no data")));
-      }
-      if (!names.insert(item.key).second) {
-        return Failed(absl::InvalidArgumentError(
-            absl::StrCat("key '", item.key, "' appears twice in one push")));
-      }
-      keys.push_back(it->second.get());
-    }
-    for (size_t k = 0; k < items.size(); ++k) {
-      Key* key = keys[k];
-      const size_t esize = DTypeSize(key->spec.dtype);
-      for (size_t i = 0; i < key->slices.size(); ++i) {
-        SliceOp w;
-        w.key = key;
-        w.slice = &key->slices[i];
-        w.round = ++key->pushed[i];
-        w.src = static_cast<const char*>(items[k].data) + w.slice->spec.offset * esize;
-        work.push_back(w);
-      }
-      if (key->last) deps.push_back(key->last);
-      key->last = state;
-    }
-  }
-  return Start(Op::kPush, std::move(work), std::move(deps), std::move(state), run_one_inline);
+  return Issue(Op::kPush, CallItems(std::move(items)), /*run_one_inline=*/true).Wait();
 }
 
 Work KVClient::PullAsync(std::vector<PullTarget> items) {
-  return PullImpl(std::move(items), /*run_one_inline=*/false);
+  return Issue(Op::kPull, CallItems(std::move(items)), /*run_one_inline=*/false);
 }
 
 absl::Status KVClient::Pull(std::vector<PullTarget> items) {
-  return PullImpl(std::move(items), /*run_one_inline=*/true).Wait();
+  return Issue(Op::kPull, CallItems(std::move(items)), /*run_one_inline=*/true).Wait();
 }
 
-Work KVClient::PullImpl(std::vector<PullTarget> items, bool run_one_inline) {
+Work KVClient::PushPullAsync(std::vector<PushPullItem> items) {
+  return Issue(Op::kPushPull, CallItems(std::move(items)), /*run_one_inline=*/false);
+}
+
+absl::Status KVClient::PushPull(std::vector<PushPullItem> items) {
+  return Issue(Op::kPushPull, CallItems(std::move(items)), /*run_one_inline=*/true).Wait();
+}
+
+Work KVClient::Issue(Op op, std::vector<CallItem> items, bool run_one_inline) {
+  if (absl::Status bad = CheckCallItems(op, items); !bad.ok()) return Failed(bad);
   std::vector<SliceOp> work;
   std::vector<std::shared_ptr<Work::State>> deps;
   auto state = std::make_shared<Work::State>();
   {
     absl::MutexLock lock(&mu_);
     std::vector<Key*> keys;
-    for (const PullTarget& item : items) {
+    for (const CallItem& item : items) {
       auto it = keys_.find(item.key);
       if (it == keys_.end()) {
-        return Failed(absl::NotFoundError(
-            absl::StrCat("pull of key '", item.key, "': not Init'ed by this client")));
-      }
-      if (item.data == nullptr) {
-        return Failed(absl::InvalidArgumentError(
-            absl::StrCat("pull of key '", item.key, "': no destination buffer")));
-      }
-      if (item.round < kLastPushedRound) {
-        return Failed(absl::InvalidArgumentError(
-            absl::StrCat("pull of key '", item.key, "': round ", item.round, " is invalid")));
+        return Failed(absl::NotFoundError(absl::StrCat(CallKindName(op), " of key '", item.key,
+                                                       "': not Init'ed by this client")));
       }
       keys.push_back(it->second.get());
     }
     for (size_t k = 0; k < items.size(); ++k) {
       Key* key = keys[k];
+      const CallItem& item = items[k];
       const size_t esize = DTypeSize(key->spec.dtype);
       for (size_t i = 0; i < key->slices.size(); ++i) {
         SliceOp w;
         w.key = key;
         w.slice = &key->slices[i];
-        w.round = items[k].round == kLastPushedRound ? key->pushed[i] : items[k].round;
-        w.dst = static_cast<char*>(items[k].data) + w.slice->spec.offset * esize;
+        const size_t offset = static_cast<size_t>(w.slice->spec.offset) * esize;
+        if (op == Op::kPull) {
+          w.round = item.round == kLastPushedRound ? key->pushed[i] : item.round;
+        } else {
+          w.round = ++key->pushed[i];
+          w.src = static_cast<const char*>(item.src) + offset;
+        }
+        if (op != Op::kPush) w.dst = static_cast<char*>(item.dst) + offset;
         work.push_back(w);
       }
       if (key->last && (deps.empty() || deps.back() != key->last)) deps.push_back(key->last);
       key->last = state;
     }
   }
-  return Start(Op::kPull, std::move(work), std::move(deps), std::move(state), run_one_inline);
-}
-
-Work KVClient::PushPullAsync(std::vector<PushPullItem> items) {
-  return PushPullImpl(std::move(items), /*run_one_inline=*/false);
-}
-
-absl::Status KVClient::PushPull(std::vector<PushPullItem> items) {
-  return PushPullImpl(std::move(items), /*run_one_inline=*/true).Wait();
-}
-
-Work KVClient::PushPullImpl(std::vector<PushPullItem> items, bool run_one_inline) {
-  std::vector<SliceOp> work;
-  std::vector<std::shared_ptr<Work::State>> deps;
-  auto state = std::make_shared<Work::State>();
-  {
-    absl::MutexLock lock(&mu_);
-    std::set<std::string> names;
-    std::vector<Key*> keys;
-    for (const PushPullItem& item : items) {
-      auto it = keys_.find(item.key);
-      if (it == keys_.end()) {
-        return Failed(absl::NotFoundError(
-            absl::StrCat("push-pull of key '", item.key, "': not Init'ed by this client")));
-      }
-      if (item.src == nullptr || item.dst == nullptr) {
-        return Failed(absl::InvalidArgumentError(
-            absl::StrCat("push-pull of key '", item.key, "': missing source or destination")));
-      }
-      if (!names.insert(item.key).second) {
-        return Failed(absl::InvalidArgumentError(
-            absl::StrCat("key '", item.key, "' appears twice in one push-pull")));
-      }
-      keys.push_back(it->second.get());
-    }
-    for (size_t k = 0; k < items.size(); ++k) {
-      Key* key = keys[k];
-      const size_t esize = DTypeSize(key->spec.dtype);
-      for (size_t i = 0; i < key->slices.size(); ++i) {
-        SliceOp w;
-        w.key = key;
-        w.slice = &key->slices[i];
-        w.round = ++key->pushed[i];
-        w.src = static_cast<const char*>(items[k].src) + w.slice->spec.offset * esize;
-        w.dst = static_cast<char*>(items[k].dst) + w.slice->spec.offset * esize;
-        work.push_back(w);
-      }
-      if (key->last) deps.push_back(key->last);
-      key->last = state;
-    }
-  }
-  return Start(Op::kPushPull, std::move(work), std::move(deps), std::move(state), run_one_inline);
+  return Start(op, std::move(work), std::move(deps), std::move(state), run_one_inline);
 }
 
 Work KVClient::Start(Op op, std::vector<SliceOp> work,

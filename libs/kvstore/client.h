@@ -249,14 +249,14 @@ class KVClient : public ParameterServer {
   struct Key;
   struct SliceOp;
   class TrackedCall;  // a call Cancel can end
-  enum class Op { kPush, kPull, kPushPull };
+  using Op = CallKind;
 
   explicit KVClient(ClientOptions options);
   // Adds options_.token to the call's metadata.
   void AddToken(grpc::ClientContext* ctx) const;
-  Work PushImpl(std::vector<PushSource> items, bool run_one_inline);
-  Work PullImpl(std::vector<PullTarget> items, bool run_one_inline);
-  Work PushPullImpl(std::vector<PushPullItem> items, bool run_one_inline);
+  // Checks a call's items, numbers its pushed rounds, orders it after the
+  // keys' previous calls and starts it.
+  Work Issue(Op op, std::vector<CallItem> items, bool run_one_inline);
   // Runs `work` grouped by server (one task each, in parallel) after `deps`
   // finished; with run_one_inline one task runs on the calling thread.
   Work Start(Op op, std::vector<SliceOp> work, std::vector<std::shared_ptr<Work::State>> deps,

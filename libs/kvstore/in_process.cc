@@ -4,7 +4,6 @@
 #include <cstring>
 #include <functional>
 #include <map>
-#include <set>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -79,14 +78,6 @@ struct InProcessParameterServer::Key {
   std::vector<PlacedSlice> slices;
   std::vector<int64_t> pushed;        // per slice: the last round pushed
   std::shared_ptr<Work::State> last;  // the latest operation on this key
-};
-
-// One item of an operation, whatever its kind.
-struct InProcessParameterServer::Request {
-  std::string key;
-  const void* src = nullptr;  // push, push-pull
-  void* dst = nullptr;        // pull, push-pull
-  int64_t round = kLastPushedRound;
 };
 
 // One slice's part of an operation.
@@ -204,74 +195,42 @@ absl::Status InProcessParameterServer::Init(const std::vector<KeySpec>& keys) {
 }
 
 Work InProcessParameterServer::PushAsync(std::vector<PushSource> items) {
-  std::vector<Request> requests;
-  for (PushSource& item : items) requests.push_back({std::move(item.key), item.data, nullptr});
-  return Issue(Op::kPush, std::move(requests), /*run_one_inline=*/false);
+  return Issue(Op::kPush, CallItems(std::move(items)), /*run_one_inline=*/false);
 }
 
 absl::Status InProcessParameterServer::Push(std::vector<PushSource> items) {
-  std::vector<Request> requests;
-  for (PushSource& item : items) requests.push_back({std::move(item.key), item.data, nullptr});
-  return Issue(Op::kPush, std::move(requests), /*run_one_inline=*/true).Wait();
+  return Issue(Op::kPush, CallItems(std::move(items)), /*run_one_inline=*/true).Wait();
 }
 
 Work InProcessParameterServer::PullAsync(std::vector<PullTarget> items) {
-  std::vector<Request> requests;
-  for (PullTarget& item : items) {
-    requests.push_back({std::move(item.key), nullptr, item.data, item.round});
-  }
-  return Issue(Op::kPull, std::move(requests), /*run_one_inline=*/false);
+  return Issue(Op::kPull, CallItems(std::move(items)), /*run_one_inline=*/false);
 }
 
 absl::Status InProcessParameterServer::Pull(std::vector<PullTarget> items) {
-  std::vector<Request> requests;
-  for (PullTarget& item : items) {
-    requests.push_back({std::move(item.key), nullptr, item.data, item.round});
-  }
-  return Issue(Op::kPull, std::move(requests), /*run_one_inline=*/true).Wait();
+  return Issue(Op::kPull, CallItems(std::move(items)), /*run_one_inline=*/true).Wait();
 }
 
 Work InProcessParameterServer::PushPullAsync(std::vector<PushPullItem> items) {
-  std::vector<Request> requests;
-  for (PushPullItem& item : items) requests.push_back({std::move(item.key), item.src, item.dst});
-  return Issue(Op::kPushPull, std::move(requests), /*run_one_inline=*/false);
+  return Issue(Op::kPushPull, CallItems(std::move(items)), /*run_one_inline=*/false);
 }
 
 absl::Status InProcessParameterServer::PushPull(std::vector<PushPullItem> items) {
-  std::vector<Request> requests;
-  for (PushPullItem& item : items) requests.push_back({std::move(item.key), item.src, item.dst});
-  return Issue(Op::kPushPull, std::move(requests), /*run_one_inline=*/true).Wait();
+  return Issue(Op::kPushPull, CallItems(std::move(items)), /*run_one_inline=*/true).Wait();
 }
 
 Work InProcessParameterServer::Issue(Op op, std::vector<Request> requests, bool run_one_inline) {
-  const char* what = op == Op::kPush ? "push" : op == Op::kPull ? "pull" : "push-pull";
+  if (absl::Status bad = CheckCallItems(op, requests); !bad.ok()) return Work::Done(bad);
   std::vector<SliceOp> work;
   std::vector<std::shared_ptr<Work::State>> deps;
   auto state = std::make_shared<Work::State>();
   {
     absl::MutexLock lock(&mu_);
-    std::set<std::string> names;
     std::vector<Key*> keys;
     for (const Request& r : requests) {
       auto it = keys_.find(r.key);
       if (it == keys_.end()) {
-        return Work::Done(absl::NotFoundError(
-            absl::StrCat(what, " of key '", r.key, "': not Init'ed by worker ", worker_)));
-      }
-      if ((op != Op::kPull && r.src == nullptr) || (op != Op::kPush && r.dst == nullptr)) {
-        return Work::Done(absl::InvalidArgumentError(
-            absl::StrCat(what, " of key '", r.key, "': ",
-                         op == Op::kPush   ? "no data"
-                         : op == Op::kPull ? "no destination buffer"
-                                           : "missing source or destination")));
-      }
-      if (op != Op::kPull && !names.insert(r.key).second) {
-        return Work::Done(absl::InvalidArgumentError(
-            absl::StrCat("key '", r.key, "' appears twice in one ", what)));
-      }
-      if (op == Op::kPull && r.round < kLastPushedRound) {
-        return Work::Done(absl::InvalidArgumentError(
-            absl::StrCat("pull of key '", r.key, "': round ", r.round, " is invalid")));
+        return Work::Done(absl::NotFoundError(absl::StrCat(
+            CallKindName(op), " of key '", r.key, "': not Init'ed by worker ", worker_)));
       }
       keys.push_back(it->second.get());
     }

@@ -141,9 +141,9 @@ class InProcessParameterServer : public ParameterServer {
  private:
   friend class InProcessKVStore;
   struct Key;
-  struct Request;
+  using Request = CallItem;
   struct SliceOp;
-  enum class Op { kPush, kPull, kPushPull };
+  using Op = CallKind;
 
   InProcessParameterServer(std::shared_ptr<InProcessKVStore::Shards> shards, std::string job,
                            int worker);

@@ -2,6 +2,7 @@
 
 #include <utility>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 
 namespace dtrain {
@@ -17,6 +18,65 @@ void Work::State::WaitTasks() {
   absl::MutexLock lock(&mu);
   mu.Await(absl::Condition(
       +[](State* s) ABSL_NO_THREAD_SAFETY_ANALYSIS { return s->remaining == 0; }, this));
+}
+
+const char* CallKindName(CallKind kind) {
+  switch (kind) {
+    case CallKind::kPush:
+      return "push";
+    case CallKind::kPull:
+      return "pull";
+    case CallKind::kPushPull:
+      return "push-pull";
+  }
+  return "?";
+}
+
+std::vector<CallItem> CallItems(std::vector<PushSource> items) {
+  std::vector<CallItem> out;
+  out.reserve(items.size());
+  for (PushSource& item : items) out.push_back({std::move(item.key), item.data, nullptr});
+  return out;
+}
+
+std::vector<CallItem> CallItems(std::vector<PullTarget> items) {
+  std::vector<CallItem> out;
+  out.reserve(items.size());
+  for (PullTarget& item : items) {
+    out.push_back({std::move(item.key), nullptr, item.data, item.round});
+  }
+  return out;
+}
+
+std::vector<CallItem> CallItems(std::vector<PushPullItem> items) {
+  std::vector<CallItem> out;
+  out.reserve(items.size());
+  for (PushPullItem& item : items) out.push_back({std::move(item.key), item.src, item.dst});
+  return out;
+}
+
+absl::Status CheckCallItems(CallKind kind, const std::vector<CallItem>& items) {
+  const char* what = CallKindName(kind);
+  absl::flat_hash_set<absl::string_view> names;
+  for (const CallItem& item : items) {
+    if ((kind != CallKind::kPull && item.src == nullptr) ||
+        (kind != CallKind::kPush && item.dst == nullptr)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, " of key '", item.key, "': ",
+                       kind == CallKind::kPush   ? "no data"
+                       : kind == CallKind::kPull ? "no destination buffer"
+                                                 : "missing source or destination"));
+    }
+    if (kind != CallKind::kPull && !names.insert(item.key).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("key '", item.key, "' appears twice in one ", what));
+    }
+    if (kind == CallKind::kPull && item.round < kLastPushedRound) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("pull of key '", item.key, "': round ", item.round, " is invalid"));
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::Status LostJobStateError(const absl::Status& not_found) {

@@ -64,6 +64,29 @@ struct PushPullItem {
   void* dst = nullptr;  // may equal src
 };
 
+// ---- For implementations: a call's items in one form ----
+
+// What a Push, Pull or PushPull call does.
+enum class CallKind { kPush, kPull, kPushPull };
+const char* CallKindName(CallKind kind);  // "push", "pull", "push-pull"
+
+// One item of a call, whatever its kind: src for what goes up (push,
+// push-pull), dst for what comes back (pull, push-pull), round for a pull.
+struct CallItem {
+  std::string key;
+  const void* src = nullptr;
+  void* dst = nullptr;
+  int64_t round = kLastPushedRound;
+};
+std::vector<CallItem> CallItems(std::vector<PushSource> items);
+std::vector<CallItem> CallItems(std::vector<PullTarget> items);
+std::vector<CallItem> CallItems(std::vector<PushPullItem> items);
+
+// The checks of a call's items that need no key: kInvalidArgument for a
+// missing buffer the kind needs, a key twice in a call that pushes, a pull
+// round below kLastPushedRound.
+absl::Status CheckCallItems(CallKind kind, const std::vector<CallItem>& items);
+
 // The result of an asynchronous operation, like a std::future<Status>: the
 // one completion handle of every ParameterServer (named, and read, like
 // collective::Work: Wait, IsCompleted). Destroying a Work that
