@@ -10,6 +10,8 @@
 #ifndef DTRAIN_LIBS_OPS_PEAK_H_
 #define DTRAIN_LIBS_OPS_PEAK_H_
 
+#include <string>
+
 #include "absl/status/statusor.h"
 
 namespace dtrain {
@@ -23,6 +25,23 @@ struct GemmPeakOptions {
 
 // CPU only. Errors: InvalidArgument for a non-positive option.
 absl::StatusOr<double> MeasureGemmPeakFlops(const GemmPeakOptions& options);
+
+// MeasureGemmPeakFlops once per host and boot for every process of this uid
+// that asks: the first measures while it holds a lock on the figure's cache
+// file and writes it there; the others wait for the lock and read it.
+// Processes that start together (a host's trainers under `trainctl cluster
+// up`) would otherwise measure at the same moment, share the cores, and
+// each read about half the peak.
+//
+// The cache is the file gemm-peak-n<n>-t<threads> in `cache_dir` ("": in
+// $XDG_RUNTIME_DIR/dtrain or /tmp/dtrain-<uid>, created 0700), holding the
+// boot id and the figure. A directory that is not this uid's and private,
+// or a file that does not parse or is from another boot, is not used: the
+// figure is then measured here (and written, where the directory is
+// usable). `from_cache`, if set, says whether the figure was read.
+absl::StatusOr<double> HostGemmPeakFlops(const GemmPeakOptions& options,
+                                         const std::string& cache_dir = "",
+                                         bool* from_cache = nullptr);
 
 }  // namespace ops
 }  // namespace dtrain

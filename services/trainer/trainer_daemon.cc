@@ -185,7 +185,8 @@ ABSL_FLAG(double, collective_timeout_s, 60,
 ABSL_FLAG(double, peak_gflops_per_thread, -1,
           "the peak GFLOP/s of one CPU kernel thread for jobs' MFU; -1: measure it at start (an "
           "f32 GEMM, libs/ops/peak.h; about 0.1 s on a quiet machine, more on a busy one, which "
-          "then reads low), 0: report no MFU");
+          "then reads low; once per host and boot, shared by this uid's trainers through "
+          "$XDG_RUNTIME_DIR/dtrain or /tmp/dtrain-<uid>), 0: report no MFU");
 ABSL_FLAG(std::string, metrics_listen, "",
           "Prometheus /metrics address, e.g. :9402 or 127.0.0.1:0 (empty: no endpoint)");
 ABSL_FLAG(std::string, health_listen, "",
@@ -282,10 +283,15 @@ int main(int argc, char** argv) {
   if (double peak = absl::GetFlag(FLAGS_peak_gflops_per_thread); peak >= 0) {
     options.cpu_peak_flops_per_thread = peak * 1e9;
   } else {
-    absl::StatusOr<double> measured = dtrain::ops::MeasureGemmPeakFlops({.reps = 5, .threads = 1});
+    // Once per host: trainers that start together would measure each other.
+    bool from_cache = false;
+    absl::StatusOr<double> measured =
+        dtrain::ops::HostGemmPeakFlops({.reps = 5, .threads = 1}, "", &from_cache);
     if (measured.ok()) {
       options.cpu_peak_flops_per_thread = *measured;
-      DT_LOG(INFO) << "measured CPU peak: " << *measured / 1e9
+      DT_LOG(INFO) << (from_cache ? "CPU peak (measured on this host since boot): "
+                                  : "measured CPU peak: ")
+                   << *measured / 1e9
                    << " GFLOP/s per thread (f32 GEMM; --peak_gflops_per_thread overrides)";
     } else {
       DT_LOG(WARNING) << "no CPU peak, so no MFU: " << measured.status();

@@ -124,6 +124,19 @@ TEST_F(TimelineE2eTest, TwoTrainerJobIsOneAlignedChromeTraceWithOverlap) {
   EXPECT_NEAR(gflops * 1e9 / sps, 13258800, 1) << status;
   EXPECT_GT(mfu, 0) << status;
   EXPECT_LT(mfu, 2) << status;  // of a peak measured on a busy machine
+  // The two trainers started together and took one peak (measured once on
+  // this host), not two measured at the same moment, each about half.
+  std::vector<std::string> peaks;
+  for (const ClusterProcess& p : ReadCluster(dir_)) {
+    if (p.role != "trainer") continue;
+    const std::string log = ReadFile(dir_ + "/" + p.name + ".log");
+    const size_t at = log.find("CPU peak");
+    ASSERT_NE(at, std::string::npos) << p.name << " logged no CPU peak";
+    const size_t colon = log.find(": ", at);
+    peaks.push_back(log.substr(colon + 2, log.find(" GFLOP/s", colon) - colon - 2));
+  }
+  ASSERT_EQ(peaks.size(), 2u);
+  EXPECT_EQ(peaks[0], peaks[1]) << "each trainer measured its own peak";
 
   const std::string path = dir_ + "/trace.json";
   out = Ctl(absl::StrCat("timeline ", id, " --out=", path), &rc);
