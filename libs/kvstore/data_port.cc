@@ -513,6 +513,9 @@ absl::StatusOr<std::unique_ptr<DataPortServer>> DataPortServer::Start(
   std::unique_ptr<DataPortServer> s(new DataPortServer());
   s->options_ = options;
   s->handler_ = handler;
+  s->connections_per_job_ = std::make_unique<JobLimiter>(
+      options.max_connections_per_job, "data port connections",
+      "kvstore_server --data_max_connections_per_job");
   s->instance_ = RandomHex(8);
   s->replica_ticket_ = RandomBytes(kReplicaTicketBytes);
   if (options.max_connections < 1) {
@@ -740,6 +743,7 @@ void DataPortServer::Serve(std::unique_ptr<DataConn> conn, int id) {
   }
   // HELLO
   absl::optional<std::string> scope;
+  JobLimiter::Hold job_hold;  // this connection's place among its job's
   {
     char fixed[kFrameHeaderSize];
     absl::Status s = conn->ReadFull(fixed, sizeof(fixed));
@@ -786,6 +790,17 @@ void DataPortServer::Serve(std::unique_ptr<DataConn> conn, int id) {
         scope = *bound;
       } else {
         status = bound.status();
+      }
+    }
+    // A job's connections count against its cap (its client then uses
+    // gRPC); a replica link names no job.
+    const std::string& job = scope.has_value() ? *scope : hello.job();
+    if (status.ok() && !job.empty()) {
+      absl::StatusOr<JobLimiter::Hold> hold = connections_per_job_->Acquire(job);
+      if (hold.ok()) {
+        job_hold = std::move(*hold);
+      } else {
+        status = hold.status();
       }
     }
     if (!status.ok()) {

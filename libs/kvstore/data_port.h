@@ -52,6 +52,7 @@
 #include "absl/time/time.h"
 #include "absl/types/optional.h"
 #include "libs/kvstore/data_port_frame.h"
+#include "libs/kvstore/job_limiter.h"
 #include "libs/security/identity.h"
 
 namespace dtrain {
@@ -120,6 +121,9 @@ struct DataPortServerOptions {
   // Connections served at once (both kinds); one more is refused with
   // RESOURCE_EXHAUSTED (its client falls back to gRPC).
   int max_connections = 256;
+  // Of those, connections bound to one job (its HELLO's token): one more is
+  // refused the same way, so one job cannot take them all. 0: no cap.
+  int max_connections_per_job = 128;
   // After answering a REPLICATE frame, how long the connection's thread
   // polls for the next one before it sleeps (a chain under load sends
   // batches back to back; DataConn::SpinUntilReadable).
@@ -215,6 +219,7 @@ class DataPortServer {
   std::vector<std::thread> acceptors_;
   std::atomic<bool> stopping_{false};
   std::atomic<int64_t> refused_{0};
+  std::unique_ptr<JobLimiter> connections_per_job_;
   mutable absl::Mutex mu_;
   struct Entry {
     std::thread thread;

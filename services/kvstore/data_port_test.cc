@@ -107,6 +107,7 @@ class DataPortTest : public ::testing::Test {
     options.metrics_listen = "127.0.0.1:0";
     options.data_socket = socket_dir_ + "/kv.sock";
     options.data_max_connections = 4;
+    Configure(&options);
     auto server = KVStoreServer::Start(options);
     ASSERT_TRUE(server.ok()) << server.status();
     server_ = std::move(*server);
@@ -131,6 +132,9 @@ class DataPortTest : public ::testing::Test {
     rpc::SetDefaultCredentials(rpc::Credentials::Insecure());
     std::filesystem::remove_all(socket_dir_);
   }
+
+  // For fixtures that start the shard otherwise.
+  virtual void Configure(ServerOptions* options) {}
 
   std::string Token(const std::string& job) {
     return security::MintJobToken(secret_, job, absl::Now() + absl::Hours(1));
@@ -496,6 +500,92 @@ TEST_F(DataPortTest, DataPortRequestsCountInTheKvstoresMetrics) {
                 *after, "dtrain_kvstore_requests_total{code=\"OK\",method=\"PushPullUnary\"}")
                 .value_or(-1),
             0);
+}
+
+// A shard whose per-job caps are small: one job at its cap, another still served.
+class JobCapTest : public DataPortTest {
+ protected:
+  void Configure(ServerOptions* options) override {
+    options->data_max_connections = 8;
+    options->data_max_connections_per_job = 2;
+    options->max_calls_per_job = 2;
+  }
+  std::unique_ptr<KVClient> Client(const std::string& job, DataPath path, int worker = 0) {
+    ClientOptions o;
+    o.worker = worker;
+    o.servers = {server_->local_address()};
+    o.job = job;
+    o.token = Token(job);
+    o.data_path = path;
+    o.pull_timeout = absl::Seconds(3);
+    auto client = KVClient::Connect(o);
+    EXPECT_TRUE(client.ok()) << client.status();
+    return client.ok() ? std::move(*client) : nullptr;
+  }
+};
+
+TEST_F(JobCapTest, AJobAtItsConnectionCapIsRefusedAndOtherJobsStillConnect) {
+  const DataPortTls tls = TlsOf(dir_, "trainer-0");
+  std::vector<std::unique_ptr<DataPortConnection>> held;
+  for (int i = 0; i < 2; ++i) {  // data_max_connections_per_job
+    auto c = DataPortConnection::Dial(tcp_, Hello("a", Token("a")), tls, absl::Seconds(5));
+    ASSERT_TRUE(c.ok()) << c.status();
+    held.push_back(std::move(*c));
+  }
+  auto refused = DataPortConnection::Dial(unix_, Hello("a", Token("a")), tls, absl::Seconds(5));
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted) << refused.status();
+  EXPECT_NE(refused.status().message().find("job 'a' has 2 data port connections"),
+            std::string::npos)
+      << refused.status();
+  EXPECT_NE(refused.status().message().find("--data_max_connections_per_job"), std::string::npos);
+  // Another job still connects; a's place comes back when one of its connections closes.
+  EXPECT_TRUE(DataPortConnection::Dial(tcp_, Hello("b", Token("b")), tls, absl::Seconds(5)).ok());
+  held.pop_back();
+  absl::StatusOr<std::unique_ptr<DataPortConnection>> again;
+  for (absl::Time end = absl::Now() + absl::Seconds(5); absl::Now() < end;
+       absl::SleepFor(absl::Milliseconds(20))) {  // the server sees the close
+    again = DataPortConnection::Dial(tcp_, Hello("a", Token("a")), tls, absl::Seconds(5));
+    if (again.ok()) break;
+  }
+  EXPECT_TRUE(again.ok()) << again.status();
+}
+
+TEST_F(JobCapTest, AJobAtItsCallCapIsRefusedAndOtherJobsAreServed) {
+  // Two of job c's three workers push and each holds a pull of the round
+  // the third never pushes: two calls in flight, its cap.
+  std::unique_ptr<KVClient> w0 = Client("c", DataPath::kGrpc, 0);
+  std::unique_ptr<KVClient> w1 = Client("c", DataPath::kGrpc, 1);
+  ASSERT_TRUE(w0 && w1);
+  JobConfig config;
+  config.job = "c";
+  config.num_workers = 3;
+  ASSERT_TRUE(w0->CreateJob(config).ok());
+  ASSERT_TRUE(w0->Init({{"w", {4}}}).ok());
+  ASSERT_TRUE(w1->Init({{"w", {4}}}).ok());
+  std::vector<float> g(4, 1.0f), out0(4), out1(4);
+  std::vector<absl::Status> held(2);
+  std::thread t0([&] { held[0] = w0->PushPull({{"w", g.data(), out0.data()}}); });
+  std::thread t1([&] { held[1] = w1->PushPull({{"w", g.data(), out1.data()}}); });
+  // A third call of c is refused once both pulls are in.
+  std::unique_ptr<KVClient> third = Client("c", DataPath::kGrpc);
+  ASSERT_TRUE(third);
+  absl::Status refused;
+  for (absl::Time end = absl::Now() + absl::Seconds(2); absl::Now() < end;
+       absl::SleepFor(absl::Milliseconds(10))) {
+    refused = third->GetJob(0, false).status();
+    if (absl::IsResourceExhausted(refused)) break;
+  }
+  EXPECT_TRUE(absl::IsResourceExhausted(refused)) << refused;
+  EXPECT_NE(refused.message().find("job 'c' has 2 calls in flight"), std::string::npos)
+      << refused;
+  EXPECT_NE(refused.message().find("--max_calls_per_job"), std::string::npos);
+  // Job a's rounds go on meanwhile (its calls have their own cap).
+  ExpectServes(DataPath::kGrpc);
+  t0.join();
+  t1.join();
+  EXPECT_TRUE(absl::IsDeadlineExceeded(held[0])) << held[0];
+  // The pulls ended: c's calls are served again.
+  EXPECT_TRUE(third->GetJob(0, false).ok());
 }
 
 }  // namespace

@@ -65,6 +65,13 @@ ABSL_FLAG(std::string, data_socket, "auto",
           "dtrain-kvstore or /tmp/dtrain-kvstore-<uid>); empty: none");
 ABSL_FLAG(int, data_max_connections, 256,
           "data port connections served at once; more are refused (their clients use gRPC)");
+ABSL_FLAG(int, data_max_connections_per_job, 128,
+          "data port connections of one job (a trainer's token) at once; more are refused "
+          "(their clients use gRPC), so one job cannot take them all (0: no cap)");
+ABSL_FLAG(int, max_calls_per_job, 128,
+          "gRPC calls of one job (a trainer's token) served at once, a held pull included; more "
+          "fail with RESOURCE_EXHAUSTED, so one job cannot take every serving thread (256) from "
+          "the others (0: no cap)");
 ABSL_FLAG(int, replica_spin_us, 50,
           "with --scheduler (replicated): microseconds a thread polls for the chain's reply or "
           "next batch before sleeping (saves a wakeup per hop; costs that much CPU); 0: never");
@@ -121,6 +128,8 @@ int main(int argc, char** argv) {
   options.data_listen = absl::GetFlag(FLAGS_data_listen);
   options.data_socket = absl::GetFlag(FLAGS_data_socket);
   options.data_max_connections = absl::GetFlag(FLAGS_data_max_connections);
+  options.data_max_connections_per_job = absl::GetFlag(FLAGS_data_max_connections_per_job);
+  options.max_calls_per_job = absl::GetFlag(FLAGS_max_calls_per_job);
   options.replica_spin = absl::Microseconds(absl::GetFlag(FLAGS_replica_spin_us));
   options.job_ttl = absl::Seconds(absl::GetFlag(FLAGS_job_ttl_s));
   options.scheduler = absl::GetFlag(FLAGS_scheduler);

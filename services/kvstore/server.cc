@@ -26,6 +26,7 @@
 #include "libs/base/status.h"
 #include "libs/kvstore/chunks.h"
 #include "libs/kvstore/data_port.h"
+#include "libs/kvstore/job_limiter.h"
 #include "libs/kvstore/malloc_tuning.h"
 #include "libs/kvstore/proto_convert.h"
 #include "libs/kvstore/wire.h"
@@ -177,7 +178,13 @@ class KVStoreServer::Impl : public DataPortHandler {
     absl::StatusOr<absl::optional<std::string>> job =
         Authorized(*ctx, method, options_.job_token_secret);
     security::JobScope scope(job.ok() && job->has_value() ? &**job : nullptr);
-    const absl::Status status = job.ok() ? handler() : job.status();
+    absl::Status status = job.status();
+    if (job.ok()) {
+      // A trainer's calls count against its job's cap (admins' do not).
+      absl::StatusOr<JobLimiter::Hold> hold =
+          job->has_value() ? calls_per_job_.Acquire(**job) : JobLimiter::Hold();
+      status = hold.ok() ? handler() : hold.status();
+    }
     return Record(method, start, status);
   }
 
@@ -1039,6 +1046,8 @@ class KVStoreServer::Impl : public DataPortHandler {
   }
 
   const ServerOptions options_;
+  JobLimiter calls_per_job_{options_.max_calls_per_job, "calls in flight",
+                            "kvstore_server --max_calls_per_job"};
   Store* const store_;
   Snapshotter* const snapshotter_;
   Replicator* const replicator_;  // null: unreplicated
@@ -1353,6 +1362,7 @@ absl::StatusOr<std::unique_ptr<KVStoreServer>> KVStoreServer::Start(const Server
       d.tls.key_file = credentials->files().key;
     }
     d.max_connections = options.data_max_connections;
+    d.max_connections_per_job = options.data_max_connections_per_job;
     d.replicate_spin = options.replica_spin;
     if (!d.tcp_listen.empty() || !d.unix_socket.empty()) {
       DT_ASSIGN_OR_RETURN(server->data_port_, DataPortServer::Start(d, server->impl_.get()));

@@ -96,6 +96,11 @@ struct ServerOptions {
   int64_t quota_bytes_per_job = 0;
   // Jobs held at once (StoreOptions::max_jobs); 0: no limit.
   int max_jobs = 0;
+  // Calls of one job (a caller whose kvstore token names it) served at
+  // once on the gRPC server, a held pull included; more are refused with
+  // RESOURCE_EXHAUSTED, so one job's calls cannot take every thread
+  // (rpc::ServerOptions::max_threads, 256). 0: no cap.
+  int max_calls_per_job = 128;
   // gRPC send and receive limit per message.
   int64_t max_message_bytes = 4 << 20;
   // Value bytes per reply message (capped at max_message_bytes / 2).
@@ -126,6 +131,8 @@ struct ServerOptions {
   std::string data_listen = "auto";
   std::string data_socket = "auto";
   int data_max_connections = 256;
+  // Of those, one job's (DataPortServerOptions::max_connections_per_job).
+  int data_max_connections_per_job = 128;
   // How long a replica's threads poll before sleeping where a reply or the
   // next frame usually comes within microseconds (the successor's
   // acknowledgement, the predecessor's next batch, the chain's

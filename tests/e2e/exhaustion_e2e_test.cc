@@ -3,8 +3,9 @@
 //   - a trainer certificate with a valid token for its own kvstore job asks
 //     for an Init far over the per-job quota (RESOURCE_EXHAUSTED, nothing
 //     allocated) and then holds 2000 concurrent pulls for a round that never
-//     completes (the shard's thread cap refuses the excess at once with
-//     RESOURCE_EXHAUSTED),
+//     completes (its job's call cap, kvstore_server --max_calls_per_job,
+//     refuses the excess at once with RESOURCE_EXHAUSTED, and a trainer of
+//     another job is served meanwhile),
 //   - 256 slow clients hold the shard's and the scheduler's /metrics
 //     connections (trickling or silent),
 //   - bob floods the scheduler with submits (his queued jobs stop at the
@@ -354,8 +355,28 @@ TEST_F(ExhaustionE2eTest, HealthAnswersWithinOneSecondAndNothingStoredIsLost) {
     call->reader->Finish(&call->reply, &call->status, call.get());
     calls.push_back(std::move(call));
   }
+  // Meanwhile a trainer of the other job (its own token) reads its key:
+  // the rogue job's calls hold at most their cap of the shard's threads.
+  absl::SleepFor(absl::Milliseconds(500));  // the rogue's pulls are in
+  {
+    const std::string victim_token =
+        security::MintJobToken(*secret, victim, absl::Now() + absl::Hours(1));
+    auto victim_data = kv::KVStoreData::NewStub(Connection(shard_.address, *rogue, 2000));
+    grpc::ClientContext ctx;
+    Deadline(&ctx, absl::Seconds(5));
+    ctx.AddMetadata(security::kJobTokenMetadata, victim_token);
+    kv::PullRequest read;
+    read.set_job(victim);
+    read.add_items()->set_key("w");
+    kv::PullResponse reply;
+    grpc::Status s = victim_data->PullUnary(&ctx, read, &reply);
+    EXPECT_TRUE(s.ok()) << "another job's trainer was not served: " << s.error_message();
+    std::string bytes;
+    for (const kv::Chunk& c : reply.chunks()) bytes += c.data();
+    EXPECT_EQ(bytes, victim_bytes);
+  }
   int ok = 0, exhausted = 0, timed_out = 0, other = 0;
-  std::string other_example;
+  std::string other_example, exhausted_example;
   for (int i = 0; i < kPulls; ++i) {
     void* tag;
     bool fine;
@@ -367,6 +388,7 @@ TEST_F(ExhaustionE2eTest, HealthAnswersWithinOneSecondAndNothingStoredIsLost) {
         break;
       case absl::StatusCode::kResourceExhausted:
         ++exhausted;
+        exhausted_example = s.error_message();
         break;
       case absl::StatusCode::kDeadlineExceeded:
         ++timed_out;
@@ -379,7 +401,9 @@ TEST_F(ExhaustionE2eTest, HealthAnswersWithinOneSecondAndNothingStoredIsLost) {
   cq.Shutdown();
   EXPECT_EQ(ok, 0);  // the round never completes
   EXPECT_EQ(other, 0) << other_example;
-  EXPECT_GT(exhausted, 0) << "the thread cap refused none of " << kPulls << " pulls";
+  EXPECT_GT(exhausted, 0) << "the job's call cap refused none of " << kPulls << " pulls";
+  EXPECT_NE(exhausted_example.find("--max_calls_per_job"), std::string::npos)
+      << exhausted_example;
   EXPECT_GT(timed_out, 0) << "no pull was served up to its deadline";
 
   // 3. A flood of submits from bob.
