@@ -939,7 +939,15 @@ std::string HostId() {
     std::ifstream in("/proc/sys/kernel/random/boot_id");
     std::string line;
     std::getline(in, line);
-    return new std::string(absl::StripAsciiWhitespace(line));
+    const absl::string_view boot = absl::StripAsciiWhitespace(line);
+    if (boot.empty()) return new std::string();
+    // Another network namespace is another host to its peers (a container,
+    // a pod, a netlab host): they talk over its network, not a socket file
+    // they might happen to share.
+    char net[128];
+    const ssize_t n = readlink("/proc/self/ns/net", net, sizeof(net));
+    return new std::string(n > 0 ? absl::StrCat(boot, " ", absl::string_view(net, n))
+                                 : std::string(boot));
   }();
   return *id;
 }

@@ -237,8 +237,11 @@ class DataPortServer {
 // (and checked to be this uid's and private).
 absl::StatusOr<std::string> DefaultDataSocketPath();
 
-// This host's boot id ("" when unknown): where a client and a shard compare
-// hosts before the client tries the shard's Unix socket.
+// This host's boot id and this process's network namespace ("" when the
+// boot id is unknown): where a client and a shard (or two replicas) compare
+// hosts before one tries the other's Unix socket. Processes in different
+// network namespaces (containers, pods, netlab's emulated hosts) are on
+// different hosts to each other, even when a socket file would reach.
 std::string HostId();
 
 // ---------------------------------------------------------------------------
