@@ -513,9 +513,9 @@ absl::StatusOr<std::unique_ptr<DataPortServer>> DataPortServer::Start(
   std::unique_ptr<DataPortServer> s(new DataPortServer());
   s->options_ = options;
   s->handler_ = handler;
-  s->connections_per_job_ = std::make_unique<JobLimiter>(
-      options.max_connections_per_job, "data port connections",
-      "kvstore_server --data_max_connections_per_job");
+  s->connections_per_job_ =
+      std::make_unique<JobLimiter>(options.max_connections_per_job, "data port connections",
+                                   "kvstore_server --data_max_connections_per_job");
   s->instance_ = RandomHex(8);
   s->replica_ticket_ = RandomBytes(kReplicaTicketBytes);
   if (options.max_connections < 1) {

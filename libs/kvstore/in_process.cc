@@ -229,8 +229,8 @@ Work InProcessParameterServer::Issue(Op op, std::vector<Request> requests, bool 
     for (const Request& r : requests) {
       auto it = keys_.find(r.key);
       if (it == keys_.end()) {
-        return Work::Done(absl::NotFoundError(absl::StrCat(
-            CallKindName(op), " of key '", r.key, "': not Init'ed by worker ", worker_)));
+        return Work::Done(absl::NotFoundError(absl::StrCat(CallKindName(op), " of key '", r.key,
+                                                           "': not Init'ed by worker ", worker_)));
       }
       keys.push_back(it->second.get());
     }

@@ -31,9 +31,9 @@ absl::StatusOr<JobLimiter::Hold> JobLimiter::Acquire(const std::string& job) {
   absl::MutexLock lock(&mu_);
   int& n = in_use_[job];
   if (n >= cap_) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("job '", job, "' has ", n, " ", what_, " on this kvstore shard, its cap (",
-                     knob_, "); wait for them to end, or raise the cap"));
+    return absl::ResourceExhaustedError(absl::StrCat("job '", job, "' has ", n, " ", what_,
+                                                     " on this kvstore shard, its cap (", knob_,
+                                                     "); wait for them to end, or raise the cap"));
   }
   ++n;
   return Hold(this, job);

@@ -61,11 +61,11 @@ absl::Status CheckCallItems(CallKind kind, const std::vector<CallItem>& items) {
   for (const CallItem& item : items) {
     if ((kind != CallKind::kPull && item.src == nullptr) ||
         (kind != CallKind::kPush && item.dst == nullptr)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(what, " of key '", item.key, "': ",
-                       kind == CallKind::kPush   ? "no data"
-                       : kind == CallKind::kPull ? "no destination buffer"
-                                                 : "missing source or destination"));
+      return absl::InvalidArgumentError(absl::StrCat(what, " of key '", item.key, "': ",
+                                                     kind == CallKind::kPush ? "no data"
+                                                     : kind == CallKind::kPull
+                                                         ? "no destination buffer"
+                                                         : "missing source or destination"));
     }
     if (kind != CallKind::kPull && !names.insert(item.key).second) {
       return absl::InvalidArgumentError(

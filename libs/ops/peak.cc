@@ -18,7 +18,6 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
-
 #include "libs/ops/ops.h"
 #include "libs/tensor/tensor.h"
 

@@ -47,7 +47,8 @@ TEST(HostGemmPeakTest, TheFirstCallerMeasuresAndTheNextReadsItsFigure) {
   EXPECT_TRUE(cached);
   EXPECT_EQ(*second, *first);
   // Another size or thread count is another figure.
-  absl::StatusOr<double> other = HostGemmPeakFlops({.n = 96, .reps = 2, .threads = 1}, dir, &cached);
+  absl::StatusOr<double> other =
+      HostGemmPeakFlops({.n = 96, .reps = 2, .threads = 1}, dir, &cached);
   ASSERT_TRUE(other.ok());
   EXPECT_FALSE(cached);
 }

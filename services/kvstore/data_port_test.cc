@@ -576,8 +576,7 @@ TEST_F(JobCapTest, AJobAtItsCallCapIsRefusedAndOtherJobsAreServed) {
     if (absl::IsResourceExhausted(refused)) break;
   }
   EXPECT_TRUE(absl::IsResourceExhausted(refused)) << refused;
-  EXPECT_NE(refused.message().find("job 'c' has 2 calls in flight"), std::string::npos)
-      << refused;
+  EXPECT_NE(refused.message().find("job 'c' has 2 calls in flight"), std::string::npos) << refused;
   EXPECT_NE(refused.message().find("--max_calls_per_job"), std::string::npos);
   // Job a's rounds go on meanwhile (its calls have their own cap).
   ExpectServes(DataPath::kGrpc);

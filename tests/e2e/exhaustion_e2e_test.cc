@@ -355,28 +355,40 @@ TEST_F(ExhaustionE2eTest, HealthAnswersWithinOneSecondAndNothingStoredIsLost) {
     call->reader->Finish(&call->reply, &call->status, call.get());
     calls.push_back(std::move(call));
   }
-  // Meanwhile a trainer of the other job (its own token) reads its key:
-  // the rogue job's calls hold at most their cap of the shard's threads.
-  absl::SleepFor(absl::Milliseconds(500));  // the rogue's pulls are in
+  // Meanwhile a trainer of the other job (its own token) reads its key,
+  // before the rogue's pulls reach their deadline: they hold at most their
+  // job's cap of the shard's threads (without it, all 256 until then). The
+  // burst's refusals take threads for a moment too, so the reader tries
+  // again while they pass.
   {
+    const absl::Time held_until = absl::Now() + absl::Seconds(4);
     const std::string victim_token =
         security::MintJobToken(*secret, victim, absl::Now() + absl::Hours(1));
     auto victim_data = kv::KVStoreData::NewStub(Connection(shard_.address, *rogue, 2000));
-    grpc::ClientContext ctx;
-    Deadline(&ctx, absl::Seconds(5));
-    ctx.AddMetadata(security::kJobTokenMetadata, victim_token);
-    kv::PullRequest read;
-    read.set_job(victim);
-    read.add_items()->set_key("w");
+    grpc::Status s;
     kv::PullResponse reply;
-    grpc::Status s = victim_data->PullUnary(&ctx, read, &reply);
-    EXPECT_TRUE(s.ok()) << "another job's trainer was not served: " << s.error_message();
+    int tries = 0;
+    do {
+      absl::SleepFor(absl::Milliseconds(100));
+      grpc::ClientContext ctx;
+      Deadline(&ctx, absl::Seconds(1));
+      ctx.AddMetadata(security::kJobTokenMetadata, victim_token);
+      kv::PullRequest read;
+      read.set_job(victim);
+      read.add_items()->set_key("w");
+      reply.Clear();
+      s = victim_data->PullUnary(&ctx, read, &reply);
+      ++tries;
+    } while (!s.ok() && absl::Now() < held_until);
+    EXPECT_TRUE(s.ok()) << "another job's trainer was not served in " << tries
+                        << " tries while the rogue's pulls were held: " << s.error_message();
     std::string bytes;
     for (const kv::Chunk& c : reply.chunks()) bytes += c.data();
     EXPECT_EQ(bytes, victim_bytes);
   }
   int ok = 0, exhausted = 0, timed_out = 0, other = 0;
-  std::string other_example, exhausted_example;
+  int job_capped = 0;
+  std::string other_example;
   for (int i = 0; i < kPulls; ++i) {
     void* tag;
     bool fine;
@@ -388,7 +400,9 @@ TEST_F(ExhaustionE2eTest, HealthAnswersWithinOneSecondAndNothingStoredIsLost) {
         break;
       case absl::StatusCode::kResourceExhausted:
         ++exhausted;
-        exhausted_example = s.error_message();
+        // The burst also meets the thread cap ("Server Threadpool
+        // Exhausted") while the refusals themselves take threads.
+        job_capped += s.error_message().find("--max_calls_per_job") != std::string::npos;
         break;
       case absl::StatusCode::kDeadlineExceeded:
         ++timed_out;
@@ -401,15 +415,14 @@ TEST_F(ExhaustionE2eTest, HealthAnswersWithinOneSecondAndNothingStoredIsLost) {
   cq.Shutdown();
   EXPECT_EQ(ok, 0);  // the round never completes
   EXPECT_EQ(other, 0) << other_example;
-  EXPECT_GT(exhausted, 0) << "the job's call cap refused none of " << kPulls << " pulls";
-  EXPECT_NE(exhausted_example.find("--max_calls_per_job"), std::string::npos)
-      << exhausted_example;
+  EXPECT_GT(exhausted, 0) << "none of " << kPulls << " pulls was refused";
+  EXPECT_GT(job_capped, 0) << "the job's call cap refused none of " << kPulls << " pulls";
   EXPECT_GT(timed_out, 0) << "no pull was served up to its deadline";
 
   // 3. A flood of submits from bob.
   prober.Phase("a flood of submits");
   std::atomic<int> accepted{0}, refused{0}, wrong{0};
-  std::string refusal;
+  std::string refusal, wrong_example;
   absl::Mutex refusal_mu;
   {
     std::vector<std::thread> flood;
@@ -431,6 +444,8 @@ TEST_F(ExhaustionE2eTest, HealthAnswersWithinOneSecondAndNothingStoredIsLost) {
             refusal = s.error_message();
           } else {
             ++wrong;
+            absl::MutexLock lock(&refusal_mu);
+            wrong_example = absl::StrCat(s.error_code(), " ", s.error_message());
           }
         }
       });
@@ -439,7 +454,7 @@ TEST_F(ExhaustionE2eTest, HealthAnswersWithinOneSecondAndNothingStoredIsLost) {
   }
   EXPECT_EQ(accepted.load(), 100);  // the scheduler's default cap
   EXPECT_EQ(refused.load(), 320 - 100);
-  EXPECT_EQ(wrong.load(), 0);
+  EXPECT_EQ(wrong.load(), 0) << wrong_example;
   EXPECT_NE(refusal.find("max_queued_jobs_per_user"), std::string::npos) << refusal;
 
   prober.Stop();

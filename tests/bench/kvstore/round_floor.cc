@@ -48,9 +48,11 @@
 
 ABSL_FLAG(int, workers, 2, "worker threads");
 ABSL_FLAG(std::string, replicas, "1,2", "replica counts to run (1 or 2 each)");
-ABSL_FLAG(int, bytes, 4096, "bytes each worker pushes (and pulls) per round, split over the shards");
+ABSL_FLAG(int, bytes, 4096,
+          "bytes each worker pushes (and pulls) per round, split over the shards");
 ABSL_FLAG(int, rounds, 20000, "rounds per run (the first tenth untimed)");
-ABSL_FLAG(int, spin_us, 50, "how long a head or tail polls before it sleeps (as --replica_spin_us)");
+ABSL_FLAG(int, spin_us, 50,
+          "how long a head or tail polls before it sleeps (as --replica_spin_us)");
 ABSL_FLAG(int, repeats, 3, "runs of each shape; the figures are their medians");
 
 namespace {
@@ -202,17 +204,18 @@ int main(int argc, char** argv) {
     std::vector<double> p50[2], p99[2];
     for (int i = 0; i < repeats; ++i) {
       for (int shards = 1; shards <= 2; ++shards) {
-        const Figures f = RunOnce(workers, shards, replicas, bytes, rounds,
-                                  absl::Microseconds(spin_us));
+        const Figures f =
+            RunOnce(workers, shards, replicas, bytes, rounds, absl::Microseconds(spin_us));
         p50[shards - 1].push_back(f.p50);
         p99[shards - 1].push_back(f.p99);
       }
     }
     for (int shards = 1; shards <= 2; ++shards) {
-      printf("round_floor workers=%d shards=%d replicas=%d bytes=%d spin_us=%d p50_us=%.0f "
-             "p99_us=%.0f\n",
-             workers, shards, replicas, bytes, spin_us, Median(p50[shards - 1]),
-             Median(p99[shards - 1]));
+      printf(
+          "round_floor workers=%d shards=%d replicas=%d bytes=%d spin_us=%d p50_us=%.0f "
+          "p99_us=%.0f\n",
+          workers, shards, replicas, bytes, spin_us, Median(p50[shards - 1]),
+          Median(p99[shards - 1]));
     }
     printf("round_floor_ratio replicas=%d shards2_over_shards1_p50=%.2f\n", replicas,
            Median(p50[1]) / Median(p50[0]));
