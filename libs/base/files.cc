@@ -6,9 +6,13 @@
 
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "libs/base/status.h"
 
 namespace dtrain {
@@ -66,6 +70,35 @@ absl::Status WriteFileAtomically(const std::string& path, absl::string_view cont
     close(dir);
   }
   return absl::OkStatus();
+}
+
+absl::Status EnsurePrivateDir(const std::string& dir) {
+  if (mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) {
+    return absl::FailedPreconditionError(absl::StrCat("mkdir ", dir, ": ", std::strerror(errno)));
+  }
+  struct stat st {};
+  if (lstat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != getuid() ||
+      (st.st_mode & 077) != 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("'", dir, "' is not a private directory of this uid"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> PrivateRuntimeDir(absl::string_view name) {
+  const char* runtime = std::getenv("XDG_RUNTIME_DIR");
+  std::string dir = runtime != nullptr && runtime[0] == '/'
+                        ? absl::StrCat(runtime, "/", name)
+                        : absl::StrCat("/tmp/", name, "-", getuid());
+  DT_RETURN_IF_ERROR(EnsurePrivateDir(dir));
+  return dir;
+}
+
+std::string BootId() {
+  std::ifstream in("/proc/sys/kernel/random/boot_id");
+  std::string line;
+  std::getline(in, line);
+  return std::string(absl::StripAsciiWhitespace(line));
 }
 
 }  // namespace dtrain

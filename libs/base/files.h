@@ -11,6 +11,7 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 
 namespace dtrain {
@@ -21,6 +22,18 @@ namespace dtrain {
 // it was; the error follows errno (ErrnoToStatus: kPermissionDenied,
 // kNotFound, ...) and names the path and the failing step.
 absl::Status WriteFileAtomically(const std::string& path, absl::string_view contents);
+
+// `dir` as a directory no other user may use: created 0700 if missing;
+// kFailedPrecondition naming it when it is not a directory of this uid
+// closed to others (a symbolic link is not followed).
+absl::Status EnsurePrivateDir(const std::string& dir);
+
+// This uid's private directory `name` for sockets and caches:
+// $XDG_RUNTIME_DIR/<name>, else /tmp/<name>-<uid> (EnsurePrivateDir).
+absl::StatusOr<std::string> PrivateRuntimeDir(absl::string_view name);
+
+// This boot's id (/proc/sys/kernel/random/boot_id); "" when unknown.
+std::string BootId();
 
 }  // namespace dtrain
 

@@ -140,5 +140,30 @@ TEST(WriteFileAtomicallyTest, EmptyPathIsInvalidArgument) {
   EXPECT_TRUE(absl::IsInvalidArgument(WriteFileAtomically("", "x")));
 }
 
+TEST(EnsurePrivateDirTest, CreatesItClosedAndRefusesOneOthersMayUse) {
+  const std::string base = TestDir("private");
+  const std::string dir = base + "/mine";
+  ASSERT_TRUE(EnsurePrivateDir(dir).ok());
+  struct stat st;
+  ASSERT_EQ(stat(dir.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0700);
+  EXPECT_TRUE(EnsurePrivateDir(dir).ok()) << "an existing private directory is fine";
+  const std::string open = base + "/open";
+  ASSERT_EQ(mkdir(open.c_str(), 0700), 0);
+  chmod(open.c_str(), 0777);
+  absl::Status s = EnsurePrivateDir(open);
+  EXPECT_TRUE(absl::IsFailedPrecondition(s)) << s;
+  EXPECT_NE(s.message().find(open), absl::string_view::npos) << s;
+  const std::string link = base + "/link";
+  ASSERT_EQ(symlink(dir.c_str(), link.c_str()), 0);
+  EXPECT_TRUE(absl::IsFailedPrecondition(EnsurePrivateDir(link))) << "a link is not followed";
+}
+
+TEST(BootIdTest, IsThisBootsAndStable) {
+  const std::string id = BootId();
+  EXPECT_EQ(id.size(), 36u) << id;  // a UUID
+  EXPECT_EQ(BootId(), id);
+}
+
 }  // namespace
 }  // namespace dtrain

@@ -31,6 +31,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
+#include "libs/base/files.h"
 #include "libs/base/logging.h"
 #include "libs/base/status.h"
 #include "protos/kvstore.pb.h"
@@ -915,39 +916,25 @@ void DataPortServer::Serve(std::unique_ptr<DataConn> conn, int id) {
 
 absl::StatusOr<std::string> DefaultDataSocketPath() {
   static std::atomic<int> counter{0};
-  const char* runtime = std::getenv("XDG_RUNTIME_DIR");
-  std::string dir = runtime != nullptr && runtime[0] == '/'
-                        ? absl::StrCat(runtime, "/dtrain-kvstore")
-                        : absl::StrCat("/tmp/dtrain-kvstore-", getuid());
-  if (mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) {
-    return absl::FailedPreconditionError(Errno(absl::StrCat("mkdir ", dir).c_str()));
-  }
-  struct stat st {};
-  if (lstat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != getuid() ||
-      (st.st_mode & 077) != 0) {
+  absl::StatusOr<std::string> dir = PrivateRuntimeDir("dtrain-kvstore");
+  if (!dir.ok()) {
     return absl::FailedPreconditionError(
-        absl::StrCat("data port: '", dir,
-                     "' is not a private directory of this uid (remove it, or give "
-                     "--data_socket)"));
+        absl::StrCat("data port: ", dir.status().message(), " (remove it, or give --data_socket)"));
   }
   // Random too: processes of containers that share /tmp have the same pids.
-  return absl::StrCat(dir, "/kvstore-", getpid(), "-", counter++, "-", RandomHex(4), ".sock");
+  return absl::StrCat(*dir, "/kvstore-", getpid(), "-", counter++, "-", RandomHex(4), ".sock");
 }
 
 std::string HostId() {
   static const std::string* id = [] {
-    std::ifstream in("/proc/sys/kernel/random/boot_id");
-    std::string line;
-    std::getline(in, line);
-    const absl::string_view boot = absl::StripAsciiWhitespace(line);
+    const std::string boot = BootId();
     if (boot.empty()) return new std::string();
     // Another network namespace is another host to its peers (a container,
     // a pod, a netlab host): they talk over its network, not a socket file
     // they might happen to share.
     char net[128];
     const ssize_t n = readlink("/proc/self/ns/net", net, sizeof(net));
-    return new std::string(n > 0 ? absl::StrCat(boot, " ", absl::string_view(net, n))
-                                 : std::string(boot));
+    return new std::string(n > 0 ? absl::StrCat(boot, " ", absl::string_view(net, n)) : boot);
   }();
   return *id;
 }

@@ -2,15 +2,11 @@
 
 #include <fcntl.h>
 #include <sys/file.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <cstdlib>
-#include <fstream>
-#include <sstream>
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/numbers.h"
@@ -18,6 +14,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "libs/base/files.h"
 #include "libs/ops/ops.h"
 #include "libs/tensor/tensor.h"
 
@@ -48,25 +45,6 @@ absl::StatusOr<double> MeasureGemmPeakFlops(const GemmPeakOptions& o) {
 
 namespace {
 
-std::string BootId() {
-  std::ifstream in("/proc/sys/kernel/random/boot_id");
-  std::string line;
-  std::getline(in, line);
-  return std::string(absl::StripAsciiWhitespace(line));
-}
-
-// `dir`, created 0700 if missing, when it is a directory of this uid that
-// no one else may use; "" otherwise.
-std::string PrivateDir(const std::string& dir) {
-  mkdir(dir.c_str(), 0700);
-  struct stat st {};
-  if (lstat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != getuid() ||
-      (st.st_mode & 077) != 0) {
-    return "";
-  }
-  return dir;
-}
-
 // The figure in `text` ("<boot id> <flop/s>") if it is this boot's.
 bool ParseCached(const std::string& text, const std::string& boot, double* flops) {
   std::vector<std::string> parts =
@@ -81,15 +59,14 @@ absl::StatusOr<double> HostGemmPeakFlops(const GemmPeakOptions& o, const std::st
                                          bool* from_cache) {
   if (from_cache != nullptr) *from_cache = false;
   if (o.n <= 0 || o.reps <= 0 || o.threads <= 0) return MeasureGemmPeakFlops(o);
-  std::string dir = cache_dir;
-  if (dir.empty()) {
-    const char* runtime = std::getenv("XDG_RUNTIME_DIR");
-    dir = runtime != nullptr && runtime[0] == '/' ? absl::StrCat(runtime, "/dtrain")
-                                                  : absl::StrCat("/tmp/dtrain-", getuid());
+  absl::StatusOr<std::string> dir = cache_dir;
+  if (cache_dir.empty()) {
+    dir = PrivateRuntimeDir("dtrain");
+  } else if (absl::Status s = EnsurePrivateDir(cache_dir); !s.ok()) {
+    dir = s;
   }
-  dir = PrivateDir(dir);
-  if (dir.empty()) return MeasureGemmPeakFlops(o);
-  const std::string path = absl::StrCat(dir, "/gemm-peak-n", o.n, "-t", o.threads);
+  if (!dir.ok()) return MeasureGemmPeakFlops(o);
+  const std::string path = absl::StrCat(*dir, "/gemm-peak-n", o.n, "-t", o.threads);
   const int fd = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
   if (fd < 0) return MeasureGemmPeakFlops(o);
   absl::Cleanup close_fd = [fd] { close(fd); };  // releases the lock too
