@@ -218,7 +218,7 @@ absl::Status InProcessParameterServer::PushPull(std::vector<PushPullItem> items)
   return Issue(Op::kPushPull, CallItems(std::move(items)), /*run_one_inline=*/true).Wait();
 }
 
-Work InProcessParameterServer::Issue(Op op, std::vector<Request> requests, bool run_one_inline) {
+Work InProcessParameterServer::Issue(Op op, std::vector<CallItem> requests, bool run_one_inline) {
   if (absl::Status bad = CheckCallItems(op, requests); !bad.ok()) return Work::Done(bad);
   std::vector<SliceOp> work;
   std::vector<std::shared_ptr<Work::State>> deps;
@@ -226,7 +226,7 @@ Work InProcessParameterServer::Issue(Op op, std::vector<Request> requests, bool 
   {
     absl::MutexLock lock(&mu_);
     std::vector<Key*> keys;
-    for (const Request& r : requests) {
+    for (const CallItem& r : requests) {
       auto it = keys_.find(r.key);
       if (it == keys_.end()) {
         return Work::Done(absl::NotFoundError(absl::StrCat(CallKindName(op), " of key '", r.key,
@@ -236,7 +236,7 @@ Work InProcessParameterServer::Issue(Op op, std::vector<Request> requests, bool 
     }
     for (size_t k = 0; k < requests.size(); ++k) {
       Key* key = keys[k];
-      const Request& r = requests[k];
+      const CallItem& r = requests[k];
       const size_t esize = DTypeSize(key->spec.dtype);
       for (size_t i = 0; i < key->slices.size(); ++i) {
         SliceOp w;

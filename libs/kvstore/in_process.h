@@ -141,7 +141,6 @@ class InProcessParameterServer : public ParameterServer {
  private:
   friend class InProcessKVStore;
   struct Key;
-  using Request = CallItem;
   struct SliceOp;
   using Op = CallKind;
 
@@ -149,7 +148,7 @@ class InProcessParameterServer : public ParameterServer {
                            int worker);
   // Checks an operation's keys and buffers, numbers its rounds and runs it
   // (one task per shard) after the operations before it on the same keys.
-  Work Issue(Op op, std::vector<Request> requests, bool run_one_inline);
+  Work Issue(Op op, std::vector<CallItem> requests, bool run_one_inline);
   // Runs `work` (one shard's part of an operation) against the Store.
   absl::Status RunOnShard(Op op, int shard, const std::vector<SliceOp>& work);
 

@@ -136,6 +136,22 @@ class DataPortTest : public ::testing::Test {
   // For fixtures that start the shard otherwise.
   virtual void Configure(ServerOptions* options) {}
 
+  // A trainer's data port connection bound to `job` by its token.
+  absl::StatusOr<std::unique_ptr<DataPortConnection>> DialAs(const DataPortAddress& where,
+                                                             const std::string& job) {
+    return DataPortConnection::Dial(where, Hello(job, Token(job)), TlsOf(dir_, "trainer-0"),
+                                    absl::Seconds(5));
+  }
+  // `n` such connections of `job`, all accepted, kept in `held`.
+  void HoldConnections(const std::string& job, int n,
+                       std::vector<std::unique_ptr<DataPortConnection>>* held) {
+    for (int i = 0; i < n; ++i) {
+      auto c = DialAs(tcp_, job);
+      ASSERT_TRUE(c.ok()) << c.status();
+      held->push_back(std::move(*c));
+    }
+  }
+
   std::string Token(const std::string& job) {
     return security::MintJobToken(secret_, job, absl::Now() + absl::Hours(1));
   }
@@ -459,14 +475,9 @@ TEST_F(DataPortTest, HostileFramesGetAnErrorAndTheConnectionCloses) {
 }
 
 TEST_F(DataPortTest, ConnectionsOverTheLimitAreRefusedAndClientsUseGrpc) {
-  const DataPortTls tls = TlsOf(dir_, "trainer-0");
   std::vector<std::unique_ptr<DataPortConnection>> held;
-  for (int i = 0; i < 4; ++i) {  // data_max_connections
-    auto c = DataPortConnection::Dial(tcp_, Hello("a", Token("a")), tls, absl::Seconds(5));
-    ASSERT_TRUE(c.ok()) << c.status();
-    held.push_back(std::move(*c));
-  }
-  auto refused = DataPortConnection::Dial(tcp_, Hello("a", Token("a")), tls, absl::Seconds(5));
+  ASSERT_NO_FATAL_FAILURE(HoldConnections("a", 4, &held));  // data_max_connections
+  auto refused = DialAs(tcp_, "a");
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted) << refused.status();
   EXPECT_NE(refused.status().message().find("at its limit of 4 connections"), std::string::npos);
   // A client still gets its rounds (over gRPC).
@@ -525,26 +536,21 @@ class JobCapTest : public DataPortTest {
 };
 
 TEST_F(JobCapTest, AJobAtItsConnectionCapIsRefusedAndOtherJobsStillConnect) {
-  const DataPortTls tls = TlsOf(dir_, "trainer-0");
   std::vector<std::unique_ptr<DataPortConnection>> held;
-  for (int i = 0; i < 2; ++i) {  // data_max_connections_per_job
-    auto c = DataPortConnection::Dial(tcp_, Hello("a", Token("a")), tls, absl::Seconds(5));
-    ASSERT_TRUE(c.ok()) << c.status();
-    held.push_back(std::move(*c));
-  }
-  auto refused = DataPortConnection::Dial(unix_, Hello("a", Token("a")), tls, absl::Seconds(5));
+  ASSERT_NO_FATAL_FAILURE(HoldConnections("a", 2, &held));  // data_max_connections_per_job
+  auto refused = DialAs(unix_, "a");
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted) << refused.status();
   EXPECT_NE(refused.status().message().find("job 'a' has 2 data port connections"),
             std::string::npos)
       << refused.status();
   EXPECT_NE(refused.status().message().find("--data_max_connections_per_job"), std::string::npos);
   // Another job still connects; a's place comes back when one of its connections closes.
-  EXPECT_TRUE(DataPortConnection::Dial(tcp_, Hello("b", Token("b")), tls, absl::Seconds(5)).ok());
+  EXPECT_TRUE(DialAs(tcp_, "b").ok());
   held.pop_back();
   absl::StatusOr<std::unique_ptr<DataPortConnection>> again;
   for (absl::Time end = absl::Now() + absl::Seconds(5); absl::Now() < end;
        absl::SleepFor(absl::Milliseconds(20))) {  // the server sees the close
-    again = DataPortConnection::Dial(tcp_, Hello("a", Token("a")), tls, absl::Seconds(5));
+    again = DialAs(tcp_, "a");
     if (again.ok()) break;
   }
   EXPECT_TRUE(again.ok()) << again.status();
