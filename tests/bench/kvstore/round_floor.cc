@@ -1,6 +1,7 @@
 // round_floor: what this machine allows for kvstore_bench's small rounds.
 //
-//   bazel run //tests/bench/kvstore:round_floor -- --workers=2 --replicas=1,2
+//   bazel run //tests/bench/kvstore:round_floor -- --workers=2 --replicas=1,2 \
+//       [--spin_us=0,20,50,200] [--cohost]
 //
 // Runs the processes and messages of a kvstore_bench round with no work in
 // them: --workers worker threads in this process; per shard a head process
@@ -16,17 +17,26 @@
 // the head waiting for the tail's acknowledgement and the tail waiting for
 // its next batch poll for --spin_us, yielding the CPU between polls, before
 // they sleep; the head waits for requests without polling, as the data
-// port's connections from clients do.
+// port's connections from clients do. A list of spins runs each.
+//
+// --cohost (2 replicas): two server processes instead of one per replica,
+// each running a shard's head and the other shard's tail as threads (as a
+// deployment that puts R replicas of n shards on n servers would).
 //
 // kvstore_bench's keys=1 round uses one shard and its keys=8 round (with 2
-// servers) both shards, so for each replica count this prints
+// servers) both shards, so for each replica count and spin this prints
 //
-//   round_floor workers=<w> shards=<1|2> replicas=<r> bytes=<b> spin_us=<s> p50_us=<x> p99_us=<y>
-//   round_floor_ratio replicas=<r> shards2_over_shards1_p50=<x>
+//   round_floor workers=<w> shards=<1|2> replicas=<r> bytes=<b> spin_us=<s> cohost=<0|1>
+//       p50_us=<x> p99_us=<y>
+//   round_floor_ratio replicas=<r> spin_us=<s> shards2_over_shards1_p50=<x>
 //
-// the ratio being the floor of compare.sh's keys8_over_keys1_p50. Each
-// figure is the median of --repeats runs (the shapes alternate, so a slow
-// spell of the machine does not land on one of them).
+// the ratio being the floor of compare.sh's keys8_over_keys1_p50, and with
+// several spins the lowest p50 of each shape over them:
+//
+//   round_floor_best replicas=<r> shards1_p50_us=<x> shards2_p50_us=<y>
+//
+// Each figure is the median of --repeats runs (the shapes alternate, so a
+// slow spell of the machine does not land on one of them).
 #include <poll.h>
 #include <sched.h>
 #include <signal.h>
@@ -36,6 +46,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <functional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -51,8 +62,10 @@ ABSL_FLAG(std::string, replicas, "1,2", "replica counts to run (1 or 2 each)");
 ABSL_FLAG(int, bytes, 4096,
           "bytes each worker pushes (and pulls) per round, split over the shards");
 ABSL_FLAG(int, rounds, 20000, "rounds per run (the first tenth untimed)");
-ABSL_FLAG(int, spin_us, 50,
-          "how long a head or tail polls before it sleeps (as --replica_spin_us)");
+ABSL_FLAG(std::string, spin_us, "50",
+          "how long a head or tail polls before it sleeps (as --replica_spin_us), in us; a "
+          "comma-separated list runs each");
+ABSL_FLAG(bool, cohost, false, "2 replicas: a process hosts one shard's head and the other's tail");
 ABSL_FLAG(int, repeats, 3, "runs of each shape; the figures are their medians");
 
 namespace {
@@ -87,10 +100,16 @@ struct Figures {
   double p50 = 0, p99 = 0;
 };
 
-Figures RunOnce(int workers, int shards, int replicas, int bytes, int rounds, absl::Duration spin) {
+Figures RunOnce(int workers, int shards, int replicas, int bytes, int rounds, absl::Duration spin,
+                bool cohost) {
   const int share = std::max(1, bytes / shards);
   std::vector<std::vector<int>> worker_fds(workers, std::vector<int>(shards));
   std::vector<pid_t> children;
+  // roles[p]: the loops process p runs (one thread each).
+  int processes = cohost && replicas == 2 ? std::max(2, shards) : shards * replicas;
+  std::vector<std::vector<std::function<void()>>> roles(processes);
+  std::vector<std::vector<int>> to_close(processes);
+  std::vector<int> all_server_fds;
   for (int s = 0; s < shards; ++s) {
     std::vector<int> head_fds(workers);
     for (int w = 0; w < workers; ++w) {
@@ -98,12 +117,18 @@ Figures RunOnce(int workers, int shards, int replicas, int bytes, int rounds, ab
       if (socketpair(AF_UNIX, SOCK_STREAM, 0, sv) != 0) _exit(1);
       worker_fds[w][s] = sv[0];
       head_fds[w] = sv[1];
+      all_server_fds.push_back(sv[1]);
     }
     int chain[2] = {-1, -1};
     if (replicas == 2 && socketpair(AF_UNIX, SOCK_STREAM, 0, chain) != 0) _exit(1);
     if (replicas == 2) {
-      const pid_t tail = fork();
-      if (tail == 0) {
+      all_server_fds.push_back(chain[0]);
+      all_server_fds.push_back(chain[1]);
+    }
+    const int head_process = cohost ? s : s * replicas;
+    const int tail_process = cohost ? (s + 1) % processes : s * replicas + 1;
+    if (replicas == 2) {
+      roles[tail_process].push_back([=] {
         std::vector<char> batch(static_cast<size_t>(share) * workers);
         std::vector<pollfd> fds{{chain[1], POLLIN, 0}};
         for (;;) {
@@ -112,11 +137,9 @@ Figures RunOnce(int workers, int shards, int replicas, int bytes, int rounds, ab
           char ack = 1;
           Full(chain[1], &ack, 1, false);
         }
-      }
-      children.push_back(tail);
+      });
     }
-    const pid_t head = fork();
-    if (head == 0) {
+    roles[head_process].push_back([=] {
       std::vector<char> values(static_cast<size_t>(share) * workers);
       std::vector<pollfd> from_workers;
       for (int fd : head_fds) from_workers.push_back({fd, POLLIN, 0});
@@ -136,14 +159,20 @@ Figures RunOnce(int workers, int shards, int replicas, int bytes, int rounds, ab
         }
         for (int fd : head_fds) Full(fd, values.data(), share, false);
       }
-    }
-    children.push_back(head);
-    for (int fd : head_fds) close(fd);
-    if (replicas == 2) {
-      close(chain[0]);
-      close(chain[1]);
-    }
+    });
   }
+  for (auto& process : roles) {
+    if (process.empty()) continue;
+    const pid_t pid = fork();
+    if (pid == 0) {
+      std::vector<std::thread> loops;
+      for (auto& role : process) loops.emplace_back(role);
+      for (std::thread& t : loops) t.join();
+      _exit(0);
+    }
+    children.push_back(pid);
+  }
+  for (int fd : all_server_fds) close(fd);
   std::vector<std::vector<double>> took(workers);
   std::vector<std::thread> threads;
   for (int w = 0; w < workers; ++w) {
@@ -174,6 +203,16 @@ double Median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
+// A comma-separated list of non-negative integers into `out`; false if not.
+bool ParseList(absl::string_view text, std::vector<int>* out) {
+  for (absl::string_view item : absl::StrSplit(text, ',')) {
+    int n = 0;
+    if (!absl::SimpleAtoi(item, &n) || n < 0) return false;
+    out->push_back(n);
+  }
+  return !out->empty();
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -182,44 +221,56 @@ int main(int argc, char** argv) {
   const int bytes = absl::GetFlag(FLAGS_bytes);
   const int rounds = absl::GetFlag(FLAGS_rounds);
   const int repeats = absl::GetFlag(FLAGS_repeats);
-  const int spin_us = absl::GetFlag(FLAGS_spin_us);
-  if (workers < 1 || bytes < 2 || rounds < 10 || repeats < 1 || spin_us < 0) {
+  const bool cohost = absl::GetFlag(FLAGS_cohost);
+  if (workers < 1 || bytes < 2 || rounds < 10 || repeats < 1) {
     fprintf(stderr,
-            "round_floor: needs --workers >= 1, --bytes >= 2, --rounds >= 10, --repeats >= 1 and "
-            "--spin_us >= 0\n");
+            "round_floor: needs --workers >= 1, --bytes >= 2, --rounds >= 10 and --repeats >= 1\n");
+    return 2;
+  }
+  std::vector<int> spins;
+  if (!ParseList(absl::GetFlag(FLAGS_spin_us), &spins)) {
+    fprintf(stderr, "round_floor: --spin_us takes microseconds >= 0, comma-separated; got '%s'\n",
+            absl::GetFlag(FLAGS_spin_us).c_str());
     return 2;
   }
   std::vector<int> replica_counts;
-  for (absl::string_view r : absl::StrSplit(absl::GetFlag(FLAGS_replicas), ',')) {
-    int n = 0;
-    if (!absl::SimpleAtoi(r, &n) || (n != 1 && n != 2)) {
-      fprintf(stderr, "round_floor: --replicas takes 1 and 2 (comma-separated), got '%s'\n",
-              std::string(r).c_str());
-      return 2;
-    }
-    replica_counts.push_back(n);
+  if (!ParseList(absl::GetFlag(FLAGS_replicas), &replica_counts) ||
+      std::any_of(replica_counts.begin(), replica_counts.end(),
+                  [](int n) { return n != 1 && n != 2; })) {
+    fprintf(stderr, "round_floor: --replicas takes 1 and 2 (comma-separated), got '%s'\n",
+            absl::GetFlag(FLAGS_replicas).c_str());
+    return 2;
   }
   signal(SIGPIPE, SIG_IGN);
   for (int replicas : replica_counts) {
-    std::vector<double> p50[2], p99[2];
-    for (int i = 0; i < repeats; ++i) {
-      for (int shards = 1; shards <= 2; ++shards) {
-        const Figures f =
-            RunOnce(workers, shards, replicas, bytes, rounds, absl::Microseconds(spin_us));
-        p50[shards - 1].push_back(f.p50);
-        p99[shards - 1].push_back(f.p99);
+    double best[2] = {1e30, 1e30};  // per shape, over the spins
+    for (int spin_us : spins) {
+      std::vector<double> p50[2], p99[2];
+      for (int i = 0; i < repeats; ++i) {
+        for (int shards = 1; shards <= 2; ++shards) {
+          const Figures f = RunOnce(workers, shards, replicas, bytes, rounds,
+                                    absl::Microseconds(spin_us), cohost);
+          p50[shards - 1].push_back(f.p50);
+          p99[shards - 1].push_back(f.p99);
+        }
       }
+      for (int shards = 1; shards <= 2; ++shards) {
+        const double m = Median(p50[shards - 1]);
+        best[shards - 1] = std::min(best[shards - 1], m);
+        printf(
+            "round_floor workers=%d shards=%d replicas=%d bytes=%d spin_us=%d cohost=%d "
+            "p50_us=%.0f p99_us=%.0f\n",
+            workers, shards, replicas, bytes, spin_us, cohost ? 1 : 0, m, Median(p99[shards - 1]));
+      }
+      printf("round_floor_ratio replicas=%d spin_us=%d shards2_over_shards1_p50=%.2f\n", replicas,
+             spin_us, Median(p50[1]) / Median(p50[0]));
+      fflush(stdout);
     }
-    for (int shards = 1; shards <= 2; ++shards) {
-      printf(
-          "round_floor workers=%d shards=%d replicas=%d bytes=%d spin_us=%d p50_us=%.0f "
-          "p99_us=%.0f\n",
-          workers, shards, replicas, bytes, spin_us, Median(p50[shards - 1]),
-          Median(p99[shards - 1]));
+    if (spins.size() > 1) {
+      printf("round_floor_best replicas=%d shards1_p50_us=%.0f shards2_p50_us=%.0f\n", replicas,
+             best[0], best[1]);
+      fflush(stdout);
     }
-    printf("round_floor_ratio replicas=%d shards2_over_shards1_p50=%.2f\n", replicas,
-           Median(p50[1]) / Median(p50[0]));
-    fflush(stdout);
   }
   return 0;
 }
