@@ -93,22 +93,6 @@ std::chrono::system_clock::time_point Deadline(absl::Duration timeout) {
 // ---------------------------------------------------------------------------
 // KVClient
 
-struct KVClient::Key {
-  KeySpec spec;  // `initial` cleared
-  std::vector<PlacedSlice> slices;
-  std::vector<int64_t> pushed;        // per slice: the last round pushed
-  std::shared_ptr<Work::State> last;  // the latest operation on this key
-};
-
-// One slice's part of an operation.
-struct KVClient::SliceOp {
-  const Key* key = nullptr;
-  const PlacedSlice* slice = nullptr;
-  int64_t round = 0;
-  const char* src = nullptr;  // the slice's first element in the caller's buffer
-  char* dst = nullptr;
-};
-
 namespace {
 
 const std::string& PushMethod() {
@@ -437,25 +421,8 @@ absl::Status KVClient::LeaveJob() {
 
 absl::Status KVClient::Init(const std::vector<KeySpec>& keys) {
   // Place every key and check it against what this client knows.
-  std::vector<std::unique_ptr<Key>> placed;
-  {
-    absl::MutexLock lock(&mu_);
-    DT_ASSIGN_OR_RETURN(std::vector<std::vector<PlacedSlice>> slices,
-                        PlaceInitKeys(keys, num_shards_, options_.placement,
-                                      [this](const std::string& name)
-                                          ABSL_NO_THREAD_SAFETY_ANALYSIS -> const KeySpec* {
-                                            auto it = keys_.find(name);
-                                            return it == keys_.end() ? nullptr : &it->second->spec;
-                                          }));
-    for (size_t k = 0; k < keys.size(); ++k) {
-      auto key = std::make_unique<Key>();
-      key->spec = keys[k];
-      key->spec.initial = nullptr;
-      key->slices = std::move(slices[k]);
-      key->pushed.assign(key->slices.size(), 0);
-      placed.push_back(std::move(key));
-    }
-  }
+  DT_ASSIGN_OR_RETURN(std::vector<std::unique_ptr<Key>> placed,
+                      keys_.Place(keys, num_shards_, options_.placement));
   // Send each server its slices, with initial values in chunks.
   std::vector<std::vector<std::pair<const PlacedSlice*, const char*>>> per_server(
       static_cast<size_t>(num_shards_));
@@ -509,11 +476,7 @@ absl::Status KVClient::Init(const std::vector<KeySpec>& keys) {
       return FromGrpcStatus(writer->Finish(), absl::StrCat("KVStore.Init to ", to.address));
     });
   }));
-  absl::MutexLock lock(&mu_);
-  for (auto& key : placed) {
-    auto it = keys_.find(key->spec.key);
-    if (it == keys_.end()) keys_.emplace(key->spec.key, std::move(key));
-  }
+  keys_.Add(std::move(placed));
   return absl::OkStatus();
 }
 
@@ -543,43 +506,10 @@ absl::Status KVClient::PushPull(std::vector<PushPullItem> items) {
 
 Work KVClient::Issue(Op op, std::vector<CallItem> items, bool run_one_inline) {
   if (absl::Status bad = CheckCallItems(op, items); !bad.ok()) return Failed(bad);
-  std::vector<SliceOp> work;
-  std::vector<std::shared_ptr<Work::State>> deps;
   auto state = std::make_shared<Work::State>();
-  {
-    absl::MutexLock lock(&mu_);
-    std::vector<Key*> keys;
-    for (const CallItem& item : items) {
-      auto it = keys_.find(item.key);
-      if (it == keys_.end()) {
-        return Failed(absl::NotFoundError(absl::StrCat(CallKindName(op), " of key '", item.key,
-                                                       "': not Init'ed by this client")));
-      }
-      keys.push_back(it->second.get());
-    }
-    for (size_t k = 0; k < items.size(); ++k) {
-      Key* key = keys[k];
-      const CallItem& item = items[k];
-      const size_t esize = DTypeSize(key->spec.dtype);
-      for (size_t i = 0; i < key->slices.size(); ++i) {
-        SliceOp w;
-        w.key = key;
-        w.slice = &key->slices[i];
-        const size_t offset = static_cast<size_t>(w.slice->spec.offset) * esize;
-        if (op == Op::kPull) {
-          w.round = item.round == kLastPushedRound ? key->pushed[i] : item.round;
-        } else {
-          w.round = ++key->pushed[i];
-          w.src = static_cast<const char*>(item.src) + offset;
-        }
-        if (op != Op::kPush) w.dst = static_cast<char*>(item.dst) + offset;
-        work.push_back(w);
-      }
-      if (key->last && (deps.empty() || deps.back() != key->last)) deps.push_back(key->last);
-      key->last = state;
-    }
-  }
-  return Start(op, std::move(work), std::move(deps), std::move(state), run_one_inline);
+  absl::StatusOr<WorkerKeys::Plan> plan = keys_.PlanCall(op, items, state);
+  if (!plan.ok()) return Failed(plan.status());
+  return Start(op, std::move(plan->ops), std::move(plan->after), std::move(state), run_one_inline);
 }
 
 Work KVClient::Start(Op op, std::vector<SliceOp> work,
@@ -599,7 +529,7 @@ Work KVClient::Start(Op op, std::vector<SliceOp> work,
     // runs again with the usual retries; one without a data port goes to
     // the pool (gRPC).
     for (const auto& dep : *shared_deps) {
-      if (dep != state) dep->WaitTasks();
+      dep->WaitTasks();
     }
     std::vector<std::pair<int, std::unique_ptr<PendingData>>> pending;
     std::vector<int> again;
@@ -635,7 +565,7 @@ Work KVClient::Start(Op op, std::vector<SliceOp> work,
                                   shared_deps]() {
       // Operations on the same keys run in the order they were issued.
       for (const auto& dep : *shared_deps) {
-        if (dep != state) dep->WaitTasks();
+        dep->WaitTasks();
       }
       state->Finish(RunOnServer(op, server, w, state));
     };
@@ -1274,41 +1204,18 @@ absl::StatusOr<JobStatus> KVClient::GetJob(int server, bool include_slices) {
   return FromProto(response);
 }
 
-absl::Status KVClient::Resync() {
+absl::Status KVClient::Resync() { return ResyncRounds().status(); }
+
+absl::StatusOr<int64_t> KVClient::ResyncRounds() {
   std::vector<JobStatus> states(static_cast<size_t>(num_shards_));
   DT_RETURN_IF_ERROR(ForEachServer([&](int i) -> absl::Status {
     DT_ASSIGN_OR_RETURN(states[static_cast<size_t>(i)], GetJob(i, /*include_slices=*/true));
     return absl::OkStatus();
   }));
-  absl::MutexLock lock(&mu_);
-  for (const auto& [name, key] : keys_) {
-    if (key->last) key->last->WaitTasks();
-  }
-  for (size_t server = 0; server < states.size(); ++server) {
-    for (const SliceStatus& s : states[server].slices) {
-      auto it = keys_.find(s.spec.key);
-      if (it == keys_.end()) continue;
-      Key& key = *it->second;
-      for (size_t i = 0; i < key.slices.size(); ++i) {
-        if (key.slices[i].server == static_cast<int>(server) &&
-            key.slices[i].spec.slice == s.spec.slice) {
-          key.pushed[i] = s.pushed_round;
-        }
-      }
-    }
-  }
-  return absl::OkStatus();
+  return keys_.SetPushedRounds(states);
 }
 
-absl::StatusOr<int64_t> KVClient::ResumeRounds() {
-  DT_RETURN_IF_ERROR(Resync());
-  absl::MutexLock lock(&mu_);
-  int64_t lowest = -1;
-  for (const auto& [name, key] : keys_) {
-    for (int64_t r : key->pushed) lowest = lowest < 0 ? r : std::min(lowest, r);
-  }
-  return std::max<int64_t>(lowest, 0);
-}
+absl::StatusOr<int64_t> KVClient::ResumeRounds() { return ResyncRounds(); }
 
 absl::StatusOr<std::vector<std::string>> KVClient::Snapshot() {
   std::vector<std::string> paths(static_cast<size_t>(num_shards_));
@@ -1332,21 +1239,11 @@ absl::StatusOr<std::vector<std::string>> KVClient::Snapshot() {
 }
 
 absl::StatusOr<int64_t> KVClient::PushedRound(const std::string& key) const {
-  absl::MutexLock lock(&mu_);
-  auto it = keys_.find(key);
-  if (it == keys_.end()) {
-    return absl::NotFoundError(absl::StrCat("key '", key, "' not Init'ed by this client"));
-  }
-  return *std::min_element(it->second->pushed.begin(), it->second->pushed.end());
+  return keys_.PushedRound(key);
 }
 
 absl::StatusOr<std::vector<PlacedSlice>> KVClient::Placement(const std::string& key) const {
-  absl::MutexLock lock(&mu_);
-  auto it = keys_.find(key);
-  if (it == keys_.end()) {
-    return absl::NotFoundError(absl::StrCat("key '", key, "' not Init'ed by this client"));
-  }
-  return it->second->slices;
+  return keys_.Placement(key);
 }
 
 }  // namespace kvstore

@@ -100,6 +100,7 @@
 #include "libs/kvstore/placement.h"
 #include "libs/kvstore/push_encoder.h"
 #include "libs/kvstore/types.h"
+#include "libs/kvstore/worker_keys.h"
 
 namespace grpc {
 class Channel;
@@ -246,8 +247,8 @@ class KVClient : public ParameterServer {
   absl::StatusOr<std::vector<PlacedSlice>> Placement(const std::string& key) const;
 
  private:
-  struct Key;
-  struct SliceOp;
+  using Key = WorkerKeys::Key;
+  using SliceOp = WorkerKeys::SliceOp;
   class TrackedCall;  // a call Cancel can end
   using Op = CallKind;
 
@@ -257,6 +258,8 @@ class KVClient : public ParameterServer {
   // Checks a call's items, numbers its pushed rounds, orders it after the
   // keys' previous calls and starts it.
   Work Issue(Op op, std::vector<CallItem> items, bool run_one_inline);
+  // Resync; the lowest round this worker pushed of any key (ResumeRounds).
+  absl::StatusOr<int64_t> ResyncRounds();
   // Runs `work` grouped by server (one task each, in parallel) after `deps`
   // finished; with run_one_inline one task runs on the calling thread.
   Work Start(Op op, std::vector<SliceOp> work, std::vector<std::shared_ptr<Work::State>> deps,
@@ -316,8 +319,7 @@ class KVClient : public ParameterServer {
       ABSL_GUARDED_BY(map_mu_);
   absl::Mutex refresh_mu_;  // one refresh at a time
   std::unique_ptr<ElasticThreadPool> pool_;
-  mutable absl::Mutex mu_;
-  absl::flat_hash_map<std::string, std::unique_ptr<Key>> keys_ ABSL_GUARDED_BY(mu_);
+  WorkerKeys keys_{"this client"};
   mutable absl::Mutex calls_mu_;
   absl::flat_hash_set<grpc::ClientContext*> calls_ ABSL_GUARDED_BY(calls_mu_);
   absl::flat_hash_set<DataPortConnection*> data_calls_ ABSL_GUARDED_BY(calls_mu_);

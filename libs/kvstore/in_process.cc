@@ -73,21 +73,6 @@ Store& InProcessKVStore::shard(int index) {
 // ---------------------------------------------------------------------------
 // InProcessParameterServer
 
-struct InProcessParameterServer::Key {
-  KeySpec spec;  // `initial` cleared
-  std::vector<PlacedSlice> slices;
-  std::vector<int64_t> pushed;        // per slice: the last round pushed
-  std::shared_ptr<Work::State> last;  // the latest operation on this key
-};
-
-// One slice's part of an operation.
-struct InProcessParameterServer::SliceOp {
-  const PlacedSlice* slice = nullptr;
-  int64_t round = 0;
-  const char* src = nullptr;  // the slice's first element in the caller's buffer
-  char* dst = nullptr;
-};
-
 namespace {
 
 int64_t SliceBytes(const SliceSpec& spec) {
@@ -108,6 +93,7 @@ InProcessParameterServer::InProcessParameterServer(std::shared_ptr<InProcessKVSt
     : shards_(std::move(shards)),
       job_(std::move(job)),
       worker_(worker),
+      keys_(absl::StrCat("worker ", worker)),
       pool_(std::make_unique<ElasticThreadPool>()) {}
 
 InProcessParameterServer::~InProcessParameterServer() {
@@ -148,25 +134,8 @@ void InProcessParameterServer::Cancel(const std::string& reason) {
 absl::Status InProcessParameterServer::Init(const std::vector<KeySpec>& keys) {
   const int num_shards = static_cast<int>(shards_->stores.size());
   // Place every key and check it against what this worker knows.
-  std::vector<std::unique_ptr<Key>> placed;
-  {
-    absl::MutexLock lock(&mu_);
-    DT_ASSIGN_OR_RETURN(std::vector<std::vector<PlacedSlice>> slices,
-                        PlaceInitKeys(keys, num_shards, shards_->options.placement,
-                                      [this](const std::string& name)
-                                          ABSL_NO_THREAD_SAFETY_ANALYSIS -> const KeySpec* {
-                                            auto it = keys_.find(name);
-                                            return it == keys_.end() ? nullptr : &it->second->spec;
-                                          }));
-    for (size_t k = 0; k < keys.size(); ++k) {
-      auto key = std::make_unique<Key>();
-      key->spec = keys[k];
-      key->spec.initial = nullptr;
-      key->slices = std::move(slices[k]);
-      key->pushed.assign(key->slices.size(), 0);
-      placed.push_back(std::move(key));
-    }
-  }
+  DT_ASSIGN_OR_RETURN(std::vector<std::unique_ptr<Key>> placed,
+                      keys_.Place(keys, num_shards, shards_->options.placement));
   // Each shard creates its slices, with their initial values.
   std::vector<std::vector<InitItem>> per_shard(static_cast<size_t>(num_shards));
   for (size_t k = 0; k < keys.size(); ++k) {
@@ -186,11 +155,7 @@ absl::Status InProcessParameterServer::Init(const std::vector<KeySpec>& keys) {
     if (items.empty()) return absl::OkStatus();
     return shards_->stores[static_cast<size_t>(i)]->Init(job_, items).status();
   }));
-  absl::MutexLock lock(&mu_);
-  for (auto& key : placed) {
-    auto it = keys_.find(key->spec.key);
-    if (it == keys_.end()) keys_.emplace(key->spec.key, std::move(key));
-  }
+  keys_.Add(std::move(placed));
   return absl::OkStatus();
 }
 
@@ -220,53 +185,17 @@ absl::Status InProcessParameterServer::PushPull(std::vector<PushPullItem> items)
 
 Work InProcessParameterServer::Issue(Op op, std::vector<CallItem> requests, bool run_one_inline) {
   if (absl::Status bad = CheckCallItems(op, requests); !bad.ok()) return Work::Done(bad);
-  std::vector<SliceOp> work;
-  std::vector<std::shared_ptr<Work::State>> deps;
   auto state = std::make_shared<Work::State>();
-  {
-    absl::MutexLock lock(&mu_);
-    std::vector<Key*> keys;
-    for (const CallItem& r : requests) {
-      auto it = keys_.find(r.key);
-      if (it == keys_.end()) {
-        return Work::Done(absl::NotFoundError(absl::StrCat(CallKindName(op), " of key '", r.key,
-                                                           "': not Init'ed by worker ", worker_)));
-      }
-      keys.push_back(it->second.get());
-    }
-    for (size_t k = 0; k < requests.size(); ++k) {
-      Key* key = keys[k];
-      const CallItem& r = requests[k];
-      const size_t esize = DTypeSize(key->spec.dtype);
-      for (size_t i = 0; i < key->slices.size(); ++i) {
-        SliceOp w;
-        w.slice = &key->slices[i];
-        const size_t offset = static_cast<size_t>(w.slice->spec.offset) * esize;
-        if (op == Op::kPull) {
-          w.round = r.round == kLastPushedRound ? key->pushed[i] : r.round;
-        } else {
-          w.round = ++key->pushed[i];
-          w.src = static_cast<const char*>(r.src) + offset;
-        }
-        if (op != Op::kPush) w.dst = static_cast<char*>(r.dst) + offset;
-        work.push_back(w);
-      }
-      if (key->last && key->last != state &&
-          std::find(deps.begin(), deps.end(), key->last) == deps.end()) {
-        deps.push_back(key->last);
-      }
-      key->last = state;
-    }
-  }
-
+  absl::StatusOr<WorkerKeys::Plan> plan = keys_.PlanCall(op, requests, state);
+  if (!plan.ok()) return Work::Done(plan.status());
   std::map<int, std::vector<SliceOp>> by_shard;
-  for (const SliceOp& w : work) by_shard[w.slice->server].push_back(w);
+  for (const SliceOp& w : plan->ops) by_shard[w.slice->server].push_back(w);
   {
     absl::MutexLock lock(&state->mu);
     state->remaining = static_cast<int>(by_shard.size());
   }
   auto shared_deps =
-      std::make_shared<const std::vector<std::shared_ptr<Work::State>>>(std::move(deps));
+      std::make_shared<const std::vector<std::shared_ptr<Work::State>>>(std::move(plan->after));
   std::function<void()> inline_task;
   for (auto& [shard, shard_work] : by_shard) {
     std::function<void()> task = [this, op, shard = shard, w = std::move(shard_work), state,
@@ -347,33 +276,19 @@ absl::Status InProcessParameterServer::SetPushCompression(const CompressionSpec&
 }
 
 absl::StatusOr<int64_t> InProcessParameterServer::PushedRound(const std::string& key) const {
-  absl::MutexLock lock(&mu_);
-  auto it = keys_.find(key);
-  if (it == keys_.end()) {
-    return absl::NotFoundError(absl::StrCat("key '", key, "' not Init'ed by worker ", worker_));
-  }
-  return *std::min_element(it->second->pushed.begin(), it->second->pushed.end());
+  return keys_.PushedRound(key);
 }
 
 absl::StatusOr<int64_t> InProcessParameterServer::ResumeRounds() {
-  absl::MutexLock lock(&mu_);
-  int64_t lowest = -1;
-  for (auto& [name, key] : keys_) {
-    if (key->last) key->last->WaitTasks();
-    for (size_t i = 0; i < key->slices.size(); ++i) {
-      const PlacedSlice& placed = key->slices[i];
-      DT_ASSIGN_OR_RETURN(JobStatus status,
-                          shards_->stores[static_cast<size_t>(placed.server)]->GetJob(
-                              job_, worker_, /*include_slices=*/true));
-      for (const SliceStatus& st : status.slices) {
-        if (st.spec.key == placed.spec.key && st.spec.slice == placed.spec.slice) {
-          key->pushed[i] = st.pushed_round;
-        }
-      }
-      lowest = lowest < 0 ? key->pushed[i] : std::min(lowest, key->pushed[i]);
-    }
-  }
-  return std::max<int64_t>(lowest, 0);
+  const int num_shards = static_cast<int>(shards_->stores.size());
+  std::vector<JobStatus> states(static_cast<size_t>(num_shards));
+  DT_RETURN_IF_ERROR(ForEachShard(num_shards, [&](int i) -> absl::Status {
+    DT_ASSIGN_OR_RETURN(states[static_cast<size_t>(i)],
+                        shards_->stores[static_cast<size_t>(i)]->GetJob(job_, worker_,
+                                                                        /*include_slices=*/true));
+    return absl::OkStatus();
+  }));
+  return keys_.SetPushedRounds(states);
 }
 
 }  // namespace kvstore

@@ -60,6 +60,7 @@
 #include "libs/kvstore/push_encoder.h"
 #include "libs/kvstore/store.h"
 #include "libs/kvstore/types.h"
+#include "libs/kvstore/worker_keys.h"
 
 namespace dtrain {
 namespace kvstore {
@@ -140,8 +141,8 @@ class InProcessParameterServer : public ParameterServer {
 
  private:
   friend class InProcessKVStore;
-  struct Key;
-  struct SliceOp;
+  using Key = WorkerKeys::Key;
+  using SliceOp = WorkerKeys::SliceOp;
   using Op = CallKind;
 
   InProcessParameterServer(std::shared_ptr<InProcessKVStore::Shards> shards, std::string job,
@@ -155,8 +156,8 @@ class InProcessParameterServer : public ParameterServer {
   const std::shared_ptr<InProcessKVStore::Shards> shards_;
   const std::string job_;
   const int worker_;
+  WorkerKeys keys_;
   mutable absl::Mutex mu_;
-  absl::flat_hash_map<std::string, std::unique_ptr<Key>> keys_ ABSL_GUARDED_BY(mu_);
   absl::Status cancelled_ ABSL_GUARDED_BY(mu_);
   std::atomic<bool> is_cancelled_{false};
   PushEncoder encoder_;
