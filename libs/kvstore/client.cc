@@ -424,17 +424,8 @@ absl::Status KVClient::Init(const std::vector<KeySpec>& keys) {
   DT_ASSIGN_OR_RETURN(std::vector<std::unique_ptr<Key>> placed,
                       keys_.Place(keys, num_shards_, options_.placement));
   // Send each server its slices, with initial values in chunks.
-  std::vector<std::vector<std::pair<const PlacedSlice*, const char*>>> per_server(
-      static_cast<size_t>(num_shards_));
-  for (size_t k = 0; k < keys.size(); ++k) {
-    const size_t esize = DTypeSize(keys[k].dtype);
-    for (const PlacedSlice& s : placed[k]->slices) {
-      const char* data = keys[k].initial == nullptr
-                             ? nullptr
-                             : static_cast<const char*>(keys[k].initial) + s.spec.offset * esize;
-      per_server[static_cast<size_t>(s.server)].push_back({&s, data});
-    }
-  }
+  const std::vector<std::vector<WorkerKeys::InitSlice>> per_server =
+      WorkerKeys::SlicesByServer(keys, placed, num_shards_);
   DT_RETURN_IF_ERROR(ForEachServer([&](int i) -> absl::Status {
     const auto& slices = per_server[static_cast<size_t>(i)];
     if (slices.empty()) return absl::OkStatus();

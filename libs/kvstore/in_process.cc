@@ -137,21 +137,18 @@ absl::Status InProcessParameterServer::Init(const std::vector<KeySpec>& keys) {
   DT_ASSIGN_OR_RETURN(std::vector<std::unique_ptr<Key>> placed,
                       keys_.Place(keys, num_shards, shards_->options.placement));
   // Each shard creates its slices, with their initial values.
-  std::vector<std::vector<InitItem>> per_shard(static_cast<size_t>(num_shards));
-  for (size_t k = 0; k < keys.size(); ++k) {
-    const size_t esize = DTypeSize(keys[k].dtype);
-    for (const PlacedSlice& s : placed[k]->slices) {
-      InitItem item;
-      item.spec = s.spec;
-      if (keys[k].initial != nullptr) {
-        item.data.emplace_back(static_cast<const char*>(keys[k].initial) + s.spec.offset * esize,
-                               static_cast<size_t>(SliceBytes(s.spec)));
-      }
-      per_shard[static_cast<size_t>(s.server)].push_back(std::move(item));
-    }
-  }
+  const std::vector<std::vector<WorkerKeys::InitSlice>> per_shard =
+      WorkerKeys::SlicesByServer(keys, placed, num_shards);
   DT_RETURN_IF_ERROR(ForEachShard(num_shards, [&](int i) -> absl::Status {
-    const std::vector<InitItem>& items = per_shard[static_cast<size_t>(i)];
+    std::vector<InitItem> items;
+    for (const WorkerKeys::InitSlice& s : per_shard[static_cast<size_t>(i)]) {
+      InitItem item;
+      item.spec = s.slice->spec;
+      if (s.initial != nullptr) {
+        item.data.emplace_back(s.initial, static_cast<size_t>(SliceBytes(s.slice->spec)));
+      }
+      items.push_back(std::move(item));
+    }
     if (items.empty()) return absl::OkStatus();
     return shards_->stores[static_cast<size_t>(i)]->Init(job_, items).status();
   }));

@@ -46,6 +46,25 @@ absl::StatusOr<std::vector<std::unique_ptr<WorkerKeys::Key>>> WorkerKeys::Place(
   return placed;
 }
 
+std::vector<std::vector<WorkerKeys::InitSlice>> WorkerKeys::SlicesByServer(
+    const std::vector<KeySpec>& keys, const std::vector<std::unique_ptr<Key>>& placed,
+    int num_servers) {
+  std::vector<std::vector<InitSlice>> by_server(static_cast<size_t>(num_servers));
+  for (size_t k = 0; k < keys.size(); ++k) {
+    const size_t esize = DTypeSize(keys[k].dtype);
+    for (const PlacedSlice& s : placed[k]->slices) {
+      InitSlice init;
+      init.slice = &s;
+      if (keys[k].initial != nullptr) {
+        init.initial =
+            static_cast<const char*>(keys[k].initial) + static_cast<size_t>(s.spec.offset) * esize;
+      }
+      by_server[static_cast<size_t>(s.server)].push_back(init);
+    }
+  }
+  return by_server;
+}
+
 void WorkerKeys::Add(std::vector<std::unique_ptr<Key>> placed) {
   absl::MutexLock lock(&mu_);
   for (std::unique_ptr<Key>& key : placed) {

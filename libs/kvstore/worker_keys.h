@@ -7,7 +7,8 @@
 //   WorkerKeys keys("worker 3");
 //   DT_ASSIGN_OR_RETURN(std::vector<std::unique_ptr<WorkerKeys::Key>> placed,
 //                       keys.Place(specs, num_servers, placement));
-//   ...  // create placed[k]->slices on their servers
+//   for (auto& slices : WorkerKeys::SlicesByServer(specs, *placed, num_servers)) ...
+//     // create them on their server, with their initial values
 //   keys.Add(std::move(placed));
 //
 //   auto call = std::make_shared<Work::State>();
@@ -69,6 +70,16 @@ class WorkerKeys {
   absl::StatusOr<std::vector<std::unique_ptr<Key>>> Place(const std::vector<KeySpec>& keys,
                                                           int num_servers,
                                                           const PlacementOptions& options) const;
+  // A placed slice to create, and its initial value (in the key's
+  // KeySpec::initial; null without one).
+  struct InitSlice {
+    const PlacedSlice* slice = nullptr;
+    const char* initial = nullptr;
+  };
+  // The slices of `placed` (Place's result for `keys`), by server.
+  static std::vector<std::vector<InitSlice>> SlicesByServer(
+      const std::vector<KeySpec>& keys, const std::vector<std::unique_ptr<Key>>& placed,
+      int num_servers);
   // Records keys Place returned once their servers created them; a key
   // Init'ed before keeps its entry (and its rounds).
   void Add(std::vector<std::unique_ptr<Key>> placed);

@@ -133,6 +133,30 @@ TEST_F(WorkerKeysTest, SetPushedRoundsTakesTheServersRoundsAndReturnsTheLowest) 
   for (const WorkerKeys::SliceOp& op : plan->ops) EXPECT_EQ(op.round, 8 + op.slice->spec.slice);
 }
 
+TEST(WorkerKeysInitTest, SlicesByServerPointsEachSliceAtItsPartOfTheInitialValue) {
+  WorkerKeys keys("worker 0");
+  std::vector<float> big(1 << 18);
+  std::vector<KeySpec> specs = {F32("small", 4), F32("big", 1 << 18)};
+  specs[1].initial = big.data();
+  auto placed = keys.Place(specs, 2, PlacementOptions());
+  ASSERT_TRUE(placed.ok());
+  auto by_server = WorkerKeys::SlicesByServer(specs, *placed, 2);
+  ASSERT_EQ(by_server.size(), 2u);
+  int slices = 0;
+  for (size_t server = 0; server < by_server.size(); ++server) {
+    for (const WorkerKeys::InitSlice& s : by_server[server]) {
+      ++slices;
+      EXPECT_EQ(s.slice->server, static_cast<int>(server));
+      if (s.slice->spec.key == "small") {
+        EXPECT_EQ(s.initial, nullptr);
+      } else {
+        EXPECT_EQ(s.initial, reinterpret_cast<const char*>(big.data() + s.slice->spec.offset));
+      }
+    }
+  }
+  EXPECT_EQ(slices, 3);
+}
+
 TEST(WorkerKeysEmptyTest, NoKeysResumeAtRoundZero) {
   WorkerKeys keys("this client");
   EXPECT_EQ(keys.SetPushedRounds({}), 0);
