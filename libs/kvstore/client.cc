@@ -382,20 +382,7 @@ absl::Duration KVClient::CleanupTimeout() const {
 absl::Status KVClient::DeleteJob() {
   v1::DeleteJobRequest request;
   request.set_job(options_.job);
-  return ForEachServer([&](int i) {
-    return WithRetries(
-        [&]() -> absl::Status {
-          DT_ASSIGN_OR_RETURN(Endpoint to, Route(i, /*write=*/true));
-          auto stub = v1::KVStore::NewStub(to.channel);
-          grpc::ClientContext ctx;
-          AddToken(&ctx);
-          ctx.set_deadline(Deadline(CleanupTimeout()));
-          v1::DeleteJobResponse response;
-          return FromGrpcStatus(stub->DeleteJob(&ctx, request, &response),
-                                absl::StrCat("KVStore.DeleteJob to ", to.address));
-        },
-        /*cancellable=*/false);
-  });
+  return SendDeleteJob(request, "KVStore.DeleteJob");
 }
 
 absl::Status KVClient::LeaveJob() {
@@ -403,6 +390,10 @@ absl::Status KVClient::LeaveJob() {
   request.set_job(options_.job);
   request.set_leave(true);
   request.set_worker(options_.worker);
+  return SendDeleteJob(request, "KVStore.DeleteJob (leave)");
+}
+
+absl::Status KVClient::SendDeleteJob(const v1::DeleteJobRequest& request, absl::string_view what) {
   return ForEachServer([&](int i) {
     return WithRetries(
         [&]() -> absl::Status {
@@ -413,7 +404,7 @@ absl::Status KVClient::LeaveJob() {
           ctx.set_deadline(Deadline(CleanupTimeout()));
           v1::DeleteJobResponse response;
           return FromGrpcStatus(stub->DeleteJob(&ctx, request, &response),
-                                absl::StrCat("KVStore.DeleteJob (leave) to ", to.address));
+                                absl::StrCat(what, " to ", to.address));
         },
         /*cancellable=*/false);
   });

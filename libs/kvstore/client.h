@@ -110,6 +110,7 @@ class ClientContext;
 namespace dtrain {
 namespace kvstore {
 namespace v1 {
+class DeleteJobRequest;
 class ShardMap;
 }  // namespace v1
 
@@ -292,6 +293,9 @@ class KVClient : public ParameterServer {
   absl::Status CancelStatus() const;
   // Deadline per attempt of DeleteJob and LeaveJob.
   absl::Duration CleanupTimeout() const;
+  // Sends `request` (a DeleteJob, or a LeaveJob with leave set) to every
+  // shard within CleanupTimeout; `what` names the call in errors.
+  absl::Status SendDeleteJob(const v1::DeleteJobRequest& request, absl::string_view what);
   // Runs fn(i) for every shard in parallel; returns the first error.
   absl::Status ForEachServer(const std::function<absl::Status(int)>& fn);
 
