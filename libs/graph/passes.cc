@@ -1,6 +1,7 @@
 #include "libs/graph/passes.h"
 
 #include <cmath>
+#include <functional>
 #include <unordered_set>
 #include <utility>
 
@@ -36,6 +37,35 @@ std::string FreshName(const Graph& g, const std::string& prefix) {
     std::string n = absl::StrCat(prefix, i);
     if (names.count(n) == 0) return n;
   }
+}
+
+// The skeleton of the passes that merge a node with the node producing one
+// of its inputs: for every node of `op` (the consumer), the producer of its
+// input `input` (read by the consumer alone, not a graph output, not merged
+// yet) is offered to `merge(graph, consumer, producer)`, which merges the
+// two and returns the one left over to remove, or -1 to leave them as they
+// are. Removes the left-over nodes; returns how many pairs merged.
+int MergeWithProducers(Graph* graph, OpKind op, size_t input,
+                       const std::function<int(Graph& g, int consumer, int producer)>& merge) {
+  Graph& g = *graph;
+  const std::vector<std::vector<int>> consumers = g.Consumers();
+  const std::vector<bool> is_output = OutputMask(g);
+  const int nn = static_cast<int>(g.nodes().size());
+  std::vector<bool> remove(nn, false);
+  int merged = 0;
+  for (int c = 0; c < nn; ++c) {
+    const Node& consumer = g.nodes()[c];
+    if (consumer.op != op || remove[c] || consumer.inputs.size() <= input) continue;
+    const int v = consumer.inputs[input];
+    const int p = v < 0 ? -1 : g.value(v).producer;
+    if (p < 0 || remove[p] || !SoleUse(consumers, is_output, v, c)) continue;
+    const int left_over = merge(g, c, p);
+    if (left_over < 0) continue;
+    remove[left_over] = true;
+    ++merged;
+  }
+  if (merged > 0) g.RemoveNodes(remove);
+  return merged;
 }
 
 // Elementwise ops the fusion pass merges.
@@ -231,26 +261,14 @@ absl::StatusOr<int> FoldConstants(Graph* graph) {
 }
 
 int FoldBatchNorm(Graph* graph) {
-  Graph& g = *graph;
-  const std::vector<std::vector<int>> consumers = g.Consumers();
-  const std::vector<bool> is_output = OutputMask(g);
-  const int nn = static_cast<int>(g.nodes().size());
-  std::vector<bool> remove(nn, false);
-  int folded = 0;
-  for (int j = 0; j < nn; ++j) {
+  return MergeWithProducers(graph, OpKind::kBatchNormInference, 0, [](Graph& g, int j, int p) {
     const Node& bn = g.nodes()[j];
-    if (bn.op != OpKind::kBatchNormInference) continue;
-    const int x = bn.inputs[0];
-    const int p = g.value(x).producer;
-    if (p < 0 || remove[p]) continue;
-    Node& conv = g.nodes()[p];
-    if (conv.op != OpKind::kConv2d || conv.attrs.relu || !SoleUse(consumers, is_output, x, j)) {
-      continue;
-    }
+    const Node& conv = g.nodes()[p];
+    if (conv.op != OpKind::kConv2d || conv.attrs.relu) return -1;
     const bool has_bias = conv.inputs.size() > 2 && conv.inputs[2] >= 0;
     bool constant = IsConstant(g, conv.inputs[1]) && (!has_bias || IsConstant(g, conv.inputs[2]));
     for (int k = 1; k < 5; ++k) constant = constant && IsConstant(g, bn.inputs[k]);
-    if (!constant) continue;
+    if (!constant) return -1;
     const Tensor& w = g.value(conv.inputs[1]).data;
     const int64_t o = w.dim(0), per = w.numel() / o;
     const float* gamma = g.value(bn.inputs[1]).data.data<float>();
@@ -270,93 +288,50 @@ int FoldBatchNorm(Graph* graph) {
       pb2[c] = static_cast<float>(((b != nullptr ? b[c] : 0.0) - mean[c]) * s + beta[c]);
     }
     const std::string base = g.value(conv.inputs[1]).name;
+    const int bn_out = bn.outputs[0];
     const int wid = g.AddTensor(ValueKind::kConstant, FreshName(g, base + ".bn_folded."), w2);
     const int bid = g.AddTensor(ValueKind::kConstant, FreshName(g, base + ".bn_folded_bias."), b2);
     Node& c2 = g.nodes()[p];  // AddTensor does not move nodes, but be explicit
     c2.inputs = {c2.inputs[0], wid, bid};
-    c2.outputs[0] = bn.outputs[0];
-    g.value(bn.outputs[0]).producer = p;
-    remove[j] = true;
-    ++folded;
-  }
-  if (folded > 0) g.RemoveNodes(remove);
-  return folded;
+    c2.outputs[0] = bn_out;
+    g.value(bn_out).producer = p;
+    return j;
+  });
 }
 
 int FuseConvLinearRelu(Graph* graph) {
-  Graph& g = *graph;
-  const std::vector<std::vector<int>> consumers = g.Consumers();
-  const std::vector<bool> is_output = OutputMask(g);
-  const int nn = static_cast<int>(g.nodes().size());
-  std::vector<bool> remove(nn, false);
-  int fused = 0;
-  for (int r = 0; r < nn; ++r) {
-    const Node& relu = g.nodes()[r];
-    if (relu.op != OpKind::kRelu) continue;
-    const int x = relu.inputs[0];
-    const int p = g.value(x).producer;
-    if (p < 0 || remove[p]) continue;
+  return MergeWithProducers(graph, OpKind::kRelu, 0, [](Graph& g, int r, int p) {
     Node& prod = g.nodes()[p];
-    if ((prod.op != OpKind::kConv2d && prod.op != OpKind::kLinear) || prod.attrs.relu ||
-        !SoleUse(consumers, is_output, x, r)) {
-      continue;
-    }
+    if ((prod.op != OpKind::kConv2d && prod.op != OpKind::kLinear) || prod.attrs.relu) return -1;
+    const int relu_out = g.nodes()[r].outputs[0];
     prod.attrs.relu = true;
-    prod.outputs[0] = relu.outputs[0];
-    g.value(relu.outputs[0]).producer = p;
-    remove[r] = true;
-    ++fused;
-  }
-  if (fused > 0) g.RemoveNodes(remove);
-  return fused;
+    prod.outputs[0] = relu_out;
+    g.value(relu_out).producer = p;
+    return r;
+  });
 }
 
 int FusePoolReluBackward(Graph* graph) {
-  Graph& g = *graph;
-  const std::vector<std::vector<int>> consumers = g.Consumers();
-  const std::vector<bool> is_output = OutputMask(g);
-  const int nn = static_cast<int>(g.nodes().size());
-  std::vector<bool> remove(nn, false);
-  int fused = 0;
-  for (int r = 0; r < nn; ++r) {
+  return MergeWithProducers(graph, OpKind::kReluBackward, 1, [](Graph& g, int r, int q) {
     Node& rb = g.nodes()[r];
-    if (rb.op != OpKind::kReluBackward) continue;
-    const int d = rb.inputs[1];
-    const int q = g.value(d).producer;
-    if (q < 0 || remove[q] || g.nodes()[q].op != OpKind::kAvgPool2dBackward ||
-        !SoleUse(consumers, is_output, d, r) || rb.inputs[0] == d) {
-      continue;
-    }
     const Node& pool = g.nodes()[q];
+    if (pool.op != OpKind::kAvgPool2dBackward || rb.inputs[0] == rb.inputs[1]) return -1;
     const int y = rb.inputs[0];
     rb.op = OpKind::kAvgPool2dReluBackward;
     rb.inputs = {pool.inputs[0], y};
     rb.attrs = pool.attrs;
-    remove[q] = true;
-    ++fused;
-  }
-  if (fused > 0) g.RemoveNodes(remove);
-  return fused;
+    return q;
+  });
 }
 
 int FuseConvWeightsGradient(Graph* graph) {
-  Graph& g = *graph;
-  const std::vector<std::vector<int>> consumers = g.Consumers();
-  const std::vector<bool> is_output = OutputMask(g);
-  const int nn = static_cast<int>(g.nodes().size());
-  std::vector<bool> remove(nn, false);
-  int fused = 0;
-  for (int i = 0; i < nn; ++i) {
+  return MergeWithProducers(graph, OpKind::kConv2dBackwardWeights, 1, [](Graph& g, int i, int q) {
     Node& cw = g.nodes()[i];
-    if (cw.op != OpKind::kConv2dBackwardWeights) continue;
-    const int d = cw.inputs[1];
-    const int q = g.value(d).producer;
-    if (q < 0 || remove[q] || g.nodes()[q].op != OpKind::kAvgPool2dReluBackward ||
-        !SoleUse(consumers, is_output, d, i)) {
-      continue;
-    }
     const Node& pool = g.nodes()[q];
-    if (pool.attrs.kernel != pool.attrs.stride || pool.attrs.padding != 0) continue;
+    if (pool.op != OpKind::kAvgPool2dReluBackward || pool.attrs.kernel != pool.attrs.stride ||
+        pool.attrs.padding != 0) {
+      return -1;
+    }
     Node fused_node;
     fused_node.op = OpKind::kConv2dBackwardWeightsAvgPoolRelu;
     fused_node.inputs = {cw.inputs[0], pool.inputs[0], pool.inputs[1]};
@@ -366,13 +341,10 @@ int FuseConvWeightsGradient(Graph* graph) {
     fused_node.attrs.kernel = pool.attrs.kernel;
     fused_node.attrs.shape = cw.attrs.shape;
     // The op's own limits (first layers) decide.
-    if (!InferOutputTypes(g, fused_node).ok()) continue;
+    if (!InferOutputTypes(g, fused_node).ok()) return -1;
     cw = std::move(fused_node);
-    remove[q] = true;
-    ++fused;
-  }
-  if (fused > 0) g.RemoveNodes(remove);
-  return fused;
+    return q;
+  });
 }
 
 int FuseElementwise(Graph* graph) {
