@@ -65,8 +65,12 @@ void F16LoopScalar(uint16_t* dst, const uint16_t* src, size_t n, float divisor) 
   }
 }
 
-// `src` == nullptr means "divide dst in place" (adds nothing).
-void PortableKernel(DType dtype, void* dst, const void* src, size_t n, bool divide, float divisor) {
+// The f32 and bf16 cases of both kernels below, inlined into each so that
+// its loops are compiled (and vectorized) for that kernel's target; false
+// for another dtype. `src` == nullptr means "divide dst in place" (adds
+// nothing).
+inline __attribute__((always_inline)) bool F32OrBF16Kernel(DType dtype, void* dst, const void* src,
+                                                           size_t n, bool divide, float divisor) {
   switch (dtype) {
     case DType::kF32: {
       float* d = static_cast<float*>(dst);
@@ -79,7 +83,7 @@ void PortableKernel(DType dtype, void* dst, const void* src, size_t n, bool divi
       } else {
         F32Loop<false>(d, static_cast<const float*>(src), n, divisor);
       }
-      return;
+      return true;
     }
     case DType::kBF16: {
       uint16_t* d = static_cast<uint16_t*>(dst);
@@ -95,21 +99,22 @@ void PortableKernel(DType dtype, void* dst, const void* src, size_t n, bool divi
       } else {
         BF16Loop<false>(d, static_cast<const uint16_t*>(src), n, divisor);
       }
-      return;
-    }
-    case DType::kF16: {
-      uint16_t* d = static_cast<uint16_t*>(dst);
-      if (src == nullptr) {
-        for (size_t i = 0; i < n; ++i) d[i] = FloatToHalf(HalfToFloat(d[i]) / divisor);
-      } else if (divide) {
-        F16LoopScalar<true>(d, static_cast<const uint16_t*>(src), n, divisor);
-      } else {
-        F16LoopScalar<false>(d, static_cast<const uint16_t*>(src), n, divisor);
-      }
-      return;
+      return true;
     }
     default:
-      return;
+      return false;
+  }
+}
+
+void PortableKernel(DType dtype, void* dst, const void* src, size_t n, bool divide, float divisor) {
+  if (F32OrBF16Kernel(dtype, dst, src, n, divide, divisor) || dtype != DType::kF16) return;
+  uint16_t* d = static_cast<uint16_t*>(dst);
+  if (src == nullptr) {
+    for (size_t i = 0; i < n; ++i) d[i] = FloatToHalf(HalfToFloat(d[i]) / divisor);
+  } else if (divide) {
+    F16LoopScalar<true>(d, static_cast<const uint16_t*>(src), n, divisor);
+  } else {
+    F16LoopScalar<false>(d, static_cast<const uint16_t*>(src), n, divisor);
   }
 }
 
@@ -148,44 +153,9 @@ DT_AVX2 void F16Avx2(uint16_t* dst, const uint16_t* src, size_t n, bool divide, 
 
 DT_AVX2 void Avx2Kernel(DType dtype, void* dst, const void* src, size_t n, bool divide,
                         float divisor) {
-  switch (dtype) {
-    case DType::kF32: {
-      float* d = static_cast<float*>(dst);
-      if (src == nullptr) {
-        for (size_t i = 0; i < n; ++i) d[i] = d[i] / divisor;
-      } else if (src == dst) {
-        for (size_t i = 0; i < n; ++i) d[i] = divide ? (d[i] + d[i]) / divisor : d[i] + d[i];
-      } else if (divide) {
-        F32Loop<true>(d, static_cast<const float*>(src), n, divisor);
-      } else {
-        F32Loop<false>(d, static_cast<const float*>(src), n, divisor);
-      }
-      return;
-    }
-    case DType::kBF16: {
-      uint16_t* d = static_cast<uint16_t*>(dst);
-      if (src == nullptr) {
-        for (size_t i = 0; i < n; ++i) d[i] = ToBF16(FromBF16(d[i]) / divisor);
-      } else if (src == dst) {
-        for (size_t i = 0; i < n; ++i) {
-          float v = FromBF16(d[i]) * 2.0f;
-          d[i] = ToBF16(divide ? v / divisor : v);
-        }
-      } else if (divide) {
-        BF16Loop<true>(d, static_cast<const uint16_t*>(src), n, divisor);
-      } else {
-        BF16Loop<false>(d, static_cast<const uint16_t*>(src), n, divisor);
-      }
-      return;
-    }
-    case DType::kF16: {
-      // src == dst is fine here: each block of 8 is loaded before it is stored.
-      F16Avx2(static_cast<uint16_t*>(dst), static_cast<const uint16_t*>(src), n, divide, divisor);
-      return;
-    }
-    default:
-      return;
-  }
+  if (F32OrBF16Kernel(dtype, dst, src, n, divide, divisor) || dtype != DType::kF16) return;
+  // src == dst is fine here: each block of 8 is loaded before it is stored.
+  F16Avx2(static_cast<uint16_t*>(dst), static_cast<const uint16_t*>(src), n, divide, divisor);
 }
 
 #undef DT_AVX2
