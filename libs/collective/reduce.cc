@@ -2,6 +2,7 @@
 
 #include <immintrin.h>
 
+#include <cstdlib>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -161,6 +162,8 @@ DT_AVX2 void Avx2Kernel(DType dtype, void* dst, const void* src, size_t n, bool 
 #undef DT_AVX2
 
 bool DetectVectorKernels() {
+  const char* choice = std::getenv("DTRAIN_REDUCE_KERNELS");
+  if (choice != nullptr && std::strcmp(choice, "portable") == 0) return false;
   __builtin_cpu_init();
   return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
          __builtin_cpu_supports("f16c");

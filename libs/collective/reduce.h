@@ -44,7 +44,9 @@ void ReduceSumDivide(DType dtype, void* dst, const void* src, size_t count, floa
 // buf[i] = buf[i] / divisor. REQUIRES: CheckReducible(dtype).ok().
 void DivideInPlace(DType dtype, void* buf, size_t count, float divisor);
 
-// True when the AVX2+F16C kernels are in use (for tests and benchmarks).
+// True when the AVX2+F16C kernels are in use (for tests and benchmarks):
+// on a CPU that has AVX2, FMA and F16C, unless the environment variable
+// DTRAIN_REDUCE_KERNELS is "portable" when the first reduction runs.
 bool UsingVectorKernels();
 
 }  // namespace collective

@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <vector>
@@ -11,6 +12,16 @@
 namespace dtrain {
 namespace collective {
 namespace {
+
+#ifdef DTRAIN_REDUCE_TEST_PORTABLE
+// Before any reduction picks its kernels.
+const bool kPortable = setenv("DTRAIN_REDUCE_KERNELS", "portable", 1) == 0;
+
+TEST(ReducePortableTest, ThePortableKernelsAreInUse) {
+  ASSERT_TRUE(kPortable);
+  EXPECT_FALSE(UsingVectorKernels());
+}
+#endif
 
 float Get(DType dtype, const std::vector<uint8_t>& buf, size_t i) {
   switch (dtype) {
