@@ -462,30 +462,6 @@ absl::Status KVClient::Init(const std::vector<KeySpec>& keys) {
   return absl::OkStatus();
 }
 
-Work KVClient::PushAsync(std::vector<PushSource> items) {
-  return Issue(Op::kPush, CallItems(std::move(items)), /*run_one_inline=*/false);
-}
-
-absl::Status KVClient::Push(std::vector<PushSource> items) {
-  return Issue(Op::kPush, CallItems(std::move(items)), /*run_one_inline=*/true).Wait();
-}
-
-Work KVClient::PullAsync(std::vector<PullTarget> items) {
-  return Issue(Op::kPull, CallItems(std::move(items)), /*run_one_inline=*/false);
-}
-
-absl::Status KVClient::Pull(std::vector<PullTarget> items) {
-  return Issue(Op::kPull, CallItems(std::move(items)), /*run_one_inline=*/true).Wait();
-}
-
-Work KVClient::PushPullAsync(std::vector<PushPullItem> items) {
-  return Issue(Op::kPushPull, CallItems(std::move(items)), /*run_one_inline=*/false);
-}
-
-absl::Status KVClient::PushPull(std::vector<PushPullItem> items) {
-  return Issue(Op::kPushPull, CallItems(std::move(items)), /*run_one_inline=*/true).Wait();
-}
-
 Work KVClient::Issue(Op op, std::vector<CallItem> items, bool run_one_inline) {
   if (absl::Status bad = CheckCallItems(op, items); !bad.ok()) return Failed(bad);
   auto state = std::make_shared<Work::State>();

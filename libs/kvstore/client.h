@@ -177,7 +177,7 @@ struct ClientOptions {
   absl::Duration reply_spin = absl::ZeroDuration();
 };
 
-class KVClient : public ParameterServer {
+class KVClient : public ParameterServerBase {
  public:
   // Validates the options and opens a channel per server (connections are
   // made lazily). kInvalidArgument for no servers, a bad worker id or chunk
@@ -216,17 +216,10 @@ class KVClient : public ParameterServer {
   // Init for the keys it uses; it is also how a client learns placement.
   absl::Status Init(const std::vector<KeySpec>& keys) override;
 
-  // Pushes gradients as this worker's next round of each key.
-  Work PushAsync(std::vector<PushSource> items) override;
-  absl::Status Push(std::vector<PushSource> items) override;
-
-  // Copies values into the caller's buffers (see Rounds above).
-  Work PullAsync(std::vector<PullTarget> items) override;
-  absl::Status Pull(std::vector<PullTarget> items) override;
-
-  // Push then pull of the pushed round, one round trip per shard.
-  Work PushPullAsync(std::vector<PushPullItem> items) override;
-  absl::Status PushPull(std::vector<PushPullItem> items) override;
+  // Push, Pull and PushPull (ParameterServerBase): a push is this worker's
+  // next round of each key; a pull copies values into the caller's buffers
+  // (see Rounds above); a push-pull is one round trip per shard. The
+  // blocking forms send every shard's request from the calling thread.
 
   // Sets this client's round counters to what the shards report for this
   // worker (after a shard restarted from a snapshot, or a worker restarted).
@@ -258,7 +251,7 @@ class KVClient : public ParameterServer {
   void AddToken(grpc::ClientContext* ctx) const;
   // Checks a call's items, numbers its pushed rounds, orders it after the
   // keys' previous calls and starts it.
-  Work Issue(Op op, std::vector<CallItem> items, bool run_one_inline);
+  Work Issue(Op op, std::vector<CallItem> items, bool run_one_inline) override;
   // Resync; the lowest round this worker pushed of any key (ResumeRounds).
   absl::StatusOr<int64_t> ResyncRounds();
   // Runs `work` grouped by server (one task each, in parallel) after `deps`

@@ -156,30 +156,6 @@ absl::Status InProcessParameterServer::Init(const std::vector<KeySpec>& keys) {
   return absl::OkStatus();
 }
 
-Work InProcessParameterServer::PushAsync(std::vector<PushSource> items) {
-  return Issue(Op::kPush, CallItems(std::move(items)), /*run_one_inline=*/false);
-}
-
-absl::Status InProcessParameterServer::Push(std::vector<PushSource> items) {
-  return Issue(Op::kPush, CallItems(std::move(items)), /*run_one_inline=*/true).Wait();
-}
-
-Work InProcessParameterServer::PullAsync(std::vector<PullTarget> items) {
-  return Issue(Op::kPull, CallItems(std::move(items)), /*run_one_inline=*/false);
-}
-
-absl::Status InProcessParameterServer::Pull(std::vector<PullTarget> items) {
-  return Issue(Op::kPull, CallItems(std::move(items)), /*run_one_inline=*/true).Wait();
-}
-
-Work InProcessParameterServer::PushPullAsync(std::vector<PushPullItem> items) {
-  return Issue(Op::kPushPull, CallItems(std::move(items)), /*run_one_inline=*/false);
-}
-
-absl::Status InProcessParameterServer::PushPull(std::vector<PushPullItem> items) {
-  return Issue(Op::kPushPull, CallItems(std::move(items)), /*run_one_inline=*/true).Wait();
-}
-
 Work InProcessParameterServer::Issue(Op op, std::vector<CallItem> requests, bool run_one_inline) {
   if (absl::Status bad = CheckCallItems(op, requests); !bad.ok()) return Work::Done(bad);
   auto state = std::make_shared<Work::State>();

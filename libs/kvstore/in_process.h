@@ -106,7 +106,7 @@ class InProcessKVStore {
   std::shared_ptr<Shards> shards_;
 };
 
-class InProcessParameterServer : public ParameterServer {
+class InProcessParameterServer : public ParameterServerBase {
  public:
   // Waits for the operations in flight.
   ~InProcessParameterServer() override;
@@ -125,13 +125,8 @@ class InProcessParameterServer : public ParameterServer {
   absl::Status SetPushCompression(const CompressionSpec& compression) override;
   absl::Status Init(const std::vector<KeySpec>& keys) override;
 
-  Work PushAsync(std::vector<PushSource> items) override;
-  Work PullAsync(std::vector<PullTarget> items) override;
-  Work PushPullAsync(std::vector<PushPullItem> items) override;
-  // Blocking forms: one shard's part runs on the calling thread.
-  absl::Status Push(std::vector<PushSource> items) override;
-  absl::Status Pull(std::vector<PullTarget> items) override;
-  absl::Status PushPull(std::vector<PushPullItem> items) override;
+  // Push, Pull and PushPull (ParameterServerBase): the blocking forms run
+  // one shard's part on the calling thread.
 
   // The round this worker last pushed for `key` (the lowest over its
   // slices), or kNotFound for a key it did not Init.
@@ -149,7 +144,7 @@ class InProcessParameterServer : public ParameterServer {
                            int worker);
   // Checks an operation's keys and buffers, numbers its rounds and runs it
   // (one task per shard) after the operations before it on the same keys.
-  Work Issue(Op op, std::vector<CallItem> requests, bool run_one_inline);
+  Work Issue(Op op, std::vector<CallItem> requests, bool run_one_inline) override;
   // Runs `work` (one shard's part of an operation) against the Store.
   absl::Status RunOnShard(Op op, int shard, const std::vector<SliceOp>& work);
 

@@ -122,5 +122,29 @@ bool Work::IsCompleted() const {
   return state_->remaining == 0 && state_->pins == 0;
 }
 
+Work ParameterServerBase::PushAsync(std::vector<PushSource> items) {
+  return Issue(CallKind::kPush, CallItems(std::move(items)), /*run_one_inline=*/false);
+}
+
+Work ParameterServerBase::PullAsync(std::vector<PullTarget> items) {
+  return Issue(CallKind::kPull, CallItems(std::move(items)), /*run_one_inline=*/false);
+}
+
+Work ParameterServerBase::PushPullAsync(std::vector<PushPullItem> items) {
+  return Issue(CallKind::kPushPull, CallItems(std::move(items)), /*run_one_inline=*/false);
+}
+
+absl::Status ParameterServerBase::Push(std::vector<PushSource> items) {
+  return Issue(CallKind::kPush, CallItems(std::move(items)), /*run_one_inline=*/true).Wait();
+}
+
+absl::Status ParameterServerBase::Pull(std::vector<PullTarget> items) {
+  return Issue(CallKind::kPull, CallItems(std::move(items)), /*run_one_inline=*/true).Wait();
+}
+
+absl::Status ParameterServerBase::PushPull(std::vector<PushPullItem> items) {
+  return Issue(CallKind::kPushPull, CallItems(std::move(items)), /*run_one_inline=*/true).Wait();
+}
+
 }  // namespace kvstore
 }  // namespace dtrain

@@ -208,6 +208,25 @@ class ParameterServer {
   }
 };
 
+// For implementations: a ParameterServer whose six data calls (Push, Pull,
+// PushPull, blocking and asynchronous) are one, Issue, given the call's
+// items in one form (CallItems).
+class ParameterServerBase : public ParameterServer {
+ public:
+  Work PushAsync(std::vector<PushSource> items) final;
+  Work PullAsync(std::vector<PullTarget> items) final;
+  Work PushPullAsync(std::vector<PushPullItem> items) final;
+  absl::Status Push(std::vector<PushSource> items) final;
+  absl::Status Pull(std::vector<PullTarget> items) final;
+  absl::Status PushPull(std::vector<PushPullItem> items) final;
+
+ protected:
+  // Starts a call of `kind`. With `run_one_inline` (the blocking forms) the
+  // implementation may run (a part of) it on the calling thread, which then
+  // waits for the returned Work.
+  virtual Work Issue(CallKind kind, std::vector<CallItem> items, bool run_one_inline) = 0;
+};
+
 }  // namespace kvstore
 }  // namespace dtrain
 
