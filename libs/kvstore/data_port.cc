@@ -707,14 +707,18 @@ void DataPortServer::AcceptLoop(int listen_fd, bool unix_socket) {
 
 void DataPortServer::Serve(std::unique_ptr<DataConn> conn, int id) {
   const int fd = static_cast<FdConn*>(conn.get())->fd();
+  // The connection no longer counts against max_connections: once it ends,
+  // or before a refusal is written (a client that reads it may dial again
+  // at once).
   struct Ended {
     DataPortServer* s;
     int id;
-    ~Ended() {
+    void Release() {
       absl::MutexLock lock(&s->mu_);
       auto it = s->conns_.find(id);
       if (it != s->conns_.end()) it->second.conn = nullptr;
     }
+    ~Ended() { Release(); }
   } ended{this, id};
   // The handshake and HELLO within 10 s.
   SetTimeouts(fd, absl::Seconds(10));
@@ -731,6 +735,7 @@ void DataPortServer::Serve(std::unique_ptr<DataConn> conn, int id) {
   if (conn->kind() == DataConn::Kind::kUnix) {
     absl::Status peer = CheckPeerUid(fd, "client");
     if (!peer.ok()) {
+      ended.Release();
       (void)WriteError(*conn, static_cast<uint16_t>(DataOp::kHello), 0, peer);
       return;
     }
@@ -759,6 +764,7 @@ void DataPortServer::Serve(std::unique_ptr<DataConn> conn, int id) {
       h = absl::InvalidArgumentError("data port: HELLO carries no payload");
     }
     if (!h.ok()) {
+      ended.Release();
       (void)WriteError(*conn, static_cast<uint16_t>(DataOp::kHello), 0, h.status());
       return;
     }
@@ -806,6 +812,7 @@ void DataPortServer::Serve(std::unique_ptr<DataConn> conn, int id) {
     }
     if (!status.ok()) {
       DT_LOG(DEBUG) << "data port: refused " << who.ToString() << ": " << status;
+      ended.Release();
       (void)WriteError(*conn, static_cast<uint16_t>(DataOp::kHello), h->request_id, status);
       return;
     }
