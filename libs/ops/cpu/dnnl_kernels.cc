@@ -919,9 +919,19 @@ struct BnGeom {
   int64_t c = 0;
   int64_t count = 0;  // elements per channel
   Tag tag() const { return dims.size() == 4 ? Tag::nchw : Tag::nc; }
+  // The primitive cache key of batch-norm op `id` on this geometry.
+  Key CacheKey(OpId id, int nthr, float eps) const {
+    return MakeKey(id, nthr, dims.size(), dims[0], dims[1], dims.size() == 4 ? dims[2] : 1,
+                   dims.size() == 4 ? dims[3] : 1, FloatBits(eps));
+  }
 };
 
+// Checks a batch-norm op's x, gamma and beta (f32, gamma and beta one value
+// per channel of x) and returns x's geometry.
 BnGeom MakeBnGeom(const char* op, const Tensor& x, const Tensor& gamma, const Tensor& beta) {
+  CheckF32(op, "x", x);
+  CheckF32(op, "gamma", gamma);
+  CheckF32(op, "beta", beta);
   DT_CHECK(x.ndim() == 4 || x.ndim() == 2)
       << op << ": x " << x.DebugString() << " (want [N,C,H,W] or [N,C])";
   BnGeom g;
@@ -932,6 +942,13 @@ BnGeom MakeBnGeom(const char* op, const Tensor& x, const Tensor& gamma, const Te
       << op << ": gamma " << gamma.DebugString() << ", beta " << beta.DebugString() << " for x "
       << x.DebugString();
   return g;
+}
+
+// An f32 tensor of x's shape (y, dy, dx).
+void CheckLikeX(const char* op, const char* name, const Tensor& t, const Tensor& x) {
+  CheckF32(op, name, t);
+  DT_CHECK(t.shape() == x.shape())
+      << op << ": " << name << " " << t.DebugString() << " for x " << x.DebugString();
 }
 
 void CheckChannels(const char* op, const char* name, const Tensor& t, int64_t c) {
@@ -955,13 +972,8 @@ void DnnlBatchNormTrain(const Tensor& x, const Tensor& gamma, const Tensor& beta
                         Tensor* saved_mean, Tensor* saved_inv_std) {
   const int nthr = CpuThreads();
   const char* op = "batch_norm_train";
-  CheckF32(op, "x", x);
-  CheckF32(op, "gamma", gamma);
-  CheckF32(op, "beta", beta);
-  CheckF32(op, "y", *y);
   const BnGeom g = MakeBnGeom(op, x, gamma, beta);
-  DT_CHECK(y->shape() == x.shape())
-      << op << ": y " << y->DebugString() << " for x " << x.DebugString();
+  CheckLikeX(op, "y", *y, x);
   CheckChannels(op, "saved_mean", *saved_mean, g.c);
   CheckChannels(op, "saved_inv_std", *saved_inv_std, g.c);
   if (running_mean != nullptr) CheckChannels(op, "running_mean", *running_mean, g.c);
@@ -970,9 +982,7 @@ void DnnlBatchNormTrain(const Tensor& x, const Tensor& gamma, const Tensor& beta
                         << " has one value per channel; training needs more";
   Guarded(op, [&] {
     ThreadContext& ctx = Context();
-    Key key = MakeKey(OpId::kBnTrain, nthr, g.dims.size(), g.dims[0], g.dims[1],
-                      g.dims.size() == 4 ? g.dims[2] : 1, g.dims.size() == 4 ? g.dims[3] : 1,
-                      FloatBits(eps));
+    Key key = g.CacheKey(OpId::kBnTrain, nthr, eps);
     Entry& e = ctx.Get(key, [&] {
       auto pd = BnTrainPd(g, eps, ctx.engine);
       auto e = std::make_unique<Entry>();
@@ -1012,21 +1022,14 @@ void DnnlBatchNormInference(const Tensor& x, const Tensor& gamma, const Tensor& 
                             Tensor* y) {
   const int nthr = CpuThreads();
   const char* op = "batch_norm_inference";
-  CheckF32(op, "x", x);
-  CheckF32(op, "gamma", gamma);
-  CheckF32(op, "beta", beta);
-  CheckF32(op, "y", *y);
   const BnGeom g = MakeBnGeom(op, x, gamma, beta);
-  DT_CHECK(y->shape() == x.shape())
-      << op << ": y " << y->DebugString() << " for x " << x.DebugString();
+  CheckLikeX(op, "y", *y, x);
   CheckChannels(op, "running_mean", running_mean, g.c);
   CheckChannels(op, "running_var", running_var, g.c);
   if (x.numel() == 0) return;
   Guarded(op, [&] {
     ThreadContext& ctx = Context();
-    Key key = MakeKey(OpId::kBnInference, nthr, g.dims.size(), g.dims[0], g.dims[1],
-                      g.dims.size() == 4 ? g.dims[2] : 1, g.dims.size() == 4 ? g.dims[3] : 1,
-                      FloatBits(eps));
+    Key key = g.CacheKey(OpId::kBnInference, nthr, eps);
     Entry& e = ctx.Get(key, [&] {
       dnnl::batch_normalization_forward::desc d(
           dnnl::prop_kind::forward_inference, Md(g.dims, g.tag()), eps,
@@ -1054,19 +1057,11 @@ void DnnlBatchNormBackward(const Tensor& x, const Tensor& dy, const Tensor& gamm
                            Tensor* dgamma, Tensor* dbeta) {
   const int nthr = CpuThreads();
   const char* op = "batch_norm_backward";
-  CheckF32(op, "x", x);
-  CheckF32(op, "dy", dy);
-  CheckF32(op, "gamma", gamma);
   const BnGeom g = MakeBnGeom(op, x, gamma, gamma);
-  DT_CHECK(dy.shape() == x.shape())
-      << op << ": dy " << dy.DebugString() << " for x " << x.DebugString();
+  CheckLikeX(op, "dy", dy, x);
   CheckChannels(op, "saved_mean", saved_mean, g.c);
   CheckChannels(op, "saved_inv_std", saved_inv_std, g.c);
-  if (dx != nullptr) {
-    CheckF32(op, "dx", *dx);
-    DT_CHECK(dx->shape() == x.shape())
-        << op << ": dx " << dx->DebugString() << " for x " << x.DebugString();
-  }
+  if (dx != nullptr) CheckLikeX(op, "dx", *dx, x);
   if (dgamma != nullptr) CheckChannels(op, "dgamma", *dgamma, g.c);
   if (dbeta != nullptr) CheckChannels(op, "dbeta", *dbeta, g.c);
   if (dx == nullptr && dgamma == nullptr && dbeta == nullptr) return;
@@ -1077,8 +1072,7 @@ void DnnlBatchNormBackward(const Tensor& x, const Tensor& dy, const Tensor& gamm
     // eps = 0 and var = 1 / inv_std^2 (the forward's var + eps), so that the
     // backward uses the forward's inv_std up to rounding, whatever its eps.
     constexpr float kEps = 0.0f;
-    Key key = MakeKey(OpId::kBnBwd, nthr, g.dims.size(), g.dims[0], g.dims[1],
-                      g.dims.size() == 4 ? g.dims[2] : 1, g.dims.size() == 4 ? g.dims[3] : 1);
+    Key key = g.CacheKey(OpId::kBnBwd, nthr, kEps);
     Entry& e = ctx.Get(key, [&] {
       auto hint = BnTrainPd(g, kEps, ctx.engine);
       memory::desc data = Md(g.dims, g.tag());
