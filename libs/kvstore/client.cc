@@ -855,7 +855,7 @@ struct KVClient::DataPool {
   // shard is down): gRPC until then.
   absl::Time skip_until ABSL_GUARDED_BY(mu) = absl::InfinitePast();
   DataPortAddress address ABSL_GUARDED_BY(mu);
-  std::vector<std::unique_ptr<DataPortConnection>> idle ABSL_GUARDED_BY(mu);
+  IdleDataConns idle ABSL_GUARDED_BY(mu){16};
 };
 
 namespace {
@@ -894,10 +894,14 @@ absl::StatusOr<std::unique_ptr<DataPortConnection>> KVClient::TakeDataConn(
     pool = p.get();
   }
   absl::MutexLock lock(&pool->mu);
-  if (!pool->idle.empty()) {
-    std::unique_ptr<DataPortConnection> conn = std::move(pool->idle.back());
-    pool->idle.pop_back();
-    return conn;
+  bool closed = false;
+  std::unique_ptr<DataPortConnection> idle = pool->idle.Take(&closed);
+  if (idle != nullptr) return idle;
+  if (closed) {
+    // The shard closed them: it restarted (maybe on another port) or shut
+    // down. Ask for its data port again.
+    pool->discovered = false;
+    pool->unix_failed = false;
   }
   if (absl::Now() < pool->skip_until) return nullptr;
   if (!pool->discovered) {
@@ -973,7 +977,7 @@ void KVClient::ReturnDataConn(const std::string& address,
     pool = data_pools_[address].get();
   }
   absl::MutexLock lock(&pool->mu);
-  if (pool->idle.size() < 16) pool->idle.push_back(std::move(conn));
+  pool->idle.Put(std::move(conn));
 }
 
 // A data port request sent and not yet answered.
@@ -995,7 +999,7 @@ struct KVClient::PendingData {
       absl::MutexLock lock(&client->data_mu_);
       DataPool* pool = client->data_pools_[address].get();
       absl::MutexLock pool_lock(&pool->mu);
-      pool->idle.clear();
+      pool->idle.Clear();
       pool->discovered = false;
       pool->unix_failed = false;
     }

@@ -1054,6 +1054,24 @@ absl::StatusOr<std::unique_ptr<DataPortConnection>> DataPortConnection::Dial(
   return c;
 }
 
+std::unique_ptr<DataPortConnection> IdleDataConns::Take(bool* peer_closed) {
+  const absl::Time now = absl::Now();
+  while (!idle_.empty()) {
+    Idle last = std::move(idle_.back());
+    idle_.pop_back();
+    if (now - last.since >= kCheckAfter && last.conn->PeerClosed()) {
+      *peer_closed = true;
+      continue;
+    }
+    return std::move(last.conn);
+  }
+  return nullptr;
+}
+
+void IdleDataConns::Put(std::unique_ptr<DataPortConnection> conn) {
+  if (idle_.size() < capacity_) idle_.push_back({std::move(conn), absl::Now()});
+}
+
 DataPortConnection::~DataPortConnection() {
   if (segment_ != nullptr) munmap(segment_, segment_bytes_);
   if (segment_fd_ >= 0) close(segment_fd_);

@@ -292,6 +292,8 @@ class DataPortConnection {
   absl::Status ReadPayload(char* dst, size_t n);
   // Ends a blocked call (from any thread); the connection is then unusable.
   void Shutdown() { conn_->Shutdown(); }
+  // Whether the server closed its end (one poll; reads nothing).
+  bool PeerClosed() { return conn_->PeerClosed(); }
 
  private:
   DataPortConnection() = default;
@@ -306,6 +308,50 @@ class DataPortConnection {
   int segment_fd_ = -1;
   char* segment_ = nullptr;
   uint64_t segment_bytes_ = 0;
+};
+
+// The idle connections to one server that later requests reuse (the
+// client's pool per shard address, a replica's link to its successor). A
+// connection the server closed while it sat idle (the server restarted, or
+// shut down) is dropped when taken instead of failing the request that
+// would have used it, and the taker learns of it so that it asks the server
+// for its data port again (a restarted one listens elsewhere).
+//
+//   IdleDataConns idle(/*capacity=*/4);
+//   bool closed = false;
+//   std::unique_ptr<DataPortConnection> conn = idle.Take(&closed);
+//   if (closed) { /* rediscover the address */ }
+//   if (conn == nullptr) { /* dial */ }
+//   ...  // one request and its reply
+//   idle.Put(std::move(conn));
+//
+// Thread-safety: none; its owner locks.
+class IdleDataConns {
+ public:
+  // Connections reused within this of their last request are not checked:
+  // they just worked, and a server gone since is a failure like any other
+  // (its request fails and is retried).
+  static constexpr absl::Duration kCheckAfter = absl::Milliseconds(1);
+
+  explicit IdleDataConns(size_t capacity) : capacity_(capacity) {}
+
+  // An idle connection whose server has not closed it, the most recently
+  // used first, or null. `*peer_closed` becomes true when closed ones were
+  // dropped.
+  std::unique_ptr<DataPortConnection> Take(bool* peer_closed);
+  // Keeps `conn` (after a complete request and reply) unless `capacity`
+  // are idle already.
+  void Put(std::unique_ptr<DataPortConnection> conn);
+  void Clear() { idle_.clear(); }
+  size_t size() const { return idle_.size(); }
+
+ private:
+  struct Idle {
+    std::unique_ptr<DataPortConnection> conn;
+    absl::Time since;
+  };
+  const size_t capacity_;
+  std::vector<Idle> idle_;
 };
 
 // For tests of hostile peers: a raw connection to a data port (no HELLO).

@@ -233,6 +233,36 @@ TEST_F(DataPortTest, TokensAreCheckedAndBindTheConnectionToTheirJob) {
 // socket at the advertised path that answers with another instance (a
 // server of another container sharing /tmp) is refused, and a client whose
 // discovery named another instance uses TCP.
+// An idle connection is handed out again while its server keeps it; once
+// the server closed it (a restart, a shutdown) it is dropped when taken and
+// the taker is told (to ask for the data port again), on both transports.
+TEST_F(DataPortTest, IdleConnectionsTheServerClosedAreDroppedWhenTaken) {
+  IdleDataConns idle(2);
+  for (const DataPortAddress& where : {tcp_, unix_}) {
+    auto c = DialAs(where, "a");
+    ASSERT_TRUE(c.ok()) << c.status();
+    const DataPortConnection* dialed = c->get();
+    idle.Put(*std::move(c));
+    absl::SleepFor(2 * IdleDataConns::kCheckAfter);  // old enough to be checked
+    bool closed = false;
+    std::unique_ptr<DataPortConnection> taken = idle.Take(&closed);
+    EXPECT_EQ(taken.get(), dialed);
+    EXPECT_FALSE(closed);
+    idle.Put(std::move(taken));
+  }
+  auto extra = DialAs(tcp_, "a");
+  ASSERT_TRUE(extra.ok()) << extra.status();
+  idle.Put(*std::move(extra));  // over capacity: not kept
+  EXPECT_EQ(idle.size(), 2u);
+  ASSERT_TRUE(server_->Shutdown(absl::ZeroDuration()).ok());
+  server_.reset();
+  absl::SleepFor(2 * IdleDataConns::kCheckAfter);
+  bool closed = false;
+  EXPECT_EQ(idle.Take(&closed), nullptr);
+  EXPECT_TRUE(closed);
+  EXPECT_EQ(idle.size(), 0u);
+}
+
 TEST_F(DataPortTest, ASocketOfAnotherServerIsRefused) {
   const DataPortTls tls = TlsOf(dir_, "trainer-0");
   const std::string instance = server_->data_port_instance();

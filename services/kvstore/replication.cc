@@ -71,7 +71,7 @@ struct DataPortReplicaLink::Peer {
   std::string ticket ABSL_GUARDED_BY(mu);
   bool unix_failed ABSL_GUARDED_BY(mu) = false;   // TCP until the next discovery
   bool values_apart ABSL_GUARDED_BY(mu) = false;  // DataPortResponse.replicate_values_apart
-  std::vector<std::unique_ptr<DataPortConnection>> idle ABSL_GUARDED_BY(mu);
+  IdleDataConns idle ABSL_GUARDED_BY(mu){4};
 };
 
 DataPortReplicaLink::DataPortReplicaLink(absl::Duration timeout, absl::Duration spin)
@@ -107,6 +107,11 @@ absl::StatusOr<v1::ReplicateReply> DataPortReplicaLink::Replicate(
   bool values_apart = false;
   {
     absl::MutexLock lock(&peer->mu);
+    bool closed = false;
+    conn = peer->idle.Take(&closed);
+    // The successor closed them: it restarted (maybe on another port) or
+    // shut down. Ask for its data port again.
+    if (closed) peer->discovered = false;
     if (!peer->discovered) {
       auto stub = v1::KVStore::NewStub(rpc::NewChannel(address));
       grpc::ClientContext ctx;
@@ -136,10 +141,6 @@ absl::StatusOr<v1::ReplicateReply> DataPortReplicaLink::Replicate(
     ticket = peer->ticket;
     values_apart = peer->values_apart;
     try_unix = !where.unix_socket.empty() && !peer->unix_failed;
-    if (!peer->idle.empty()) {
-      conn = std::move(peer->idle.back());
-      peer->idle.pop_back();
-    }
   }
   if (where.tcp_port == 0 && !try_unix) {
     Count("grpc");
@@ -147,7 +148,7 @@ absl::StatusOr<v1::ReplicateReply> DataPortReplicaLink::Replicate(
   }
   auto forget = [&](const absl::Status& s) {
     absl::MutexLock lock(&peer->mu);
-    peer->idle.clear();
+    peer->idle.Clear();
     peer->discovered = false;  // it may come back on another port
     return absl::Status(s.code(),
                         absl::StrCat("data port REPLICATE to ", address, ": ", s.message()));
@@ -207,7 +208,7 @@ absl::StatusOr<v1::ReplicateReply> DataPortReplicaLink::Replicate(
     return forget(absl::DataLossError("unparsable ReplicateReply"));
   }
   absl::MutexLock lock(&peer->mu);
-  if (peer->idle.size() < 4) peer->idle.push_back(std::move(conn));
+  peer->idle.Put(std::move(conn));
   return reply;
 }
 

@@ -111,6 +111,7 @@ class ReplicationTest : public ::testing::Test {
 
   std::unique_ptr<KVStoreServer> StartReplica(int replica) {
     ServerOptions o;
+    o.listen = listen_;
     o.data_socket = data_socket_;
     o.scheduler = absl::StrCat("127.0.0.1:", owner_port_);
     o.shard_index = 0;
@@ -256,9 +257,10 @@ class ReplicationTest : public ::testing::Test {
   int owner_port_ = 0;
   std::unique_ptr<grpc::Server> owner_server_;
   std::vector<std::unique_ptr<KVStoreServer>> replicas_;
-  std::string data_socket_ = "auto";  // the replicas' ServerOptions.data_socket
-  bool unusable_socket_ = false;      // their socket files removed after start
-  bool callback_data_ = false;        // their ServerOptions.callback_data
+  std::string listen_ = "127.0.0.1:0";  // the replicas' ServerOptions.listen
+  std::string data_socket_ = "auto";    // the replicas' ServerOptions.data_socket
+  bool unusable_socket_ = false;        // their socket files removed after start
+  bool callback_data_ = false;          // their ServerOptions.callback_data
   DataPath client_data_path_ = DataPath::kAuto;
   v1::KvstoreHeartbeatRequest a_, b_;
 };
@@ -361,6 +363,38 @@ TEST_F(ReplicationTest, TheHeadDiesMidJobAndNoPushIsLostOrAppliedTwice) {
   EXPECT_EQ((*joined)[0].bytes.view(), (*head)[0].bytes.view());
   std::fprintf(stderr, "failover: rounds 5-10 took %s after the head went away\n",
                absl::FormatDuration(failover).c_str());
+}
+
+// A successor restarted at the same address (a new process: another
+// incarnation, data port and socket) gets the head's state on the first
+// try: the link drops the idle connections the old process closed and asks
+// the address for its data port again, instead of failing a batch on them.
+TEST_F(ReplicationTest, ASuccessorRestartedAtTheSameAddressTakesTheStateOnTheFirstTry) {
+  const std::vector<std::vector<float>> ref = Reference(4);
+  std::vector<std::unique_ptr<KVClient>> clients = StartChainOfTwo();
+  std::vector<std::vector<float>> got;
+  Rounds(clients, 1, 2, &got);
+  ASSERT_FALSE(HasFatalFailure());
+  ASSERT_EQ(replicas_[0]->replicator()->stats().send_failures, 0);
+  listen_ = replicas_[1]->local_address();
+  replicas_[1].reset();  // closes its connections, the head's idle link among them
+  replicas_[1] = StartReplica(1);
+  ASSERT_NE(replicas_[1], nullptr);
+  ASSERT_EQ(replicas_[1]->local_address(), listen_);
+  v1::KvstoreHeartbeatRequest b = owner_.Await(1, [&](const v1::KvstoreHeartbeatRequest& hb) {
+    return hb.incarnation() != b_.incarnation();
+  });
+  owner_.Publish(Chain({Member(a_, v1::REPLICA_ACTIVE), Member(b, v1::REPLICA_JOINING)}));
+  owner_.Await(0, [&](const v1::KvstoreHeartbeatRequest& hb) {
+    return hb.caught_up_replica() == 1 && hb.caught_up_incarnation() == b.incarnation();
+  });
+  EXPECT_EQ(replicas_[0]->replicator()->stats().send_failures, 0);
+  owner_.Publish(Chain({Member(a_, v1::REPLICA_ACTIVE), Member(b, v1::REPLICA_ACTIVE)}));
+  Rounds(clients, 3, 4, &got);
+  for (size_t i = 0; i < ref.size(); ++i) {
+    EXPECT_EQ(std::memcmp(got[i].data(), ref[i].data(), ref[i].size() * 4), 0) << i;
+  }
+  ExpectReplicasHoldTheSameValues();
 }
 
 TEST_F(ReplicationTest, AHeadWaitingForADeadSuccessorStillShutsDownInTime) {
