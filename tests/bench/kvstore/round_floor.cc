@@ -1,6 +1,6 @@
 // round_floor: what this machine allows for kvstore_bench's small rounds.
 //
-//   bazel run //tests/bench/kvstore:round_floor -- --workers=2 --replicas=1,2 \
+//   bazel run //tests/bench/kvstore:round_floor -- --workers=2 --replicas=1,2
 //       [--spin_us=0,20,50,200] [--cohost]
 //
 // Runs the processes and messages of a kvstore_bench round with no work in
