@@ -21,10 +21,19 @@ struct GemmPeakOptions {
   int n = 1024;     // matrix size
   int reps = 10;    // timed products (after one untimed); the best counts
   int threads = 1;  // CPU kernel threads (SetCpuThreads)
+  // HostGemmPeakFlops keeps a figure for later callers only if its product
+  // ran on the CPU for at least this share of its wall time (times
+  // `threads`): below it, other work took the cores (a busy host) and the
+  // figure reads low. 0: always keep it.
+  double min_cpu_share = 0.9;
 };
 
-// CPU only. Errors: InvalidArgument for a non-positive option.
-absl::StatusOr<double> MeasureGemmPeakFlops(const GemmPeakOptions& options);
+// CPU only. Errors: InvalidArgument for a non-positive option. `cpu_share`,
+// if set: the CPU time this process got during the best product over its
+// wall time times `threads` (about 1 with the cores to itself, lower when
+// other processes competed for them).
+absl::StatusOr<double> MeasureGemmPeakFlops(const GemmPeakOptions& options,
+                                            double* cpu_share = nullptr);
 
 // MeasureGemmPeakFlops once per host and boot for every process of this uid
 // that asks: the first measures while it holds a lock on the figure's cache
@@ -38,7 +47,11 @@ absl::StatusOr<double> MeasureGemmPeakFlops(const GemmPeakOptions& options);
 // boot id and the figure. A directory that is not this uid's and private,
 // or a file that does not parse or is from another boot, is not used: the
 // figure is then measured here (and written, where the directory is
-// usable). `from_cache`, if set, says whether the figure was read.
+// usable). A figure measured while other processes held the cores (its
+// cpu_share below options.min_cpu_share) is returned but not written, so
+// the next caller measures again instead of every later one reading a low
+// figure until the next boot. `from_cache`, if set, says whether the
+// figure was read.
 absl::StatusOr<double> HostGemmPeakFlops(const GemmPeakOptions& options,
                                          const std::string& cache_dir = "",
                                          bool* from_cache = nullptr);

@@ -1,13 +1,19 @@
 #include "libs/ops/peak.h"
 
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cstdint>
 #include <cstdlib>
 #include <fstream>
+#include <iterator>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 
@@ -34,7 +40,9 @@ std::string TempDir(const char* name) {
   return dir;
 }
 
-constexpr GemmPeakOptions kSmall{.n = 128, .reps = 2, .threads = 1};
+// These tests are about the cache: their figures are kept however busy the
+// machine running them is (min_cpu_share 0).
+constexpr GemmPeakOptions kSmall{.n = 128, .reps = 2, .threads = 1, .min_cpu_share = 0};
 
 TEST(HostGemmPeakTest, TheFirstCallerMeasuresAndTheNextReadsItsFigure) {
   const std::string dir = TempDir("peak-cache");
@@ -48,7 +56,7 @@ TEST(HostGemmPeakTest, TheFirstCallerMeasuresAndTheNextReadsItsFigure) {
   EXPECT_EQ(*second, *first);
   // Another size or thread count is another figure.
   absl::StatusOr<double> other =
-      HostGemmPeakFlops({.n = 96, .reps = 2, .threads = 1}, dir, &cached);
+      HostGemmPeakFlops({.n = 96, .reps = 2, .threads = 1, .min_cpu_share = 0}, dir, &cached);
   ASSERT_TRUE(other.ok());
   EXPECT_FALSE(cached);
 }
@@ -90,6 +98,61 @@ TEST(HostGemmPeakTest, ADirectoryOthersMayWriteIsNotUsed) {
   ASSERT_TRUE(HostGemmPeakFlops(kSmall, dir, &cached).ok());
   EXPECT_FALSE(cached) << "a figure another user could have written was read";
   EXPECT_NE(access((dir + "/gemm-peak-n128-t1").c_str(), F_OK), 0) << "the cache was written";
+}
+
+// Processes spinning on every core (3 per core) for the test's duration.
+class BusyCores {
+ public:
+  BusyCores() {
+    const unsigned n = 3 * std::max(1u, std::thread::hardware_concurrency());
+    for (unsigned i = 0; i < n; ++i) {
+      const pid_t pid = fork();
+      if (pid == 0) {
+        for (volatile uint64_t x = 0;; x = x + 1) {
+        }
+      }
+      if (pid > 0) pids_.push_back(pid);
+    }
+  }
+  ~BusyCores() {
+    for (pid_t pid : pids_) kill(pid, SIGKILL);
+    for (pid_t pid : pids_) waitpid(pid, nullptr, 0);
+  }
+  size_t count() const { return pids_.size(); }
+
+ private:
+  std::vector<pid_t> pids_;
+};
+
+// A figure measured while other processes hold the cores reads low; it is
+// returned but not kept, so the next caller measures again (here once the
+// cores are free, and keeps its figure).
+TEST(HostGemmPeakTest, AFigureMeasuredWhileOtherProcessesHoldTheCoresIsNotKept) {
+  const std::string dir = TempDir("peak-busy");
+  // Products long enough to span several of the scheduler's time slices.
+  const GemmPeakOptions options{.n = 1024, .reps = 2, .threads = 1, .min_cpu_share = 0.9};
+  const std::string file = dir + "/gemm-peak-n1024-t1";
+  bool cached = true;
+  {
+    BusyCores busy;
+    ASSERT_GE(busy.count(), 3u);
+    double share = 1;
+    ASSERT_TRUE(MeasureGemmPeakFlops(options, &share).ok());
+    EXPECT_LT(share, 0.9) << "the spinning processes did not take the cores";
+    absl::StatusOr<double> peak = HostGemmPeakFlops(options, dir, &cached);
+    ASSERT_TRUE(peak.ok()) << peak.status();
+    EXPECT_FALSE(cached);
+    EXPECT_GT(*peak, 0);
+    std::ifstream in(file);
+    const std::string kept((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    EXPECT_EQ(kept, "") << "a figure measured on busy cores was kept";
+  }
+  GemmPeakOptions keep = options;
+  keep.min_cpu_share = 0;  // however busy the machine running this test is
+  ASSERT_TRUE(HostGemmPeakFlops(keep, dir, &cached).ok());
+  EXPECT_FALSE(cached);
+  ASSERT_TRUE(HostGemmPeakFlops(keep, dir, &cached).ok());
+  EXPECT_TRUE(cached);
 }
 
 }  // namespace

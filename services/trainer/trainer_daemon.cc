@@ -186,7 +186,8 @@ ABSL_FLAG(double, peak_gflops_per_thread, -1,
           "the peak GFLOP/s of one CPU kernel thread for jobs' MFU; -1: measure it at start (an "
           "f32 GEMM, libs/ops/peak.h; about 0.1 s on a quiet machine, more on a busy one, which "
           "then reads low; once per host and boot, shared by this uid's trainers through "
-          "$XDG_RUNTIME_DIR/dtrain or /tmp/dtrain-<uid>), 0: report no MFU");
+          "$XDG_RUNTIME_DIR/dtrain or /tmp/dtrain-<uid>, except a figure measured while other "
+          "processes held the cores, which the next trainer measures again), 0: report no MFU");
 ABSL_FLAG(std::string, metrics_listen, "",
           "Prometheus /metrics address, e.g. :9402 or 127.0.0.1:0 (empty: no endpoint)");
 ABSL_FLAG(std::string, health_listen, "",
