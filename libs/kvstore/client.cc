@@ -856,6 +856,14 @@ struct KVClient::DataPool {
   absl::Time skip_until ABSL_GUARDED_BY(mu) = absl::InfinitePast();
   DataPortAddress address ABSL_GUARDED_BY(mu);
   IdleDataConns idle ABSL_GUARDED_BY(mu){16};
+
+  // The shard went away or restarted (maybe on another port): its data
+  // port is asked for again.
+  void Forget() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    idle.Clear();
+    discovered = false;
+    unix_failed = false;
+  }
 };
 
 namespace {
@@ -897,12 +905,7 @@ absl::StatusOr<std::unique_ptr<DataPortConnection>> KVClient::TakeDataConn(
   bool closed = false;
   std::unique_ptr<DataPortConnection> idle = pool->idle.Take(&closed);
   if (idle != nullptr) return idle;
-  if (closed) {
-    // The shard closed them: it restarted (maybe on another port) or shut
-    // down. Ask for its data port again.
-    pool->discovered = false;
-    pool->unix_failed = false;
-  }
+  if (closed) pool->Forget();  // the shard closed them: restarted or shut down
   if (absl::Now() < pool->skip_until) return nullptr;
   if (!pool->discovered) {
     auto stub = v1::KVStore::NewStub(channel);
@@ -999,9 +1002,7 @@ struct KVClient::PendingData {
       absl::MutexLock lock(&client->data_mu_);
       DataPool* pool = client->data_pools_[address].get();
       absl::MutexLock pool_lock(&pool->mu);
-      pool->idle.Clear();
-      pool->discovered = false;
-      pool->unix_failed = false;
+      pool->Forget();
     }
     const char* method = op == Op::kPush ? "Push" : op == Op::kPull ? "Pull" : "PushPull";
     return absl::Status(s.code(),
