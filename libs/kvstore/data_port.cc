@@ -791,19 +791,22 @@ void DataPortServer::Serve(std::unique_ptr<DataConn> conn, int id) {
         who.role = security::Role::kKvstore;
       }
     }
+    int workers = 0;  // the job's trainers, as its token says
     if (status.ok()) {
-      absl::StatusOr<absl::optional<std::string>> bound = handler_->Hello(who, hello, conn->kind());
-      if (bound.ok()) {
-        scope = *bound;
-      } else {
+      absl::StatusOr<absl::optional<security::JobGrant>> bound =
+          handler_->Hello(who, hello, conn->kind());
+      if (!bound.ok()) {
         status = bound.status();
+      } else if (bound->has_value()) {
+        scope = (*bound)->job;
+        workers = (*bound)->workers;
       }
     }
     // A job's connections count against its cap (its client then uses
     // gRPC); a replica link names no job.
     const std::string& job = scope.has_value() ? *scope : hello.job();
     if (status.ok() && !job.empty()) {
-      absl::StatusOr<JobLimiter::Hold> hold = connections_per_job_->Acquire(job);
+      absl::StatusOr<JobLimiter::Hold> hold = connections_per_job_->Acquire(job, workers);
       if (hold.ok()) {
         job_hold = std::move(*hold);
       } else {

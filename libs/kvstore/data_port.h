@@ -54,6 +54,7 @@
 #include "libs/kvstore/data_port_frame.h"
 #include "libs/kvstore/job_limiter.h"
 #include "libs/security/identity.h"
+#include "libs/security/job_token.h"
 
 namespace dtrain {
 namespace kvstore {
@@ -121,7 +122,8 @@ struct DataPortServerOptions {
   // Connections served at once (both kinds); one more is refused with
   // RESOURCE_EXHAUSTED (its client falls back to gRPC).
   int max_connections = 256;
-  // Of those, connections bound to one job (its HELLO's token): one more is
+  // Of those, connections bound to one job (its HELLO's token), or
+  // JobLimiter::kPerWorker per trainer the token names if more: one more is
   // refused the same way, so one job cannot take them all. 0: no cap.
   int max_connections_per_job = 128;
   // After answering a REPLICATE frame, how long the connection's thread
@@ -164,11 +166,11 @@ class DataPortHandler {
   virtual ~DataPortHandler() = default;
   // A connection's HELLO from `who` (its certificate's identity; for a Unix
   // peer of this uid a trainer named after it, or a kvstore peer when it
-  // presented the replica ticket): the job the connection is
-  // bound to (nullopt: unconfined), or why it is refused.
-  virtual absl::StatusOr<absl::optional<std::string>> Hello(const security::Identity& who,
-                                                            const v1::DataHello& hello,
-                                                            DataConn::Kind kind) = 0;
+  // presented the replica ticket): what its token grants, the job the
+  // connection is bound to (nullopt: unconfined), or why it is refused.
+  virtual absl::StatusOr<absl::optional<security::JobGrant>> Hello(const security::Identity& who,
+                                                                   const v1::DataHello& hello,
+                                                                   DataConn::Kind kind) = 0;
   // Runs one request; fills `reply` when OK.
   virtual absl::Status Handle(const DataRequest& request, DataReply* reply) = 0;
 };

@@ -1,5 +1,7 @@
 #include "libs/kvstore/job_limiter.h"
 
+#include <algorithm>
+#include <cstdint>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -26,14 +28,15 @@ JobLimiter::Hold::~Hold() {
   if (limiter_ != nullptr) limiter_->Release(job_);
 }
 
-absl::StatusOr<JobLimiter::Hold> JobLimiter::Acquire(const std::string& job) {
+absl::StatusOr<JobLimiter::Hold> JobLimiter::Acquire(const std::string& job, int workers) {
   if (cap_ <= 0) return Hold();
+  const int64_t cap = std::max<int64_t>(cap_, int64_t{kPerWorker} * std::max(workers, 0));
   absl::MutexLock lock(&mu_);
   int& n = in_use_[job];
-  if (n >= cap_) {
-    return absl::ResourceExhaustedError(absl::StrCat("job '", job, "' has ", n, " ", what_,
-                                                     " on this kvstore shard, its cap (", knob_,
-                                                     "); wait for them to end, or raise the cap"));
+  if (n >= cap) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "job '", job, "' has ", n, " ", what_, " on this kvstore shard, its cap (", knob_, ", or ",
+        kPerWorker, " per trainer of its ", workers, "); wait for them to end, or raise the cap"));
   }
   ++n;
   return Hold(this, job);

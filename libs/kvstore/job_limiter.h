@@ -5,8 +5,14 @@
 // still find threads. Thread-safe.
 //
 //   JobLimiter calls(128, "calls in flight", "--max_calls_per_job");
-//   DT_ASSIGN_OR_RETURN(JobLimiter::Hold hold, calls.Acquire(job));
+//   DT_ASSIGN_OR_RETURN(JobLimiter::Hold hold, calls.Acquire(grant.job, grant.workers));
 //   ...  // the call; `hold` gives its place back when destroyed
+//
+// A job of many trainers needs more at once (each holds a pull for its
+// round while it pushes): its cap is the larger of `cap` and kPerWorker per
+// trainer its token names (security::JobGrant::workers, which the
+// scheduler signs), so a job of over cap / kPerWorker trainers is not
+// refused by its own size.
 #ifndef DTRAIN_LIBS_KVSTORE_JOB_LIMITER_H_
 #define DTRAIN_LIBS_KVSTORE_JOB_LIMITER_H_
 
@@ -21,8 +27,12 @@ namespace kvstore {
 
 class JobLimiter {
  public:
-  // At most `cap` at once per job (0: no cap). `what` names the resource
-  // and `knob` the setting that raises the cap, in errors.
+  // Places per trainer of a job.
+  static constexpr int kPerWorker = 4;
+
+  // At most `cap` at once per job (0: no cap), or kPerWorker per trainer
+  // where that is more. `what` names the resource and `knob` the setting
+  // that raises the cap, in errors.
   JobLimiter(int cap, std::string what, std::string knob);
   JobLimiter(const JobLimiter&) = delete;
   JobLimiter& operator=(const JobLimiter&) = delete;
@@ -42,9 +52,10 @@ class JobLimiter {
     std::string job_;
   };
 
-  // A place for `job`: kResourceExhausted, naming the job, the cap and the
-  // knob, when the job holds `cap` already.
-  absl::StatusOr<Hold> Acquire(const std::string& job);
+  // A place for `job`, an attempt of `workers` trainers (0: unknown):
+  // kResourceExhausted, naming the job, the cap and the knob, when the job
+  // holds its cap already.
+  absl::StatusOr<Hold> Acquire(const std::string& job, int workers = 0);
   // Places `job` holds now.
   int InUse(const std::string& job) const;
 

@@ -26,6 +26,27 @@ TEST(JobLimiterTest, AJobAtItsCapIsRefusedAndOtherJobsAreNot) {
   EXPECT_EQ(limiter.InUse("b"), 0) << "b's hold was a temporary, given back";
 }
 
+// A job whose token names many trainers gets kPerWorker places per
+// trainer where that is more than the cap; a small or unsaid one gets the
+// cap.
+TEST(JobLimiterTest, AJobOfManyTrainersGetsPlacesPerTrainer) {
+  JobLimiter limiter(2, "calls in flight", "--max_calls_per_job");
+  const int workers = 3;
+  std::vector<JobLimiter::Hold> held;
+  for (int i = 0; i < JobLimiter::kPerWorker * workers; ++i) {
+    absl::StatusOr<JobLimiter::Hold> h = limiter.Acquire("big", workers);
+    ASSERT_TRUE(h.ok()) << i << ": " << h.status();
+    held.push_back(*std::move(h));
+  }
+  absl::StatusOr<JobLimiter::Hold> over = limiter.Acquire("big", workers);
+  ASSERT_TRUE(absl::IsResourceExhausted(over.status())) << over.status();
+  EXPECT_NE(over.status().message().find("4 per trainer of its 3"), std::string::npos)
+      << over.status();
+  for (int i = 0; i < 2; ++i) held.push_back(*limiter.Acquire("unsaid", 0));
+  EXPECT_FALSE(limiter.Acquire("unsaid", 0).ok()) << "a token without a count gets the cap";
+  EXPECT_EQ(limiter.InUse("big"), JobLimiter::kPerWorker * workers);
+}
+
 TEST(JobLimiterTest, AHoldGivesItsPlaceBackOnceWhenDestroyedOrMovedOver) {
   JobLimiter limiter(1, "connections", "--x");
   {

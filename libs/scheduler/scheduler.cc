@@ -408,7 +408,7 @@ absl::StatusOr<HeartbeatReply> Scheduler::Heartbeat(const HeartbeatRequest& requ
             options_.job_token_secret,
             security::KvstoreJobName(a->job_id(), a->attempt(),
                                      KvstoreGeneration(a->spec(), jt->second.status.generation())),
-            options_.now() + options_.job_token_lifetime));
+            options_.now() + options_.job_token_lifetime, a->world_size()));
       }
       // Every job: a KVSTORE job's ranks meet over a host communicator too
       // when they recover in place.
@@ -438,7 +438,7 @@ absl::StatusOr<HeartbeatReply> Scheduler::Heartbeat(const HeartbeatRequest& requ
             options_.job_token_secret,
             security::KvstoreJobName(t.job_id, g->attempt(),
                                      KvstoreGeneration(jt->second.status.spec(), g->generation())),
-            options_.now() + options_.job_token_lifetime));
+            options_.now() + options_.job_token_lifetime, g->trainer_ids_size()));
       }
     }
   }

@@ -1508,16 +1508,18 @@ TEST_F(SchedulerTest, KvstoreJobRecoversInPlaceInAKvstoreJobOfItsGeneration) {
   std::string t1, t2;
   HeartbeatReply a1;
   ASSERT_NO_FATAL_FAILURE(PlaceOnTwoTrainers(s.get(), &t1, &t2, &a1));
+  // The kvstore job a token grants, and the world size it names.
   auto granted = [&](const std::string& token) {
-    absl::StatusOr<std::string> name = security::VerifyJobToken(o.job_token_secret, token, now_);
-    return name.ok() ? *name : name.status().ToString();
+    absl::StatusOr<security::JobGrant> g =
+        security::VerifyJobToken(o.job_token_secret, token, now_);
+    return g.ok() ? absl::StrCat(g->job, " workers=", g->workers) : g.status().ToString();
   };
-  EXPECT_EQ(granted(a1.assignments(0).kvstore_token()), job->id() + "-a1");
+  EXPECT_EQ(granted(a1.assignments(0).kvstore_token()), job->id() + "-a1 workers=2");
   const int r2 = 1 - a1.assignments(0).rank();
   HeartbeatReply joined, survivor;
   ASSERT_NO_FATAL_FAILURE(LoseRankToASpare(s.get(), job->id(), t1, t2, r2, &joined, &survivor));
-  EXPECT_EQ(granted(joined.assignments(0).kvstore_token()), job->id() + "-a1-g1");
-  EXPECT_EQ(granted(survivor.regroups(0).kvstore_token()), job->id() + "-a1-g1");
+  EXPECT_EQ(granted(joined.assignments(0).kvstore_token()), job->id() + "-a1-g1 workers=2");
+  EXPECT_EQ(granted(survivor.regroups(0).kvstore_token()), job->id() + "-a1-g1 workers=2");
 }
 
 // A KVSTORE job whose kvstore holds the weights (asynchronous): the spare
@@ -1535,17 +1537,19 @@ TEST_F(SchedulerTest, KvstoreJobWithKvstoreHeldWeightsRecoversInTheAttemptsKvsto
   std::string t1, t2;
   HeartbeatReply a1;
   ASSERT_NO_FATAL_FAILURE(PlaceOnTwoTrainers(s.get(), &t1, &t2, &a1));
+  // The kvstore job a token grants, and the world size it names.
   auto granted = [&](const std::string& token) {
-    absl::StatusOr<std::string> name = security::VerifyJobToken(o.job_token_secret, token, now_);
-    return name.ok() ? *name : name.status().ToString();
+    absl::StatusOr<security::JobGrant> g =
+        security::VerifyJobToken(o.job_token_secret, token, now_);
+    return g.ok() ? absl::StrCat(g->job, " workers=", g->workers) : g.status().ToString();
   };
   const int r2 = 1 - a1.assignments(0).rank();
   HeartbeatReply joined, survivor;
   absl::Time last_heartbeat;
   ASSERT_NO_FATAL_FAILURE(
       LoseRankToASpare(s.get(), job->id(), t1, t2, r2, &joined, &survivor, &last_heartbeat));
-  EXPECT_EQ(granted(joined.assignments(0).kvstore_token()), job->id() + "-a1");
-  EXPECT_EQ(granted(survivor.regroups(0).kvstore_token()), job->id() + "-a1");
+  EXPECT_EQ(granted(joined.assignments(0).kvstore_token()), job->id() + "-a1 workers=2");
+  EXPECT_EQ(granted(survivor.regroups(0).kvstore_token()), job->id() + "-a1 workers=2");
   const std::string spare = joined.assignments(0).trainer_ids(r2);
 
   // The replacement reports after its first step, 2 s later: the recovery

@@ -4,6 +4,7 @@
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
 
+#include <algorithm>
 #include <fstream>
 #include <sstream>
 #include <vector>
@@ -37,9 +38,12 @@ std::string KvstoreJobName(absl::string_view job_id, int attempt, int generation
   return absl::StrCat(job_id, "-a", attempt, "-g", generation);
 }
 
-std::string MintJobToken(absl::string_view secret, absl::string_view kvstore_job,
-                         absl::Time expiry) {
-  const std::string payload = absl::StrCat("v1|", kvstore_job, "|", absl::ToUnixSeconds(expiry));
+std::string MintJobToken(absl::string_view secret, absl::string_view kvstore_job, absl::Time expiry,
+                         int workers) {
+  workers = std::min(workers, kMaxTokenWorkers);
+  const std::string payload =
+      workers > 0 ? absl::StrCat("v2|", kvstore_job, "|", workers, "|", absl::ToUnixSeconds(expiry))
+                  : absl::StrCat("v1|", kvstore_job, "|", absl::ToUnixSeconds(expiry));
   return absl::StrCat(payload, "|", Mac(secret, payload));
 }
 
@@ -47,28 +51,36 @@ std::string CollectiveSecret(absl::string_view secret, absl::string_view job_id,
   return Mac(secret, absl::StrCat("collective|v1|", job_id, "|", attempt));
 }
 
-absl::StatusOr<std::string> VerifyJobToken(absl::string_view secret, absl::string_view token,
-                                           absl::Time now) {
+absl::StatusOr<JobGrant> VerifyJobToken(absl::string_view secret, absl::string_view token,
+                                        absl::Time now) {
   const size_t last = token.rfind('|');
   std::vector<absl::string_view> parts = absl::StrSplit(token, '|');
-  if (parts.size() != 4 || parts[0] != "v1" || last == absl::string_view::npos) {
+  const bool v2 = parts.size() == 5 && parts[0] == "v2";
+  if (!v2 && (parts.size() != 4 || parts[0] != "v1")) {
     return absl::PermissionDeniedError("malformed kvstore job token");
   }
   const std::string want = Mac(secret, token.substr(0, last));
-  const absl::string_view got = parts[3];
+  const absl::string_view got = parts.back();
   if (got.size() != want.size() || CRYPTO_memcmp(got.data(), want.data(), want.size()) != 0) {
     return absl::PermissionDeniedError(
         absl::StrCat("kvstore job token for '", parts[1], "' has a bad signature"));
   }
+  JobGrant grant;
+  grant.job = std::string(parts[1]);
+  if (v2 && (!absl::SimpleAtoi(parts[2], &grant.workers) || grant.workers < 1 ||
+             grant.workers > kMaxTokenWorkers)) {
+    return absl::PermissionDeniedError("malformed kvstore job token worker count");
+  }
+  const absl::string_view expiry_text = parts[v2 ? 3 : 2];
   int64_t expiry = 0;
-  if (!absl::SimpleAtoi(parts[2], &expiry)) {
+  if (!absl::SimpleAtoi(expiry_text, &expiry)) {
     return absl::PermissionDeniedError("malformed kvstore job token expiry");
   }
   if (absl::FromUnixSeconds(expiry) < now) {
-    return absl::PermissionDeniedError(absl::StrCat("kvstore job token for '", parts[1],
-                                                    "' expired at ", parts[2], " (unix seconds)"));
+    return absl::PermissionDeniedError(absl::StrCat(
+        "kvstore job token for '", parts[1], "' expired at ", expiry_text, " (unix seconds)"));
   }
-  return std::string(parts[1]);
+  return grant;
 }
 
 namespace {

@@ -8,10 +8,14 @@
 // under the cluster secret (`trainctl certs init` writes cluster.secret; the
 // scheduler and every shard read it), so shards verify it without asking the
 // scheduler:
-//   v1|<kvstore job>|<expiry, unix seconds>|<hex HMAC of the first three>
+//   v2|<kvstore job>|<workers>|<expiry, unix seconds>|<hex HMAC of the rest>
+// `workers` is the attempt's world size, which a shard scales the job's caps
+// by (a job of many trainers needs more calls and connections at once);
+// tokens minted without it ("v1|<job>|<expiry>|<HMAC>", from a scheduler of
+// an earlier release) still verify, with workers 0.
 //
-//   std::string t = MintJobToken(secret, KvstoreJobName("job-000007", 2), expiry);
-//   absl::StatusOr<std::string> job = VerifyJobToken(secret, t, absl::Now());
+//   std::string t = MintJobToken(secret, KvstoreJobName("job-000007", 2), expiry, 4);
+//   absl::StatusOr<JobGrant> grant = VerifyJobToken(secret, t, absl::Now());
 // Nothing here knows about gRPC.
 #ifndef DTRAIN_LIBS_SECURITY_JOB_TOKEN_H_
 #define DTRAIN_LIBS_SECURITY_JOB_TOKEN_H_
@@ -35,14 +39,25 @@ std::string KvstoreJobName(absl::string_view job_id, int attempt);
 // meets in a kvstore job of its own: "<job>-a<attempt>-g<G>".
 std::string KvstoreJobName(absl::string_view job_id, int attempt, int generation);
 
-// A token for `kvstore_job` valid until `expiry`.
-std::string MintJobToken(absl::string_view secret, absl::string_view kvstore_job,
-                         absl::Time expiry);
+// What a token grants.
+struct JobGrant {
+  std::string job;  // the kvstore job
+  int workers = 0;  // the attempt's trainers; 0: the token does not say
+};
 
-// The kvstore job `token` grants, if its MAC is right under `secret` and it
-// has not expired at `now`; PermissionDenied saying which is wrong otherwise.
-absl::StatusOr<std::string> VerifyJobToken(absl::string_view secret, absl::string_view token,
-                                           absl::Time now);
+// Trainers in one job a token may name (a bound on what a shard scales its
+// caps by).
+inline constexpr int kMaxTokenWorkers = 1 << 16;
+
+// A token for `kvstore_job`, an attempt of `workers` trainers (0: unsaid),
+// valid until `expiry`.
+std::string MintJobToken(absl::string_view secret, absl::string_view kvstore_job, absl::Time expiry,
+                         int workers = 0);
+
+// What `token` grants, if its MAC is right under `secret` and it has not
+// expired at `now`; PermissionDenied saying which is wrong otherwise.
+absl::StatusOr<JobGrant> VerifyJobToken(absl::string_view secret, absl::string_view token,
+                                        absl::Time now);
 
 // The kvstore job the call running on this thread may touch, for the call's
 // duration (a shard's handler runs on its call's thread). A shard opens one

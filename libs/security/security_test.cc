@@ -169,9 +169,10 @@ TEST(JobTokenTest, GrantsOneJobUntilItExpires) {
   const std::string job = KvstoreJobName("job-000007", 2);
   EXPECT_EQ(job, "job-000007-a2");
   const std::string token = MintJobToken(secret, job, now + absl::Hours(1));
-  absl::StatusOr<std::string> granted = VerifyJobToken(secret, token, now);
+  absl::StatusOr<JobGrant> granted = VerifyJobToken(secret, token, now);
   ASSERT_TRUE(granted.ok()) << granted.status();
-  EXPECT_EQ(*granted, job);
+  EXPECT_EQ(granted->job, job);
+  EXPECT_EQ(granted->workers, 0);  // a token that does not say (v1)
   // Another cluster's secret, an expired token, a forged job or expiry.
   EXPECT_EQ(VerifyJobToken(other, token, now).status().code(), absl::StatusCode::kPermissionDenied);
   EXPECT_EQ(VerifyJobToken(secret, token, now + absl::Hours(2)).status().code(),
@@ -187,6 +188,27 @@ TEST(JobTokenTest, GrantsOneJobUntilItExpires) {
             absl::StatusCode::kPermissionDenied);
   EXPECT_EQ(VerifyJobToken(secret, "v1|x", now).status().code(),
             absl::StatusCode::kPermissionDenied);
+}
+
+// A token names its attempt's world size (what a shard scales the job's caps
+// by), under the same signature: a raised count is a forgery.
+TEST(JobTokenTest, ATokenNamesItsAttemptsWorkersUnderItsSignature) {
+  const std::string secret(64, 'a');
+  const absl::Time now = absl::FromUnixSeconds(1700000000);
+  const std::string job = KvstoreJobName("job-000007", 2);
+  const std::string token = MintJobToken(secret, job, now + absl::Hours(1), 40);
+  EXPECT_EQ(token.substr(0, 3), "v2|");
+  absl::StatusOr<JobGrant> granted = VerifyJobToken(secret, token, now);
+  ASSERT_TRUE(granted.ok()) << granted.status();
+  EXPECT_EQ(granted->job, job);
+  EXPECT_EQ(granted->workers, 40);
+  EXPECT_EQ(VerifyJobToken(secret, token, now + absl::Hours(2)).status().code(),
+            absl::StatusCode::kPermissionDenied);
+  std::string raised = token;
+  raised.replace(raised.find("|40|"), 4, "|4000|");
+  absl::StatusOr<JobGrant> forged = VerifyJobToken(secret, raised, now);
+  EXPECT_EQ(forged.status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_NE(forged.status().message().find("bad signature"), std::string::npos) << forged.status();
 }
 
 // One secret per attempt of a job under one cluster secret: another attempt,

@@ -24,6 +24,7 @@
 #include "gtest/gtest.h"
 #include "libs/kvstore/client.h"
 #include "libs/kvstore/data_port_frame.h"
+#include "libs/kvstore/job_limiter.h"
 #include "libs/metrics/scrape.h"
 #include "libs/rpc/credentials.h"
 #include "libs/security/certs.h"
@@ -584,6 +585,28 @@ TEST_F(JobCapTest, AJobAtItsConnectionCapIsRefusedAndOtherJobsStillConnect) {
     if (again.ok()) break;
   }
   EXPECT_TRUE(again.ok()) << again.status();
+}
+
+// A token that names its attempt's trainers (the scheduler's) lifts the
+// job's cap to JobLimiter::kPerWorker connections per trainer: a job of
+// many trainers is not refused by its own size; past that it is.
+TEST_F(JobCapTest, ATokenNamingItsTrainersScalesTheJobsConnectionCap) {
+  const int workers = 1;
+  v1::DataHello hello =
+      Hello("d", security::MintJobToken(secret_, "d", absl::Now() + absl::Hours(1), workers));
+  std::vector<std::unique_ptr<DataPortConnection>> held;
+  for (int i = 0; i < JobLimiter::kPerWorker * workers; ++i) {  // more than the cap of 2
+    auto c = DataPortConnection::Dial(tcp_, hello, TlsOf(dir_, "trainer-0"), absl::Seconds(5));
+    ASSERT_TRUE(c.ok()) << i << ": " << c.status();
+    held.push_back(*std::move(c));
+  }
+  auto refused = DataPortConnection::Dial(unix_, hello, TlsOf(dir_, "trainer-0"), absl::Seconds(5));
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted) << refused.status();
+  EXPECT_NE(refused.status().message().find("job 'd' has 4 data port connections"),
+            std::string::npos)
+      << refused.status();
+  EXPECT_NE(refused.status().message().find("4 per trainer of its 1"), std::string::npos)
+      << refused.status();
 }
 
 TEST_F(JobCapTest, AJobAtItsCallCapIsRefusedAndOtherJobsAreServed) {

@@ -66,12 +66,13 @@ ABSL_FLAG(std::string, data_socket, "auto",
 ABSL_FLAG(int, data_max_connections, 256,
           "data port connections served at once; more are refused (their clients use gRPC)");
 ABSL_FLAG(int, data_max_connections_per_job, 128,
-          "data port connections of one job (a trainer's token) at once; more are refused "
-          "(their clients use gRPC), so one job cannot take them all (0: no cap)");
+          "data port connections of one job (a trainer's token) at once, or 4 per trainer its "
+          "token names if more; more are refused (their clients use gRPC), so one job cannot "
+          "take them all (0: no cap)");
 ABSL_FLAG(int, max_calls_per_job, 128,
-          "gRPC calls of one job (a trainer's token) served at once, a held pull included; more "
-          "fail with RESOURCE_EXHAUSTED, so one job cannot take every serving thread (256) from "
-          "the others (0: no cap)");
+          "gRPC calls of one job (a trainer's token) served at once, a held pull included, or 4 "
+          "per trainer its token names if more; more fail with RESOURCE_EXHAUSTED, so one job "
+          "cannot take every serving thread (256) from the others (0: no cap)");
 ABSL_FLAG(int, replica_spin_us, 50,
           "with --scheduler (replicated): microseconds a thread polls for the chain's reply or "
           "next batch before sleeping (saves a wakeup per hop; costs that much CPU); 0: never");

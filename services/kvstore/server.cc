@@ -93,12 +93,13 @@ namespace {
 // The kvstore's one authorization step, for gRPC calls and data port
 // connections alike: `who` may call `method` (rules: libs/security/authz.h).
 // With a cluster secret, a trainer must present a kvstore token (`token`,
-// null when none was sent): then the job it grants, to which its calls are
-// confined (security::JobScope); nullopt: unconfined.
-absl::StatusOr<absl::optional<std::string>> AuthorizeKvstore(const security::Identity& who,
-                                                             const char* method,
-                                                             const std::string* token,
-                                                             const std::string& secret) {
+// null when none was sent): then what it grants, the job its calls are
+// confined to (security::JobScope) and its trainers (the per-job caps);
+// nullopt: unconfined.
+absl::StatusOr<absl::optional<security::JobGrant>> AuthorizeKvstore(const security::Identity& who,
+                                                                    const char* method,
+                                                                    const std::string* token,
+                                                                    const std::string& secret) {
   DT_RETURN_IF_ERROR(security::Authorize(who, security::KvstoreAction(method)));
   if (secret.empty() || !who.authenticated || who.role != security::Role::kTrainer) {
     return absl::nullopt;
@@ -108,14 +109,15 @@ absl::StatusOr<absl::optional<std::string>> AuthorizeKvstore(const security::Ide
         absl::StrCat(who.ToString(), " sent no kvstore token (", security::kJobTokenMetadata,
                      " metadata; the scheduler's assignment carries it)"));
   }
-  DT_ASSIGN_OR_RETURN(std::string job, security::VerifyJobToken(secret, *token, absl::Now()));
-  return absl::optional<std::string>(std::move(job));
+  DT_ASSIGN_OR_RETURN(security::JobGrant grant,
+                      security::VerifyJobToken(secret, *token, absl::Now()));
+  return absl::optional<security::JobGrant>(std::move(grant));
 }
 
 // A gRPC call's caller (its certificate) and token (metadata).
-absl::StatusOr<absl::optional<std::string>> Authorized(const grpc::ServerContextBase& ctx,
-                                                       const char* method,
-                                                       const std::string& secret) {
+absl::StatusOr<absl::optional<security::JobGrant>> Authorized(const grpc::ServerContextBase& ctx,
+                                                              const char* method,
+                                                              const std::string& secret) {
   DT_ASSIGN_OR_RETURN(security::Identity who, rpc::PeerIdentity(ctx));
   auto token = ctx.client_metadata().find(security::kJobTokenMetadata);
   if (token == ctx.client_metadata().end()) {
@@ -175,14 +177,15 @@ class KVStoreServer::Impl : public DataPortHandler {
   grpc::Status Run(const char* method, const grpc::ServerContext* ctx,
                    const std::function<absl::Status()>& handler) {
     const Clock::time_point start = Clock::now();
-    absl::StatusOr<absl::optional<std::string>> job =
+    absl::StatusOr<absl::optional<security::JobGrant>> grant =
         Authorized(*ctx, method, options_.job_token_secret);
-    security::JobScope scope(job.ok() && job->has_value() ? &**job : nullptr);
-    absl::Status status = job.status();
-    if (job.ok()) {
+    security::JobScope scope(grant.ok() && grant->has_value() ? &(*grant)->job : nullptr);
+    absl::Status status = grant.status();
+    if (grant.ok()) {
       // A trainer's calls count against its job's cap (admins' do not).
       absl::StatusOr<JobLimiter::Hold> hold =
-          job->has_value() ? calls_per_job_.Acquire(**job) : JobLimiter::Hold();
+          grant->has_value() ? calls_per_job_.Acquire((*grant)->job, (*grant)->workers)
+                             : JobLimiter::Hold();
       status = hold.ok() ? handler() : hold.status();
     }
     return Record(method, start, status);
@@ -301,11 +304,11 @@ class KVStoreServer::Impl : public DataPortHandler {
     call->response = response;
     auto* reactor = new UnaryReactor(call);
     call->reactor = reactor;
-    absl::StatusOr<absl::optional<std::string>> job =
+    absl::StatusOr<absl::optional<security::JobGrant>> grant =
         Authorized(*ctx, method, options_.job_token_secret);
-    absl::Status status = job.status();
-    if (job.ok()) {
-      security::JobScope scope(job->has_value() ? &**job : nullptr);
+    absl::Status status = grant.status();
+    if (grant.ok()) {
+      security::JobScope scope(grant->has_value() ? &(*grant)->job : nullptr);
       status = BeginUnary(method, request, call.get());
     }
     if (!status.ok() || !call->pulling) {
@@ -836,22 +839,23 @@ class KVStoreServer::Impl : public DataPortHandler {
     return absl::OkStatus();
   }
 
-  absl::StatusOr<absl::optional<std::string>> Hello(const security::Identity& who,
-                                                    const v1::DataHello& hello,
-                                                    DataConn::Kind kind) override {
+  absl::StatusOr<absl::optional<security::JobGrant>> Hello(const security::Identity& who,
+                                                           const v1::DataHello& hello,
+                                                           DataConn::Kind kind) override {
     // A HELLO without a job opens a replica link (REPLICATE frames from
     // the predecessor: kvstore identities only).
-    DT_ASSIGN_OR_RETURN(absl::optional<std::string> job,
+    DT_ASSIGN_OR_RETURN(absl::optional<security::JobGrant> grant,
                         AuthorizeKvstore(who, hello.job().empty() ? "Replicate" : "Push",
                                          hello.token().empty() ? nullptr : &hello.token(),
                                          options_.job_token_secret));
-    if (job.has_value() && *job != hello.job()) {
-      return absl::PermissionDeniedError(absl::StrCat(
-          who.ToString(), ": the kvstore token grants job '", *job, "', not '", hello.job(), "'"));
+    if (grant.has_value() && grant->job != hello.job()) {
+      return absl::PermissionDeniedError(absl::StrCat(who.ToString(),
+                                                      ": the kvstore token grants job '",
+                                                      grant->job, "', not '", hello.job(), "'"));
     }
     DT_LOG(DEBUG) << "data port (" << DataConn::KindName(kind) << "): " << who.ToString()
                   << " for job '" << hello.job() << "' worker " << hello.worker();
-    return job;
+    return grant;
   }
 
   absl::Status Handle(const DataRequest& request, DataReply* reply) override {

@@ -97,7 +97,8 @@ struct ServerOptions {
   // Jobs held at once (StoreOptions::max_jobs); 0: no limit.
   int max_jobs = 0;
   // Calls of one job (a caller whose kvstore token names it) served at
-  // once on the gRPC server, a held pull included; more are refused with
+  // once on the gRPC server, a held pull included, or JobLimiter::kPerWorker
+  // per trainer its token names if more; more are refused with
   // RESOURCE_EXHAUSTED, so one job's calls cannot take every thread
   // (rpc::ServerOptions::max_threads, 256). 0: no cap.
   int max_calls_per_job = 128;
