@@ -34,9 +34,11 @@ absl::StatusOr<JobLimiter::Hold> JobLimiter::Acquire(const std::string& job, int
   absl::MutexLock lock(&mu_);
   int& n = in_use_[job];
   if (n >= cap) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "job '", job, "' has ", n, " ", what_, " on this kvstore shard, its cap (", knob_, ", or ",
-        kPerWorker, " per trainer of its ", workers, "); wait for them to end, or raise the cap"));
+    const std::string per_trainer =
+        workers > 0 ? absl::StrCat(", or ", kPerWorker, " per trainer of its ", workers) : "";
+    return absl::ResourceExhaustedError(
+        absl::StrCat("job '", job, "' has ", n, " ", what_, " on this kvstore shard, its cap (",
+                     knob_, per_trainer, "); wait for them to end, or raise the cap"));
   }
   ++n;
   return Hold(this, job);
