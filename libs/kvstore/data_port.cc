@@ -78,36 +78,38 @@ class FdConn : public DataConn {
   }
   Kind kind() const override { return kind_; }
 
+  // Reads through a small buffer: a frame's fixed header and protobuf
+  // header (and a small payload on the socket) arrive in one system call
+  // instead of two or three (a system call costs about 1 us on the virtual
+  // machines we run on). Reads of kReadAhead bytes or more go straight to
+  // the caller's memory.
   absl::Status ReadFull(void* buf, size_t n) override {
     char* p = static_cast<char*>(buf);
     while (n > 0) {
+      if (ahead_begin_ < ahead_end_) {
+        const size_t take = std::min(n, ahead_end_ - ahead_begin_);
+        std::memcpy(p, ahead_.get() + ahead_begin_, take);
+        ahead_begin_ += take;
+        p += take;
+        n -= take;
+        continue;
+      }
       ssize_t got;
-      if (kind_ == Kind::kUnix) {
-        iovec iov{p, n};
-        alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))];
-        msghdr msg{};
-        msg.msg_iov = &iov;
-        msg.msg_iovlen = 1;
-        msg.msg_control = control;
-        msg.msg_controllen = sizeof(control);
-        got = recvmsg(fd_, &msg, MSG_CMSG_CLOEXEC);
+      if (n >= kReadAhead) {
+        got = Receive(p, n);
         if (got > 0) {
-          for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
-            if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
-              int fd;
-              std::memcpy(&fd, CMSG_DATA(c), sizeof(fd));
-              if (received_fd_ >= 0) close(received_fd_);
-              received_fd_ = fd;
-            }
-          }
+          p += got;
+          n -= static_cast<size_t>(got);
+          continue;
         }
       } else {
-        got = recv(fd_, p, n, 0);
-      }
-      if (got > 0) {
-        p += got;
-        n -= static_cast<size_t>(got);
-        continue;
+        if (ahead_ == nullptr) ahead_.reset(new char[kReadAhead]);
+        got = Receive(ahead_.get(), kReadAhead);
+        if (got > 0) {
+          ahead_begin_ = 0;
+          ahead_end_ = static_cast<size_t>(got);
+          continue;
+        }
       }
       if (got < 0 && errno == EINTR) continue;
       if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
@@ -186,6 +188,7 @@ class FdConn : public DataConn {
     setsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
   }
   bool SpinUntilReadable(absl::Duration spin) override {
+    if (ahead_begin_ < ahead_end_) return true;
     const absl::Time end = absl::Now() + spin;
     for (;;) {
       pollfd p{fd_, POLLIN, 0};
@@ -197,9 +200,41 @@ class FdConn : public DataConn {
   int fd() const { return fd_; }
 
  protected:
+  // Buffered reads take up to this many bytes from the socket at once.
+  static constexpr size_t kReadAhead = 8192;
+
+  // One recv (recvmsg on a Unix socket, keeping a descriptor that came with
+  // the bytes: our peers send one frame at a time and wait for its answer,
+  // so a descriptor read ahead still belongs to the next frame decoded).
+  ssize_t Receive(char* p, size_t n) {
+    if (kind_ != Kind::kUnix) return recv(fd_, p, n, 0);
+    iovec iov{p, n};
+    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))];
+    msghdr msg{};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof(control);
+    const ssize_t got = recvmsg(fd_, &msg, MSG_CMSG_CLOEXEC);
+    if (got > 0) {
+      for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
+        if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
+          int fd;
+          std::memcpy(&fd, CMSG_DATA(c), sizeof(fd));
+          if (received_fd_ >= 0) close(received_fd_);
+          received_fd_ = fd;
+        }
+      }
+    }
+    return got;
+  }
+
   const int fd_;
   const Kind kind_;
   int received_fd_ = -1;
+  // Bytes read from the socket and not yet returned: [begin, end).
+  std::unique_ptr<char[]> ahead_;
+  size_t ahead_begin_ = 0, ahead_end_ = 0;
   // The last SetReadTimeout (unknown: the socket's timeout was set otherwise).
   absl::optional<absl::Duration> read_timeout_;
 };
@@ -251,7 +286,8 @@ class TlsConn : public FdConn {
   }
 
   bool SpinUntilReadable(absl::Duration spin) override {
-    return SSL_pending(ssl_) > 0 || FdConn::SpinUntilReadable(spin);
+    // SSL_has_pending: decrypted bytes, or raw ones read ahead.
+    return SSL_has_pending(ssl_) == 1 || FdConn::SpinUntilReadable(spin);
   }
 
   absl::Status WriteAll(const std::vector<absl::string_view>& pieces, int pass_fd) override {
@@ -305,6 +341,9 @@ absl::StatusOr<std::shared_ptr<SSL_CTX>> MakeTlsContext(const DataPortTls& tls, 
                                SSL_CTX_free);
   if (ctx == nullptr) return absl::InternalError("data port: SSL_CTX_new: " + SslErrors());
   SSL_CTX_set_min_proto_version(ctx.get(), TLS1_3_VERSION);
+  // Read whatever the socket holds, not a record's header and then its
+  // body: one system call per small frame instead of two or more.
+  SSL_CTX_set_read_ahead(ctx.get(), 1);
   if (SSL_CTX_use_certificate_chain_file(ctx.get(), tls.cert_file.c_str()) != 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("data port: certificate ", tls.cert_file, ": ", SslErrors()));

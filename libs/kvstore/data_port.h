@@ -91,8 +91,15 @@ class DataConn {
   // Writes every piece, in order; `pass_fd` >= 0 travels with the first
   // byte (Unix sockets; FailedPrecondition elsewhere).
   virtual absl::Status WriteAll(const std::vector<absl::string_view>& pieces, int pass_fd = -1) = 0;
-  // A descriptor that arrived with the bytes read since the last call, or
-  // -1; the caller owns it.
+  // A descriptor that arrived with the bytes taken from the socket since the
+  // last call, or -1; the caller owns it. Reads go through a small
+  // read-ahead buffer, so a descriptor sent with a later frame can arrive
+  // early when a peer sends frames without waiting for their answers (ours
+  // never do; such a peer's segment is its own).
+  //
+  // Reads are buffered (up to 8 KiB at once: a small frame costs one
+  // system call), so poll the connection through SpinUntilReadable, never
+  // its descriptor.
   virtual int TakeReceivedFd() { return -1; }
   // Ends blocked reads and writes, from any thread.
   virtual void Shutdown() = 0;

@@ -96,6 +96,10 @@ INSTANTIATE_TEST_SUITE_P(
                         return std::make_unique<GrpcContractKVStore>(false, DataPath::kTcp,
                                                                      /*tls=*/true);
                       }},
+        // The data port over plain TCP (--insecure): values on the socket,
+        // read through the connection's read-ahead buffer.
+        ContractParam{"two_shards_data_port_plain_tcp",
+                      [] { return std::make_unique<GrpcContractKVStore>(false, DataPath::kTcp); }},
         // The default: the data port over the Unix socket and shared memory.
         ContractParam{"two_shards_data_port_shm",
                       [] {
