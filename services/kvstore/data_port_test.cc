@@ -564,6 +564,54 @@ class JobCapTest : public DataPortTest {
     EXPECT_TRUE(client.ok()) << client.status();
     return client.ok() ? std::move(*client) : nullptr;
   }
+
+  // Two of job c's three workers push over gRPC and each holds a pull of
+  // the round the third never pushes: two calls in flight, its cap. A third
+  // call of c is refused, job a is served, and c's calls are served again
+  // once the pulls ended.
+  void ExpectAJobAtItsCallCapIsRefusedAndOtherJobsAreServed() {
+    std::unique_ptr<KVClient> w0 = Client("c", DataPath::kGrpc, 0);
+    std::unique_ptr<KVClient> w1 = Client("c", DataPath::kGrpc, 1);
+    ASSERT_TRUE(w0 && w1);
+    JobConfig config;
+    config.job = "c";
+    config.num_workers = 3;
+    ASSERT_TRUE(w0->CreateJob(config).ok());
+    ASSERT_TRUE(w0->Init({{"w", {4}}}).ok());
+    ASSERT_TRUE(w1->Init({{"w", {4}}}).ok());
+    std::vector<float> g(4, 1.0f), out0(4), out1(4);
+    std::vector<absl::Status> held(2);
+    std::thread t0([&] { held[0] = w0->PushPull({{"w", g.data(), out0.data()}}); });
+    std::thread t1([&] { held[1] = w1->PushPull({{"w", g.data(), out1.data()}}); });
+    // A third call of c is refused once both pulls are in.
+    std::unique_ptr<KVClient> third = Client("c", DataPath::kGrpc);
+    ASSERT_TRUE(third);
+    absl::Status refused;
+    for (absl::Time end = absl::Now() + absl::Seconds(2); absl::Now() < end;
+         absl::SleepFor(absl::Milliseconds(10))) {
+      refused = third->GetJob(0, false).status();
+      if (absl::IsResourceExhausted(refused)) break;
+    }
+    EXPECT_TRUE(absl::IsResourceExhausted(refused)) << refused;
+    EXPECT_NE(refused.message().find("job 'c' has 2 calls in flight"), std::string::npos)
+        << refused;
+    EXPECT_NE(refused.message().find("--max_calls_per_job"), std::string::npos);
+    // Job a's rounds go on meanwhile (its calls have their own cap).
+    ExpectServes(DataPath::kGrpc);
+    t0.join();
+    t1.join();
+    EXPECT_TRUE(absl::IsDeadlineExceeded(held[0])) << held[0];
+    // The pulls ended: c's calls are served again (once the shard's handlers
+    // of the held pulls returned, which may be a moment after the clients
+    // gave up).
+    absl::Status again;
+    for (absl::Time end = absl::Now() + absl::Seconds(5); absl::Now() < end;
+         absl::SleepFor(absl::Milliseconds(20))) {
+      again = third->GetJob(0, false).status();
+      if (again.ok()) break;
+    }
+    EXPECT_TRUE(again.ok()) << again;
+  }
 };
 
 TEST_F(JobCapTest, AJobAtItsConnectionCapIsRefusedAndOtherJobsStillConnect) {
@@ -610,48 +658,21 @@ TEST_F(JobCapTest, ATokenNamingItsTrainersScalesTheJobsConnectionCap) {
 }
 
 TEST_F(JobCapTest, AJobAtItsCallCapIsRefusedAndOtherJobsAreServed) {
-  // Two of job c's three workers push and each holds a pull of the round
-  // the third never pushes: two calls in flight, its cap.
-  std::unique_ptr<KVClient> w0 = Client("c", DataPath::kGrpc, 0);
-  std::unique_ptr<KVClient> w1 = Client("c", DataPath::kGrpc, 1);
-  ASSERT_TRUE(w0 && w1);
-  JobConfig config;
-  config.job = "c";
-  config.num_workers = 3;
-  ASSERT_TRUE(w0->CreateJob(config).ok());
-  ASSERT_TRUE(w0->Init({{"w", {4}}}).ok());
-  ASSERT_TRUE(w1->Init({{"w", {4}}}).ok());
-  std::vector<float> g(4, 1.0f), out0(4), out1(4);
-  std::vector<absl::Status> held(2);
-  std::thread t0([&] { held[0] = w0->PushPull({{"w", g.data(), out0.data()}}); });
-  std::thread t1([&] { held[1] = w1->PushPull({{"w", g.data(), out1.data()}}); });
-  // A third call of c is refused once both pulls are in.
-  std::unique_ptr<KVClient> third = Client("c", DataPath::kGrpc);
-  ASSERT_TRUE(third);
-  absl::Status refused;
-  for (absl::Time end = absl::Now() + absl::Seconds(2); absl::Now() < end;
-       absl::SleepFor(absl::Milliseconds(10))) {
-    refused = third->GetJob(0, false).status();
-    if (absl::IsResourceExhausted(refused)) break;
+  ExpectAJobAtItsCallCapIsRefusedAndOtherJobsAreServed();
+}
+
+// The same on the callback data path, where a waiting pull holds no thread
+// but still holds its place among its job's calls.
+class CallbackJobCapTest : public JobCapTest {
+ protected:
+  void Configure(ServerOptions* options) override {
+    JobCapTest::Configure(options);
+    options->callback_data = true;
   }
-  EXPECT_TRUE(absl::IsResourceExhausted(refused)) << refused;
-  EXPECT_NE(refused.message().find("job 'c' has 2 calls in flight"), std::string::npos) << refused;
-  EXPECT_NE(refused.message().find("--max_calls_per_job"), std::string::npos);
-  // Job a's rounds go on meanwhile (its calls have their own cap).
-  ExpectServes(DataPath::kGrpc);
-  t0.join();
-  t1.join();
-  EXPECT_TRUE(absl::IsDeadlineExceeded(held[0])) << held[0];
-  // The pulls ended: c's calls are served again (once the shard's handlers
-  // of the held pulls returned, which may be a moment after the clients
-  // gave up).
-  absl::Status again;
-  for (absl::Time end = absl::Now() + absl::Seconds(5); absl::Now() < end;
-       absl::SleepFor(absl::Milliseconds(20))) {
-    again = third->GetJob(0, false).status();
-    if (again.ok()) break;
-  }
-  EXPECT_TRUE(again.ok()) << again;
+};
+
+TEST_F(CallbackJobCapTest, AJobAtItsCallCapIsRefusedAndOtherJobsAreServed) {
+  ExpectAJobAtItsCallCapIsRefusedAndOtherJobsAreServed();
 }
 
 }  // namespace

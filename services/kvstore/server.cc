@@ -235,6 +235,10 @@ class KVStoreServer::Impl : public DataPortHandler {
     grpc::Alarm alarm;
     absl::Mutex mu;
     bool done ABSL_GUARDED_BY(mu) = false;
+    // The call's place among its job's calls in flight (--max_calls_per_job,
+    // as Run takes for the sync calls); given back when the call completes,
+    // not when the store drops a continuation it left.
+    JobLimiter::Hold hold ABSL_GUARDED_BY(mu);
   };
 
   class UnaryReactor final : public grpc::ServerUnaryReactor {
@@ -258,10 +262,12 @@ class KVStoreServer::Impl : public DataPortHandler {
     if (status.ok() && values != nullptr) {
       status = ReadCommitted();
     }
+    JobLimiter::Hold place;  // given back once the call is answered
     {
       absl::MutexLock lock(&call.mu);
       if (call.done) return;
       call.done = true;
+      place = std::move(call.hold);
       if (status.ok() && values != nullptr) {
         status = SendPulled(*values, true, WriteOnce(call.response));
       }
@@ -307,7 +313,19 @@ class KVStoreServer::Impl : public DataPortHandler {
     absl::StatusOr<absl::optional<security::JobGrant>> grant =
         Authorized(*ctx, method, options_.job_token_secret);
     absl::Status status = grant.status();
-    if (grant.ok()) {
+    if (grant.ok() && grant->has_value()) {
+      // A trainer's calls count against its job's cap, a pull that waits
+      // without a thread as well (admins' calls do not).
+      absl::StatusOr<JobLimiter::Hold> hold =
+          calls_per_job_.Acquire((*grant)->job, (*grant)->workers);
+      if (hold.ok()) {
+        absl::MutexLock lock(&call->mu);
+        call->hold = std::move(*hold);
+      } else {
+        status = hold.status();
+      }
+    }
+    if (status.ok()) {
       security::JobScope scope(grant->has_value() ? &(*grant)->job : nullptr);
       status = BeginUnary(method, request, call.get());
     }
