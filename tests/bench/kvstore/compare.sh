@@ -11,7 +11,7 @@
 #   compare replicas=<r> keys8_over_keys1_p50=<c> (goal <= 1.5)
 # and, from round_floor (the same rounds' processes and messages doing no
 # work: what this machine allows; the round_floor next to the bench binary):
-#   round_floor_ratio replicas=<r> spin_us=<s> shards2_over_shards1_p50=<f>
+#   round_floor_ratio replicas=<r> head=poll spin_us=<s> shards2_over_shards1_p50=<f>
 #   compare replicas=<r> floor keys8_best_p50_us=<g> keys8_over_floor=<ours/g>
 #       floor_keys8_over_our_keys1=<g/our keys=1 p50>
 #

@@ -1,14 +1,14 @@
 // round_floor: what this machine allows for kvstore_bench's small rounds.
 //
 //   bazel run //tests/bench/kvstore:round_floor -- --workers=2 --replicas=1,2
-//       [--spin_us=0,20,50,200] [--cohost]
+//       [--spin_us=0,20,50,200] [--cohost] [--head=poll,threads,threads_per_push]
 //
 // Runs the processes and messages of a kvstore_bench round with no work in
 // them: --workers worker threads in this process; per shard a head process
 // and, with 2 replicas, a tail process; Unix stream sockets between them. A
 // worker sends its share of --bytes to every shard and waits for every
-// shard's answer. A head (one thread, all its workers' sockets in one poll)
-// answers once each worker has pushed and, with 2 replicas, the tail has
+// shard's answer. A head (by default one thread, all its workers' sockets in
+// one poll) answers once each worker has pushed and, with 2 replicas, the tail has
 // acknowledged the round's one batch. No TLS, no parsing, no store, one
 // batch per round: the cheapest way to run the round, so what kvstore_bench
 // measures above it is the kvstore's own cost.
@@ -19,6 +19,18 @@
 // they sleep; the head waits for requests without polling, as the data
 // port's connections from clients do. A list of spins runs each.
 //
+// --head picks how a head is built:
+//   poll     one thread polls all its workers' sockets and answers them all
+//            (the cheapest; the default);
+//   threads  the kvstore's data port: a thread per worker connection; the
+//            thread of the push that completes the round wakes the others
+//            (a condition variable), and each answers its own worker;
+//   threads_per_push  as threads, and with 2 replicas every push goes down
+//            the chain as its own batch when it arrives (one in flight at a
+//            time), as the kvstore's Replicator does, instead of one batch
+//            per round.
+// A list runs each; the lines then say head=<mode>.
+//
 // --cohost (2 replicas): two server processes instead of one per replica,
 // each running a shard's head and the other shard's tail as threads (as a
 // deployment that puts R replicas of n shards on n servers would).
@@ -26,14 +38,14 @@
 // kvstore_bench's keys=1 round uses one shard and its keys=8 round (with 2
 // servers) both shards, so for each replica count and spin this prints
 //
-//   round_floor workers=<w> shards=<1|2> replicas=<r> bytes=<b> spin_us=<s> cohost=<0|1>
-//       p50_us=<x> p99_us=<y>
-//   round_floor_ratio replicas=<r> spin_us=<s> shards2_over_shards1_p50=<x>
+//   round_floor workers=<w> shards=<1|2> replicas=<r> head=<h> bytes=<b> spin_us=<s>
+//       cohost=<0|1> p50_us=<x> p99_us=<y>
+//   round_floor_ratio replicas=<r> head=<h> spin_us=<s> shards2_over_shards1_p50=<x>
 //
 // the ratio being the floor of compare.sh's keys8_over_keys1_p50, and with
 // several spins the lowest p50 of each shape over them:
 //
-//   round_floor_best replicas=<r> shards1_p50_us=<x> shards2_p50_us=<y>
+//   round_floor_best replicas=<r> head=<h> shards1_p50_us=<x> shards2_p50_us=<y>
 //
 // Each figure is the median of --repeats runs (the shapes alternate, so a
 // slow spell of the machine does not land on one of them).
@@ -45,8 +57,10 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <condition_variable>
 #include <cstdio>
 #include <functional>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -67,6 +81,9 @@ ABSL_FLAG(std::string, spin_us, "50",
           "comma-separated list runs each");
 ABSL_FLAG(bool, cohost, false, "2 replicas: a process hosts one shard's head and the other's tail");
 ABSL_FLAG(int, repeats, 3, "runs of each shape; the figures are their medians");
+ABSL_FLAG(std::string, head, "poll",
+          "how a head serves its workers: poll, threads or threads_per_push (see the top of "
+          "round_floor.cc); a comma-separated list runs each");
 
 namespace {
 
@@ -100,8 +117,78 @@ struct Figures {
   double p50 = 0, p99 = 0;
 };
 
+enum class Head { kPoll, kThreads, kThreadsPerPush };
+
+const char* HeadName(Head head) {
+  switch (head) {
+    case Head::kPoll:
+      return "poll";
+    case Head::kThreads:
+      return "threads";
+    case Head::kThreadsPerPush:
+      return "threads_per_push";
+  }
+  return "?";
+}
+
+// Sends `n` bytes down the chain and waits for the tail's one-byte answer.
+void ChainRoundTrip(int chain_fd, const char* p, size_t n, absl::Duration spin) {
+  Full(chain_fd, const_cast<char*>(p), n, false);
+  std::vector<pollfd> ack_fd{{chain_fd, POLLIN, 0}};
+  WaitReadable(ack_fd, spin);
+  char ack;
+  Full(chain_fd, &ack, 1, true);
+}
+
+// A head as the kvstore's data port builds one: a thread per worker
+// connection (see --head).
+void ThreadedHead(const std::vector<int>& head_fds, int chain_fd, int share, bool batch_per_push,
+                  absl::Duration spin) {
+  const int workers = static_cast<int>(head_fds.size());
+  std::vector<char> values(static_cast<size_t>(share) * workers);
+  std::mutex mu;
+  std::condition_variable round_done;
+  int arrived = 0;
+  uint64_t completed = 0;  // rounds answered
+  std::mutex chain_mu;     // one batch in flight
+  std::vector<std::thread> threads;
+  for (int w = 0; w < workers; ++w) {
+    threads.emplace_back([&, w] {
+      char* mine = values.data() + static_cast<size_t>(share) * w;
+      for (uint64_t round = 1;; ++round) {
+        Full(head_fds[w], mine, share, true);
+        if (batch_per_push && chain_fd >= 0) {
+          std::lock_guard<std::mutex> lock(chain_mu);
+          ChainRoundTrip(chain_fd, mine, share, spin);
+        }
+        bool last;
+        {
+          std::lock_guard<std::mutex> lock(mu);
+          last = ++arrived == workers;
+          if (last) arrived = 0;
+        }
+        if (last) {
+          if (!batch_per_push && chain_fd >= 0) {
+            ChainRoundTrip(chain_fd, values.data(), values.size(), spin);
+          }
+          {
+            std::lock_guard<std::mutex> lock(mu);
+            completed = round;
+          }
+          round_done.notify_all();
+        } else {
+          std::unique_lock<std::mutex> lock(mu);
+          round_done.wait(lock, [&] { return completed >= round; });
+        }
+        Full(head_fds[w], mine, share, false);
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+}
+
 Figures RunOnce(int workers, int shards, int replicas, int bytes, int rounds, absl::Duration spin,
-                bool cohost) {
+                bool cohost, Head head) {
   const int share = std::max(1, bytes / shards);
   std::vector<std::vector<int>> worker_fds(workers, std::vector<int>(shards));
   std::vector<pid_t> children;
@@ -128,8 +215,10 @@ Figures RunOnce(int workers, int shards, int replicas, int bytes, int rounds, ab
     const int head_process = cohost ? s : s * replicas;
     const int tail_process = cohost ? (s + 1) % processes : s * replicas + 1;
     if (replicas == 2) {
+      const size_t batch_bytes =
+          static_cast<size_t>(share) * (head == Head::kThreadsPerPush ? 1 : workers);
       roles[tail_process].push_back([=] {
-        std::vector<char> batch(static_cast<size_t>(share) * workers);
+        std::vector<char> batch(batch_bytes);
         std::vector<pollfd> fds{{chain[1], POLLIN, 0}};
         for (;;) {
           WaitReadable(fds, spin);
@@ -138,6 +227,12 @@ Figures RunOnce(int workers, int shards, int replicas, int bytes, int rounds, ab
           Full(chain[1], &ack, 1, false);
         }
       });
+    }
+    if (head != Head::kPoll) {
+      const int chain_fd = replicas == 2 ? chain[0] : -1;
+      roles[head_process].push_back(
+          [=] { ThreadedHead(head_fds, chain_fd, share, head == Head::kThreadsPerPush, spin); });
+      continue;
     }
     roles[head_process].push_back([=] {
       std::vector<char> values(static_cast<size_t>(share) * workers);
@@ -150,13 +245,7 @@ Figures RunOnce(int workers, int shards, int replicas, int bytes, int rounds, ab
           from_workers[w].events = 0;  // its next push is the next round's
         }
         for (pollfd& p : from_workers) p.events = POLLIN;
-        if (replicas == 2) {
-          Full(chain[0], values.data(), values.size(), false);
-          std::vector<pollfd> ack_fd{{chain[0], POLLIN, 0}};
-          WaitReadable(ack_fd, spin);
-          char ack;
-          Full(chain[0], &ack, 1, true);
-        }
+        if (replicas == 2) ChainRoundTrip(chain[0], values.data(), values.size(), spin);
         for (int fd : head_fds) Full(fd, values.data(), share, false);
       }
     });
@@ -241,35 +330,54 @@ int main(int argc, char** argv) {
             absl::GetFlag(FLAGS_replicas).c_str());
     return 2;
   }
+  std::vector<Head> heads;
+  for (absl::string_view name : absl::StrSplit(absl::GetFlag(FLAGS_head), ',')) {
+    if (name == "poll") {
+      heads.push_back(Head::kPoll);
+    } else if (name == "threads") {
+      heads.push_back(Head::kThreads);
+    } else if (name == "threads_per_push") {
+      heads.push_back(Head::kThreadsPerPush);
+    } else {
+      fprintf(stderr,
+              "round_floor: --head takes poll, threads and threads_per_push (comma-separated), "
+              "got '%s'\n",
+              absl::GetFlag(FLAGS_head).c_str());
+      return 2;
+    }
+  }
   signal(SIGPIPE, SIG_IGN);
   for (int replicas : replica_counts) {
-    double best[2] = {1e30, 1e30};  // per shape, over the spins
-    for (int spin_us : spins) {
-      std::vector<double> p50[2], p99[2];
-      for (int i = 0; i < repeats; ++i) {
-        for (int shards = 1; shards <= 2; ++shards) {
-          const Figures f = RunOnce(workers, shards, replicas, bytes, rounds,
-                                    absl::Microseconds(spin_us), cohost);
-          p50[shards - 1].push_back(f.p50);
-          p99[shards - 1].push_back(f.p99);
+    for (Head head : heads) {
+      double best[2] = {1e30, 1e30};  // per shape, over the spins
+      for (int spin_us : spins) {
+        std::vector<double> p50[2], p99[2];
+        for (int i = 0; i < repeats; ++i) {
+          for (int shards = 1; shards <= 2; ++shards) {
+            const Figures f = RunOnce(workers, shards, replicas, bytes, rounds,
+                                      absl::Microseconds(spin_us), cohost, head);
+            p50[shards - 1].push_back(f.p50);
+            p99[shards - 1].push_back(f.p99);
+          }
         }
+        for (int shards = 1; shards <= 2; ++shards) {
+          const double m = Median(p50[shards - 1]);
+          best[shards - 1] = std::min(best[shards - 1], m);
+          printf(
+              "round_floor workers=%d shards=%d replicas=%d head=%s bytes=%d spin_us=%d cohost=%d "
+              "p50_us=%.0f p99_us=%.0f\n",
+              workers, shards, replicas, HeadName(head), bytes, spin_us, cohost ? 1 : 0, m,
+              Median(p99[shards - 1]));
+        }
+        printf("round_floor_ratio replicas=%d head=%s spin_us=%d shards2_over_shards1_p50=%.2f\n",
+               replicas, HeadName(head), spin_us, Median(p50[1]) / Median(p50[0]));
+        fflush(stdout);
       }
-      for (int shards = 1; shards <= 2; ++shards) {
-        const double m = Median(p50[shards - 1]);
-        best[shards - 1] = std::min(best[shards - 1], m);
-        printf(
-            "round_floor workers=%d shards=%d replicas=%d bytes=%d spin_us=%d cohost=%d "
-            "p50_us=%.0f p99_us=%.0f\n",
-            workers, shards, replicas, bytes, spin_us, cohost ? 1 : 0, m, Median(p99[shards - 1]));
+      if (spins.size() > 1) {
+        printf("round_floor_best replicas=%d head=%s shards1_p50_us=%.0f shards2_p50_us=%.0f\n",
+               replicas, HeadName(head), best[0], best[1]);
+        fflush(stdout);
       }
-      printf("round_floor_ratio replicas=%d spin_us=%d shards2_over_shards1_p50=%.2f\n", replicas,
-             spin_us, Median(p50[1]) / Median(p50[0]));
-      fflush(stdout);
-    }
-    if (spins.size() > 1) {
-      printf("round_floor_best replicas=%d shards1_p50_us=%.0f shards2_p50_us=%.0f\n", replicas,
-             best[0], best[1]);
-      fflush(stdout);
     }
   }
   return 0;
