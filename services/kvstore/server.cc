@@ -182,13 +182,17 @@ class KVStoreServer::Impl : public DataPortHandler {
     security::JobScope scope(grant.ok() && grant->has_value() ? &(*grant)->job : nullptr);
     absl::Status status = grant.status();
     if (grant.ok()) {
-      // A trainer's calls count against its job's cap (admins' do not).
-      absl::StatusOr<JobLimiter::Hold> hold =
-          grant->has_value() ? calls_per_job_.Acquire((*grant)->job, (*grant)->workers)
-                             : JobLimiter::Hold();
+      absl::StatusOr<JobLimiter::Hold> hold = CallPlace(*grant);
       status = hold.ok() ? handler() : hold.status();
     }
     return Record(method, start, status);
+  }
+
+  // A call's place among its job's calls in flight (--max_calls_per_job):
+  // a trainer's calls count against its job's cap, admins' hold none.
+  absl::StatusOr<JobLimiter::Hold> CallPlace(const absl::optional<security::JobGrant>& grant) {
+    if (!grant.has_value()) return JobLimiter::Hold();
+    return calls_per_job_.Acquire(grant->job, grant->workers);
   }
 
   // Counts a finished call and converts its status for gRPC.
@@ -313,11 +317,9 @@ class KVStoreServer::Impl : public DataPortHandler {
     absl::StatusOr<absl::optional<security::JobGrant>> grant =
         Authorized(*ctx, method, options_.job_token_secret);
     absl::Status status = grant.status();
-    if (grant.ok() && grant->has_value()) {
-      // A trainer's calls count against its job's cap, a pull that waits
-      // without a thread as well (admins' calls do not).
-      absl::StatusOr<JobLimiter::Hold> hold =
-          calls_per_job_.Acquire((*grant)->job, (*grant)->workers);
+    if (grant.ok()) {
+      // A pull that waits without a thread holds its place too.
+      absl::StatusOr<JobLimiter::Hold> hold = CallPlace(*grant);
       if (hold.ok()) {
         absl::MutexLock lock(&call->mu);
         call->hold = std::move(*hold);
