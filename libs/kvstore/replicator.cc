@@ -338,7 +338,8 @@ absl::Status Replicator::Ack::Wait(absl::Time deadline) const {
 }
 
 absl::StatusOr<MutationResult> Replicator::Apply(v1::Mutation mutation, Ack* ack,
-                                                 std::vector<absl::string_view> values) {
+                                                 std::vector<absl::string_view> values,
+                                                 bool hold_incomplete) {
   if (static_cast<size_t>(ApartValues(mutation)) != values.size()) {
     return absl::InvalidArgumentError(absl::StrCat("Replicator::Apply: ", values.size(),
                                                    " values for ", ApartValues(mutation),
@@ -348,19 +349,50 @@ absl::StatusOr<MutationResult> Replicator::Apply(v1::Mutation mutation, Ack* ack
   absl::MutexLock lock(&mu_);
   if (stop_) return absl::UnavailableError(absl::StrCat(WhoLocked(), " is shutting down"));
   DT_RETURN_IF_ERROR(CheckIsHeadLocked());
+  std::shared_ptr<Pending> unheld = last_queued_;
   DT_ASSIGN_OR_RETURN(MutationResult result,
                       ApplyAndQueueLocked(std::move(shared), &ack->pending_,
                                           values.empty() ? nullptr : values.data()));
   if (ack->pending_ != nullptr) ack->pending_->values = std::move(values);
   ack->spin_ = options_.ack_spin;
+  if (hold_incomplete && ack->pending_ != nullptr && result.push.incomplete > 0 &&
+      options_.round_hold > absl::ZeroDuration()) {
+    hold_until_ = absl::Now() + options_.round_hold;
+    // Reads need not wait for it: it left its round incomplete, and a read
+    // sees only completed rounds (whose last push, sent with or after this
+    // one, is what AppliedSoFar then waits for). Waiting would hold the
+    // round's other workers' answers for the hold.
+    last_queued_ = std::move(unheld);
+    return result;
+  }
+  hold_until_ = absl::InfinitePast();
   SendInlineLocked();
   return result;
+}
+
+absl::Status Replicator::WaitHeld(const Ack& ack, absl::Time deadline) {
+  if (ack.pending_ == nullptr) return absl::OkStatus();
+  // A held write waits for another worker's push, not for a reply already
+  // on its way: sleep at once, leaving the CPUs to the threads that do the
+  // round's work.
+  Ack quiet = ack;
+  quiet.spin_ = absl::ZeroDuration();
+  const absl::Time held = std::min(deadline, absl::Now() + options_.round_hold);
+  if (absl::Status s = quiet.Wait(held); !absl::IsDeadlineExceeded(s)) return s;
+  {
+    // The round did not complete within the hold: send what is queued.
+    absl::MutexLock lock(&mu_);
+    hold_until_ = absl::InfinitePast();
+    SendInlineLocked();
+  }
+  return ack.Wait(deadline);
 }
 
 void Replicator::Detach(const Ack& ack) {
   Pending* p = ack.pending_.get();
   if (p == nullptr) return;
   absl::MutexLock lock(&mu_);
+  if (!p->done.HasBeenNotified()) hold_until_ = absl::InfinitePast();  // its caller is leaving
   if (p->values.empty() || !p->owned.empty()) return;
   auto settled = [p]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !p->being_sent; };
   mu_.Await(absl::Condition(&settled));
@@ -540,8 +572,12 @@ void Replicator::SendInlineLocked() {
 void Replicator::Forward() {
   absl::MutexLock lock(&mu_);
   for (;;) {
+    // Held writes (Apply's hold_incomplete) are not this thread's to send
+    // until their hold ran out: waking it for them would cost a wakeup per
+    // round. WaitHeld or the write that completes the round sends them.
     auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      return stop_ || (!sending_ && successor_.replica >= 0 && (need_transfer_ || !queue_.empty()));
+      return stop_ || (!sending_ && successor_.replica >= 0 &&
+                       (need_transfer_ || (!queue_.empty() && hold_until_ <= absl::Now())));
     };
     mu_.Await(absl::Condition(&ready));
     if (stop_) return;

@@ -118,6 +118,11 @@ struct ReplicatorOptions {
   int max_batch = 256;
   // How long Ack::Wait polls before its thread sleeps.
   absl::Duration ack_spin = absl::Microseconds(50);
+  // Apply(..., hold_incomplete = true) of a push that leaves a SYNC round
+  // incomplete stays queued until a write that completes one sends the
+  // queue, or this long (then the forwarder sends it): a round reaches the
+  // successor in one batch instead of one per worker. 0: no holding.
+  absl::Duration round_hold = absl::Milliseconds(2);
 };
 
 struct ReplicatorStats {
@@ -177,8 +182,18 @@ class Replicator {
   // items' bytes, referenced and not copied (they go from there to the
   // successor). The caller keeps them valid and unchanged until it called
   // Detach(*ack), which it must before they go away.
+  //
+  // `hold_incomplete`: a push that leaves a SYNC round incomplete is not
+  // sent now but with the write that completes the round (or after
+  // options.round_hold): for a caller that waits for the round anyway (a
+  // PushPull), so that the round costs the chain one batch.
   absl::StatusOr<MutationResult> Apply(v1::Mutation mutation, Ack* ack,
-                                       std::vector<absl::string_view> values = {});
+                                       std::vector<absl::string_view> values = {},
+                                       bool hold_incomplete = false);
+  // For a write applied with hold_incomplete: waits for the chain like
+  // ack.Wait(deadline), and sends the queue itself if the round did not
+  // complete within options.round_hold.
+  absl::Status WaitHeld(const Ack& ack, absl::Time deadline);
   // For a write applied with referenced values: returns once the chain no
   // longer needs them (acknowledged, or copied here if still queued; waits
   // while its batch is being sent).
@@ -256,6 +271,9 @@ class Replicator {
   std::deque<std::shared_ptr<Pending>> inflight_ ABSL_GUARDED_BY(mu_);  // sent, unacknowledged
   std::shared_ptr<Pending> last_queued_ ABSL_GUARDED_BY(mu_);  // null: all applied is replicated
   bool sending_ ABSL_GUARDED_BY(mu_) = false;                  // a batch is in flight
+  // Until then the queue waits for a write that completes a round
+  // (options_.round_hold); InfinitePast: nothing held.
+  absl::Time hold_until_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   absl::Time retry_at_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();  // after a failed batch
   std::pair<int, uint64_t> caught_up_ ABSL_GUARDED_BY(mu_) = {-1, 0};
   ReplicatorStats stats_ ABSL_GUARDED_BY(mu_);

@@ -333,6 +333,62 @@ TEST_F(ReplicatorTest, AnAckAndAppliedSoFarCompleteOnlyOnceTheChainHoldsTheWrite
   EXPECT_TRUE(b.replicator.AppliedSoFar().Wait(absl::Now()).ok());
 }
 
+// A push-pull's push that leaves its round incomplete (Apply's
+// hold_incomplete) waits at the head for the round's last push: the round
+// reaches the successor in one batch. Reads do not wait for the held push
+// (no read sees an incomplete round).
+TEST_F(ReplicatorTest, AHeldPushGoesDownTheChainWithThePushThatCompletesItsRound) {
+  ChainOfTwoWithAJob(2, Consistency::kSync);
+  ASSERT_FALSE(HasFatalFailure());
+  Node& a = *nodes_[0];
+  Node& b = *nodes_[1];
+  const int before = link_.batches();
+  Replicator::Ack held;
+  absl::StatusOr<MutationResult> first = a.replicator.Apply(Push(0, 1, 64), &held, {}, true);
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_EQ(first->push.incomplete, 1);
+  EXPECT_EQ(link_.batches(), before);  // not sent
+  EXPECT_TRUE(absl::IsDeadlineExceeded(held.Wait(absl::Now() + absl::Milliseconds(1))));
+  EXPECT_TRUE(a.replicator.AppliedSoFar().Wait(absl::Now()).ok());
+  EXPECT_EQ(b.store.GetJob("j", 0, true)->slices[0].pushed_round, 0);
+  // The round's last push sends the queue: both pushes, one batch.
+  Replicator::Ack last;
+  absl::StatusOr<MutationResult> second = a.replicator.Apply(Push(1, 1, 64), &last, {}, true);
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_EQ(second->push.incomplete, 0);
+  EXPECT_EQ(link_.batches(), before + 1);
+  EXPECT_TRUE(held.Wait(absl::Now()).ok());
+  EXPECT_TRUE(last.Wait(absl::Now()).ok());
+  EXPECT_TRUE(a.replicator.WaitHeld(held, absl::Now()).ok());
+  EXPECT_EQ(b.store.GetJob("j", 1, true)->slices[0].completed_round, 1);
+  EXPECT_EQ(Fingerprint(b.store), Fingerprint(a.store));
+}
+
+// A round whose other workers never push: WaitHeld sends the held push
+// itself once the hold ran out, and returns once the chain holds it.
+TEST_F(ReplicatorTest, AHeldPushWhoseRoundDoesNotCompleteIsSentAfterTheHold) {
+  ChainOfTwoWithAJob(3, Consistency::kSync);
+  ASSERT_FALSE(HasFatalFailure());
+  Node& a = *nodes_[0];
+  Node& b = *nodes_[1];
+  Replicator::Ack held;
+  ASSERT_TRUE(a.replicator.Apply(Push(0, 1, 64), &held, {}, true).ok());
+  const absl::Time start = absl::Now();
+  const absl::Status s = a.replicator.WaitHeld(held, Soon());
+  EXPECT_TRUE(s.ok()) << s;
+  EXPECT_GE(absl::Now() - start, ReplicatorOptions().round_hold);
+  EXPECT_EQ(b.store.GetJob("j", 0, true)->slices[0].pushed_round, 1);
+  EXPECT_EQ(Fingerprint(b.store), Fingerprint(a.store));
+  // Without hold_incomplete a push goes at once, complete round or not.
+  const int before = link_.batches();
+  Replicator::Ack ack;
+  absl::StatusOr<MutationResult> r = a.replicator.Apply(Push(1, 1, 64), &ack);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->push.incomplete, 1);  // worker 2 is still to push
+  EXPECT_EQ(link_.batches(), before + 1);
+  EXPECT_TRUE(ack.Wait(absl::Now()).ok());
+}
+
 // A push applied with referenced values (the data port's segment): Detach
 // waits while its batch is being sent, and copies the values of one still
 // queued, so the caller may reuse its buffer.

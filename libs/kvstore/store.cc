@@ -493,6 +493,8 @@ absl::StatusOr<PushResult> Store::Push(absl::string_view job_name, int worker,
         s.completed = item.round;
         s.pending = 0;
         job->rounds_completed.fetch_add(1, std::memory_order_relaxed);
+      } else {
+        ++result.incomplete;
       }
     } else {
       if (config.optimizer == OptimizerKind::kNone) {

@@ -135,6 +135,8 @@ struct PushItem {
 struct PushResult {
   int applied = 0;
   int duplicates = 0;
+  // SYNC: items applied whose round still waits for other workers' pushes.
+  int incomplete = 0;
 };
 
 struct PullRequestItem {

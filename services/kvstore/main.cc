@@ -73,6 +73,10 @@ ABSL_FLAG(int, max_calls_per_job, 128,
           "gRPC calls of one job (a trainer's token) served at once, a held pull included, or 4 "
           "per trainer its token names if more; more fail with RESOURCE_EXHAUSTED, so one job "
           "cannot take every serving thread (256) from the others (0: no cap)");
+ABSL_FLAG(int, replica_round_hold_us, 2000,
+          "with --scheduler (replicated): microseconds a push-pull whose push leaves its SYNC "
+          "round incomplete waits for the round's last push, so that the round goes down the "
+          "chain in one batch (0: every push goes alone)");
 ABSL_FLAG(int, replica_spin_us, 50,
           "with --scheduler (replicated): microseconds a thread polls for the chain's reply or "
           "next batch before sleeping (saves a wakeup per hop; costs that much CPU); 0: never");
@@ -132,16 +136,18 @@ int main(int argc, char** argv) {
   options.data_max_connections_per_job = absl::GetFlag(FLAGS_data_max_connections_per_job);
   options.max_calls_per_job = absl::GetFlag(FLAGS_max_calls_per_job);
   options.replica_spin = absl::Microseconds(absl::GetFlag(FLAGS_replica_spin_us));
+  options.replica_round_hold = absl::Microseconds(absl::GetFlag(FLAGS_replica_round_hold_us));
   options.job_ttl = absl::Seconds(absl::GetFlag(FLAGS_job_ttl_s));
   options.scheduler = absl::GetFlag(FLAGS_scheduler);
   options.replica_index = absl::GetFlag(FLAGS_replica_index);
   options.num_shards = absl::GetFlag(FLAGS_num_shards);
   options.advertise = absl::GetFlag(FLAGS_advertise);
   if (options.shard_index < 0 || options.max_message_bytes <= 0 ||
-      options.quota_bytes_per_job < 0 || options.max_jobs < 0) {
+      options.quota_bytes_per_job < 0 || options.max_jobs < 0 ||
+      options.replica_round_hold < absl::ZeroDuration()) {
     std::fprintf(stderr,
-                 "kvstore_server: --shard_index, --max_message_bytes, --quota_bytes_per_job and "
-                 "--max_jobs must not be negative\n");
+                 "kvstore_server: --shard_index, --max_message_bytes, --quota_bytes_per_job, "
+                 "--max_jobs and --replica_round_hold_us must not be negative\n");
     return 2;
   }
 

@@ -601,8 +601,12 @@ class KVStoreServer::Impl : public DataPortHandler {
   // With `by_reference` (and `ack`), a push whose items are one piece each
   // (the data port's) reaches the chain without a copy: the caller keeps the
   // pieces valid until it called Replicator::Detach(*ack).
+  //
+  // With `hold_incomplete` (a PushPull, which waits for its round anyway),
+  // a push that leaves its round incomplete reaches the chain with the push
+  // that completes it (Replicator::Apply); wait with Replicator::WaitHeld.
   absl::StatusOr<PushResult> ApplyPush(const ReceivedPush& p, Replicator::Ack* ack = nullptr,
-                                       bool by_reference = false) {
+                                       bool by_reference = false, bool hold_incomplete = false) {
     DT_RETURN_IF_ERROR(security::JobScope::Check(p.header.job()));
     PushResult result;
     if (replicator_ != nullptr) {
@@ -626,9 +630,10 @@ class KVStoreServer::Impl : public DataPortHandler {
         std::string* data = push->add_data();
         for (absl::string_view piece : item.data) data->append(piece.data(), piece.size());
       }
-      DT_ASSIGN_OR_RETURN(MutationResult r,
-                          ack != nullptr ? replicator_->Apply(std::move(m), ack, std::move(values))
-                                         : Replicate(std::move(m)));
+      DT_ASSIGN_OR_RETURN(
+          MutationResult r,
+          ack != nullptr ? replicator_->Apply(std::move(m), ack, std::move(values), hold_incomplete)
+                         : Replicate(std::move(m)));
       result = r.push;
     } else {
       DT_ASSIGN_OR_RETURN(result,
@@ -944,7 +949,15 @@ class KVStoreServer::Impl : public DataPortHandler {
         absl::Cleanup detach = [&] {
           if (replicator_ != nullptr) replicator_->Detach(ack);
         };
-        DT_ASSIGN_OR_RETURN(PushResult result, ApplyPush(p, &ack, /*by_reference=*/true));
+        const bool pushpull = request.op == DataOp::kPushPull;
+        DT_ASSIGN_OR_RETURN(PushResult result, ApplyPush(p, &ack, /*by_reference=*/true,
+                                                         /*hold_incomplete=*/pushpull));
+        if (pushpull && replicator_ != nullptr) {
+          // On the chain first (with the round's other pushes: one batch),
+          // then the round's values.
+          DT_RETURN_IF_ERROR(
+              replicator_->WaitHeld(ack, absl::Now() + options_.replication_timeout));
+        }
         if (request.op == DataOp::kPush) {
           DT_RETURN_IF_ERROR(ack.Wait(absl::Now() + options_.replication_timeout));
           v1::PushResponse r;
@@ -1311,6 +1324,7 @@ absl::StatusOr<std::unique_ptr<KVStoreServer>> KVStoreServer::Start(const Server
     server->link_ = std::move(data_port_link);
     ReplicatorOptions r;
     r.ack_spin = options.replica_spin;
+    r.round_hold = options.replica_round_hold;
     r.shard = options.shard_index;
     r.replica = options.replica_index;
     std::random_device random;

@@ -87,6 +87,7 @@ ABSL_FLAG(std::string, data_path, "auto",
           "and shared memory on this host), tcp (the data port over TCP, TLS unless --notls), "
           "grpc");
 ABSL_FLAG(int, replica_spin_us, 50, "the servers' --replica_spin_us");
+ABSL_FLAG(int, replica_round_hold_us, 2000, "the servers' --replica_round_hold_us");
 ABSL_FLAG(
     int, reply_spin_us, 0,
     "how long a worker polls for a data port reply before sleeping (ClientOptions.reply_spin; "
@@ -133,6 +134,8 @@ absl::StatusOr<Result> RunOnce(const char* argv0, int replicas) {
           absl::StrCat("--max_message_bytes=", absl::GetFlag(FLAGS_max_message_bytes))};
       flags.push_back(absl::StrCat("--callback_data=", absl::GetFlag(FLAGS_callback_data)));
       flags.push_back(absl::StrCat("--replica_spin_us=", absl::GetFlag(FLAGS_replica_spin_us)));
+      flags.push_back(
+          absl::StrCat("--replica_round_hold_us=", absl::GetFlag(FLAGS_replica_round_hold_us)));
       if (replicas > 1) {
         flags.push_back("--scheduler=" + scheduler);
         flags.push_back(absl::StrCat("--replica_index=", j));
