@@ -355,8 +355,11 @@ absl::StatusOr<MutationResult> Replicator::Apply(v1::Mutation mutation, Ack* ack
                                           values.empty() ? nullptr : values.data()));
   if (ack->pending_ != nullptr) ack->pending_->values = std::move(values);
   ack->spin_ = options_.ack_spin;
-  if (hold_incomplete && ack->pending_ != nullptr && result.push.incomplete > 0 &&
-      options_.round_hold > absl::ZeroDuration()) {
+  // Only a push that completes no round (every item it applied waits for
+  // other workers) is held: a completed round's values must reach the
+  // chain before anyone reads them.
+  if (hold_incomplete && ack->pending_ != nullptr && result.push.applied > 0 &&
+      result.push.incomplete == result.push.applied && options_.round_hold > absl::ZeroDuration()) {
     hold_until_ = absl::Now() + options_.round_hold;
     // Reads need not wait for it: it left its round incomplete, and a read
     // sees only completed rounds (whose last push, sent with or after this

@@ -183,10 +183,11 @@ class Replicator {
   // successor). The caller keeps them valid and unchanged until it called
   // Detach(*ack), which it must before they go away.
   //
-  // `hold_incomplete`: a push that leaves a SYNC round incomplete is not
-  // sent now but with the write that completes the round (or after
-  // options.round_hold): for a caller that waits for the round anyway (a
-  // PushPull), so that the round costs the chain one batch.
+  // `hold_incomplete`: a push that completes no SYNC round (each item it
+  // applied waits for other workers) is not sent now but with the write
+  // that completes the round (or after options.round_hold): for a caller
+  // that waits for the round anyway (a PushPull), so that the round costs
+  // the chain one batch.
   absl::StatusOr<MutationResult> Apply(v1::Mutation mutation, Ack* ack,
                                        std::vector<absl::string_view> values = {},
                                        bool hold_incomplete = false);

@@ -333,7 +333,7 @@ TEST_F(ReplicatorTest, AnAckAndAppliedSoFarCompleteOnlyOnceTheChainHoldsTheWrite
   EXPECT_TRUE(b.replicator.AppliedSoFar().Wait(absl::Now()).ok());
 }
 
-// A push-pull's push that leaves its round incomplete (Apply's
+// A push-pull's push that completes no round (Apply's
 // hold_incomplete) waits at the head for the round's last push: the round
 // reaches the successor in one batch. Reads do not wait for the held push
 // (no read sees an incomplete round).
@@ -361,6 +361,35 @@ TEST_F(ReplicatorTest, AHeldPushGoesDownTheChainWithThePushThatCompletesItsRound
   EXPECT_TRUE(last.Wait(absl::Now()).ok());
   EXPECT_TRUE(a.replicator.WaitHeld(held, absl::Now()).ok());
   EXPECT_EQ(b.store.GetJob("j", 1, true)->slices[0].completed_round, 1);
+  EXPECT_EQ(Fingerprint(b.store), Fingerprint(a.store));
+}
+
+// A push that completes one key's round and leaves another's incomplete is
+// not held: the completed round's values must reach the chain before a read
+// of them is answered.
+TEST_F(ReplicatorTest, APushThatCompletesARoundIsNeverHeld) {
+  ChainOfTwoWithAJob(2, Consistency::kSync);
+  ASSERT_FALSE(HasFatalFailure());
+  Node& a = *nodes_[0];
+  Node& b = *nodes_[1];
+  v1::Mutation init_v = Init(64);
+  init_v.mutable_init()->mutable_slices(0)->set_key("v");
+  ASSERT_TRUE(a.replicator.Submit(init_v, Soon()).ok());
+  Replicator::Ack first;
+  ASSERT_TRUE(a.replicator.Apply(Push(0, 1, 64), &first).ok());  // w, worker 0
+  v1::Mutation both = Push(1, 1, 64);                            // w completes, v does not
+  *both.mutable_push()->add_items() = both.push().items(0);
+  both.mutable_push()->mutable_items(1)->set_key("v");
+  *both.mutable_push()->add_data() = both.push().data(0);
+  const int before = link_.batches();
+  Replicator::Ack ack;
+  absl::StatusOr<MutationResult> r = a.replicator.Apply(both, &ack, {}, true);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->push.applied, 2);
+  EXPECT_EQ(r->push.incomplete, 1);
+  EXPECT_EQ(link_.batches(), before + 1);  // sent at once
+  EXPECT_TRUE(ack.Wait(absl::Now()).ok());
+  EXPECT_EQ(b.store.GetJob("j", 1, true)->slices[1].completed_round, 1);
   EXPECT_EQ(Fingerprint(b.store), Fingerprint(a.store));
 }
 

@@ -74,9 +74,9 @@ ABSL_FLAG(int, max_calls_per_job, 128,
           "per trainer its token names if more; more fail with RESOURCE_EXHAUSTED, so one job "
           "cannot take every serving thread (256) from the others (0: no cap)");
 ABSL_FLAG(int, replica_round_hold_us, 2000,
-          "with --scheduler (replicated): microseconds a push-pull whose push leaves its SYNC "
-          "round incomplete waits for the round's last push, so that the round goes down the "
-          "chain in one batch (0: every push goes alone)");
+          "with --scheduler (replicated): microseconds a push-pull whose push completes no SYNC "
+          "round waits for the round's last push, so that the round goes down the chain in one "
+          "batch (0: every push goes alone)");
 ABSL_FLAG(int, replica_spin_us, 50,
           "with --scheduler (replicated): microseconds a thread polls for the chain's reply or "
           "next batch before sleeping (saves a wakeup per hop; costs that much CPU); 0: never");

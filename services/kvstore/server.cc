@@ -603,8 +603,8 @@ class KVStoreServer::Impl : public DataPortHandler {
   // pieces valid until it called Replicator::Detach(*ack).
   //
   // With `hold_incomplete` (a PushPull, which waits for its round anyway),
-  // a push that leaves its round incomplete reaches the chain with the push
-  // that completes it (Replicator::Apply); wait with Replicator::WaitHeld.
+  // a push that completes no round reaches the chain with the push that
+  // completes it (Replicator::Apply); wait with Replicator::WaitHeld.
   absl::StatusOr<PushResult> ApplyPush(const ReceivedPush& p, Replicator::Ack* ack = nullptr,
                                        bool by_reference = false, bool hold_incomplete = false) {
     DT_RETURN_IF_ERROR(security::JobScope::Check(p.header.job()));

@@ -141,7 +141,7 @@ struct ServerOptions {
   // microseconds on a virtual machine) at the cost of that much CPU. Zero:
   // sleep at once (hosts with no spare core).
   absl::Duration replica_spin = absl::Microseconds(50);
-  // Replicated: how long a PushPull's push that leaves its round incomplete
+  // Replicated: how long a PushPull's push that completes no round
   // waits for the round's last push to go down the chain with it (one batch
   // per round; ReplicatorOptions::round_hold). 0: every push goes alone.
   absl::Duration replica_round_hold = absl::Milliseconds(2);
