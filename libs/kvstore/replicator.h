@@ -118,10 +118,10 @@ struct ReplicatorOptions {
   int max_batch = 256;
   // How long Ack::Wait polls before its thread sleeps.
   absl::Duration ack_spin = absl::Microseconds(50);
-  // Apply(..., hold_incomplete = true) of a push that leaves a SYNC round
-  // incomplete stays queued until a write that completes one sends the
-  // queue, or this long (then the forwarder sends it): a round reaches the
-  // successor in one batch instead of one per worker. 0: no holding.
+  // Apply(..., hold_incomplete = true) of a push that completes no SYNC
+  // round stays queued until a write that completes one sends the queue, or
+  // this long (then WaitHeld sends it): a round reaches the successor in one
+  // batch instead of one per worker. 0: no holding.
   absl::Duration round_hold = absl::Milliseconds(2);
 };
 

@@ -958,7 +958,7 @@ class KVStoreServer::Impl : public DataPortHandler {
           DT_RETURN_IF_ERROR(
               replicator_->WaitHeld(ack, absl::Now() + options_.replication_timeout));
         }
-        if (request.op == DataOp::kPush) {
+        if (!pushpull) {
           DT_RETURN_IF_ERROR(ack.Wait(absl::Now() + options_.replication_timeout));
           v1::PushResponse r;
           r.set_applied(result.applied);
