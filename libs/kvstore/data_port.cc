@@ -15,6 +15,7 @@
 #include <poll.h>
 #include <sched.h>
 #include <signal.h>
+#include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -27,6 +28,7 @@
 #include <fstream>
 #include <utility>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -197,6 +199,7 @@ class FdConn : public DataConn {
       sched_yield();  // another thread on this CPU may be what we wait for
     }
   }
+  bool HasBuffered() const override { return ahead_begin_ < ahead_end_; }
   int fd() const { return fd_; }
 
  protected:
@@ -289,6 +292,7 @@ class TlsConn : public FdConn {
     // SSL_has_pending: decrypted bytes, or raw ones read ahead.
     return SSL_has_pending(ssl_) == 1 || FdConn::SpinUntilReadable(spin);
   }
+  bool HasBuffered() const override { return SSL_has_pending(ssl_) == 1; }
 
   absl::Status WriteAll(const std::vector<absl::string_view>& pieces, int pass_fd) override {
     if (pass_fd >= 0) {
@@ -448,6 +452,10 @@ absl::Status WriteError(DataConn& conn, uint16_t op, uint64_t id, const absl::St
   return WriteFrame(conn, h, status.message(), {});
 }
 
+struct Segment;
+absl::Status WriteReply(DataConn& conn, const Segment& segment, uint16_t op, uint64_t id,
+                        const absl::Status& status, const DataReply& reply);
+
 // A segment the client passed: checked (sealed against shrinking, sized)
 // and mapped.
 struct Segment {
@@ -484,6 +492,29 @@ struct Segment {
     return absl::OkStatus();
   }
 };
+
+// Writes a request's reply (the error when `status` is not OK): its
+// payload in the client's segment when it fits, on the socket otherwise.
+absl::Status WriteReply(DataConn& conn, const Segment& segment, uint16_t op, uint64_t id,
+                        const absl::Status& status, const DataReply& reply) {
+  if (!status.ok()) return WriteError(conn, op, id, status);
+  FrameHeader out;
+  out.op = static_cast<uint16_t>(op | kReplyBit);
+  out.request_id = id;
+  uint64_t total = 0;
+  for (absl::string_view v : reply.values) total += v.size();
+  out.payload_bytes = total;
+  if (conn.kind() == DataConn::Kind::kUnix && total > 0 && total <= segment.bytes) {
+    char* p = segment.data;
+    for (absl::string_view v : reply.values) {
+      std::memcpy(p, v.data(), v.size());
+      p += v.size();
+    }
+    out.flags = kPayloadInSegment;
+    return WriteFrame(conn, out, reply.header, {});
+  }
+  return WriteFrame(conn, out, reply.header, reply.values);
+}
 
 absl::StatusOr<int> Listen(int family, const sockaddr* addr, socklen_t len, const char* what) {
   int fd = socket(family, SOCK_STREAM | SOCK_CLOEXEC, 0);
@@ -870,6 +901,11 @@ void DataPortServer::Serve(std::unique_ptr<DataConn> conn, int id) {
   std::unique_ptr<char[]> buffer;
   uint64_t buffer_bytes = 0;
   std::string header;
+  // An eventfd for DataResponder::Poke, made at the first deferred request.
+  int wake_fd = -1;
+  absl::Cleanup close_wake = [&wake_fd] {
+    if (wake_fd >= 0) close(wake_fd);
+  };
   absl::Duration spin = absl::ZeroDuration();
   while (!stopping_) {
     char fixed[kFrameHeaderSize];
@@ -929,8 +965,32 @@ void DataPortServer::Serve(std::unique_ptr<DataConn> conn, int id) {
       DT_RETURN_IF_ERROR(conn->ReadFull(buffer.get(), h->payload_bytes));
       return absl::string_view(buffer.get(), h->payload_bytes);
     };
+    std::shared_ptr<DataResponder> deferred;
+    request.defer = [&]() -> std::shared_ptr<DataResponder> {
+      DT_CHECK(deferred == nullptr) << "data port: a request deferred twice";
+      if (wake_fd < 0) wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+      DataConn* c = conn.get();
+      const Segment* seg = &segment;
+      const uint16_t op = h->op;
+      const uint64_t id = h->request_id;
+      deferred.reset(new DataResponder(
+          [c, seg, op, id](const absl::Status& status, const DataReply& reply) {
+            return WriteReply(*c, *seg, op, id, status, reply);
+          },
+          wake_fd));
+      return deferred;
+    };
     DataReply reply;
     absl::Status status = handler_->Handle(request, &reply);
+    if (deferred != nullptr) {
+      if (!payload_read && !in_segment) {
+        status = absl::InternalError("data port: the handler deferred a request it did not read");
+      }
+      if (!status.ok()) deferred->Answer(status, DataReply());
+      if (!AwaitAnswer(*deferred, *conn, h->op, h->request_id)) return;
+      spin = absl::ZeroDuration();
+      continue;
+    }
     if (!status.ok()) {
       if (!WriteError(*conn, h->op, h->request_id, status).ok()) return;
       if (!payload_read && !in_segment) return;  // the stream is out of step
@@ -941,26 +1001,105 @@ void DataPortServer::Serve(std::unique_ptr<DataConn> conn, int id) {
                        absl::InternalError("data port: the handler left the payload unread"));
       return;
     }
-    FrameHeader out;
-    out.op = static_cast<uint16_t>(h->op | kReplyBit);
-    out.request_id = h->request_id;
-    uint64_t total = 0;
-    for (absl::string_view v : reply.values) total += v.size();
-    out.payload_bytes = total;
-    std::vector<absl::string_view> payload = reply.values;
-    if (conn->kind() == DataConn::Kind::kUnix && total > 0 && total <= segment.bytes) {
-      char* p = segment.data;
-      for (absl::string_view v : reply.values) {
-        std::memcpy(p, v.data(), v.size());
-        p += v.size();
-      }
-      out.flags = kPayloadInSegment;
-      payload.clear();
-    }
-    if (!WriteFrame(*conn, out, reply.header, payload).ok()) return;
+    if (!WriteReply(*conn, segment, h->op, h->request_id, absl::OkStatus(), reply).ok()) return;
     spin = h->op == static_cast<uint16_t>(DataOp::kReplicate) ? options_.replicate_spin
                                                               : absl::ZeroDuration();
   }
+}
+
+bool DataPortServer::AwaitAnswer(DataResponder& r, DataConn& conn, uint16_t op,
+                                 uint64_t request_id) {
+  const int fd = static_cast<FdConn&>(conn).fd();
+  for (;;) {
+    absl::Time at;
+    bool buffered;
+    {
+      absl::MutexLock lock(&r.mu_);
+      if (r.answered_) return !r.failed_;
+      if (stopping_) {
+        r.EndLocked();
+        return false;
+      }
+      at = r.at_;
+      // Under the lock: an answer being written (TLS) shares the state.
+      buffered = conn.HasBuffered();
+    }
+    pollfd fds[2] = {{fd, POLLIN | POLLRDHUP, 0}, {r.wake_fd_, POLLIN, 0}};
+    if (!buffered) {
+      // At most a second at a time: Shutdown also ends the wait by shutting
+      // the socket down, this is a second line.
+      absl::Duration wait = std::min(at - absl::Now(), absl::Seconds(1));
+      if (wait < absl::ZeroDuration()) wait = absl::ZeroDuration();
+      const timespec ts = absl::ToTimespec(wait);
+      if (ppoll(fds, 2, &ts, nullptr) < 0 && errno != EINTR) {
+        absl::MutexLock lock(&r.mu_);
+        r.EndLocked();
+        return false;
+      }
+    }
+    bool run = false;
+    if ((fds[1].revents & POLLIN) != 0) {
+      uint64_t count;
+      (void)read(r.wake_fd_, &count, sizeof(count));
+      run = true;
+    }
+    std::function<void()> fn;
+    {
+      absl::MutexLock lock(&r.mu_);
+      if (!r.answered_ && (run || absl::Now() >= r.at_)) {
+        r.at_ = absl::InfiniteFuture();  // until fn sets it again
+        fn = r.fn_;
+      }
+    }
+    if (fn) fn();
+    if (!buffered && fds[0].revents == 0) continue;
+    // The peer sent a frame or closed its end: after the answer, the next
+    // request; before it, the end of the connection.
+    absl::MutexLock lock(&r.mu_);
+    if (r.answered_) return !r.failed_;
+    r.EndLocked();
+    if (!conn.PeerClosed()) {
+      (void)WriteError(conn, op, request_id,
+                       absl::FailedPreconditionError(
+                           absl::StrCat("data port: a frame came before the reply to request ",
+                                        request_id, " (one request at a time on a connection)")));
+    }
+    return false;
+  }
+}
+
+bool DataResponder::Answer(const absl::Status& status, const DataReply& reply) {
+  absl::MutexLock lock(&mu_);
+  if (answered_ || ended_) return false;
+  answered_ = true;
+  failed_ = !write_(status, reply).ok();
+  write_ = nullptr;  // nothing of the connection's is touched after this
+  fn_ = nullptr;     // (it may hold this responder)
+  return true;
+}
+
+void DataResponder::EndLocked() {
+  ended_ = true;
+  write_ = nullptr;
+  fn_ = nullptr;
+}
+
+void DataResponder::SetTimer(absl::Time at, std::function<void()> fn) {
+  absl::MutexLock lock(&mu_);
+  at_ = at;
+  fn_ = std::move(fn);
+}
+
+void DataResponder::Poke() {
+  absl::MutexLock lock(&mu_);
+  if (answered_ || ended_) return;
+  const uint64_t one = 1;
+  (void)write(wake_fd_, &one, sizeof(one));
+}
+
+bool DataResponder::answered() const {
+  absl::MutexLock lock(&mu_);
+  return answered_;
 }
 
 absl::StatusOr<std::string> DefaultDataSocketPath() {

@@ -25,7 +25,9 @@
 //   DataPortServer (thread per connection, blocking I/O: the connection's
 //   thread reads a frame, runs it through the DataPortHandler, writes the
 //   reply; a SYNC pull blocks that thread until its round completes, its
-//   frame's timeout passes, the peer closes, or Shutdown).
+//   frame's timeout passes, the peer closes, or Shutdown; a handler may
+//   defer a reply instead, and the thread that completes its wait writes
+//   it: DataResponder).
 //
 //   auto conn = DataPortConnection::Dial(address, hello, tls, timeout);
 //   DT_RETURN_IF_ERROR((*conn)->Send(DataOp::kPushPull, header, values, reply_bytes, timeout));
@@ -112,6 +114,9 @@ class DataConn {
   // without the cost of waking a blocked thread (tens of microseconds on a
   // virtual machine whose idle CPUs halt).
   virtual bool SpinUntilReadable(absl::Duration spin) = 0;
+  // Whether bytes were read from the socket and not yet returned (the
+  // read-ahead buffer, or TLS's): polling the descriptor misses them.
+  virtual bool HasBuffered() const = 0;
 };
 
 // ---------------------------------------------------------------------------
@@ -139,6 +144,9 @@ struct DataPortServerOptions {
   absl::Duration replicate_spin = absl::Microseconds(50);
 };
 
+struct DataReply;
+class DataResponder;
+
 // One request as the connection's thread hands it to the handler.
 struct DataRequest {
   DataOp op = DataOp::kPush;
@@ -158,12 +166,61 @@ struct DataRequest {
   // Who the connection is (its HELLO's identity).
   const security::Identity* who = nullptr;
   DataConn::Kind kind = DataConn::Kind::kTcp;
+  // Defers the reply, for a request that waits for others (a pull whose
+  // round is not complete): the handler reads the payload first, keeps the
+  // responder and returns OK with `reply` left empty; the responder answers
+  // later, from any thread (DataResponder). At most once per request.
+  std::function<std::shared_ptr<DataResponder>()> defer;
 };
 
 struct DataReply {
   std::string header;                               // serialized protobuf
   std::vector<absl::string_view> values;            // the payload, in order
   std::vector<std::shared_ptr<const void>> owners;  // keep `values` alive
+};
+
+// The answer to a deferred request (DataRequest::defer). Whichever thread
+// makes the request's wait end answers it: the push that completes a round
+// writes the replies of the pulls that waited for it, and no thread is
+// woken to write them (a wakeup costs tens of microseconds on a virtual
+// machine whose idle CPUs halt). Until then the connection's thread waits
+// in poll, holding no lock, for the answer, the peer closing, Shutdown, or
+// the responder's timer, whose function it runs (for deadlines, and for a
+// wake that has no thread to answer from: Poke). A frame that comes before
+// the answer ends the connection (one request at a time).
+//
+//   std::shared_ptr<DataResponder> r = request.defer();
+//   r->SetTimer(deadline, [r] { r->Answer(absl::DeadlineExceededError("..."), DataReply()); });
+//   ... later, on any thread:  r->Answer(absl::OkStatus(), reply);
+class DataResponder {
+ public:
+  // Writes the reply (the error when `status` is not OK); false when the
+  // request was answered already or its connection ended. Thread-safe.
+  bool Answer(const absl::Status& status, const DataReply& reply);
+  // `fn` runs on the connection's thread at `at` (InfiniteFuture: only
+  // when poked) and when poked; it may answer, or set the timer again. Call
+  // from the handler before it returns, or from `fn`.
+  void SetTimer(absl::Time at, std::function<void()> fn);
+  // From any thread: the connection's thread runs the timer's function
+  // soon (a system call and a wakeup; Answer directly when you can).
+  void Poke();
+  bool answered() const;
+
+ private:
+  friend class DataPortServer;
+  using Writer = std::function<absl::Status(const absl::Status&, const DataReply&)>;
+  DataResponder(Writer write, int wake_fd) : write_(std::move(write)), wake_fd_(wake_fd) {}
+  // The connection's thread leaves without an answer.
+  void EndLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  mutable absl::Mutex mu_;
+  Writer write_ ABSL_GUARDED_BY(mu_);
+  const int wake_fd_;  // the connection's eventfd
+  bool answered_ ABSL_GUARDED_BY(mu_) = false;
+  bool failed_ ABSL_GUARDED_BY(mu_) = false;  // the answer could not be written
+  bool ended_ ABSL_GUARDED_BY(mu_) = false;   // the connection's thread left
+  absl::Time at_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
+  std::function<void()> fn_ ABSL_GUARDED_BY(mu_);
 };
 
 // What the server runs: the kvstore shard behind both gRPC and the data
@@ -217,6 +274,9 @@ class DataPortServer {
   DataPortServer() = default;
   void AcceptLoop(int listen_fd, bool unix_socket) ABSL_NO_THREAD_SAFETY_ANALYSIS;
   void Serve(std::unique_ptr<DataConn> conn, int id);
+  // Waits for a deferred request's answer (see DataResponder); false when
+  // the connection ends instead.
+  bool AwaitAnswer(DataResponder& responder, DataConn& conn, uint16_t op, uint64_t request_id);
 
   DataPortServerOptions options_;
   std::string instance_;

@@ -366,6 +366,7 @@ absl::StatusOr<MutationResult> Replicator::Apply(v1::Mutation mutation, Ack* ack
     // one, is what AppliedSoFar then waits for). Waiting would hold the
     // round's other workers' answers for the hold.
     last_queued_ = std::move(unheld);
+    ack->held_ = true;
     return result;
   }
   hold_until_ = absl::InfinitePast();
@@ -382,20 +383,25 @@ absl::Status Replicator::WaitHeld(const Ack& ack, absl::Time deadline) {
   quiet.spin_ = absl::ZeroDuration();
   const absl::Time held = std::min(deadline, absl::Now() + options_.round_hold);
   if (absl::Status s = quiet.Wait(held); !absl::IsDeadlineExceeded(s)) return s;
-  {
-    // The round did not complete within the hold: send what is queued.
-    absl::MutexLock lock(&mu_);
-    hold_until_ = absl::InfinitePast();
-    SendInlineLocked();
-  }
+  ReleaseHold(ack);  // the round did not complete within the hold
   return ack.Wait(deadline);
 }
 
-void Replicator::Detach(const Ack& ack) {
+void Replicator::ReleaseHold(const Ack& ack) {
+  if (ack.pending_ == nullptr) return;
+  absl::MutexLock lock(&mu_);
+  if (ack.pending_->done.HasBeenNotified()) return;
+  hold_until_ = absl::InfinitePast();
+  SendInlineLocked();
+}
+
+void Replicator::Detach(const Ack& ack, bool keep_hold) {
   Pending* p = ack.pending_.get();
   if (p == nullptr) return;
   absl::MutexLock lock(&mu_);
-  if (!p->done.HasBeenNotified()) hold_until_ = absl::InfinitePast();  // its caller is leaving
+  if (!keep_hold && !p->done.HasBeenNotified()) {
+    hold_until_ = absl::InfinitePast();  // its caller is leaving
+  }
   if (p->values.empty() || !p->owned.empty()) return;
   auto settled = [p]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !p->being_sent; };
   mu_.Await(absl::Condition(&settled));

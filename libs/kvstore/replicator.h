@@ -162,11 +162,16 @@ class Replicator {
     // (the client retries, and the retry is a duplicate); kUnavailable when
     // this replica stopped or left its chain first.
     absl::Status Wait(absl::Time deadline) const;
+    // Whether Apply held the write (its `hold_incomplete`): it goes down the
+    // chain with the write that completes its round, or once ReleaseHold
+    // (or WaitHeld) sends it.
+    bool held() const { return held_; }
 
    private:
     friend class Replicator;
     std::shared_ptr<Pending> pending_;
     absl::Duration spin_;
+    bool held_ = false;
   };
 
   // A client's write, at the head: applies it, forwards it, and returns its
@@ -195,10 +200,16 @@ class Replicator {
   // ack.Wait(deadline), and sends the queue itself if the round did not
   // complete within options.round_hold.
   absl::Status WaitHeld(const Ack& ack, absl::Time deadline);
+  // For a held write whose caller does not wait in WaitHeld (it waits for
+  // its round without a thread): sends the queue now unless the write was
+  // acknowledged already. Call it once the hold ran out, or when the caller
+  // stops waiting.
+  void ReleaseHold(const Ack& ack);
   // For a write applied with referenced values: returns once the chain no
   // longer needs them (acknowledged, or copied here if still queued; waits
-  // while its batch is being sent).
-  void Detach(const Ack& ack);
+  // while its batch is being sent). A held write's hold ends unless
+  // `keep_hold` (for a caller that calls ReleaseHold itself).
+  void Detach(const Ack& ack, bool keep_hold = false);
   // Completes once every mutation applied here so far is on every replica:
   // a read at the head waits for it before answering, so that it never
   // returns a value a replica that takes over could lack.

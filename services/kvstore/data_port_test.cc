@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "gtest/gtest.h"
 #include "libs/kvstore/client.h"
 #include "libs/kvstore/data_port_frame.h"
@@ -179,6 +180,31 @@ class DataPortTest : public ::testing::Test {
     std::vector<float> g(4, 1.0f), out(4, 0.0f);
     absl::Status s = (*client)->PushPull({{"w", g.data(), out.data()}});
     ASSERT_TRUE(s.ok()) << s;
+  }
+
+  // A trainer's client of `job` (its token) on `path`.
+  std::unique_ptr<KVClient> Client(const std::string& job, DataPath path, int worker = 0,
+                                   absl::Duration pull_timeout = absl::Seconds(3)) {
+    ClientOptions o;
+    o.worker = worker;
+    o.servers = {server_->local_address()};
+    o.job = job;
+    o.token = Token(job);
+    o.data_path = path;
+    o.pull_timeout = pull_timeout;
+    auto client = KVClient::Connect(o);
+    EXPECT_TRUE(client.ok()) << client.status();
+    return client.ok() ? std::move(*client) : nullptr;
+  }
+
+  // The shard's count of OK PushPulls (both transports' method name).
+  double OkPushPulls() {
+    auto m = metrics::Scrape(server_->metrics_port());
+    EXPECT_TRUE(m.ok()) << m.status();
+    if (!m.ok()) return -1;
+    return metrics::SampleValue(*m,
+                                "dtrain_kvstore_requests_total{code=\"OK\",method=\"PushPull\"}")
+        .value_or(0);
   }
 
   std::string dir_, secret_, socket_dir_;
@@ -544,6 +570,220 @@ TEST_F(DataPortTest, DataPortRequestsCountInTheKvstoresMetrics) {
             0);
 }
 
+// A PushPull whose push leaves its round waiting for other workers holds no
+// thread on the data port: the round's last push answers it (DataResponder).
+// These end that wait every way it can end, on both transports.
+class ParkedPullTest : public DataPortTest {
+ protected:
+  // A PushRequest header: `worker` pushes key "w" (4 floats) of `job` for `round`.
+  static std::string PushHeader(const std::string& job, int worker, int64_t round) {
+    v1::PushRequest push;
+    push.set_job(job);
+    push.set_worker(worker);
+    v1::PushItem* item = push.add_items();
+    item->set_key("w");
+    item->set_round(round);
+    item->add_shape(4);
+    return push.SerializeAsString();
+  }
+
+  // Job `job` of `workers` workers with key "w" (4 floats), and its
+  // clients on `path` (pulls waiting up to `pull_timeout`).
+  std::vector<std::unique_ptr<KVClient>> Job(const std::string& job, int workers, DataPath path,
+                                             absl::Duration pull_timeout = absl::Seconds(10)) {
+    std::vector<std::unique_ptr<KVClient>> clients;
+    for (int w = 0; w < workers; ++w) {
+      clients.push_back(Client(job, path, w, pull_timeout));
+      if (clients.back() == nullptr) return {};
+    }
+    JobConfig config;
+    config.job = job;
+    config.num_workers = workers;
+    EXPECT_TRUE(clients[0]->CreateJob(config).ok());
+    for (auto& c : clients) EXPECT_TRUE(c->Init({{"w", {4}}}).ok());
+    return clients;
+  }
+};
+
+// Worker 0's pull waits (parked) until worker 1 pushes; then both get the
+// round's values, and both calls count as OK PushPulls.
+TEST_F(ParkedPullTest, TheRoundsLastPushAnswersThePullsThatWaitForIt) {
+  int n = 0;
+  for (DataPath path : {DataPath::kAuto, DataPath::kTcp}) {
+    SCOPED_TRACE(path == DataPath::kAuto ? "unix" : "tls");
+    std::vector<std::unique_ptr<KVClient>> w = Job(absl::StrCat("p", n++), 2, path);
+    ASSERT_EQ(w.size(), 2u);
+    const double before = OkPushPulls();
+    std::vector<float> g0 = {1, 2, 3, 4}, g1 = {10, 20, 30, 40}, out0(4, -1), out1(4, -1);
+    absl::Notification answered;
+    absl::Status s0;
+    std::thread t0([&] {
+      s0 = w[0]->PushPull({{"w", g0.data(), out0.data()}});
+      answered.Notify();
+    });
+    // Worker 0's push is in (the round counts it) and its pull waits.
+    bool pushed = false;
+    for (absl::Time end = absl::Now() + absl::Seconds(5); !pushed && absl::Now() < end;) {
+      auto job = server_->store().GetJob(absl::StrCat("p", n - 1), 0, true);
+      ASSERT_TRUE(job.ok()) << job.status();
+      pushed = job->slices.size() == 1 && job->slices[0].pushed_round == 1;
+      if (!pushed) absl::SleepFor(absl::Milliseconds(5));
+    }
+    ASSERT_TRUE(pushed);
+    EXPECT_FALSE(answered.WaitForNotificationWithTimeout(absl::Milliseconds(100)));
+    absl::Status s1 = w[1]->PushPull({{"w", g1.data(), out1.data()}});
+    t0.join();
+    ASSERT_TRUE(s0.ok()) << s0;
+    ASSERT_TRUE(s1.ok()) << s1;
+    EXPECT_EQ(out0, out1);
+    std::vector<float> pulled(4, -2);
+    ASSERT_TRUE(w[0]->Pull({{"w", pulled.data()}}).ok());
+    EXPECT_EQ(out0, pulled);
+    EXPECT_NE(out0, std::vector<float>(4, 0.0f));  // the round changed the value
+    EXPECT_EQ(OkPushPulls(), before + 2);
+  }
+}
+
+// A round no one completes: the parked pull is answered at its deadline,
+// by the shard (naming the worker it waits for), not by the client giving
+// up; the shard then serves the next round.
+TEST_F(ParkedPullTest, APullWhoseRoundNeverCompletesIsAnsweredAtItsDeadline) {
+  std::vector<std::unique_ptr<KVClient>> w = Job("p", 2, DataPath::kAuto);
+  ASSERT_EQ(w.size(), 2u);
+  for (const DataPortAddress& where : {unix_, tcp_}) {
+    SCOPED_TRACE(where.unix_socket.empty() ? "tls" : "unix");
+    auto conn = DialAs(where, "p");
+    ASSERT_TRUE(conn.ok()) << conn.status();
+    const absl::Time start = absl::Now();
+    ASSERT_TRUE((*conn)
+                    ->Send(DataOp::kPushPull, PushHeader("p", 0, 1), {std::string(16, '\0')}, 16,
+                           absl::Milliseconds(300))
+                    .ok());
+    absl::StatusOr<std::string> reply = (*conn)->ReceiveHeader();
+    const absl::Duration took = absl::Now() - start;
+    EXPECT_TRUE(absl::IsDeadlineExceeded(reply.status())) << reply.status();
+    EXPECT_NE(reply.status().message().find("waiting for workers [1]"), std::string::npos)
+        << reply.status();
+    EXPECT_GE(took, absl::Milliseconds(250));
+    EXPECT_LT(took, absl::Seconds(1));  // the connection's own timeout is 1 s later
+  }
+  ExpectServes(DataPath::kAuto);
+}
+
+// The round is completed by a push over gRPC (a client refused a data port
+// connection uses it), which answers no parked pulls itself: it wakes the
+// parked request's thread, which answers at once, not at the deadline.
+TEST_F(ParkedPullTest, ARoundCompletedOverGrpcAnswersAPullParkedOnTheDataPort) {
+  std::unique_ptr<KVClient> w0 = Client("p", DataPath::kAuto, 0, absl::Seconds(10));
+  std::unique_ptr<KVClient> w1 = Client("p", DataPath::kGrpc, 1, absl::Seconds(10));
+  ASSERT_TRUE(w0 && w1);
+  JobConfig config;
+  config.job = "p";
+  config.num_workers = 2;
+  ASSERT_TRUE(w0->CreateJob(config).ok());
+  ASSERT_TRUE(w0->Init({{"w", {4}}}).ok());
+  ASSERT_TRUE(w1->Init({{"w", {4}}}).ok());
+  std::vector<float> g(4, 1.0f), out0(4), out1(4);
+  absl::Status s0;
+  absl::Time answered;
+  std::thread t0([&] {
+    s0 = w0->PushPull({{"w", g.data(), out0.data()}});
+    answered = absl::Now();
+  });
+  absl::SleepFor(absl::Milliseconds(100));  // worker 0's pull parks
+  const absl::Time pushed = absl::Now();
+  absl::Status s1 = w1->PushPull({{"w", g.data(), out1.data()}});
+  t0.join();
+  ASSERT_TRUE(s0.ok()) << s0;
+  ASSERT_TRUE(s1.ok()) << s1;
+  EXPECT_EQ(out0, out1);
+  EXPECT_LT(answered - pushed, absl::Seconds(3));  // not at the 10 s deadline
+}
+
+// Hostile or gone peers of a parked request: a frame sent before the reply
+// gets an error and the connection ends; a peer that closes frees its
+// connection; either way the shard goes on serving.
+TEST_F(ParkedPullTest, AFrameBeforeTheReplyOrAPeerThatLeavesEndsOnlyItsConnection) {
+  // Workers 0 to 3 each push once (a round of 5 never completes).
+  std::vector<std::unique_ptr<KVClient>> w = Job("p", 5, DataPath::kAuto);
+  ASSERT_EQ(w.size(), 5u);
+  int worker = 0;
+  for (bool leave : {false, true}) {
+    SCOPED_TRACE(leave ? "the peer leaves" : "a frame before the reply");
+    for (const DataPortAddress& where : {unix_, tcp_}) {
+      const std::string kind = where.unix_socket.empty() ? "tls" : "unix";
+      SCOPED_TRACE(kind);
+      auto conn = DialAs(where, "p");
+      ASSERT_TRUE(conn.ok()) << conn.status();
+      auto open = [&] {
+        auto m = metrics::Scrape(server_->metrics_port());
+        EXPECT_TRUE(m.ok());
+        return m.ok() ? metrics::SampleValue(
+                            *m, "dtrain_kvstore_data_port_connections{kind=\"" + kind + "\"}")
+                            .value_or(-1)
+                      : -1;
+      };
+      const double before = open();
+      const std::string push = PushHeader("p", worker++, 1);
+      ASSERT_TRUE(
+          (*conn)
+              ->Send(DataOp::kPushPull, push, {std::string(16, '\0')}, 16, absl::Seconds(10))
+              .ok());
+      absl::SleepFor(absl::Milliseconds(50));  // parked
+      if (leave) {
+        conn->reset();
+      } else {
+        ASSERT_TRUE(
+            (*conn)
+                ->Send(DataOp::kPushPull, push, {std::string(16, '\0')}, 16, absl::Seconds(10))
+                .ok());
+        absl::StatusOr<std::string> reply = (*conn)->ReceiveHeader();
+        EXPECT_EQ(reply.status().code(), absl::StatusCode::kFailedPrecondition) << reply.status();
+        EXPECT_NE(reply.status().message().find("a frame came before the reply to request 2"),
+                  std::string::npos)
+            << reply.status();
+        for (absl::Time end = absl::Now() + absl::Seconds(5);
+             absl::Now() < end && !(*conn)->PeerClosed();) {
+          absl::SleepFor(absl::Milliseconds(5));
+        }
+        EXPECT_TRUE((*conn)->PeerClosed());
+      }
+      double now = -1;
+      for (absl::Time end = absl::Now() + absl::Seconds(5); absl::Now() < end;) {
+        now = open();
+        if (now == before - 1) break;
+        absl::SleepFor(absl::Milliseconds(10));
+      }
+      EXPECT_EQ(now, before - 1);
+      conn->reset();
+      ExpectServes(DataPath::kAuto);
+    }
+  }
+}
+
+// Shutdown ends a parked request's wait (the client sees the shard go) and
+// does not wait for its deadline.
+TEST_F(ParkedPullTest, ShutdownEndsAParkedPull) {
+  std::vector<std::unique_ptr<KVClient>> w = Job("p", 2, DataPath::kAuto);
+  ASSERT_EQ(w.size(), 2u);
+  std::vector<float> g(4, 1.0f), out(4);
+  absl::Status s0;
+  absl::Notification answered;
+  std::thread t0([&] {
+    s0 = w[0]->PushPull({{"w", g.data(), out.data()}});
+    answered.Notify();
+  });
+  absl::SleepFor(absl::Milliseconds(100));
+  const absl::Time start = absl::Now();
+  ASSERT_TRUE(server_->Shutdown(absl::ZeroDuration()).ok());
+  EXPECT_LT(absl::Now() - start, absl::Seconds(3));
+  server_.reset();
+  // The client retries an unreachable shard for a while (unavailable_timeout); its
+  // call ends unanswered, not with the round's values.
+  t0.join();
+  EXPECT_FALSE(s0.ok());
+}
+
 // A shard whose per-job caps are small: one job at its cap, another still served.
 class JobCapTest : public DataPortTest {
  protected:
@@ -552,19 +792,6 @@ class JobCapTest : public DataPortTest {
     options->data_max_connections_per_job = 2;
     options->max_calls_per_job = 2;
   }
-  std::unique_ptr<KVClient> Client(const std::string& job, DataPath path, int worker = 0) {
-    ClientOptions o;
-    o.worker = worker;
-    o.servers = {server_->local_address()};
-    o.job = job;
-    o.token = Token(job);
-    o.data_path = path;
-    o.pull_timeout = absl::Seconds(3);
-    auto client = KVClient::Connect(o);
-    EXPECT_TRUE(client.ok()) << client.status();
-    return client.ok() ? std::move(*client) : nullptr;
-  }
-
   // Two of job c's three workers push over gRPC and each holds a pull of
   // the round the third never pushes: two calls in flight, its cap. A third
   // call of c is refused, job a is served, and c's calls are served again

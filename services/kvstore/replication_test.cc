@@ -178,8 +178,13 @@ class ReplicationTest : public ::testing::Test {
                       .ok());
     }
   }
+  // `small_only`: each round pushes and pulls only the small key (a
+  // PushPull small enough that a worker's pull waits parked on the data
+  // port, its push held for the round's batch); `late`: worker 1 sleeps
+  // that long before each round's push (past the hold).
   static void Rounds(const std::vector<std::unique_ptr<KVClient>>& clients, int first, int last,
-                     std::vector<std::vector<float>>* out) {
+                     std::vector<std::vector<float>>* out, bool small_only = false,
+                     absl::Duration late = absl::ZeroDuration()) {
     out->assign(4, {});
     std::vector<std::thread> threads;
     for (int w = 0; w < 2; ++w) {
@@ -188,8 +193,10 @@ class ReplicationTest : public ::testing::Test {
         for (int r = first; r <= last; ++r) {
           for (int64_t i = 0; i < kSmall; ++i) gs[i] = Grad(w, r, i);
           for (int64_t i = 0; i < kLarge; ++i) gl[i] = Grad(w, r, i);
-          absl::Status s = clients[w]->PushPull(
-              {{"small", gs.data(), small.data()}, {"large", gl.data(), large.data()}});
+          if (w == 1) absl::SleepFor(late);
+          absl::Status s = small_only ? clients[w]->PushPull({{"small", gs.data(), small.data()}})
+                                      : clients[w]->PushPull({{"small", gs.data(), small.data()},
+                                                              {"large", gl.data(), large.data()}});
           ASSERT_TRUE(s.ok()) << "worker " << w << " round " << r << ": " << s;
         }
         (*out)[2 * w] = small;
@@ -200,7 +207,8 @@ class ReplicationTest : public ::testing::Test {
   }
 
   // The same job on one unreplicated shard.
-  std::vector<std::vector<float>> Reference(int rounds, CompressionSpec compression = {}) {
+  std::vector<std::vector<float>> Reference(int rounds, CompressionSpec compression = {},
+                                            bool small_only = false) {
     ServerOptions o;
     o.job_ttl = absl::ZeroDuration();
     auto server = KVStoreServer::Start(o);
@@ -211,7 +219,7 @@ class ReplicationTest : public ::testing::Test {
     }
     Setup(clients);
     std::vector<std::vector<float>> out;
-    Rounds(clients, 1, rounds, &out);
+    Rounds(clients, 1, rounds, &out, small_only);
     return out;
   }
 
@@ -290,6 +298,70 @@ TEST_F(ReplicationTest, ReplicatedValuesEqualAnUnreplicatedRunBitForBit) {
   EXPECT_EQ(replicas_[0]->replicator()->Role(), "head");
   EXPECT_EQ(replicas_[1]->replicator()->Role(), "tail");
   EXPECT_GE(replicas_[0]->replicator()->stats().forwarded, 2 * 2 + 2 * 6);
+}
+
+// Small PushPulls: the first worker's pull of a round waits parked on the
+// data port (no thread) and its push is held, then both go down the chain
+// with the round's last push, whose request answers the parked pull. With
+// worker 1 late (past the hold), the held push goes alone when the hold
+// runs out. Both equal an unreplicated run bit for bit, on both replicas.
+TEST_F(ReplicationTest, ParkedPullsAndHeldPushesReplicateBitForBit) {
+  const std::vector<std::vector<float>> ref = Reference(8, {}, /*small_only=*/true);
+  std::vector<std::unique_ptr<KVClient>> clients = StartChainOfTwo();
+  std::vector<std::vector<float>> got;
+  Rounds(clients, 1, 4, &got, /*small_only=*/true);
+  Rounds(clients, 5, 8, &got, /*small_only=*/true, /*late=*/absl::Milliseconds(20));
+  for (int w = 0; w < 2; ++w) {
+    ASSERT_EQ(got[2 * w].size(), ref[2 * w].size());
+    EXPECT_EQ(std::memcmp(got[2 * w].data(), ref[2 * w].data(), ref[2 * w].size() * 4), 0) << w;
+  }
+  ASSERT_NO_FATAL_FAILURE(ExpectReplicasHoldTheSameValues());
+  // Every push went down the chain: 2 Inits and 8 rounds of 2 workers (in
+  // one batch per round when on time).
+  EXPECT_GE(replicas_[0]->replicator()->stats().forwarded, 2 * 2 + 2 * 8);
+}
+
+// A round that never completes: the held push reaches the tail once the
+// hold ran out (well before the pull's deadline), and the parked pull ends
+// at its deadline.
+TEST_F(ReplicationTest, AHeldPushWhoseRoundNeverCompletesStillReachesTheTail) {
+  std::vector<std::unique_ptr<KVClient>> clients = StartChainOfTwo();
+  ClientOptions o;
+  o.servers = {replicas_[0]->local_address(), replicas_[1]->local_address()};
+  o.replicas = 2;
+  o.job = "job";
+  o.worker = 0;
+  o.pull_timeout = absl::Seconds(3);
+  o.max_attempts = 1;
+  auto impatient = KVClient::Connect(o);
+  ASSERT_TRUE(impatient.ok()) << impatient.status();
+  ASSERT_TRUE((*impatient)->Init({{"small", {kSmall}}}).ok());
+  ASSERT_TRUE((*impatient)->Resync().ok());
+  std::vector<float> g(kSmall, 1.0f), out(kSmall);
+  absl::Status s;
+  const absl::Time start = absl::Now();
+  std::thread pushing([&] { s = (*impatient)->PushPull({{"small", g.data(), out.data()}}); });
+  auto on_tail = [&]() -> int64_t {
+    absl::StatusOr<JobStatus> tail = replicas_[1]->store().GetJob("job", 0, true);
+    EXPECT_TRUE(tail.ok()) << tail.status();
+    if (!tail.ok()) return -1;
+    for (const SliceStatus& slice : tail->slices) {
+      if (slice.spec.key == "small") return slice.pushed_round;
+    }
+    return -1;
+  };
+  int64_t pushed = 0;
+  while (pushed != 1 && absl::Now() - start < absl::Seconds(2)) {
+    absl::SleepFor(absl::Milliseconds(2));
+    pushed = on_tail();
+  }
+  EXPECT_EQ(pushed, 1);  // worker 0's round-1 push, before the pull's deadline
+  pushing.join();
+  EXPECT_TRUE(absl::IsDeadlineExceeded(s)) << s;
+  EXPECT_GE(absl::Now() - start, absl::Milliseconds(2900));
+  // Worker 1 completes the round: the job goes on.
+  std::vector<float> out1(kSmall);
+  ASSERT_TRUE(clients[1]->PushPull({{"small", g.data(), out1.data()}}).ok());
 }
 
 // Top-k pushes travel down the chain as received: the replicas end equal to

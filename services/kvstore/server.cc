@@ -127,6 +127,27 @@ absl::StatusOr<absl::optional<security::JobGrant>> Authorized(const grpc::Server
   return AuthorizeKvstore(who, method, &value, secret);
 }
 
+// A data port PushPull whose pull waits for its round without a thread
+// (KVStoreServer::Impl::ParkPull).
+struct ParkedPull {
+  std::shared_ptr<DataResponder> responder;
+  std::string job;
+  int worker = 0;
+  std::vector<PullRequestItem> items;
+  absl::Time deadline;  // the pull's
+  Replicator::Ack ack;  // its push's
+  // Its push is held (Replicator::Apply's hold_incomplete) until then, or
+  // until a push completes the round.
+  std::atomic<bool> held{false};
+  absl::Time hold_until;
+  Clock::time_point start;
+};
+
+// While a data port request runs (Impl::Handle): the parked pulls whose
+// rounds its push completed, for it to answer once its own write is on the
+// chain.
+thread_local std::vector<std::shared_ptr<ParkedPull>>* completed_pulls = nullptr;
+
 }  // namespace
 
 // Everything behind the gRPC services: handlers and their metrics.
@@ -888,13 +909,113 @@ class KVStoreServer::Impl : public DataPortHandler {
     const Clock::time_point start = Clock::now();
     security::JobScope scope(
         request.scope != nullptr && request.scope->has_value() ? &**request.scope : nullptr);
-    absl::Status status = HandleData(request, reply);
-    if (request.op != DataOp::kReplicate) Account(method, start, status);
+    std::vector<std::shared_ptr<ParkedPull>> completed;
+    completed_pulls = &completed;
+    bool parked = false;
+    absl::Status status = HandleData(request, reply, &parked);
+    completed_pulls = nullptr;
+    // The pulls this request's push completed: their rounds are on the
+    // chain with it (HandleData waited for that), so answer them now,
+    // before this request's own reply.
+    for (const std::shared_ptr<ParkedPull>& p : completed) TryAnswer(p, /*expired=*/false);
+    if (request.op != DataOp::kReplicate && !parked) Account(method, start, status);
     return status;
   }
 
  private:
-  absl::Status HandleData(const DataRequest& request, DataReply* reply) {
+  // ---- Parked pulls (DataRequest::defer) ----
+  //
+  // A data port PushPull whose push leaves its round incomplete holds no
+  // thread: its pull waits in the store (Store::TryPull), and the request
+  // whose push completes the round answers it on its own thread (Handle),
+  // so no thread is woken to write the reply. The parked request's
+  // connection thread runs Progress only at the pull's deadline, when the
+  // hold on its push runs out, and for a round completed by a thread that
+  // answers no parked pulls (a gRPC push: DataResponder::Poke).
+
+  // Payloads up to this size park (a held push's bytes are copied to wait:
+  // for big ones a thread's wakeup is small beside the transfer).
+  static constexpr uint64_t kParkMaxBytes = 256 << 10;
+
+  // Parks the pull of a PushPull whose push `ack` left its round
+  // incomplete (or answers it at once if the round completed meanwhile).
+  void ParkPull(const DataRequest& request, const ReceivedPush& p, const Replicator::Ack& ack,
+                absl::Time deadline) {
+    auto parked = std::make_shared<ParkedPull>();
+    parked->job = p.header.job();
+    parked->worker = p.header.worker();
+    for (const PushItem& item : p.items)
+      parked->items.push_back({item.key, item.slice, item.round});
+    parked->deadline = deadline;
+    parked->ack = ack;
+    parked->held = ack.held();
+    parked->hold_until = absl::Now() + options_.replica_round_hold;
+    parked->start = Clock::now();
+    parked->responder = request.defer();
+    Arm(parked);
+    TryAnswer(parked, /*expired=*/false);
+  }
+
+  void Arm(const std::shared_ptr<ParkedPull>& p) {
+    p->responder->SetTimer(p->held.load() ? std::min(p->hold_until, p->deadline) : p->deadline,
+                           [this, p] { Progress(p); });
+  }
+
+  // On the parked request's connection thread: at a deadline, or poked.
+  void Progress(const std::shared_ptr<ParkedPull>& p) {
+    const absl::Time now = absl::Now();
+    if (now >= p->hold_until && p->held.exchange(false)) {
+      // The round did not complete within the hold: send the push alone.
+      replicator_->ReleaseHold(p->ack);
+    }
+    TryAnswer(p, /*expired=*/now >= p->deadline);
+    if (!p->responder->answered()) Arm(p);
+  }
+
+  // Answers `p` if its rounds are complete, or at its deadline (`expired`:
+  // with the values if the round just completed, else naming the missing
+  // workers); otherwise leaves a continuation in the store.
+  void TryAnswer(const std::shared_ptr<ParkedPull>& p, bool expired) {
+    if (p->responder->answered()) return;
+    std::vector<PulledValue> values;
+    absl::StatusOr<bool> ready = store_->TryPull(
+        p->job, p->worker, p->items,
+        [this, p] {
+          // On the thread of the push that completed the round, which may
+          // hold the chain's lock: only note it.
+          if (completed_pulls != nullptr) {
+            completed_pulls->push_back(p);
+          } else {
+            p->responder->Poke();
+          }
+        },
+        &values);
+    absl::Status status = ready.status();
+    if (ready.ok() && !*ready) {
+      if (!expired) return;
+      PullOptions now;
+      now.deadline = absl::Now();
+      absl::StatusOr<std::vector<PulledValue>> late =
+          store_->Pull(p->job, p->worker, p->items, now);
+      status = late.status();
+      if (late.ok()) values = std::move(*late);
+    }
+    if (status.ok()) status = p->ack.Wait(absl::Now() + options_.replication_timeout);
+    if (status.ok()) status = ReadCommitted();
+    DataReply reply;
+    if (status.ok()) status = PulledReply(values, &reply);
+    if (p->held.exchange(false)) {
+      // Answered, perhaps before its round went down the chain (an error):
+      // its push is held for no one any more.
+      replicator_->ReleaseHold(p->ack);
+    }
+    if (p->responder->Answer(status, reply)) {
+      Account(DataOpMethod(DataOp::kPushPull), p->start, status);
+    }
+  }
+
+  // `*parked`: the reply was deferred (ParkPull).
+  absl::Status HandleData(const DataRequest& request, DataReply* reply, bool* parked) {
     PullOptions pull;
     pull.deadline = std::min(request.deadline, absl::Now() + options_.max_pull_wait);
     pull.cancelled = request.cancelled;
@@ -952,6 +1073,17 @@ class KVStoreServer::Impl : public DataPortHandler {
         const bool pushpull = request.op == DataOp::kPushPull;
         DT_ASSIGN_OR_RETURN(PushResult result, ApplyPush(p, &ack, /*by_reference=*/true,
                                                          /*hold_incomplete=*/pushpull));
+        if (pushpull && request.defer && need <= kParkMaxBytes && result.applied > 0 &&
+            result.incomplete == result.applied) {
+          // Its round waits for other workers: park the pull. The pushed
+          // bytes are copied if the chain still needs them (the client
+          // reuses its segment once answered), and stay held.
+          if (replicator_ != nullptr) replicator_->Detach(ack, /*keep_hold=*/true);
+          std::move(detach).Cancel();
+          ParkPull(request, p, ack, pull.deadline);
+          *parked = true;
+          return absl::OkStatus();
+        }
         if (pushpull && replicator_ != nullptr) {
           // On the chain first (with the round's other pushes: one batch),
           // then the round's values.

@@ -1,7 +1,7 @@
 // round_floor: what this machine allows for kvstore_bench's small rounds.
 //
 //   bazel run //tests/bench/kvstore:round_floor -- --workers=2 --replicas=1,2
-//       [--spin_us=0,20,50,200] [--cohost] [--head=poll,threads,threads_per_push]
+//       [--spin_us=0,20,50,200] [--cohost] [--head=poll,threads,threads_per_push,completer]
 //
 // Runs the processes and messages of a kvstore_bench round with no work in
 // them: --workers worker threads in this process; per shard a head process
@@ -27,8 +27,12 @@
 //            (a condition variable), and each answers its own worker;
 //   threads_per_push  as threads, and with 2 replicas every push goes down
 //            the chain as its own batch when it arrives (one in flight at a
-//            time), as the kvstore's Replicator does, instead of one batch
-//            per round.
+//            time), as the kvstore's Replicator did, instead of one batch
+//            per round;
+//   completer  a thread per worker connection, and the thread of the push
+//            that completes the round answers every worker; the others go
+//            back to reading their sockets at once (no thread is woken to
+//            answer: what the kvstore's data port does).
 // A list runs each; the lines then say head=<mode>.
 //
 // --cohost (2 replicas): two server processes instead of one per replica,
@@ -81,9 +85,10 @@ ABSL_FLAG(std::string, spin_us, "50",
           "comma-separated list runs each");
 ABSL_FLAG(bool, cohost, false, "2 replicas: a process hosts one shard's head and the other's tail");
 ABSL_FLAG(int, repeats, 3, "runs of each shape; the figures are their medians");
-ABSL_FLAG(std::string, head, "poll",
-          "how a head serves its workers: poll, threads or threads_per_push (see the top of "
-          "round_floor.cc); a comma-separated list runs each");
+ABSL_FLAG(
+    std::string, head, "poll",
+    "how a head serves its workers: poll, threads, threads_per_push or completer (see the top of "
+    "round_floor.cc); a comma-separated list runs each");
 
 namespace {
 
@@ -117,7 +122,7 @@ struct Figures {
   double p50 = 0, p99 = 0;
 };
 
-enum class Head { kPoll, kThreads, kThreadsPerPush };
+enum class Head { kPoll, kThreads, kThreadsPerPush, kCompleter };
 
 const char* HeadName(Head head) {
   switch (head) {
@@ -127,6 +132,8 @@ const char* HeadName(Head head) {
       return "threads";
     case Head::kThreadsPerPush:
       return "threads_per_push";
+    case Head::kCompleter:
+      return "completer";
   }
   return "?";
 }
@@ -143,7 +150,7 @@ void ChainRoundTrip(int chain_fd, const char* p, size_t n, absl::Duration spin) 
 // A head as the kvstore's data port builds one: a thread per worker
 // connection (see --head).
 void ThreadedHead(const std::vector<int>& head_fds, int chain_fd, int share, bool batch_per_push,
-                  absl::Duration spin) {
+                  bool completer_answers, absl::Duration spin) {
   const int workers = static_cast<int>(head_fds.size());
   std::vector<char> values(static_cast<size_t>(share) * workers);
   std::mutex mu;
@@ -171,11 +178,23 @@ void ThreadedHead(const std::vector<int>& head_fds, int chain_fd, int share, boo
           if (!batch_per_push && chain_fd >= 0) {
             ChainRoundTrip(chain_fd, values.data(), values.size(), spin);
           }
+          if (completer_answers) {
+            for (int other = 0; other < workers; ++other) {
+              if (other != w) {
+                Full(head_fds[other], values.data() + static_cast<size_t>(share) * other, share,
+                     false);
+              }
+            }
+            Full(head_fds[w], mine, share, false);
+            continue;
+          }
           {
             std::lock_guard<std::mutex> lock(mu);
             completed = round;
           }
           round_done.notify_all();
+        } else if (completer_answers) {
+          continue;  // the round's last push answers this worker
         } else {
           std::unique_lock<std::mutex> lock(mu);
           round_done.wait(lock, [&] { return completed >= round; });
@@ -230,8 +249,10 @@ Figures RunOnce(int workers, int shards, int replicas, int bytes, int rounds, ab
     }
     if (head != Head::kPoll) {
       const int chain_fd = replicas == 2 ? chain[0] : -1;
-      roles[head_process].push_back(
-          [=] { ThreadedHead(head_fds, chain_fd, share, head == Head::kThreadsPerPush, spin); });
+      roles[head_process].push_back([=] {
+        ThreadedHead(head_fds, chain_fd, share, head == Head::kThreadsPerPush,
+                     head == Head::kCompleter, spin);
+      });
       continue;
     }
     roles[head_process].push_back([=] {
@@ -338,9 +359,12 @@ int main(int argc, char** argv) {
       heads.push_back(Head::kThreads);
     } else if (name == "threads_per_push") {
       heads.push_back(Head::kThreadsPerPush);
+    } else if (name == "completer") {
+      heads.push_back(Head::kCompleter);
     } else {
       fprintf(stderr,
-              "round_floor: --head takes poll, threads and threads_per_push (comma-separated), "
+              "round_floor: --head takes poll, threads, threads_per_push and completer "
+              "(comma-separated), "
               "got '%s'\n",
               absl::GetFlag(FLAGS_head).c_str());
       return 2;
