@@ -591,14 +591,20 @@ class ParkedPullTest : public DataPortTest {
   // clients on `path` (pulls waiting up to `pull_timeout`).
   std::vector<std::unique_ptr<KVClient>> Job(const std::string& job, int workers, DataPath path,
                                              absl::Duration pull_timeout = absl::Seconds(10)) {
+    return Job(job, std::vector<DataPath>(workers, path), pull_timeout);
+  }
+  // The same, worker w's client on paths[w].
+  std::vector<std::unique_ptr<KVClient>> Job(const std::string& job,
+                                             const std::vector<DataPath>& paths,
+                                             absl::Duration pull_timeout = absl::Seconds(10)) {
     std::vector<std::unique_ptr<KVClient>> clients;
-    for (int w = 0; w < workers; ++w) {
-      clients.push_back(Client(job, path, w, pull_timeout));
+    for (size_t w = 0; w < paths.size(); ++w) {
+      clients.push_back(Client(job, paths[w], static_cast<int>(w), pull_timeout));
       if (clients.back() == nullptr) return {};
     }
     JobConfig config;
     config.job = job;
-    config.num_workers = workers;
+    config.num_workers = static_cast<int>(paths.size());
     EXPECT_TRUE(clients[0]->CreateJob(config).ok());
     for (auto& c : clients) EXPECT_TRUE(c->Init({{"w", {4}}}).ok());
     return clients;
@@ -674,25 +680,18 @@ TEST_F(ParkedPullTest, APullWhoseRoundNeverCompletesIsAnsweredAtItsDeadline) {
 // connection uses it), which answers no parked pulls itself: it wakes the
 // parked request's thread, which answers at once, not at the deadline.
 TEST_F(ParkedPullTest, ARoundCompletedOverGrpcAnswersAPullParkedOnTheDataPort) {
-  std::unique_ptr<KVClient> w0 = Client("p", DataPath::kAuto, 0, absl::Seconds(10));
-  std::unique_ptr<KVClient> w1 = Client("p", DataPath::kGrpc, 1, absl::Seconds(10));
-  ASSERT_TRUE(w0 && w1);
-  JobConfig config;
-  config.job = "p";
-  config.num_workers = 2;
-  ASSERT_TRUE(w0->CreateJob(config).ok());
-  ASSERT_TRUE(w0->Init({{"w", {4}}}).ok());
-  ASSERT_TRUE(w1->Init({{"w", {4}}}).ok());
+  std::vector<std::unique_ptr<KVClient>> w = Job("p", {DataPath::kAuto, DataPath::kGrpc});
+  ASSERT_EQ(w.size(), 2u);
   std::vector<float> g(4, 1.0f), out0(4), out1(4);
   absl::Status s0;
   absl::Time answered;
   std::thread t0([&] {
-    s0 = w0->PushPull({{"w", g.data(), out0.data()}});
+    s0 = w[0]->PushPull({{"w", g.data(), out0.data()}});
     answered = absl::Now();
   });
   absl::SleepFor(absl::Milliseconds(100));  // worker 0's pull parks
   const absl::Time pushed = absl::Now();
-  absl::Status s1 = w1->PushPull({{"w", g.data(), out1.data()}});
+  absl::Status s1 = w[1]->PushPull({{"w", g.data(), out1.data()}});
   t0.join();
   ASSERT_TRUE(s0.ok()) << s0;
   ASSERT_TRUE(s1.ok()) << s1;

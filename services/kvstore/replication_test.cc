@@ -132,6 +132,7 @@ class ReplicationTest : public ::testing::Test {
     o.job_ttl = absl::ZeroDuration();
     o.metrics_listen = "127.0.0.1:0";
     o.callback_data = callback_data_;
+    o.replica_round_hold = round_hold_;
     auto s = KVStoreServer::Start(o);
     EXPECT_TRUE(s.ok()) << s.status();
     if (s.ok() && unusable_socket_) {
@@ -277,10 +278,11 @@ class ReplicationTest : public ::testing::Test {
   int owner_port_ = 0;
   std::unique_ptr<grpc::Server> owner_server_;
   std::vector<std::unique_ptr<KVStoreServer>> replicas_;
-  std::string listen_ = "127.0.0.1:0";  // the replicas' ServerOptions.listen
-  std::string data_socket_ = "auto";    // the replicas' ServerOptions.data_socket
-  bool unusable_socket_ = false;        // their socket files removed after start
-  bool callback_data_ = false;          // their ServerOptions.callback_data
+  std::string listen_ = "127.0.0.1:0";                 // the replicas' ServerOptions.listen
+  std::string data_socket_ = "auto";                   // the replicas' ServerOptions.data_socket
+  bool unusable_socket_ = false;                       // their socket files removed after start
+  bool callback_data_ = false;                         // their ServerOptions.callback_data
+  absl::Duration round_hold_ = absl::Milliseconds(2);  // their replica_round_hold
   DataPath client_data_path_ = DataPath::kAuto;
   v1::KvstoreHeartbeatRequest a_, b_;
 };
@@ -447,6 +449,40 @@ TEST_F(ReplicationTest, TheHeadDiesMidJobAndNoPushIsLostOrAppliedTwice) {
   EXPECT_EQ((*joined)[0].bytes.view(), (*head)[0].bytes.view());
   std::fprintf(stderr, "failover: rounds 5-10 took %s after the head went away\n",
                absl::FormatDuration(failover).c_str());
+}
+
+// The head goes away while worker 0's pull is parked there and its push
+// held (worker 1 is late): that push never reached the tail. The client's
+// retry at the new head applies it; no push is lost or applied twice.
+TEST_F(ReplicationTest, AHeadThatDiesWithAParkedPullAndAHeldPushLosesNoPush) {
+  round_hold_ = absl::Seconds(5);  // held until worker 1 pushes, 400 ms late
+  const std::vector<std::vector<float>> ref = Reference(8, {}, /*small_only=*/true);
+  std::vector<std::unique_ptr<KVClient>> clients = StartChainOfTwo();
+  std::vector<std::vector<float>> got;
+  Rounds(clients, 1, 4, &got, /*small_only=*/true);
+  const int64_t forwarded = replicas_[0]->replicator()->stats().forwarded;
+  std::thread training(
+      [&] { Rounds(clients, 5, 8, &got, /*small_only=*/true, absl::Milliseconds(400)); });
+  // Worker 0's round-5 push is in at the head (and held: not forwarded),
+  // worker 1 sleeps.
+  for (absl::Time end = absl::Now() + absl::Seconds(5); absl::Now() < end;) {
+    absl::StatusOr<JobStatus> job = replicas_[0]->store().GetJob("job", 0, true);
+    ASSERT_TRUE(job.ok()) << job.status();
+    bool pushed = false;
+    for (const SliceStatus& slice : job->slices) {
+      pushed |= slice.spec.key == "small" && slice.pushed_round == 5;
+    }
+    if (pushed) break;
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  EXPECT_EQ(replicas_[0]->replicator()->stats().forwarded, forwarded);  // held
+  replicas_[0].reset();
+  owner_.Publish(Chain({Member(b_, v1::REPLICA_ACTIVE)}));
+  training.join();
+  for (int w = 0; w < 2; ++w) {
+    ASSERT_EQ(got[2 * w].size(), ref[2 * w].size());
+    EXPECT_EQ(std::memcmp(got[2 * w].data(), ref[2 * w].data(), ref[2 * w].size() * 4), 0) << w;
+  }
 }
 
 // A successor restarted at the same address (a new process: another
