@@ -12,16 +12,20 @@
 // transfer while the job runs); both chains end with 2 ACTIVE replicas.
 #include <signal.h>
 
+#include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <map>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
 #include "libs/checkpoint/checkpoint.h"
+#include "libs/kvstore/client.h"
 #include "libs/kvstore/shard_map.h"
 #include "libs/tensor/dtype.h"
 #include "tests/e2e/kvstore_cluster.h"
@@ -182,6 +186,73 @@ TEST(KvstoreReplicaE2eTest, AKilledReplicaCostsNoAttemptAndNoPrecision) {
                "%s; %d tensors, max relative difference %g; attempts %d\n",
                static_cast<long long>(seen_at_kill), absl::FormatDuration(map_changed).c_str(),
                absl::FormatDuration(progressed).c_str(), compared, diff, done.attempts());
+}
+
+// A small PushPull whose round waits for a late worker parks at the head
+// (no thread waits for it; its push is held for the round's one chain
+// batch). SIGKILL the head then: the parked worker's retry reaches the new
+// head, and every round's value is exactly its workers' sum (a push lost
+// or applied twice would change it).
+TEST(KvstoreReplicaE2eTest, AHeadKilledWithAParkedPullLosesNoPush) {
+  KvstoreCluster cluster("parked", "", /*restart=*/false, /*replicas=*/2);
+  ASSERT_TRUE(cluster.status().ok()) << cluster.status();
+  absl::StatusOr<kvstore::v1::ShardMap> map = cluster.KvstoreMap();
+  ASSERT_TRUE(map.ok()) << map.status();
+  ASSERT_TRUE(Full(*map, 2)) << map->DebugString();
+  std::vector<std::unique_ptr<kvstore::KVClient>> workers;
+  for (int w = 0; w < 2; ++w) {
+    kvstore::ClientOptions o;
+    for (const ClusterProcess& p : cluster.kvstore_processes()) o.servers.push_back(p.address);
+    o.replicas = 2;
+    o.job = "parked";
+    o.worker = w;
+    o.unavailable_timeout = absl::Seconds(60);
+    o.pull_timeout = absl::Seconds(60);
+    absl::StatusOr<std::unique_ptr<kvstore::KVClient>> c = kvstore::KVClient::Connect(o);
+    ASSERT_TRUE(c.ok()) << c.status();
+    workers.push_back(std::move(*c));
+  }
+  kvstore::JobConfig config;
+  config.job = "parked";
+  config.num_workers = 2;           // no optimizer: a round's value is its pushes' sum
+  constexpr int64_t kFloats = 256;  // 1 KiB: its PushPulls park
+  for (auto& w : workers) {
+    ASSERT_TRUE(w->CreateJob(config).ok());
+    ASSERT_TRUE(w->Init({{"w", {kFloats}}}).ok());
+  }
+  constexpr int kRounds = 6, kLateRound = 4;
+  std::atomic<bool> parked{false};
+  std::vector<std::vector<float>> got(2 * kRounds);
+  std::vector<absl::Status> status(2);
+  std::vector<std::thread> threads;
+  for (int w = 0; w < 2; ++w) {
+    threads.emplace_back([&, w] {
+      for (int r = 1; r <= kRounds && status[w].ok(); ++r) {
+        std::vector<float> g(kFloats, static_cast<float>((w + 1) * r)), out(kFloats, -1);
+        if (r == kLateRound) {
+          if (w == 0) parked = true;
+          if (w == 1) absl::SleepFor(absl::Seconds(2));  // worker 0 waits for it, parked
+        }
+        status[w] = workers[w]->PushPull({{"w", g.data(), out.data()}});
+        got[static_cast<size_t>(2 * (r - 1) + w)] = out;
+      }
+    });
+  }
+  while (!parked) absl::SleepFor(absl::Milliseconds(1));
+  absl::SleepFor(absl::Milliseconds(300));  // worker 0's round-4 PushPull is parked
+  const kvstore::v1::ChainMember* head = kvstore::ChainHead(*map, 0);
+  ASSERT_NE(head, nullptr);
+  const ClusterProcess& victim = cluster.replica(0, head->replica());
+  ASSERT_EQ(kill(victim.pid, SIGKILL), 0);
+  for (std::thread& t : threads) t.join();
+  for (int w = 0; w < 2; ++w) ASSERT_TRUE(status[w].ok()) << "worker " << w << ": " << status[w];
+  for (int r = 1; r <= kRounds; ++r) {
+    for (int w = 0; w < 2; ++w) {
+      EXPECT_EQ(got[static_cast<size_t>(2 * (r - 1) + w)],
+                std::vector<float>(kFloats, static_cast<float>(3 * r)))
+          << "worker " << w << " round " << r;
+    }
+  }
 }
 
 }  // namespace
