@@ -452,10 +452,6 @@ absl::Status WriteError(DataConn& conn, uint16_t op, uint64_t id, const absl::St
   return WriteFrame(conn, h, status.message(), {});
 }
 
-struct Segment;
-absl::Status WriteReply(DataConn& conn, const Segment& segment, uint16_t op, uint64_t id,
-                        const absl::Status& status, const DataReply& reply);
-
 // A segment the client passed: checked (sealed against shrinking, sized)
 // and mapped.
 struct Segment {
