@@ -413,7 +413,7 @@ absl::Status KVClient::SendDeleteJob(const v1::DeleteJobRequest& request, absl::
 absl::Status KVClient::Init(const std::vector<KeySpec>& keys) {
   // Place every key and check it against what this client knows.
   DT_ASSIGN_OR_RETURN(std::vector<std::unique_ptr<Key>> placed,
-                      keys_.Place(keys, num_shards_, options_.placement));
+                      keys_.Place(options_.job, keys, num_shards_, options_.placement));
   // Send each server its slices, with initial values in chunks.
   const std::vector<std::vector<WorkerKeys::InitSlice>> per_server =
       WorkerKeys::SlicesByServer(keys, placed, num_shards_);

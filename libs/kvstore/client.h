@@ -15,8 +15,9 @@
 //   // ...then pull the new weights into the model's buffers.
 //   DT_RETURN_IF_ERROR(kv->Pull({{"fc.weight", weights}, {"fc.bias", bias}}));
 //
-// Placement (placement.h) is computed from the server list: small keys live
-// on one shard, large keys are sliced over all of them. An operation on a set
+// Placement (placement.h) is computed from the job name and server list: a
+// job's small keys live together on its home shard, mid-sized ones spread
+// over the shards by name, large keys are sliced over all of them. An operation on a set
 // of keys sends one batched, chunked stream per shard, all shards in
 // parallel.
 //

@@ -135,7 +135,7 @@ absl::Status InProcessParameterServer::Init(const std::vector<KeySpec>& keys) {
   const int num_shards = static_cast<int>(shards_->stores.size());
   // Place every key and check it against what this worker knows.
   DT_ASSIGN_OR_RETURN(std::vector<std::unique_ptr<Key>> placed,
-                      keys_.Place(keys, num_shards, shards_->options.placement));
+                      keys_.Place(job_, keys, num_shards, shards_->options.placement));
   // Each shard creates its slices, with their initial values.
   const std::vector<std::vector<WorkerKeys::InitSlice>> per_shard =
       WorkerKeys::SlicesByServer(keys, placed, num_shards);

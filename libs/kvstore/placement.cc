@@ -18,7 +18,11 @@ uint64_t Fnv1a(absl::string_view s) {
   return h;
 }
 
-absl::StatusOr<std::vector<PlacedSlice>> PlaceKey(const std::string& key,
+int HomeShard(absl::string_view job, int num_servers) {
+  return static_cast<int>(Fnv1a(job) % static_cast<uint64_t>(num_servers));
+}
+
+absl::StatusOr<std::vector<PlacedSlice>> PlaceKey(absl::string_view job, const std::string& key,
                                                   const std::vector<int64_t>& shape, DType dtype,
                                                   int num_servers,
                                                   const PlacementOptions& options) {
@@ -33,11 +37,13 @@ absl::StatusOr<std::vector<PlacedSlice>> PlaceKey(const std::string& key,
   DT_ASSIGN_OR_RETURN(int64_t n, CheckedNumElements(shape));
   whole.count = n;
   DT_RETURN_IF_ERROR(ValidateSliceSpec(whole));
-  const int home = static_cast<int>(Fnv1a(key) % static_cast<uint64_t>(num_servers));
   const int64_t bytes = n * static_cast<int64_t>(DTypeSize(dtype));
   int64_t slices = 1;
+  int home = static_cast<int>(Fnv1a(key) % static_cast<uint64_t>(num_servers));
   if (num_servers > 1 && bytes >= options.slice_threshold_bytes) {
     slices = std::min<int64_t>({num_servers, n, kMaxSlicesPerKey});
+  } else if (bytes < options.colocate_below_bytes) {
+    home = HomeShard(job, num_servers);
   }
   std::vector<PlacedSlice> out;
   for (int64_t i = 0; i < slices; ++i) {
@@ -56,7 +62,8 @@ absl::StatusOr<std::vector<PlacedSlice>> PlaceKey(const std::string& key,
 }
 
 absl::StatusOr<std::vector<std::vector<PlacedSlice>>> PlaceInitKeys(
-    const std::vector<KeySpec>& keys, int num_servers, const PlacementOptions& options,
+    absl::string_view job, const std::vector<KeySpec>& keys, int num_servers,
+    const PlacementOptions& options,
     const std::function<const KeySpec*(const std::string& key)>& known) {
   std::vector<std::vector<PlacedSlice>> placed;
   std::set<std::string> names;
@@ -66,7 +73,7 @@ absl::StatusOr<std::vector<std::vector<PlacedSlice>>> PlaceInitKeys(
           absl::StrCat("key '", spec.key, "' appears twice in one Init"));
     }
     DT_ASSIGN_OR_RETURN(std::vector<PlacedSlice> slices,
-                        PlaceKey(spec.key, spec.shape, spec.dtype, num_servers, options));
+                        PlaceKey(job, spec.key, spec.shape, spec.dtype, num_servers, options));
     const KeySpec* before = known(spec.key);
     if (before != nullptr && (before->shape != spec.shape || before->dtype != spec.dtype)) {
       return absl::AlreadyExistsError(absl::StrCat("key '", spec.key, "' was initialized as ",

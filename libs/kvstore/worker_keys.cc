@@ -22,11 +22,12 @@ const WorkerKeys::Key* WorkerKeys::FindLocked(const std::string& key) const {
 }
 
 absl::StatusOr<std::vector<std::unique_ptr<WorkerKeys::Key>>> WorkerKeys::Place(
-    const std::vector<KeySpec>& keys, int num_servers, const PlacementOptions& options) const {
+    absl::string_view job, const std::vector<KeySpec>& keys, int num_servers,
+    const PlacementOptions& options) const {
   std::vector<std::vector<PlacedSlice>> slices;
   {
     absl::ReaderMutexLock lock(&mu_);
-    DT_ASSIGN_OR_RETURN(slices, PlaceInitKeys(keys, num_servers, options,
+    DT_ASSIGN_OR_RETURN(slices, PlaceInitKeys(job, keys, num_servers, options,
                                               [this](const std::string& name)
                                                   ABSL_NO_THREAD_SAFETY_ANALYSIS -> const KeySpec* {
                                                     const Key* known = FindLocked(name);

@@ -6,7 +6,7 @@
 //
 //   WorkerKeys keys("worker 3");
 //   DT_ASSIGN_OR_RETURN(std::vector<std::unique_ptr<WorkerKeys::Key>> placed,
-//                       keys.Place(specs, num_servers, placement));
+//                       keys.Place(job, specs, num_servers, placement));
 //   for (auto& slices : WorkerKeys::SlicesByServer(specs, *placed, num_servers)) ...
 //     // create them on their server, with their initial values
 //   keys.Add(std::move(placed));
@@ -65,9 +65,10 @@ class WorkerKeys {
   WorkerKeys(const WorkerKeys&) = delete;
   WorkerKeys& operator=(const WorkerKeys&) = delete;
 
-  // The placement of `keys` on `num_servers` servers (PlaceInitKeys, checked
-  // against the keys Init'ed before); records nothing.
-  absl::StatusOr<std::vector<std::unique_ptr<Key>>> Place(const std::vector<KeySpec>& keys,
+  // The placement of `job`'s `keys` on `num_servers` servers (PlaceInitKeys,
+  // checked against the keys Init'ed before); records nothing.
+  absl::StatusOr<std::vector<std::unique_ptr<Key>>> Place(absl::string_view job,
+                                                          const std::vector<KeySpec>& keys,
                                                           int num_servers,
                                                           const PlacementOptions& options) const;
   // A placed slice to create, and its initial value (in the key's

@@ -20,7 +20,7 @@ class WorkerKeysTest : public ::testing::Test {
   static constexpr int kServers = 2;
 
   void InitKeys(const std::vector<KeySpec>& specs) {
-    auto placed = keys_.Place(specs, kServers, PlacementOptions());
+    auto placed = keys_.Place("job", specs, kServers, PlacementOptions());
     ASSERT_TRUE(placed.ok()) << placed.status();
     keys_.Add(*std::move(placed));
   }
@@ -98,7 +98,7 @@ TEST_F(WorkerKeysTest, PlacingAKeyAgainWithAnotherShapeIsRefusedAndAddKeepsTheFi
   std::vector<float> v(4);
   ASSERT_TRUE(
       keys_.PlanCall(CallKind::kPush, {{"a", v.data()}}, std::make_shared<Work::State>()).ok());
-  EXPECT_EQ(keys_.Place({F32("a", 8)}, kServers, PlacementOptions()).status().code(),
+  EXPECT_EQ(keys_.Place("job", {F32("a", 8)}, kServers, PlacementOptions()).status().code(),
             absl::StatusCode::kAlreadyExists);
   // Init'ing the same key again (another worker process, a retry) keeps its rounds.
   ASSERT_NO_FATAL_FAILURE(InitKeys({F32("a", 4)}));
@@ -138,7 +138,7 @@ TEST(WorkerKeysInitTest, SlicesByServerPointsEachSliceAtItsPartOfTheInitialValue
   std::vector<float> big(1 << 18);
   std::vector<KeySpec> specs = {F32("small", 4), F32("big", 1 << 18)};
   specs[1].initial = big.data();
-  auto placed = keys.Place(specs, 2, PlacementOptions());
+  auto placed = keys.Place("job", specs, 2, PlacementOptions());
   ASSERT_TRUE(placed.ok());
   auto by_server = WorkerKeys::SlicesByServer(specs, *placed, 2);
   ASSERT_EQ(by_server.size(), 2u);

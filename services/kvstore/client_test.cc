@@ -17,6 +17,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "libs/kvstore/placement.h"
 #include "libs/kvstore/proto_convert.h"
 #include "libs/kvstore/wire.h"
 #include "libs/metrics/scrape.h"
@@ -924,6 +925,94 @@ TEST(KVClientTest, ClientSideErrors) {
 // unavailable_timeout (UNAVAILABLE, naming the shard), instead of waiting
 // for it up to rpc_timeout / pull_timeout per attempt; the live shard is
 // unaffected.
+// A round of a job's small keys (placement.h: under 64 KiB, on the job's
+// home shard) is one request from each worker to one shard; the other
+// shard holds none of them and serves no data request. Keys of 64 KiB and
+// more are placed by their names, and with co-location off so are the
+// small ones.
+TEST(KVClientTest, ARoundOfSmallKeysIsOneRequestToTheJobsHomeShard) {
+  constexpr int kKeys = 8, kRounds = 3;
+  constexpr int64_t kElements = 128;  // 512 B
+  for (const bool colocate : {true, false}) {
+    SCOPED_TRACE(colocate ? "colocated" : "spread");
+    ServerOptions server_options;
+    server_options.metrics_listen = "127.0.0.1:0";
+    Cluster cluster(2, server_options);
+    const std::string job = colocate ? "fused" : "spread";
+    JobConfig config;
+    config.job = job;
+    config.num_workers = 2;
+    ClientOptions options;
+    if (!colocate) options.placement.colocate_below_bytes = 0;
+    std::vector<std::unique_ptr<KVClient>> workers;
+    std::vector<KeySpec> specs;
+    for (int k = 0; k < kKeys; ++k) {
+      specs.push_back({absl::StrCat("layer", k, ".bias"), {kElements}, DType::kF32, nullptr});
+    }
+    for (int w = 0; w < 2; ++w) {
+      workers.push_back(cluster.Client(job, w, options));
+      ASSERT_TRUE(workers.back()->CreateJob(config).ok());
+      ASSERT_TRUE(workers.back()->Init(specs).ok());
+    }
+    std::set<int> used;
+    for (const KeySpec& spec : specs) {
+      auto placed = workers[0]->Placement(spec.key);
+      ASSERT_TRUE(placed.ok());
+      ASSERT_EQ(placed->size(), 1u);
+      used.insert((*placed)[0].server);
+    }
+    const int home = HomeShard(job, 2);
+    if (colocate) {
+      EXPECT_EQ(used, std::set<int>{home});
+    } else {
+      EXPECT_EQ(used.size(), 2u);  // these 8 names happen to hash to both shards
+    }
+
+    std::vector<std::vector<std::vector<float>>> grads(2), outs(2);
+    for (int round = 0; round < kRounds; ++round) {
+      std::vector<std::thread> threads;
+      for (int w = 0; w < 2; ++w) {
+        grads[w].assign(kKeys, std::vector<float>(kElements));
+        outs[w].assign(kKeys, std::vector<float>(kElements));
+        std::vector<PushPullItem> items;
+        for (int k = 0; k < kKeys; ++k) {
+          for (int64_t i = 0; i < kElements; ++i) grads[w][k][i] = Grad(w, round, k, i);
+          items.push_back({specs[k].key, grads[w][k].data(), outs[w][k].data()});
+        }
+        threads.emplace_back([&, w, items] { EXPECT_TRUE(workers[w]->PushPull(items).ok()); });
+      }
+      for (auto& t : threads) t.join();
+      for (int k = 0; k < kKeys; ++k) {
+        for (int64_t i = 0; i < kElements; ++i) {
+          ASSERT_EQ(outs[0][k][i], grads[0][k][i] + grads[1][k][i]) << round << " " << k;
+        }
+        ASSERT_EQ(outs[1][k], outs[0][k]);
+      }
+    }
+    // Where the slices are, and how many data requests each shard served.
+    for (int shard = 0; shard < 2; ++shard) {
+      absl::StatusOr<JobStatus> held = cluster.servers[shard]->store().GetJob(job, 0, true);
+      ASSERT_TRUE(held.ok()) << held.status();
+      auto text = metrics::Scrape(cluster.servers[shard]->metrics_port());
+      ASSERT_TRUE(text.ok()) << text.status();
+      absl::StatusOr<double> pushpulls = metrics::SampleValue(
+          *text, "dtrain_kvstore_requests_total{code=\"OK\",method=\"PushPull\"}");
+      if (colocate && shard != home) {
+        EXPECT_EQ(held->num_slices, 0) << "shard " << shard;
+        EXPECT_EQ(pushpulls.ok() ? *pushpulls : 0.0, 0.0) << "shard " << shard;
+      } else {
+        EXPECT_GT(held->num_slices, 0) << "shard " << shard;
+        // One request per worker and round, whatever the number of keys.
+        ASSERT_TRUE(pushpulls.ok()) << *text;
+        EXPECT_EQ(*pushpulls, 2 * kRounds) << "shard " << shard;
+      }
+    }
+    if (colocate) {
+      EXPECT_EQ(cluster.servers[home]->store().GetJob(job, 0, true)->num_slices, kKeys);
+    }
+  }
+}
+
 TEST(KVClientTest, DeadShardFailsOperationsWithinUnavailableTimeout) {
   Cluster cluster(2);
   JobConfig config;

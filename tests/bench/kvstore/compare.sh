@@ -9,16 +9,21 @@
 #   compare replicas=<r> kvstore_GBps=<x> iperf3_GBps=<y> ratio=<x/y> (goal >= 1.0)
 #   compare replicas=<r> latency bytes=4096 keys=1 p50_us=<a> p99_us=<b> (goals: p50 <= 100, p99 <= 300)
 #   compare replicas=<r> keys8_over_keys1_p50=<c> (goal <= 1.5)
-# and, from round_floor (the same rounds' processes and messages doing no
-# work: what this machine allows; the round_floor next to the bench binary):
+#   compare replicas=<r> ... keys=8 spread p50_us=<d> spread_over_keys1_p50=<d/a>
+# (the 4 KiB keys live on the job's home shard, placement.h; the spread line
+# runs the 8 keys placed by name, --colocate_below_bytes=0, so they span
+# both shards: what a round that fans out costs, no goal) and, from
+# round_floor (the same rounds' processes and messages doing no work: what
+# this machine allows; the round_floor next to the bench binary):
 #   round_floor_ratio replicas=<r> head=poll spin_us=<s> shards2_over_shards1_p50=<f>
-#   compare replicas=<r> floor keys8_best_p50_us=<g> keys8_over_floor=<ours/g>
+#   compare replicas=<r> floor shards=<n> keys8_best_p50_us=<g> keys8_over_floor=<ours/g>
 #       floor_keys8_over_our_keys1=<g/our keys=1 p50>
+#   compare replicas=<r> floor shards=2 spread_best_p50_us=<h> spread_over_floor=<d/h>
 #
 #   tests/bench/kvstore/compare.sh [--workers 2] [--servers 2] [--bytes 67108864] [--seconds 3]
 #                                  [--bin PATH] [--notls] [--callback_data] [--small_only]
 #                                  [--data_path auto|tcp|grpc] [--repeats 1]
-# --repeats N: the 4 KiB runs N times, 1 key and 8 keys interleaved; the
+# --repeats N: the 4 KiB runs N times, 1 key, 8 keys and 8 spread interleaved; the
 # summary lines take the median of each figure over them (on a virtual
 # machine one run can land in a slow mode that the next does not).
 # --data_path: the clients' data path (kvstore_bench --data_path; default auto:
@@ -46,7 +51,7 @@ while [ $# -gt 0 ]; do
     --small_only) small_only=1; shift ;;
     --data_path) data_path=$2; shift 2 ;;
     --repeats) repeats=$2; shift 2 ;;
-    -h|--help) sed -n '2,32p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,37p' "$0"; exit 0 ;;
     *) echo "compare.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -64,23 +69,28 @@ get() {
   grep " replicas=$2 " <<<"$1" | sed -n "s/.*$3=\([0-9.]*\).*/\1/p" | sort -g |
     awk '{v[NR] = $1} END {if (NR) print v[int((NR + 1) / 2)]}'
 }
-small= small8=
+small= small8= spread8=
 for ((i = 0; i < repeats; i++)); do
-  for keys in 1 8; do
-    out=$("$bin" --workers="$workers" --servers="$servers" --bytes=4096 --keys=$keys --replicas=1,2 "$tlsflag" "$cbflag" --data_path="$data_path")
+  for shape in 1 8 spread; do
+    keys=${shape/spread/8} placement=
+    [ "$shape" = spread ] && placement=--colocate_below_bytes=0
+    out=$("$bin" --workers="$workers" --servers="$servers" --bytes=4096 --keys=$keys --replicas=1,2 "$tlsflag" "$cbflag" --data_path="$data_path" $placement)
     echo "$out"
-    if [ $keys = 1 ]; then small+="$out"$'\n'; else small8+="$out"$'\n'; fi
+    case $shape in 1) small+="$out"$'\n' ;; 8) small8+="$out"$'\n' ;; *) spread8+="$out"$'\n' ;; esac
   done
 done
 latency() {
   echo "compare replicas=$1 tls=$tls callback=$callback data_path=$data_path repeats=$repeats latency bytes=4096 keys=1 p50_us=$(get "$small" "$1" p50_us) p99_us=$(get "$small" "$1" p99_us) (goals: p50 <= 100, p99 <= 300)"
-  echo "compare replicas=$1 tls=$tls callback=$callback data_path=$data_path repeats=$repeats latency bytes=4096 keys=8 p50_us=$(get "$small8" "$1" p50_us) keys8_over_keys1_p50=$(awk "BEGIN{printf \"%.2f\", $(get "$small8" "$1" p50_us)/$(get "$small" "$1" p50_us)}") (goal <= 1.5)"
+  echo "compare replicas=$1 tls=$tls callback=$callback data_path=$data_path repeats=$repeats latency bytes=4096 keys=8 shards_per_round=$(get "$small8" "$1" shards_per_round) p50_us=$(get "$small8" "$1" p50_us) keys8_over_keys1_p50=$(awk "BEGIN{printf \"%.2f\", $(get "$small8" "$1" p50_us)/$(get "$small" "$1" p50_us)}") (goal <= 1.5)"
+  echo "compare replicas=$1 tls=$tls callback=$callback data_path=$data_path repeats=$repeats latency bytes=4096 keys=8 spread shards_per_round=$(get "$spread8" "$1" shards_per_round) p50_us=$(get "$spread8" "$1" p50_us) spread_over_keys1_p50=$(awk "BEGIN{printf \"%.2f\", $(get "$spread8" "$1" p50_us)/$(get "$small" "$1" p50_us)}")"
 }
-# What the machine allows for these rounds (no TLS, no work): the floor of
-# keys8_over_keys1_p50 (keys=8 spans both shards, keys=1 one of them), at
-# several spins, and then our ratio as it would be with the 8-key round at
-# the lowest floor any spin gives (floor_keys8_over_our_keys1: above 1.5, the
-# goal needs more cores than this machine has, whatever the kvstore does).
+# What the machine allows for these rounds (no TLS, no work): the floor of a
+# round over one shard and over two, at several spins; then our 8-key
+# round's ratio to the lowest floor any spin gives for as many shards as it
+# touches, and our ratio as it would be with the 8-key round at that floor
+# (floor_keys8_over_our_keys1: above 1.5, the goal needs more cores than
+# this machine has, whatever the kvstore does); the same for the spread
+# round against the two-shard floor.
 floor() {
   if [ ! -x "$floor_bin" ]; then
     echo "compare.sh: no round_floor next to $bin (bazel build //tests/bench/kvstore:round_floor)" >&2
@@ -90,10 +100,14 @@ floor() {
   out=$("$floor_bin" --workers="$workers" --bytes=4096 --replicas=1,2 --spin_us=0,20,50,200)
   echo "$out"
   for r in 1 2; do
-    local f ours1 ours8
-    f=$(grep "^round_floor_best replicas=$r " <<<"$out" | sed -n 's/.*shards2_p50_us=\([0-9.]*\).*/\1/p')
-    ours1=$(get "$small" "$r" p50_us) ours8=$(get "$small8" "$r" p50_us)
-    echo "compare replicas=$r floor keys8_best_p50_us=$f keys8_over_floor=$(awk "BEGIN{printf \"%.2f\", $ours8/$f}") floor_keys8_over_our_keys1=$(awk "BEGIN{printf \"%.2f\", $f/$ours1}")"
+    local f f2 n ours1 ours8 spread
+    n=$(get "$small8" "$r" shards_per_round)
+    [ "$n" = 1 ] || n=2
+    f=$(grep "^round_floor_best replicas=$r " <<<"$out" | sed -n "s/.*shards${n}_p50_us=\([0-9.]*\).*/\1/p")
+    f2=$(grep "^round_floor_best replicas=$r " <<<"$out" | sed -n 's/.*shards2_p50_us=\([0-9.]*\).*/\1/p')
+    ours1=$(get "$small" "$r" p50_us) ours8=$(get "$small8" "$r" p50_us) spread=$(get "$spread8" "$r" p50_us)
+    echo "compare replicas=$r floor shards=$n keys8_best_p50_us=$f keys8_over_floor=$(awk "BEGIN{printf \"%.2f\", $ours8/$f}") floor_keys8_over_our_keys1=$(awk "BEGIN{printf \"%.2f\", $f/$ours1}")"
+    echo "compare replicas=$r floor shards=2 spread_best_p50_us=$f2 spread_over_floor=$(awk "BEGIN{printf \"%.2f\", $spread/$f2}")"
   done
 }
 if [ "$small_only" = 1 ]; then

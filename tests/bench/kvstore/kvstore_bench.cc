@@ -15,15 +15,18 @@
 // --steps steps are timed. Prints one line per --replicas value:
 //
 //   kvstore workers=<w> servers=<s> replicas=<r> bytes=<b> keys=<k> tls=<on|off>
-//           callback=<on|off> data_path=<auto|tcp|grpc> reply_spin_us=<n> pushpull_GBps=<x>
-//           p50_us=<y> p99_us=<z>
+//           callback=<on|off> data_path=<auto|tcp|grpc> reply_spin_us=<n> shards_per_round=<n>
+//           pushpull_GBps=<x> p50_us=<y> p99_us=<z> compression=<c>
 //
 // --data_path picks the clients' data path (ClientOptions.data_path): auto
 // (the default: the shards' data port over their Unix sockets and shared
 // memory, since the workers run on the shards' host), tcp (the data port
 // over TCP, mutual TLS unless --notls), grpc (KVStoreData over gRPC).
 // --reply_spin_us is ClientOptions.reply_spin (0 shows what polling for
-// replies saves).
+// replies saves). shards_per_round is how many shards one worker's round
+// touches: keys under --colocate_below_bytes live on the job's home shard
+// (placement.h), so the 4 KiB shapes use one shard whatever --keys is, and
+// --colocate_below_bytes=0 spreads them over the shards by name.
 //
 // With --replicas=1,2 (the default) every shard also runs as a chain of 2
 // replicas (a scheduler_server owns the shard map), the same workload again,
@@ -43,6 +46,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -70,6 +74,9 @@ ABSL_FLAG(std::string, replicas, "1,2",
           "own the shard map)");
 ABSL_FLAG(int64_t, bytes, 64 << 20, "parameter bytes in all (f32)");
 ABSL_FLAG(int, keys, 8, "keys the bytes are split into");
+ABSL_FLAG(int64_t, colocate_below_bytes, dtrain::kvstore::PlacementOptions().colocate_below_bytes,
+          "keys of fewer bytes live on the job's home shard (PlacementOptions; 0: every key is "
+          "placed by its own name, so small keys spread over the shards)");
 ABSL_FLAG(int, steps, 0, "timed steps (0: 20 for >= 1 MiB, else 2000)");
 ABSL_FLAG(int, warmup, 0, "untimed steps first (0: steps / 10, at least 2)");
 ABSL_FLAG(std::string, optimizer, "sgd", "server-side optimizer: sgd or none");
@@ -185,6 +192,7 @@ absl::StatusOr<Result> RunOnce(const char* argv0, int replicas) {
   }
   std::vector<std::vector<double>> durations(static_cast<size_t>(workers));
   std::atomic<int> failures{0};
+  std::atomic<int> shards_per_round{0};  // shards one worker's round touches
   std::atomic<int> ready{0};
   absl::Time start, end;
   std::vector<std::thread> threads;
@@ -200,6 +208,7 @@ absl::StatusOr<Result> RunOnce(const char* argv0, int replicas) {
       options.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
       options.data_path = *ParseDataPath(absl::GetFlag(FLAGS_data_path));
       options.reply_spin = absl::Microseconds(absl::GetFlag(FLAGS_reply_spin_us));
+      options.placement.colocate_below_bytes = absl::GetFlag(FLAGS_colocate_below_bytes);
       auto client = KVClient::Connect(options);
       if (!client.ok() || !(*client)->CreateJob(config).ok()) {
         std::fprintf(stderr, "worker %d: cannot connect or create the job\n", w);
@@ -220,9 +229,18 @@ absl::StatusOr<Result> RunOnce(const char* argv0, int replicas) {
         return;
       }
       std::vector<PushPullItem> items;
+      std::set<int> touched;
       for (int k = 0; k < keys; ++k) {
         items.push_back({absl::StrCat("param", k), grads[k].data(), values[k].data()});
+        absl::StatusOr<std::vector<PlacedSlice>> placed = (*client)->Placement(items.back().key);
+        if (!placed.ok()) {
+          std::fprintf(stderr, "worker %d: %s\n", w, placed.status().ToString().c_str());
+          ++failures;
+          return;
+        }
+        for (const PlacedSlice& p : *placed) touched.insert(p.server);
       }
+      if (w == 0) shards_per_round = static_cast<int>(touched.size());
       for (int step = 0; step < warmup + steps; ++step) {
         if (step == warmup) {
           // Line up the workers; the last to arrive starts the clock.
@@ -257,11 +275,13 @@ absl::StatusOr<Result> RunOnce(const char* argv0, int replicas) {
   Result result{moved / seconds / 1e9, pct(0.50), pct(0.99)};
   std::printf(
       "kvstore workers=%d servers=%d replicas=%d bytes=%lld keys=%d tls=%s callback=%s "
-      "data_path=%s reply_spin_us=%d pushpull_GBps=%.3f p50_us=%.0f p99_us=%.0f compression=%s\n",
+      "data_path=%s reply_spin_us=%d shards_per_round=%d pushpull_GBps=%.3f p50_us=%.0f "
+      "p99_us=%.0f compression=%s\n",
       workers, servers, replicas, static_cast<long long>(elements * 4), keys,
       absl::GetFlag(FLAGS_tls) ? "on" : "off", absl::GetFlag(FLAGS_callback_data) ? "on" : "off",
-      absl::GetFlag(FLAGS_data_path).c_str(), absl::GetFlag(FLAGS_reply_spin_us), result.gbps,
-      result.p50, result.p99, DescribeCompression(*compression).c_str());
+      absl::GetFlag(FLAGS_data_path).c_str(), absl::GetFlag(FLAGS_reply_spin_us),
+      shards_per_round.load(), result.gbps, result.p50, result.p99,
+      DescribeCompression(*compression).c_str());
   std::fflush(stdout);
   for (auto it = procs.rbegin(); it != procs.rend(); ++it) (void)(*it)->Kill(SIGTERM);
   for (auto& p : procs) (void)p->Wait();
