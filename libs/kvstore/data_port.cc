@@ -897,8 +897,9 @@ void DataPortServer::Serve(std::unique_ptr<DataConn> conn, int id) {
   std::unique_ptr<char[]> buffer;
   uint64_t buffer_bytes = 0;
   std::string header;
-  // An eventfd for DataResponder::Poke, made at the first deferred request.
+  // An eventfd for DataResponder::Poke, made at the first PushPull.
   int wake_fd = -1;
+  bool no_wake_fd = false;  // eventfd failed once
   absl::Cleanup close_wake = [&wake_fd] {
     if (wake_fd >= 0) close(wake_fd);
   };
@@ -962,20 +963,32 @@ void DataPortServer::Serve(std::unique_ptr<DataConn> conn, int id) {
       return absl::string_view(buffer.get(), h->payload_bytes);
     };
     std::shared_ptr<DataResponder> deferred;
-    request.defer = [&]() -> std::shared_ptr<DataResponder> {
-      DT_CHECK(deferred == nullptr) << "data port: a request deferred twice";
-      if (wake_fd < 0) wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-      DataConn* c = conn.get();
-      const Segment* seg = &segment;
-      const uint16_t op = h->op;
-      const uint64_t id = h->request_id;
-      deferred.reset(new DataResponder(
-          [c, seg, op, id](const absl::Status& status, const DataReply& reply) {
-            return WriteReply(*c, *seg, op, id, status, reply);
-          },
-          wake_fd));
-      return deferred;
-    };
+    if (wake_fd < 0 && !no_wake_fd && h->op == static_cast<uint16_t>(DataOp::kPushPull)) {
+      // Made for the first PushPull (the only request the shard defers).
+      // Without it (the process is out of descriptors) this connection's
+      // requests get no `defer`: they wait on its thread.
+      wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+      if (wake_fd < 0) {
+        no_wake_fd = true;
+        DT_LOG(WARNING) << Errno("data port: eventfd")
+                        << "; this connection's push-pulls wait on its thread";
+      }
+    }
+    if (wake_fd >= 0) {
+      request.defer = [&]() -> std::shared_ptr<DataResponder> {
+        DT_CHECK(deferred == nullptr) << "data port: a request deferred twice";
+        DataConn* c = conn.get();
+        const Segment* seg = &segment;
+        const uint16_t op = h->op;
+        const uint64_t id = h->request_id;
+        deferred.reset(new DataResponder(
+            [c, seg, op, id](const absl::Status& status, const DataReply& reply) {
+              return WriteReply(*c, *seg, op, id, status, reply);
+            },
+            wake_fd));
+        return deferred;
+      };
+    }
     DataReply reply;
     absl::Status status = handler_->Handle(request, &reply);
     if (deferred != nullptr) {

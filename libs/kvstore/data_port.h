@@ -170,6 +170,9 @@ struct DataRequest {
   // round is not complete): the handler reads the payload first, keeps the
   // responder and returns OK with `reply` left empty; the responder answers
   // later, from any thread (DataResponder). At most once per request.
+  // Empty for a request that cannot defer (only PushPulls can, and only on
+  // a connection that has its wake descriptor: none when the process was
+  // out of descriptors); the handler then answers on this thread.
   std::function<std::shared_ptr<DataResponder>()> defer;
 };
 

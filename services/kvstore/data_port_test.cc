@@ -7,6 +7,7 @@
 #include <fcntl.h>
 #include <grpcpp/grpcpp.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -20,6 +21,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "gtest/gtest.h"
@@ -696,6 +698,55 @@ TEST_F(ParkedPullTest, ARoundCompletedOverGrpcAnswersAPullParkedOnTheDataPort) {
   ASSERT_TRUE(s0.ok()) << s0;
   ASSERT_TRUE(s1.ok()) << s1;
   EXPECT_EQ(out0, out1);
+  EXPECT_LT(answered - pushed, absl::Seconds(3));  // not at the 10 s deadline
+}
+
+// A connection that cannot make the descriptor a parked pull is woken
+// through (the process is out of file descriptors) does not park: the pull
+// waits on its thread as before, and a round completed over gRPC (which
+// can only wake a parked pull through that descriptor) still answers it at
+// once, not at its deadline.
+TEST_F(ParkedPullTest, WithoutADescriptorToWakeItAPullWaitsOnItsThread) {
+  std::vector<std::unique_ptr<KVClient>> w = Job("nofd", {DataPath::kAuto, DataPath::kGrpc});
+  ASSERT_EQ(w.size(), 2u);
+  std::vector<float> g(4, 1.0f), out0(4), out1(4);
+  // Round 1 opens every connection; worker 0 pushes last, so nothing parks.
+  Work first = w[1]->PushPullAsync({{"w", g.data(), out1.data()}});
+  absl::SleepFor(absl::Milliseconds(100));
+  ASSERT_TRUE(w[0]->PushPull({{"w", g.data(), out0.data()}}).ok());
+  ASSERT_TRUE(first.Wait().ok());
+  ASSERT_EQ(out0, std::vector<float>(4, 2.0f));
+
+  // No new descriptor from here on: the limit is the lowest free number.
+  const int lowest_free = open("/dev/null", O_RDONLY | O_CLOEXEC);
+  ASSERT_GE(lowest_free, 0);
+  close(lowest_free);
+  rlimit before;
+  ASSERT_EQ(getrlimit(RLIMIT_NOFILE, &before), 0);
+  rlimit none = before;
+  none.rlim_cur = static_cast<rlim_t>(lowest_free);
+  ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &none), 0);
+  absl::Cleanup restore = [&] { setrlimit(RLIMIT_NOFILE, &before); };
+  ASSERT_LT(open("/dev/null", O_RDONLY | O_CLOEXEC), 0);
+  ASSERT_EQ(errno, EMFILE);
+
+  // Round 2: the sum of 1 and 3.
+  std::vector<float> g1(4, 3.0f);
+  absl::Status s0;
+  absl::Time answered;
+  std::thread t0([&] {
+    s0 = w[0]->PushPull({{"w", g.data(), out0.data()}});
+    answered = absl::Now();
+  });
+  absl::SleepFor(absl::Milliseconds(100));  // worker 0's pull waits
+  const absl::Time pushed = absl::Now();
+  absl::Status s1 = w[1]->PushPull({{"w", g1.data(), out1.data()}});
+  t0.join();
+  std::move(restore).Invoke();
+  ASSERT_TRUE(s0.ok()) << s0;
+  ASSERT_TRUE(s1.ok()) << s1;
+  EXPECT_EQ(out0, std::vector<float>(4, 4.0f));
+  EXPECT_EQ(out1, out0);
   EXPECT_LT(answered - pushed, absl::Seconds(3));  // not at the 10 s deadline
 }
 

@@ -495,7 +495,10 @@ TEST_F(ReplicationTest, ASuccessorRestartedAtTheSameAddressTakesTheStateOnTheFir
   std::vector<std::vector<float>> got;
   Rounds(clients, 1, 2, &got);
   ASSERT_FALSE(HasFatalFailure());
-  ASSERT_EQ(replicas_[0]->replicator()->stats().send_failures, 0);
+  // The chain's start may have cost a failed batch (on a loaded machine the
+  // head can learn the first map before the tail does, which refuses it
+  // and the head retries); the restart below must cost none.
+  const int64_t failures_before = replicas_[0]->replicator()->stats().send_failures;
   listen_ = replicas_[1]->local_address();
   replicas_[1].reset();  // closes its connections, the head's idle link among them
   replicas_[1] = StartReplica(1);
@@ -518,7 +521,7 @@ TEST_F(ReplicationTest, ASuccessorRestartedAtTheSameAddressTakesTheStateOnTheFir
     return hb.caught_up_replica() == 1 && hb.caught_up_incarnation() == b.incarnation();
   });
   EXPECT_EQ(version, 3u);
-  EXPECT_EQ(replicas_[0]->replicator()->stats().send_failures, 0);
+  EXPECT_EQ(replicas_[0]->replicator()->stats().send_failures, failures_before);
   owner_.Publish(Chain({Member(a_, v1::REPLICA_ACTIVE), Member(b, v1::REPLICA_ACTIVE)}));
   Rounds(clients, 3, 4, &got);
   for (size_t i = 0; i < ref.size(); ++i) {
