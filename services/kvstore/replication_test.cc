@@ -44,8 +44,13 @@ class MapOwner final : public scheduler::v1::ClusterService::Service {
     last_[request->replica()] = *request;
     auto held = held_.find(request->replica());
     *reply->mutable_map() = held != held_.end() ? held->second : map_;
-    reply->set_heartbeat_interval_ms(50);
+    reply->set_heartbeat_interval_ms(interval_ms_);
     return grpc::Status::OK;
+  }
+  // The heartbeat interval the next replies give (50 ms at first).
+  void SetInterval(absl::Duration interval) {
+    absl::MutexLock lock(&mu_);
+    interval_ms_ = absl::ToInt64Milliseconds(interval);
   }
   void Publish(v1::ShardMap map) {
     absl::MutexLock lock(&mu_);
@@ -81,6 +86,7 @@ class MapOwner final : public scheduler::v1::ClusterService::Service {
   v1::ShardMap map_;
   std::map<int, v1::ShardMap> held_;  // by replica
   std::map<int, v1::KvstoreHeartbeatRequest> last_;
+  int64_t interval_ms_ ABSL_GUARDED_BY(mu_) = 50;
 };
 
 v1::ChainMember Member(const v1::KvstoreHeartbeatRequest& hb, v1::ReplicaState state) {
@@ -328,6 +334,10 @@ TEST_F(ReplicationTest, ParkedPullsAndHeldPushesReplicateBitForBit) {
 // at its deadline.
 TEST_F(ReplicationTest, AHeldPushWhoseRoundNeverCompletesStillReachesTheTail) {
   std::vector<std::unique_ptr<KVClient>> clients = StartChainOfTwo();
+  // Heartbeats (whose work on the chain would also send a held push) every
+  // 10 s from the next one on: what sends it is the hold's end (2 ms).
+  owner_.SetInterval(absl::Seconds(10));
+  absl::SleepFor(absl::Milliseconds(150));
   ClientOptions o;
   o.servers = {replicas_[0]->local_address(), replicas_[1]->local_address()};
   o.replicas = 2;
@@ -353,11 +363,13 @@ TEST_F(ReplicationTest, AHeldPushWhoseRoundNeverCompletesStillReachesTheTail) {
     return -1;
   };
   int64_t pushed = 0;
-  while (pushed != 1 && absl::Now() - start < absl::Seconds(2)) {
+  while (pushed != 1 && absl::Now() - start < absl::Seconds(1)) {
     absl::SleepFor(absl::Milliseconds(2));
     pushed = on_tail();
   }
-  EXPECT_EQ(pushed, 1);  // worker 0's round-1 push, before the pull's deadline
+  // Worker 0's round-1 push, long before the pull's 3 s deadline (which
+  // would send it too) and the next heartbeat.
+  EXPECT_EQ(pushed, 1);
   pushing.join();
   EXPECT_TRUE(absl::IsDeadlineExceeded(s)) << s;
   EXPECT_GE(absl::Now() - start, absl::Milliseconds(2900));
