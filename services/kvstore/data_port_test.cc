@@ -589,6 +589,27 @@ class ParkedPullTest : public DataPortTest {
     return push.SerializeAsString();
   }
 
+  // One round of key "w": worker 0 push-pulls g0 into out0 on a thread of
+  // its own, worker 1 g1 into out1 100 ms later. Both must succeed; returns
+  // how long worker 0's answer came after worker 1 pushed.
+  static absl::Duration LastPushLate(std::vector<std::unique_ptr<KVClient>>& w,
+                                     std::vector<float>& g0, std::vector<float>& g1,
+                                     std::vector<float>* out0, std::vector<float>* out1) {
+    absl::Status s0;
+    absl::Time answered;
+    std::thread t0([&] {
+      s0 = w[0]->PushPull({{"w", g0.data(), out0->data()}});
+      answered = absl::Now();
+    });
+    absl::SleepFor(absl::Milliseconds(100));
+    const absl::Time pushed = absl::Now();
+    absl::Status s1 = w[1]->PushPull({{"w", g1.data(), out1->data()}});
+    t0.join();
+    EXPECT_TRUE(s0.ok()) << s0;
+    EXPECT_TRUE(s1.ok()) << s1;
+    return answered - pushed;
+  }
+
   // Job `job` of `workers` workers with key "w" (4 floats), and its
   // clients on `path` (pulls waiting up to `pull_timeout`).
   std::vector<std::unique_ptr<KVClient>> Job(const std::string& job, int workers, DataPath path,
@@ -685,20 +706,10 @@ TEST_F(ParkedPullTest, ARoundCompletedOverGrpcAnswersAPullParkedOnTheDataPort) {
   std::vector<std::unique_ptr<KVClient>> w = Job("p", {DataPath::kAuto, DataPath::kGrpc});
   ASSERT_EQ(w.size(), 2u);
   std::vector<float> g(4, 1.0f), out0(4), out1(4);
-  absl::Status s0;
-  absl::Time answered;
-  std::thread t0([&] {
-    s0 = w[0]->PushPull({{"w", g.data(), out0.data()}});
-    answered = absl::Now();
-  });
-  absl::SleepFor(absl::Milliseconds(100));  // worker 0's pull parks
-  const absl::Time pushed = absl::Now();
-  absl::Status s1 = w[1]->PushPull({{"w", g.data(), out1.data()}});
-  t0.join();
-  ASSERT_TRUE(s0.ok()) << s0;
-  ASSERT_TRUE(s1.ok()) << s1;
-  EXPECT_EQ(out0, out1);
-  EXPECT_LT(answered - pushed, absl::Seconds(3));  // not at the 10 s deadline
+  absl::Duration wait = LastPushLate(w, g, g, &out0, &out1);  // worker 0's pull parks
+  EXPECT_EQ(out0, std::vector<float>(4, 2.0f));
+  EXPECT_EQ(out1, out0);
+  EXPECT_LT(wait, absl::Seconds(3));  // not at the 10 s deadline
 }
 
 // A connection that cannot make the descriptor a parked pull is woken
@@ -732,22 +743,11 @@ TEST_F(ParkedPullTest, WithoutADescriptorToWakeItAPullWaitsOnItsThread) {
 
   // Round 2: the sum of 1 and 3.
   std::vector<float> g1(4, 3.0f);
-  absl::Status s0;
-  absl::Time answered;
-  std::thread t0([&] {
-    s0 = w[0]->PushPull({{"w", g.data(), out0.data()}});
-    answered = absl::Now();
-  });
-  absl::SleepFor(absl::Milliseconds(100));  // worker 0's pull waits
-  const absl::Time pushed = absl::Now();
-  absl::Status s1 = w[1]->PushPull({{"w", g1.data(), out1.data()}});
-  t0.join();
+  absl::Duration wait = LastPushLate(w, g, g1, &out0, &out1);  // worker 0's pull waits
   std::move(restore).Invoke();
-  ASSERT_TRUE(s0.ok()) << s0;
-  ASSERT_TRUE(s1.ok()) << s1;
   EXPECT_EQ(out0, std::vector<float>(4, 4.0f));
   EXPECT_EQ(out1, out0);
-  EXPECT_LT(answered - pushed, absl::Seconds(3));  // not at the 10 s deadline
+  EXPECT_LT(wait, absl::Seconds(3));  // not at the 10 s deadline
 }
 
 // Hostile or gone peers of a parked request: a frame sent before the reply
