@@ -355,9 +355,10 @@ absl::Status KVClient::CreateJob(const JobConfig& config) {
     return absl::InvalidArgumentError(absl::StrCat("CreateJob of job '", config.job,
                                                    "' from a client of job '", options_.job, "'"));
   }
-  DT_RETURN_IF_ERROR(ValidateJobConfig(config));
+  DT_ASSIGN_OR_RETURN(JobConfig stated, StatePlacement(config, options_.placement));
+  DT_RETURN_IF_ERROR(ValidateJobConfig(stated));
   v1::CreateJobRequest request;
-  *request.mutable_config() = ToProto(config);
+  *request.mutable_config() = ToProto(stated);
   return ForEachServer([&](int i) {
     return WithRetries([&]() -> absl::Status {
       DT_ASSIGN_OR_RETURN(Endpoint to, Route(i, /*write=*/true));

@@ -105,9 +105,10 @@ absl::Status InProcessParameterServer::CreateJob(const JobConfig& config) {
     return absl::InvalidArgumentError(absl::StrCat(
         "CreateJob of job '", config.job, "' from a parameter server of job '", job_, "'"));
   }
-  DT_RETURN_IF_ERROR(ValidateJobConfig(config));
+  DT_ASSIGN_OR_RETURN(JobConfig stated, StatePlacement(config, shards_->options.placement));
+  DT_RETURN_IF_ERROR(ValidateJobConfig(stated));
   return ForEachShard(static_cast<int>(shards_->stores.size()), [&](int i) {
-    return shards_->stores[static_cast<size_t>(i)]->CreateJob(config).status();
+    return shards_->stores[static_cast<size_t>(i)]->CreateJob(stated).status();
   });
 }
 

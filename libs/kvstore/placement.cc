@@ -18,6 +18,23 @@ uint64_t Fnv1a(absl::string_view s) {
   return h;
 }
 
+std::string DescribePlacement(const PlacementOptions& options) {
+  // v1 placed every key under the slice threshold by its name.
+  return absl::StrCat("v2 colocate_below_bytes=", options.colocate_below_bytes,
+                      " slice_threshold_bytes=", options.slice_threshold_bytes);
+}
+
+absl::StatusOr<JobConfig> StatePlacement(JobConfig config, const PlacementOptions& options) {
+  std::string mine = DescribePlacement(options);
+  if (!config.placement.empty() && config.placement != mine) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("job '", config.job, "': the config says placement (", config.placement,
+                     ") but this client places keys by (", mine, ")"));
+  }
+  config.placement = std::move(mine);
+  return config;
+}
+
 int HomeShard(absl::string_view job, int num_servers) {
   return static_cast<int>(Fnv1a(job) % static_cast<uint64_t>(num_servers));
 }

@@ -59,6 +59,15 @@ struct PlacedSlice {
 // 64-bit FNV-1a of `s` (stable across builds and platforms).
 uint64_t Fnv1a(absl::string_view s);
 
+// The placement rule and options, as clients state them in their jobs'
+// JobConfig::placement ("v2 colocate_below_bytes=65536
+// slice_threshold_bytes=262144"): workers of one job must agree on it.
+std::string DescribePlacement(const PlacementOptions& options);
+
+// `config` with this worker's placement stated, as a client's CreateJob
+// sends it; kInvalidArgument when config.placement states another.
+absl::StatusOr<JobConfig> StatePlacement(JobConfig config, const PlacementOptions& options);
+
 // The job's home shard, where its small keys live.
 int HomeShard(absl::string_view job, int num_servers);
 

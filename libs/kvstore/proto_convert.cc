@@ -27,6 +27,7 @@ v1::JobConfig ToProto(const JobConfig& c) {
   p.set_momentum(c.momentum);
   p.set_weight_decay(c.weight_decay);
   p.set_gradient_scale(c.gradient_scale);
+  p.set_placement(c.placement);
   return p;
 }
 
@@ -65,6 +66,7 @@ absl::StatusOr<JobConfig> FromProto(const v1::JobConfig& p) {
   c.momentum = p.momentum();
   c.weight_decay = p.weight_decay();
   c.gradient_scale = p.gradient_scale() == 0 ? 1 : p.gradient_scale();
+  c.placement = p.placement();
   return c;
 }
 

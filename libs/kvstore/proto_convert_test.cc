@@ -18,6 +18,7 @@ TEST(ProtoConvertTest, RoundTrips) {
   c.momentum = 0.9;
   c.weight_decay = 1e-4;
   c.gradient_scale = 1.0 / 3;
+  c.placement = "v2 colocate_below_bytes=65536 slice_threshold_bytes=262144";
   EXPECT_EQ(*FromProto(ToProto(c)), c);
 
   SliceSpec s;

@@ -99,7 +99,8 @@ std::string EncodeConfig(const JobConfig& c) {
                {"learning_rate", Exact(c.learning_rate)},
                {"momentum", Exact(c.momentum)},
                {"weight_decay", Exact(c.weight_decay)},
-               {"gradient_scale", Exact(c.gradient_scale)}});
+               {"gradient_scale", Exact(c.gradient_scale)},
+               {"placement", c.placement}});
 }
 
 absl::StatusOr<JobConfig> DecodeConfig(absl::string_view text, absl::string_view what) {
@@ -135,6 +136,8 @@ absl::StatusOr<JobConfig> DecodeConfig(absl::string_view text, absl::string_view
   DT_ASSIGN_OR_RETURN(c.momentum, GetDouble(f, "momentum", what));
   DT_ASSIGN_OR_RETURN(c.weight_decay, GetDouble(f, "weight_decay", what));
   DT_ASSIGN_OR_RETURN(c.gradient_scale, GetDouble(f, "gradient_scale", what));
+  // Snapshots written before the field have none: not stated.
+  if (f.count("placement") > 0) c.placement = f.at("placement");
   return c;
 }
 

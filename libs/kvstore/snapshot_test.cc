@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "libs/checkpoint/checkpoint.h"
+#include "libs/kvstore/placement.h"
 
 namespace dtrain {
 namespace kvstore {
@@ -45,6 +46,7 @@ void Fill(Store& store) {
   c.learning_rate = 0.1;
   c.momentum = 0.9;
   c.weight_decay = 1.0 / 3;  // needs all 17 digits to round-trip
+  c.placement = DescribePlacement(PlacementOptions());
   ASSERT_TRUE(store.CreateJob(c).ok());
   SliceSpec spec;
   spec.key = "w";
@@ -70,6 +72,8 @@ TEST(SnapshotTest, RoundTripResumesExactly) {
   ASSERT_EQ(*LoadSnapshot(dir, &restored), true);
   EXPECT_EQ(Value(restored), Value(store));
   EXPECT_EQ(restored.GetJob("j", 0, false)->config, store.GetJob("j", 0, false)->config);
+  EXPECT_EQ(restored.GetJob("j", 0, false)->config.placement,
+            DescribePlacement(PlacementOptions()));
   // Both finish round 2 identically (the half-pushed round survived).
   for (Store* s : {&store, &restored}) ASSERT_TRUE(Push(*s, 1, 2, {1, 1, 1}).ok());
   EXPECT_EQ(Value(restored), Value(store));
@@ -97,6 +101,10 @@ TEST(SnapshotTest, ReadsTheOldMaxDelayName) {
   const size_t at = config.find("max_staleness");
   ASSERT_NE(at, std::string::npos) << config;
   config.replace(at, std::strlen("max_staleness"), "max_delay");
+  // Nor had it a placement line (JobConfig::placement came later).
+  const size_t placement = config.find("\nplacement=");
+  ASSERT_NE(placement, std::string::npos) << config;
+  config.erase(placement, config.find('\n', placement + 1) - placement);
   ASSERT_TRUE(checkpoint::WriteCheckpoint(info->path, *ckpt).ok());
 
   Store restored{StoreOptions()};
@@ -104,6 +112,7 @@ TEST(SnapshotTest, ReadsTheOldMaxDelayName) {
   ASSERT_TRUE(loaded.ok()) << loaded.status();
   EXPECT_TRUE(*loaded);
   EXPECT_EQ(restored.GetJob("b", 0, false)->config.max_staleness, 3);
+  EXPECT_EQ(restored.GetJob("b", 0, false)->config.placement, "");
 }
 
 TEST(SnapshotTest, MissingDamagedAndForeignSnapshots) {

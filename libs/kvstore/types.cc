@@ -103,7 +103,8 @@ bool JobConfig::operator==(const JobConfig& o) const {
   return job == o.job && num_workers == o.num_workers && consistency == o.consistency &&
          max_staleness == o.max_staleness && optimizer == o.optimizer &&
          learning_rate == o.learning_rate && momentum == o.momentum &&
-         weight_decay == o.weight_decay && gradient_scale == o.gradient_scale;
+         weight_decay == o.weight_decay && gradient_scale == o.gradient_scale &&
+         placement == o.placement;
 }
 
 absl::Status ValidateJobConfig(const JobConfig& c) {
@@ -122,6 +123,10 @@ absl::Status ValidateJobConfig(const JobConfig& c) {
   } else if (c.max_staleness != 0) {
     return bad("max_staleness=", c.max_staleness,
                " is only meaningful with bounded_delay consistency");
+  }
+  if (c.placement.size() > kMaxPlacementLength) {
+    return bad("placement must have at most ", kMaxPlacementLength, " bytes, got ",
+               c.placement.size());
   }
   if (!(c.gradient_scale > 0) || !std::isfinite(c.gradient_scale)) {
     return bad("gradient_scale must be positive and finite, got ", c.gradient_scale);
@@ -155,6 +160,7 @@ std::string DescribeJobConfig(const JobConfig& c) {
                     " weight_decay=", c.weight_decay);
   }
   if (c.gradient_scale != 1) absl::StrAppend(&s, " gradient_scale=", c.gradient_scale);
+  if (!c.placement.empty()) absl::StrAppend(&s, " placement=(", c.placement, ")");
   return s;
 }
 

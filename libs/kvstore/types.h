@@ -89,6 +89,11 @@ struct JobConfig {
   double weight_decay = 0;
   // Multiplies gradients before they are applied (e.g. 1/num_workers).
   double gradient_scale = 1;
+  // How the job's workers place keys on the shards (DescribePlacement,
+  // placement.h), stamped by the client's CreateJob: a worker placing keys
+  // otherwise would never meet the others' rounds, so its CreateJob is
+  // refused instead. Empty: not stated (a client from before the field).
+  std::string placement;
 
   bool operator==(const JobConfig& other) const;
   bool operator!=(const JobConfig& other) const { return !(*this == other); }
@@ -98,8 +103,10 @@ struct JobConfig {
 // num_workers outside 1..kMaxWorkers, max_staleness set outside kBoundedDelay or
 // negative, SGD settings with kNone, a learning rate that is not positive
 // and finite, momentum outside [0, 1), negative or non-finite weight decay,
-// a gradient scale that is not positive and finite.
+// a gradient scale that is not positive and finite, a placement of more
+// than kMaxPlacementLength bytes.
 absl::Status ValidateJobConfig(const JobConfig& config);
+inline constexpr size_t kMaxPlacementLength = 128;
 
 // "job=j workers=2 consistency=sync optimizer=sgd lr=0.1 momentum=0.9 ..."
 std::string DescribeJobConfig(const JobConfig& config);

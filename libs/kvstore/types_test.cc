@@ -27,6 +27,7 @@ TEST(TypesTest, JobConfigValidation) {
          c.momentum = 1.0;
        }},
       {"gradient_scale", [](JobConfig& c) { c.gradient_scale = 0; }},
+      {"placement", [](JobConfig& c) { c.placement = std::string(129, 'x'); }},
       {"max_staleness",
        [](JobConfig& c) {
          c.consistency = Consistency::kBoundedDelay;
@@ -42,6 +43,12 @@ TEST(TypesTest, JobConfigValidation) {
     EXPECT_TRUE(absl::StrContains(s.message(), k.what)) << s;
   }
   EXPECT_TRUE(absl::StrContains(DescribeJobConfig(c), "consistency=sync"));
+  JobConfig placed = c;
+  placed.placement = "v2 colocate_below_bytes=0 slice_threshold_bytes=1";
+  EXPECT_TRUE(ValidateJobConfig(placed).ok());
+  EXPECT_NE(placed, c);  // a job's workers must agree on it
+  EXPECT_TRUE(absl::StrContains(DescribeJobConfig(placed),
+                                "placement=(v2 colocate_below_bytes=0 slice_threshold_bytes=1)"));
 }
 
 TEST(TypesTest, SliceSpecValidation) {

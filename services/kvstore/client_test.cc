@@ -1013,6 +1013,41 @@ TEST(KVClientTest, ARoundOfSmallKeysIsOneRequestToTheJobsHomeShard) {
   }
 }
 
+// Workers that would place the job's keys differently never meet in a
+// round (their small keys on different shards), so the second one's
+// CreateJob is refused with a status naming both placements; the first
+// goes on. A config stating a placement the client does not use is refused
+// by the client.
+TEST(KVClientTest, AWorkerThatPlacesKeysOtherwiseIsRefusedAtCreateJob) {
+  Cluster cluster(2);
+  JobConfig config;
+  config.job = "mixed";
+  config.num_workers = 2;
+  auto w0 = cluster.Client("mixed", 0);
+  ASSERT_TRUE(w0->CreateJob(config).ok());
+  ClientOptions spread;
+  spread.placement.colocate_below_bytes = 0;
+  auto w1 = cluster.Client("mixed", 1, spread);
+  absl::Status s = w1->CreateJob(config);
+  EXPECT_EQ(s.code(), absl::StatusCode::kAlreadyExists) << s;
+  EXPECT_TRUE(absl::StrContains(s.message(), "colocate_below_bytes=65536")) << s;
+  EXPECT_TRUE(absl::StrContains(s.message(), "colocate_below_bytes=0")) << s;
+  // The same placement is the same job (CreateJob is idempotent).
+  auto again = cluster.Client("mixed", 1);
+  EXPECT_TRUE(again->CreateJob(config).ok());
+
+  JobConfig foreign = config;
+  foreign.placement = DescribePlacement(spread.placement);
+  s = w0->CreateJob(foreign);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_TRUE(absl::StrContains(s.message(), "this client places keys by")) << s;
+  for (int shard = 0; shard < 2; ++shard) {
+    auto held = cluster.servers[shard]->store().GetJob("mixed", 0, false);
+    ASSERT_TRUE(held.ok()) << held.status();
+    EXPECT_EQ(held->config.placement, DescribePlacement(PlacementOptions()));
+  }
+}
+
 TEST(KVClientTest, DeadShardFailsOperationsWithinUnavailableTimeout) {
   Cluster cluster(2);
   JobConfig config;
