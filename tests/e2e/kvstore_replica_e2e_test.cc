@@ -24,6 +24,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
+#include "libs/base/status.h"
 #include "libs/checkpoint/checkpoint.h"
 #include "libs/kvstore/client.h"
 #include "libs/kvstore/shard_map.h"
@@ -65,6 +66,18 @@ bool Full(const kvstore::v1::ShardMap& map, int replicas) {
   return true;
 }
 
+// The started cluster's kvstore map, with every chain full (2 ACTIVE
+// replicas); an error naming what is not.
+absl::StatusOr<kvstore::v1::ShardMap> FullMap(KvstoreCluster& cluster) {
+  DT_RETURN_IF_ERROR(cluster.status());
+  DT_ASSIGN_OR_RETURN(kvstore::v1::ShardMap map, cluster.KvstoreMap());
+  if (!Full(map, 2)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("the kvstore chains are not full: ", map.DebugString()));
+  }
+  return map;
+}
+
 // Largest relative difference between two checkpoints' f32 tensors (1 when
 // they differ in names or shapes).
 double MaxRelativeDifference(const checkpoint::Checkpoint& a, const checkpoint::Checkpoint& b,
@@ -94,10 +107,8 @@ double MaxRelativeDifference(const checkpoint::Checkpoint& a, const checkpoint::
 
 TEST(KvstoreReplicaE2eTest, AKilledReplicaCostsNoAttemptAndNoPrecision) {
   KvstoreCluster cluster("replica", "", /*restart=*/true, /*replicas=*/2);
-  ASSERT_TRUE(cluster.status().ok()) << cluster.status();
-  absl::StatusOr<kvstore::v1::ShardMap> map = cluster.KvstoreMap();
+  absl::StatusOr<kvstore::v1::ShardMap> map = FullMap(cluster);
   ASSERT_TRUE(map.ok()) << map.status();
-  ASSERT_TRUE(Full(*map, 2)) << map->DebugString();
 
   absl::StatusOr<v1::JobStatus> ref = cluster.Submit(Job("undisturbed"));
   ASSERT_TRUE(ref.ok()) << ref.status();
@@ -195,10 +206,8 @@ TEST(KvstoreReplicaE2eTest, AKilledReplicaCostsNoAttemptAndNoPrecision) {
 // or applied twice would change it).
 TEST(KvstoreReplicaE2eTest, AHeadKilledWithAParkedPullLosesNoPush) {
   KvstoreCluster cluster("parked", "", /*restart=*/false, /*replicas=*/2);
-  ASSERT_TRUE(cluster.status().ok()) << cluster.status();
-  absl::StatusOr<kvstore::v1::ShardMap> map = cluster.KvstoreMap();
+  absl::StatusOr<kvstore::v1::ShardMap> map = FullMap(cluster);
   ASSERT_TRUE(map.ok()) << map.status();
-  ASSERT_TRUE(Full(*map, 2)) << map->DebugString();
   std::vector<std::unique_ptr<kvstore::KVClient>> workers;
   for (int w = 0; w < 2; ++w) {
     kvstore::ClientOptions o;
