@@ -55,13 +55,11 @@ absl::StatusOr<std::vector<PlacedSlice>> PlaceKey(absl::string_view job, const s
   whole.count = n;
   DT_RETURN_IF_ERROR(ValidateSliceSpec(whole));
   const int64_t bytes = n * static_cast<int64_t>(DTypeSize(dtype));
-  int64_t slices = 1;
-  int home = static_cast<int>(Fnv1a(key) % static_cast<uint64_t>(num_servers));
-  if (num_servers > 1 && bytes >= options.slice_threshold_bytes) {
-    slices = std::min<int64_t>({num_servers, n, kMaxSlicesPerKey});
-  } else if (bytes < options.colocate_below_bytes) {
-    home = HomeShard(job, num_servers);
-  }
+  const bool sliced = num_servers > 1 && bytes >= options.slice_threshold_bytes;
+  const int64_t slices = sliced ? std::min<int64_t>({num_servers, n, kMaxSlicesPerKey}) : 1;
+  const int home = !sliced && bytes < options.colocate_below_bytes
+                       ? HomeShard(job, num_servers)
+                       : static_cast<int>(Fnv1a(key) % static_cast<uint64_t>(num_servers));
   std::vector<PlacedSlice> out;
   for (int64_t i = 0; i < slices; ++i) {
     PlacedSlice p;

@@ -22,8 +22,9 @@
 //     element counts (so equal bytes, within one element), slice i on shard
 //     (Fnv1a(key) + i) % num_servers: each shard holds 1/n of the key and
 //     serves 1/n of its traffic.
-// Every worker of a job must use the same options (KVClient and the
-// in-process kvstore use the defaults unless a caller sets others).
+// Every worker of a job must place keys alike: clients state their rule and
+// options in the job's config (StatePlacement), and a shard refuses the
+// CreateJob of a worker whose placement differs from the job's.
 //
 // Thread-safety: pure functions.
 #ifndef DTRAIN_LIBS_KVSTORE_PLACEMENT_H_

@@ -921,15 +921,11 @@ TEST(KVClientTest, ClientSideErrors) {
   EXPECT_TRUE(absl::StrContains(gone.message(), "new attempt")) << gone;
 }
 
-// A shard that dies fails the operations that need it within
-// unavailable_timeout (UNAVAILABLE, naming the shard), instead of waiting
-// for it up to rpc_timeout / pull_timeout per attempt; the live shard is
-// unaffected.
 // A round of a job's small keys (placement.h: under 64 KiB, on the job's
 // home shard) is one request from each worker to one shard; the other
-// shard holds none of them and serves no data request. Keys of 64 KiB and
-// more are placed by their names, and with co-location off so are the
-// small ones.
+// shard holds none of them and serves no data request. With co-location
+// off the same keys are placed by their names, over both shards, and each
+// shard serves every worker's round.
 TEST(KVClientTest, ARoundOfSmallKeysIsOneRequestToTheJobsHomeShard) {
   constexpr int kKeys = 8, kRounds = 3;
   constexpr int64_t kElements = 128;  // 512 B
@@ -1048,6 +1044,10 @@ TEST(KVClientTest, AWorkerThatPlacesKeysOtherwiseIsRefusedAtCreateJob) {
   }
 }
 
+// A shard that dies fails the operations that need it within
+// unavailable_timeout (UNAVAILABLE, naming the shard), instead of waiting
+// for it up to rpc_timeout / pull_timeout per attempt; the live shard is
+// unaffected.
 TEST(KVClientTest, DeadShardFailsOperationsWithinUnavailableTimeout) {
   Cluster cluster(2);
   JobConfig config;
