@@ -69,6 +69,8 @@ get() {
   grep " replicas=$2 " <<<"$1" | sed -n "s/.*$3=\([0-9.]*\).*/\1/p" | sort -g |
     awk '{v[NR] = $1} END {if (NR) print v[int((NR + 1) / 2)]}'
 }
+# $1 / $2 to two decimals.
+ratio() { awk "BEGIN{printf \"%.2f\", $1/$2}"; }
 small= small8= spread8=
 for ((i = 0; i < repeats; i++)); do
   for shape in 1 8 spread; do
@@ -81,8 +83,10 @@ for ((i = 0; i < repeats; i++)); do
 done
 latency() {
   echo "compare replicas=$1 tls=$tls callback=$callback data_path=$data_path repeats=$repeats latency bytes=4096 keys=1 p50_us=$(get "$small" "$1" p50_us) p99_us=$(get "$small" "$1" p99_us) (goals: p50 <= 100, p99 <= 300)"
-  echo "compare replicas=$1 tls=$tls callback=$callback data_path=$data_path repeats=$repeats latency bytes=4096 keys=8 shards_per_round=$(get "$small8" "$1" shards_per_round) p50_us=$(get "$small8" "$1" p50_us) keys8_over_keys1_p50=$(awk "BEGIN{printf \"%.2f\", $(get "$small8" "$1" p50_us)/$(get "$small" "$1" p50_us)}") (goal <= 1.5)"
-  echo "compare replicas=$1 tls=$tls callback=$callback data_path=$data_path repeats=$repeats latency bytes=4096 keys=8 spread shards_per_round=$(get "$spread8" "$1" shards_per_round) p50_us=$(get "$spread8" "$1" p50_us) spread_over_keys1_p50=$(awk "BEGIN{printf \"%.2f\", $(get "$spread8" "$1" p50_us)/$(get "$small" "$1" p50_us)}")"
+  local one
+  one=$(get "$small" "$1" p50_us)
+  echo "compare replicas=$1 tls=$tls callback=$callback data_path=$data_path repeats=$repeats latency bytes=4096 keys=8 shards_per_round=$(get "$small8" "$1" shards_per_round) p50_us=$(get "$small8" "$1" p50_us) keys8_over_keys1_p50=$(ratio "$(get "$small8" "$1" p50_us)" "$one") (goal <= 1.5)"
+  echo "compare replicas=$1 tls=$tls callback=$callback data_path=$data_path repeats=$repeats latency bytes=4096 keys=8 spread shards_per_round=$(get "$spread8" "$1" shards_per_round) p50_us=$(get "$spread8" "$1" p50_us) spread_over_keys1_p50=$(ratio "$(get "$spread8" "$1" p50_us)" "$one")"
 }
 # What the machine allows for these rounds (no TLS, no work): the floor of a
 # round over one shard and over two, at several spins; then our 8-key
@@ -103,11 +107,12 @@ floor() {
     local f f2 n ours1 ours8 spread
     n=$(get "$small8" "$r" shards_per_round)
     [ "$n" = 1 ] || n=2
-    f=$(grep "^round_floor_best replicas=$r " <<<"$out" | sed -n "s/.*shards${n}_p50_us=\([0-9.]*\).*/\1/p")
-    f2=$(grep "^round_floor_best replicas=$r " <<<"$out" | sed -n 's/.*shards2_p50_us=\([0-9.]*\).*/\1/p')
+    # The lowest p50 over the spins of a round over $1 shards.
+    best() { grep "^round_floor_best replicas=$r " <<<"$out" | sed -n "s/.*shards$1_p50_us=\([0-9.]*\).*/\1/p"; }
+    f=$(best "$n") f2=$(best 2)
     ours1=$(get "$small" "$r" p50_us) ours8=$(get "$small8" "$r" p50_us) spread=$(get "$spread8" "$r" p50_us)
-    echo "compare replicas=$r floor shards=$n keys8_best_p50_us=$f keys8_over_floor=$(awk "BEGIN{printf \"%.2f\", $ours8/$f}") floor_keys8_over_our_keys1=$(awk "BEGIN{printf \"%.2f\", $f/$ours1}")"
-    echo "compare replicas=$r floor shards=2 spread_best_p50_us=$f2 spread_over_floor=$(awk "BEGIN{printf \"%.2f\", $spread/$f2}")"
+    echo "compare replicas=$r floor shards=$n keys8_best_p50_us=$f keys8_over_floor=$(ratio "$ours8" "$f") floor_keys8_over_our_keys1=$(ratio "$f" "$ours1")"
+    echo "compare replicas=$r floor shards=2 spread_best_p50_us=$f2 spread_over_floor=$(ratio "$spread" "$f2")"
   done
 }
 if [ "$small_only" = 1 ]; then
@@ -132,7 +137,7 @@ ours=$("$bin" --workers="$workers" --servers="$servers" --bytes="$bytes" --repli
 echo "$ours"
 for r in 1 2; do
   x=$(get "$ours" $r pushpull_GBps)
-  echo "compare replicas=$r tls=$tls callback=$callback data_path=$data_path kvstore_GBps=$x iperf3_GBps=$tcp ratio=$(awk "BEGIN{printf \"%.2f\", $x/$tcp}") (goal >= 1.0)"
+  echo "compare replicas=$r tls=$tls callback=$callback data_path=$data_path kvstore_GBps=$x iperf3_GBps=$tcp ratio=$(ratio "$x" "$tcp") (goal >= 1.0)"
   latency $r
 done
 floor
