@@ -350,6 +350,15 @@ absl::StatusOr<KVClient::Endpoint> KVClient::Route(int shard, bool write) {
   return Endpoint{ChannelTo(m->address()), m->address()};
 }
 
+absl::optional<KVClient::Endpoint> KVClient::AnswerTail(int shard, const Endpoint& head) {
+  if (options_.replicas == 1 || !options_.answer_at_tail || options_.data_path == DataPath::kGrpc) {
+    return absl::nullopt;
+  }
+  absl::StatusOr<Endpoint> tail = Route(shard, /*write=*/false);
+  if (!tail.ok() || tail->address == head.address) return absl::nullopt;
+  return *std::move(tail);
+}
+
 absl::Status KVClient::CreateJob(const JobConfig& config) {
   if (config.job != options_.job) {
     return absl::InvalidArgumentError(absl::StrCat("CreateJob of job '", config.job,
@@ -495,8 +504,11 @@ Work KVClient::Start(Op op, std::vector<SliceOp> work,
     for (auto& [server, server_work] : by_server) {
       // Writes (and PushPulls) at a chain's head, pulls at its tail.
       absl::StatusOr<Endpoint> to = Route(server, /*write=*/op != Op::kPull);
+      absl::optional<Endpoint> tail;
+      if (to.ok() && op == Op::kPushPull) tail = AnswerTail(server, *to);
       absl::StatusOr<std::unique_ptr<PendingData>> p =
-          to.ok() ? StartDataCall(to->address, to->channel, op, server_work)
+          to.ok() ? StartDataCall(to->address, to->channel, op, server_work,
+                                  tail.has_value() ? &*tail : nullptr)
                   : absl::StatusOr<std::unique_ptr<PendingData>>(to.status());
       if (!p.ok()) {
         again.push_back(server);
@@ -656,8 +668,10 @@ absl::Status KVClient::PushOnce(int server, const std::vector<SliceOp>& work, bo
   DT_ASSIGN_OR_RETURN(Endpoint to, Route(server, /*write=*/true));
   if (options_.data_path != DataPath::kGrpc) {
     bool used = false;
-    absl::Status s =
-        DataPortCall(to.address, to.channel, pull_back ? Op::kPushPull : Op::kPush, work, &used);
+    absl::optional<Endpoint> tail;
+    if (pull_back) tail = AnswerTail(server, to);
+    absl::Status s = DataPortCall(to.address, to.channel, pull_back ? Op::kPushPull : Op::kPush,
+                                  work, &used, tail.has_value() ? &*tail : nullptr);
     if (used) return s;
   }
   const std::string& address = to.address;
@@ -857,11 +871,13 @@ struct KVClient::DataPool {
   absl::Time skip_until ABSL_GUARDED_BY(mu) = absl::InfinitePast();
   DataPortAddress address ABSL_GUARDED_BY(mu);
   IdleDataConns idle ABSL_GUARDED_BY(mu){16};
+  IdleDataConns answer_idle ABSL_GUARDED_BY(mu){16};  // answers connections
 
   // The shard went away or restarted (maybe on another port): its data
   // port is asked for again.
   void Forget() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     idle.Clear();
+    answer_idle.Clear();
     discovered = false;
     unix_failed = false;
   }
@@ -894,7 +910,7 @@ std::string HostOf(const std::string& address) {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<DataPortConnection>> KVClient::TakeDataConn(
-    const std::string& address, const std::shared_ptr<grpc::Channel>& channel) {
+    const std::string& address, const std::shared_ptr<grpc::Channel>& channel, bool answers) {
   DataPool* pool;
   {
     absl::MutexLock lock(&data_mu_);
@@ -904,7 +920,8 @@ absl::StatusOr<std::unique_ptr<DataPortConnection>> KVClient::TakeDataConn(
   }
   absl::MutexLock lock(&pool->mu);
   bool closed = false;
-  std::unique_ptr<DataPortConnection> idle = pool->idle.Take(&closed);
+  std::unique_ptr<DataPortConnection> idle =
+      answers ? pool->answer_idle.Take(&closed) : pool->idle.Take(&closed);
   if (idle != nullptr) return idle;
   if (closed) pool->Forget();  // the shard closed them: restarted or shut down
   if (absl::Now() < pool->skip_until) return nullptr;
@@ -936,6 +953,7 @@ absl::StatusOr<std::unique_ptr<DataPortConnection>> KVClient::TakeDataConn(
   hello.set_job(options_.job);
   hello.set_worker(options_.worker);
   hello.set_token(options_.token);
+  hello.set_answers(answers);
   const absl::Duration timeout = std::min(options_.rpc_timeout, absl::Seconds(10));
   if (!pool->address.unix_socket.empty() && !pool->unix_failed) {
     absl::StatusOr<std::unique_ptr<DataPortConnection>> conn =
@@ -973,15 +991,15 @@ absl::StatusOr<std::unique_ptr<DataPortConnection>> KVClient::TakeDataConn(
   return conn;
 }
 
-void KVClient::ReturnDataConn(const std::string& address,
-                              std::unique_ptr<DataPortConnection> conn) {
+void KVClient::ReturnDataConn(const std::string& address, std::unique_ptr<DataPortConnection> conn,
+                              bool answers) {
   DataPool* pool;
   {
     absl::MutexLock lock(&data_mu_);
     pool = data_pools_[address].get();
   }
   absl::MutexLock lock(&pool->mu);
-  pool->idle.Put(std::move(conn));
+  (answers ? pool->answer_idle : pool->idle).Put(std::move(conn));
 }
 
 // A data port request sent and not yet answered.
@@ -990,10 +1008,15 @@ struct KVClient::PendingData {
   std::string address;
   Op op = Op::kPush;
   std::unique_ptr<DataPortConnection> conn;
+  // A PushPull the chain's tail answers (v1::AnswerAt): the answers
+  // connection there, and the request id its answer carries.
+  std::unique_ptr<DataPortConnection> answer;
+  std::string answer_address;
+  uint64_t answer_id = 0;
   ~PendingData() {
-    if (conn == nullptr) return;
     absl::MutexLock lock(&client->calls_mu_);
-    client->data_calls_.erase(conn.get());
+    if (conn != nullptr) client->data_calls_.erase(conn.get());
+    if (answer != nullptr) client->data_calls_.erase(answer.get());
   }
   // `s` with the call named; a transport failure also forgets the shard's
   // idle connections (it went away, or restarted, maybe on another port:
@@ -1012,9 +1035,17 @@ struct KVClient::PendingData {
   }
 };
 
+namespace {
+
+// Push-pulls whose values the tail answers (ClientOptions.answer_at_tail):
+// payloads the head holds without a thread (the server's limit).
+constexpr uint64_t kAnswerAtTailMaxBytes = 64 << 10;
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<KVClient::PendingData>> KVClient::StartDataCall(
     const std::string& address, const std::shared_ptr<grpc::Channel>& channel, Op op,
-    const std::vector<SliceOp>& work) {
+    const std::vector<SliceOp>& work, const Endpoint* tail) {
   DT_RETURN_IF_ERROR(CancelStatus());
   DT_ASSIGN_OR_RETURN(std::unique_ptr<DataPortConnection> conn, TakeDataConn(address, channel));
   if (conn == nullptr) return nullptr;  // gRPC
@@ -1073,6 +1104,23 @@ absl::StatusOr<std::unique_ptr<KVClient::PendingData>> KVClient::StartDataCall(
       }
       if (op == Op::kPushPull) reply_bytes += static_cast<uint64_t>(SliceBytes(spec));
     }
+    uint64_t pushed = 0;
+    for (absl::string_view v : payload) pushed += v.size();
+    if (tail != nullptr && pushed <= kAnswerAtTailMaxBytes) {
+      // The tail answers: an answers connection there, or (none: the tail
+      // has no data port, or refused one) the head as usual.
+      absl::StatusOr<std::unique_ptr<DataPortConnection>> answer =
+          TakeDataConn(tail->address, tail->channel, /*answers=*/true);
+      if (answer.ok() && *answer != nullptr) {
+        pending->answer = *std::move(answer);
+        pending->answer_address = tail->address;
+        pending->answer_id = pending->answer->ReserveAnswerId();
+        r.mutable_answer_at()->set_token(pending->answer->answer_token());
+        r.mutable_answer_at()->set_request_id(pending->answer_id);
+        absl::MutexLock lock(&calls_mu_);
+        data_calls_.insert(pending->answer.get());
+      }
+    }
     header = r.SerializeAsString();
   }
   const DataOp data_op = op == Op::kPush   ? DataOp::kPush
@@ -1087,26 +1135,61 @@ absl::StatusOr<std::unique_ptr<KVClient::PendingData>> KVClient::StartDataCall(
 absl::Status KVClient::FinishDataCall(std::unique_ptr<PendingData> pending,
                                       const std::vector<SliceOp>& work) {
   DataPortConnection& conn = *pending->conn;
-  absl::StatusOr<std::string> reply = conn.ReceiveHeader();
-  if (!reply.ok()) return pending->Annotate(reply.status());
-  auto done = [&] {
+  if (pending->answer != nullptr) {
+    // The tail answers; the head writes only a refusal. A failed attempt
+    // drops both connections (an answer may still come on one).
+    absl::StatusOr<int> ready = DataPortConnection::WaitEither(
+        conn, *pending->answer, options_.pull_timeout + absl::Seconds(1));
+    if (!ready.ok()) return pending->Annotate(ready.status());
+    if (*ready == 0) {
+      absl::StatusOr<std::string> refused = conn.ReceiveHeader();
+      return pending->Annotate(
+          refused.ok() ? absl::DataLossError("the head replied to a push-pull the tail answers")
+                       : refused.status());
+    }
+    absl::StatusOr<std::string> reply =
+        pending->answer->ReceiveAnswer(pending->answer_id, options_.pull_timeout);
+    if (!reply.ok()) {
+      return pending->Annotate(absl::Status(
+          reply.status().code(), absl::StrCat("answer from the tail ", pending->answer_address,
+                                              ": ", reply.status().message())));
+    }
+    DT_RETURN_IF_ERROR(ReadPulled(*pending, *pending->answer, *reply, work));
     std::unique_ptr<DataPortConnection> c = std::move(pending->conn);
+    std::unique_ptr<DataPortConnection> a = std::move(pending->answer);
     {
       absl::MutexLock lock(&calls_mu_);
       data_calls_.erase(c.get());
+      data_calls_.erase(a.get());
     }
     ReturnDataConn(pending->address, std::move(c));
+    ReturnDataConn(pending->answer_address, std::move(a), /*answers=*/true);
     return absl::OkStatus();
-  };
+  }
+  absl::StatusOr<std::string> reply = conn.ReceiveHeader();
+  if (!reply.ok()) return pending->Annotate(reply.status());
   if (pending->op == Op::kPush) {
     v1::PushResponse r;
     if (!r.ParseFromString(*reply)) {
       return pending->Annotate(absl::DataLossError("unparsable PushResponse"));
     }
-    return done();
+  } else {
+    DT_RETURN_IF_ERROR(ReadPulled(*pending, conn, *reply, work));
   }
+  std::unique_ptr<DataPortConnection> c = std::move(pending->conn);
+  {
+    absl::MutexLock lock(&calls_mu_);
+    data_calls_.erase(c.get());
+  }
+  ReturnDataConn(pending->address, std::move(c));
+  return absl::OkStatus();
+}
+
+absl::Status KVClient::ReadPulled(PendingData& pending_ref, DataPortConnection& conn,
+                                  const std::string& reply, const std::vector<SliceOp>& work) {
+  PendingData* pending = &pending_ref;
   v1::PullResponse r;
-  if (!r.ParseFromString(*reply)) {
+  if (!r.ParseFromString(reply)) {
     return pending->Annotate(absl::DataLossError("unparsable PullResponse"));
   }
   if (r.items_size() != static_cast<int>(work.size())) {
@@ -1133,13 +1216,15 @@ absl::Status KVClient::FinishDataCall(std::unique_ptr<PendingData> pending,
     absl::Status read = conn.ReadPayload(w.dst, static_cast<size_t>(SliceBytes(w.slice->spec)));
     if (!read.ok()) return pending->Annotate(read);
   }
-  return done();
+  return absl::OkStatus();
 }
 
 absl::Status KVClient::DataPortCall(const std::string& address,
                                     const std::shared_ptr<grpc::Channel>& channel, Op op,
-                                    const std::vector<SliceOp>& work, bool* used) {
-  absl::StatusOr<std::unique_ptr<PendingData>> pending = StartDataCall(address, channel, op, work);
+                                    const std::vector<SliceOp>& work, bool* used,
+                                    const Endpoint* tail) {
+  absl::StatusOr<std::unique_ptr<PendingData>> pending =
+      StartDataCall(address, channel, op, work, tail);
   if (pending.ok() && *pending == nullptr) return absl::OkStatus();  // gRPC
   *used = true;
   DT_RETURN_IF_ERROR(pending.status());

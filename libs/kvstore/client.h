@@ -97,6 +97,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "absl/types/optional.h"
 #include "libs/kvstore/parameter_server.h"
 #include "libs/kvstore/placement.h"
 #include "libs/kvstore/push_encoder.h"
@@ -176,6 +177,11 @@ struct ClientOptions {
   // fewer spare cores than that the spinning delays them (measured in
   // libs/kvstore/README.md).
   absl::Duration reply_spin = absl::ZeroDuration();
+  // With replicas, a data port PushPull of up to 64 KiB gets its values
+  // from the chain's tail, on a connection kept there for answers
+  // (v1::AnswerAt), instead of from the head once the tail acknowledged:
+  // one hop less per round (chain replication's reply from the tail).
+  bool answer_at_tail = true;
 };
 
 class KVClient : public ParameterServerBase {
@@ -267,18 +273,30 @@ class KVClient : public ParameterServerBase {
   // The data port: an idle (or new) connection to the shard at `address`
   // (reached over `channel` for discovery), or null for gRPC.
   struct DataPool;
+  // With `answers`, an answers connection (DataHello.answers), from its
+  // own pool.
   absl::StatusOr<std::unique_ptr<DataPortConnection>> TakeDataConn(
-      const std::string& address, const std::shared_ptr<grpc::Channel>& channel);
-  void ReturnDataConn(const std::string& address, std::unique_ptr<DataPortConnection> conn);
+      const std::string& address, const std::shared_ptr<grpc::Channel>& channel,
+      bool answers = false);
+  void ReturnDataConn(const std::string& address, std::unique_ptr<DataPortConnection> conn,
+                      bool answers = false);
+  struct Endpoint;
   struct PendingData;
+  // `tail`: for a PushPull at a chain's head, the tail that may answer it
+  // (ClientOptions.answer_at_tail); null: the head answers.
   absl::StatusOr<std::unique_ptr<PendingData>> StartDataCall(
       const std::string& address, const std::shared_ptr<grpc::Channel>& channel, Op op,
-      const std::vector<SliceOp>& work);
+      const std::vector<SliceOp>& work, const Endpoint* tail = nullptr);
   absl::Status FinishDataCall(std::unique_ptr<PendingData> pending,
                               const std::vector<SliceOp>& work);
+  // The reply's pulled values (a PullResponse header `reply` read from
+  // `conn`) into `work`'s destinations.
+  absl::Status ReadPulled(PendingData& pending, DataPortConnection& conn, const std::string& reply,
+                          const std::vector<SliceOp>& work);
   absl::Status DataPortCall(const std::string& address,
                             const std::shared_ptr<grpc::Channel>& channel, Op op,
-                            const std::vector<SliceOp>& work, bool* used);
+                            const std::vector<SliceOp>& work, bool* used,
+                            const Endpoint* tail = nullptr);
   // Runs `attempt` until it succeeds, fails with a non-transient error,
   // max_attempts failed with DEADLINE_EXCEEDED or ABORTED, UNAVAILABLE
   // lasted unavailable_timeout, or (when `cancellable`) Cancel was called.
@@ -300,6 +318,10 @@ class KVClient : public ParameterServerBase {
     std::string address;
   };
   absl::StatusOr<Endpoint> Route(int shard, bool write);
+  // For a PushPull at `head`, the chain's tail that answers it
+  // (ClientOptions.answer_at_tail), or nullopt (unreplicated, head and
+  // tail the same, or the option off).
+  absl::optional<Endpoint> AnswerTail(int shard, const Endpoint& head);
   // Replicated: fetches the newest shard map the replicas serve.
   void RefreshMap();
   std::shared_ptr<grpc::Channel> ChannelTo(const std::string& address)

@@ -575,6 +575,15 @@ absl::Status CheckReplicaTicket(const std::string& sent, const std::string& tick
 
 }  // namespace
 
+// An answers connection as Answer writes on it.
+struct DataPortServer::AnswerSink {
+  absl::Mutex mu;
+  DataConn* conn ABSL_GUARDED_BY(mu) = nullptr;  // null once its thread left
+  const Segment* segment ABSL_GUARDED_BY(mu) = nullptr;
+  absl::optional<std::string> scope;  // its HELLO's job (nullopt: unconfined)
+  uint64_t last_id ABSL_GUARDED_BY(mu) = 0;
+};
+
 absl::StatusOr<std::unique_ptr<DataPortServer>> DataPortServer::Start(
     const DataPortServerOptions& options, DataPortHandler* handler) {
   std::unique_ptr<DataPortServer> s(new DataPortServer());
@@ -816,6 +825,7 @@ void DataPortServer::Serve(std::unique_ptr<DataConn> conn, int id) {
   // HELLO
   absl::optional<std::string> scope;
   JobLimiter::Hold job_hold;  // this connection's place among its job's
+  uint64_t answer_token = 0;  // an answers connection's (DataHello.answers)
   {
     char fixed[kFrameHeaderSize];
     absl::Status s = conn->ReadFull(fixed, sizeof(fixed));
@@ -890,7 +900,45 @@ void DataPortServer::Serve(std::unique_ptr<DataConn> conn, int id) {
     reply.request_id = h->request_id;
     v1::DataHelloReply accepted;
     accepted.set_instance(instance_);
-    if (!WriteFrame(*conn, reply, accepted.SerializeAsString(), {}).ok()) return;
+    std::shared_ptr<AnswerSink> sink;
+    if (hello.answers()) {
+      // Registered before the client learns the token.
+      sink = std::make_shared<AnswerSink>();
+      sink->conn = conn.get();
+      sink->segment = &segment;
+      sink->scope = scope;
+      absl::MutexLock lock(&sinks_mu_);
+      do {
+        const std::string r = RandomBytes(8);
+        std::memcpy(&answer_token, r.data(), sizeof(answer_token));
+      } while (answer_token == 0 || sinks_.count(answer_token) > 0);
+      sinks_[answer_token] = sink;
+      accepted.set_answer_token(answer_token);
+    }
+    absl::Cleanup unregister = [&] {
+      if (answer_token == 0) return;
+      std::shared_ptr<AnswerSink> sink;
+      {
+        absl::MutexLock lock(&sinks_mu_);
+        auto it = sinks_.find(answer_token);
+        if (it == sinks_.end()) return;
+        sink = std::move(it->second);
+        sinks_.erase(it);
+      }
+      absl::MutexLock lock(&sink->mu);
+      sink->conn = nullptr;  // nothing is written after this
+    };
+    // Answers wait until this write returned: the client may have its
+    // bytes (and the tail an answer for it) before (TLS: one state).
+    if (sink != nullptr) sink->mu.Lock();
+    const bool written = WriteFrame(*conn, reply, accepted.SerializeAsString(), {}).ok();
+    if (sink != nullptr) sink->mu.Unlock();
+    if (!written) return;
+    if (answer_token != 0) {
+      ClearTimeouts(fd);
+      ServeAnswers(*conn, answer_token);
+      return;
+    }
   }
   ClearTimeouts(fd);
 
@@ -1010,6 +1058,10 @@ void DataPortServer::Serve(std::unique_ptr<DataConn> conn, int id) {
                        absl::InternalError("data port: the handler left the payload unread"));
       return;
     }
+    if (reply.none) {  // answered elsewhere (v1::AnswerAt)
+      spin = absl::ZeroDuration();
+      continue;
+    }
     if (!WriteReply(*conn, segment, h->op, h->request_id, absl::OkStatus(), reply).ok()) return;
     spin = h->op == static_cast<uint16_t>(DataOp::kReplicate) ? options_.replicate_spin
                                                               : absl::ZeroDuration();
@@ -1063,17 +1115,28 @@ bool DataPortServer::AwaitAnswer(DataResponder& r, DataConn& conn, uint16_t op,
     if (fn) fn();
     if (!buffered && fds[0].revents == 0) continue;
     // The peer sent a frame or closed its end: after the answer, the next
-    // request; before it, the end of the connection.
-    absl::MutexLock lock(&r.mu_);
-    if (r.answered_) return !r.failed_;
-    r.EndLocked();
-    if (!conn.PeerClosed()) {
-      (void)WriteError(conn, op, request_id,
-                       absl::FailedPreconditionError(
-                           absl::StrCat("data port: a frame came before the reply to request ",
-                                        request_id, " (one request at a time on a connection)")));
+    // request; before it, the end of the connection (unless the request
+    // gets no answer: EndOnFrame).
+    {
+      absl::MutexLock lock(&r.mu_);
+      if (r.answered_) return !r.failed_;
+      if (!r.end_on_frame_) {
+        r.EndLocked();
+        if (!conn.PeerClosed()) {
+          (void)WriteError(conn, op, request_id,
+                           absl::FailedPreconditionError(absl::StrCat(
+                               "data port: a frame came before the reply to request ", request_id,
+                               " (one request at a time on a connection)")));
+        }
+        return false;
+      }
+      fn = std::move(r.fn_);
+      r.answered_ = true;
+      r.write_ = nullptr;
+      r.fn_ = nullptr;
     }
-    return false;
+    if (fn) fn();
+    return true;
   }
 }
 
@@ -1109,6 +1172,71 @@ void DataResponder::Poke() {
 bool DataResponder::answered() const {
   absl::MutexLock lock(&mu_);
   return answered_;
+}
+
+void DataResponder::EndOnFrame() {
+  absl::MutexLock lock(&mu_);
+  end_on_frame_ = true;
+}
+
+void DataResponder::Finish() {
+  absl::MutexLock lock(&mu_);
+  if (answered_ || ended_) return;
+  answered_ = true;
+  write_ = nullptr;
+  fn_ = nullptr;
+}
+
+absl::Status DataPortServer::Answer(uint64_t token, uint64_t request_id, absl::string_view job,
+                                    const absl::Status& status, const DataReply& reply) {
+  std::shared_ptr<AnswerSink> sink;
+  {
+    absl::MutexLock lock(&sinks_mu_);
+    auto it = sinks_.find(token);
+    if (it != sinks_.end()) sink = it->second;
+  }
+  if (sink == nullptr) {
+    return absl::NotFoundError("data port: no answers connection has this token here");
+  }
+  if (sink->scope.has_value() && *sink->scope != job) {
+    return absl::PermissionDeniedError(absl::StrCat("data port: the answers connection is job '",
+                                                    *sink->scope, "''s, not '", job, "''s"));
+  }
+  absl::MutexLock lock(&sink->mu);
+  if (sink->conn == nullptr) return absl::NotFoundError("data port: the answers connection ended");
+  if (request_id <= sink->last_id) {
+    return absl::AlreadyExistsError(absl::StrCat("data port: request ", request_id,
+                                                 " of the answers connection answered after ",
+                                                 sink->last_id));
+  }
+  sink->last_id = request_id;
+  absl::Status written =
+      WriteReply(*sink->conn, *sink->segment, static_cast<uint16_t>(DataOp::kPushPull), request_id,
+                 status, reply);
+  if (!written.ok()) {
+    sink->conn->Shutdown();  // its thread ends the connection
+    return absl::UnavailableError(absl::StrCat("data port: answer: ", written.message()));
+  }
+  return absl::OkStatus();
+}
+
+bool DataPortServer::HasAnswers(uint64_t token) const {
+  absl::MutexLock lock(&sinks_mu_);
+  return sinks_.count(token) > 0;
+}
+
+void DataPortServer::ServeAnswers(DataConn& conn, uint64_t token) {
+  // The client sends nothing more: readable means it closed its end (or
+  // broke the protocol); either ends the connection. Not read here, so no
+  // read runs alongside Answer's writes (TLS shares one state for both).
+  const int fd = static_cast<FdConn&>(conn).fd();
+  while (!stopping_) {
+    pollfd p = {fd, POLLIN | POLLRDHUP, 0};
+    const int n = poll(&p, 1, 1000);
+    if (n < 0 && errno != EINTR) break;
+    if (n > 0) break;
+  }
+  DT_LOG(DEBUG) << "data port: answers connection " << token << " ended";
 }
 
 absl::StatusOr<std::string> DefaultDataSocketPath() {
@@ -1235,6 +1363,11 @@ absl::StatusOr<std::unique_ptr<DataPortConnection>> DataPortConnection::Dial(
   if (!accepted.ParseFromString(answer)) {
     return absl::DataLossError("data port: unparsable answer to HELLO");
   }
+  if (hello.answers() && accepted.answer_token() == 0) {
+    return absl::FailedPreconditionError(
+        "data port: the server made no answers connection (a version from before AnswerAt)");
+  }
+  c->answer_token_ = accepted.answer_token();
   if (!address.instance.empty() && accepted.instance() != address.instance) {
     return absl::FailedPreconditionError(absl::StrCat(
         "data port: ", address.unix_socket.empty() ? "the TCP port" : address.unix_socket,
@@ -1349,6 +1482,48 @@ absl::StatusOr<std::string> DataPortConnection::ReceiveHeader() {
     return absl::DataLossError("data port: reply payload larger than the segment");
   }
   return header;
+}
+
+absl::StatusOr<std::string> DataPortConnection::ReceiveAnswer(uint64_t request_id,
+                                                              absl::Duration timeout) {
+  conn_->SetReadTimeout(timeout);
+  for (;;) {
+    reply_ = FrameHeader();  // request id 0 unless a frame is read
+    absl::StatusOr<std::string> header = ReceiveHeader();
+    if (reply_.request_id == request_id || reply_.request_id == 0) return header;
+    if (reply_.request_id > request_id) {
+      return absl::DataLossError(absl::StrCat("data port: answer to request ", reply_.request_id,
+                                              " while waiting for ", request_id));
+    }
+    // An answer to an attempt given up on: skip it.
+    if ((reply_.flags & kPayloadInSegment) == 0) {
+      char skip[4096];
+      for (uint64_t left = reply_.payload_bytes; left > 0;) {
+        const size_t n = static_cast<size_t>(std::min<uint64_t>(left, sizeof(skip)));
+        DT_RETURN_IF_ERROR(conn_->ReadFull(skip, n));
+        left -= n;
+      }
+    }
+  }
+}
+
+absl::StatusOr<int> DataPortConnection::WaitEither(DataPortConnection& a, DataPortConnection& b,
+                                                   absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  for (;;) {
+    if (a.conn_->HasBuffered()) return 0;
+    if (b.conn_->HasBuffered()) return 1;
+    pollfd fds[2] = {{static_cast<FdConn&>(*a.conn_).fd(), POLLIN | POLLRDHUP, 0},
+                     {static_cast<FdConn&>(*b.conn_).fd(), POLLIN | POLLRDHUP, 0}};
+    const absl::Duration left = deadline - absl::Now();
+    if (left <= absl::ZeroDuration()) {
+      return absl::DeadlineExceededError("data port: no answer in time");
+    }
+    const timespec ts = absl::ToTimespec(std::min(left, absl::Hours(1)));
+    const int n = ppoll(fds, 2, &ts, nullptr);
+    if (n < 0 && errno != EINTR) return absl::UnavailableError(Errno("data port: poll"));
+    if (n > 0) return fds[0].revents != 0 ? 0 : 1;
+  }
 }
 
 absl::Status DataPortConnection::ReadPayload(char* dst, size_t n) {

@@ -29,6 +29,15 @@
 //   defer a reply instead, and the thread that completes its wait writes
 //   it: DataResponder).
 //
+//   Answers connections (DataHello.answers): a client keeps one at a
+//   replicated shard's tail; the server gives it a random token, and a
+//   push-pull at the chain's head that names the token (v1::AnswerAt) is
+//   answered there by the tail (DataPortServer::Answer, from the thread
+//   that applied the round) instead of by the head: chain replication's
+//   reply from the tail, one hop less per round. The client sends nothing
+//   on it and waits on both connections (WaitEither): the head writes only
+//   a refusal.
+//
 //   auto conn = DataPortConnection::Dial(address, hello, tls, timeout);
 //   DT_RETURN_IF_ERROR((*conn)->Send(DataOp::kPushPull, header, values, reply_bytes, timeout));
 //   DT_ASSIGN_OR_RETURN(std::string reply, (*conn)->ReceiveHeader());
@@ -180,6 +189,9 @@ struct DataReply {
   std::string header;                               // serialized protobuf
   std::vector<absl::string_view> values;            // the payload, in order
   std::vector<std::shared_ptr<const void>> owners;  // keep `values` alive
+  // OK, and no reply frame is written: a push-pull whose pull another
+  // server answers (v1::AnswerAt). An error is written as usual.
+  bool none = false;
 };
 
 // The answer to a deferred request (DataRequest::defer). Whichever thread
@@ -208,6 +220,15 @@ class DataResponder {
   // soon (a system call and a wakeup; Answer directly when you can).
   void Poke();
   bool answered() const;
+  // For a deferred request that gets no answer (its pull is answered on
+  // another server: v1::AnswerAt) and waits only for its timer: the
+  // client's next frame ends the wait (the timer's function runs once
+  // more first) and is served as the next request, instead of ending the
+  // connection. Call from the handler before it returns.
+  void EndOnFrame();
+  // Ends the wait without writing anything (from the timer's function,
+  // after EndOnFrame).
+  void Finish();
 
  private:
   friend class DataPortServer;
@@ -220,6 +241,7 @@ class DataResponder {
   Writer write_ ABSL_GUARDED_BY(mu_);
   const int wake_fd_;  // the connection's eventfd
   bool answered_ ABSL_GUARDED_BY(mu_) = false;
+  bool end_on_frame_ ABSL_GUARDED_BY(mu_) = false;
   bool failed_ ABSL_GUARDED_BY(mu_) = false;  // the answer could not be written
   bool ended_ ABSL_GUARDED_BY(mu_) = false;   // the connection's thread left
   absl::Time at_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
@@ -271,6 +293,19 @@ class DataPortServer {
   // Connections refused at the max_connections limit since Start.
   int64_t refused() const { return refused_.load(); }
 
+  // Writes the answer to a push-pull that named `token` (v1::AnswerAt) on
+  // that answers connection, as the reply to its request `request_id`.
+  // Refused, with nothing written: kNotFound (no such connection: closed,
+  // or another server's token), kPermissionDenied (the connection is bound
+  // to another job than `job`), kAlreadyExists (that connection was
+  // answered a request id this large already: each request is answered
+  // once, in order), kUnavailable (the write failed; the connection ends).
+  // Thread-safe.
+  absl::Status Answer(uint64_t token, uint64_t request_id, absl::string_view job,
+                      const absl::Status& status, const DataReply& reply);
+  // Whether an answers connection with `token` is open here.
+  bool HasAnswers(uint64_t token) const;
+
   struct Impl;
 
  private:
@@ -280,6 +315,11 @@ class DataPortServer {
   // Waits for a deferred request's answer (see DataResponder); false when
   // the connection ends instead.
   bool AwaitAnswer(DataResponder& responder, DataConn& conn, uint16_t op, uint64_t request_id);
+
+  struct AnswerSink;
+  // An answers connection's thread: waits for the peer to close (it sends
+  // no requests) while Answer writes on it.
+  void ServeAnswers(DataConn& conn, uint64_t token);
 
   DataPortServerOptions options_;
   std::string instance_;
@@ -300,6 +340,8 @@ class DataPortServer {
     std::shared_ptr<std::atomic<bool>> done = std::make_shared<std::atomic<bool>>(false);
   };
   std::map<int, Entry> conns_ ABSL_GUARDED_BY(mu_);
+  mutable absl::Mutex sinks_mu_;
+  std::map<uint64_t, std::shared_ptr<AnswerSink>> sinks_ ABSL_GUARDED_BY(sinks_mu_);
   int next_id_ ABSL_GUARDED_BY(mu_) = 0;
   bool shut_down_ = false;
 };
@@ -362,6 +404,22 @@ class DataPortConnection {
   void set_spin(absl::Duration spin) { spin_ = spin; }
   // The next `n` bytes of the reply's payload.
   absl::Status ReadPayload(char* dst, size_t n);
+
+  // An answers connection (a HELLO with `answers`): its token, which a
+  // push-pull at the chain's head names (v1::AnswerAt) so that the tail
+  // answers it here; 0 for other connections.
+  uint64_t answer_token() const { return answer_token_; }
+  // The request id the next answer awaited here will carry (the server
+  // answers ids in increasing order).
+  uint64_t ReserveAnswerId() { return next_id_++; }
+  // Reads the answer with `request_id` (skipping older ones: answers to
+  // attempts given up on), as ReceiveHeader reads a reply; then
+  // ReadPayload. DEADLINE_EXCEEDED after `timeout`.
+  absl::StatusOr<std::string> ReceiveAnswer(uint64_t request_id, absl::Duration timeout);
+  // Until `a` or `b` has bytes to read (or was closed): 0 or 1;
+  // DEADLINE_EXCEEDED after `timeout`.
+  static absl::StatusOr<int> WaitEither(DataPortConnection& a, DataPortConnection& b,
+                                        absl::Duration timeout);
   // Ends a blocked call (from any thread); the connection is then unusable.
   void Shutdown() { conn_->Shutdown(); }
   // Whether the server closed its end (one poll; reads nothing).
@@ -376,6 +434,7 @@ class DataPortConnection {
   absl::Duration spin_ = absl::ZeroDuration();
   FrameHeader reply_;
   uint64_t reply_read_ = 0;
+  uint64_t answer_token_ = 0;
   // The shared-memory segment (Unix connections).
   int segment_fd_ = -1;
   char* segment_ = nullptr;

@@ -2,6 +2,7 @@
 
 #include <sched.h>
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -295,6 +296,11 @@ absl::Status Replicator::CheckIsHead() const {
   return CheckIsHeadLocked();
 }
 
+bool Replicator::has_successor() const {
+  absl::MutexLock lock(&mu_);
+  return successor_.replica >= 0;
+}
+
 std::string Replicator::Role() const {
   absl::MutexLock lock(&mu_);
   if (!IsMemberLocked()) return "none";
@@ -391,6 +397,9 @@ void Replicator::ReleaseHold(const Ack& ack) {
   if (ack.pending_ == nullptr) return;
   absl::MutexLock lock(&mu_);
   if (ack.pending_->done.HasBeenNotified()) return;
+  // Only while it is still queued: once sent (in flight, its batch being
+  // acknowledged) the hold now in force is a later write's.
+  if (std::find(queue_.begin(), queue_.end(), ack.pending_) == queue_.end()) return;
   hold_until_ = absl::InfinitePast();
   SendInlineLocked();
 }
@@ -567,8 +576,10 @@ std::string SerializeBatch(const v1::ReplicateBatch& header, const std::vector<B
 void Replicator::SendInlineLocked() {
   // A few batches at most: the caller has its own request to answer.
   for (int i = 0; i < 4; ++i) {
+    // Nor what is held (a write that waits for its round's other pushes,
+    // which may have come while this thread waited for the last batch).
     if (stop_ || sending_ || successor_.replica < 0 || need_transfer_ || queue_.empty() ||
-        absl::Now() < retry_at_) {
+        absl::Now() < retry_at_ || absl::Now() < hold_until_) {
       return;
     }
     sending_ = true;

@@ -201,9 +201,9 @@ class Replicator {
   // complete within options.round_hold.
   absl::Status WaitHeld(const Ack& ack, absl::Time deadline);
   // For a held write whose caller does not wait in WaitHeld (it waits for
-  // its round without a thread): sends the queue now unless the write was
-  // acknowledged already. Call it once the hold ran out, or when the caller
-  // stops waiting.
+  // its round without a thread): sends the queue now if the write is still
+  // queued (not sent yet, nor acknowledged). Call it once the hold ran out,
+  // or when the caller stops waiting.
   void ReleaseHold(const Ack& ack);
   // For a write applied with referenced values: returns once the chain no
   // longer needs them (acknowledged, or copied here if still queued; waits
@@ -231,6 +231,9 @@ class Replicator {
   absl::Status CheckIsHead() const;
   // "head", "middle", "tail", "joining" or "none" (not in the map).
   std::string Role() const;
+  // Whether this replica has a successor to forward writes to (it is not
+  // the tail, or the whole chain).
+  bool has_successor() const;
 
   ReplicatorStats stats() const;
 

@@ -265,6 +265,107 @@ TEST_F(DataPortTest, TokensAreCheckedAndBindTheConnectionToTheirJob) {
 // An idle connection is handed out again while its server keeps it; once
 // the server closed it (a restart, a shutdown) it is dropped when taken and
 // the taker is told (to ask for the data port again), on both transports.
+// An answers connection (DataHello.answers) gets a token from the server.
+// DataPortServer::Answer writes on it only its own job's answers, each
+// request id once and in increasing order; the client skips answers to
+// attempts it gave up on. A frame the client sends on it ends it.
+TEST_F(DataPortTest, AnswersConnectionsTakeOnlyTheirJobsAnswersOnceAndInOrder) {
+  DataPortServer* port = server_->data_port_server();
+  ASSERT_NE(port, nullptr);
+  for (const DataPortAddress& where : {tcp_, unix_}) {
+    SCOPED_TRACE(where.unix_socket.empty() ? "tcp" : "unix");
+    auto plain = DialAs(where, "b");
+    ASSERT_TRUE(plain.ok()) << plain.status();
+    EXPECT_EQ((*plain)->answer_token(), 0u);
+    plain->reset();
+    v1::DataHello hello = Hello("b", Token("b"));
+    hello.set_answers(true);
+    auto answers =
+        DataPortConnection::Dial(where, hello, TlsOf(dir_, "trainer-0"), absl::Seconds(5));
+    ASSERT_TRUE(answers.ok()) << answers.status();
+    const uint64_t token = (*answers)->answer_token();
+    ASSERT_NE(token, 0u);
+    EXPECT_TRUE(port->HasAnswers(token));
+    const uint64_t first = (*answers)->ReserveAnswerId();
+    const uint64_t second = (*answers)->ReserveAnswerId();
+    v1::PullResponse header;
+    header.add_items()->set_bytes(8);
+    const std::string old_value = "oldvalue", new_value = "newvalue";
+    DataReply old_reply{header.SerializeAsString(), {old_value}, {}};
+    DataReply new_reply{header.SerializeAsString(), {new_value}, {}};
+    EXPECT_EQ(port->Answer(token, first, "a", absl::OkStatus(), old_reply).code(),
+              absl::StatusCode::kPermissionDenied);
+    EXPECT_EQ(port->Answer(token ^ 1, first, "b", absl::OkStatus(), old_reply).code(),
+              absl::StatusCode::kNotFound);
+    absl::Status answered = port->Answer(token, first, "b", absl::OkStatus(), old_reply);
+    ASSERT_TRUE(answered.ok()) << answered;
+    answered = port->Answer(token, second, "b", absl::OkStatus(), new_reply);
+    ASSERT_TRUE(answered.ok()) << answered;
+    EXPECT_EQ(port->Answer(token, second, "b", absl::OkStatus(), old_reply).code(),
+              absl::StatusCode::kAlreadyExists);
+    EXPECT_EQ(port->Answer(token, first, "b", absl::OkStatus(), old_reply).code(),
+              absl::StatusCode::kAlreadyExists);
+    absl::StatusOr<std::string> got = (*answers)->ReceiveAnswer(second, absl::Seconds(5));
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_EQ(*got, header.SerializeAsString());
+    std::string value(8, '\0');
+    ASSERT_TRUE((*answers)->ReadPayload(value.data(), value.size()).ok());
+    EXPECT_EQ(value, new_value);
+    // An error answer arrives as the status.
+    const uint64_t third = (*answers)->ReserveAnswerId();
+    ASSERT_TRUE(
+        port->Answer(token, third, "b", absl::DeadlineExceededError("round 3 waits"), {}).ok());
+    got = (*answers)->ReceiveAnswer(third, absl::Seconds(5));
+    EXPECT_EQ(got.status().code(), absl::StatusCode::kDeadlineExceeded) << got.status();
+    EXPECT_EQ(got.status().message(), "round 3 waits");
+    // No request may come on it: one ends the connection.
+    ASSERT_TRUE((*answers)->Send(DataOp::kPull, "", {}, 0, absl::Seconds(5)).ok());
+    for (int i = 0; i < 500 && port->HasAnswers(token); ++i) absl::SleepFor(absl::Milliseconds(10));
+    EXPECT_FALSE(port->HasAnswers(token));
+    EXPECT_EQ(port->Answer(token, third + 1, "b", absl::OkStatus(), new_reply).code(),
+              absl::StatusCode::kNotFound);
+    EXPECT_EQ((*answers)->ReceiveHeader().status().code(), absl::StatusCode::kUnavailable);
+  }
+  ExpectServes(DataPath::kAuto);
+}
+
+// answer_at (the tail answers) is for push-pulls at a replicated shard's
+// head: an unreplicated shard refuses one (UNAVAILABLE: the client
+// refreshes its map and asks the head), a plain push naming it is
+// INVALID_ARGUMENT; nothing is applied and the connection stays usable.
+TEST_F(DataPortTest, AnswerAtIsRefusedWhereNoTailCanAnswer) {
+  for (const DataPortAddress& where : {tcp_, unix_}) {
+    SCOPED_TRACE(where.unix_socket.empty() ? "tcp" : "unix");
+    auto conn = DialAs(where, "a");
+    ASSERT_TRUE(conn.ok()) << conn.status();
+    v1::PushRequest push;
+    push.set_job("a");
+    v1::PushItem* p = push.add_items();
+    p->set_key("w");
+    p->set_round(1);
+    p->add_shape(4);
+    push.mutable_answer_at()->set_token(42);
+    push.mutable_answer_at()->set_request_id(7);
+    const std::string values(16, '\0');
+    ASSERT_TRUE(
+        (*conn)
+            ->Send(DataOp::kPushPull, push.SerializeAsString(), {values}, 16, absl::Seconds(5))
+            .ok());
+    absl::StatusOr<std::string> reply = (*conn)->ReceiveHeader();
+    EXPECT_EQ(reply.status().code(), absl::StatusCode::kUnavailable) << reply.status();
+    EXPECT_NE(reply.status().message().find("no replica after this one"), std::string::npos)
+        << reply.status();
+    ASSERT_TRUE(
+        (*conn)->Send(DataOp::kPush, push.SerializeAsString(), {values}, 0, absl::Seconds(5)).ok());
+    reply = (*conn)->ReceiveHeader();
+    EXPECT_EQ(reply.status().code(), absl::StatusCode::kInvalidArgument) << reply.status();
+    EXPECT_NE(reply.status().message().find("push-pulls only"), std::string::npos)
+        << reply.status();
+  }
+  // Round 1 is still to push: a client's first PushPull succeeds.
+  ExpectServes(DataPath::kAuto);
+}
+
 TEST_F(DataPortTest, IdleConnectionsTheServerClosedAreDroppedWhenTaken) {
   IdleDataConns idle(2);
   for (const DataPortAddress& where : {tcp_, unix_}) {

@@ -234,7 +234,9 @@ grpc::Status ReplicaService::Replicate(grpc::ServerContext* ctx,
   }
   bytes.clear();
   absl::Time deadline = absl::FromChrono(ctx->deadline());
-  absl::StatusOr<v1::ReplicateReply> r = replicator_->Receive(std::move(batch), deadline);
+  absl::StatusOr<v1::ReplicateReply> r = receive_
+                                             ? receive_(std::move(batch), deadline)
+                                             : replicator_->Receive(std::move(batch), deadline);
   if (!r.ok()) return ToGrpcStatus(r.status());
   *reply = std::move(*r);
   return grpc::Status::OK;

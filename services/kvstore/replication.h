@@ -6,6 +6,7 @@
 #define DTRAIN_SERVICES_KVSTORE_REPLICATION_H_
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -82,9 +83,13 @@ class DataPortReplicaLink : public ReplicaLink {
 // dtrain.kvstore.v1.Replica over a Replicator.
 class ReplicaService final : public v1::Replica::Service {
  public:
+  // How a received batch is applied: Replicator::Receive, and whatever the
+  // server does around it (the answers its pushes ask of this replica).
+  using ReceiveFn =
+      std::function<absl::StatusOr<v1::ReplicateReply>(v1::ReplicateBatch, absl::Time deadline)>;
   // batch_limit: the most bytes one Replicate call may bring.
-  ReplicaService(Replicator* replicator, int64_t batch_limit)
-      : replicator_(replicator), batch_limit_(batch_limit) {}
+  ReplicaService(Replicator* replicator, int64_t batch_limit, ReceiveFn receive = nullptr)
+      : replicator_(replicator), batch_limit_(batch_limit), receive_(std::move(receive)) {}
   grpc::Status Replicate(grpc::ServerContext* ctx, grpc::ServerReader<v1::ReplicateChunk>* reader,
                          v1::ReplicateReply* reply) override;
   grpc::Status GetShardMap(grpc::ServerContext* ctx, const v1::GetShardMapRequest* request,
@@ -93,6 +98,7 @@ class ReplicaService final : public v1::Replica::Service {
  private:
   Replicator* const replicator_;
   const int64_t batch_limit_;
+  const ReceiveFn receive_;
 };
 
 struct MapHeartbeatOptions {

@@ -270,6 +270,18 @@ class ReplicationTest : public ::testing::Test {
     Rounds(clients, 1, rounds, got);
   }
 
+  // The head's count of writes the chain acknowledged, once it reached
+  // `n` (within 5 s): a client the tail answered may return before the
+  // head has the acknowledgement.
+  int64_t AwaitForwarded(int64_t n) {
+    int64_t forwarded = replicas_[0]->replicator()->stats().forwarded;
+    for (absl::Time end = absl::Now() + absl::Seconds(5); forwarded < n && absl::Now() < end;) {
+      absl::SleepFor(absl::Milliseconds(1));
+      forwarded = replicas_[0]->replicator()->stats().forwarded;
+    }
+    return forwarded;
+  }
+
   // Head and tail hold the same bytes for every key.
   void ExpectReplicasHoldTheSameValues() {
     for (const std::string& key : {"small", "large"}) {
@@ -305,7 +317,7 @@ TEST_F(ReplicationTest, ReplicatedValuesEqualAnUnreplicatedRunBitForBit) {
   ASSERT_NO_FATAL_FAILURE(ExpectReplicasHoldTheSameValues());
   EXPECT_EQ(replicas_[0]->replicator()->Role(), "head");
   EXPECT_EQ(replicas_[1]->replicator()->Role(), "tail");
-  EXPECT_GE(replicas_[0]->replicator()->stats().forwarded, 2 * 2 + 2 * 6);
+  EXPECT_GE(AwaitForwarded(2 * 2 + 2 * 6), 2 * 2 + 2 * 6);
 }
 
 // Small PushPulls: the first worker's pull of a round waits parked on the
@@ -326,7 +338,46 @@ TEST_F(ReplicationTest, ParkedPullsAndHeldPushesReplicateBitForBit) {
   ASSERT_NO_FATAL_FAILURE(ExpectReplicasHoldTheSameValues());
   // Every push went down the chain: 2 Inits and 8 rounds of 2 workers (in
   // one batch per round when on time).
-  EXPECT_GE(replicas_[0]->replicator()->stats().forwarded, 2 * 2 + 2 * 8);
+  EXPECT_GE(AwaitForwarded(2 * 2 + 2 * 8), 2 * 2 + 2 * 8);
+}
+
+// The tail's count of push-pulls it answered (v1::AnswerAt), by result,
+// once it reached `at_least` (within 5 s: the count follows the answer).
+double TailAnswers(const KVStoreServer& server, const std::string& result, double at_least = 0) {
+  double n = -1;
+  for (absl::Time end = absl::Now() + absl::Seconds(5);;) {
+    auto m = metrics::Scrape(server.metrics_port());
+    EXPECT_TRUE(m.ok()) << m.status();
+    if (!m.ok()) return -1;
+    n = metrics::SampleValue(
+            *m, absl::StrCat("dtrain_kvstore_tail_answers_total{result=\"", result, "\"}"))
+            .value_or(0);
+    if (n >= at_least || absl::Now() > end) return n;
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+}
+
+// Small push-pulls are answered by the tail (ClientOptions.answer_at_tail,
+// the default), on time and with a worker late past the hold; the values
+// equal an unreplicated run's bit for bit, and the head answered none of
+// the pulls. Large ones (over 64 KiB) are still answered by the head.
+TEST_F(ReplicationTest, TheTailAnswersSmallPushPullsBitForBit) {
+  const std::vector<std::vector<float>> ref = Reference(8, {}, /*small_only=*/true);
+  std::vector<std::unique_ptr<KVClient>> clients = StartChainOfTwo();
+  std::vector<std::vector<float>> got;
+  Rounds(clients, 1, 4, &got, /*small_only=*/true);
+  Rounds(clients, 5, 8, &got, /*small_only=*/true, /*late=*/absl::Milliseconds(20));
+  for (int w = 0; w < 2; ++w) {
+    ASSERT_EQ(got[2 * w].size(), ref[2 * w].size());
+    EXPECT_EQ(std::memcmp(got[2 * w].data(), ref[2 * w].data(), ref[2 * w].size() * 4), 0) << w;
+  }
+  ASSERT_NO_FATAL_FAILURE(ExpectReplicasHoldTheSameValues());
+  EXPECT_EQ(TailAnswers(*replicas_[1], "ok", 2 * 8), 2 * 8);
+  EXPECT_EQ(TailAnswers(*replicas_[1], "refused"), 0);
+  EXPECT_EQ(TailAnswers(*replicas_[0], "ok"), 0);
+  // A round with the large key (one push over 64 KiB): the head answers.
+  Rounds(clients, 9, 9, &got);
+  EXPECT_EQ(TailAnswers(*replicas_[1], "ok"), 2 * 8);
 }
 
 // A round that never completes: the held push reaches the tail once the
@@ -371,8 +422,12 @@ TEST_F(ReplicationTest, AHeldPushWhoseRoundNeverCompletesStillReachesTheTail) {
   // would send it too) and the next heartbeat.
   EXPECT_EQ(pushed, 1);
   pushing.join();
+  // The head answers the pull (which the tail would have) at its deadline,
+  // naming what it waits for, before the client's own timeout (1 s later).
   EXPECT_TRUE(absl::IsDeadlineExceeded(s)) << s;
+  EXPECT_NE(s.message().find("waiting for workers [1]"), std::string::npos) << s;
   EXPECT_GE(absl::Now() - start, absl::Milliseconds(2900));
+  EXPECT_LT(absl::Now() - start, absl::Milliseconds(3900));
   // Worker 1 completes the round: the job goes on.
   std::vector<float> out1(kSmall);
   ASSERT_TRUE(clients[1]->PushPull({{"small", g.data(), out1.data()}}).ok());
@@ -472,7 +527,8 @@ TEST_F(ReplicationTest, AHeadThatDiesWithAParkedPullAndAHeldPushLosesNoPush) {
   std::vector<std::unique_ptr<KVClient>> clients = StartChainOfTwo();
   std::vector<std::vector<float>> got;
   Rounds(clients, 1, 4, &got, /*small_only=*/true);
-  const int64_t forwarded = replicas_[0]->replicator()->stats().forwarded;
+  const int64_t forwarded = AwaitForwarded(2 * 2 + 2 * 4);
+  EXPECT_EQ(forwarded, 2 * 2 + 2 * 4);
   std::thread training(
       [&] { Rounds(clients, 5, 8, &got, /*small_only=*/true, absl::Milliseconds(400)); });
   // Worker 0's round-5 push is in at the head (and held: not forwarded),
@@ -490,6 +546,38 @@ TEST_F(ReplicationTest, AHeadThatDiesWithAParkedPullAndAHeldPushLosesNoPush) {
   EXPECT_EQ(replicas_[0]->replicator()->stats().forwarded, forwarded);  // held
   replicas_[0].reset();
   owner_.Publish(Chain({Member(b_, v1::REPLICA_ACTIVE)}));
+  training.join();
+  for (int w = 0; w < 2; ++w) {
+    ASSERT_EQ(got[2 * w].size(), ref[2 * w].size());
+    EXPECT_EQ(std::memcmp(got[2 * w].data(), ref[2 * w].data(), ref[2 * w].size() * 4), 0) << w;
+  }
+}
+
+// The tail dies while worker 0 waits for its answer there (its push held
+// at the head, worker 1 late): the client sees its answers connection
+// close, refreshes the map and asks the head, now alone, where the push is
+// a duplicate; no push is lost or applied twice.
+TEST_F(ReplicationTest, ATailThatDiesWhileAPullWaitsForItsAnswerLosesNoPush) {
+  round_hold_ = absl::Seconds(5);  // held until worker 1 pushes, 400 ms late
+  const std::vector<std::vector<float>> ref = Reference(8, {}, /*small_only=*/true);
+  std::vector<std::unique_ptr<KVClient>> clients = StartChainOfTwo();
+  std::vector<std::vector<float>> got;
+  Rounds(clients, 1, 4, &got, /*small_only=*/true);
+  EXPECT_EQ(TailAnswers(*replicas_[1], "ok", 2 * 4), 2 * 4);
+  std::thread training(
+      [&] { Rounds(clients, 5, 8, &got, /*small_only=*/true, absl::Milliseconds(400)); });
+  for (absl::Time end = absl::Now() + absl::Seconds(5); absl::Now() < end;) {
+    absl::StatusOr<JobStatus> job = replicas_[0]->store().GetJob("job", 0, true);
+    ASSERT_TRUE(job.ok()) << job.status();
+    bool pushed = false;
+    for (const SliceStatus& slice : job->slices) {
+      pushed |= slice.spec.key == "small" && slice.pushed_round == 5;
+    }
+    if (pushed) break;
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  replicas_[1].reset();
+  owner_.Publish(Chain({Member(a_, v1::REPLICA_ACTIVE)}));
   training.join();
   for (int w = 0; w < 2; ++w) {
     ASSERT_EQ(got[2 * w].size(), ref[2 * w].size());

@@ -128,9 +128,15 @@ absl::StatusOr<absl::optional<security::JobGrant>> Authorized(const grpc::Server
 }
 
 // A data port PushPull whose pull waits for its round without a thread
-// (KVStoreServer::Impl::ParkPull).
+// (KVStoreServer::Impl::ParkPull), or one this replica answers as its
+// chain's tail (v1::AnswerAt: Impl::TailAnswers).
 struct ParkedPull {
+  // The deferred request (ParkPull); null for a tail answer.
   std::shared_ptr<DataResponder> responder;
+  // Writes the answer; false when it was written already (or, for a tail
+  // answer, refused: then it never will be).
+  std::function<bool(const absl::Status&, const DataReply&)> deliver;
+  std::atomic<bool> delivered{false};
   std::string job;
   int worker = 0;
   std::vector<PullRequestItem> items;
@@ -172,7 +178,13 @@ class KVStoreServer::Impl : public DataPortHandler {
         duplicates_(metrics::AddCounter(*registry_, "dtrain_kvstore_duplicate_pushes_total",
                                         "Pushed slices already applied (retries), not applied "
                                         "again.")
-                        .Add({})) {
+                        .Add({})),
+        tail_answers_(metrics::AddCounter(
+            *registry_, "dtrain_kvstore_tail_answers_total",
+            "Push-pulls this replica answered as its chain's tail (result=ok), or could not "
+            "answer (result=refused: the answers connection closed or is another job's).")),
+        tail_answered_(tail_answers_.Add({{"result", "ok"}})),
+        tail_refused_(tail_answers_.Add({{"result", "refused"}})) {
     chunk_bytes_ =
         std::max<int64_t>(1024, std::min(options_.chunk_bytes, options_.max_message_bytes / 2));
     // The metrics of every method, created once: building label sets and
@@ -589,6 +601,10 @@ class KVStoreServer::Impl : public DataPortHandler {
     p->messages.emplace_back();
     DT_RETURN_IF_ERROR(Annotate(
         wire::Decode(buffer, wire::kPushChunksField, &p->header, &p->messages.back()), "push"));
+    if (p->header.has_answer_at()) {
+      return absl::InvalidArgumentError(
+          "push: answer_at is for data port push-pulls only (the tail answers on the data port)");
+    }
     // Check the items against the store before reading their values.
     std::vector<std::pair<std::string, int64_t>> sizes;
     DT_RETURN_IF_ERROR(PreparePush(p, &sizes));
@@ -638,6 +654,7 @@ class KVStoreServer::Impl : public DataPortHandler {
       push->set_compression(p.header.compression());
       push->set_topk_ratio(p.header.topk_ratio());
       *push->mutable_items() = p.header.items();
+      if (p.header.has_answer_at()) *push->mutable_answer_at() = p.header.answer_at();
       std::vector<absl::string_view> values;
       by_reference = by_reference && ack != nullptr &&
                      std::all_of(p.items.begin(), p.items.end(),
@@ -954,6 +971,10 @@ class KVStoreServer::Impl : public DataPortHandler {
     parked->hold_until = absl::Now() + options_.replica_round_hold;
     parked->start = Clock::now();
     parked->responder = request.defer();
+    parked->deliver = [r = parked->responder.get()](const absl::Status& status,
+                                                    const DataReply& reply) {
+      return r->Answer(status, reply);
+    };
     Arm(parked);
     TryAnswer(parked, /*expired=*/false);
   }
@@ -978,7 +999,8 @@ class KVStoreServer::Impl : public DataPortHandler {
   // with the values if the round just completed, else naming the missing
   // workers); otherwise leaves a continuation in the store.
   void TryAnswer(const std::shared_ptr<ParkedPull>& p, bool expired) {
-    if (p->responder->answered()) return;
+    if (p->delivered.load()) return;
+    if (p->responder != nullptr && p->responder->answered()) return;
     std::vector<PulledValue> values;
     absl::StatusOr<bool> ready = store_->TryPull(
         p->job, p->worker, p->items,
@@ -987,9 +1009,11 @@ class KVStoreServer::Impl : public DataPortHandler {
           // hold the chain's lock: only note it.
           if (completed_pulls != nullptr) {
             completed_pulls->push_back(p);
-          } else {
+          } else if (p->responder != nullptr) {
             p->responder->Poke();
           }
+          // (A tail answer's round is completed by a batch, which every
+          // path receives with completed_pulls set: ReceiveBatch.)
         },
         &values);
     absl::Status status = ready.status();
@@ -1011,11 +1035,73 @@ class KVStoreServer::Impl : public DataPortHandler {
       // its push is held for no one any more.
       replicator_->ReleaseHold(p->ack);
     }
-    if (p->responder->Answer(status, reply)) {
-      Account(DataOpMethod(DataOp::kPushPull), p->start, status);
+    if (p->deliver(status, reply)) {
+      p->delivered = true;
+      if (p->responder != nullptr) Account(DataOpMethod(DataOp::kPushPull), p->start, status);
     }
   }
 
+  // ---- Answers at the tail (v1::AnswerAt) ----
+  //
+  // A push-pull whose push names an answers connection on this replica:
+  // the pull half is answered here, once its round is complete here and
+  // acknowledged by any successor (ReceiveBatch answers after Receive),
+  // so the values are on every replica. The head wrote no reply.
+
+  // The answers `batch`'s pushes ask of this replica (those whose answers
+  // connection is here), to try once it is applied.
+  std::vector<std::shared_ptr<ParkedPull>> TailAnswers(const v1::ReplicateBatch& batch) {
+    std::vector<std::shared_ptr<ParkedPull>> answers;
+    DataPortServer* port = data_port_.load();
+    if (port == nullptr) return answers;
+    for (const v1::Mutation& m : batch.mutations()) {
+      if (!m.has_push() || !m.push().has_answer_at()) continue;
+      const v1::ReplicatedPush& push = m.push();
+      const uint64_t token = push.answer_at().token();
+      if (!port->HasAnswers(token)) continue;  // another replica's (or closed)
+      auto a = std::make_shared<ParkedPull>();
+      a->job = push.job();
+      a->worker = push.worker();
+      for (const v1::PushItem& item : push.items()) {
+        a->items.push_back({item.key(), item.slice(), item.round()});
+      }
+      a->deadline = absl::InfiniteFuture();  // the client keeps its own
+      a->start = Clock::now();
+      a->deliver = [this, port, token, id = push.answer_at().request_id(), job = push.job()](
+                       const absl::Status& status, const DataReply& reply) {
+        absl::Status written = port->Answer(token, id, job, status, reply);
+        if (written.ok()) {
+          tail_answered_.Increment();
+        } else if (!absl::IsAlreadyExists(written)) {
+          tail_refused_.Increment();
+          DT_LOG(DEBUG) << "answer at the tail for job '" << job << "': " << written;
+        }
+        return true;  // done either way: a refused answer is never written
+      };
+      answers.push_back(std::move(a));
+    }
+    return answers;
+  }
+
+ public:
+  // A batch from the predecessor (data port or gRPC): applied, then the
+  // answers its pushes (and the rounds they completed) owe clients here.
+  absl::StatusOr<v1::ReplicateReply> ReceiveBatch(v1::ReplicateBatch batch, absl::Time deadline,
+                                                  const std::vector<absl::string_view>& values) {
+    std::vector<std::shared_ptr<ParkedPull>> answers = TailAnswers(batch);
+    std::vector<std::shared_ptr<ParkedPull>> completed;
+    std::vector<std::shared_ptr<ParkedPull>>* outer = completed_pulls;
+    if (outer == nullptr) completed_pulls = &completed;
+    absl::StatusOr<v1::ReplicateReply> r = replicator_->Receive(std::move(batch), deadline, values);
+    if (outer == nullptr) completed_pulls = nullptr;
+    if (r.ok()) {
+      for (const std::shared_ptr<ParkedPull>& a : answers) TryAnswer(a, /*expired=*/false);
+    }
+    for (const std::shared_ptr<ParkedPull>& p : completed) TryAnswer(p, /*expired=*/false);
+    return r;
+  }
+
+ private:
   // `*parked`: the reply was deferred (ParkPull).
   absl::Status HandleData(const DataRequest& request, DataReply* reply, bool* parked) {
     PullOptions pull;
@@ -1073,8 +1159,32 @@ class KVStoreServer::Impl : public DataPortHandler {
           if (replicator_ != nullptr) replicator_->Detach(ack);
         };
         const bool pushpull = request.op == DataOp::kPushPull;
+        if (p.header.has_answer_at()) {
+          DT_RETURN_IF_ERROR(CheckAnswerAt(request, need));
+        }
         DT_ASSIGN_OR_RETURN(PushResult result, ApplyPush(p, &ack, /*by_reference=*/true,
                                                          /*hold_incomplete=*/pushpull));
+        if (p.header.has_answer_at()) {
+          // The tail answers the pull; this writes no reply. The pushed
+          // bytes are copied if the chain still needs them.
+          if (ack.held() && request.defer) {
+            // Held for the round's other pushes: wait (without a thread)
+            // for the hold to run out, or for the client's next frame (it
+            // has its answer), then let the push go alone if it still waits.
+            replicator_->Detach(ack, /*keep_hold=*/true);
+            std::move(detach).Cancel();
+            std::shared_ptr<DataResponder> responder = request.defer();
+            responder->EndOnFrame();
+            WaitForHeldAnswerAt(responder.get(), p, ack, pull.deadline);
+            return absl::OkStatus();  // accounted now: nothing more is answered here
+          }
+          if (ack.held()) {  // no way to wait without the thread
+            DT_RETURN_IF_ERROR(
+                replicator_->WaitHeld(ack, absl::Now() + options_.replication_timeout));
+          }
+          reply->none = true;
+          return absl::OkStatus();
+        }
         if (pushpull && request.defer && need <= kParkMaxBytes && result.applied > 0 &&
             result.incomplete == result.applied) {
           // Its round waits for other workers: park the pull. The pushed
@@ -1113,6 +1223,57 @@ class KVStoreServer::Impl : public DataPortHandler {
   }
 
   absl::Status HandleReplicate(const DataRequest& request, DataReply* reply);
+
+  // A held push whose pull the tail answers (v1::AnswerAt), deferred on
+  // `r` (EndOnFrame: the client's next frame ends the wait): when the hold
+  // runs out, sends the push alone; at the pull's deadline, if the round is
+  // still incomplete, answers here what a blocking pull would (the workers
+  // it waits for). The tail answers the values.
+  void WaitForHeldAnswerAt(DataResponder* r, const ReceivedPush& p, const Replicator::Ack& ack,
+                           absl::Time deadline) {
+    std::vector<PullRequestItem> items;
+    for (const PushItem& item : p.items) items.push_back({item.key, item.slice, item.round});
+    auto at_deadline = [this, r, job = p.header.job(), worker = p.header.worker(),
+                        items = std::move(items)] {
+      PullOptions now;
+      now.deadline = absl::Now();
+      absl::StatusOr<std::vector<PulledValue>> late = store_->Pull(job, worker, items, now);
+      if (late.ok()) {
+        r->Finish();  // complete after all: the tail answers
+      } else {
+        r->Answer(late.status(), DataReply());
+      }
+    };
+    const absl::Time hold_until = std::min(absl::Now() + options_.replica_round_hold, deadline);
+    r->SetTimer(hold_until, [this, r, ack, deadline, at_deadline = std::move(at_deadline)] {
+      replicator_->ReleaseHold(ack);
+      if (absl::Now() >= deadline) {
+        at_deadline();
+      } else {
+        r->SetTimer(deadline, at_deadline);
+      }
+    });
+  }
+
+  // Whether a data port push-pull of `payload_bytes` may be answered at the
+  // tail (v1::AnswerAt): only here at a replicated chain's head with a
+  // successor, and only for payloads that wait without a thread.
+  absl::Status CheckAnswerAt(const DataRequest& request, uint64_t payload_bytes) const {
+    if (request.op != DataOp::kPushPull) {
+      return absl::InvalidArgumentError("data port PUSH: answer_at is for push-pulls only");
+    }
+    if (replicator_ == nullptr || !replicator_->has_successor()) {
+      return absl::UnavailableError(
+          "data port PUSHPULL with answer_at: this shard has no replica after this one to answer "
+          "it (the chain changed); refresh the shard map");
+    }
+    if (payload_bytes > kParkMaxBytes) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("data port PUSHPULL with answer_at: a payload of ", payload_bytes,
+                       " bytes (answers at the tail are for pushes up to ", kParkMaxBytes, ")"));
+    }
+    return absl::OkStatus();
+  }
 
   // A pull's reply: the items' sizes in the header, the values as the
   // payload (referenced, not copied, until written).
@@ -1229,6 +1390,9 @@ class KVStoreServer::Impl : public DataPortHandler {
   prometheus::Counter& push_bytes_;
   prometheus::Counter& pull_bytes_;
   prometheus::Counter& duplicates_;
+  prometheus::Family<prometheus::Counter>& tail_answers_;
+  prometheus::Counter& tail_answered_;
+  prometheus::Counter& tail_refused_;
   std::shared_ptr<metrics::CallbackCollectable> store_metrics_;
   struct MethodMetrics {
     prometheus::Counter* ok = nullptr;
@@ -1268,7 +1432,7 @@ absl::Status KVStoreServer::Impl::HandleReplicate(const DataRequest& request, Da
       DT_ASSIGN_OR_RETURN(values, SplitPayload(payload, *sizes));
     }
     DT_ASSIGN_OR_RETURN(v1::ReplicateReply r,
-                        replicator_->Receive(std::move(batch), request.deadline, values));
+                        ReceiveBatch(std::move(batch), request.deadline, values));
     reply->header = r.SerializeAsString();
     return absl::OkStatus();
   }
@@ -1283,8 +1447,7 @@ absl::Status KVStoreServer::Impl::HandleReplicate(const DataRequest& request, Da
   if (!batch.ParseFromArray(payload.data(), static_cast<int>(payload.size()))) {
     return absl::InvalidArgumentError("data port REPLICATE: the batch does not parse");
   }
-  DT_ASSIGN_OR_RETURN(v1::ReplicateReply r,
-                      replicator_->Receive(std::move(batch), request.deadline));
+  DT_ASSIGN_OR_RETURN(v1::ReplicateReply r, ReceiveBatch(std::move(batch), request.deadline, {}));
   reply->header = r.SerializeAsString();
   return absl::OkStatus();
 }
@@ -1499,8 +1662,11 @@ absl::StatusOr<std::unique_ptr<KVStoreServer>> KVStoreServer::Start(const Server
   server->rpc_->AddService(server->services_->data.get());
   if (server->replicator_ != nullptr) {
     // A state transfer carries the whole shard.
-    server->services_->replica =
-        std::make_unique<ReplicaService>(server->replicator_.get(), int64_t{16} << 30);
+    server->services_->replica = std::make_unique<ReplicaService>(
+        server->replicator_.get(), int64_t{16} << 30,
+        [impl = server->impl_.get()](v1::ReplicateBatch batch, absl::Time deadline) {
+          return impl->ReceiveBatch(std::move(batch), deadline, {});
+        });
     server->rpc_->AddService(server->services_->replica.get());
   }
   server->rpc_->Expose(server->impl_->registry());

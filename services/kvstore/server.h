@@ -34,6 +34,8 @@
 //   dtrain_kvstore_replica_map_version, dtrain_kvstore_replica_role{role}
 //   dtrain_kvstore_replica_forwarded_total, ..._received_total,
 //   ..._transfers_total, ..._transfer_bytes_total, ..._send_failures_total
+//   dtrain_kvstore_tail_answers_total{result}   push-pulls answered here as the
+//                                  tail (v1::AnswerAt): ok, or refused
 //
 // Jobs no call named for job_ttl are dropped (logged "expired job").
 // Dropping a job (DeleteJob, the last LeaveJob, expiry) gives the freed
@@ -200,6 +202,8 @@ class KVStoreServer {
   Store& store() { return *store_; }
   // Null for an unreplicated shard.
   Replicator* replicator() { return replicator_.get(); }
+  // Null without a data port.
+  DataPortServer* data_port_server() { return data_port_.get(); }
   Snapshotter& snapshotter() { return *snapshotter_; }
 
   class Impl;

@@ -39,8 +39,11 @@ namespace v1 = scheduler::v1;
 
 bool Final(v1::JobState s) { return s == v1::SUCCEEDED || s == v1::FAILED || s == v1::CANCELLED; }
 
+constexpr int kEpochs = 4;
+
 v1::SubmitRequest Job(const std::string& name) {
-  v1::SubmitRequest r = KvstoreCluster::KvstoreJob(name, 3, 16384);  // ~2 s an epoch
+  // ~1-2 s an epoch; the job status may move by an epoch between polls.
+  v1::SubmitRequest r = KvstoreCluster::KvstoreJob(name, kEpochs, 16384);
   r.mutable_spec()->set_checkpoint_interval_epochs(1);
   r.mutable_spec()->set_momentum(0.9);
   r.mutable_spec()->set_test_limit(1000);
@@ -117,7 +120,7 @@ TEST(KvstoreReplicaE2eTest, AKilledReplicaCostsNoAttemptAndNoPrecision) {
 
   absl::StatusOr<v1::JobStatus> job = cluster.Submit(Job("replica-killed"));
   ASSERT_TRUE(job.ok()) << job.status();
-  // Mid-job: epoch 2 has begun.
+  // Mid-job: epoch 2 has begun, and at least one more is to come.
   v1::JobStatus st = *job;
   for (absl::Time end = absl::Now() + absl::Seconds(120);
        !(st.state() == v1::RUNNING && st.epoch() >= 1 && st.step() > 0) && !Final(st.state()) &&
@@ -128,7 +131,7 @@ TEST(KvstoreReplicaE2eTest, AKilledReplicaCostsNoAttemptAndNoPrecision) {
     st = *got;
   }
   ASSERT_EQ(st.state(), v1::RUNNING) << st.DebugString();
-  ASSERT_EQ(st.epoch(), 1) << "not in epoch 2 of 3: " << st.DebugString();
+  ASSERT_LE(st.epoch(), kEpochs - 2) << "not mid-job: " << st.DebugString();
   map = cluster.KvstoreMap();
   ASSERT_TRUE(map.ok()) << map.status();
   const kvstore::v1::ChainMember* head = kvstore::ChainHead(*map, 0);
@@ -176,7 +179,7 @@ TEST(KvstoreReplicaE2eTest, AKilledReplicaCostsNoAttemptAndNoPrecision) {
   absl::StatusOr<checkpoint::Checkpoint> b = checkpoint::ReadCheckpoint(done.checkpoint_path());
   ASSERT_TRUE(a.ok()) << a.status();
   ASSERT_TRUE(b.ok()) << b.status();
-  EXPECT_EQ(done.checkpoint_epoch(), 3);
+  EXPECT_EQ(done.checkpoint_epoch(), kEpochs);
   int compared = 0;
   const double diff = MaxRelativeDifference(*a, *b, &compared);
   EXPECT_GE(compared, 2);  // MLP weights and biases at least

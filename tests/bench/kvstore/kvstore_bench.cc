@@ -99,6 +99,8 @@ ABSL_FLAG(
     int, reply_spin_us, 0,
     "how long a worker polls for a data port reply before sleeping (ClientOptions.reply_spin; "
     "0: sleep at once)");
+ABSL_FLAG(bool, answer_at_tail, true,
+          "with replicas, the chain's tail answers the push-pulls (ClientOptions.answer_at_tail)");
 ABSL_FLAG(std::string, server_binary, "", "kvstore_server to run (default: from runfiles)");
 
 namespace dtrain {
@@ -208,6 +210,7 @@ absl::StatusOr<Result> RunOnce(const char* argv0, int replicas) {
       options.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
       options.data_path = *ParseDataPath(absl::GetFlag(FLAGS_data_path));
       options.reply_spin = absl::Microseconds(absl::GetFlag(FLAGS_reply_spin_us));
+      options.answer_at_tail = absl::GetFlag(FLAGS_answer_at_tail);
       options.placement.colocate_below_bytes = absl::GetFlag(FLAGS_colocate_below_bytes);
       auto client = KVClient::Connect(options);
       if (!client.ok() || !(*client)->CreateJob(config).ok()) {
@@ -276,12 +279,13 @@ absl::StatusOr<Result> RunOnce(const char* argv0, int replicas) {
   std::printf(
       "kvstore workers=%d servers=%d replicas=%d bytes=%lld keys=%d tls=%s callback=%s "
       "data_path=%s reply_spin_us=%d shards_per_round=%d pushpull_GBps=%.3f p50_us=%.0f "
-      "p99_us=%.0f compression=%s\n",
+      "p99_us=%.0f compression=%s answer_at_tail=%d\n",
       workers, servers, replicas, static_cast<long long>(elements * 4), keys,
       absl::GetFlag(FLAGS_tls) ? "on" : "off", absl::GetFlag(FLAGS_callback_data) ? "on" : "off",
       absl::GetFlag(FLAGS_data_path).c_str(), absl::GetFlag(FLAGS_reply_spin_us),
       shards_per_round.load(), result.gbps, result.p50, result.p99,
-      DescribeCompression(*compression).c_str());
+      DescribeCompression(*compression).c_str(),
+      replicas > 1 && absl::GetFlag(FLAGS_answer_at_tail) ? 1 : 0);
   std::fflush(stdout);
   for (auto it = procs.rbegin(); it != procs.rend(); ++it) (void)(*it)->Kill(SIGTERM);
   for (auto& p : procs) (void)p->Wait();

@@ -122,7 +122,7 @@ struct Figures {
   double p50 = 0, p99 = 0;
 };
 
-enum class Head { kPoll, kThreads, kThreadsPerPush, kCompleter };
+enum class Head { kPoll, kThreads, kThreadsPerPush, kCompleter, kTailAnswers, kTailPulls };
 
 const char* HeadName(Head head) {
   switch (head) {
@@ -134,6 +134,10 @@ const char* HeadName(Head head) {
       return "threads_per_push";
     case Head::kCompleter:
       return "completer";
+    case Head::kTailAnswers:
+      return "tail_answers";
+    case Head::kTailPulls:
+      return "tail_pulls";
   }
   return "?";
 }
@@ -150,7 +154,7 @@ void ChainRoundTrip(int chain_fd, const char* p, size_t n, absl::Duration spin) 
 // A head as the kvstore's data port builds one: a thread per worker
 // connection (see --head).
 void ThreadedHead(const std::vector<int>& head_fds, int chain_fd, int share, bool batch_per_push,
-                  bool completer_answers, absl::Duration spin) {
+                  bool completer_answers, bool ack_only, absl::Duration spin) {
   const int workers = static_cast<int>(head_fds.size());
   std::vector<char> values(static_cast<size_t>(share) * workers);
   std::mutex mu;
@@ -178,6 +182,7 @@ void ThreadedHead(const std::vector<int>& head_fds, int chain_fd, int share, boo
           if (!batch_per_push && chain_fd >= 0) {
             ChainRoundTrip(chain_fd, values.data(), values.size(), spin);
           }
+          if (ack_only) continue;  // the tail answered the pulls
           if (completer_answers) {
             for (int other = 0; other < workers; ++other) {
               if (other != w) {
@@ -210,6 +215,10 @@ Figures RunOnce(int workers, int shards, int replicas, int bytes, int rounds, ab
                 bool cohost, Head head) {
   const int share = std::max(1, bytes / shards);
   std::vector<std::vector<int>> worker_fds(workers, std::vector<int>(shards));
+  // kTailAnswers with 2 replicas: each worker's connection to each shard's tail.
+  const bool tail_pulls = head == Head::kTailPulls && replicas == 2;
+  const bool tail_answers = (head == Head::kTailAnswers || tail_pulls) && replicas == 2;
+  std::vector<std::vector<int>> worker_tail_fds(workers, std::vector<int>(shards, -1));
   std::vector<pid_t> children;
   // roles[p]: the loops process p runs (one thread each).
   int processes = cohost && replicas == 2 ? std::max(2, shards) : shards * replicas;
@@ -225,6 +234,16 @@ Figures RunOnce(int workers, int shards, int replicas, int bytes, int rounds, ab
       head_fds[w] = sv[1];
       all_server_fds.push_back(sv[1]);
     }
+    std::vector<int> tail_fds;
+    if (tail_answers) {
+      for (int w = 0; w < workers; ++w) {
+        int sv[2];
+        if (socketpair(AF_UNIX, SOCK_STREAM, 0, sv) != 0) _exit(1);
+        worker_tail_fds[w][s] = sv[0];
+        tail_fds.push_back(sv[1]);
+        all_server_fds.push_back(sv[1]);
+      }
+    }
     int chain[2] = {-1, -1};
     if (replicas == 2 && socketpair(AF_UNIX, SOCK_STREAM, 0, chain) != 0) _exit(1);
     if (replicas == 2) {
@@ -233,7 +252,48 @@ Figures RunOnce(int workers, int shards, int replicas, int bytes, int rounds, ab
     }
     const int head_process = cohost ? s : s * replicas;
     const int tail_process = cohost ? (s + 1) % processes : s * replicas + 1;
-    if (replicas == 2) {
+    if (tail_pulls) {
+      // The tail: a thread per worker connection reads its pull request
+      // and parks it; the chain's thread answers parked pulls (or a pull
+      // that comes after its round's batch answers itself).
+      const size_t batch_bytes = static_cast<size_t>(share) * workers;
+      roles[tail_process].push_back([=] {
+        std::mutex mu;
+        std::vector<char> batch(batch_bytes);
+        uint64_t applied = 0;                      // rounds whose batch arrived
+        std::vector<uint64_t> parked(workers, 0);  // round a worker's pull waits for
+        std::vector<std::thread> threads;
+        for (int w = 0; w < workers; ++w) {
+          threads.emplace_back([&, w] {
+            for (uint64_t round = 1;; ++round) {
+              char request[16];
+              Full(tail_fds[w], request, sizeof request, true);
+              std::lock_guard<std::mutex> lock(mu);
+              if (applied >= round) {
+                Full(tail_fds[w], batch.data() + static_cast<size_t>(share) * w, share, false);
+              } else {
+                parked[w] = round;
+              }
+            }
+          });
+        }
+        std::vector<pollfd> fds{{chain[1], POLLIN, 0}};
+        for (;;) {
+          WaitReadable(fds, spin);
+          std::lock_guard<std::mutex> lock(mu);
+          Full(chain[1], batch.data(), batch.size(), true);
+          ++applied;
+          for (int w = 0; w < workers; ++w) {
+            if (parked[w] == applied) {
+              Full(tail_fds[w], batch.data() + static_cast<size_t>(share) * w, share, false);
+              parked[w] = 0;
+            }
+          }
+          char ack = 1;
+          Full(chain[1], &ack, 1, false);
+        }
+      });
+    } else if (replicas == 2) {
       const size_t batch_bytes =
           static_cast<size_t>(share) * (head == Head::kThreadsPerPush ? 1 : workers);
       roles[tail_process].push_back([=] {
@@ -242,6 +302,9 @@ Figures RunOnce(int workers, int shards, int replicas, int bytes, int rounds, ab
         for (;;) {
           WaitReadable(fds, spin);
           Full(chain[1], batch.data(), batch.size(), true);
+          for (size_t w = 0; w < tail_fds.size(); ++w) {
+            Full(tail_fds[w], batch.data() + static_cast<size_t>(share) * w, share, false);
+          }
           char ack = 1;
           Full(chain[1], &ack, 1, false);
         }
@@ -250,8 +313,10 @@ Figures RunOnce(int workers, int shards, int replicas, int bytes, int rounds, ab
     if (head != Head::kPoll) {
       const int chain_fd = replicas == 2 ? chain[0] : -1;
       roles[head_process].push_back([=] {
-        ThreadedHead(head_fds, chain_fd, share, head == Head::kThreadsPerPush,
-                     head == Head::kCompleter, spin);
+        ThreadedHead(
+            head_fds, chain_fd, share, head == Head::kThreadsPerPush,
+            head == Head::kCompleter || head == Head::kTailAnswers || head == Head::kTailPulls,
+            (head == Head::kTailAnswers || head == Head::kTailPulls) && chain_fd >= 0, spin);
       });
       continue;
     }
@@ -290,8 +355,20 @@ Figures RunOnce(int workers, int shards, int replicas, int bytes, int rounds, ab
       std::vector<char> buffer(share);
       for (int r = 0; r < rounds; ++r) {
         const absl::Time start = absl::Now();
+        if (tail_pulls) {
+          char request[16] = {};
+          for (int s = 0; s < shards; ++s) {
+            Full(worker_tail_fds[w][s], request, sizeof request, false);
+          }
+        }
         for (int s = 0; s < shards; ++s) Full(worker_fds[w][s], buffer.data(), share, false);
-        for (int s = 0; s < shards; ++s) Full(worker_fds[w][s], buffer.data(), share, true);
+        if (tail_answers) {
+          for (int s = 0; s < shards; ++s) {
+            Full(worker_tail_fds[w][s], buffer.data(), share, true);
+          }
+        } else {
+          for (int s = 0; s < shards; ++s) Full(worker_fds[w][s], buffer.data(), share, true);
+        }
         if (r >= rounds / 10) took[w].push_back(absl::ToDoubleMicroseconds(absl::Now() - start));
       }
     });
@@ -299,8 +376,12 @@ Figures RunOnce(int workers, int shards, int replicas, int bytes, int rounds, ab
   for (std::thread& t : threads) t.join();
   for (pid_t child : children) kill(child, SIGKILL);
   for (pid_t child : children) waitpid(child, nullptr, 0);
-  for (auto& fds : worker_fds) {
-    for (int fd : fds) close(fd);
+  for (auto* all_fds : {&worker_fds, &worker_tail_fds}) {
+    for (auto& fds : *all_fds) {
+      for (int fd : fds) {
+        if (fd >= 0) close(fd);
+      }
+    }
   }
   std::vector<double> all;
   for (const auto& t : took) all.insert(all.end(), t.begin(), t.end());
@@ -361,6 +442,10 @@ int main(int argc, char** argv) {
       heads.push_back(Head::kThreadsPerPush);
     } else if (name == "completer") {
       heads.push_back(Head::kCompleter);
+    } else if (name == "tail_answers") {
+      heads.push_back(Head::kTailAnswers);
+    } else if (name == "tail_pulls") {
+      heads.push_back(Head::kTailPulls);
     } else {
       fprintf(stderr,
               "round_floor: --head takes poll, threads, threads_per_push and completer "
