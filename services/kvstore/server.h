@@ -140,9 +140,12 @@ struct ServerOptions {
   // next frame usually comes within microseconds (the successor's
   // acknowledgement, the predecessor's next batch, the chain's
   // acknowledgement of a read): each saves a thread wakeup (tens of
-  // microseconds on a virtual machine) at the cost of that much CPU. Zero:
-  // sleep at once (hosts with no spare core).
-  absl::Duration replica_spin = absl::Microseconds(50);
+  // microseconds on a virtual machine) at the cost of that much CPU. Zero
+  // (the default): sleep at once. Small push-pulls are answered by the tail
+  // (v1::AnswerAt), so these waits are off their path, and on a host with
+  // no spare core the polling takes the CPU the tail and the trainers need
+  // (libs/kvstore/README.md, "Answers from the tail").
+  absl::Duration replica_spin = absl::ZeroDuration();
   // Replicated: how long a PushPull's push that completes no round
   // waits for the round's last push to go down the chain with it (one batch
   // per round; ReplicatorOptions::round_hold). 0: every push goes alone.

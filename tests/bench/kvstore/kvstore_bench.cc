@@ -93,7 +93,7 @@ ABSL_FLAG(std::string, data_path, "auto",
           "how pushes and pulls travel (ClientOptions.data_path): auto (the data port, Unix socket "
           "and shared memory on this host), tcp (the data port over TCP, TLS unless --notls), "
           "grpc");
-ABSL_FLAG(int, replica_spin_us, 50, "the servers' --replica_spin_us");
+ABSL_FLAG(int, replica_spin_us, 0, "the servers' --replica_spin_us");
 ABSL_FLAG(int, replica_round_hold_us, 2000, "the servers' --replica_round_hold_us");
 ABSL_FLAG(
     int, reply_spin_us, 0,
