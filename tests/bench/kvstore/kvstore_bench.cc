@@ -16,7 +16,8 @@
 //
 //   kvstore workers=<w> servers=<s> replicas=<r> bytes=<b> keys=<k> tls=<on|off>
 //           callback=<on|off> data_path=<auto|tcp|grpc> reply_spin_us=<n> shards_per_round=<n>
-//           pushpull_GBps=<x> p50_us=<y> p99_us=<z> compression=<c>
+//           pushpull_GBps=<x> p50_us=<y> p99_us=<z> compression=<c> answer_at_tail=<0|1>
+//           replica_spin_us=<n>
 //
 // --data_path picks the clients' data path (ClientOptions.data_path): auto
 // (the default: the shards' data port over their Unix sockets and shared
@@ -279,13 +280,14 @@ absl::StatusOr<Result> RunOnce(const char* argv0, int replicas) {
   std::printf(
       "kvstore workers=%d servers=%d replicas=%d bytes=%lld keys=%d tls=%s callback=%s "
       "data_path=%s reply_spin_us=%d shards_per_round=%d pushpull_GBps=%.3f p50_us=%.0f "
-      "p99_us=%.0f compression=%s answer_at_tail=%d\n",
+      "p99_us=%.0f compression=%s answer_at_tail=%d replica_spin_us=%d\n",
       workers, servers, replicas, static_cast<long long>(elements * 4), keys,
       absl::GetFlag(FLAGS_tls) ? "on" : "off", absl::GetFlag(FLAGS_callback_data) ? "on" : "off",
       absl::GetFlag(FLAGS_data_path).c_str(), absl::GetFlag(FLAGS_reply_spin_us),
       shards_per_round.load(), result.gbps, result.p50, result.p99,
       DescribeCompression(*compression).c_str(),
-      replicas > 1 && absl::GetFlag(FLAGS_answer_at_tail) ? 1 : 0);
+      replicas > 1 && absl::GetFlag(FLAGS_answer_at_tail) ? 1 : 0,
+      replicas > 1 ? absl::GetFlag(FLAGS_replica_spin_us) : 0);
   std::fflush(stdout);
   for (auto it = procs.rbegin(); it != procs.rend(); ++it) (void)(*it)->Kill(SIGTERM);
   for (auto& p : procs) (void)p->Wait();
