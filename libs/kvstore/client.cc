@@ -1021,17 +1021,25 @@ struct KVClient::PendingData {
   // `s` with the call named; a transport failure also forgets the shard's
   // idle connections (it went away, or restarted, maybe on another port:
   // its data port is asked again).
-  absl::Status Annotate(const absl::Status& s) {
+  absl::Status Annotate(const absl::Status& s) { return AnnotateAt(s, "to ", address, *conn); }
+  // The same for a failure of the tail's answer (on `answer`): the tail's
+  // connections are the ones forgotten.
+  absl::Status AnnotateAnswer(const absl::Status& s) {
+    return AnnotateAt(s, "answered by the tail ", answer_address, *answer);
+  }
+
+ private:
+  absl::Status AnnotateAt(const absl::Status& s, absl::string_view how, const std::string& at,
+                          const DataPortConnection& on) {
     if (absl::IsUnavailable(s)) {
       absl::MutexLock lock(&client->data_mu_);
-      DataPool* pool = client->data_pools_[address].get();
+      DataPool* pool = client->data_pools_[at].get();
       absl::MutexLock pool_lock(&pool->mu);
       pool->Forget();
     }
     const char* method = op == Op::kPush ? "Push" : op == Op::kPull ? "Pull" : "PushPull";
-    return absl::Status(s.code(),
-                        absl::StrCat("DataPort.", method, " to ", address, " (",
-                                     DataConn::KindName(conn->kind()), "): ", s.message()));
+    return absl::Status(s.code(), absl::StrCat("DataPort.", method, " ", how, at, " (",
+                                               DataConn::KindName(on.kind()), "): ", s.message()));
   }
 };
 
@@ -1149,11 +1157,7 @@ absl::Status KVClient::FinishDataCall(std::unique_ptr<PendingData> pending,
     }
     absl::StatusOr<std::string> reply =
         pending->answer->ReceiveAnswer(pending->answer_id, options_.pull_timeout);
-    if (!reply.ok()) {
-      return pending->Annotate(absl::Status(
-          reply.status().code(), absl::StrCat("answer from the tail ", pending->answer_address,
-                                              ": ", reply.status().message())));
-    }
+    if (!reply.ok()) return pending->AnnotateAnswer(reply.status());
     DT_RETURN_IF_ERROR(ReadPulled(*pending, *pending->answer, *reply, work));
     std::unique_ptr<DataPortConnection> c = std::move(pending->conn);
     std::unique_ptr<DataPortConnection> a = std::move(pending->answer);
@@ -1185,15 +1189,17 @@ absl::Status KVClient::FinishDataCall(std::unique_ptr<PendingData> pending,
   return absl::OkStatus();
 }
 
-absl::Status KVClient::ReadPulled(PendingData& pending_ref, DataPortConnection& conn,
+absl::Status KVClient::ReadPulled(PendingData& pending, DataPortConnection& conn,
                                   const std::string& reply, const std::vector<SliceOp>& work) {
-  PendingData* pending = &pending_ref;
+  auto annotate = [&](const absl::Status& s) {
+    return &conn == pending.answer.get() ? pending.AnnotateAnswer(s) : pending.Annotate(s);
+  };
   v1::PullResponse r;
   if (!r.ParseFromString(reply)) {
-    return pending->Annotate(absl::DataLossError("unparsable PullResponse"));
+    return annotate(absl::DataLossError("unparsable PullResponse"));
   }
   if (r.items_size() != static_cast<int>(work.size())) {
-    return pending->Annotate(absl::DataLossError(
+    return annotate(absl::DataLossError(
         absl::StrCat(r.items_size(), " items for ", work.size(), " requested")));
   }
   uint64_t total = 0;
@@ -1202,19 +1208,19 @@ absl::Status KVClient::ReadPulled(PendingData& pending_ref, DataPortConnection& 
     const SliceSpec& spec = work[static_cast<size_t>(i)].slice->spec;
     if (item.item() != i || item.dtype() != static_cast<int>(spec.dtype) ||
         item.bytes() != SliceBytes(spec)) {
-      return pending->Annotate(absl::DataLossError(absl::StrCat(
+      return annotate(absl::DataLossError(absl::StrCat(
           "key '", spec.key, "' slice ", spec.slice, " came as item ", item.item(), " of ",
           item.bytes(), " bytes of dtype ", item.dtype(), ", expected ", SliceBytes(spec))));
     }
     total += static_cast<uint64_t>(item.bytes());
   }
   if (total != conn.reply_payload_bytes()) {
-    return pending->Annotate(absl::DataLossError(absl::StrCat(
+    return annotate(absl::DataLossError(absl::StrCat(
         "reply payload of ", conn.reply_payload_bytes(), " bytes, its items need ", total)));
   }
   for (const SliceOp& w : work) {
     absl::Status read = conn.ReadPayload(w.dst, static_cast<size_t>(SliceBytes(w.slice->spec)));
-    if (!read.ok()) return pending->Annotate(read);
+    if (!read.ok()) return annotate(read);
   }
   return absl::OkStatus();
 }

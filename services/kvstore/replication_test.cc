@@ -433,6 +433,37 @@ TEST_F(ReplicationTest, AHeldPushWhoseRoundNeverCompletesStillReachesTheTail) {
   ASSERT_TRUE(clients[1]->PushPull({{"small", g.data(), out1.data()}}).ok());
 }
 
+// Without holding (replica_round_hold 0) a push that leaves its round
+// incomplete goes down the chain at once, and its pull, which the tail
+// would answer, still gets the head's answer at its deadline naming the
+// worker the round waits for (not the client's bare timeout a second
+// later).
+TEST_F(ReplicationTest, WithoutAHoldARoundThatNeverCompletesIsAnsweredAtItsDeadline) {
+  round_hold_ = absl::ZeroDuration();
+  std::vector<std::unique_ptr<KVClient>> clients = StartChainOfTwo();
+  ClientOptions o;
+  o.servers = {replicas_[0]->local_address(), replicas_[1]->local_address()};
+  o.replicas = 2;
+  o.job = "job";
+  o.worker = 0;
+  o.pull_timeout = absl::Seconds(1);
+  o.max_attempts = 1;
+  auto impatient = KVClient::Connect(o);
+  ASSERT_TRUE(impatient.ok()) << impatient.status();
+  ASSERT_TRUE((*impatient)->Init({{"small", {kSmall}}}).ok());
+  ASSERT_TRUE((*impatient)->Resync().ok());
+  std::vector<float> g(kSmall, 1.0f), out(kSmall);
+  const absl::Time start = absl::Now();
+  absl::Status s = (*impatient)->PushPull({{"small", g.data(), out.data()}});
+  EXPECT_TRUE(absl::IsDeadlineExceeded(s)) << s;
+  EXPECT_NE(s.message().find("waiting for workers [1]"), std::string::npos) << s;
+  EXPECT_GE(absl::Now() - start, absl::Milliseconds(900));
+  EXPECT_LT(absl::Now() - start, absl::Milliseconds(1900));
+  // Worker 1 completes the round: the job goes on.
+  std::vector<float> out1(kSmall);
+  ASSERT_TRUE(clients[1]->PushPull({{"small", g.data(), out1.data()}}).ok());
+}
+
 // Top-k pushes travel down the chain as received: the replicas end equal to
 // an unreplicated run with the same compression (and unlike a dense one).
 // Replicated shards started with callback_data ignore it: a replicated

@@ -1167,15 +1167,16 @@ class KVStoreServer::Impl : public DataPortHandler {
         if (p.header.has_answer_at()) {
           // The tail answers the pull; this writes no reply. The pushed
           // bytes are copied if the chain still needs them.
-          if (ack.held() && request.defer) {
-            // Held for the round's other pushes: wait (without a thread)
-            // for the hold to run out, or for the client's next frame (it
-            // has its answer), then let the push go alone if it still waits.
+          if (result.applied > 0 && result.incomplete == result.applied && request.defer) {
+            // Its round waits for other workers: wait (without a thread)
+            // for the hold to run out (then let a held push go alone), for
+            // the pull's deadline, or for the client's next frame (it has
+            // its answer).
             replicator_->Detach(ack, /*keep_hold=*/true);
             std::move(detach).Cancel();
             std::shared_ptr<DataResponder> responder = request.defer();
             responder->EndOnFrame();
-            WaitForHeldAnswerAt(responder.get(), p, ack, pull.deadline);
+            WaitForAnswerAt(responder.get(), p, ack, pull.deadline);
             return absl::OkStatus();  // accounted now: nothing more is answered here
           }
           if (ack.held()) {  // no way to wait without the thread
@@ -1224,13 +1225,14 @@ class KVStoreServer::Impl : public DataPortHandler {
 
   absl::Status HandleReplicate(const DataRequest& request, DataReply* reply);
 
-  // A held push whose pull the tail answers (v1::AnswerAt), deferred on
-  // `r` (EndOnFrame: the client's next frame ends the wait): when the hold
-  // runs out, sends the push alone; at the pull's deadline, if the round is
-  // still incomplete, answers here what a blocking pull would (the workers
-  // it waits for). The tail answers the values.
-  void WaitForHeldAnswerAt(DataResponder* r, const ReceivedPush& p, const Replicator::Ack& ack,
-                           absl::Time deadline) {
+  // A push whose pull the tail answers (v1::AnswerAt) and whose round
+  // waits for other workers, deferred on `r` (EndOnFrame: the client's next
+  // frame ends the wait): when a hold on it runs out, sends it alone; at
+  // the pull's deadline, if the round is still incomplete, answers here
+  // what a blocking pull would (the workers it waits for), since the tail
+  // keeps no deadline. The tail answers the values.
+  void WaitForAnswerAt(DataResponder* r, const ReceivedPush& p, const Replicator::Ack& ack,
+                       absl::Time deadline) {
     std::vector<PullRequestItem> items;
     for (const PushItem& item : p.items) items.push_back({item.key, item.slice, item.round});
     auto at_deadline = [this, r, job = p.header.job(), worker = p.header.worker(),
@@ -1244,6 +1246,10 @@ class KVStoreServer::Impl : public DataPortHandler {
         r->Answer(late.status(), DataReply());
       }
     };
+    if (!ack.held()) {
+      r->SetTimer(deadline, std::move(at_deadline));
+      return;
+    }
     const absl::Time hold_until = std::min(absl::Now() + options_.replica_round_hold, deadline);
     r->SetTimer(hold_until, [this, r, ack, deadline, at_deadline = std::move(at_deadline)] {
       replicator_->ReleaseHold(ack);
