@@ -71,6 +71,18 @@ std::string Frame(DataOp op, const std::string& header, uint64_t payload_bytes =
   return std::string(fixed, sizeof(fixed)) + header;
 }
 
+// A push of key "w" (4 floats) of `job` by `worker` for `round`.
+v1::PushRequest PushOfW(const std::string& job, int worker, int64_t round) {
+  v1::PushRequest push;
+  push.set_job(job);
+  push.set_worker(worker);
+  v1::PushItem* item = push.add_items();
+  item->set_key("w");
+  item->set_round(round);
+  item->add_shape(4);
+  return push;
+}
+
 std::string HelloFrame(const std::string& job, const std::string& token) {
   v1::DataHello hello;
   hello.set_job(job);
@@ -241,12 +253,7 @@ TEST_F(DataPortTest, TokensAreCheckedAndBindTheConnectionToTheirJob) {
     absl::StatusOr<std::string> reply = (*bound)->ReceiveHeader();
     EXPECT_EQ(reply.status().code(), absl::StatusCode::kPermissionDenied) << reply.status();
     // A push naming a, with its payload: refused before any lookup of a.
-    v1::PushRequest push;
-    push.set_job("a");
-    v1::PushItem* p = push.add_items();
-    p->set_key("w");
-    p->set_round(1);
-    p->add_shape(4);
+    const v1::PushRequest push = PushOfW("a", 0, 1);
     const std::string values(16, '\0');
     ASSERT_TRUE((*bound)
                     ->Send(DataOp::kPush, push.SerializeAsString(), {values}, 0, absl::Seconds(5))
@@ -338,12 +345,7 @@ TEST_F(DataPortTest, AnswerAtIsRefusedWhereNoTailCanAnswer) {
     SCOPED_TRACE(where.unix_socket.empty() ? "tcp" : "unix");
     auto conn = DialAs(where, "a");
     ASSERT_TRUE(conn.ok()) << conn.status();
-    v1::PushRequest push;
-    push.set_job("a");
-    v1::PushItem* p = push.add_items();
-    p->set_key("w");
-    p->set_round(1);
-    p->add_shape(4);
+    v1::PushRequest push = PushOfW("a", 0, 1);
     push.mutable_answer_at()->set_token(42);
     push.mutable_answer_at()->set_request_id(7);
     const std::string values(16, '\0');
@@ -680,14 +682,7 @@ class ParkedPullTest : public DataPortTest {
  protected:
   // A PushRequest header: `worker` pushes key "w" (4 floats) of `job` for `round`.
   static std::string PushHeader(const std::string& job, int worker, int64_t round) {
-    v1::PushRequest push;
-    push.set_job(job);
-    push.set_worker(worker);
-    v1::PushItem* item = push.add_items();
-    item->set_key("w");
-    item->set_round(round);
-    item->add_shape(4);
-    return push.SerializeAsString();
+    return PushOfW(job, worker, round).SerializeAsString();
   }
 
   // One round of key "w": worker 0 push-pulls g0 into out0 on a thread of

@@ -113,6 +113,22 @@ float Grad(int worker, int round, int64_t i) {
   return 0.001f * static_cast<float>((worker * 131 + round * 17 + i) % 97) - 0.04f;
 }
 
+// The tail's count of push-pulls it answered (v1::AnswerAt), by result,
+// once it reached `at_least` (within 5 s: the count follows the answer).
+double TailAnswers(const KVStoreServer& server, const std::string& result, double at_least = 0) {
+  double n = -1;
+  for (absl::Time end = absl::Now() + absl::Seconds(5);;) {
+    auto m = metrics::Scrape(server.metrics_port());
+    EXPECT_TRUE(m.ok()) << m.status();
+    if (!m.ok()) return -1;
+    n = metrics::SampleValue(
+            *m, absl::StrCat("dtrain_kvstore_tail_answers_total{result=\"", result, "\"}"))
+            .value_or(0);
+    if (n >= at_least || absl::Now() > end) return n;
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+}
+
 class ReplicationTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -158,6 +174,7 @@ class ReplicationTest : public ::testing::Test {
     o.job = "job";
     o.worker = worker;
     o.unavailable_timeout = absl::Seconds(20);
+    o.answer_at_tail = answer_at_tail_;
     auto c = KVClient::Connect(o);
     EXPECT_TRUE(c.ok()) << c.status();
     return std::move(*c);
@@ -282,6 +299,56 @@ class ReplicationTest : public ::testing::Test {
     return forwarded;
   }
 
+  // The round worker 0 last pushed of key "small" on `server` (-1: no
+  // such key), once it reached `round` or `within` passed.
+  static int64_t AwaitPushedSmall(KVStoreServer& server, int64_t round, absl::Duration within) {
+    int64_t pushed = -1;
+    for (absl::Time end = absl::Now() + within;;) {
+      absl::StatusOr<JobStatus> job = server.store().GetJob("job", 0, true);
+      EXPECT_TRUE(job.ok()) << job.status();
+      if (!job.ok()) return -1;
+      for (const SliceStatus& slice : job->slices) {
+        if (slice.spec.key == "small") pushed = slice.pushed_round;
+      }
+      if (pushed >= round || absl::Now() >= end) return pushed;
+      absl::SleepFor(absl::Milliseconds(1));
+    }
+  }
+
+  // Worker 0's client of job "job" on the chain, whose pulls give up
+  // after `pull_timeout` on their first attempt; "small" Init'ed.
+  std::unique_ptr<KVClient> ImpatientWorker0(absl::Duration pull_timeout) {
+    ClientOptions o;
+    o.servers = {replicas_[0]->local_address(), replicas_[1]->local_address()};
+    o.replicas = 2;
+    o.job = "job";
+    o.worker = 0;
+    o.pull_timeout = pull_timeout;
+    o.max_attempts = 1;
+    auto client = KVClient::Connect(o);
+    EXPECT_TRUE(client.ok()) << client.status();
+    if (!client.ok()) return nullptr;
+    EXPECT_TRUE((*client)->Init({{"small", {kSmall}}}).ok());
+    EXPECT_TRUE((*client)->Resync().ok());
+    return std::move(*client);
+  }
+
+  // A chain of two and its two workers (`*clients`) run 8 rounds of the
+  // small key only, 4 on time and 4 with worker 1 late past the hold; the
+  // values equal an unreplicated run's bit for bit, on both replicas.
+  void SmallRoundsBitForBit(std::vector<std::unique_ptr<KVClient>>* clients) {
+    const std::vector<std::vector<float>> ref = Reference(8, {}, /*small_only=*/true);
+    *clients = StartChainOfTwo();
+    std::vector<std::vector<float>> got;
+    Rounds(*clients, 1, 4, &got, /*small_only=*/true);
+    Rounds(*clients, 5, 8, &got, /*small_only=*/true, /*late=*/absl::Milliseconds(20));
+    for (int w = 0; w < 2; ++w) {
+      ASSERT_EQ(got[2 * w].size(), ref[2 * w].size());
+      EXPECT_EQ(std::memcmp(got[2 * w].data(), ref[2 * w].data(), ref[2 * w].size() * 4), 0) << w;
+    }
+    ASSERT_NO_FATAL_FAILURE(ExpectReplicasHoldTheSameValues());
+  }
+
   // Head and tail hold the same bytes for every key.
   void ExpectReplicasHoldTheSameValues() {
     for (const std::string& key : {"small", "large"}) {
@@ -302,6 +369,7 @@ class ReplicationTest : public ::testing::Test {
   bool callback_data_ = false;                         // their ServerOptions.callback_data
   absl::Duration round_hold_ = absl::Milliseconds(2);  // their replica_round_hold
   DataPath client_data_path_ = DataPath::kAuto;
+  bool answer_at_tail_ = true;  // the clients' ClientOptions.answer_at_tail
   v1::KvstoreHeartbeatRequest a_, b_;
 };
 
@@ -325,36 +393,15 @@ TEST_F(ReplicationTest, ReplicatedValuesEqualAnUnreplicatedRunBitForBit) {
 // with the round's last push, whose request answers the parked pull. With
 // worker 1 late (past the hold), the held push goes alone when the hold
 // runs out. Both equal an unreplicated run bit for bit, on both replicas.
+// (Clients whose tail does not answer: answer_at_tail off.)
 TEST_F(ReplicationTest, ParkedPullsAndHeldPushesReplicateBitForBit) {
-  const std::vector<std::vector<float>> ref = Reference(8, {}, /*small_only=*/true);
-  std::vector<std::unique_ptr<KVClient>> clients = StartChainOfTwo();
-  std::vector<std::vector<float>> got;
-  Rounds(clients, 1, 4, &got, /*small_only=*/true);
-  Rounds(clients, 5, 8, &got, /*small_only=*/true, /*late=*/absl::Milliseconds(20));
-  for (int w = 0; w < 2; ++w) {
-    ASSERT_EQ(got[2 * w].size(), ref[2 * w].size());
-    EXPECT_EQ(std::memcmp(got[2 * w].data(), ref[2 * w].data(), ref[2 * w].size() * 4), 0) << w;
-  }
-  ASSERT_NO_FATAL_FAILURE(ExpectReplicasHoldTheSameValues());
+  answer_at_tail_ = false;
+  std::vector<std::unique_ptr<KVClient>> clients;
+  ASSERT_NO_FATAL_FAILURE(SmallRoundsBitForBit(&clients));
+  EXPECT_EQ(TailAnswers(*replicas_[1], "ok"), 0);
   // Every push went down the chain: 2 Inits and 8 rounds of 2 workers (in
   // one batch per round when on time).
   EXPECT_GE(AwaitForwarded(2 * 2 + 2 * 8), 2 * 2 + 2 * 8);
-}
-
-// The tail's count of push-pulls it answered (v1::AnswerAt), by result,
-// once it reached `at_least` (within 5 s: the count follows the answer).
-double TailAnswers(const KVStoreServer& server, const std::string& result, double at_least = 0) {
-  double n = -1;
-  for (absl::Time end = absl::Now() + absl::Seconds(5);;) {
-    auto m = metrics::Scrape(server.metrics_port());
-    EXPECT_TRUE(m.ok()) << m.status();
-    if (!m.ok()) return -1;
-    n = metrics::SampleValue(
-            *m, absl::StrCat("dtrain_kvstore_tail_answers_total{result=\"", result, "\"}"))
-            .value_or(0);
-    if (n >= at_least || absl::Now() > end) return n;
-    absl::SleepFor(absl::Milliseconds(5));
-  }
 }
 
 // Small push-pulls are answered by the tail (ClientOptions.answer_at_tail,
@@ -362,16 +409,9 @@ double TailAnswers(const KVStoreServer& server, const std::string& result, doubl
 // equal an unreplicated run's bit for bit, and the head answered none of
 // the pulls. Large ones (over 64 KiB) are still answered by the head.
 TEST_F(ReplicationTest, TheTailAnswersSmallPushPullsBitForBit) {
-  const std::vector<std::vector<float>> ref = Reference(8, {}, /*small_only=*/true);
-  std::vector<std::unique_ptr<KVClient>> clients = StartChainOfTwo();
+  std::vector<std::unique_ptr<KVClient>> clients;
+  ASSERT_NO_FATAL_FAILURE(SmallRoundsBitForBit(&clients));
   std::vector<std::vector<float>> got;
-  Rounds(clients, 1, 4, &got, /*small_only=*/true);
-  Rounds(clients, 5, 8, &got, /*small_only=*/true, /*late=*/absl::Milliseconds(20));
-  for (int w = 0; w < 2; ++w) {
-    ASSERT_EQ(got[2 * w].size(), ref[2 * w].size());
-    EXPECT_EQ(std::memcmp(got[2 * w].data(), ref[2 * w].data(), ref[2 * w].size() * 4), 0) << w;
-  }
-  ASSERT_NO_FATAL_FAILURE(ExpectReplicasHoldTheSameValues());
   EXPECT_EQ(TailAnswers(*replicas_[1], "ok", 2 * 8), 2 * 8);
   EXPECT_EQ(TailAnswers(*replicas_[1], "refused"), 0);
   EXPECT_EQ(TailAnswers(*replicas_[0], "ok"), 0);
@@ -389,38 +429,15 @@ TEST_F(ReplicationTest, AHeldPushWhoseRoundNeverCompletesStillReachesTheTail) {
   // 10 s from the next one on: what sends it is the hold's end (2 ms).
   owner_.SetInterval(absl::Seconds(10));
   absl::SleepFor(absl::Milliseconds(150));
-  ClientOptions o;
-  o.servers = {replicas_[0]->local_address(), replicas_[1]->local_address()};
-  o.replicas = 2;
-  o.job = "job";
-  o.worker = 0;
-  o.pull_timeout = absl::Seconds(3);
-  o.max_attempts = 1;
-  auto impatient = KVClient::Connect(o);
-  ASSERT_TRUE(impatient.ok()) << impatient.status();
-  ASSERT_TRUE((*impatient)->Init({{"small", {kSmall}}}).ok());
-  ASSERT_TRUE((*impatient)->Resync().ok());
+  std::unique_ptr<KVClient> impatient = ImpatientWorker0(absl::Seconds(3));
+  ASSERT_NE(impatient, nullptr);
   std::vector<float> g(kSmall, 1.0f), out(kSmall);
   absl::Status s;
   const absl::Time start = absl::Now();
-  std::thread pushing([&] { s = (*impatient)->PushPull({{"small", g.data(), out.data()}}); });
-  auto on_tail = [&]() -> int64_t {
-    absl::StatusOr<JobStatus> tail = replicas_[1]->store().GetJob("job", 0, true);
-    EXPECT_TRUE(tail.ok()) << tail.status();
-    if (!tail.ok()) return -1;
-    for (const SliceStatus& slice : tail->slices) {
-      if (slice.spec.key == "small") return slice.pushed_round;
-    }
-    return -1;
-  };
-  int64_t pushed = 0;
-  while (pushed != 1 && absl::Now() - start < absl::Seconds(1)) {
-    absl::SleepFor(absl::Milliseconds(2));
-    pushed = on_tail();
-  }
-  // Worker 0's round-1 push, long before the pull's 3 s deadline (which
-  // would send it too) and the next heartbeat.
-  EXPECT_EQ(pushed, 1);
+  std::thread pushing([&] { s = impatient->PushPull({{"small", g.data(), out.data()}}); });
+  // Worker 0's round-1 push reaches the tail, long before the pull's 3 s
+  // deadline (which would send it too) and the next heartbeat.
+  EXPECT_EQ(AwaitPushedSmall(*replicas_[1], 1, absl::Seconds(1)), 1);
   pushing.join();
   // The head answers the pull (which the tail would have) at its deadline,
   // naming what it waits for, before the client's own timeout (1 s later).
@@ -441,20 +458,11 @@ TEST_F(ReplicationTest, AHeldPushWhoseRoundNeverCompletesStillReachesTheTail) {
 TEST_F(ReplicationTest, WithoutAHoldARoundThatNeverCompletesIsAnsweredAtItsDeadline) {
   round_hold_ = absl::ZeroDuration();
   std::vector<std::unique_ptr<KVClient>> clients = StartChainOfTwo();
-  ClientOptions o;
-  o.servers = {replicas_[0]->local_address(), replicas_[1]->local_address()};
-  o.replicas = 2;
-  o.job = "job";
-  o.worker = 0;
-  o.pull_timeout = absl::Seconds(1);
-  o.max_attempts = 1;
-  auto impatient = KVClient::Connect(o);
-  ASSERT_TRUE(impatient.ok()) << impatient.status();
-  ASSERT_TRUE((*impatient)->Init({{"small", {kSmall}}}).ok());
-  ASSERT_TRUE((*impatient)->Resync().ok());
+  std::unique_ptr<KVClient> impatient = ImpatientWorker0(absl::Seconds(1));
+  ASSERT_NE(impatient, nullptr);
   std::vector<float> g(kSmall, 1.0f), out(kSmall);
   const absl::Time start = absl::Now();
-  absl::Status s = (*impatient)->PushPull({{"small", g.data(), out.data()}});
+  absl::Status s = impatient->PushPull({{"small", g.data(), out.data()}});
   EXPECT_TRUE(absl::IsDeadlineExceeded(s)) << s;
   EXPECT_NE(s.message().find("waiting for workers [1]"), std::string::npos) << s;
   EXPECT_GE(absl::Now() - start, absl::Milliseconds(900));
@@ -549,9 +557,10 @@ TEST_F(ReplicationTest, TheHeadDiesMidJobAndNoPushIsLostOrAppliedTwice) {
                absl::FormatDuration(failover).c_str());
 }
 
-// The head goes away while worker 0's pull is parked there and its push
-// held (worker 1 is late): that push never reached the tail. The client's
-// retry at the new head applies it; no push is lost or applied twice.
+// The head goes away while worker 0's push is held there (worker 1 is
+// late; worker 0 waits for the tail's answer): that push never reached the
+// tail. The client sees the head's connection close, and its retry at the
+// new head applies the push; no push is lost or applied twice.
 TEST_F(ReplicationTest, AHeadThatDiesWithAParkedPullAndAHeldPushLosesNoPush) {
   round_hold_ = absl::Seconds(5);  // held until worker 1 pushes, 400 ms late
   const std::vector<std::vector<float>> ref = Reference(8, {}, /*small_only=*/true);
@@ -564,16 +573,7 @@ TEST_F(ReplicationTest, AHeadThatDiesWithAParkedPullAndAHeldPushLosesNoPush) {
       [&] { Rounds(clients, 5, 8, &got, /*small_only=*/true, absl::Milliseconds(400)); });
   // Worker 0's round-5 push is in at the head (and held: not forwarded),
   // worker 1 sleeps.
-  for (absl::Time end = absl::Now() + absl::Seconds(5); absl::Now() < end;) {
-    absl::StatusOr<JobStatus> job = replicas_[0]->store().GetJob("job", 0, true);
-    ASSERT_TRUE(job.ok()) << job.status();
-    bool pushed = false;
-    for (const SliceStatus& slice : job->slices) {
-      pushed |= slice.spec.key == "small" && slice.pushed_round == 5;
-    }
-    if (pushed) break;
-    absl::SleepFor(absl::Milliseconds(1));
-  }
+  EXPECT_EQ(AwaitPushedSmall(*replicas_[0], 5, absl::Seconds(5)), 5);
   EXPECT_EQ(replicas_[0]->replicator()->stats().forwarded, forwarded);  // held
   replicas_[0].reset();
   owner_.Publish(Chain({Member(b_, v1::REPLICA_ACTIVE)}));
@@ -597,16 +597,7 @@ TEST_F(ReplicationTest, ATailThatDiesWhileAPullWaitsForItsAnswerLosesNoPush) {
   EXPECT_EQ(TailAnswers(*replicas_[1], "ok", 2 * 4), 2 * 4);
   std::thread training(
       [&] { Rounds(clients, 5, 8, &got, /*small_only=*/true, absl::Milliseconds(400)); });
-  for (absl::Time end = absl::Now() + absl::Seconds(5); absl::Now() < end;) {
-    absl::StatusOr<JobStatus> job = replicas_[0]->store().GetJob("job", 0, true);
-    ASSERT_TRUE(job.ok()) << job.status();
-    bool pushed = false;
-    for (const SliceStatus& slice : job->slices) {
-      pushed |= slice.spec.key == "small" && slice.pushed_round == 5;
-    }
-    if (pushed) break;
-    absl::SleepFor(absl::Milliseconds(1));
-  }
+  EXPECT_EQ(AwaitPushedSmall(*replicas_[0], 5, absl::Seconds(5)), 5);
   replicas_[1].reset();
   owner_.Publish(Chain({Member(a_, v1::REPLICA_ACTIVE)}));
   training.join();
