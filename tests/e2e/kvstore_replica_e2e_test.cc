@@ -10,6 +10,9 @@
 // undisturbed run's within 1e-6 relative: no push lost or applied twice. The
 // killed replica comes back as a new process and rejoins its chain (state
 // transfer while the job runs); both chains end with 2 ACTIVE replicas.
+// Then, with two KVClient workers of 1 KiB rounds (answered by the chain's
+// tail), the head or the tail SIGKILLed while a round waits for a late
+// worker: every round's value is still exactly its pushes' sum.
 #include <signal.h>
 
 #include <atomic>
@@ -42,8 +45,9 @@ bool Final(v1::JobState s) { return s == v1::SUCCEEDED || s == v1::FAILED || s =
 constexpr int kEpochs = 4;
 
 v1::SubmitRequest Job(const std::string& name) {
-  // ~1-2 s an epoch; the job status may move by an epoch between polls.
-  v1::SubmitRequest r = KvstoreCluster::KvstoreJob(name, kEpochs, 16384);
+  // 2-6 s an epoch: trainers report progress every second, so the status
+  // must not move by more than an epoch between reports.
+  v1::SubmitRequest r = KvstoreCluster::KvstoreJob(name, kEpochs, 3 * 16384);
   r.mutable_spec()->set_checkpoint_interval_epochs(1);
   r.mutable_spec()->set_momentum(0.9);
   r.mutable_spec()->set_test_limit(1000);
@@ -202,13 +206,16 @@ TEST(KvstoreReplicaE2eTest, AKilledReplicaCostsNoAttemptAndNoPrecision) {
                absl::FormatDuration(progressed).c_str(), compared, diff, done.attempts());
 }
 
-// A small PushPull whose round waits for a late worker parks at the head
-// (no thread waits for it; its push is held for the round's one chain
-// batch). SIGKILL the head then: the parked worker's retry reaches the new
-// head, and every round's value is exactly its workers' sum (a push lost
-// or applied twice would change it).
-TEST(KvstoreReplicaE2eTest, AHeadKilledWithAParkedPullLosesNoPush) {
-  KvstoreCluster cluster("parked", "", /*restart=*/false, /*replicas=*/2);
+// A small PushPull whose round waits for a late worker: its push is held
+// at the head (no thread waits for it; the round goes down the chain as
+// one batch) and its pull waits for the tail's answer. SIGKILL the head
+// (`kill_tail` false) or the tail then: the waiting worker sees its
+// connection close and its retry reaches the chain that is left, and every
+// round's value is exactly its workers' sum (a push lost or applied twice
+// would change it).
+void KillAReplicaWhileARoundWaits(bool kill_tail) {
+  KvstoreCluster cluster(kill_tail ? "waittail" : "parked", "", /*restart=*/false,
+                         /*replicas=*/2);
   absl::StatusOr<kvstore::v1::ShardMap> map = FullMap(cluster);
   ASSERT_TRUE(map.ok()) << map.status();
   std::vector<std::unique_ptr<kvstore::KVClient>> workers;
@@ -227,7 +234,7 @@ TEST(KvstoreReplicaE2eTest, AHeadKilledWithAParkedPullLosesNoPush) {
   kvstore::JobConfig config;
   config.job = "parked";
   config.num_workers = 2;           // no optimizer: a round's value is its pushes' sum
-  constexpr int64_t kFloats = 256;  // 1 KiB: its PushPulls park
+  constexpr int64_t kFloats = 256;  // 1 KiB: held at the head, answered by the tail
   for (auto& w : workers) {
     ASSERT_TRUE(w->CreateJob(config).ok());
     ASSERT_TRUE(w->Init({{"w", {kFloats}}}).ok());
@@ -252,9 +259,10 @@ TEST(KvstoreReplicaE2eTest, AHeadKilledWithAParkedPullLosesNoPush) {
   }
   while (!parked) absl::SleepFor(absl::Milliseconds(1));
   absl::SleepFor(absl::Milliseconds(300));  // worker 0's round-4 PushPull is parked
-  const kvstore::v1::ChainMember* head = kvstore::ChainHead(*map, 0);
-  ASSERT_NE(head, nullptr);
-  const ClusterProcess& victim = cluster.replica(0, head->replica());
+  const kvstore::v1::ChainMember* member =
+      kill_tail ? kvstore::ChainTail(*map, 0) : kvstore::ChainHead(*map, 0);
+  ASSERT_NE(member, nullptr);
+  const ClusterProcess& victim = cluster.replica(0, member->replica());
   ASSERT_EQ(kill(victim.pid, SIGKILL), 0);
   for (std::thread& t : threads) t.join();
   for (int w = 0; w < 2; ++w) ASSERT_TRUE(status[w].ok()) << "worker " << w << ": " << status[w];
@@ -265,6 +273,14 @@ TEST(KvstoreReplicaE2eTest, AHeadKilledWithAParkedPullLosesNoPush) {
           << "worker " << w << " round " << r;
     }
   }
+}
+
+TEST(KvstoreReplicaE2eTest, AHeadKilledWhileARoundWaitsLosesNoPush) {
+  KillAReplicaWhileARoundWaits(/*kill_tail=*/false);
+}
+
+TEST(KvstoreReplicaE2eTest, ATailKilledWhileARoundWaitsForItsAnswerLosesNoPush) {
+  KillAReplicaWhileARoundWaits(/*kill_tail=*/true);
 }
 
 }  // namespace
