@@ -1043,14 +1043,6 @@ struct KVClient::PendingData {
   }
 };
 
-namespace {
-
-// Push-pulls whose values the tail answers (ClientOptions.answer_at_tail):
-// payloads the head holds without a thread (the server's limit).
-constexpr uint64_t kAnswerAtTailMaxBytes = 64 << 10;
-
-}  // namespace
-
 absl::StatusOr<std::unique_ptr<KVClient::PendingData>> KVClient::StartDataCall(
     const std::string& address, const std::shared_ptr<grpc::Channel>& channel, Op op,
     const std::vector<SliceOp>& work, const Endpoint* tail) {
@@ -1114,7 +1106,7 @@ absl::StatusOr<std::unique_ptr<KVClient::PendingData>> KVClient::StartDataCall(
     }
     uint64_t pushed = 0;
     for (absl::string_view v : payload) pushed += v.size();
-    if (tail != nullptr && pushed <= kAnswerAtTailMaxBytes) {
+    if (tail != nullptr && pushed <= kMaxAnswerAtBytes) {
       // The tail answers: an answers connection there, or (none: the tail
       // has no data port, or refused one) the head as usual.
       absl::StatusOr<std::unique_ptr<DataPortConnection>> answer =
@@ -1143,6 +1135,14 @@ absl::StatusOr<std::unique_ptr<KVClient::PendingData>> KVClient::StartDataCall(
 absl::Status KVClient::FinishDataCall(std::unique_ptr<PendingData> pending,
                                       const std::vector<SliceOp>& work) {
   DataPortConnection& conn = *pending->conn;
+  // A connection whose request was answered goes back to its pool.
+  auto give_back = [&](std::unique_ptr<DataPortConnection> c, const std::string& at, bool answers) {
+    {
+      absl::MutexLock lock(&calls_mu_);
+      data_calls_.erase(c.get());
+    }
+    ReturnDataConn(at, std::move(c), answers);
+  };
   if (pending->answer != nullptr) {
     // The tail answers; the head writes only a refusal. A failed attempt
     // drops both connections (an answer may still come on one).
@@ -1159,15 +1159,8 @@ absl::Status KVClient::FinishDataCall(std::unique_ptr<PendingData> pending,
         pending->answer->ReceiveAnswer(pending->answer_id, options_.pull_timeout);
     if (!reply.ok()) return pending->AnnotateAnswer(reply.status());
     DT_RETURN_IF_ERROR(ReadPulled(*pending, *pending->answer, *reply, work));
-    std::unique_ptr<DataPortConnection> c = std::move(pending->conn);
-    std::unique_ptr<DataPortConnection> a = std::move(pending->answer);
-    {
-      absl::MutexLock lock(&calls_mu_);
-      data_calls_.erase(c.get());
-      data_calls_.erase(a.get());
-    }
-    ReturnDataConn(pending->address, std::move(c));
-    ReturnDataConn(pending->answer_address, std::move(a), /*answers=*/true);
+    give_back(std::move(pending->conn), pending->address, /*answers=*/false);
+    give_back(std::move(pending->answer), pending->answer_address, /*answers=*/true);
     return absl::OkStatus();
   }
   absl::StatusOr<std::string> reply = conn.ReceiveHeader();
@@ -1180,12 +1173,7 @@ absl::Status KVClient::FinishDataCall(std::unique_ptr<PendingData> pending,
   } else {
     DT_RETURN_IF_ERROR(ReadPulled(*pending, conn, *reply, work));
   }
-  std::unique_ptr<DataPortConnection> c = std::move(pending->conn);
-  {
-    absl::MutexLock lock(&calls_mu_);
-    data_calls_.erase(c.get());
-  }
-  ReturnDataConn(pending->address, std::move(c));
+  give_back(std::move(pending->conn), pending->address, /*answers=*/false);
   return absl::OkStatus();
 }
 

@@ -86,6 +86,11 @@ inline constexpr int kReplicaTicketBytes = 32;
 // Largest shared-memory segment a client creates (and a server maps).
 inline constexpr int64_t kMaxSegmentBytes = int64_t{1} << 30;
 
+// Largest push payload of a push-pull the chain's tail answers
+// (v1::AnswerAt): the client asks for it only up to this, the head refuses
+// more (a bigger push's bytes would be copied to wait at the head).
+inline constexpr uint64_t kMaxAnswerAtBytes = 64 << 10;
+
 // One data port connection, either side: a byte stream that can pass a file
 // descriptor (Unix sockets only).
 class DataConn {

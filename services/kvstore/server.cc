@@ -1273,10 +1273,10 @@ class KVStoreServer::Impl : public DataPortHandler {
           "data port PUSHPULL with answer_at: this shard has no replica after this one to answer "
           "it (the chain changed); refresh the shard map");
     }
-    if (payload_bytes > kParkMaxBytes) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("data port PUSHPULL with answer_at: a payload of ", payload_bytes,
-                       " bytes (answers at the tail are for pushes up to ", kParkMaxBytes, ")"));
+    if (payload_bytes > kMaxAnswerAtBytes) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "data port PUSHPULL with answer_at: a payload of ", payload_bytes,
+          " bytes (answers at the tail are for pushes up to ", kMaxAnswerAtBytes, ")"));
     }
     return absl::OkStatus();
   }
