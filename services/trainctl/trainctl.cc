@@ -64,6 +64,7 @@
 #include "libs/base/files.h"
 #include "libs/base/grpc_status.h"
 #include "libs/base/retry.h"
+#include "libs/base/status.h"
 #include "libs/rpc/credential_flags.h"
 #include "libs/rpc/credentials.h"
 #include "libs/security/certs.h"
@@ -71,9 +72,10 @@
 #include "protos/scheduler.grpc.pb.h"
 #include "services/trainctl/cluster.h"
 #include "services/trainctl/doctor.h"
+#include "services/trainctl/help.h"
+#include "services/trainctl/jobfile.h"
 #include "services/trainctl/progress.h"
 #include "services/trainctl/shard_map_view.h"
-#include "services/trainctl/yaml.h"
 
 ABSL_FLAG(std::string, scheduler, "",
           "scheduler address (default: $DTRAIN_SCHEDULER, else 127.0.0.1:7000)");
@@ -167,42 +169,6 @@ ABSL_FLAG(double, watch_timeout_s, 30,
 namespace {
 
 namespace v1 = dtrain::scheduler::v1;
-
-constexpr char kUsage[] =
-    "trainctl: the dtrain scheduler's client.\n"
-    "  trainctl submit [--name=... --model=... ...|-f job.yaml|job.json] [--wait]\n"
-    "      (KVSTORE jobs: --gradient_compression=none|f16|bf16 halves gradient pushes;\n"
-    "       topk[:ratio], ratio in (0, 1], default 0.01, sends that fraction of them)\n"
-    "  trainctl get ID\n"
-    "  trainctl list [--state=RUNNING]\n"
-    "  trainctl cancel ID [--reason=...]\n"
-    "  trainctl watch ID\n"
-    "  trainctl timeline ID [--out=trace.json]   every rank's spans (steps, forward,\n"
-    "      backward, each bucket's reduction, checkpoints) as one Chrome trace: open it in\n"
-    "      ui.perfetto.dev or chrome://tracing; one process per rank, a row per track\n"
-    "  trainctl trainers                 trainers with their state and jobs\n"
-    "  trainctl kvstore                  the kvstore shard map: each shard's chain of\n"
-    "      replicas (head, middle, tail; joining ones catching up) and the map's version\n"
-    "  trainctl drain TRAINER            no new work on it (id or name); its job drains\n"
-    "      (checkpoint at a step) and resumes on other trainers\n"
-    "  trainctl cluster up --dir=DIR [--trainers=1] [--kvstore_shards=0] "
-    "[--kvstore_replicas=2] [--devices_per_trainer=1] [--restart=always|never]\n"
-    "      starts a local cluster (scheduler, kvstore shards, trainers; loopback ports, data\n"
-    "      and logs under DIR) under a supervisor that restarts what exits, and prints the\n"
-    "      endpoints and metrics URLs; mutual TLS (certificates in DIR/certs) unless\n"
-    "      --insecure\n"
-    "  trainctl cluster status --dir=DIR    processes alive, servers answering Admin.Ping,\n"
-    "      restarts and last exits\n"
-    "  trainctl cluster down --dir=DIR [--grace_s=15]   SIGTERM, then SIGKILL after the grace\n"
-    "  trainctl doctor [--peer=HOST:PORT] [--quick]   this machine's memory latency, memcpy,\n"
-    "      loopback (and link to a peer's `trainctl doctor serve --listen=HOST:PORT`)\n"
-    "      next to the chapter's latency table\n"
-    "  trainctl certs init --dir=D [--san=names]   a CA, the scheduler, kvstore and admin\n"
-    "      certificates and the cluster secret\n"
-    "  trainctl certs issue --dir=D --name=N --role=user|admin|trainer|kvstore|scheduler\n"
-    "      D/N.pem and D/N.key signed by D's CA\n"
-    "Common flags: --scheduler=host:port (or $DTRAIN_SCHEDULER), -o json, --timeout_s=10,\n"
-    "  --ca --cert --key (or $DTRAIN_CA $DTRAIN_CERT $DTRAIN_KEY: mutual TLS), --insecure";
 
 bool Json() { return absl::GetFlag(FLAGS_o) == "json"; }
 
@@ -304,7 +270,7 @@ int Timeline(v1::JobService::Stub* stub, const std::string& id) {
 }
 
 int Usage(const std::string& why) {
-  std::fprintf(stderr, "trainctl: %s\n%s\n", why.c_str(), kUsage);
+  std::fprintf(stderr, "trainctl: %s\n%s", why.c_str(), dtrain::trainctl::OverviewHelp().c_str());
   return 2;
 }
 
@@ -547,22 +513,8 @@ absl::Status BuildSpec(v1::JobSpec* spec) {
     if (!in) return absl::NotFoundError(absl::StrCat("cannot read -f ", file));
     std::stringstream ss;
     ss << in.rdbuf();
-    // JSON when it starts with '{', else YAML (yaml.h: the subset job files
-    // need), converted to JSON: one parser, protobuf's, checks the fields.
-    std::string json = ss.str();
-    const size_t first = json.find_first_not_of(" \t\r\n");
-    if (first == std::string::npos || json[first] != '{') {
-      absl::StatusOr<std::string> converted = dtrain::trainctl::YamlToJson(json);
-      if (!converted.ok()) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(file, ": not a YAML job file: ", converted.status().message()));
-      }
-      json = *std::move(converted);
-    }
-    auto st = google::protobuf::util::JsonStringToMessage(json, spec);
-    if (!st.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat(file, ": not a JobSpec: ", st.ToString()));
-    }
+    // YAML or JSON, with JobSpec's field names or the flags' (jobfile.h).
+    DT_RETURN_IF_ERROR(dtrain::trainctl::ParseJobFile(file, ss.str(), spec));
   }
   if (!absl::GetFlag(FLAGS_name).empty()) spec->set_name(absl::GetFlag(FLAGS_name));
   if (!absl::GetFlag(FLAGS_model).empty()) spec->set_model(absl::GetFlag(FLAGS_model));
@@ -665,7 +617,12 @@ int CertsMain(const std::vector<std::string>& args) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage(kUsage);
+  // Per-command help before absl's, which lists every command's flags.
+  if (const std::string help = dtrain::trainctl::HelpRequested(argc, argv); !help.empty()) {
+    std::printf("%s", help.c_str());
+    return 0;
+  }
+  absl::SetProgramUsageMessage("trainctl COMMAND [flags]; trainctl --help lists the commands");
   std::vector<char*> args = absl::ParseCommandLine(argc, argv);
   if (!Json() && absl::GetFlag(FLAGS_o) != "text") return Usage("-o must be text or json");
   if (!(absl::GetFlag(FLAGS_timeout_s) > 0)) return Usage("--timeout_s must be > 0");

@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <map>
 #include <set>
 #include <vector>
 
@@ -181,7 +182,8 @@ absl::Status Scalar(int line, absl::string_view text, std::string* json) {
 
 // Emits the mapping whose lines start at lines[*i] with indentation
 // `indent`.
-absl::Status Mapping(const std::vector<Line>& lines, size_t* i, int indent, std::string* out) {
+absl::Status Mapping(const std::vector<Line>& lines, size_t* i, int indent, const std::string& path,
+                     std::map<std::string, int>* key_lines, std::string* out) {
   *out += "{";
   std::set<std::string> keys;
   bool first = true;
@@ -194,13 +196,15 @@ absl::Status Mapping(const std::vector<Line>& lines, size_t* i, int indent, std:
     if (!first) *out += ",";
     first = false;
     *out += JsonString(l.key) + ":";
+    const std::string key_path = path.empty() ? l.key : absl::StrCat(path, ".", l.key);
+    if (key_lines != nullptr) (*key_lines)[key_path] = l.number;
     ++*i;
     if (!l.value.empty()) {
       *out += l.value;
       continue;
     }
     if (*i < lines.size() && lines[*i].indent > indent) {
-      absl::Status s = Mapping(lines, i, lines[*i].indent, out);
+      absl::Status s = Mapping(lines, i, lines[*i].indent, key_path, key_lines, out);
       if (!s.ok()) return s;
     } else {
       *out += "null";  // "key:" with nothing under it
@@ -212,7 +216,8 @@ absl::Status Mapping(const std::vector<Line>& lines, size_t* i, int indent, std:
 
 }  // namespace
 
-absl::StatusOr<std::string> YamlToJson(absl::string_view yaml) {
+absl::StatusOr<std::string> YamlToJson(absl::string_view yaml,
+                                       std::map<std::string, int>* key_lines) {
   std::vector<Line> lines;
   int number = 0;
   bool seen_content = false;
@@ -266,7 +271,7 @@ absl::StatusOr<std::string> YamlToJson(absl::string_view yaml) {
     return Error(lines[0].number, "the top-level mapping must not be indented");
   std::string out;
   size_t i = 0;
-  absl::Status s = Mapping(lines, &i, 0, &out);
+  absl::Status s = Mapping(lines, &i, 0, "", key_lines, &out);
   if (!s.ok()) return s;
   if (i != lines.size()) {
     return Error(lines[i].number, "indentation does not match any enclosing mapping");

@@ -24,6 +24,7 @@
 #ifndef DTRAIN_SERVICES_TRAINCTL_YAML_H_
 #define DTRAIN_SERVICES_TRAINCTL_YAML_H_
 
+#include <map>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -33,7 +34,10 @@ namespace dtrain {
 namespace trainctl {
 
 // InvalidArgument "line N: what is wrong" for text outside the subset.
-absl::StatusOr<std::string> YamlToJson(absl::string_view yaml);
+// With `key_lines`, also records the line (1-based) of every key, by its
+// dotted path ("sync.mode"), so that later checks can name the line.
+absl::StatusOr<std::string> YamlToJson(absl::string_view yaml,
+                                       std::map<std::string, int>* key_lines = nullptr);
 
 }  // namespace trainctl
 }  // namespace dtrain
