@@ -75,7 +75,13 @@ class Credentials {
 void SetDefaultCredentials(std::shared_ptr<const Credentials> credentials);
 std::shared_ptr<const Credentials> DefaultCredentials();
 
-// A channel to `target` with `credentials` (nullptr: the default).
+// A channel to `target` with `credentials` (nullptr: the default). Every
+// channel reconnects to a server that went away with a backoff of
+// kInitialReconnectBackoffMs doubling to kMaxReconnectBackoffMs (gRPC's own
+// default grows to two minutes), so clients are back within about a second of
+// a restarted server answering.
+constexpr int kInitialReconnectBackoffMs = 100;
+constexpr int kMaxReconnectBackoffMs = 1000;
 std::shared_ptr<grpc::Channel> NewChannel(const std::string& target,
                                           const Credentials* credentials = nullptr);
 std::shared_ptr<grpc::Channel> NewChannel(const std::string& target,

@@ -114,6 +114,55 @@ TEST(CredentialsLoadTest, ErrorsNameTheFile) {
   EXPECT_NE(c.status().message().find("admin.key"), std::string::npos) << c.status();
 }
 
+// A server that went away for several seconds and came back on the same
+// port is reached within about a second by a channel that kept failing
+// meanwhile (gRPC's default backoff, 1 s growing 1.6x to 120 s, would leave
+// it in backoff for seconds: a trainer re-registered 14-16 s after its
+// scheduler restarted).
+TEST_F(CredentialsTest, AChannelReconnectsWithinASecondOfTheServerComingBack) {
+  auto alice = Credentials::Load(Files(Dir("ca"), "alice"));
+  ASSERT_TRUE(alice.ok()) << alice.status();
+  const int port = server_->port();
+  std::shared_ptr<grpc::Channel> channel =
+      NewChannel(absl::StrCat("127.0.0.1:", port), alice->get());
+  ASSERT_TRUE(Ping(channel).ok());
+  server_->Shutdown(absl::Seconds(1));
+  server_.reset();
+  // Six seconds of failing calls: with gRPC's default the backoff would now
+  // be 2.6-4.1 s long.
+  const absl::Time away_until = absl::Now() + absl::Seconds(6);
+  int failures = 0;
+  while (absl::Now() < away_until) {
+    if (!Ping(channel).ok()) ++failures;
+    absl::SleepFor(absl::Milliseconds(200));
+  }
+  EXPECT_GT(failures, 10);
+  auto creds = Credentials::Load(Files(Dir("ca"), "scheduler"));
+  ASSERT_TRUE(creds.ok()) << creds.status();
+  ServerOptions o;
+  o.service = "scheduler";
+  o.listen = absl::StrCat("127.0.0.1:", port);
+  o.credentials = *creds;
+  server_ = std::make_unique<Server>(o);
+  ASSERT_TRUE(server_->Start().ok());
+  const absl::Time back = absl::Now();
+  // Calls that fail at once while the channel waits out its backoff (no
+  // wait_for_ready), every 20 ms.
+  absl::Duration reconnected = absl::InfiniteDuration();
+  while (absl::Now() - back < absl::Seconds(10)) {
+    auto stub = admin::Admin::NewStub(channel);
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Milliseconds(500)));
+    admin::PingReply reply;
+    if (stub->Ping(&ctx, admin::PingRequest(), &reply).ok()) {
+      reconnected = absl::Now() - back;
+      break;
+    }
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  EXPECT_LT(reconnected, absl::Milliseconds(1500));
+}
+
 TEST(CredentialsDefaultTest, PlainTextUntilAMainSetsThem) {
   EXPECT_TRUE(DefaultCredentials()->insecure());
   EXPECT_FALSE(DefaultCredentials()->identity().authenticated);
