@@ -44,7 +44,13 @@
 // other steps than rank 0: their statistics file is then ignored, with a
 // warning, and the epoch's loss counts only the resumed steps.)
 //
-// Recovery in place (allreduce jobs on CPU). When a step fails with a
+// Recovery in place. The job's SyncStrategy (gradient_sync.h) says whether
+// its ranks regroup (RegroupsInPlace), which failures may be a lost peer's
+// (MayBePeerLoss, loss_is_silent) and whether a replacement continues a lost
+// worker's kvstore rounds instead (replacement_continues_rounds); the
+// paragraphs below describe each strategy's answers.
+//
+// Allreduce jobs on CPU ("allreduce"). When a step fails with a
 // transient error (a peer was lost: UNAVAILABLE, ABORTED, DEADLINE_EXCEEDED)
 // RunJob does not return at once: it asks Membership::Regroup for the
 // transports of the attempt's next membership (libs/agent waits for the
@@ -79,37 +85,37 @@
 // drain's meeting: RunJob returns the error (a transient one: the
 // scheduler requeues the attempt from its checkpoint).
 //
-// KVSTORE jobs in synchronous rounds recover the same way: a survivor's
-// step fails when its kvstore client is cancelled (CANCELLED while
-// StopRequested is false: libs/agent cancels it when the scheduler offers
-// the next membership, as a survivor blocked in a round that waits for the
-// lost rank cannot tell), the exchange goes over Regroup's communicator,
-// and the rounds continue in the new membership's own kvstore job
+// KVSTORE jobs in synchronous rounds ("kvstore_sync") recover the same way: a
+// survivor's step fails when its kvstore client is cancelled (CANCELLED while
+// StopRequested is false: libs/agent cancels it when the scheduler offers the
+// next membership, as a survivor blocked in a round that waits for the lost
+// rank cannot tell), the exchange goes over Regroup's communicator, and the
+// rounds continue in the new membership's own kvstore job
 // (MembershipTransports::kvstore): no round of the old one has to be
-// completed. The recovery's seconds count from the start of the failed
-// step (the wait for the scheduler to notice the loss included).
+// completed. The recovery's seconds count from the start of the failed step
+// (the wait for the scheduler to notice the loss included).
 //
-// KVSTORE jobs whose weights live on the kvstore (kAsync, kBoundedDelay)
-// need no exchange: the survivors never stop (they hold nothing the job
-// needs), and a replacement (JobConfig::join, no communicator) joins the
-// attempt's kvstore job as the lost rank's worker: Create pulls the
-// server's weights, DataParallelTrainer::ResumeKvstoreWorker continues that
-// worker's rounds, and the rounds it had pushed are the steps it completed,
-// so the joiner continues at attempt_start + rounds (same epoch order, same
-// shard) with the epoch's statistics from zero. The step the lost worker
-// was in is lost (1 step; the buckets it had pushed of it stay applied).
-// Once its first step is done the joiner calls OnRecovered.
+// KVSTORE jobs whose weights live on the kvstore ("kvstore_weights": kAsync,
+// kBoundedDelay) need no exchange: the survivors never stop (they hold
+// nothing the job needs), and a replacement (JobConfig::join, no
+// communicator) joins the attempt's kvstore job as the lost rank's worker:
+// Create pulls the server's weights, DataParallelTrainer::ResumeKvstoreWorker
+// continues that worker's rounds, and the rounds it had pushed are the steps
+// it completed, so the joiner continues at attempt_start + rounds (same epoch
+// order, same shard) with the epoch's statistics from zero. The step the lost
+// worker was in is lost (1 step; the buckets it had pushed of it stay
+// applied). Once its first step is done the joiner calls OnRecovered.
 //
 // CUDA replicas recover the same way: the failed step applied nothing, the
 // survivors keep their device-resident model and momentum, and the state
-// travels through host memory over Regroup's communicator (a host
-// transport). ALLREDUCE jobs over NCCL: a survivor's step fails when its
-// NCCL communicator is aborted (libs/agent aborts it when the scheduler
+// travels through host memory over Regroup's communicator (a host transport).
+// ALLREDUCE jobs over NCCL ("nccl_allreduce"): a survivor's step fails when
+// its NCCL communicator is aborted (libs/agent aborts it when the scheduler
 // offers the next membership: a collective waiting for a dead peer over
-// shared memory or NVLink may never fail by itself), any step failure is
-// then worth a regroup while StopRequested is false (a regroup that never
-// comes ends it with the step's error), and the new membership's NCCL
-// communicator (MembershipTransports::device_communicator; a joiner's JobConfig
+// shared memory or NVLink may never fail by itself), any step failure is then
+// worth a regroup while StopRequested is false (a regroup that never comes
+// ends it with the step's error), and the new membership's NCCL communicator
+// (MembershipTransports::device_communicator; a joiner's JobConfig
 // communicator, with exchange_communicator for the state) carries the
 // gradients.
 //
