@@ -63,6 +63,8 @@ struct Agent::Job {
   // never fail by itself). The pointer never changes; the heartbeat thread
   // copies it under Agent::mu_ and aborts after releasing the lock.
   const std::shared_ptr<DeviceCommSlot> device_comm = std::make_shared<DeviceCommSlot>();
+  // The job's strategy once planned (guarded by Agent::mu_; null before).
+  const train::SyncStrategy* strategy = nullptr;
 };
 
 namespace {
@@ -83,14 +85,6 @@ v1::ProgressReport ToReport(const train::JobProgress& p) {
   r.set_checkpoint_epoch(p.checkpoint_epoch);
   r.set_checkpoint_step(p.checkpoint_step);
   return r;
-}
-
-// A KVSTORE job whose weights live on the kvstore (asynchronous or
-// bounded-delay): its survivors never regroup; a replacement continues the
-// lost worker's rounds (see agent.h).
-bool KvstoreHoldsWeights(const v1::JobSpec& spec) {
-  return spec.sync().mode() == v1::KVSTORE && (spec.sync().consistency() == v1::ASYNCHRONOUS ||
-                                               spec.sync().consistency() == v1::BOUNDED_DELAY);
 }
 
 AgentObserver* NoObserver() {
@@ -138,26 +132,27 @@ class GenerationStore : public collective::Store {
   const std::string prefix_;
 };
 
-// The rendezvous store key of where an attempt with kvstore-held weights
-// started: "<epochs done> <steps of the next epoch>".
-constexpr char kKvstoreStart[] = "dtrain/kvstore/start";
+// The rendezvous store key of where an attempt started: "<epochs done>
+// <steps of the next epoch>".
+constexpr char kAttemptStartKey[] = "dtrain/kvstore/start";
 
-// With kvstore-held weights a replacement continues the lost worker's
-// rounds, which count from where the attempt started: rank 0 publishes it
-// (its assignment's resume position) before training, a joiner reads it.
-absl::Status KvstoreAttemptStart(collective::Store* store, const v1::Assignment& a,
-                                 train::JobConfig* config) {
+// Where a replacement that continues a lost worker's rounds
+// (train::SyncStrategy::replacement_continues_rounds) counts them from:
+// rank 0 publishes where the attempt started (its assignment's resume
+// position) before training, a joiner reads it.
+absl::Status ShareAttemptStart(collective::Store* store, const v1::Assignment& a,
+                               train::JobConfig* config) {
   if (!a.join()) {
     if (a.rank() != 0) return absl::OkStatus();
     const absl::Status s =
-        store->Set(kKvstoreStart, absl::StrCat(a.resume_epoch(), " ", a.resume_step()));
+        store->Set(kAttemptStartKey, absl::StrCat(a.resume_epoch(), " ", a.resume_step()));
     if (!s.ok()) {
       DT_LOG(WARNING) << "job " << a.job_id() << ": " << s
                       << "; a replacement could not join this attempt";
     }
     return absl::OkStatus();
   }
-  absl::StatusOr<std::string> start = store->Get(kKvstoreStart, absl::Seconds(10));
+  absl::StatusOr<std::string> start = store->Get(kAttemptStartKey, absl::Seconds(10));
   if (!start.ok()) {
     return Annotate(start.status(), "reading where the attempt started (rank 0 publishes it)");
   }
@@ -165,29 +160,36 @@ absl::Status KvstoreAttemptStart(collective::Store* store, const v1::Assignment&
   if (parts.size() != 2 || !absl::SimpleAtoi(parts[0], &config->attempt_start_epoch) ||
       !absl::SimpleAtoi(parts[1], &config->attempt_start_step)) {
     return absl::DataLossError(
-        absl::StrCat(kKvstoreStart, " holds '", *start, "', not '<epoch> <step>'"));
+        absl::StrCat(kAttemptStartKey, " holds '", *start, "', not '<epoch> <step>'"));
   }
   return absl::OkStatus();
 }
 
 }  // namespace
 
-// A running job's progress: to the observer, and (rank 0) to the scheduler;
-// its drain, agreed through `store` (null: one rank, nothing to agree).
-class Agent::Progress : public train::JobObserver {
+// A running job as train::RunJob sees its trainer: progress to the
+// observer and (rank 0) to the scheduler (train::JobObserver); stops,
+// drains agreed through `store` (null: one rank, nothing to agree) and an
+// elastic job's growth (train::JobControl); the next membership of a
+// regroup (train::Membership).
+class Agent::Progress : public train::JobObserver,
+                        public train::JobControl,
+                        public train::Membership {
  public:
   // `attempt_store` (may be null): the attempt's rendezvous store, for
-  // regroups; `comm_options` those of the job's communicators.
-  // `ps` (KVSTORE jobs; null otherwise): the job's kvstore client, which a
-  // regroup replaces with the new membership's (the old one is kept until
-  // this is destroyed, after RunJob).
+  // regroups; `strategy` the job's; `comm_options` those of the job's
+  // communicators. `ps` (kvstore strategies that regroup; null otherwise):
+  // the job's kvstore client, which a regroup replaces with the new
+  // membership's (the old one is kept until this is destroyed, after
+  // RunJob).
   Progress(Agent* agent, Job* job, collective::Store* store, collective::Store* attempt_store,
-           const collective::CommunicatorOptions& comm_options,
+           const train::SyncStrategy& strategy, const collective::CommunicatorOptions& comm_options,
            std::unique_ptr<kvstore::ParameterServer>* ps, bool watch_steps)
       : agent_(agent),
         job_(job),
         store_(store),
         attempt_store_(attempt_store),
+        strategy_(strategy),
         comm_options_(comm_options),
         ps_(ps != nullptr && *ps != nullptr ? ps : nullptr),
         watch_steps_(watch_steps),
@@ -206,17 +208,11 @@ class Agent::Progress : public train::JobObserver {
     }
   }
 
-  kvstore::ParameterServer* RegroupKvstore() override {
-    return ps_ != nullptr ? ps_->get() : nullptr;
-  }
-
-  collective::Communicator* RegroupDeviceCommunicator() override {
-    return device_comms_.empty() ? nullptr : device_comms_.back().get();
-  }
-
   // Recovery in place (see agent.h): waits for the scheduler's next
-  // generation of the attempt and meets it.
-  absl::StatusOr<collective::Communicator*> Regroup(const absl::Status& failure) override {
+  // generation of the attempt and meets it: a communicator (for the state,
+  // and the gradients unless the strategy's go over NCCL or the kvstore),
+  // the NCCL one, the kvstore job of that generation.
+  absl::StatusOr<train::MembershipTransports> Regroup(const absl::Status& failure) override {
     const v1::Assignment& a = job_->assignment;
     if (attempt_store_ == nullptr) return failure.ok() ? absl::InternalError("no store") : failure;
     if (failure.ok()) {
@@ -276,7 +272,7 @@ class Agent::Progress : public train::JobObserver {
       // Over NCCL: the state goes over a host communicator, then the
       // gradients over a new NCCL communicator (a new unique id under the
       // generation's keys).
-      const bool nccl = o.transport == collective::TransportKind::kNccl;
+      const bool nccl = strategy_.uses_device_communicator();
       absl::StatusOr<std::unique_ptr<collective::Communicator>> made =
           agent_->options_.connect_communicator(rank, world, stores_.back().get(),
                                                 nccl ? ExchangeOptions(o) : o);
@@ -325,7 +321,11 @@ class Agent::Progress : public train::JobObserver {
                    << generation << " connected in " << absl::Now() - start;
       generation_ = generation;
       comms_.push_back(*std::move(made));
-      return comms_.back().get();
+      train::MembershipTransports next;
+      next.communicator = comms_.back().get();
+      if (nccl) next.device_communicator = device_comms_.back().get();
+      if (ps_ != nullptr) next.kvstore = ps_->get();
+      return next;
     }
   }
 
@@ -504,6 +504,7 @@ class Agent::Progress : public train::JobObserver {
   Job* const job_;
   collective::Store* const store_;
   collective::Store* const attempt_store_;
+  const train::SyncStrategy& strategy_;
   const collective::CommunicatorOptions comm_options_;
   std::unique_ptr<kvstore::ParameterServer>* const ps_;
   // Step start and end times go to the heartbeats (Job::step_since).
@@ -747,17 +748,22 @@ void Agent::Heartbeat() {
       current_->offered_generation = g.generation();
       current_->offered_trainer_ids.assign(g.trainer_ids().begin(), g.trainer_ids().end());
       current_->offered_kvstore_token = g.kvstore_token();
-      // A KVSTORE job's ranks may wait in a round the lost rank never
-      // pushes: their step fails now, and they meet the new membership
-      // (train::JobObserver::RegroupKvstore). (With kvstore-held weights
-      // they go on: the replacement continues the lost worker's rounds.)
-      if (current_->ps != nullptr && !KvstoreHoldsWeights(current_->assignment.spec())) {
-        current_->regroup_cancelled = true;
-        current_->ps->Cancel(absl::StrCat("regrouping in generation ", g.generation()));
+      // A survivor whose strategy's loss is silent may wait in a kvstore
+      // round the lost rank never pushes, or in an NCCL collective: its
+      // step fails now, and it meets the new membership
+      // (train::Membership::Regroup). (With kvstore-held weights the
+      // survivors go on: the replacement continues the lost worker's
+      // rounds.)
+      const train::SyncStrategy* strategy = current_->strategy;
+      if (strategy != nullptr && strategy->loss_is_silent()) {
+        if (current_->ps != nullptr) {
+          current_->regroup_cancelled = true;
+          current_->ps->Cancel(absl::StrCat("regrouping in generation ", g.generation()));
+        }
+        aborts.push_back({current_->device_comm,
+                          absl::StrCat("regrouping in generation ", g.generation()),
+                          g.generation()});
       }
-      // Likewise an NCCL collective waiting for the lost rank.
-      aborts.push_back({current_->device_comm,
-                        absl::StrCat("regrouping in generation ", g.generation()), g.generation()});
     }
   }
   for (const DeviceAbort& d : aborts) d.slot->Abort(d.reason, d.generation);
@@ -1005,8 +1011,13 @@ absl::Status Agent::RunAssignment(Job* job, train::JobProgress* progress,
                         planned.ok() ? planned->config.devices : std::vector<Device>{});
   if (!planned.ok()) return planned.status();
   JobPlan& plan = *planned;
+  const train::SyncStrategy& strategy = *plan.strategy;
   const int rank = plan.config.rank;
   const int world = plan.config.world_size;
+  {
+    absl::MutexLock lock(&mu_);
+    job->strategy = plan.strategy;
+  }
 
   std::unique_ptr<collective::Store> store;
   std::unique_ptr<collective::Store> generation_store;
@@ -1014,81 +1025,58 @@ absl::Status Agent::RunAssignment(Job* job, train::JobProgress* progress,
   std::unique_ptr<collective::Communicator> comm;
   // Before `comm` goes, on every path (Progress clears it too).
   absl::Cleanup forget_device_comm = [job] { job->device_comm->Set(nullptr, 0); };
-  switch (plan.gradient_path) {
-    case GradientPath::kLocal:
-      break;
-    case GradientPath::kKvstore: {
-      absl::StatusOr<std::unique_ptr<kvstore::ParameterServer>> made =
-          options_.connect_parameter_server(plan.kvstore_job, rank, plan.kvstore_token);
-      if (!made.ok()) return Annotate(made.status(), "connecting to the kvstore");
-      *ps = *std::move(made);
-      plan.config.kvstore = ps->get();
-      {
-        absl::MutexLock lock(&mu_);
-        job->ps = ps->get();
-        if (job->stop) job->ps->Cancel(absl::StrCat("job stopped: ", job->stop_reason));
-      }
-      if (a.join() && KvstoreHoldsWeights(a.spec())) {
-        // A replacement of a worker whose weights are on the kvstore: it
-        // pulls them and continues that worker's rounds (train::JobConfig::join).
-        plan.config.join = true;
-      } else if (a.join()) {
-        // A replacement receives the survivors' state over a communicator
-        // of its generation (the rounds go through the kvstore).
-        store = cluster_->RendezvousStore(trainer_id(), a.job_id(), a.attempt());
-        generation_store = std::make_unique<GenerationStore>(store.get(), a.generation());
-        absl::StatusOr<std::unique_ptr<collective::Communicator>> joined =
-            options_.connect_communicator(rank, world, generation_store.get(),
-                                          plan.communicator_options);
-        if (!joined.ok()) {
-          return Annotate(joined.status(), absl::StrCat("regroup of rank ", rank, " of ", world,
-                                                        " in generation ", a.generation()));
-        }
-        comm = *std::move(joined);
-        plan.config.communicator = comm.get();
-        plan.config.join = true;
-      }
-      break;
+  if (strategy.uses_kvstore()) {
+    absl::StatusOr<std::unique_ptr<kvstore::ParameterServer>> made =
+        options_.connect_parameter_server(plan.kvstore_job, rank, plan.kvstore_token);
+    if (!made.ok()) return Annotate(made.status(), "connecting to the kvstore");
+    *ps = *std::move(made);
+    plan.config.kvstore = ps->get();
+    plan.config.join = a.join();
+    absl::MutexLock lock(&mu_);
+    job->ps = ps->get();
+    if (job->stop) job->ps->Cancel(absl::StrCat("job stopped: ", job->stop_reason));
+  }
+  // A replacement receives the survivors' state over a communicator of its
+  // generation (train::JobConfig::join), unless it continues the lost
+  // worker's kvstore rounds.
+  const bool exchange = a.join() && !strategy.replacement_continues_rounds();
+  if (strategy.uses_communicator() || exchange) {
+    store = cluster_->RendezvousStore(trainer_id(), a.job_id(), a.attempt());
+    // Generation G > 0 (a replacement joining a running attempt) meets
+    // under its own keys.
+    if (a.generation() > 0) {
+      generation_store = std::make_unique<GenerationStore>(store.get(), a.generation());
     }
-    case GradientPath::kAllreduceTcp:
-    case GradientPath::kAllreduceNccl: {
-      store = cluster_->RendezvousStore(trainer_id(), a.job_id(), a.attempt());
-      // Generation G > 0 (a replacement joining a running attempt) meets
-      // under its own keys.
-      if (a.generation() > 0) {
-        generation_store = std::make_unique<GenerationStore>(store.get(), a.generation());
+    plan.config.join = a.join();
+    const absl::Time start = absl::Now();
+    collective::Store* meet = generation_store != nullptr ? generation_store.get() : store.get();
+    const std::string meeting = strategy.uses_communicator()
+                                    ? absl::StrCat("rendezvous of rank ", rank, " of ", world)
+                                    : absl::StrCat("regroup of rank ", rank, " of ", world,
+                                                   " in generation ", a.generation());
+    if (exchange && strategy.uses_device_communicator()) {
+      // A replacement receives the state over a host communicator first,
+      // as the survivors send it (Progress::Regroup).
+      absl::StatusOr<std::unique_ptr<collective::Communicator>> exchanged =
+          options_.connect_communicator(rank, world, meet,
+                                        ExchangeOptions(plan.communicator_options));
+      if (!exchanged.ok()) {
+        return Annotate(exchanged.status(), absl::StrCat("regroup of rank ", rank, " of ", world,
+                                                         " in generation ", a.generation()));
       }
-      plan.config.join = a.join();
-      const absl::Time start = absl::Now();
-      collective::Store* meet = generation_store != nullptr ? generation_store.get() : store.get();
-      if (a.join() && plan.gradient_path == GradientPath::kAllreduceNccl) {
-        // A replacement receives the state over a host communicator first,
-        // as the survivors send it (Progress::Regroup).
-        absl::StatusOr<std::unique_ptr<collective::Communicator>> exchange =
-            options_.connect_communicator(rank, world, meet,
-                                          ExchangeOptions(plan.communicator_options));
-        if (!exchange.ok()) {
-          return Annotate(exchange.status(), absl::StrCat("regroup of rank ", rank, " of ", world,
-                                                          " in generation ", a.generation()));
-        }
-        exchange_comm = *std::move(exchange);
-        plan.config.exchange_communicator = exchange_comm.get();
-      }
-      absl::StatusOr<std::unique_ptr<collective::Communicator>> made =
-          options_.connect_communicator(rank, world, meet, plan.communicator_options);
-      if (!made.ok()) {
-        return Annotate(made.status(), absl::StrCat("rendezvous of rank ", rank, " of ", world));
-      }
-      comm = *std::move(made);
-      if (plan.gradient_path == GradientPath::kAllreduceNccl) {
-        job->device_comm->Set(comm.get(), a.generation());
-      }
+      exchange_comm = *std::move(exchanged);
+      plan.config.exchange_communicator = exchange_comm.get();
+    }
+    absl::StatusOr<std::unique_ptr<collective::Communicator>> made =
+        options_.connect_communicator(rank, world, meet, plan.communicator_options);
+    if (!made.ok()) return Annotate(made.status(), meeting);
+    comm = *std::move(made);
+    if (strategy.uses_device_communicator()) job->device_comm->Set(comm.get(), a.generation());
+    if (strategy.uses_communicator()) {
       DT_LOG(INFO) << "job " << a.job_id() << " rank " << rank << ": connected to " << world - 1
-                   << " peers in " << absl::Now() - start << " ("
-                   << GradientPathName(plan.gradient_path) << ")";
-      plan.config.communicator = comm.get();
-      break;
+                   << " peers in " << absl::Now() - start << " (" << strategy.name() << ")";
     }
+    plan.config.communicator = comm.get();
   }
   for (const Device& d : plan.config.devices) {
     if (absl::StatusOr<Allocator*> alloc = GetAllocator(d); alloc.ok()) (*alloc)->ResetPeak();
@@ -1097,28 +1085,21 @@ absl::Status Agent::RunAssignment(Job* job, train::JobProgress* progress,
   if (store == nullptr && world > 1) {
     store = cluster_->RendezvousStore(trainer_id(), a.job_id(), a.attempt());
   }
-  if (plan.gradient_path == GradientPath::kKvstore && KvstoreHoldsWeights(a.spec()) && world > 1) {
-    DT_RETURN_IF_ERROR(KvstoreAttemptStart(store.get(), a, &plan.config));
+  if (strategy.replacement_continues_rounds() && world > 1) {
+    DT_RETURN_IF_ERROR(ShareAttemptStart(store.get(), a, &plan.config));
   }
-  // Recovery in place with a regroup: allreduce (host transports or NCCL)
-  // or synchronous kvstore rounds, CPU or CUDA replicas, without
+  // Recovery in place with a regroup (the strategy says whether), without
   // sync_batch_norm.
-  const bool kvstore_rounds = plan.gradient_path == GradientPath::kKvstore &&
-                              plan.config.kvstore_consistency == kvstore::Consistency::kSync;
-  const bool nccl = plan.gradient_path == GradientPath::kAllreduceNccl;
   const bool regroups =
-      (plan.gradient_path == GradientPath::kAllreduceTcp || nccl || kvstore_rounds) && world > 1 &&
-      !plan.config.sync_batch_norm;
-  // A survivor may wait for a lost peer without an error: in a synchronous
-  // or bounded-delay kvstore round, or in an NCCL collective over shared
-  // memory or NVLink. Its heartbeats say so once a step stalls.
-  const bool watch_steps =
-      world > 1 && ((regroups && (kvstore_rounds || nccl)) ||
-                    (plan.gradient_path == GradientPath::kKvstore &&
-                     plan.config.kvstore_consistency == kvstore::Consistency::kBoundedDelay));
+      world > 1 && !plan.config.sync_batch_norm && strategy.RegroupsInPlace(world);
+  // A survivor may wait for a lost peer without an error (the strategy says
+  // when: a synchronous or bounded-delay kvstore round, an NCCL collective
+  // over shared memory or NVLink). Its heartbeats say so once a step stalls.
+  const bool watch_steps = world > 1 && strategy.StepMayStall(plan.config.kvstore_consistency) &&
+                           (regroups || !strategy.RegroupsInPlace(world));
   Progress observer(this, job, world > 1 ? store.get() : nullptr, regroups ? store.get() : nullptr,
-                    plan.communicator_options, regroups && kvstore_rounds ? ps : nullptr,
-                    watch_steps);
+                    strategy, plan.communicator_options,
+                    regroups && strategy.uses_kvstore() ? ps : nullptr, watch_steps);
   return train::RunJob(plan.config, &observer, progress);
 }
 

@@ -108,7 +108,7 @@
 // claim "dtrain/grow/<G>/claim" and publish "dtrain/grow/<G>/step" (the
 // first multiple of drain_poll_steps after its steps done), which every
 // rank reads at multiples of drain_poll_steps, as for a drain; there every
-// rank regroups (train::JobObserver::RegroupRequested) and the joiner,
+// rank regroups (train::JobControl::RegroupRequested) and the joiner,
 // waiting in its first connect, meets them. Only elastic jobs read these
 // keys (one more store read per drain_poll_steps steps).
 //
@@ -128,7 +128,7 @@
 // the step fails, and the regroup connects a communicator as above (it
 // only carries the exchange of the state) and a kvstore client of the
 // generation's own kvstore job (security::KvstoreJobName with the
-// generation, Regroup.kvstore_token; train::JobObserver::RegroupKvstore).
+// generation, Regroup.kvstore_token; train::MembershipTransports::kvstore).
 // The old generation's kvstore job is dropped after RunJob. A replacement
 // (join) connects both. A cancelled epoch's statistics round regroups the
 // same way (libs/train/job.h), but no step runs then, so the loss is
@@ -142,7 +142,7 @@
 // after the agent's lock is released: device_comm_slot.h); the
 // regroup then connects a host communicator (TCP, "regroup" keys) for the
 // exchange of the state and a new NCCL communicator for the gradients
-// (train::JobObserver::RegroupDeviceCommunicator), both under the
+// (train::MembershipTransports::device_communicator), both under the
 // generation's keys; a replacement (join) connects the same two, in the
 // same order (train::JobConfig::exchange_communicator).
 //

@@ -41,6 +41,15 @@ absl::StatusOr<std::vector<Device>> ChooseDevices(const v1::JobSpec& spec,
   return devices;
 }
 
+// The registered strategy `name` (libs/train/sync/, linked with //libs/train:job).
+absl::StatusOr<const train::SyncStrategy*> Strategy(absl::string_view name) {
+  const train::SyncStrategy* s = train::FindSyncStrategy(name);
+  if (s == nullptr) {
+    return absl::InternalError(absl::StrCat("no sync strategy \"", name, "\" is registered"));
+  }
+  return s;
+}
+
 }  // namespace
 
 absl::StatusOr<CudaCollective> ParseCudaCollective(absl::string_view name) {
@@ -49,20 +58,6 @@ absl::StatusOr<CudaCollective> ParseCudaCollective(absl::string_view name) {
   if (name == "tcp") return CudaCollective::kTcp;
   return absl::InvalidArgumentError(
       absl::StrCat("cuda collective must be auto, nccl or tcp, got ", scheduler::Quote(name)));
-}
-
-const char* GradientPathName(GradientPath path) {
-  switch (path) {
-    case GradientPath::kLocal:
-      return "local";
-    case GradientPath::kAllreduceTcp:
-      return "tcp";
-    case GradientPath::kAllreduceNccl:
-      return "nccl";
-    case GradientPath::kKvstore:
-      return "kvstore";
-  }
-  return "unknown";
 }
 
 namespace {
@@ -153,7 +148,6 @@ absl::StatusOr<JobPlan> PlanJob(const v1::Assignment& a, const TrainerResources&
       return absl::FailedPreconditionError(
           "sync mode KVSTORE, but this trainer was started without --kvstore servers");
     }
-    plan.gradient_path = GradientPath::kKvstore;
     switch (spec.sync().consistency()) {
       case v1::ASYNCHRONOUS:
         c.kvstore_consistency = kvstore::Consistency::kAsync;
@@ -165,6 +159,9 @@ absl::StatusOr<JobPlan> PlanJob(const v1::Assignment& a, const TrainerResources&
       default:
         c.kvstore_consistency = kvstore::Consistency::kSync;
     }
+    DT_ASSIGN_OR_RETURN(plan.strategy, Strategy(c.kvstore_consistency == kvstore::Consistency::kSync
+                                                    ? "kvstore_sync"
+                                                    : "kvstore_weights"));
     // A generation after a recovery in place meets in a kvstore job of its
     // own (its token names it) in synchronous rounds; with kvstore-held
     // weights every generation trains in the attempt's (a replacement
@@ -192,12 +189,15 @@ absl::StatusOr<JobPlan> PlanJob(const v1::Assignment& a, const TrainerResources&
     co.tcp.secret = a.collective_secret();
     return plan;
   }
-  if (a.world_size() == 1) return plan;
+  if (a.world_size() == 1) {
+    DT_ASSIGN_OR_RETURN(plan.strategy, Strategy("local"));
+    return plan;
+  }
 
   const bool cuda = spec.device_kind() == "cuda";
   const bool nccl =
       cuda && spec.devices_per_trainer() == 1 && r.cuda_collective != CudaCollective::kTcp;
-  plan.gradient_path = nccl ? GradientPath::kAllreduceNccl : GradientPath::kAllreduceTcp;
+  DT_ASSIGN_OR_RETURN(plan.strategy, Strategy(nccl ? "nccl_allreduce" : "allreduce"));
   collective::CommunicatorOptions& co = plan.communicator_options;
   co.transport = nccl ? collective::TransportKind::kNccl : collective::TransportKind::kTcp;
   if (nccl) co.cuda_device = c.devices[0].index;

@@ -1,14 +1,16 @@
 // The one job schema: how an assignment from the scheduler (a JobSpec, a
 // rank and an attempt) becomes what this trainer runs. Every JobSpec field
 // is mapped here and nowhere else: the train::JobConfig of RunJob, the
-// devices the job uses, and how its gradients cross trainers (nothing, an
-// allreduce over TCP or NCCL, or the kvstore).
+// devices the job uses, and the strategy by which its gradients cross
+// trainers (libs/train/gradient_sync.h: "local", "allreduce",
+// "nccl_allreduce", "kvstore_sync" or "kvstore_weights").
 //
 //   TrainerResources r;
 //   r.devices = {"cpu"};
 //   r.checkpoint_dir = "/shared/checkpoints";
 //   DT_ASSIGN_OR_RETURN(JobPlan plan, PlanJob(assignment, r));
-//   // connect plan.communicator_options / plan.kvstore_job, then:
+//   // connect what plan.strategy uses (plan.communicator_options,
+//   // plan.kvstore_job), then:
 //   DT_RETURN_IF_ERROR(train::RunJob(plan.config, &observer, &progress));
 //
 // Devices. A cpu job with devices_per_trainer k runs on cpu:0..cpu:k-1; a
@@ -16,11 +18,12 @@
 // is cuda:0). Too few is FAILED_PRECONDITION naming both sides.
 //
 // Gradients between trainers. KVSTORE mode: through the parameter server,
-// one kvstore job per attempt ("<job>-a<attempt>"), every rank a worker.
-// Otherwise, with several trainers: an allreduce through NCCL in device
-// memory when the job is cuda with one device per trainer (unless the
-// trainer says kTcp), else over TCP (CUDA gradients staged through host
-// memory). One trainer: nothing.
+// one kvstore job per attempt ("<job>-a<attempt>"), every rank a worker:
+// "kvstore_sync" (SYNCHRONOUS) or "kvstore_weights" (ASYNCHRONOUS,
+// BOUNDED_DELAY: the server holds the weights). Otherwise, with several
+// trainers: "nccl_allreduce" in device memory when the job is cuda with one
+// device per trainer (unless the trainer says kTcp), else "allreduce" over
+// TCP (CUDA gradients staged through host memory). One trainer: "local".
 //
 // Errors: INVALID_ARGUMENT naming the field ("assignment.rank: ...",
 // "spec.<field>: ..." as scheduler::ValidateJobSpec words it) for an
@@ -37,6 +40,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "libs/collective/communicator.h"
+#include "libs/train/gradient_sync.h"
 #include "libs/train/job.h"
 #include "protos/scheduler.pb.h"
 
@@ -74,26 +78,24 @@ struct TrainerResources {
   std::vector<std::string> data_roots = {"/usr/share/datasets"};
 };
 
-// How a job's gradients cross trainers.
-enum class GradientPath {
-  kLocal,          // one trainer: nothing crosses
-  kAllreduceTcp,   // collective::Communicator over TCP, host buffers
-  kAllreduceNccl,  // collective::Communicator over NCCL, device buffers
-  kKvstore,        // the parameter server
-};
-const char* GradientPathName(GradientPath path);  // "local", "tcp", "nccl", "kvstore"
-
 struct JobPlan {
   // Everything RunJob needs except the connections: config.communicator and
-  // config.kvstore are null; the caller connects them as gradient_path says.
+  // config.kvstore are null; the caller connects what the strategy uses.
   train::JobConfig config;
-  GradientPath gradient_path = GradientPath::kLocal;
-  // kAllreduceTcp / kAllreduceNccl: the communicator to create for
-  // (config.rank, config.world_size) through the attempt's rendezvous store
-  // (kAllreduceNccl: on the job's one CUDA device, cuda_device).
+  // How the job's gradients cross trainers (libs/train/gradient_sync.h; one
+  // of its registered strategies, never null in a plan): "local" (one
+  // trainer), "allreduce" (a communicator over TCP, host buffers),
+  // "nccl_allreduce" (a communicator over NCCL, device buffers),
+  // "kvstore_sync" or "kvstore_weights" (the parameter server). It also says
+  // how the job lives through a lost trainer.
+  const train::SyncStrategy* strategy = nullptr;
+  // Strategies that use a communicator: the one to create for (config.rank,
+  // config.world_size) through the attempt's rendezvous store (NCCL: on the
+  // job's one CUDA device, cuda_device). Kvstore strategies: the host
+  // communicator a regroup (or a joiner) exchanges the state over.
   collective::CommunicatorOptions communicator_options;
-  // kKvstore: the parameter-server job of this attempt; config.rank is the
-  // worker.
+  // Kvstore strategies: the parameter-server job of this attempt;
+  // config.rank is the worker.
   std::string kvstore_job;
   // Its capability (Assignment.kvstore_token).
   std::string kvstore_token;

@@ -118,7 +118,7 @@ TEST(JobPlanTest, MapsEveryField) {
   EXPECT_EQ(c.kvstore, nullptr);
 
   // Two CPU trainers: TCP allreduce with the trainer's collective settings.
-  EXPECT_EQ(plan->gradient_path, GradientPath::kAllreduceTcp);
+  EXPECT_STREQ(plan->strategy->name(), "allreduce");
   EXPECT_EQ(plan->communicator_options.transport, collective::TransportKind::kTcp);
   EXPECT_EQ(plan->communicator_options.timeout, absl::Seconds(17));
   EXPECT_EQ(plan->communicator_options.tcp.host, "10.0.0.7");
@@ -162,7 +162,7 @@ TEST(JobPlanTest, ZeroValuesMeanDefaults) {
   EXPECT_EQ(plan->config.world_size, 1);
   EXPECT_EQ(plan->config.resume_from, "");
   EXPECT_EQ(plan->config.checkpoint_metadata.at("attempt"), "0");
-  EXPECT_EQ(plan->gradient_path, GradientPath::kLocal);
+  EXPECT_STREQ(plan->strategy->name(), "local");
 }
 
 TEST(JobPlanTest, KvstoreModeAndItsConsistencies) {
@@ -178,7 +178,7 @@ TEST(JobPlanTest, KvstoreModeAndItsConsistencies) {
   r.has_parameter_server = true;
   absl::StatusOr<JobPlan> plan = PlanJob(a, r);
   ASSERT_TRUE(plan.ok()) << plan.status();
-  EXPECT_EQ(plan->gradient_path, GradientPath::kKvstore);
+  EXPECT_STREQ(plan->strategy->name(), "kvstore_sync");
   EXPECT_EQ(plan->kvstore_job, "job-000042-a3");
   EXPECT_EQ(plan->config.kvstore_consistency, kvstore::Consistency::kSync);
 
@@ -186,6 +186,7 @@ TEST(JobPlanTest, KvstoreModeAndItsConsistencies) {
   plan = PlanJob(a, r);
   ASSERT_TRUE(plan.ok()) << plan.status();
   EXPECT_EQ(plan->config.kvstore_consistency, kvstore::Consistency::kAsync);
+  EXPECT_STREQ(plan->strategy->name(), "kvstore_weights");
 
   a.mutable_spec()->mutable_sync()->set_consistency(v1::BOUNDED_DELAY);
   a.mutable_spec()->mutable_sync()->set_max_staleness(4);
@@ -219,14 +220,14 @@ TEST(JobPlanTest, CudaDevicesAndNcclOrTcp) {
   absl::StatusOr<JobPlan> plan = PlanJob(a, r);
   ASSERT_TRUE(plan.ok()) << plan.status();
   EXPECT_EQ(plan->config.devices, std::vector<Device>{Device::Cuda(2)});
-  EXPECT_EQ(plan->gradient_path, GradientPath::kAllreduceNccl);
+  EXPECT_STREQ(plan->strategy->name(), "nccl_allreduce");
   EXPECT_EQ(plan->communicator_options.transport, collective::TransportKind::kNccl);
   EXPECT_EQ(plan->communicator_options.cuda_device, 2);
 
   r.cuda_collective = CudaCollective::kTcp;
   plan = PlanJob(a, r);
   ASSERT_TRUE(plan.ok()) << plan.status();
-  EXPECT_EQ(plan->gradient_path, GradientPath::kAllreduceTcp);
+  EXPECT_STREQ(plan->strategy->name(), "allreduce");
   EXPECT_EQ(plan->communicator_options.transport, collective::TransportKind::kTcp);
 
   // Two GPUs per trainer: staged through host memory over TCP.
@@ -235,7 +236,7 @@ TEST(JobPlanTest, CudaDevicesAndNcclOrTcp) {
   plan = PlanJob(a, r);
   ASSERT_TRUE(plan.ok()) << plan.status();
   EXPECT_EQ(plan->config.devices, (std::vector<Device>{Device::Cuda(2), Device::Cuda(3)}));
-  EXPECT_EQ(plan->gradient_path, GradientPath::kAllreduceTcp);
+  EXPECT_STREQ(plan->strategy->name(), "allreduce");
 
   // "cuda" alone is cuda:0.
   r.devices = {"cpu", "cuda"};
@@ -293,7 +294,6 @@ TEST(JobPlanTest, ParsesCudaCollective) {
   absl::Status s = ParseCudaCollective("gloo").status();
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(s.message(), "cuda collective must be auto, nccl or tcp, got 'gloo'");
-  EXPECT_STREQ(GradientPathName(GradientPath::kAllreduceNccl), "nccl");
 }
 
 }  // namespace

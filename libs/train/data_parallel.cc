@@ -456,12 +456,8 @@ absl::Status DataParallelTrainer::Regroup(collective::Communicator* comm, int ro
   Impl& s = *impl_;
   if (comm == nullptr) return absl::InvalidArgumentError("Regroup needs a communicator");
   if (gradients == nullptr) gradients = comm;
-  const bool rounds =
-      s.options.kvstore != nullptr && s.options.kvstore_consistency == kvstore::Consistency::kSync;
-  if (s.options.sync_batch_norm || (s.options.kvstore != nullptr && !rounds)) {
-    return absl::UnimplementedError(
-        "recovery in place is implemented for allreduce or synchronous kvstore rounds and no "
-        "sync_batch_norm");
+  if (s.options.sync_batch_norm) {
+    return absl::UnimplementedError("recovery in place is implemented without sync_batch_norm");
   }
   if (comm->options().transport == collective::TransportKind::kNccl) {
     return absl::InvalidArgumentError(
@@ -471,9 +467,6 @@ absl::Status DataParallelTrainer::Regroup(collective::Communicator* comm, int ro
     return absl::InvalidArgumentError(
         absl::StrCat("Regroup: the gradients' communicator is rank ", gradients->rank(), " of ",
                      gradients->size(), ", the state's rank ", comm->rank(), " of ", comm->size()));
-  }
-  if (rounds && kvstore == nullptr) {
-    return absl::InvalidArgumentError("Regroup of a kvstore job needs the new kvstore job");
   }
   if (root < 0 || root >= comm->size()) {
     return absl::InvalidArgumentError(
@@ -487,30 +480,13 @@ absl::Status DataParallelTrainer::Regroup(collective::Communicator* comm, int ro
   for (size_t b = 0; b < s.bucket_vars.size(); ++b) {
     s.bucket_vars[b] = s.engine->NewVar(absl::StrCat("bucket", b));
   }
-  DataParallelOptions o = s.options;
-  if (rounds) {
-    // The rounds continue in the new membership's kvstore job (a joiner's
-    // client already made it).
-    if (kvstore != s.options.kvstore) {
-      o.kvstore = kvstore;
-      o.kvstore_workers = comm->size();
-      DT_ASSIGN_OR_RETURN(std::unique_ptr<GradientSync> sync, CreateGradientSync(o));
-      DT_RETURN_IF_ERROR(sync->Start(s.reducer.get()));
-      s.sync = std::move(sync);
-      s.options = o;
-    }
-  } else {
-    o.communicator = gradients;
-    o.joining = false;
-    DT_ASSIGN_OR_RETURN(std::unique_ptr<GradientSync> sync, CreateGradientSync(o));
-    if (std::string(sync->name()) != "allreduce" && std::string(sync->name()) != "nccl_allreduce") {
-      return absl::UnimplementedError(
-          absl::StrCat("recovery in place with the ", sync->name(), " strategy"));
-    }
-    sync->Attach(s.reducer.get());
-    s.sync = std::move(sync);
-    s.options = o;
-  }
+  // The strategy's hook for the new membership (gradient_sync.h).
+  DataParallelOptions next = s.options;
+  next.communicator = gradients;
+  next.kvstore = kvstore;
+  next.kvstore_workers = comm->size();
+  DT_ASSIGN_OR_RETURN(std::unique_ptr<GradientSync> sync, s.sync->Regroup(next));
+  if (sync != nullptr) s.sync = std::move(sync);
   const bool is_root = comm->rank() == root;
   auto broadcast = [&](Tensor* t, const std::string& what) -> absl::Status {
     const std::string context = absl::StrCat("regroup: broadcast of ", what, " from rank ", root);
@@ -595,18 +571,7 @@ int64_t DataParallelTrainer::CountCorrect(const Tensor& x, const Tensor& labels)
 }
 
 absl::StatusOr<int64_t> DataParallelTrainer::ResumeKvstoreWorker() {
-  if (std::string(impl_->sync->name()) != "kvstore_weights") {
-    return absl::FailedPreconditionError(
-        absl::StrCat("resuming a kvstore worker needs kvstore-held weights (kAsync or "
-                     "kBoundedDelay); the strategy is ",
-                     impl_->sync->name()));
-  }
-  absl::StatusOr<int64_t> rounds = impl_->options.kvstore->ResumeRounds();
-  if (!rounds.ok()) {
-    return Annotate(rounds.status(),
-                    absl::StrCat("resuming kvstore worker ", impl_->options.kvstore->worker()));
-  }
-  return rounds;
+  return impl_->sync->ResumeRounds();
 }
 
 absl::Status DataParallelTrainer::PullLatestWeights() { return impl_->sync->PullLatestWeights(); }

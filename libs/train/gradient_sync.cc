@@ -8,6 +8,8 @@
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "libs/base/logging.h"
+#include "libs/base/retry.h"
+#include "libs/base/status.h"
 
 namespace dtrain {
 namespace train {
@@ -15,7 +17,7 @@ namespace {
 
 struct Registry {
   absl::Mutex mu;
-  std::map<std::string, GradientSyncRegistration> strategies ABSL_GUARDED_BY(mu);
+  std::map<std::string, const SyncStrategy*, std::less<>> strategies ABSL_GUARDED_BY(mu);
 };
 
 Registry& GetRegistry() {
@@ -30,13 +32,36 @@ absl::Status GradientSync::UpdateReplica(int r) {
       absl::StrCat("gradient sync \"", name(), "\" steps locally and sets no weights"));
 }
 
-bool RegisterGradientSync(GradientSyncRegistration registration) {
-  DT_CHECK(!registration.name.empty() && registration.selects && registration.create);
+absl::StatusOr<std::unique_ptr<GradientSync>> GradientSync::Regroup(
+    const DataParallelOptions& next) {
+  DataParallelOptions o = next;
+  o.kvstore = nullptr;  // the communicator carries the gradients
+  o.joining = false;
+  DT_ASSIGN_OR_RETURN(const SyncStrategy* strategy, ChooseSyncStrategy(o));
+  if (!strategy->RegroupsInPlace(o.communicator != nullptr ? o.communicator->size() : 1)) {
+    return absl::UnimplementedError(
+        absl::StrCat("recovery in place with the ", strategy->name(), " strategy"));
+  }
+  DT_ASSIGN_OR_RETURN(std::unique_ptr<GradientSync> sync, strategy->Create(o));
+  sync->Attach(reducer());
+  return sync;
+}
+
+absl::StatusOr<int64_t> GradientSync::ResumeRounds() {
+  return absl::FailedPreconditionError(
+      absl::StrCat("resuming a kvstore worker needs kvstore-held weights (kAsync or "
+                   "kBoundedDelay); the strategy is ",
+                   name()));
+}
+
+bool SyncStrategy::MayBePeerLoss(const absl::Status& failure) const { return IsTransient(failure); }
+
+bool RegisterSyncStrategy(const SyncStrategy* strategy) {
+  DT_CHECK(strategy != nullptr && strategy->name()[0] != '\0');
   Registry& r = GetRegistry();
   absl::MutexLock lock(&r.mu);
-  std::string name = registration.name;
-  bool inserted = r.strategies.emplace(name, std::move(registration)).second;
-  DT_CHECK(inserted) << "gradient sync \"" << name << "\" registered twice";
+  bool inserted = r.strategies.emplace(strategy->name(), strategy).second;
+  DT_CHECK(inserted) << "sync strategy \"" << strategy->name() << "\" registered twice";
   return true;
 }
 
@@ -44,18 +69,24 @@ std::vector<std::string> GradientSyncNames() {
   Registry& r = GetRegistry();
   absl::MutexLock lock(&r.mu);
   std::vector<std::string> names;
-  for (const auto& [name, registration] : r.strategies) names.push_back(name);
+  for (const auto& [name, strategy] : r.strategies) names.push_back(name);
   return names;
 }
 
-absl::StatusOr<std::unique_ptr<GradientSync>> CreateGradientSync(
-    const DataParallelOptions& options) {
-  std::vector<const GradientSyncRegistration*> chosen;
+const SyncStrategy* FindSyncStrategy(absl::string_view name) {
+  Registry& r = GetRegistry();
+  absl::MutexLock lock(&r.mu);
+  auto it = r.strategies.find(name);
+  return it == r.strategies.end() ? nullptr : it->second;
+}
+
+absl::StatusOr<const SyncStrategy*> ChooseSyncStrategy(const DataParallelOptions& options) {
+  std::vector<const SyncStrategy*> chosen;
   {
     Registry& r = GetRegistry();
     absl::MutexLock lock(&r.mu);
-    for (const auto& [name, registration] : r.strategies) {
-      if (registration.selects(options)) chosen.push_back(&registration);
+    for (const auto& [name, strategy] : r.strategies) {
+      if (strategy->Selects(options)) chosen.push_back(strategy);
     }
   }
   auto describe = [&options] {
@@ -71,14 +102,19 @@ absl::StatusOr<std::unique_ptr<GradientSync>> CreateGradientSync(
   }
   if (chosen.size() > 1) {
     std::vector<std::string> names;
-    for (const GradientSyncRegistration* c : chosen) names.push_back(c->name);
+    for (const SyncStrategy* c : chosen) names.push_back(c->name());
     return absl::InternalError(
         absl::StrCat("several gradient-sync strategies select the same "
                      "options (",
                      describe(), "): ", absl::StrJoin(names, ", ")));
   }
-  // Registrations are never removed: the pointer stays valid.
-  return chosen[0]->create(options);
+  return chosen[0];
+}
+
+absl::StatusOr<std::unique_ptr<GradientSync>> CreateGradientSync(
+    const DataParallelOptions& options) {
+  DT_ASSIGN_OR_RETURN(const SyncStrategy* strategy, ChooseSyncStrategy(options));
+  return strategy->Create(options);
 }
 
 }  // namespace train

@@ -1,7 +1,18 @@
-// GradientSync: how the trainers of a data-parallel job meet (PyTorch DDP's
-// communication hooks, widened to the whole step). The bucket reducer
-// (reducer.h) sums a ready bucket over this trainer's replicas into a flat
-// buffer; the strategy decides what happens to it and to the weights:
+// How the trainers of a data-parallel job meet, in two parts (PyTorch DDP's
+// communication hooks, widened to the whole step, and torchft's Manager,
+// which owns how a job survives a lost member):
+//
+//  - a SyncStrategy is one way of meeting, stateless and registered once:
+//    which options select it, the GradientSync it makes, and how a job that
+//    uses it lives through a lost trainer (whether its survivors regroup in
+//    place, how a replacement joins, whether a lost peer shows as an error or
+//    as a stall). The trainer daemon's plan (libs/agent/job_plan.h) names one
+//    for a job; libs/train/job.cc and libs/agent ask it instead of branching
+//    on the transports.
+//  - a GradientSync is the hook a strategy makes for one trainer, built with
+//    its state (communicator, kvstore client). The bucket reducer
+//    (reducer.h) sums a ready bucket over this trainer's replicas into a flat
+//    buffer; the hook decides what happens to it and to the weights.
 //
 //   strategy (libs/train/sync/)  selected when (DataParallelOptions)
 //   "local"                      no communicator, no kvstore (one trainer)
@@ -14,18 +25,20 @@
 //   "kvstore_weights"            kvstore, kAsync or kBoundedDelay: the server
 //                                holds the weights ("param/bucket<b>")
 //
-// A strategy also shares the initial weights (broadcast, kvstore Init),
-// pulls the latest weights, tells how many trainers share a step, and
-// combines per-trainer statistics (the epoch's loss and accuracy sums).
+// A hook also shares the initial weights (broadcast, kvstore Init), pulls
+// the latest weights, tells how many trainers share a step, combines
+// per-trainer statistics (the epoch's loss and accuracy sums; a drain's
+// meeting) and makes the hook of a regrouped membership.
 //
 // Adding a sync mode: one new file under libs/train/sync/ that implements
-// GradientSync and registers it with DT_REGISTER_GRADIENT_SYNC (a name, the
-// predicate over DataParallelOptions that selects it, a factory that checks
-// the options); libs/train/BUILD compiles sync/*.cc into the data_parallel
-// library. CreateGradientSync is the one place a strategy is chosen: exactly
-// one registered predicate must accept the options.
+// GradientSync and a SyncStrategy and registers the strategy with
+// DT_REGISTER_SYNC_STRATEGY; libs/train/BUILD compiles sync/*.cc into the
+// data_parallel library. ChooseSyncStrategy is the one place a strategy is
+// chosen from the transports: exactly one registered strategy must select
+// the options.
 //
-// Thread-safety: Start, PullLatestWeights and AverageStatistics run on the
+// Thread-safety: strategies are immutable (any thread). Start,
+// PullLatestWeights, AverageStatistics, Regroup and ResumeRounds run on the
 // thread that drives the trainer, between steps; ReduceBucket on the
 // communication worker (one bucket at a time, in bucket order);
 // UpdateReplica(r) on replica r's worker after every ReduceBucket of the
@@ -40,6 +53,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "libs/nn/sync_batch_norm.h"
 #include "libs/train/data_parallel.h"
 #include "libs/train/reducer.h"
@@ -94,6 +108,19 @@ class GradientSync {
   // synchronous kvstore round); strategies with no common round (one
   // trainer, kvstore-held weights) leave this trainer's.
   virtual absl::Status AverageStatistics(float* sums, int n) { return absl::OkStatus(); }
+  // Recovery in place (DataParallelTrainer::Regroup), after the replicas'
+  // engine was reset: the hook of the new membership, attached to the same
+  // reducer, for `next` (this trainer's options with the membership's
+  // transports: `communicator` for the gradients, `kvstore` its kvstore
+  // job, `kvstore_workers` its size). Null: this hook carries on.
+  // By default the communicator's hook (a joiner's "local" hook becomes
+  // "allreduce"); Unimplemented for strategies whose trainers do not
+  // regroup.
+  virtual absl::StatusOr<std::unique_ptr<GradientSync>> Regroup(const DataParallelOptions& next);
+  // A replacement of a lost trainer continues its rounds
+  // (SyncStrategy::replacement_continues_rounds): the rounds the lost worker
+  // had completed. FailedPrecondition for the other strategies.
+  virtual absl::StatusOr<int64_t> ResumeRounds();
 
  protected:
   virtual absl::Status ShareInitialWeights() { return absl::OkStatus(); }
@@ -103,37 +130,80 @@ class GradientSync {
   Reducer* reducer_ = nullptr;
 };
 
-struct GradientSyncRegistration {
-  std::string name;
+// One way trainers meet (see the file comment): registered once, never
+// destroyed; its methods are pure.
+class SyncStrategy {
+ public:
+  virtual ~SyncStrategy() = default;
+
+  // The registered name: "local", "allreduce", ...
+  virtual const char* name() const = 0;
   // True for the options this strategy serves.
-  std::function<bool(const DataParallelOptions&)> selects;
-  // Checks the options (InvalidArgument naming what is wrong) and makes the
-  // strategy; no I/O (Start does that).
-  std::function<absl::StatusOr<std::unique_ptr<GradientSync>>(const DataParallelOptions&)> create;
+  virtual bool Selects(const DataParallelOptions& options) const = 0;
+  // Checks the options (InvalidArgument naming what is wrong) and makes this
+  // trainer's hook; no I/O (GradientSync::Start does that).
+  virtual absl::StatusOr<std::unique_ptr<GradientSync>> Create(
+      const DataParallelOptions& options) const = 0;
+
+  // The transports a trainer connects for it: a collective::Communicator
+  // that carries the gradients (and the initial broadcast), ...
+  virtual bool uses_communicator() const { return false; }
+  // ... which is a device one (NCCL): the state of a regroup then travels
+  // over a host communicator of the same membership (exchange), ...
+  virtual bool uses_device_communicator() const { return false; }
+  // ... or a kvstore client (one worker per trainer) of the parameter server.
+  virtual bool uses_kvstore() const { return false; }
+
+  // Recovery in place (libs/train/job.h). Whether the survivors of a lost
+  // trainer regroup: the new membership exchanges the root's state over a
+  // host communicator and carries on (`world`: the trainers before the loss).
+  virtual bool RegroupsInPlace(int world) const { return false; }
+  // A survivor learns of a lost peer only when its agent interrupts it
+  // (cancels the kvstore client, aborts the NCCL communicator) as the
+  // scheduler offers the next membership: until then its step stalls. Its
+  // heartbeats then say a peer is lost once a step stalls, and the recovery
+  // counts from the stalled step's start.
+  virtual bool loss_is_silent() const { return false; }
+  // Whether `failure` of a collective (a step's, an epoch's statistics
+  // round) may be a lost peer's, worth a regroup (a silent loss's: unless
+  // the job was asked to stop). By default a transient error (IsTransient).
+  virtual bool MayBePeerLoss(const absl::Status& failure) const;
+  // A replacement continues the lost trainer's kvstore rounds (the kvstore
+  // holds the weights; DataParallelTrainer::ResumeKvstoreWorker) instead of
+  // receiving the survivors' state: the survivors never stop, and the
+  // rounds count from where the attempt started.
+  virtual bool replacement_continues_rounds() const { return false; }
+  // Whether a step may wait for a lost peer without failing (a round or
+  // collective that waits for its push), with `consistency` (the job's
+  // DataParallelOptions::kvstore_consistency): the agent then watches how
+  // long steps take. By default loss_is_silent().
+  virtual bool StepMayStall(kvstore::Consistency consistency) const { return loss_is_silent(); }
 };
 
-// Adds a strategy (at static initialization; see DT_REGISTER_GRADIENT_SYNC).
-// Dies on a duplicate name. Returns true.
-bool RegisterGradientSync(GradientSyncRegistration registration);
+// Adds a strategy (at static initialization; see DT_REGISTER_SYNC_STRATEGY;
+// never freed). Dies on a duplicate name. Returns true.
+bool RegisterSyncStrategy(const SyncStrategy* strategy);
 // The registered names, sorted.
 std::vector<std::string> GradientSyncNames();
-// The strategy for `options`: the one registered strategy that selects them
-// (Internal if several do, InvalidArgument if none does), as its factory
-// makes it.
+// The strategy registered as `name`; null if none is.
+const SyncStrategy* FindSyncStrategy(absl::string_view name);
+// The one registered strategy that selects `options` (Internal if several
+// do, InvalidArgument if none does).
+absl::StatusOr<const SyncStrategy*> ChooseSyncStrategy(const DataParallelOptions& options);
+// The hook for `options`: ChooseSyncStrategy's, as it makes it.
 absl::StatusOr<std::unique_ptr<GradientSync>> CreateGradientSync(
     const DataParallelOptions& options);
 
 }  // namespace train
 }  // namespace dtrain
 
-#define DT_GRADIENT_SYNC_CONCAT_INNER_(a, b) a##b
-#define DT_GRADIENT_SYNC_CONCAT_(a, b) DT_GRADIENT_SYNC_CONCAT_INNER_(a, b)
+#define DT_SYNC_STRATEGY_CONCAT_INNER_(a, b) a##b
+#define DT_SYNC_STRATEGY_CONCAT_(a, b) DT_SYNC_STRATEGY_CONCAT_INNER_(a, b)
 
-// In a strategy's .cc file, at namespace scope:
-//   DT_REGISTER_GRADIENT_SYNC("name", SelectsFn, CreateFn);
-#define DT_REGISTER_GRADIENT_SYNC(name, selects, create)                                      \
-  [[maybe_unused]] static const bool DT_GRADIENT_SYNC_CONCAT_(_dt_gradient_sync_, __LINE__) = \
-      ::dtrain::train::RegisterGradientSync(                                                  \
-          ::dtrain::train::GradientSyncRegistration{name, selects, create})
+// In a strategy's .cc file, at namespace scope, with its SyncStrategy class:
+//   DT_REGISTER_SYNC_STRATEGY(MyStrategy);
+#define DT_REGISTER_SYNC_STRATEGY(Class)                                                      \
+  [[maybe_unused]] static const bool DT_SYNC_STRATEGY_CONCAT_(_dt_sync_strategy_, __LINE__) = \
+      ::dtrain::train::RegisterSyncStrategy(new Class())
 
 #endif  // DTRAIN_LIBS_TRAIN_GRADIENT_SYNC_H_

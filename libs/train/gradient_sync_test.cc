@@ -221,6 +221,57 @@ TEST(GradientSyncRegistryTest, TrainerReportsItsStrategyAndAveragesStatistics) {
   EXPECT_EQ(std::vector<float>(sums, sums + 3), (std::vector<float>{6, 3, 2}));
 }
 
+// How each strategy lives through a lost trainer (what job.cc and libs/agent
+// ask instead of branching): one row per registered strategy.
+TEST(GradientSyncRegistryTest, EachStrategySaysHowItRecovers) {
+  struct Row {
+    const char* name;
+    bool communicator, device_communicator, kvstore;
+    bool regroups_two, regroups_one;  // RegroupsInPlace(2), (1)
+    bool silent;
+    bool cancelled, unavailable, internal;  // MayBePeerLoss of these
+    bool continues_rounds;
+    bool stalls_sync, stalls_bounded;  // StepMayStall(kSync), (kBoundedDelay)
+  };
+  const Row rows[] = {
+      {"local", false, false, false, false, false, false, false, true, false, false, false, false},
+      {"allreduce", true, false, false, true, true, false, false, true, false, false, false, false},
+      {"nccl_allreduce", true, true, false, true, true, true, true, true, true, false, true, true},
+      {"kvstore_sync", false, false, true, true, false, true, true, false, false, false, true,
+       true},
+      {"kvstore_weights", false, false, true, false, false, false, false, true, false, true, false,
+       true},
+  };
+  EXPECT_EQ(GradientSyncNames().size(), sizeof(rows) / sizeof(rows[0]));
+  for (const Row& row : rows) {
+    SCOPED_TRACE(row.name);
+    const SyncStrategy* s = FindSyncStrategy(row.name);
+    ASSERT_NE(s, nullptr);
+    EXPECT_STREQ(s->name(), row.name);
+    EXPECT_EQ(s->uses_communicator(), row.communicator);
+    EXPECT_EQ(s->uses_device_communicator(), row.device_communicator);
+    EXPECT_EQ(s->uses_kvstore(), row.kvstore);
+    EXPECT_EQ(s->RegroupsInPlace(2), row.regroups_two);
+    EXPECT_EQ(s->RegroupsInPlace(1), row.regroups_one);
+    EXPECT_EQ(s->loss_is_silent(), row.silent);
+    EXPECT_EQ(s->MayBePeerLoss(absl::CancelledError("c")), row.cancelled);
+    EXPECT_EQ(s->MayBePeerLoss(absl::UnavailableError("u")), row.unavailable);
+    EXPECT_EQ(s->MayBePeerLoss(absl::InternalError("i")), row.internal);
+    EXPECT_EQ(s->replacement_continues_rounds(), row.continues_rounds);
+    EXPECT_EQ(s->StepMayStall(kvstore::Consistency::kSync), row.stalls_sync);
+    EXPECT_EQ(s->StepMayStall(kvstore::Consistency::kBoundedDelay), row.stalls_bounded);
+  }
+  EXPECT_EQ(FindSyncStrategy("tcp"), nullptr);
+}
+
+// A strategy chosen from the options is the registered one of that name.
+TEST(GradientSyncRegistryTest, ChoosingAndFindingAgree) {
+  DataParallelOptions o;
+  absl::StatusOr<const SyncStrategy*> chosen = ChooseSyncStrategy(o);
+  ASSERT_TRUE(chosen.ok()) << chosen.status();
+  EXPECT_EQ(*chosen, FindSyncStrategy("local"));
+}
+
 }  // namespace
 }  // namespace train
 }  // namespace dtrain

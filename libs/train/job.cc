@@ -20,6 +20,7 @@
 #include "libs/graph/hybridize.h"
 #include "libs/nn/models.h"
 #include "libs/train/data_parallel.h"
+#include "libs/train/gradient_sync.h"
 #include "libs/train/state_io.h"
 #include "libs/train/step_trace.h"
 #include "libs/train/train.h"
@@ -28,7 +29,7 @@ namespace dtrain {
 namespace train {
 namespace {
 
-absl::Status Validate(const JobConfig& c) {
+absl::Status Validate(const JobConfig& c, const SyncStrategy& strategy) {
   auto bad = [](const char* field, const std::string& why) {
     return absl::InvalidArgumentError(absl::StrCat(field, ": ", why));
   };
@@ -65,10 +66,10 @@ absl::Status Validate(const JobConfig& c) {
   if (c.checkpoint_interval_epochs < 0) {
     return bad("checkpoint_interval_epochs", "must be >= 0");
   }
-  // With kvstore-held weights a joiner continues a lost worker's rounds.
-  const bool weights_on_kvstore =
-      c.kvstore != nullptr && c.kvstore_consistency != kvstore::Consistency::kSync;
-  if (c.join && ((c.communicator == nullptr && !weights_on_kvstore) || c.hybridize)) {
+  // A joiner receives the survivors' state over its communicator, or
+  // continues a lost worker's rounds (the strategy says which).
+  if (c.join &&
+      ((c.communicator == nullptr && !strategy.replacement_continues_rounds()) || c.hybridize)) {
     return bad("join",
                "a joining rank needs a communicator (allreduce, synchronous kvstore rounds) or "
                "kvstore-held weights, and no hybridize");
@@ -256,16 +257,14 @@ struct RegroupResult {
 };
 
 // One exchange of the new membership: positions, the root's state, its
-// data position and statistics.
+// data position and statistics, over `t.communicator`.
 // `failed`: this survivor's step failed (not a grow's regroup); `world`:
-// the world size `here` counts steps in; `kvstore`: the new membership's
-// kvstore job (KVSTORE jobs; see JobObserver::RegroupKvstore).
+// the world size `here` counts steps in.
 absl::StatusOr<RegroupResult> ExchangeState(const JobConfig& c, DataParallelTrainer* trainer,
-                                            collective::Communicator* comm,
-                                            collective::Communicator* gradients,
-                                            kvstore::ParameterServer* kvstore, bool survivor,
+                                            const MembershipTransports& t, bool survivor,
                                             bool failed, const Partial& here,
                                             int64_t steps_per_epoch, int64_t steps_run, int world) {
+  collective::Communicator* comm = t.communicator;
   const int n = comm->size();
   const int64_t done = here.epoch * steps_per_epoch + here.step;
   // survivor, epoch, step, steps attempted (a failed survivor tried the next)
@@ -286,7 +285,7 @@ absl::StatusOr<RegroupResult> ExchangeState(const JobConfig& c, DataParallelTrai
     return absl::FailedPreconditionError(
         "regroup: no rank of the new membership holds the job's state");
   }
-  DT_RETURN_IF_ERROR(trainer->Regroup(comm, out.root, kvstore, gradients));
+  DT_RETURN_IF_ERROR(trainer->Regroup(comm, out.root, t.kvstore, t.device_communicator));
   double pos[7] = {static_cast<double>(here.epoch),
                    static_cast<double>(here.step),
                    here.loss_sum,
@@ -327,28 +326,27 @@ absl::StatusOr<RegroupResult> ExchangeState(const JobConfig& c, DataParallelTrai
   return out;
 }
 
-// A survivor's regroup after `failure`: the observer's next membership,
+// A survivor's regroup after `failure`: the membership's next transports,
 // then the exchange; up to 3 memberships when an exchange fails transiently.
 // `failure` OK: a grow's regroup (RegroupRequested), no step failed.
 // *comm_out: the new membership's communicator.
-absl::StatusOr<RegroupResult> RegroupSurvivor(const JobConfig& c, JobObserver* observer,
+absl::StatusOr<RegroupResult> RegroupSurvivor(const JobConfig& c, Membership* membership,
                                               DataParallelTrainer* trainer,
                                               const absl::Status& failure, const Partial& here,
                                               int64_t steps_per_epoch, int64_t steps_run, int world,
                                               collective::Communicator** comm_out,
-                                              bool step_failed = true) {
+                                              bool step_failed) {
   absl::Status last = failure;
   for (int tries = 0; tries < 3; ++tries) {
-    absl::StatusOr<collective::Communicator*> comm = observer->Regroup(last);
-    if (!comm.ok()) {
-      DT_LOG(WARNING) << "job " << c.name << ": no recovery in place: " << comm.status();
-      return failure.ok() ? comm.status() : failure;
+    absl::StatusOr<MembershipTransports> next = membership->Regroup(last);
+    if (!next.ok()) {
+      DT_LOG(WARNING) << "job " << c.name << ": no recovery in place: " << next.status();
+      return failure.ok() ? next.status() : failure;
     }
-    absl::StatusOr<RegroupResult> done = ExchangeState(
-        c, trainer, *comm, observer->RegroupDeviceCommunicator(), observer->RegroupKvstore(),
-        /*survivor=*/true,
-        /*failed=*/step_failed && !last.ok(), here, steps_per_epoch, steps_run, world);
-    *comm_out = *comm;
+    absl::StatusOr<RegroupResult> done = ExchangeState(c, trainer, *next, /*survivor=*/true,
+                                                       /*failed=*/step_failed && !last.ok(), here,
+                                                       steps_per_epoch, steps_run, world);
+    *comm_out = next->communicator;
     if (done.ok() || !IsTransient(done.status())) return done;
     DT_LOG(WARNING) << "job " << c.name << ": regroup failed (" << done.status()
                     << "); waiting for the next membership";
@@ -357,440 +355,530 @@ absl::StatusOr<RegroupResult> RegroupSurvivor(const JobConfig& c, JobObserver* o
   return failure.ok() ? last : failure;
 }
 
-absl::Status Run(const JobConfig& c, JobObserver* observer, JobProgress* progress) {
-  DT_RETURN_IF_ERROR(Validate(c));
-  // An elastic job's membership may change (see "Elastic jobs" in job.h).
-  int world = c.world_size;
-  int rank = c.rank;
-  const int k = static_cast<int>(c.devices.size());
-  const int64_t local_batch =
-      c.local_batch_size > 0 ? c.local_batch_size : c.global_batch_size / world;
-  if (c.threads > 0) ops::SetCpuThreads(c.threads);
-  const int threads = c.threads > 0 ? c.threads : ops::CpuThreads();
-
-  // Data: this rank's shard of the training set; the test set on rank 0.
-  const std::string dir = c.data_dir.empty() ? data::kDefaultFashionMnistDir : c.data_dir;
-  DT_ASSIGN_OR_RETURN(data::Dataset train_set, data::LoadFashionMnist(dir, data::Split::kTrain));
-  if (c.train_limit > 0 && c.train_limit < train_set.size) {
-    train_set = data::Subset(train_set, c.train_limit);
-  }
-  data::Dataset test_set;
-  bool test_loaded = false;
-  // Rank 0's (and a rank that becomes rank 0 in a regroup).
-  auto load_test_set = [&]() -> absl::Status {
-    if (rank != 0 || test_loaded) return absl::OkStatus();
-    DT_ASSIGN_OR_RETURN(test_set, data::LoadFashionMnist(dir, data::Split::kTest));
-    if (c.test_limit > 0 && c.test_limit < test_set.size) {
-      test_set = data::Subset(test_set, c.test_limit);
-    }
-    test_loaded = true;
-    return absl::OkStatus();
-  };
-  DT_RETURN_IF_ERROR(load_test_set());
-  DT_ASSIGN_OR_RETURN(Shape sample_shape, nn::ModelInputShape(c.model));
-  DT_ASSIGN_OR_RETURN(nn::Init init, nn::ParseInit(c.init.empty() ? "normal" : c.init));
-  data::LoaderOptions lo;
-  lo.batch_size = local_batch;
-  lo.shuffle = true;
-  lo.seed = c.seed;
-  lo.prefetch = 2;
-  std::unique_ptr<data::DataLoader> loader;
-  // This rank's shard of the current membership.
-  auto make_loader = [&]() -> absl::Status {
-    lo.rank = rank;
-    lo.world_size = world;
-    const int64_t tail = (train_set.size / world) % local_batch;
-    lo.drop_last = tail != 0 && tail < k;  // a step needs a sample per device
-    // A compiled step has one batch shape: the last partial batch is dropped.
-    if (c.hybridize) lo.drop_last = true;
-    loader.reset();
-    DT_ASSIGN_OR_RETURN(loader, data::DataLoader::Create(&train_set, lo));
-    return absl::OkStatus();
-  };
-  DT_RETURN_IF_ERROR(make_loader());
-
+// The job's strategy (gradient_sync.h), chosen from the transports that
+// carry its gradients as DataParallelTrainer chooses it: a KVSTORE job's
+// communicator (a joiner's) only carries the exchange of the state.
+absl::StatusOr<const SyncStrategy*> JobStrategy(const JobConfig& c) {
   DataParallelOptions o;
-  o.model = c.model;
   o.devices = c.devices;
-  o.threads_per_device = std::max(1, threads / k);
-  o.sgd = c.sgd;
-  o.init = init;
-  o.seed = c.seed;
-  // A joining rank meets the others in its first exchange, not at Create
-  // (over NCCL its strategy is made for the communicator, without sharing
-  // initial weights: its buckets live in device memory).
-  o.communicator = c.join && c.exchange_communicator == nullptr ? nullptr : c.communicator;
-  o.joining = c.join && c.exchange_communicator != nullptr;
   o.kvstore = c.kvstore;
-  o.kvstore_workers = world;
   o.kvstore_consistency = c.kvstore_consistency;
-  o.kvstore_max_staleness = c.kvstore_max_staleness;
-  o.kvstore_compression = c.kvstore_compression;
-  o.sync_batch_norm = c.sync_batch_norm;
-  if (c.bucket_bytes > 0) o.bucket_bytes = static_cast<size_t>(c.bucket_bytes);
-  // Resuming: every replica loads the checkpoint before the weights are
-  // shared (with the other trainers, or the kvstore's shards).
-  int first_epoch = 0;
-  int64_t first_step = 0;
-  // A joiner of a job with kvstore-held weights takes them from the kvstore
-  // and counts its position from where the attempt started.
-  const bool kvstore_joiner =
-      c.join && c.kvstore != nullptr && c.kvstore_consistency != kvstore::Consistency::kSync;
-  if (kvstore_joiner) {
-    first_epoch = c.attempt_start_epoch;
-    first_step = c.attempt_start_step;
-  }
-  if (!c.resume_from.empty() && !c.join) {
-    o.restore = [&c, &first_epoch, &first_step, progress](nn::Module* model,
-                                                          nn::Sgd* optimizer) -> absl::Status {
-      DT_ASSIGN_OR_RETURN(first_epoch, LoadCheckpoint(c, model, optimizer, progress, &first_step));
-      return absl::OkStatus();
-    };
-  }
-  DT_ASSIGN_OR_RETURN(std::unique_ptr<DataParallelTrainer> trainer, DataParallelTrainer::Create(o));
-  if (c.sync_batch_norm) {
-    DT_LOG(INFO) << "job " << c.name << " rank " << rank << ": synchronized batch norm over " << k
-                 << " devices x " << world << " trainers";
-  }
-  Partial resumed;  // the interrupted epoch's statistics so far
-  if (!c.resume_from.empty() && !c.join) {
-    progress->epoch = first_epoch;
-    if (first_step > 0) {
-      DT_ASSIGN_OR_RETURN(resumed,
-                          ReadPartial(PartialPath(c.resume_from, rank), first_epoch, first_step));
+  o.communicator = c.kvstore != nullptr && c.join ? nullptr : c.communicator;
+  return ChooseSyncStrategy(o);
+}
+
+// One RunJob call: the training loop (Run) and its named steps. An elastic
+// job's rank, world size and data shard change with its membership (see
+// "Elastic jobs" in job.h).
+class JobRun {
+ public:
+  JobRun(const JobConfig& c, const SyncStrategy* strategy, JobHooks hooks, JobProgress* progress)
+      : c_(c),
+        strategy_(*strategy),
+        observer_(hooks.observer != nullptr ? hooks.observer : &no_observer_),
+        control_(hooks.control != nullptr ? hooks.control : &no_control_),
+        membership_(hooks.membership != nullptr ? hooks.membership : &no_membership_),
+        progress_(progress),
+        rank_(c.rank),
+        world_(c.world_size),
+        k_(static_cast<int>(c.devices.size())),
+        local_batch_(c.local_batch_size > 0 ? c.local_batch_size
+                                            : c.global_batch_size / c.world_size) {}
+
+  // The training loop: epochs of steps, each epoch ended by its statistics,
+  // evaluation and checkpoint; a lost peer's failure regroups in place.
+  absl::Status Run() {
+    DT_RETURN_IF_ERROR(LoadData());
+    DT_RETURN_IF_ERROR(MakeTrainer());
+    DT_RETURN_IF_ERROR(JoinOrResume());
+    for (int epoch = first_epoch_; epoch < c_.epochs; ++epoch) {
+      Partial at = BeginEpoch(epoch);
+      const absl::Time start = absl::Now();
+      bool regrouped = false;
+      data::Batch b;
+      for (;;) {
+        const absl::Time step_start = absl::Now();
+        const double waited_before = loader_->wait_seconds();
+        if (!loader_->Next(&b)) break;
+        const double data_wait = std::max(0.0, loader_->wait_seconds() - waited_before);
+        const int64_t data_end_ns = absl::GetCurrentTimeNanos();
+        if (control_->StopRequested()) return absl::CancelledError("stopped");
+        if (control_->DrainRequested(steps_run_)) return DrainAt(at);
+        auto [x, y] = ToTensors(b, sample_shape_, Device::Cpu(0));
+        absl::Status failure;  // OK: no step failed (a grow's regroup)
+        bool regroup_now =
+            c_.communicator != nullptr && !hybrid_ && control_->RegroupRequested(steps_run_);
+        absl::StatusOr<float> stepped = 0.0f;
+        if (!regroup_now) {
+          stepped = hybrid_ ? hybrid_->Run(x, y) : trainer_->Step(x, y);
+          if (!stepped.ok()) {
+            failure = Annotate(stepped.status(), absl::StrCat("rank ", rank_, ", epoch ", epoch + 1,
+                                                              " step ", at.step + 1));
+            if (!Recoverable(stepped.status())) return failure;
+            DT_LOG(WARNING) << "job " << c_.name << ": " << failure
+                            << "; trying to recover in place";
+            regroup_now = true;
+          }
+        }
+        if (regroup_now) {
+          // A silent loss (the strategy's): the step stalled from its start
+          // until the agent interrupted it.
+          const absl::Time failed = strategy_.loss_is_silent() ? step_start : absl::Now();
+          DT_RETURN_IF_ERROR(Recover(failure, at, failed, /*step_failed=*/true, &epoch));
+          regrouped = true;
+          break;
+        }
+        DT_RETURN_IF_ERROR(Stepped(*stepped, b, y, start, step_start, data_wait, data_end_ns, &at));
+      }
+      if (regrouped) continue;
+      DT_ASSIGN_OR_RETURN(const bool complete, EpochStatistics(at, &epoch));
+      if (!complete) continue;  // regrouped: the new membership meets again
+      progress_->epoch_seconds = absl::ToDoubleSeconds(absl::Now() - start);
+      progress_->epoch = epoch + 1;
+      progress_->step = 0;
+      if (rank_ == 0) DT_RETURN_IF_ERROR(EvaluateAndCheckpoint(epoch));
+      observer_->OnEpoch(*progress_);
     }
-    DT_LOG(INFO) << "job " << c.name << " rank " << rank << ": resumed from " << c.resume_from
-                 << " after epoch " << first_epoch << " step " << first_step;
-    // The checkpoint this attempt holds is the one it loaded until it writes
-    // a newer one: the file may be newer than the scheduler knows (an
-    // earlier attempt went on writing while the scheduler was down).
-    progress->checkpoint_path = c.resume_from;
-    progress->checkpoint_epoch = first_epoch;
-    progress->checkpoint_step = first_step;
+    return Finish();
   }
-  // hybridize: the whole step as one compiled plan over replica 0's
-  // parameters, which it updates in place (so evaluation and checkpoints see
-  // them). The plan keeps its own momentum buffers: a resumed hybridized job
-  // restarts them.
-  std::unique_ptr<graph::TrainStep> hybrid;
-  if (c.hybridize) {
-    Shape input = sample_shape;
-    input.insert(input.begin(), local_batch);
-    DT_ASSIGN_OR_RETURN(hybrid,
-                        graph::HybridizeTrainingStep(trainer->replica(0), input, 10, c.sgd));
-    DT_LOG(INFO) << "job " << c.name << ": hybridized training step ("
-                 << hybrid->module().graph().nodes().size() << " graph nodes, planned peak "
-                 << hybrid->planned_peak_bytes() << " bytes)";
+
+ private:
+  // Data: this rank's shard of the training set; the test set on rank 0.
+  absl::Status LoadData() {
+    if (c_.threads > 0) ops::SetCpuThreads(c_.threads);
+    data_dir_ = c_.data_dir.empty() ? data::kDefaultFashionMnistDir : c_.data_dir;
+    DT_ASSIGN_OR_RETURN(train_set_, data::LoadFashionMnist(data_dir_, data::Split::kTrain));
+    if (c_.train_limit > 0 && c_.train_limit < train_set_.size) {
+      train_set_ = data::Subset(train_set_, c_.train_limit);
+    }
+    DT_RETURN_IF_ERROR(LoadTestSet());
+    DT_ASSIGN_OR_RETURN(sample_shape_, nn::ModelInputShape(c_.model));
+    return MakeLoader();
   }
-  // MFU's numerator: the model's FLOPs per sample of a training step.
-  double flops_per_sample = 0;
-  const double rank_peak =
-      c.devices[0].is_cpu() ? c.cpu_peak_flops_per_thread * o.threads_per_device * k : 0;
-  if (absl::StatusOr<graph::TrainingFlops> f = graph::TrainingFlopsPerSample(c.model); f.ok()) {
-    flops_per_sample = f->total();
-  } else {
-    DT_LOG(WARNING) << "job " << c.name << ": no FLOP count for " << c.model << " (" << f.status()
-                    << "); MFU is not reported";
+
+  // Rank 0's (and a rank that becomes rank 0 in a regroup).
+  absl::Status LoadTestSet() {
+    if (rank_ != 0 || test_loaded_) return absl::OkStatus();
+    DT_ASSIGN_OR_RETURN(test_set_, data::LoadFashionMnist(data_dir_, data::Split::kTest));
+    if (c_.test_limit > 0 && c_.test_limit < test_set_.size) {
+      test_set_ = data::Subset(test_set_, c_.test_limit);
+    }
+    test_loaded_ = true;
+    return absl::OkStatus();
   }
-  progress->steps_per_epoch = loader->batches_per_epoch();
-  int64_t steps_per_epoch = loader->batches_per_epoch();
-  int64_t joined_steps_run = 0;
-  // A recovery in place waiting for its first completed step (the root
-  // reports it).
-  bool recovering = false;
-  bool recovery_root = false;
-  absl::Time failed_at;
-  int64_t recovery_steps_lost = 0;
-  if (kvstore_joiner) {
-    // The lost worker's rounds are the steps it completed in this attempt:
-    // continue after them, at the same place of the same epoch's order.
-    DT_ASSIGN_OR_RETURN(const int64_t rounds, trainer->ResumeKvstoreWorker());
-    const int64_t at = static_cast<int64_t>(first_epoch) * steps_per_epoch + first_step + rounds;
-    first_epoch = static_cast<int>(std::min<int64_t>(at / steps_per_epoch, c.epochs));
-    first_step = first_epoch < c.epochs ? at % steps_per_epoch : 0;
-    joined_steps_run = rounds;
-    resumed = Partial{first_epoch, first_step, 0, 0, 0};
-    progress->epoch = first_epoch;
-    progress->step = first_step;
-    DT_LOG(INFO) << "job " << c.name << " rank " << rank << ": continuing kvstore worker " << rank
-                 << " after its " << rounds << " steps, at epoch " << first_epoch + 1 << " step "
-                 << first_step << " (weights from the kvstore)";
+
+  // This rank's shard of the current membership.
+  absl::Status MakeLoader() {
+    data::LoaderOptions lo;
+    lo.batch_size = local_batch_;
+    lo.shuffle = true;
+    lo.seed = c_.seed;
+    lo.prefetch = 2;
+    lo.rank = rank_;
+    lo.world_size = world_;
+    const int64_t tail = (train_set_.size / world_) % local_batch_;
+    lo.drop_last = tail != 0 && tail < k_;  // a step needs a sample per device
+    // A compiled step has one batch shape: the last partial batch is dropped.
+    if (c_.hybridize) lo.drop_last = true;
+    loader_.reset();
+    DT_ASSIGN_OR_RETURN(loader_, data::DataLoader::Create(&train_set_, lo));
+    steps_per_epoch_ = loader_->batches_per_epoch();
+    progress_->steps_per_epoch = steps_per_epoch_;
+    return absl::OkStatus();
+  }
+
+  // The data-parallel trainer (and the hybridized step), from the initial
+  // weights or the checkpoint resumed.
+  absl::Status MakeTrainer() {
+    const int threads = c_.threads > 0 ? c_.threads : ops::CpuThreads();
+    DT_ASSIGN_OR_RETURN(nn::Init init, nn::ParseInit(c_.init.empty() ? "normal" : c_.init));
+    DataParallelOptions o;
+    o.model = c_.model;
+    o.devices = c_.devices;
+    o.threads_per_device = std::max(1, threads / k_);
+    o.sgd = c_.sgd;
+    o.init = init;
+    o.seed = c_.seed;
+    // A joining rank meets the others in its first exchange, not at Create
+    // (over NCCL its strategy is made for the communicator, without sharing
+    // initial weights: its buckets live in device memory).
+    o.communicator = c_.join && c_.exchange_communicator == nullptr ? nullptr : c_.communicator;
+    o.joining = c_.join && c_.exchange_communicator != nullptr;
+    o.kvstore = c_.kvstore;
+    o.kvstore_workers = world_;
+    o.kvstore_consistency = c_.kvstore_consistency;
+    o.kvstore_max_staleness = c_.kvstore_max_staleness;
+    o.kvstore_compression = c_.kvstore_compression;
+    o.sync_batch_norm = c_.sync_batch_norm;
+    if (c_.bucket_bytes > 0) o.bucket_bytes = static_cast<size_t>(c_.bucket_bytes);
+    // Resuming: every replica loads the checkpoint before the weights are
+    // shared (with the other trainers, or the kvstore's shards).
+    if (!c_.resume_from.empty() && !c_.join) {
+      o.restore = [this](nn::Module* model, nn::Sgd* optimizer) -> absl::Status {
+        DT_ASSIGN_OR_RETURN(first_epoch_,
+                            LoadCheckpoint(c_, model, optimizer, progress_, &first_step_));
+        return absl::OkStatus();
+      };
+    }
+    DT_ASSIGN_OR_RETURN(trainer_, DataParallelTrainer::Create(o));
+    if (c_.sync_batch_norm) {
+      DT_LOG(INFO) << "job " << c_.name << " rank " << rank_ << ": synchronized batch norm over "
+                   << k_ << " devices x " << world_ << " trainers";
+    }
+    // hybridize: the whole step as one compiled plan over replica 0's
+    // parameters, which it updates in place (so evaluation and checkpoints
+    // see them). The plan keeps its own momentum buffers: a resumed
+    // hybridized job restarts them.
+    if (c_.hybridize) {
+      Shape input = sample_shape_;
+      input.insert(input.begin(), local_batch_);
+      DT_ASSIGN_OR_RETURN(hybrid_,
+                          graph::HybridizeTrainingStep(trainer_->replica(0), input, 10, c_.sgd));
+      DT_LOG(INFO) << "job " << c_.name << ": hybridized training step ("
+                   << hybrid_->module().graph().nodes().size() << " graph nodes, planned peak "
+                   << hybrid_->planned_peak_bytes() << " bytes)";
+    }
+    // MFU's numerator: the model's FLOPs per sample of a training step.
+    rank_peak_ =
+        c_.devices[0].is_cpu() ? c_.cpu_peak_flops_per_thread * o.threads_per_device * k_ : 0;
+    if (absl::StatusOr<graph::TrainingFlops> f = graph::TrainingFlopsPerSample(c_.model); f.ok()) {
+      flops_per_sample_ = f->total();
+    } else {
+      DT_LOG(WARNING) << "job " << c_.name << ": no FLOP count for " << c_.model << " ("
+                      << f.status() << "); MFU is not reported";
+    }
+    return absl::OkStatus();
+  }
+
+  // Where this rank starts: a resumed checkpoint's position, a replaced
+  // kvstore worker's rounds, or the survivors' state (a joiner's first
+  // exchange).
+  absl::Status JoinOrResume() {
+    if (!c_.resume_from.empty() && !c_.join) {
+      progress_->epoch = first_epoch_;
+      if (first_step_ > 0) {
+        DT_ASSIGN_OR_RETURN(
+            resume_at_, ReadPartial(PartialPath(c_.resume_from, rank_), first_epoch_, first_step_));
+      }
+      start_step_ = first_step_;
+      DT_LOG(INFO) << "job " << c_.name << " rank " << rank_ << ": resumed from " << c_.resume_from
+                   << " after epoch " << first_epoch_ << " step " << first_step_;
+      // The checkpoint this attempt holds is the one it loaded until it
+      // writes a newer one: the file may be newer than the scheduler knows
+      // (an earlier attempt went on writing while the scheduler was down).
+      progress_->checkpoint_path = c_.resume_from;
+      progress_->checkpoint_epoch = first_epoch_;
+      progress_->checkpoint_step = first_step_;
+      return absl::OkStatus();
+    }
+    if (!c_.join) return absl::OkStatus();
+    if (strategy_.replacement_continues_rounds()) return ContinueLostWorker();
+    DT_ASSIGN_OR_RETURN(
+        RegroupResult joined,
+        ExchangeState(c_, trainer_.get(), JoinerTransports(), /*survivor=*/false,
+                      /*failed=*/false, Partial{}, steps_per_epoch_, /*steps_run=*/0, world_));
+    steps_run_ = joined.steps_run;
+    first_epoch_ = joined.at.epoch;
+    start_step_ = joined.at.step;
+    resume_at_ = joined.at;
+    progress_->epoch = first_epoch_;
+    return absl::OkStatus();
+  }
+
+  // A joiner's first exchange: over NCCL the state travels over the host
+  // communicator (exchange_communicator) and the gradients over the NCCL
+  // one; a KVSTORE job's rounds continue in its kvstore job.
+  MembershipTransports JoinerTransports() const {
+    MembershipTransports t;
+    t.communicator =
+        c_.exchange_communicator != nullptr ? c_.exchange_communicator : c_.communicator;
+    t.device_communicator = c_.exchange_communicator != nullptr ? c_.communicator : nullptr;
+    t.kvstore = c_.kvstore;
+    return t;
+  }
+
+  // A replacement of a worker whose weights are on the kvstore: the lost
+  // worker's rounds are the steps it completed in this attempt, which
+  // started at attempt_start_*: continue after them, at the same place of
+  // the same epoch's order, the epoch's statistics from zero.
+  absl::Status ContinueLostWorker() {
+    DT_ASSIGN_OR_RETURN(const int64_t rounds, trainer_->ResumeKvstoreWorker());
+    const int64_t at = static_cast<int64_t>(c_.attempt_start_epoch) * steps_per_epoch_ +
+                       c_.attempt_start_step + rounds;
+    first_epoch_ = static_cast<int>(std::min<int64_t>(at / steps_per_epoch_, c_.epochs));
+    start_step_ = first_epoch_ < c_.epochs ? at % steps_per_epoch_ : 0;
+    steps_run_ = rounds;
+    resume_at_ = Partial{first_epoch_, start_step_, 0, 0, 0};
+    progress_->epoch = first_epoch_;
+    progress_->step = start_step_;
+    DT_LOG(INFO) << "job " << c_.name << " rank " << rank_ << ": continuing kvstore worker "
+                 << rank_ << " after its " << rounds << " steps, at epoch " << first_epoch_ + 1
+                 << " step " << start_step_ << " (weights from the kvstore)";
     // It reports the recovery once its first step is done (the scheduler
     // counts the seconds from the lost trainer's last heartbeat): the step
     // the lost worker was in, at most, is lost.
-    recovering = true;
-    recovery_root = true;
-    failed_at = absl::Now();
-    recovery_steps_lost = 1;
-  } else if (c.join) {
-    DT_ASSIGN_OR_RETURN(
-        RegroupResult joined,
-        ExchangeState(c, trainer.get(),
-                      c.exchange_communicator != nullptr ? c.exchange_communicator : c.communicator,
-                      c.exchange_communicator != nullptr ? c.communicator : nullptr, c.kvstore,
-                      /*survivor=*/false,
-                      /*failed=*/false, Partial{}, steps_per_epoch,
-                      /*steps_run=*/0, world));
-    joined_steps_run = joined.steps_run;
-    first_epoch = joined.at.epoch;
-    first_step = joined.at.step;
-    resumed = joined.at;
-    progress->epoch = first_epoch;
+    recovering_ = true;
+    recovery_root_ = true;
+    failed_at_ = absl::Now();
+    recovery_steps_lost_ = 1;
+    return absl::OkStatus();
   }
-  // Synchronous kvstore rounds between several ranks: recoverable in place.
-  // (A joiner's communicator only carried its first exchange.)
-  const bool kvstore_rounds =
-      c.kvstore != nullptr && c.kvstore_consistency == kvstore::Consistency::kSync && world > 1;
-  // Allreduce over NCCL (see "Recovery in place" in job.h).
-  const bool device_collective = c.communicator != nullptr && c.communicator->options().transport ==
-                                                                  collective::TransportKind::kNccl;
 
-  // By this call, over all epochs (a joiner continues the root's count).
-  int64_t steps_run = joined_steps_run;
-  // Where the next epoch starts (a resumed checkpoint's or a regroup's step)
-  // and its statistics so far.
-  int64_t start_step = first_step;
-  Partial resume_at = resumed;
+  // The epoch's position and statistics so far (a resumed checkpoint's or a
+  // regroup's step), then none for the next epoch.
+  Partial BeginEpoch(int epoch) {
+    Partial at{epoch, 0, 0, 0, 0};
+    if (start_step_ > 0 || resume_at_.seen > 0) {
+      at.step = start_step_;
+      at.loss_sum = resume_at_.loss_sum;
+      at.seen = resume_at_.seen;
+      at.correct = resume_at_.correct;
+    }
+    start_step_ = 0;
+    resume_at_ = Partial{};
+    loader_->StartEpoch(epoch, at.step);
+    return at;
+  }
+
+  // Every rank at the same step (see "Drain" in job.h), in its current
+  // place in the membership.
+  absl::Status DrainAt(const Partial& at) {
+    progress_->drained = true;
+    JobConfig now = c_;
+    now.rank = rank_;
+    now.world_size = world_;
+    return Drain(now, trainer_.get(), at, progress_);
+  }
+
   // Whether a failure of a collective (a step's, or the epoch's statistics
-  // round) may be a lost peer's, worth a regroup.
-  auto recoverable = [&](const absl::Status& s) {
-    if ((c.communicator == nullptr && !kvstore_rounds) || hybrid) return false;
-    // A KVSTORE job's survivor learns of the loss from its agent, which
-    // cancels the kvstore client (see job.h); over NCCL the agent aborts the
-    // communicator: any error may be a lost peer's.
-    if (kvstore_rounds || device_collective) {
-      return (device_collective || absl::IsCancelled(s)) && !observer->StopRequested();
-    }
-    return IsTransient(s);
-  };
-  // After a survivor's regroup: the new membership's rank and world (an
-  // elastic job's shard changes), where the job continues (`*epoch`: the
-  // one before the root's, for the epoch loop's ++epoch).
-  auto adopt = [&](const RegroupResult& regroup, collective::Communicator* comm, absl::Time failed,
-                   int* epoch) -> absl::Status {
-    if (!recovering) failed_at = failed;  // a failure during a recovery: the first counts
-    recovering = true;
-    if (comm->rank() != rank || comm->size() != world) {
+  // round) may be a lost peer's, worth a regroup: the strategy's answer
+  // (a silent loss's: unless the job was asked to stop).
+  bool Recoverable(const absl::Status& s) {
+    if (hybrid_ || !strategy_.RegroupsInPlace(initial_world_)) return false;
+    if (!strategy_.MayBePeerLoss(s)) return false;
+    return !strategy_.loss_is_silent() || !control_->StopRequested();
+  }
+
+  // A survivor's recovery in place from `at`: the next membership's state
+  // and position, which the epoch loop continues from (`*epoch`: the one
+  // before the root's, for its ++epoch).
+  absl::Status Recover(const absl::Status& failure, const Partial& at, absl::Time failed,
+                       bool step_failed, int* epoch) {
+    trace::ScopedSpan recovery_span(c_.trace, "recovery", trace::kTrackStep, steps_run_);
+    collective::Communicator* comm = nullptr;
+    DT_ASSIGN_OR_RETURN(RegroupResult regroup,
+                        RegroupSurvivor(c_, membership_, trainer_.get(), failure, at,
+                                        steps_per_epoch_, steps_run_, world_, &comm, step_failed));
+    if (!recovering_) failed_at_ = failed;  // a failure during a recovery: the first counts
+    recovering_ = true;
+    if (comm->rank() != rank_ || comm->size() != world_) {
       // A smaller or larger membership: this rank's shard changes.
-      rank = comm->rank();
-      world = comm->size();
-      DT_RETURN_IF_ERROR(make_loader());
-      steps_per_epoch = loader->batches_per_epoch();
-      progress->steps_per_epoch = steps_per_epoch;
-      DT_RETURN_IF_ERROR(load_test_set());
+      rank_ = comm->rank();
+      world_ = comm->size();
+      DT_RETURN_IF_ERROR(MakeLoader());
+      DT_RETURN_IF_ERROR(LoadTestSet());
     }
-    recovery_root = regroup.root == rank;
-    recovery_steps_lost += regroup.steps_lost;
-    steps_run = regroup.steps_run;
-    resume_at = regroup.at;
-    start_step = regroup.at.step;
+    recovery_root_ = regroup.root == rank_;
+    recovery_steps_lost_ += regroup.steps_lost;
+    steps_run_ = regroup.steps_run;
+    resume_at_ = regroup.at;
+    start_step_ = regroup.at.step;
     *epoch = regroup.at.epoch - 1;
     return absl::OkStatus();
-  };
-  for (int epoch = first_epoch; epoch < c.epochs; ++epoch) {
-    data::Batch b;
-    double loss_sum = 0;
-    int64_t correct = 0, seen = 0, step = 0;
-    if (start_step > 0 || resume_at.seen > 0) {
-      step = start_step;
-      loss_sum = resume_at.loss_sum;
-      seen = resume_at.seen;
-      correct = resume_at.correct;
+  }
+
+  // The root reports a recovery once the first step (or statistics round)
+  // after it completed.
+  void RecoveryDone() {
+    if (!recovering_) return;
+    recovering_ = false;
+    if (recovery_root_) {
+      observer_->OnRecovered(absl::ToDoubleSeconds(absl::Now() - failed_at_), recovery_steps_lost_);
     }
-    start_step = 0;
-    resume_at = Partial{};
-    bool regrouped = false;
-    loader->StartEpoch(epoch, step);
-    const absl::Time start = absl::Now();
-    for (;;) {
-      const absl::Time step_start = absl::Now();
-      const int64_t step_start_ns = absl::ToUnixNanos(step_start);
-      const double waited_before = loader->wait_seconds();
-      if (!loader->Next(&b)) break;
-      const double data_wait = std::max(0.0, loader->wait_seconds() - waited_before);
-      const int64_t data_end_ns = absl::GetCurrentTimeNanos();
-      if (observer->StopRequested()) return absl::CancelledError("stopped");
-      if (observer->DrainRequested(steps_run)) {
-        progress->drained = true;
-        JobConfig now = c;  // this rank's place in the current membership
-        now.rank = rank;
-        now.world_size = world;
-        return Drain(now, trainer.get(), Partial{epoch, step, loss_sum, seen, correct}, progress);
-      }
-      auto [x, y] = ToTensors(b, sample_shape, Device::Cpu(0));
-      absl::Status failure;  // OK: no step failed (a grow's regroup)
-      bool regroup_now =
-          c.communicator != nullptr && !hybrid && observer->RegroupRequested(steps_run);
-      absl::StatusOr<float> stepped = 0.0f;
-      if (!regroup_now) {
-        stepped = hybrid ? hybrid->Run(x, y) : trainer->Step(x, y);
-        if (!stepped.ok()) {
-          failure = Annotate(stepped.status(), absl::StrCat("rank ", rank, ", epoch ", epoch + 1,
-                                                            " step ", step + 1));
-          if (!recoverable(stepped.status())) return failure;
-          DT_LOG(WARNING) << "job " << c.name << ": " << failure << "; trying to recover in place";
-          regroup_now = true;
-        }
-      }
-      if (regroup_now) {
-        // A KVSTORE job's step stalled from its start until the agent
-        // cancelled it.
-        // (Over NCCL too: a peer's loss may only show when the agent aborts
-        // the communicator.)
-        const absl::Time failed = kvstore_rounds || device_collective ? step_start : absl::Now();
-        trace::ScopedSpan recovery_span(c.trace, "recovery", trace::kTrackStep, steps_run);
-        collective::Communicator* comm = nullptr;
-        DT_ASSIGN_OR_RETURN(RegroupResult regroup,
-                            RegroupSurvivor(c, observer, trainer.get(), failure,
-                                            Partial{epoch, step, loss_sum, seen, correct},
-                                            steps_per_epoch, steps_run, world, &comm));
-        // The loop's ++epoch makes it the root's epoch.
-        DT_RETURN_IF_ERROR(adopt(regroup, comm, failed, &epoch));
-        regrouped = true;
-        break;
-      }
-      const float l = *stepped;
-      if (!std::isfinite(l)) {
-        return absl::FailedPreconditionError(
-            absl::StrCat("training diverged: loss is ", l, " at epoch ", epoch + 1, " step ",
-                         step + 1, "; lower the learning rate (lr=", c.sgd.lr, ")"));
-      }
-      StepTimes times;
-      times.communication = trainer->last_comm_work_seconds();
-      times.data_wait = data_wait;
-      times.compute = std::max(
-          0.0, absl::ToDoubleSeconds(absl::Now() - step_start) - data_wait - times.communication);
-      // The phases (step_phases.h): the loader's wait, then the trainer's
-      // own phases; the time between them (drain poll, the batch's copy)
-      // counts as forward_backward.
-      if (hybrid) {
-        const int64_t end_ns = absl::GetCurrentTimeNanos();
-        for (PhaseSpan& p : times.phases.phase) p = {end_ns, end_ns};
-        times.phases.phase[static_cast<int>(StepPhase::kForwardBackward)] = {data_end_ns, end_ns};
-        times.phases.step = {step_start_ns, end_ns};
-      } else {
-        times.phases = trainer->last_step_phases();
-        times.phases.step.start_ns = step_start_ns;
-        times.phases.phase[static_cast<int>(StepPhase::kForwardBackward)].start_ns = data_end_ns;
-      }
-      times.phases.phase[static_cast<int>(StepPhase::kDataWait)] = {step_start_ns, data_end_ns};
-      times.samples = b.size;
-      loss_sum += static_cast<double>(l) * b.size;
-      correct += hybrid ? ops::CountCorrect(hybrid->logits(), y) : trainer->last_correct();
-      seen += b.size;
-      ++step;
-      ++steps_run;
-      progress->epoch = epoch;
-      progress->step = step;
-      progress->loss = loss_sum / seen;
-      progress->train_accuracy = static_cast<double>(correct) / seen;
-      const double secs = absl::ToDoubleSeconds(absl::Now() - start);
-      // Samples of the whole job (every rank does the same work).
-      progress->samples_per_second = secs > 0 ? seen * world / secs : 0;
-      progress->achieved_flops = flops_per_sample * progress->samples_per_second;
-      progress->mfu = rank_peak > 0 ? progress->achieved_flops / (rank_peak * world) : 0;
-      if (recovering) {
-        recovering = false;
-        if (recovery_root) {
-          observer->OnRecovered(absl::ToDoubleSeconds(absl::Now() - failed_at),
-                                recovery_steps_lost);
-        }
-        recovery_steps_lost = 0;
-      }
-      RecordStepSpans(c.trace, times.phases, steps_run - 1,
-                      hybrid ? "hybridized" : trainer->sync_name());
-      observer->OnStep(*progress, times);
+    recovery_steps_lost_ = 0;
+  }
+
+  // A completed step with loss `l`: the epoch's statistics, the step's times
+  // and phases, progress.
+  absl::Status Stepped(float l, const data::Batch& b, const Tensor& y, absl::Time epoch_start,
+                       absl::Time step_start, double data_wait, int64_t data_end_ns, Partial* at) {
+    if (!std::isfinite(l)) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("training diverged: loss is ", l, " at epoch ", at->epoch + 1, " step ",
+                       at->step + 1, "; lower the learning rate (lr=", c_.sgd.lr, ")"));
     }
-    if (regrouped) continue;
-    // The epoch's loss and training accuracy over every rank's samples (the
-    // trainer's gradient sync knows how its trainers meet; with kvstore-held
-    // weights this rank's share).
-    float sums[3] = {static_cast<float>(loss_sum), static_cast<float>(seen),
-                     static_cast<float>(correct)};
+    StepTimes times;
+    times.communication = trainer_->last_comm_work_seconds();
+    times.data_wait = data_wait;
+    times.compute = std::max(
+        0.0, absl::ToDoubleSeconds(absl::Now() - step_start) - data_wait - times.communication);
+    // The phases (step_phases.h): the loader's wait, then the trainer's own
+    // phases; the time between them (drain poll, the batch's copy) counts as
+    // forward_backward.
+    const int64_t step_start_ns = absl::ToUnixNanos(step_start);
+    if (hybrid_) {
+      const int64_t end_ns = absl::GetCurrentTimeNanos();
+      for (PhaseSpan& p : times.phases.phase) p = {end_ns, end_ns};
+      times.phases.phase[static_cast<int>(StepPhase::kForwardBackward)] = {data_end_ns, end_ns};
+      times.phases.step = {step_start_ns, end_ns};
+    } else {
+      times.phases = trainer_->last_step_phases();
+      times.phases.step.start_ns = step_start_ns;
+      times.phases.phase[static_cast<int>(StepPhase::kForwardBackward)].start_ns = data_end_ns;
+    }
+    times.phases.phase[static_cast<int>(StepPhase::kDataWait)] = {step_start_ns, data_end_ns};
+    times.samples = b.size;
+    at->loss_sum += static_cast<double>(l) * b.size;
+    at->correct += hybrid_ ? ops::CountCorrect(hybrid_->logits(), y) : trainer_->last_correct();
+    at->seen += b.size;
+    ++at->step;
+    ++steps_run_;
+    progress_->epoch = at->epoch;
+    progress_->step = at->step;
+    progress_->loss = at->loss_sum / at->seen;
+    progress_->train_accuracy = static_cast<double>(at->correct) / at->seen;
+    const double secs = absl::ToDoubleSeconds(absl::Now() - epoch_start);
+    // Samples of the whole job (every rank does the same work).
+    progress_->samples_per_second = secs > 0 ? at->seen * world_ / secs : 0;
+    progress_->achieved_flops = flops_per_sample_ * progress_->samples_per_second;
+    progress_->mfu = rank_peak_ > 0 ? progress_->achieved_flops / (rank_peak_ * world_) : 0;
+    RecoveryDone();
+    RecordStepSpans(c_.trace, times.phases, steps_run_ - 1,
+                    hybrid_ ? "hybridized" : trainer_->sync_name());
+    observer_->OnStep(*progress_, times);
+    return absl::OkStatus();
+  }
+
+  // The epoch's loss and training accuracy over every rank's samples (the
+  // trainer's gradient sync knows how its trainers meet; with kvstore-held
+  // weights this rank's share). False: a peer was lost in the round and the
+  // job regrouped (as after a failed step, with no step lost: every
+  // survivor finished the epoch's steps); the new membership then meets for
+  // this epoch's statistics (the root's position is the epoch's end).
+  absl::StatusOr<bool> EpochStatistics(const Partial& at, int* epoch) {
+    float sums[3] = {static_cast<float>(at.loss_sum), static_cast<float>(at.seen),
+                     static_cast<float>(at.correct)};
     absl::Status averaged;
     {
-      trace::ScopedSpan span(c.trace, "epoch statistics", trace::kTrackStep, steps_run);
-      averaged = Annotate(trainer->AverageStatistics(sums, 3),
-                          absl::StrCat("rank ", rank, ": averaging the loss of epoch ", epoch + 1));
+      trace::ScopedSpan span(c_.trace, "epoch statistics", trace::kTrackStep, steps_run_);
+      averaged =
+          Annotate(trainer_->AverageStatistics(sums, 3),
+                   absl::StrCat("rank ", rank_, ": averaging the loss of epoch ", at.epoch + 1));
     }
     if (!averaged.ok()) {
-      // A peer lost in the epoch's statistics round: regroup as after a
-      // failed step (no step is lost: every survivor finished the epoch's
-      // steps), then the new membership meets for this epoch's statistics
-      // (the root's position is the epoch's end: no step is left to run).
-      if (!recoverable(averaged)) return averaged;
-      DT_LOG(WARNING) << "job " << c.name << ": " << averaged << "; trying to recover in place";
-      const absl::Time failed = absl::Now();
-      trace::ScopedSpan recovery_span(c.trace, "recovery", trace::kTrackStep, steps_run);
-      collective::Communicator* comm = nullptr;
-      DT_ASSIGN_OR_RETURN(RegroupResult regroup,
-                          RegroupSurvivor(c, observer, trainer.get(), averaged,
-                                          Partial{epoch, step, loss_sum, seen, correct},
-                                          steps_per_epoch, steps_run, world, &comm,
-                                          /*step_failed=*/false));
-      DT_RETURN_IF_ERROR(adopt(regroup, comm, failed, &epoch));
-      continue;
+      if (!Recoverable(averaged)) return averaged;
+      DT_LOG(WARNING) << "job " << c_.name << ": " << averaged << "; trying to recover in place";
+      DT_RETURN_IF_ERROR(Recover(averaged, at, absl::Now(), /*step_failed=*/false, epoch));
+      return false;
     }
-    if (recovering) {
-      // The statistics round of a regroup at the epoch's end completed it.
-      recovering = false;
-      if (recovery_root) {
-        observer->OnRecovered(absl::ToDoubleSeconds(absl::Now() - failed_at), recovery_steps_lost);
-      }
-      recovery_steps_lost = 0;
-    }
+    RecoveryDone();  // the statistics round of a regroup at the epoch's end
     if (sums[1] > 0) {
-      progress->loss = sums[0] / sums[1];
-      progress->train_accuracy = sums[2] / sums[1];
+      progress_->loss = sums[0] / sums[1];
+      progress_->train_accuracy = sums[2] / sums[1];
     }
-    progress->epoch_seconds = absl::ToDoubleSeconds(absl::Now() - start);
-    progress->epoch = epoch + 1;
-    progress->step = 0;
-    if (rank == 0) {
-      // Asynchronous kvstore modes: the server's weights, not the ones this
-      // trainer's last pushes left.
-      DT_RETURN_IF_ERROR(trainer->PullLatestWeights());
-      {
-        trace::ScopedSpan span(c.trace, "evaluate", trace::kTrackStep, steps_run);
-        DT_ASSIGN_OR_RETURN(progress->test_accuracy,
-                            Evaluate(trainer.get(), test_set, sample_shape));
-      }
-      DT_LOG(INFO) << "job " << c.name << " epoch " << epoch + 1 << ": loss " << progress->loss
-                   << ", test accuracy " << progress->test_accuracy;
-      if (c.checkpoint_interval_epochs > 0 && (epoch + 1) % c.checkpoint_interval_epochs == 0) {
-        std::map<std::string, std::string> meta = c.checkpoint_metadata;
-        meta["epochs_done"] = absl::StrCat(epoch + 1);
-        meta["seed"] = absl::StrCat(c.seed);
-        meta["world_size"] = absl::StrCat(world);
-        meta["devices_per_trainer"] = absl::StrCat(k);
-        meta["loss"] = absl::StrCat(progress->loss);
-        meta["test_accuracy"] = absl::StrCat(progress->test_accuracy);
-        trace::ScopedSpan span(c.trace, "checkpoint", trace::kTrackStep, steps_run);
-        DT_RETURN_IF_ERROR(SaveTrainingState(c.checkpoint_path, c.model, trainer->replica(0),
-                                             trainer->optimizer(0), meta));
-        progress->checkpoint_path = c.checkpoint_path;
-        progress->checkpoint_epoch = epoch + 1;
-        progress->checkpoint_step = 0;
-        DT_LOG(INFO) << "job " << c.name << ": checkpoint of epoch " << epoch + 1 << " in "
-                     << c.checkpoint_path;
-      }
+    return true;
+  }
+
+  // Rank 0 at an epoch's end: test accuracy, and the checkpoint when due.
+  absl::Status EvaluateAndCheckpoint(int epoch) {
+    // Asynchronous kvstore modes: the server's weights, not the ones this
+    // trainer's last pushes left.
+    DT_RETURN_IF_ERROR(trainer_->PullLatestWeights());
+    {
+      trace::ScopedSpan span(c_.trace, "evaluate", trace::kTrackStep, steps_run_);
+      DT_ASSIGN_OR_RETURN(progress_->test_accuracy,
+                          Evaluate(trainer_.get(), test_set_, sample_shape_));
     }
-    observer->OnEpoch(*progress);
+    DT_LOG(INFO) << "job " << c_.name << " epoch " << epoch + 1 << ": loss " << progress_->loss
+                 << ", test accuracy " << progress_->test_accuracy;
+    if (c_.checkpoint_interval_epochs <= 0 || (epoch + 1) % c_.checkpoint_interval_epochs != 0) {
+      return absl::OkStatus();
+    }
+    std::map<std::string, std::string> meta = c_.checkpoint_metadata;
+    meta["epochs_done"] = absl::StrCat(epoch + 1);
+    meta["seed"] = absl::StrCat(c_.seed);
+    meta["world_size"] = absl::StrCat(world_);
+    meta["devices_per_trainer"] = absl::StrCat(k_);
+    meta["loss"] = absl::StrCat(progress_->loss);
+    meta["test_accuracy"] = absl::StrCat(progress_->test_accuracy);
+    trace::ScopedSpan span(c_.trace, "checkpoint", trace::kTrackStep, steps_run_);
+    DT_RETURN_IF_ERROR(SaveTrainingState(c_.checkpoint_path, c_.model, trainer_->replica(0),
+                                         trainer_->optimizer(0), meta));
+    progress_->checkpoint_path = c_.checkpoint_path;
+    progress_->checkpoint_epoch = epoch + 1;
+    progress_->checkpoint_step = 0;
+    DT_LOG(INFO) << "job " << c_.name << ": checkpoint of epoch " << epoch + 1 << " in "
+                 << c_.checkpoint_path;
+    return absl::OkStatus();
   }
-  if (rank == 0 && progress->test_accuracy < 0) {
-    // Resumed from the last epoch's checkpoint: nothing left to train.
-    DT_ASSIGN_OR_RETURN(progress->test_accuracy, Evaluate(trainer.get(), test_set, sample_shape));
+
+  // Every epoch is done.
+  absl::Status Finish() {
+    if (rank_ == 0 && progress_->test_accuracy < 0) {
+      // Resumed from the last epoch's checkpoint: nothing left to train.
+      DT_ASSIGN_OR_RETURN(progress_->test_accuracy,
+                          Evaluate(trainer_.get(), test_set_, sample_shape_));
+    }
+    // The job is complete: a drain's partial statistics are of no more use.
+    if (rank_ == 0 && !c_.checkpoint_path.empty()) RemovePartials(c_.checkpoint_path);
+    return absl::OkStatus();
   }
-  // The job is complete: a drain's partial statistics are of no more use.
-  if (rank == 0 && !c.checkpoint_path.empty()) RemovePartials(c.checkpoint_path);
-  return absl::OkStatus();
-}
+
+  const JobConfig& c_;
+  const SyncStrategy& strategy_;
+  JobObserver no_observer_;
+  JobControl no_control_;
+  Membership no_membership_;
+  JobObserver* const observer_;
+  JobControl* const control_;
+  Membership* const membership_;
+  JobProgress* const progress_;
+
+  // This rank's place in the current membership.
+  int rank_;
+  int world_;
+  const int initial_world_ = world_;
+  const int k_;  // devices
+  const int64_t local_batch_;
+
+  std::string data_dir_;
+  data::Dataset train_set_;
+  data::Dataset test_set_;
+  bool test_loaded_ = false;
+  Shape sample_shape_;
+  std::unique_ptr<data::DataLoader> loader_;
+  int64_t steps_per_epoch_ = 0;
+
+  std::unique_ptr<DataParallelTrainer> trainer_;
+  std::unique_ptr<graph::TrainStep> hybrid_;
+  double flops_per_sample_ = 0;
+  double rank_peak_ = 0;
+
+  // Where the first epoch starts (a resumed checkpoint's or a joiner's).
+  int first_epoch_ = 0;
+  int64_t first_step_ = 0;
+  // Steps by this call, over all epochs (a joiner continues the root's
+  // count).
+  int64_t steps_run_ = 0;
+  // Where the next epoch starts (a resumed checkpoint's or a regroup's step)
+  // and its statistics so far.
+  int64_t start_step_ = 0;
+  Partial resume_at_;
+  // A recovery in place waiting for its first completed step (the root
+  // reports it).
+  bool recovering_ = false;
+  bool recovery_root_ = false;
+  absl::Time failed_at_;
+  int64_t recovery_steps_lost_ = 0;
+};
 
 }  // namespace
 
-absl::Status RunJob(const JobConfig& config, JobObserver* observer, JobProgress* progress) {
-  JobObserver none;
-  return Run(config, observer != nullptr ? observer : &none, progress);
+absl::Status RunJob(const JobConfig& config, JobHooks hooks, JobProgress* progress) {
+  DT_ASSIGN_OR_RETURN(const SyncStrategy* strategy, JobStrategy(config));
+  DT_RETURN_IF_ERROR(Validate(config, *strategy));
+  JobRun run(config, strategy, hooks, progress);
+  return run.Run();
 }
 
 }  // namespace train

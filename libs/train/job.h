@@ -3,8 +3,12 @@
 // (DataParallelTrainer, or a hybridized step), the epoch's loss and training
 // accuracy averaged over the ranks, test accuracy and checkpoints on rank 0,
 // and resuming from a checkpoint. No transport: the caller connects the
-// collective communicator or the kvstore client and watches progress through
-// a JobObserver (services/trainer reports it to the scheduler).
+// collective communicator or the kvstore client, watches progress through a
+// JobObserver (services/trainer reports it to the scheduler), stops and
+// drains the job through a JobControl and connects a regroup's membership
+// through a Membership (JobHooks). How the ranks meet, and how the job lives
+// through a lost rank, is its strategy's (SyncStrategy, gradient_sync.h:
+// RunJob asks it instead of branching on the transports).
 //
 //   JobConfig c;
 //   c.model = "lenet";
@@ -19,7 +23,7 @@
 // job resumed from the checkpoint of epoch e continues exactly as the
 // undisturbed job would (same devices, ranks and thread counts).
 //
-// Drain. JobObserver::DrainRequested is polled before every step with the
+// Drain. JobControl::DrainRequested is polled before every step with the
 // steps this run has done; when it returns true every rank must be at the
 // same step (the caller agrees on it: libs/agent does it through the job
 // attempt's rendezvous store). Then each rank writes its partial epoch
@@ -40,10 +44,16 @@
 // other steps than rank 0: their statistics file is then ignored, with a
 // warning, and the epoch's loss counts only the resumed steps.)
 //
-// Recovery in place (allreduce jobs on CPU). When a step fails with a
+// Recovery in place. The job's SyncStrategy (gradient_sync.h) says whether
+// its ranks regroup (RegroupsInPlace), which failures may be a lost peer's
+// (MayBePeerLoss, loss_is_silent) and whether a replacement continues a lost
+// worker's kvstore rounds instead (replacement_continues_rounds); the
+// paragraphs below describe each strategy's answers.
+//
+// Allreduce jobs on CPU ("allreduce"). When a step fails with a
 // transient error (a peer was lost: UNAVAILABLE, ABORTED, DEADLINE_EXCEEDED)
-// RunJob does not return at once: it asks JobObserver::Regroup for a
-// communicator of the attempt's next membership (libs/agent waits for the
+// RunJob does not return at once: it asks Membership::Regroup for the
+// transports of the attempt's next membership (libs/agent waits for the
 // scheduler to put a spare trainer in the lost rank's place). The failed
 // step applied nothing (DataParallelTrainer::Regroup), so this rank still
 // holds the model and optimizer state of its last completed step. The ranks
@@ -75,37 +85,37 @@
 // drain's meeting: RunJob returns the error (a transient one: the
 // scheduler requeues the attempt from its checkpoint).
 //
-// KVSTORE jobs in synchronous rounds recover the same way: a survivor's
-// step fails when its kvstore client is cancelled (CANCELLED while
-// StopRequested is false: libs/agent cancels it when the scheduler offers
-// the next membership, as a survivor blocked in a round that waits for the
-// lost rank cannot tell), the exchange goes over Regroup's communicator,
-// and the rounds continue in the new membership's own kvstore job
-// (JobObserver::RegroupKvstore): no round of the old one has to be
-// completed. The recovery's seconds count from the start of the failed
-// step (the wait for the scheduler to notice the loss included).
+// KVSTORE jobs in synchronous rounds ("kvstore_sync") recover the same way: a
+// survivor's step fails when its kvstore client is cancelled (CANCELLED while
+// StopRequested is false: libs/agent cancels it when the scheduler offers the
+// next membership, as a survivor blocked in a round that waits for the lost
+// rank cannot tell), the exchange goes over Regroup's communicator, and the
+// rounds continue in the new membership's own kvstore job
+// (MembershipTransports::kvstore): no round of the old one has to be
+// completed. The recovery's seconds count from the start of the failed step
+// (the wait for the scheduler to notice the loss included).
 //
-// KVSTORE jobs whose weights live on the kvstore (kAsync, kBoundedDelay)
-// need no exchange: the survivors never stop (they hold nothing the job
-// needs), and a replacement (JobConfig::join, no communicator) joins the
-// attempt's kvstore job as the lost rank's worker: Create pulls the
-// server's weights, DataParallelTrainer::ResumeKvstoreWorker continues that
-// worker's rounds, and the rounds it had pushed are the steps it completed,
-// so the joiner continues at attempt_start + rounds (same epoch order, same
-// shard) with the epoch's statistics from zero. The step the lost worker
-// was in is lost (1 step; the buckets it had pushed of it stay applied).
-// Once its first step is done the joiner calls OnRecovered.
+// KVSTORE jobs whose weights live on the kvstore ("kvstore_weights": kAsync,
+// kBoundedDelay) need no exchange: the survivors never stop (they hold
+// nothing the job needs), and a replacement (JobConfig::join, no
+// communicator) joins the attempt's kvstore job as the lost rank's worker:
+// Create pulls the server's weights, DataParallelTrainer::ResumeKvstoreWorker
+// continues that worker's rounds, and the rounds it had pushed are the steps
+// it completed, so the joiner continues at attempt_start + rounds (same epoch
+// order, same shard) with the epoch's statistics from zero. The step the lost
+// worker was in is lost (1 step; the buckets it had pushed of it stay
+// applied). Once its first step is done the joiner calls OnRecovered.
 //
 // CUDA replicas recover the same way: the failed step applied nothing, the
 // survivors keep their device-resident model and momentum, and the state
-// travels through host memory over Regroup's communicator (a host
-// transport). ALLREDUCE jobs over NCCL: a survivor's step fails when its
-// NCCL communicator is aborted (libs/agent aborts it when the scheduler
+// travels through host memory over Regroup's communicator (a host transport).
+// ALLREDUCE jobs over NCCL ("nccl_allreduce"): a survivor's step fails when
+// its NCCL communicator is aborted (libs/agent aborts it when the scheduler
 // offers the next membership: a collective waiting for a dead peer over
-// shared memory or NVLink may never fail by itself), any step failure is
-// then worth a regroup while StopRequested is false (a regroup that never
-// comes ends it with the step's error), and the new membership's NCCL
-// communicator (RegroupDeviceCommunicator; a joiner's JobConfig
+// shared memory or NVLink may never fail by itself), any step failure is then
+// worth a regroup while StopRequested is false (a regroup that never comes
+// ends it with the step's error), and the new membership's NCCL communicator
+// (MembershipTransports::device_communicator; a joiner's JobConfig
 // communicator, with exchange_communicator for the state) carries the
 // gradients.
 //
@@ -122,14 +132,16 @@
 // epoch's statistics at zero (nothing was lost); one that replaces a lost
 // rank adopts the root's.
 //
-// Thread-safety: RunJob runs on the calling thread; the observer is called
-// on it.
+// Thread-safety: RunJob runs on the calling thread; the hooks are called on
+// it.
 #ifndef DTRAIN_LIBS_TRAIN_JOB_H_
 #define DTRAIN_LIBS_TRAIN_JOB_H_
 
+#include <cstddef>
 #include <cstdint>
 #include <map>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -248,6 +260,8 @@ struct StepTimes {
   int64_t samples = 0;  // this rank's samples in the step
 };
 
+// What RunJob tells its caller (services/trainer reports it). Called on
+// RunJob's thread.
 class JobObserver {
  public:
   virtual ~JobObserver() = default;
@@ -255,55 +269,87 @@ class JobObserver {
   virtual void OnStep(const JobProgress& progress, const StepTimes& times) {}
   // After every epoch, once rank 0 has evaluated and checkpointed.
   virtual void OnEpoch(const JobProgress& progress) {}
-  // Polled before every step: true stops the job (RunJob returns Cancelled).
-  virtual bool StopRequested() { return false; }
-  // Polled before every step (after StopRequested) with the steps this
-  // RunJob call has done, over all epochs: true drains the job before the
-  // next step (see "Drain" above; RunJob returns Cancelled with
-  // progress->drained). Every rank must answer true at the same count.
-  virtual bool DrainRequested(int64_t steps_done) { return false; }
-  // Recovery in place: a step failed with `failure` (transient: a peer is
-  // gone), or `failure` is OK: RegroupRequested asked for a regroup (an
-  // elastic job grows). Returns the communicator of the attempt's next
-  // membership (not owned: it must outlive RunJob); this rank's rank and the
-  // world size are the communicator's (an elastic job that shrank renumbers
-  // its ranks). Or an error (RunJob then returns `failure`, or the error
-  // when `failure` is OK). Called again, with the regroup's error, when a
-  // regroup fails.
-  virtual absl::StatusOr<collective::Communicator*> Regroup(const absl::Status& failure) {
-    if (failure.ok()) return absl::UnimplementedError("this observer does not regroup");
-    return failure;
-  }
-  // Polled before every step (after DrainRequested) with the steps done, like
-  // DrainRequested: true makes every rank regroup (Regroup(OkStatus())) before
-  // the next step, so a new rank can join at a step boundary. Every rank
-  // must answer true at the same count.
-  virtual bool RegroupRequested(int64_t steps_done) { return false; }
-  // KVSTORE jobs (synchronous rounds): after Regroup answered a
-  // communicator, the kvstore client of that membership's own kvstore job
-  // (not owned: it must outlive RunJob). The communicator then only carries
-  // the exchange of the state; the gradients' rounds continue there.
-  virtual kvstore::ParameterServer* RegroupKvstore() { return nullptr; }
-  // ALLREDUCE jobs over NCCL: after Regroup answered a communicator (a host
-  // transport, which carries the exchange of the state), the NCCL
-  // communicator of the same membership for the gradients (not owned: it
-  // must outlive RunJob). Null: Regroup's carries both.
-  virtual collective::Communicator* RegroupDeviceCommunicator() { return nullptr; }
   // On the rank that sent the state, after the first step completed since
   // a regroup: the seconds since the failed step, and the steps lost.
   virtual void OnRecovered(double seconds, int64_t steps_lost) {}
+};
+
+// What RunJob asks before every step, in this order, with the steps this
+// RunJob call has done over all epochs. Every rank must answer
+// DrainRequested and RegroupRequested true at the same count.
+class JobControl {
+ public:
+  virtual ~JobControl() = default;
+  // True stops the job (RunJob returns Cancelled).
+  virtual bool StopRequested() { return false; }
+  // True drains the job before the next step (see "Drain" above; RunJob
+  // returns Cancelled with progress->drained).
+  virtual bool DrainRequested(int64_t steps_done) { return false; }
+  // True makes every rank regroup (Membership::Regroup(OkStatus())) before
+  // the next step, so a new rank can join at a step boundary (jobs with a
+  // communicator).
+  virtual bool RegroupRequested(int64_t steps_done) { return false; }
+};
+
+// The transports of a membership (not owned: they must outlive RunJob).
+struct MembershipTransports {
+  // Carries the exchange of the state and, unless one of the next two is
+  // set, the gradients; this rank's rank and the world size are its (an
+  // elastic job that shrank renumbers its ranks).
+  collective::Communicator* communicator = nullptr;
+  // ALLREDUCE jobs over NCCL: the NCCL communicator of the same membership
+  // for the gradients.
+  collective::Communicator* device_communicator = nullptr;
+  // KVSTORE jobs in synchronous rounds: the kvstore client of the
+  // membership's own kvstore job, where the gradients' rounds continue.
+  kvstore::ParameterServer* kvstore = nullptr;
+};
+
+// Recovery in place: how a rank meets the attempt's next membership
+// (libs/agent waits for the scheduler's regroup and connects it).
+class Membership {
+ public:
+  virtual ~Membership() = default;
+  // A step failed with `failure` (a peer may be gone: the strategy says,
+  // SyncStrategy::MayBePeerLoss), or `failure` is OK: RegroupRequested asked
+  // for a regroup (an elastic job grows). Returns the transports of the
+  // attempt's next membership, or an error (RunJob then returns `failure`,
+  // or the error when `failure` is OK). Called again, with the regroup's
+  // error, when a regroup fails.
+  virtual absl::StatusOr<MembershipTransports> Regroup(const absl::Status& failure) {
+    if (failure.ok()) return absl::UnimplementedError("no membership to regroup");
+    return failure;
+  }
+};
+
+// The caller's side of RunJob: any of the three may be null (defaults: no
+// notifications, never stop, no regroup). A pointer to an object that
+// implements several of the interfaces fills each it implements:
+//   RunJob(config, &my_observer_and_control, &progress);
+struct JobHooks {
+  JobHooks() = default;
+  JobHooks(std::nullptr_t) {}  // NOLINT: none
+  template <typename T>
+  JobHooks(T* hooks) {  // NOLINT: implicit, see above
+    if constexpr (std::is_base_of_v<JobObserver, T>) observer = hooks;
+    if constexpr (std::is_base_of_v<JobControl, T>) control = hooks;
+    if constexpr (std::is_base_of_v<Membership, T>) membership = hooks;
+  }
+  JobObserver* observer = nullptr;
+  JobControl* control = nullptr;
+  Membership* membership = nullptr;
 };
 
 // Runs this rank's share of the job to its end. *progress holds the last
 // progress, also on errors. Errors: InvalidArgument for a config that cannot
 // run (naming the field); the data set's, the collectives' (UNAVAILABLE,
 // ABORTED or DEADLINE_EXCEEDED when a peer failed) and the checkpoint's;
-// FailedPrecondition when the loss diverges; Cancelled when the observer
+// FailedPrecondition when the loss diverges; Cancelled when the control
 // asked to stop or to drain (then progress->drained is set, and on rank 0
 // progress->checkpoint_* name the drain's checkpoint); InvalidArgument when
 // resuming a mid-epoch checkpoint with another world_size; DataLoss when
 // its partial statistics file is missing or malformed.
-absl::Status RunJob(const JobConfig& config, JobObserver* observer, JobProgress* progress);
+absl::Status RunJob(const JobConfig& config, JobHooks hooks, JobProgress* progress);
 
 }  // namespace train
 }  // namespace dtrain

@@ -42,7 +42,7 @@ JobConfig SmallJob(int epochs) {
   return c;
 }
 
-class Recorder : public JobObserver {
+class Recorder : public JobObserver, public JobControl {
  public:
   void OnStep(const JobProgress& p, const StepTimes& t) override {
     ++steps;
@@ -284,10 +284,10 @@ TEST(JobTest, TwoRanksAverageTheirEpochLoss) {
 // 0's step fails, its observer regroups into a new communicator that a
 // replacement rank 1 (JobConfig::join) meets; rank 0 sends its state and
 // data position and both finish. Epoch 2 is the undisturbed run's exactly.
-class Regrouper : public JobObserver {
+class Regrouper : public JobObserver, public Membership {
  public:
   explicit Regrouper(collective::Store* store) : store_(store) {}
-  absl::StatusOr<collective::Communicator*> Regroup(const absl::Status& failure) override {
+  absl::StatusOr<MembershipTransports> Regroup(const absl::Status& failure) override {
     ++regroups;
     failure_code = failure.code();
     collective::CommunicatorOptions co;
@@ -296,7 +296,7 @@ class Regrouper : public JobObserver {
     auto comm = collective::Communicator::Create(0, 2, store_, co);
     if (!comm.ok()) return comm.status();
     comm_ = *std::move(comm);
-    return comm_.get();
+    return MembershipTransports{comm_.get()};
   }
   void OnRecovered(double seconds, int64_t steps_lost) override {
     recovered_seconds = seconds;
@@ -316,7 +316,7 @@ class Regrouper : public JobObserver {
 };
 
 // Records the step counts DrainRequested sees.
-class DrainPolls : public JobObserver {
+class DrainPolls : public JobControl {
  public:
   bool DrainRequested(int64_t steps_done) override {
     polls.push_back(steps_done);
@@ -325,7 +325,7 @@ class DrainPolls : public JobObserver {
   std::vector<int64_t> polls;
 };
 
-class StopAfter : public JobObserver {
+class StopAfter : public JobObserver, public JobControl {
  public:
   explicit StopAfter(int steps) : stop_after_(steps) {}
   void OnStep(const JobProgress& p, const StepTimes& t) override { ++steps_; }
@@ -356,7 +356,7 @@ TEST(JobTest, LostRankIsReplacedInPlaceAndTheJobEndsLikeTheUndisturbedOne) {
           ASSERT_TRUE(comm.ok()) << comm.status();
           c.communicator = comm->get();
           StopAfter stop(disturbed && r == 1 ? 11 : 1 << 30);  // in epoch 1 step 12
-          st[r] = RunJob(c, r == 0 ? static_cast<JobObserver*>(&regrouper) : &stop, &p[r]);
+          st[r] = RunJob(c, r == 0 ? JobHooks(&regrouper) : JobHooks(&stop), &p[r]);
         }  // rank 1's communicator closes: rank 0's step fails
         if (!disturbed || r == 0) return;
         co.key_prefix = "gen1";
@@ -410,7 +410,7 @@ TEST(JobTest, LostRankIsReplacedInPlaceAndTheJobEndsLikeTheUndisturbedOne) {
 // as kvstore worker 1, continues that worker's rounds at step 12 (its first
 // DrainRequested sees 11 steps done) and reports one step lost; both ranks
 // finish both epochs.
-class Joiner : public JobObserver {
+class Joiner : public JobObserver, public JobControl {
  public:
   bool DrainRequested(int64_t steps_done) override {
     polls.push_back(steps_done);
@@ -582,7 +582,7 @@ TEST(JobTest, PeerLostInTheStatisticsRoundIsReplacedInPlaceWithNoStepLost) {
           if (disturbed && r == 1) used = std::make_unique<DiesInStatistics>(std::move(used));
           c.communicator = used.get();
           JobObserver none;
-          st[r] = RunJob(c, r == 0 ? static_cast<JobObserver*>(regrouper) : &none, &p[r]);
+          st[r] = RunJob(c, r == 0 ? JobHooks(regrouper) : JobHooks(&none), &p[r]);
         }
         if (!disturbed || r == 0) return;
         co.key_prefix = "gen1";
@@ -626,10 +626,10 @@ TEST(JobTest, PeerLostInTheStatisticsRoundIsReplacedInPlaceWithNoStepLost) {
 // epoch resumed at step 22, the same share of its samples); after 30 steps
 // RegroupRequested asks for a larger membership and a new rank 1 joins at
 // that step boundary (epoch 2 step 9 of 32 alone: step 4 of 16 with two).
-class Elastic : public JobObserver {
+class Elastic : public JobObserver, public JobControl, public Membership {
  public:
   explicit Elastic(collective::Store* store) : store_(store) {}
-  absl::StatusOr<collective::Communicator*> Regroup(const absl::Status& failure) override {
+  absl::StatusOr<MembershipTransports> Regroup(const absl::Status& failure) override {
     failures.push_back(failure.code());
     collective::CommunicatorOptions co;
     co.transport = collective::TransportKind::kInProcess;
@@ -638,7 +638,7 @@ class Elastic : public JobObserver {
     auto comm = collective::Communicator::Create(0, world, store_, co);
     if (!comm.ok()) return comm.status();
     comms_.push_back(*std::move(comm));
-    return comms_.back().get();
+    return MembershipTransports{comms_.back().get()};
   }
   bool RegroupRequested(int64_t steps_done) override {
     if (failures.size() != 1 || steps_done != 30) return false;
@@ -687,7 +687,7 @@ TEST(JobTest, ElasticJobShrinksToItsSurvivorAndGrowsAtAStepBoundary) {
         ASSERT_TRUE(comm.ok()) << comm.status();
         c.communicator = comm->get();
         StopAfter stop(r == 1 ? 11 : 1 << 30);
-        st[r] = RunJob(c, r == 0 ? static_cast<JobObserver*>(&elastic) : &stop, &p[r]);
+        st[r] = RunJob(c, r == 0 ? JobHooks(&elastic) : JobHooks(&stop), &p[r]);
       }
       if (r == 0) return;
       // A new rank 1 of 2 (generation 2), waiting until rank 0 meets it.

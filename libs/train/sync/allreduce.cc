@@ -72,18 +72,28 @@ class AllreduceSync : public GradientSync {
   absl::Duration timeout_;
 };
 
-// Every communicator but NCCL with CUDA replicas ("nccl_allreduce").
-bool Selects(const DataParallelOptions& o) {
-  if (o.communicator == nullptr || o.kvstore != nullptr) return false;
-  return !(!o.devices.empty() && o.devices[0].is_cuda() &&
-           o.communicator->options().transport == collective::TransportKind::kNccl);
-}
+// A lost peer fails the survivors' collectives (a transient error): they
+// regroup in place and exchange the root's state over the new membership's
+// communicator, which then carries the gradients; a replacement receives
+// the state in the same exchange.
+class AllreduceStrategy : public SyncStrategy {
+ public:
+  const char* name() const override { return "allreduce"; }
+  // Every communicator but NCCL with CUDA replicas ("nccl_allreduce").
+  bool Selects(const DataParallelOptions& o) const override {
+    if (o.communicator == nullptr || o.kvstore != nullptr) return false;
+    return !(!o.devices.empty() && o.devices[0].is_cuda() &&
+             o.communicator->options().transport == collective::TransportKind::kNccl);
+  }
+  absl::StatusOr<std::unique_ptr<GradientSync>> Create(
+      const DataParallelOptions& o) const override {
+    return std::make_unique<AllreduceSync>(o);
+  }
+  bool uses_communicator() const override { return true; }
+  bool RegroupsInPlace(int world) const override { return true; }
+};
 
-absl::StatusOr<std::unique_ptr<GradientSync>> Create(const DataParallelOptions& o) {
-  return std::make_unique<AllreduceSync>(o);
-}
-
-DT_REGISTER_GRADIENT_SYNC("allreduce", Selects, Create);
+DT_REGISTER_SYNC_STRATEGY(AllreduceStrategy);
 
 }  // namespace
 }  // namespace train

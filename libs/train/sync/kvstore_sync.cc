@@ -44,6 +44,21 @@ class KvstoreSync : public GradientSync {
     return ps_->PushPull({{kStatsKey, sums, sums}});
   }
 
+  // The rounds continue in the new membership's kvstore job, which this
+  // makes (a joiner's client made it at Create: this hook carries on).
+  absl::StatusOr<std::unique_ptr<GradientSync>> Regroup(const DataParallelOptions& next) override {
+    if (next.kvstore == nullptr) {
+      return absl::InvalidArgumentError("Regroup of a kvstore job needs the new kvstore job");
+    }
+    if (next.kvstore == ps_) return nullptr;
+    DataParallelOptions o = options_;
+    o.kvstore = next.kvstore;
+    o.kvstore_workers = next.kvstore_workers;
+    auto sync = std::make_unique<KvstoreSync>(o);
+    DT_RETURN_IF_ERROR(sync->Start(reducer()));
+    return sync;
+  }
+
  protected:
   absl::Status ShareInitialWeights() override {
     kvstore::JobConfig config = MakeKvstoreJobConfig(ps_->job(), options_);
@@ -70,16 +85,31 @@ class KvstoreSync : public GradientSync {
   kvstore::ParameterServer* ps_;
 };
 
-bool Selects(const DataParallelOptions& o) {
-  return o.kvstore != nullptr && o.communicator == nullptr &&
-         o.kvstore_consistency == kvstore::Consistency::kSync;
-}
+// A survivor waits in a round for the lost trainer's push and cannot tell:
+// its agent cancels the kvstore client when the scheduler offers the next
+// membership (the step fails CANCELLED), the state is exchanged over a host
+// communicator of that membership, and the rounds continue in the
+// membership's own kvstore job (Regroup above).
+class KvstoreSyncStrategy : public SyncStrategy {
+ public:
+  const char* name() const override { return "kvstore_sync"; }
+  bool Selects(const DataParallelOptions& o) const override {
+    return o.kvstore != nullptr && o.communicator == nullptr &&
+           o.kvstore_consistency == kvstore::Consistency::kSync;
+  }
+  absl::StatusOr<std::unique_ptr<GradientSync>> Create(
+      const DataParallelOptions& o) const override {
+    return std::make_unique<KvstoreSync>(o);
+  }
+  bool uses_kvstore() const override { return true; }
+  bool RegroupsInPlace(int world) const override { return world > 1; }
+  bool loss_is_silent() const override { return true; }
+  bool MayBePeerLoss(const absl::Status& failure) const override {
+    return absl::IsCancelled(failure);
+  }
+};
 
-absl::StatusOr<std::unique_ptr<GradientSync>> Create(const DataParallelOptions& o) {
-  return std::make_unique<KvstoreSync>(o);
-}
-
-DT_REGISTER_GRADIENT_SYNC("kvstore_sync", Selects, Create);
+DT_REGISTER_SYNC_STRATEGY(KvstoreSyncStrategy);
 
 }  // namespace
 }  // namespace train

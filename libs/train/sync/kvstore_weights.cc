@@ -50,6 +50,22 @@ class KvstoreWeightsSync : public GradientSync {
     return Annotate(PullWeights(), "pulling the latest weights from the kvstore");
   }
 
+  absl::StatusOr<std::unique_ptr<GradientSync>> Regroup(const DataParallelOptions& next) override {
+    return absl::UnimplementedError(
+        "recovery in place is implemented for allreduce or synchronous kvstore rounds; with "
+        "kvstore-held weights a replacement continues the lost worker's rounds");
+  }
+
+  // The rounds the lost worker had pushed (kvstore::ParameterServer::
+  // ResumeRounds): the steps it completed.
+  absl::StatusOr<int64_t> ResumeRounds() override {
+    absl::StatusOr<int64_t> rounds = ps_->ResumeRounds();
+    if (!rounds.ok()) {
+      return Annotate(rounds.status(), absl::StrCat("resuming kvstore worker ", ps_->worker()));
+    }
+    return rounds;
+  }
+
  protected:
   absl::Status ShareInitialWeights() override {
     kvstore::JobConfig config = MakeKvstoreJobConfig(ps_->job(), options_);
@@ -103,13 +119,7 @@ class KvstoreWeightsSync : public GradientSync {
   std::vector<std::vector<float>> weights_;  // [bucket]: the pulled weights
 };
 
-bool Selects(const DataParallelOptions& o) {
-  return o.kvstore != nullptr && o.communicator == nullptr &&
-         (o.kvstore_consistency == kvstore::Consistency::kAsync ||
-          o.kvstore_consistency == kvstore::Consistency::kBoundedDelay);
-}
-
-absl::StatusOr<std::unique_ptr<GradientSync>> Create(const DataParallelOptions& o) {
+absl::StatusOr<std::unique_ptr<GradientSync>> CreateWeights(const DataParallelOptions& o) {
   if (o.sgd.nesterov) {
     return absl::InvalidArgumentError(
         absl::StrCat("the kvstore's server-side SGD has no nesterov momentum (kvstore_consistency ",
@@ -122,7 +132,30 @@ absl::StatusOr<std::unique_ptr<GradientSync>> Create(const DataParallelOptions& 
   return std::make_unique<KvstoreWeightsSync>(o);
 }
 
-DT_REGISTER_GRADIENT_SYNC("kvstore_weights", Selects, Create);
+// The survivors hold nothing the job needs: they never stop (a regroup does
+// not interrupt them), and a replacement joins the attempt's kvstore job as
+// the lost worker, pulls the weights and continues its rounds (ResumeRounds).
+// Under bounded delay a survivor's pull may wait for the lost worker.
+class KvstoreWeightsStrategy : public SyncStrategy {
+ public:
+  const char* name() const override { return "kvstore_weights"; }
+  bool Selects(const DataParallelOptions& o) const override {
+    return o.kvstore != nullptr && o.communicator == nullptr &&
+           (o.kvstore_consistency == kvstore::Consistency::kAsync ||
+            o.kvstore_consistency == kvstore::Consistency::kBoundedDelay);
+  }
+  absl::StatusOr<std::unique_ptr<GradientSync>> Create(
+      const DataParallelOptions& o) const override {
+    return CreateWeights(o);
+  }
+  bool uses_kvstore() const override { return true; }
+  bool replacement_continues_rounds() const override { return true; }
+  bool StepMayStall(kvstore::Consistency consistency) const override {
+    return consistency == kvstore::Consistency::kBoundedDelay;
+  }
+};
+
+DT_REGISTER_SYNC_STRATEGY(KvstoreWeightsStrategy);
 
 }  // namespace
 }  // namespace train

@@ -14,15 +14,21 @@ class LocalSync : public GradientSync {
   absl::Status ReduceBucket(int b, float* flat) override { return absl::OkStatus(); }
 };
 
-bool Selects(const DataParallelOptions& o) {
-  return o.communicator == nullptr && o.kvstore == nullptr;
-}
+// Nothing crosses trainers, nothing to recover (a joiner's trainer starts
+// with this hook until its first exchange: GradientSync::Regroup).
+class LocalStrategy : public SyncStrategy {
+ public:
+  const char* name() const override { return "local"; }
+  bool Selects(const DataParallelOptions& o) const override {
+    return o.communicator == nullptr && o.kvstore == nullptr;
+  }
+  absl::StatusOr<std::unique_ptr<GradientSync>> Create(
+      const DataParallelOptions& o) const override {
+    return std::make_unique<LocalSync>();
+  }
+};
 
-absl::StatusOr<std::unique_ptr<GradientSync>> Create(const DataParallelOptions& o) {
-  return std::make_unique<LocalSync>();
-}
-
-DT_REGISTER_GRADIENT_SYNC("local", Selects, Create);
+DT_REGISTER_SYNC_STRATEGY(LocalStrategy);
 
 }  // namespace
 }  // namespace train

@@ -65,19 +65,13 @@ class NcclAllreduceSync : public GradientSync {
   Device device_;
 };
 
-bool Selects(const DataParallelOptions& o) {
-  return o.communicator != nullptr && o.kvstore == nullptr && !o.devices.empty() &&
-         o.devices[0].is_cuda() &&
-         o.communicator->options().transport == collective::TransportKind::kNccl;
-}
-
 std::string DeviceList(const std::vector<Device>& devices) {
   std::string out;
   for (const Device& d : devices) absl::StrAppend(&out, out.empty() ? "" : ", ", d.ToString());
   return out;
 }
 
-absl::StatusOr<std::unique_ptr<GradientSync>> Create(const DataParallelOptions& o) {
+absl::StatusOr<std::unique_ptr<GradientSync>> CreateNccl(const DataParallelOptions& o) {
   if (o.devices.size() != 1) {
     return absl::InvalidArgumentError(absl::StrCat(
         "an NCCL communicator reduces device memory of one GPU per trainer; this trainer has ",
@@ -92,7 +86,31 @@ absl::StatusOr<std::unique_ptr<GradientSync>> Create(const DataParallelOptions& 
   return std::make_unique<NcclAllreduceSync>(o);
 }
 
-DT_REGISTER_GRADIENT_SYNC("nccl_allreduce", Selects, Create);
+// A collective waiting for a dead peer over shared memory or NVLink may
+// never fail by itself: the agent aborts the communicator when the
+// scheduler offers the next membership, and any failure is then worth a
+// regroup. The state travels over a host communicator of that membership
+// (device memory through the host), the gradients over its new NCCL one.
+class NcclAllreduceStrategy : public SyncStrategy {
+ public:
+  const char* name() const override { return "nccl_allreduce"; }
+  bool Selects(const DataParallelOptions& o) const override {
+    return o.communicator != nullptr && o.kvstore == nullptr && !o.devices.empty() &&
+           o.devices[0].is_cuda() &&
+           o.communicator->options().transport == collective::TransportKind::kNccl;
+  }
+  absl::StatusOr<std::unique_ptr<GradientSync>> Create(
+      const DataParallelOptions& o) const override {
+    return CreateNccl(o);
+  }
+  bool uses_communicator() const override { return true; }
+  bool uses_device_communicator() const override { return true; }
+  bool RegroupsInPlace(int world) const override { return true; }
+  bool loss_is_silent() const override { return true; }
+  bool MayBePeerLoss(const absl::Status& failure) const override { return true; }
+};
+
+DT_REGISTER_SYNC_STRATEGY(NcclAllreduceStrategy);
 
 }  // namespace
 }  // namespace train
