@@ -32,8 +32,6 @@ namespace {
 
 namespace v1 = scheduler::v1;
 
-bool Final(v1::JobState s) { return s == v1::SUCCEEDED || s == v1::FAILED || s == v1::CANCELLED; }
-
 v1::SubmitRequest Job(const std::string& name) {
   // 1-2.5 s an epoch on two cores (the data port made it faster: at 16
   // epochs the job once ended after two kills): the chaos lasts 30-60 s.
@@ -99,7 +97,7 @@ TEST(KvstoreChaosE2eTest, RandomKillsEveryFewSecondsLoseNothing) {
   absl::Time next_kill = start + absl::Milliseconds(gap_ms);
   v1::JobStatus st = *job;
   const absl::Time deadline = start + absl::Seconds(600);
-  while (!Final(st.state()) && absl::Now() < deadline) {
+  while (!IsFinal(st.state()) && absl::Now() < deadline) {
     absl::SleepFor(absl::Milliseconds(100));
     absl::StatusOr<v1::JobStatus> got = cluster.Get(job->id());
     if (got.ok()) {
@@ -114,7 +112,7 @@ TEST(KvstoreChaosE2eTest, RandomKillsEveryFewSecondsLoseNothing) {
       EXPECT_TRUE(absl::IsUnavailable(got.status()) || absl::IsDeadlineExceeded(got.status()))
           << got.status();
     }
-    if (absl::Now() < next_kill || Final(st.state()) || kills.size() >= kMaxKills) continue;
+    if (absl::Now() < next_kill || IsFinal(st.state()) || kills.size() >= kMaxKills) continue;
     // A random kind, then a random process of that kind.
     std::vector<ClusterProcess> procs = cluster.Processes();
     const char* kinds[] = {"trainer", "kvstore", "scheduler"};
@@ -144,7 +142,7 @@ TEST(KvstoreChaosE2eTest, RandomKillsEveryFewSecondsLoseNothing) {
     next_kill = absl::Now() + next_gap(rng);
   }
   const std::string schedule = absl::StrJoin(kills, ", ");
-  ASSERT_TRUE(Final(st.state())) << "still " << st.DebugString() << "\nkills: " << schedule;
+  ASSERT_TRUE(IsFinal(st.state())) << "still " << st.DebugString() << "\nkills: " << schedule;
   ASSERT_EQ(st.state(), v1::SUCCEEDED) << st.DebugString() << "\nkills: " << schedule;
   EXPECT_GE(kills.size(), 3u) << schedule;  // the chaos did happen
   EXPECT_NEAR(st.test_accuracy(), ref_done->test_accuracy(), 0.01) << schedule;

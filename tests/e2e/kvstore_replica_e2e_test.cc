@@ -40,8 +40,6 @@ namespace {
 
 namespace v1 = scheduler::v1;
 
-bool Final(v1::JobState s) { return s == v1::SUCCEEDED || s == v1::FAILED || s == v1::CANCELLED; }
-
 constexpr int kEpochs = 4;
 
 v1::SubmitRequest Job(const std::string& name) {
@@ -132,15 +130,14 @@ TEST(KvstoreReplicaE2eTest, AKilledReplicaCostsNoAttemptAndNoPrecision) {
   absl::StatusOr<v1::JobStatus> job = cluster.Submit(Job("replica-killed"));
   ASSERT_TRUE(job.ok()) << job.status();
   // Mid-job: epoch 2 has begun, and at least one more is to come.
-  v1::JobStatus st = *job;
-  for (absl::Time end = absl::Now() + absl::Seconds(120);
-       !(st.state() == v1::RUNNING && st.epoch() >= 1 && st.step() > 0) && !Final(st.state()) &&
-       absl::Now() < end;
-       absl::SleepFor(absl::Milliseconds(20))) {
-    absl::StatusOr<v1::JobStatus> got = cluster.Get(job->id());
-    ASSERT_TRUE(got.ok()) << got.status();
-    st = *got;
-  }
+  absl::StatusOr<v1::JobStatus> mid = cluster.PollJob(
+      job->id(),
+      [](const v1::JobStatus& j) {
+        return j.state() == v1::RUNNING && j.epoch() >= 1 && j.step() > 0;
+      },
+      absl::Seconds(120));
+  ASSERT_TRUE(mid.ok()) << mid.status();
+  v1::JobStatus st = *mid;
   ASSERT_EQ(st.state(), v1::RUNNING) << st.DebugString();
   ASSERT_LE(st.epoch(), kEpochs - 2) << "not mid-job: " << st.DebugString();
   map = cluster.KvstoreMap();
@@ -171,7 +168,7 @@ TEST(KvstoreReplicaE2eTest, AKilledReplicaCostsNoAttemptAndNoPrecision) {
         progressed == absl::InfiniteDuration()) {
       progressed = absl::Now() - killed;
     }
-    if (got.ok() && Final(got->state())) break;
+    if (got.ok() && IsFinal(got->state())) break;
   }
   v1::JobStatus done = WatchToEnd(cluster, job->id());
   ASSERT_EQ(done.state(), v1::SUCCEEDED) << done.DebugString();

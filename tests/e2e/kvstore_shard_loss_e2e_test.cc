@@ -30,33 +30,29 @@ namespace {
 
 namespace v1 = scheduler::v1;
 
-bool Final(v1::JobState s) { return s == v1::SUCCEEDED || s == v1::FAILED || s == v1::CANCELLED; }
-
 // Waits until `id` is RUNNING and rank 0 reported a step; returns its status.
 v1::JobStatus WaitForProgress(TestCluster& cluster, const std::string& id) {
-  v1::JobStatus st;
-  for (absl::Time end = absl::Now() + absl::Seconds(90); absl::Now() < end;
-       absl::SleepFor(absl::Milliseconds(50))) {
-    absl::StatusOr<v1::JobStatus> got = cluster.Get(id);
-    EXPECT_TRUE(got.ok()) << got.status();
-    if (!got.ok()) break;
-    st = *got;
-    if (Final(st.state())) break;
-    if (st.state() == v1::RUNNING && (st.step() > 0 || st.epoch() > 0)) break;
-  }
-  return st;
+  return OrFail(cluster.PollJob(
+                    id,
+                    [](const v1::JobStatus& st) {
+                      return st.state() == v1::RUNNING && (st.step() > 0 || st.epoch() > 0);
+                    },
+                    absl::Seconds(90)),
+                "Get");
 }
 
 // Waits up to `timeout` for kvstore job `kv_job` to be gone from the shards
 // in `shards`; true if it is.
 bool GoneFrom(TestCluster& cluster, const std::vector<int>& shards, const std::string& kv_job,
               absl::Duration timeout) {
-  for (absl::Time end = absl::Now() + timeout;; absl::SleepFor(absl::Milliseconds(100))) {
-    bool gone = true;
-    for (int i : shards) gone = gone && absl::IsNotFound(cluster.KvstoreJobOnShard(i, kv_job));
-    if (gone) return true;
-    if (absl::Now() >= end) return false;
-  }
+  return PollUntil(
+      timeout,
+      [&] {
+        bool gone = true;
+        for (int i : shards) gone = gone && absl::IsNotFound(cluster.KvstoreJobOnShard(i, kv_job));
+        return gone;
+      },
+      absl::Milliseconds(100));
 }
 
 TEST(KvstoreShardLossE2eTest, KilledShardEndsTheAttemptWithinSecondsAndTheJobNeverHangs) {
