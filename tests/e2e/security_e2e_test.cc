@@ -116,8 +116,9 @@ TEST_F(SecurityE2eTest, UsersOwnTheirJobsAndOnlyTrainersServeThem) {
   auto alice = As("alice"), bob = As("bob"), admin = As("admin"), rogue = As("rogue");
   auto alice_jobs = Jobs(alice), bob_jobs = Jobs(bob), admin_jobs = Jobs(admin);
 
-  v1::JobStatus job;
-  ASSERT_TRUE(alice_jobs->Submit(Ctx().get(), Job("alice-job"), &job).ok());
+  absl::StatusOr<v1::JobStatus> submitted = cluster_->Submit(Job("alice-job"), "alice");
+  ASSERT_TRUE(submitted.ok()) << submitted.status();
+  v1::JobStatus job = *submitted;
   EXPECT_EQ(job.owner(), "alice");
   // Wait until it runs (placed on both trainers), so the attacks below meet
   // a running job.
