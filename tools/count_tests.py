@@ -9,8 +9,10 @@ that did not run (failed to build, cancelled) counts as one failure. Skipped
 cases (GTEST_SKIP, which says why) and disabled ones (a DISABLED_ prefix:
 never run, never looked at) are reported apart: disabled cases are listed by
 name, since a disabled test is one nobody is checking. Prints the failing
-targets, the disabled cases, and then one line:
-"N passed, N failed[, N skipped]". Exits 1 if anything failed.
+targets, the disabled cases, the 10 slowest targets with their seconds (from
+the build events' test results; "cached" when Bazel reused an earlier run),
+and then one line: "N passed, N failed[, N skipped]". Exits 1 if anything
+failed.
 """
 import json
 import os
@@ -43,9 +45,32 @@ def count_xml(path):
     return passed, failed, skipped, disabled
 
 
+def xml_seconds(path):
+    """The run time a test.xml records (its root's time attribute), or None."""
+    try:
+        return float(ET.parse(path).getroot().get("time"))
+    except (ET.ParseError, OSError, TypeError, ValueError):
+        return None
+
+
+def slowest(durations, cached, n=10):
+    """Lines naming the n slowest targets, slowest first, with their seconds."""
+    ranked = sorted(durations.items(), key=lambda kv: (-kv[1], kv[0]))[:n]
+    if not ranked:
+        return []
+    lines = ["slowest %d test targets (seconds):" % len(ranked)]
+    for label, secs in ranked:
+        lines.append("  %7.1f  %s%s" % (secs, label, " (cached)" if cached.get(label) else ""))
+    return lines
+
+
 def main():
     bep, testlogs, targets = sys.argv[1], sys.argv[2], sys.argv[3:]
     status = {}
+    # label -> seconds: the sum of its test actions (shards, runs, attempts),
+    # each as Bazel timed it; label -> whether every action came from a cache.
+    durations = {}
+    cached = {}
     if os.path.exists(bep):
         with open(bep) as f:
             for line in f:
@@ -56,6 +81,15 @@ def main():
                 summary = ev.get("id", {}).get("testSummary")
                 if summary:
                     status[summary["label"]] = ev.get("testSummary", {}).get("overallStatus", "NO_STATUS")
+                result = ev.get("id", {}).get("testResult")
+                if result:
+                    r = ev.get("testResult", {})
+                    label = result["label"]
+                    ms = int(r.get("testAttemptDurationMillis", 0) or 0)
+                    durations[label] = durations.get(label, 0.0) + ms / 1000.0
+                    hit = bool(r.get("cachedLocally") or
+                               r.get("executionInfo", {}).get("cachedRemotely"))
+                    cached[label] = cached.get(label, True) and hit
     passed = failed = skipped = 0
     bad = []
     disabled = []
@@ -87,6 +121,13 @@ def main():
         print("disabled (DISABLED_, not run, not counted): %d" % len(disabled))
         for d in disabled:
             print("  DISABLED: " + d)
+    for t in targets:
+        if t not in durations and t in status:
+            secs = xml_seconds(os.path.join(testlogs, label_dir(t), "test.xml"))
+            if secs is not None:
+                durations[t] = secs
+    for line in slowest(durations, cached):
+        print(line)
     line = "%d passed, %d failed" % (passed, failed)
     if skipped:
         line += ", %d skipped" % skipped

@@ -28,6 +28,7 @@
 #include "protos/scheduler.grpc.pb.h"
 #include "services/kvstore/testing/server_process.h"
 #include "tests/e2e/e2e_util.h"
+#include "tests/e2e/test_cluster.h"
 
 namespace dtrain {
 namespace e2e {
@@ -35,11 +36,8 @@ namespace {
 
 namespace v1 = scheduler::v1;
 
-std::unique_ptr<grpc::ClientContext> Ctx(absl::Duration timeout = absl::Seconds(30)) {
-  auto ctx = std::make_unique<grpc::ClientContext>();
-  ctx->set_deadline(absl::ToChronoTime(absl::Now() + timeout));
-  return ctx;
-}
+// Calls get 30 s (a burst of 1000 submits from 16 threads below).
+constexpr absl::Duration kCallTimeout = absl::Seconds(30);
 
 absl::Status PingScheduler(const std::string& address) {
   auto stub = admin::Admin::NewStub(dtrain::rpc::NewChannel(address));
@@ -57,7 +55,7 @@ absl::StatusOr<std::vector<v1::JobStatus>> ListAll(v1::JobService::Stub* stub) {
   v1::ListRequest req;
   do {
     v1::ListReply page;
-    absl::Status s = FromGrpcStatus(stub->List(Ctx().get(), req, &page), "List");
+    absl::Status s = FromGrpcStatus(stub->List(Ctx(kCallTimeout).get(), req, &page), "List");
     if (!s.ok()) return s;
     for (auto& j : *page.mutable_jobs()) jobs.push_back(std::move(j));
     req.set_page_token(page.next_page_token());
@@ -65,36 +63,16 @@ absl::StatusOr<std::vector<v1::JobStatus>> ListAll(v1::JobService::Stub* stub) {
   return jobs;
 }
 
-// Stops whatever a failed test left running (cluster down, then SIGKILL).
-class ClusterGuard {
- public:
-  explicit ClusterGuard(std::string dir) : dir_(std::move(dir)) {}
-  ~ClusterGuard() {
-    std::vector<ClusterProcess> procs = ReadCluster(dir_);
-    if (procs.empty()) return;
-    int rc;
-    Trainctl("cluster down --grace_s=5 --dir=" + dir_, &rc);
-    for (const auto& p : procs) {
-      if (ProcessAlive(p.pid)) kill(p.pid, SIGKILL);
-    }
-  }
-
- private:
-  std::string dir_;
-};
-
 TEST(ClusterE2eTest, UpStatusDownRoundTrip) {
-  const std::string dir = TmpDir("cluster");
-  ClusterGuard guard(dir);
-  int rc;
   // The binaries are found next to trainctl (its runfiles here).
-  // --restart=never: the trainer killed below must stay dead (heal_e2e_test
+  // Restart never: the trainer killed below must stay dead (heal_e2e_test
   // covers restarts).
-  std::string out =
-      Trainctl("cluster up --dir=" + dir +
-                   " --trainers=2 --kvstore_shards=2 --kvstore_replicas=1 --restart=never",
-               &rc);
-  ASSERT_EQ(rc, 0) << out;
+  absl::StatusOr<std::unique_ptr<TestCluster>> cluster = TestCluster::Start(
+      {.name = "cluster", .trainers = 2, .kvstore_shards = 2, .kvstore_replicas = 1});
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  const std::string& dir = (*cluster)->dir();
+  std::string out = (*cluster)->up_output();
+  int rc;
   std::fprintf(stderr, "%s", out.c_str());
   std::vector<ClusterProcess> procs = ReadCluster(dir);
   ASSERT_EQ(procs.size(), 5u) << out;
@@ -260,11 +238,8 @@ TEST(ClusterE2eTest, UpStatusDownRoundTrip) {
       << shard_log.substr(0, 3000);
 
   // A dead trainer makes the cluster unhealthy.
-  ASSERT_EQ(kill(by_name["trainer-1"].pid, SIGKILL), 0);
-  for (absl::Time d = absl::Now() + absl::Seconds(10);
-       ProcessAlive(by_name["trainer-1"].pid) && absl::Now() < d;) {
-    absl::SleepFor(absl::Milliseconds(20));
-  }
+  ASSERT_TRUE((*cluster)->Kill("trainer-1", SIGKILL).ok());
+  PollUntil(absl::Seconds(10), [&] { return !ProcessAlive(by_name["trainer-1"].pid); });
   out = Trainctl("cluster status --dir=" + dir, &rc);
   EXPECT_EQ(rc, 1) << out;
   EXPECT_NE(out.find("DEAD"), std::string::npos) << out;
@@ -302,7 +277,7 @@ TEST(ClusterE2eTest, UpFailsCleanlyAndBadUsage) {
   // A trainer binary that exits at once: up fails naming its log and stops
   // the processes it had started.
   const std::string dir = TmpDir("cluster-bad");
-  ClusterGuard guard(dir);
+  std::unique_ptr<TestCluster> guard = TestCluster::Adopt(dir);  // whatever a failure left
   out = Trainctl("cluster up --trainer_bin=/bin/false --dir=" + dir, &rc);
   EXPECT_EQ(rc, 1) << out;
   EXPECT_NE(out.find("trainer-0 exited while starting"), std::string::npos) << out;
@@ -355,7 +330,7 @@ class HostileInputTest : public ::testing::Test {
   // Submits `r`; returns the status code (and the job id when accepted).
   grpc::StatusCode Submit(const v1::SubmitRequest& r, std::string* id, std::string* msg) {
     v1::JobStatus job;
-    grpc::Status s = stub_->Submit(Ctx().get(), r, &job);
+    grpc::Status s = stub_->Submit(Ctx(kCallTimeout).get(), r, &job);
     if (s.ok() && id != nullptr) *id = job.id();
     if (msg != nullptr) *msg = s.error_message();
     return s.error_code();
@@ -459,11 +434,11 @@ TEST_F(HostileInputTest, BadSpecsUnknownIdsAndASubmitBurst) {
     v1::JobStatus job;
     // Also the 100 kB id: the message quotes only its first 64 bytes.
     auto expected = [&](grpc::StatusCode code) { return code == grpc::StatusCode::NOT_FOUND; };
-    grpc::StatusCode code = stub_->Get(Ctx().get(), get, &job).error_code();
+    grpc::StatusCode code = stub_->Get(Ctx(kCallTimeout).get(), get, &job).error_code();
     EXPECT_TRUE(expected(code)) << id.substr(0, 100) << ": " << code;
     v1::CancelRequest cancel;
     cancel.set_id(id);
-    code = stub_->Cancel(Ctx().get(), cancel, &job).error_code();
+    code = stub_->Cancel(Ctx(kCallTimeout).get(), cancel, &job).error_code();
     EXPECT_TRUE(expected(code)) << id.substr(0, 100) << ": " << code;
   }
   out = Ctl("get job-nope", &rc);
@@ -519,7 +494,7 @@ TEST_F(HostileInputTest, BadSpecsUnknownIdsAndASubmitBurst) {
           // 16 channels connecting at once: a connect can fail transiently
           // (seen in the sandbox), and without wait_for_ready the channel
           // then fails calls fast; like a real client, wait for it instead.
-          auto ctx = Ctx();
+          auto ctx = Ctx(kCallTimeout);
           ctx->set_wait_for_ready(true);
           grpc::Status s = stub->Submit(ctx.get(), r, &job);
           if (s.ok()) {
@@ -570,7 +545,7 @@ TEST_F(HostileInputTest, BadSpecsUnknownIdsAndASubmitBurst) {
           c.set_id(to_cancel[i]);
           c.set_reason("e2e cleanup");
           v1::JobStatus job;
-          grpc::Status s = stub_->Cancel(Ctx().get(), c, &job);
+          grpc::Status s = stub_->Cancel(Ctx(kCallTimeout).get(), c, &job);
           if (!s.ok() && s.error_code() != grpc::StatusCode::FAILED_PRECONDITION) ++cancel_bad;
         }
       });
@@ -581,7 +556,7 @@ TEST_F(HostileInputTest, BadSpecsUnknownIdsAndASubmitBurst) {
   v1::ListRequest queued;
   queued.set_state(v1::QUEUED);
   v1::ListReply left;
-  ASSERT_TRUE(stub_->List(Ctx().get(), queued, &left).ok());
+  ASSERT_TRUE(stub_->List(Ctx(kCallTimeout).get(), queued, &left).ok());
   EXPECT_EQ(left.jobs_size(), 0);
 
   // trainctl list still works (text and JSON) and the server shuts down cleanly.

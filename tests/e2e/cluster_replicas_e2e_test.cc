@@ -28,6 +28,7 @@
 #include "gtest/gtest.h"
 #include "protos/replication.pb.h"
 #include "tests/e2e/e2e_util.h"
+#include "tests/e2e/test_cluster.h"
 
 namespace dtrain {
 namespace e2e {
@@ -68,21 +69,6 @@ std::vector<Proc> Procs(const std::string& dir) {
   return procs;
 }
 
-// The pids of processes whose command line mentions `text`.
-std::vector<int> PidsMentioning(const std::string& text) {
-  std::vector<int> pids;
-  DIR* d = opendir("/proc");
-  if (d == nullptr) return pids;
-  while (dirent* e = readdir(d)) {
-    int pid = atoi(e->d_name);
-    if (pid <= 0 || pid == getpid()) continue;
-    std::string cmdline = ReadFile(absl::StrCat("/proc/", pid, "/cmdline"));
-    if (cmdline.find(text) != std::string::npos && ProcessAlive(pid)) pids.push_back(pid);
-  }
-  closedir(d);
-  return pids;
-}
-
 kvstore::v1::ShardMap MapOf(const std::string& scheduler) {
   int rc;
   const std::string json =
@@ -93,31 +79,27 @@ kvstore::v1::ShardMap MapOf(const std::string& scheduler) {
   return map;
 }
 
-class ClusterReplicasTest : public ::testing::Test {
+class ClusterReplicasTest : public ClusterTest {
  protected:
-  void TearDown() override {
-    if (dir_.empty()) return;
-    int rc;
-    Trainctl("cluster down --grace_s=5 --dir=" + dir_, &rc);
-    for (int pid : PidsMentioning(dir_)) kill(pid, SIGKILL);
+  // fake_cluster_process as the kvstore servers (and the trainers).
+  static std::string Fakes(bool trainers) {
+    const std::string fake = Runfile("tests/e2e/fake_cluster_process");
+    return absl::StrCat("--kvstore_bin=", fake, trainers ? " --trainer_bin=" + fake : "");
   }
-
-  std::string Fake() const { return Runfile("tests/e2e/fake_cluster_process"); }
-
-  std::string dir_;
 };
 
 TEST_F(ClusterReplicasTest, UpStartsEveryReplicaWaitsForTheMapAndHeals) {
-  dir_ = TmpDir("replicas");
-  int rc;
   // Default: 2 replicas per shard.
-  const std::string out =
-      Trainctl(absl::StrCat("cluster up --dir=", dir_,
-                            " --trainers=2 --kvstore_shards=2 --kvstore_bin=", Fake(),
-                            " --trainer_bin=", Fake()),
-               &rc);
-  ASSERT_EQ(rc, 0) << out;
-  std::vector<Proc> procs = Procs(dir_);
+  ASSERT_NO_FATAL_FAILURE(Up({.name = "replicas",
+                              .trainers = 2,
+                              .kvstore_shards = 2,
+                              .kvstore_replicas = 0,
+                              .restart = true,
+                              .flags = Fakes(true)}));
+  const std::string& cluster_dir = dir();
+  const std::string& out = cluster_->up_output();
+  int rc;
+  std::vector<Proc> procs = Procs(cluster_dir);
   std::vector<std::string> names;
   for (const Proc& p : procs) names.push_back(absl::StrCat(p.name, "/", p.role));
   ASSERT_EQ(absl::StrJoin(names, " "),
@@ -131,16 +113,16 @@ TEST_F(ClusterReplicasTest, UpStartsEveryReplicaWaitsForTheMapAndHeals) {
     EXPECT_EQ(p.shard, shard) << p.name;
     EXPECT_EQ(p.replica, replica) << p.name;
     addresses.push_back(p.address);
-    const std::vector<std::string> argv = Argv(dir_ + "/" + p.name);
+    const std::vector<std::string> argv = Argv(cluster_dir + "/" + p.name);
     EXPECT_TRUE(Has(argv, absl::StrCat("--shard_index=", shard))) << p.name;
     EXPECT_TRUE(Has(argv, absl::StrCat("--replica_index=", replica))) << p.name;
     EXPECT_TRUE(Has(argv, "--num_shards=2")) << p.name;
     EXPECT_TRUE(Has(argv, "--scheduler=" + scheduler)) << p.name;
-    EXPECT_TRUE(Has(argv, absl::StrCat("--data_dir=", dir_, "/", p.name))) << p.name;
+    EXPECT_TRUE(Has(argv, absl::StrCat("--data_dir=", cluster_dir, "/", p.name))) << p.name;
     EXPECT_NE(out.find(p.name), std::string::npos) << out;
   }
   for (int t = 5; t <= 6; ++t) {
-    const std::vector<std::string> argv = Argv(dir_ + "/" + procs[t].name);
+    const std::vector<std::string> argv = Argv(cluster_dir + "/" + procs[t].name);
     // Shard-major: shard i replica j at index i * R + j.
     EXPECT_TRUE(Has(argv, "--kvstore=" + absl::StrJoin(addresses, ",")))
         << absl::StrJoin(argv, " ");
@@ -174,40 +156,42 @@ TEST_F(ClusterReplicasTest, UpStartsEveryReplicaWaitsForTheMapAndHeals) {
   const uint64_t old_incarnation = map.chains(0).members(0).incarnation();
   const Proc& victim = procs[1 + head];
   ASSERT_EQ(kill(victim.pid, SIGKILL), 0);
-  const absl::Time deadline = absl::Now() + absl::Seconds(30);
-  bool healed = false;
-  while (absl::Now() < deadline && !healed) {
-    absl::SleepFor(absl::Milliseconds(300));
-    map = MapOf(scheduler);
-    const auto& members = map.chains(0).members();
-    healed = members.size() == 2 && members[1].replica() == head &&
-             members[1].incarnation() != old_incarnation &&
-             members[0].state() == kvstore::v1::REPLICA_ACTIVE &&
-             members[1].state() == kvstore::v1::REPLICA_ACTIVE;
-  }
+  const bool healed = PollUntil(
+      absl::Seconds(30),
+      [&] {
+        map = MapOf(scheduler);
+        const auto& members = map.chains(0).members();
+        return members.size() == 2 && members[1].replica() == head &&
+               members[1].incarnation() != old_incarnation &&
+               members[0].state() == kvstore::v1::REPLICA_ACTIVE &&
+               members[1].state() == kvstore::v1::REPLICA_ACTIVE;
+      },
+      absl::Milliseconds(300));
   ASSERT_TRUE(healed) << map.DebugString();
-  std::string status = Trainctl("cluster status --dir=" + dir_, &rc);
+  std::string status = Trainctl("cluster status --dir=" + cluster_dir, &rc);
   EXPECT_EQ(rc, 0) << status;
   EXPECT_NE(status.find(absl::StrCat("shard 0 replica ", head, ": ACTIVE tail")), std::string::npos)
       << status;
   EXPECT_NE(status.find(absl::StrCat("shard 0 replica ", 1 - head, ": ACTIVE head")),
             std::string::npos)
       << status;
-  EXPECT_EQ(Procs(dir_)[1 + head].restarts, 1);
+  EXPECT_EQ(Procs(cluster_dir)[1 + head].restarts, 1);
 
-  std::string down = Trainctl("cluster down --dir=" + dir_, &rc);
+  std::string down = Trainctl("cluster down --dir=" + cluster_dir, &rc);
   EXPECT_EQ(rc, 0) << down;
-  EXPECT_TRUE(PidsMentioning(dir_).empty());
+  EXPECT_TRUE(PidsMentioning(cluster_dir).empty());
 }
 
 TEST_F(ClusterReplicasTest, UpFailsClearlyWhenAReplicaNeverCatchesUp) {
-  dir_ = TmpDir("stuck");
+  // `up` fails here: only the teardown (of whatever a failure left).
+  cluster_ = TestCluster::Adopt(TmpDir("stuck"));
+  const std::string& cluster_dir = dir();
   int rc;
   const std::string out = e2e::Run(
       absl::StrCat("FAKE_REPLICA_NEVER_CATCH_UP=1 ", Runfile("services/trainctl/trainctl"),
-                   " cluster up --dir=", dir_,
-                   " --trainers=0 --kvstore_shards=1 --kvstore_replicas=2 --start_timeout_s=4",
-                   " --kvstore_bin=", Fake()),
+                   " cluster up --dir=", cluster_dir,
+                   " --trainers=0 --kvstore_shards=1 --kvstore_replicas=2 --start_timeout_s=4", " ",
+                   Fakes(false)),
       &rc);
   EXPECT_EQ(rc, 1) << out;
   EXPECT_NE(out.find("trainctl: DEADLINE_EXCEEDED: the kvstore shards did not form 1 chains of 2 "
@@ -221,13 +205,12 @@ TEST_F(ClusterReplicasTest, UpFailsClearlyWhenAReplicaNeverCatchesUp) {
   const std::string replica = out.substr(at + joining.size(), 1);
   ASSERT_TRUE(replica == "0" || replica == "1") << out;
   EXPECT_EQ(out.substr(at + joining.size() + 1, 9), " JOINING)") << out;
-  EXPECT_NE(out.find(absl::StrCat(dir_, "/kvstore-0-", replica, ".log")), std::string::npos) << out;
+  EXPECT_NE(out.find(absl::StrCat(cluster_dir, "/kvstore-0-", replica, ".log")), std::string::npos)
+      << out;
   // The supervisor stopped what it started.
-  const absl::Time deadline = absl::Now() + absl::Seconds(10);
-  while (!PidsMentioning(dir_).empty() && absl::Now() < deadline) {
-    absl::SleepFor(absl::Milliseconds(100));
-  }
-  EXPECT_TRUE(PidsMentioning(dir_).empty());
+  EXPECT_TRUE(PollUntil(
+      absl::Seconds(10), [&] { return PidsMentioning(cluster_dir).empty(); },
+      absl::Milliseconds(100)));
 }
 
 // The real kvstore_server replicas and the real scheduler: up returns once
@@ -236,12 +219,14 @@ TEST_F(ClusterReplicasTest, UpFailsClearlyWhenAReplicaNeverCatchesUp) {
 // JOINING behind the surviving replica (now the head) and becomes ACTIVE
 // again after its transfer.
 TEST_F(ClusterReplicasTest, RealReplicasFormChainsAndAKilledHeadRejoins) {
-  dir_ = TmpDir("real");
-  int rc;
-  const std::string out =
-      Trainctl(absl::StrCat("cluster up --dir=", dir_, " --trainers=0 --kvstore_shards=2"), &rc);
-  ASSERT_EQ(rc, 0) << out;
-  std::vector<Proc> procs = Procs(dir_);
+  ASSERT_NO_FATAL_FAILURE(Up({.name = "real",
+                              .trainers = 0,
+                              .kvstore_shards = 2,
+                              .kvstore_replicas = 0,
+                              .restart = true}));
+  const std::string& cluster_dir = dir();
+  const std::string& out = cluster_->up_output();
+  std::vector<Proc> procs = Procs(cluster_dir);
   ASSERT_EQ(procs.size(), 5u) << out;
   const std::string scheduler = procs[0].address;
   kvstore::v1::ShardMap map = MapOf(scheduler);
@@ -282,25 +267,26 @@ TEST_F(ClusterReplicasTest, RealReplicasFormChainsAndAKilledHeadRejoins) {
 
 // --kvstore_replicas=1: unreplicated shards exactly as before replication.
 TEST_F(ClusterReplicasTest, OneReplicaKeepsUnreplicatedShards) {
-  dir_ = TmpDir("unreplicated");
+  ASSERT_NO_FATAL_FAILURE(Up({.name = "unreplicated",
+                              .trainers = 1,
+                              .kvstore_shards = 2,
+                              .kvstore_replicas = 1,
+                              .restart = true,
+                              .flags = Fakes(true)}));
+  const std::string& cluster_dir = dir();
+  const std::string& out = cluster_->up_output();
   int rc;
-  const std::string out = Trainctl(
-      absl::StrCat("cluster up --dir=", dir_,
-                   " --trainers=1 --kvstore_shards=2 --kvstore_replicas=1 --kvstore_bin=", Fake(),
-                   " --trainer_bin=", Fake()),
-      &rc);
-  ASSERT_EQ(rc, 0) << out;
-  std::vector<Proc> procs = Procs(dir_);
+  std::vector<Proc> procs = Procs(cluster_dir);
   std::vector<std::string> names;
   for (const Proc& p : procs) names.push_back(absl::StrCat(p.name, "/", p.shard));
   ASSERT_EQ(absl::StrJoin(names, " "), "kvstore-0/-1 kvstore-1/-1 scheduler/-1 trainer-0/-1");
-  const std::vector<std::string> argv = Argv(dir_ + "/kvstore-1");
+  const std::vector<std::string> argv = Argv(cluster_dir + "/kvstore-1");
   EXPECT_TRUE(Has(argv, "--shard_index=1"));
   for (const std::string& a : argv) {
     EXPECT_EQ(a.find("--replica_index"), std::string::npos);
     EXPECT_EQ(a.find("--scheduler"), std::string::npos);
   }
-  const std::vector<std::string> trainer = Argv(dir_ + "/trainer-0");
+  const std::vector<std::string> trainer = Argv(cluster_dir + "/trainer-0");
   EXPECT_TRUE(Has(trainer, absl::StrCat("--kvstore=", procs[0].address, ",", procs[1].address)));
   for (const std::string& a : trainer) EXPECT_EQ(a.find("--kvstore_replicas"), std::string::npos);
   std::string map = Trainctl(absl::StrCat("--scheduler=", procs[2].address, " kvstore"), &rc);

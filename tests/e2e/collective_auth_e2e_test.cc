@@ -47,6 +47,7 @@
 #include "libs/security/job_token.h"
 #include "protos/scheduler.grpc.pb.h"
 #include "tests/e2e/e2e_util.h"
+#include "tests/e2e/test_cluster.h"
 
 namespace dtrain {
 namespace e2e {
@@ -162,58 +163,42 @@ RawAnswer RawIntrude(const std::string& comm_id, int port) {
   return answer;
 }
 
-class CollectiveAuthE2eTest : public ::testing::Test {
+class CollectiveAuthE2eTest : public ClusterTest {
  protected:
   void SetUp() override {
-    dir_ = TmpDir("collective-auth-cluster");
-    int rc;
     // A stopped trainer must not be declared lost while the test works.
-    std::string out = Trainctl(
-        "cluster up --trainers=2 --kvstore_shards=0 --restart=never --heartbeat_timeout_s=300 "
-        "--dir=" +
-            dir_,
-        &rc);
-    ASSERT_EQ(rc, 0) << out;
-    for (const ClusterProcess& p : ReadCluster(dir_)) {
-      if (p.role == "scheduler") scheduler_ = p.address;
-      if (p.role == "trainer") trainers_.push_back(p);
-    }
-    ASSERT_FALSE(scheduler_.empty());
+    ASSERT_NO_FATAL_FAILURE(Up({.name = "collective-auth-cluster",
+                                .trainers = 2,
+                                .heartbeat_timeout_s = 300,
+                                .down_grace_s = 10}));
+    trainers_ = cluster_->Processes("trainer");
     ASSERT_EQ(trainers_.size(), 2u);
-    certs_ = dir_ + "/certs";
+    certs_ = dir() + "/certs";
   }
 
   void TearDown() override {
     for (const ClusterProcess& p : trainers_) ::kill(p.pid, SIGCONT);
-    int rc;
-    Trainctl("cluster down --grace_s=10 --dir=" + dir_, &rc);
+    ClusterTest::TearDown();
   }
 
   std::shared_ptr<const rpc::Credentials> As(const std::string& name) {
-    auto c = rpc::Credentials::Load(
-        {certs_ + "/ca.pem", certs_ + "/" + name + ".pem", certs_ + "/" + name + ".key"});
-    EXPECT_TRUE(c.ok()) << c.status();
-    return c.ok() ? *c : rpc::Credentials::Insecure();
+    return cluster_->Credentials(name);
   }
 
-  static void Deadline(grpc::ClientContext* ctx, absl::Duration d) {
-    ctx->set_deadline(absl::ToChronoTime(absl::Now() + d));
-  }
-
-  std::string dir_, certs_, scheduler_;
+  std::string certs_;
   std::vector<ClusterProcess> trainers_;
 };
 
 TEST_F(CollectiveAuthE2eTest, AProcessWithoutTheAttemptSecretCannotJoinTheAllreduce) {
   auto admin = As("admin");
-  auto jobs = v1::JobService::NewStub(rpc::NewChannel(scheduler_, admin.get()));
+  auto jobs = v1::JobService::NewStub(rpc::NewChannel(scheduler(), admin.get()));
 
   // Both trainers registered: the lower order becomes rank 0 of the job.
   v1::ListTrainersReply listed;
   for (absl::Time end = absl::Now() + absl::Seconds(30); absl::Now() < end;
        absl::SleepFor(absl::Milliseconds(100))) {
     grpc::ClientContext ctx;
-    Deadline(&ctx, absl::Seconds(10));
+    SetDeadline(&ctx, absl::Seconds(10));
     listed.Clear();
     ASSERT_TRUE(jobs->ListTrainers(&ctx, v1::ListTrainersRequest(), &listed).ok());
     if (listed.trainers_size() == 2) break;
@@ -259,7 +244,7 @@ TEST_F(CollectiveAuthE2eTest, AProcessWithoutTheAttemptSecretCannotJoinTheAllred
   v1::JobStatus job;
   {
     grpc::ClientContext ctx;
-    Deadline(&ctx, absl::Seconds(10));
+    SetDeadline(&ctx, absl::Seconds(10));
     grpc::Status st = jobs->Submit(&ctx, submit, &job);
     ASSERT_TRUE(st.ok()) << st.error_message();
   }
@@ -269,7 +254,7 @@ TEST_F(CollectiveAuthE2eTest, AProcessWithoutTheAttemptSecretCannotJoinTheAllred
   for (absl::Time end = absl::Now() + absl::Seconds(30);
        job.state() != v1::RUNNING && absl::Now() < end; absl::SleepFor(absl::Milliseconds(100))) {
     grpc::ClientContext ctx;
-    Deadline(&ctx, absl::Seconds(10));
+    SetDeadline(&ctx, absl::Seconds(10));
     v1::GetRequest get;
     get.set_id(job_id);
     ASSERT_TRUE(jobs->Get(&ctx, get, &job).ok());
@@ -291,7 +276,7 @@ TEST_F(CollectiveAuthE2eTest, AProcessWithoutTheAttemptSecretCannotJoinTheAllred
   }
   ASSERT_GT(port, 0) << rank0.name << " opened no new listening socket for the job";
 
-  const std::string log_path = absl::StrCat(dir_, "/", rank0.name, ".log");
+  const std::string log_path = absl::StrCat(dir(), "/", rank0.name, ".log");
   const std::string refusal = "refused a connection claiming rank 1";
   const int refusals_before = Count(ReadFile(log_path), refusal);
 
@@ -304,7 +289,7 @@ TEST_F(CollectiveAuthE2eTest, AProcessWithoutTheAttemptSecretCannotJoinTheAllred
   // and rank 0's address from the attempt's rendezvous store, read with the
   // stopped trainer's own certificate.
   auto leaked = As(rank1.name);
-  auto cluster = v1::ClusterService::NewStub(rpc::NewChannel(scheduler_, leaked.get()));
+  auto cluster = v1::ClusterService::NewStub(rpc::NewChannel(scheduler(), leaked.get()));
   auto store_get = [&](const std::string& key) -> std::string {
     v1::StoreGetRequest r;
     r.set_trainer_id(second.id());
@@ -313,7 +298,7 @@ TEST_F(CollectiveAuthE2eTest, AProcessWithoutTheAttemptSecretCannotJoinTheAllred
     r.set_key(key);
     r.set_wait_ms(2000);
     grpc::ClientContext ctx;
-    Deadline(&ctx, absl::Seconds(10));
+    SetDeadline(&ctx, absl::Seconds(10));
     v1::StoreGetReply reply;
     grpc::Status st = cluster->StoreGet(&ctx, r, &reply);
     EXPECT_TRUE(st.ok()) << key << ": " << st.error_message();
@@ -356,7 +341,7 @@ TEST_F(CollectiveAuthE2eTest, AProcessWithoutTheAttemptSecretCannotJoinTheAllred
   // The real rank 1 continues, joins with the attempt's secret: the job
   // succeeds in its first attempt.
   ASSERT_EQ(::kill(rank1.pid, SIGCONT), 0);
-  absl::StatusOr<v1::JobStatus> last = WatchToEnd(jobs.get(), job_id, absl::Seconds(120));
+  absl::StatusOr<v1::JobStatus> last = e2e::WatchToEnd(jobs.get(), job_id, absl::Seconds(120));
   ASSERT_TRUE(last.ok()) << last.status();
   EXPECT_EQ(last->state(), v1::SUCCEEDED) << last->DebugString();
   EXPECT_EQ(last->attempts(), 1) << last->DebugString();

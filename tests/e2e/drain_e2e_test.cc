@@ -29,8 +29,8 @@
 #include "libs/base/grpc_status.h"
 #include "libs/rpc/credentials.h"
 #include "protos/scheduler.grpc.pb.h"
-#include "tests/e2e/cluster_fixture.h"
 #include "tests/e2e/e2e_util.h"
+#include "tests/e2e/test_cluster.h"
 
 namespace dtrain {
 namespace e2e {
@@ -38,12 +38,10 @@ namespace {
 
 namespace v1 = scheduler::v1;
 
-class DrainE2eTest : public ClusterFixture {
+class DrainE2eTest : public ClusterTest {
  protected:
   void SetUp() override {
-    down_grace_s_ = 10;
-    Up(::testing::UnitTest::GetInstance()->current_test_info()->name(),
-       "--trainers=3 --heartbeat_timeout_s=5");
+    Up({.trainers = 3, .restart = true, .heartbeat_timeout_s = 5, .down_grace_s = 10});
   }
 
   static v1::SubmitRequest Job(const std::string& name, int epochs) {
@@ -54,11 +52,11 @@ class DrainE2eTest : public ClusterFixture {
   // enough that the drain (at the next multiple of 16 steps) still lands
   // inside that epoch.
   v1::JobStatus WaitMidEpoch(const std::string& id, int first, int last) {
-    return ClusterFixture::WaitMidEpoch(id, {.first_epoch = first,
-                                             .last_epoch = last,
-                                             .min_step = 1,
-                                             .min_steps_left = 17,
-                                             .timeout = absl::Seconds(180)});
+    return ClusterTest::WaitMidEpoch(id, {.first_epoch = first,
+                                          .last_epoch = last,
+                                          .min_step = 1,
+                                          .min_steps_left = 17,
+                                          .timeout = absl::Seconds(180)});
   }
 
   // The number after `key` in `text` (-1 when absent).
@@ -74,21 +72,21 @@ class DrainE2eTest : public ClusterFixture {
 };
 
 TEST_F(DrainE2eTest, SigtermedTrainerDrainsAndTheJobResumesAtItsStep) {
-  v1::JobStatus ref;
-  ASSERT_TRUE(stub_->Submit(Ctx().get(), Job("undisturbed", 4), &ref).ok());
+  v1::JobStatus ref = Submit(Job("undisturbed", 4));
+  ASSERT_FALSE(ref.id().empty());
   ref = WatchToEnd(ref.id(), absl::Seconds(300));
   ASSERT_EQ(ref.state(), v1::SUCCEEDED) << ref.DebugString();
   ASSERT_GT(ref.test_accuracy(), 0.6);  // it did learn
 
-  v1::JobStatus job;
-  ASSERT_TRUE(stub_->Submit(Ctx().get(), Job("drained", 4), &job).ok());
+  v1::JobStatus job = Submit(Job("drained", 4));
+  ASSERT_FALSE(job.id().empty());
   job = WaitMidEpoch(job.id(), 2, 3);
   ASSERT_EQ(job.state(), v1::RUNNING) << job.DebugString();
   ASSERT_TRUE(job.epoch() == 1 || job.epoch() == 2) << "not in epoch 2 or 3: " << job.DebugString();
   const int64_t spe = job.steps_per_epoch();
   ASSERT_EQ(spe, 96);  // 6,144 images per rank, 64 a step
   const int64_t seen_at_sigterm = job.epoch() * spe + job.step();
-  std::map<std::string, TrainerProcess> procs = Trainers(dir_);
+  std::map<std::string, TrainerProcess> procs = Trainers(dir());
   ASSERT_EQ(procs.size(), 3u);
   ASSERT_EQ(job.trainers_size(), 2);
   const std::string victim = job.trainers(0);  // rank 0: it writes the checkpoint
@@ -135,7 +133,7 @@ TEST_F(DrainE2eTest, SigtermedTrainerDrainsAndTheJobResumesAtItsStep) {
   // Work lost: the steps the first attempt did beyond its checkpoint (its
   // ranks log how many steps they did before draining) and steps done before
   // the SIGTERM that the checkpoint lacks: at most one.
-  std::vector<std::string> agreed = TrainerLogLines(dir_, {done.id() + " rank", "draining after"});
+  std::vector<std::string> agreed = TrainerLogLines(dir(), {done.id() + " rank", "draining after"});
   ASSERT_EQ(agreed.size(), 2u) << victim_log;
   for (const std::string& line : agreed) {
     EXPECT_EQ(NumberAfter(line, "draining after "), drained_at) << line;
@@ -143,16 +141,16 @@ TEST_F(DrainE2eTest, SigtermedTrainerDrainsAndTheJobResumesAtItsStep) {
   EXPECT_GE(drained_at + 1, seen_at_sigterm);
   // Both ranks of the second attempt resumed at that step.
   std::vector<std::string> resumed = TrainerLogLines(
-      dir_, {done.id() + " rank", absl::StrCat("after epoch ", epoch - 1, " step ", step)});
+      dir(), {done.id() + " rank", absl::StrCat("after epoch ", epoch - 1, " step ", step)});
   EXPECT_EQ(resumed.size(), 2u);
   // They read the partial statistics each rank wrote next to the checkpoint
   // when it drained; the run that completed the job removed them.
   std::vector<std::string> partials;
-  for (const auto& f : std::filesystem::directory_iterator(dir_ + "/checkpoints")) {
+  for (const auto& f : std::filesystem::directory_iterator(dir() + "/checkpoints")) {
     if (absl::EndsWith(f.path().string(), ".partial")) partials.push_back(f.path().string());
   }
   EXPECT_TRUE(partials.empty()) << partials[0];
-  EXPECT_TRUE(std::filesystem::exists(dir_ + "/checkpoints/" + done.id() + ".ckpt"));
+  EXPECT_TRUE(std::filesystem::exists(dir() + "/checkpoints/" + done.id() + ".ckpt"));
   std::fprintf(stderr,
                "drained at epoch %lld step %lld (seen at SIGTERM: step %lld of the job); trainer "
                "exited after %s; loss %.6f vs %.6f, test accuracy %.4f vs %.4f\n",
@@ -167,17 +165,17 @@ TEST_F(DrainE2eTest, SigtermedTrainerDrainsAndTheJobResumesAtItsStep) {
 
 TEST_F(DrainE2eTest, TrainctlDrainMovesTheJobAndListsTheTrainer) {
   int rc;
-  std::string out = Trainctl("--scheduler=" + scheduler_ + " drain no-such-trainer", &rc);
+  std::string out = Trainctl("--scheduler=" + scheduler() + " drain no-such-trainer", &rc);
   EXPECT_EQ(rc, 1) << out;
   EXPECT_NE(out.find("NOT_FOUND"), std::string::npos) << out;
 
-  v1::JobStatus job;
-  ASSERT_TRUE(stub_->Submit(Ctx().get(), Job("moved", 3), &job).ok());
+  v1::JobStatus job = Submit(Job("moved", 3));
+  ASSERT_FALSE(job.id().empty());
   job = WaitMidEpoch(job.id(), 1, 2);
   ASSERT_EQ(job.state(), v1::RUNNING) << job.DebugString();
   ASSERT_EQ(job.trainers_size(), 2);
   const std::string drained = job.trainers(1);
-  out = Trainctl("--scheduler=" + scheduler_ + " drain " + drained, &rc);
+  out = Trainctl("--scheduler=" + scheduler() + " drain " + drained, &rc);
   ASSERT_EQ(rc, 0) << out;
   EXPECT_EQ(out, absl::StrCat(drained, " DRAINING: job ", job.id(), " drains\n"));
 
@@ -188,10 +186,10 @@ TEST_F(DrainE2eTest, TrainctlDrainMovesTheJobAndListsTheTrainer) {
   for (const std::string& t : done.trainers()) EXPECT_NE(t, drained);
 
   // The drained trainer still runs, idle and DRAINING; the others are IDLE.
-  std::map<std::string, TrainerProcess> procs = Trainers(dir_);
+  std::map<std::string, TrainerProcess> procs = Trainers(dir());
   ASSERT_EQ(procs.count(drained), 1u);
   EXPECT_TRUE(ProcessAlive(procs[drained].pid));
-  out = Trainctl("--scheduler=" + scheduler_ + " -o json trainers", &rc);
+  out = Trainctl("--scheduler=" + scheduler() + " -o json trainers", &rc);
   ASSERT_EQ(rc, 0) << out;
   v1::ListTrainersReply list;
   ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(out, &list).ok()) << out;
@@ -200,7 +198,7 @@ TEST_F(DrainE2eTest, TrainctlDrainMovesTheJobAndListsTheTrainer) {
     EXPECT_EQ(t.state(), t.id() == drained ? v1::DRAINING : v1::IDLE) << out;
     EXPECT_EQ(t.job_ids_size(), 0) << out;
   }
-  out = Trainctl("--scheduler=" + scheduler_ + " trainers", &rc);
+  out = Trainctl("--scheduler=" + scheduler() + " trainers", &rc);
   ASSERT_EQ(rc, 0) << out;
   std::vector<std::string> lines = absl::StrSplit(out, '\n', absl::SkipEmpty());
   ASSERT_EQ(lines.size(), 4u) << out;

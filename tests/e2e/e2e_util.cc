@@ -1,8 +1,10 @@
 #include "tests/e2e/e2e_util.h"
 
+#include <dirent.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <cstdio>
@@ -31,6 +33,19 @@ std::string ReadFile(const std::string& path) {
   std::stringstream ss;
   ss << in.rdbuf();
   return ss.str();
+}
+
+int64_t ResidentBytes(int pid) {
+  std::ifstream in(absl::StrCat("/proc/", pid, "/status"));
+  for (std::string line; std::getline(in, line);) {
+    absl::string_view rest = line;
+    if (!absl::ConsumePrefix(&rest, "VmRSS:")) continue;
+    rest = absl::StripAsciiWhitespace(rest);
+    int64_t kb = 0;
+    if (!absl::ConsumeSuffix(&rest, " kB") || !absl::SimpleAtoi(rest, &kb)) return -1;
+    return kb * 1024;
+  }
+  return -1;
 }
 
 int PortOfUrl(const std::string& url) {
@@ -205,6 +220,20 @@ std::vector<std::string> TrainerLogLines(const std::string& dir,
     }
   }
   return out;
+}
+
+std::vector<int> PidsMentioning(const std::string& text) {
+  std::vector<int> pids;
+  DIR* d = opendir("/proc");
+  if (d == nullptr) return pids;
+  while (dirent* e = readdir(d)) {
+    int pid = 0;
+    if (!absl::SimpleAtoi(e->d_name, &pid) || pid <= 0 || pid == getpid()) continue;
+    const std::string cmdline = ReadFile(absl::StrCat("/proc/", pid, "/cmdline"));
+    if (cmdline.find(text) != std::string::npos && ProcessAlive(pid)) pids.push_back(pid);
+  }
+  closedir(d);
+  return pids;
 }
 
 bool ProcessAlive(int pid) {

@@ -1,10 +1,11 @@
 // Helpers of the end-to-end tests: runfiles, temporary directories, running
 // trainctl, reading `trainctl cluster up`'s cluster.json and the logs and
-// metrics of its processes. (cluster_fixture.h: a test fixture around a
-// cluster.)
+// metrics of its processes. (test_cluster.h: the cluster every e2e test
+// uses, built on these.)
 #ifndef DTRAIN_TESTS_E2E_E2E_UTIL_H_
 #define DTRAIN_TESTS_E2E_E2E_UTIL_H_
 
+#include <cstdint>
 #include <map>
 #include <string>
 #include <vector>
@@ -84,11 +85,18 @@ std::map<std::string, int> TrainerPids(const std::string& dir);
 std::vector<std::string> TrainerLogLines(const std::string& dir,
                                          const std::vector<std::string>& parts);
 
+// The pids of the running processes (not this one) whose command line
+// mentions `text` (e.g. a cluster's directory: its supervisor and processes).
+std::vector<int> PidsMentioning(const std::string& text);
+
 // Whether `pid` runs (a zombie does not).
 bool ProcessAlive(int pid);
 
 // The text of the file at `path` ("" when it cannot be read).
 std::string ReadFile(const std::string& path);
+
+// VmRSS of `pid` in bytes (from /proc/<pid>/status), or -1.
+int64_t ResidentBytes(int pid);
 
 // The port of a "http://127.0.0.1:<port>/metrics" URL (a cluster.json
 // metrics_url), or 0.

@@ -37,6 +37,7 @@
 #include "protos/kvstore.grpc.pb.h"
 #include "protos/scheduler.grpc.pb.h"
 #include "tests/e2e/e2e_util.h"
+#include "tests/e2e/test_cluster.h"
 
 namespace dtrain {
 namespace e2e {
@@ -47,10 +48,6 @@ namespace kv = kvstore::v1;
 
 absl::StatusCode Code(const grpc::Status& s) {
   return static_cast<absl::StatusCode>(s.error_code());
-}
-
-void Deadline(grpc::ClientContext* ctx, absl::Duration d) {
-  ctx->set_deadline(absl::ToChronoTime(absl::Now() + d));
 }
 
 // Probes each server's health every 100 ms until destroyed; remembers the
@@ -127,41 +124,23 @@ kv::SliceSpec Slice(const std::string& key, int64_t count) {
   return s;
 }
 
-class ExhaustionE2eTest : public ::testing::Test {
+class ExhaustionE2eTest : public ClusterTest {
  protected:
   void SetUp() override {
-    dir_ = TmpDir("exhaustion-cluster");
-    int rc;
-    std::string out = Trainctl(
-        "cluster up --trainers=0 --kvstore_shards=1 --kvstore_replicas=1 --restart=never --dir=" +
-            dir_,
-        &rc);
-    ASSERT_EQ(rc, 0) << out;
-    for (const ClusterProcess& p : ReadCluster(dir_)) {
-      if (p.role == "scheduler") scheduler_ = p;
-      if (p.role == "kvstore") shard_ = p;
-    }
-    ASSERT_FALSE(scheduler_.address.empty());
-    ASSERT_FALSE(shard_.address.empty());
-    certs_ = dir_ + "/certs";
-    for (auto [name, role] :
-         {std::pair{"alice", "user"}, std::pair{"bob", "user"}, std::pair{"rogue", "trainer"}}) {
-      out = Trainctl(absl::StrCat("certs issue --dir=", certs_, " --name=", name, " --role=", role),
-                     &rc);
-      ASSERT_EQ(rc, 0) << out;
-    }
-  }
-
-  void TearDown() override {
-    int rc;
-    Trainctl("cluster down --grace_s=10 --dir=" + dir_, &rc);
+    ASSERT_NO_FATAL_FAILURE(Up({.name = "exhaustion-cluster",
+                                .trainers = 0,
+                                .kvstore_shards = 1,
+                                .users = {"alice", "bob"},
+                                .down_grace_s = 10}));
+    scheduler_ = cluster_->scheduler();
+    shard_ = cluster_->shard(0);
+    certs_ = dir() + "/certs";
+    // A trainer certificate no running trainer holds.
+    ASSERT_TRUE(cluster_->IssueCertificate("rogue", "trainer").ok());
   }
 
   std::shared_ptr<const rpc::Credentials> As(const std::string& name) {
-    auto c = rpc::Credentials::Load(
-        {certs_ + "/ca.pem", certs_ + "/" + name + ".pem", certs_ + "/" + name + ".key"});
-    EXPECT_TRUE(c.ok()) << c.status();
-    return c.ok() ? *c : rpc::Credentials::Insecure();
+    return cluster_->Credentials(name);
   }
 
   // A separate connection (gRPC shares one per target and arguments).
@@ -172,7 +151,7 @@ class ExhaustionE2eTest : public ::testing::Test {
     return grpc::CreateCustomChannel(address, creds.ChannelCredentials(), args);
   }
 
-  std::string dir_, certs_;
+  std::string certs_;
   ClusterProcess scheduler_, shard_;
 };
 
@@ -188,7 +167,7 @@ TEST_F(ExhaustionE2eTest, HealthAnswersWithinOneSecondAndNothingStoredIsLost) {
   constexpr int64_t kVictimCount = 4096;
   {
     grpc::ClientContext ctx;
-    Deadline(&ctx, absl::Seconds(10));
+    SetDeadline(&ctx, absl::Seconds(10));
     kv::CreateJobRequest create;
     create.mutable_config()->set_job(victim);
     create.mutable_config()->set_num_workers(1);
@@ -200,7 +179,7 @@ TEST_F(ExhaustionE2eTest, HealthAnswersWithinOneSecondAndNothingStoredIsLost) {
   for (int64_t i = 0; i < kVictimCount; ++i) victim_values[i] = 0.5f * static_cast<float>(i);
   {
     grpc::ClientContext ctx;
-    Deadline(&ctx, absl::Seconds(10));
+    SetDeadline(&ctx, absl::Seconds(10));
     kv::InitResponse init_reply;
     auto init = shard_admin->Init(&ctx, &init_reply);
     kv::InitRequest req;
@@ -218,7 +197,7 @@ TEST_F(ExhaustionE2eTest, HealthAnswersWithinOneSecondAndNothingStoredIsLost) {
   }
   auto victim_values_now = [&]() -> std::string {
     grpc::ClientContext ctx;
-    Deadline(&ctx, absl::Seconds(10));
+    SetDeadline(&ctx, absl::Seconds(10));
     kv::PullRequest pull;
     pull.set_job(victim);
     pull.add_items()->set_key("w");
@@ -246,7 +225,7 @@ TEST_F(ExhaustionE2eTest, HealthAnswersWithinOneSecondAndNothingStoredIsLost) {
   v1::JobStatus alice_job;
   {
     grpc::ClientContext ctx;
-    Deadline(&ctx, absl::Seconds(10));
+    SetDeadline(&ctx, absl::Seconds(10));
     ASSERT_TRUE(alice_jobs->Submit(&ctx, alice_submit, &alice_job).ok());
   }
 
@@ -265,7 +244,7 @@ TEST_F(ExhaustionE2eTest, HealthAnswersWithinOneSecondAndNothingStoredIsLost) {
   const std::string token =
       security::MintJobToken(*secret, rogue_job, absl::Now() + absl::Hours(1));
   auto rogue_ctx = [&](grpc::ClientContext* ctx, absl::Duration d) {
-    Deadline(ctx, d);
+    SetDeadline(ctx, d);
     ctx->AddMetadata(security::kJobTokenMetadata, token);
   };
   auto rogue_control = kv::KVStore::NewStub(rpc::NewChannel(shard_.address, rogue.get()));
@@ -371,7 +350,7 @@ TEST_F(ExhaustionE2eTest, HealthAnswersWithinOneSecondAndNothingStoredIsLost) {
     do {
       absl::SleepFor(absl::Milliseconds(100));
       grpc::ClientContext ctx;
-      Deadline(&ctx, absl::Seconds(1));
+      SetDeadline(&ctx, absl::Seconds(1));
       ctx.AddMetadata(security::kJobTokenMetadata, victim_token);
       kv::PullRequest read;
       read.set_job(victim);
@@ -433,7 +412,7 @@ TEST_F(ExhaustionE2eTest, HealthAnswersWithinOneSecondAndNothingStoredIsLost) {
         req.mutable_spec()->set_name("bob-flood");
         for (int i = 0; i < 40; ++i) {
           grpc::ClientContext ctx;
-          Deadline(&ctx, absl::Seconds(10));
+          SetDeadline(&ctx, absl::Seconds(10));
           v1::JobStatus job;
           grpc::Status s = jobs->Submit(&ctx, req, &job);
           if (s.ok()) {
@@ -468,7 +447,7 @@ TEST_F(ExhaustionE2eTest, HealthAnswersWithinOneSecondAndNothingStoredIsLost) {
   EXPECT_EQ(victim_values_now(), victim_bytes);
   {
     grpc::ClientContext ctx;
-    Deadline(&ctx, absl::Seconds(10));
+    SetDeadline(&ctx, absl::Seconds(10));
     kv::GetJobRequest get;
     get.set_job(victim);
     kv::GetJobResponse job;
@@ -477,7 +456,7 @@ TEST_F(ExhaustionE2eTest, HealthAnswersWithinOneSecondAndNothingStoredIsLost) {
   }
   {
     grpc::ClientContext ctx;
-    Deadline(&ctx, absl::Seconds(10));
+    SetDeadline(&ctx, absl::Seconds(10));
     v1::GetRequest get;
     get.set_id(alice_job.id());
     v1::JobStatus now;

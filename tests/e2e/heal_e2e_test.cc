@@ -25,6 +25,7 @@
 #include "gtest/gtest.h"
 #include "libs/base/subprocess.h"
 #include "tests/e2e/e2e_util.h"
+#include "tests/e2e/test_cluster.h"
 
 namespace dtrain {
 namespace e2e {
@@ -92,34 +93,16 @@ Status ClusterStatus(const std::string& dir, int* rc, std::string* raw = nullptr
   return s;
 }
 
-// Stops whatever a failed test left running: `cluster down`, then SIGKILL
-// to every pid the test saw (SIGCONT first: a stopped scheduler).
-class Guard {
- public:
-  explicit Guard(std::string dir) : dir_(std::move(dir)) {}
-  void Add(int pid) { pids_.insert(pid); }
-  ~Guard() {
-    for (int pid : pids_) {
-      if (ProcessAlive(pid)) kill(pid, SIGCONT);
-    }
-    if (access((dir_ + "/cluster.json").c_str(), F_OK) == 0) {
-      int rc;
-      Trainctl("cluster down --grace_s=5 --dir=" + dir_, &rc);
-    }
-    for (int pid : pids_) {
-      if (ProcessAlive(pid)) kill(pid, SIGKILL);
-    }
-  }
-
- private:
-  std::string dir_;
-  std::set<int> pids_;
-};
-
 void WaitGone(int pid) {
-  for (absl::Time d = absl::Now() + absl::Seconds(10); ProcessAlive(pid) && absl::Now() < d;) {
-    absl::SleepFor(absl::Milliseconds(20));
-  }
+  PollUntil(absl::Seconds(10), [&] { return !ProcessAlive(pid); });
+}
+
+// The cluster `options` asks for; a failure fails the test (non-fatally)
+// and returns null.
+std::unique_ptr<TestCluster> Start(const ClusterOptions& options) {
+  absl::StatusOr<std::unique_ptr<TestCluster>> c = TestCluster::Start(options);
+  EXPECT_TRUE(c.ok()) << c.status();
+  return c.ok() ? *std::move(c) : nullptr;
 }
 
 // Every pid the cluster has now: its processes and its supervisor.
@@ -132,17 +115,19 @@ std::vector<int> Pids(const Status& s) {
 }
 
 TEST(HealE2eTest, KilledShardAndTrainerComeBackOnTheirPorts) {
-  const std::string dir = TmpDir("heal-always");
-  Guard guard(dir);
+  std::unique_ptr<TestCluster> cluster = Start({.name = "heal-always",
+                                                .trainers = 1,
+                                                .kvstore_shards = 1,
+                                                .kvstore_replicas = 1,
+                                                .restart = true});
+  ASSERT_NE(cluster, nullptr);
+  const std::string& dir = cluster->dir();
   int rc;
-  std::string out =
-      Trainctl("cluster up --trainers=1 --kvstore_shards=1 --kvstore_replicas=1 --dir=" + dir, &rc);
-  ASSERT_EQ(rc, 0) << out;
+  std::string out = cluster->up_output();
   EXPECT_NE(out.find("restart=always"), std::string::npos) << out;
   std::string raw;
   Status before = ClusterStatus(dir, &rc, &raw);
   ASSERT_TRUE(before.parsed) << raw;
-  for (int pid : Pids(before)) guard.Add(pid);
   ASSERT_EQ(rc, 0) << raw;
   ASSERT_TRUE(before.Top("healthy") && before.Top("healthy")->bool_value()) << raw;
   ASSERT_TRUE(before.Top("supervisor_alive") && before.Top("supervisor_alive")->bool_value())
@@ -169,15 +154,18 @@ TEST(HealE2eTest, KilledShardAndTrainerComeBackOnTheirPorts) {
   // Back within the first backoff (1 s) plus their start.
   Status after;
   bool healed = false;
-  for (absl::Time d = absl::Now() + absl::Seconds(60); !healed && absl::Now() < d;) {
-    absl::SleepFor(absl::Milliseconds(250));
-    after = ClusterStatus(dir, &rc, &raw);
-    healed = rc == 0 && after.Bool("kvstore-0", "alive") && after.Bool("trainer-0", "alive") &&
-             after.Num("kvstore-0", "restarts") == 1 && after.Num("trainer-0", "restarts") == 1 &&
-             absl::StartsWith(after.Str("kvstore-0", "serving"), "serving");
-  }
+  PollUntil(
+      absl::Seconds(60),
+      [&] {
+        after = ClusterStatus(dir, &rc, &raw);
+        healed = rc == 0 && after.Bool("kvstore-0", "alive") && after.Bool("trainer-0", "alive") &&
+                 after.Num("kvstore-0", "restarts") == 1 &&
+                 after.Num("trainer-0", "restarts") == 1 &&
+                 absl::StartsWith(after.Str("kvstore-0", "serving"), "serving");
+        return healed;
+      },
+      absl::Milliseconds(250));
   ASSERT_TRUE(healed) << raw << "\nsupervisor.log:\n" << ReadAll(dir + "/supervisor.log");
-  for (int pid : Pids(after)) guard.Add(pid);
   EXPECT_NE(after.Num("kvstore-0", "pid"), kv_pid);
   EXPECT_NE(after.Num("trainer-0", "pid"), trainer_pid);
   EXPECT_EQ(after.Num("scheduler", "restarts"), 0) << raw;
@@ -248,18 +236,15 @@ TEST(HealE2eTest, BadFlagsAreRefusedNamingThem) {
 }
 
 TEST(HealE2eTest, RestartNeverLeavesThemDown) {
-  const std::string dir = TmpDir("heal-never");
-  Guard guard(dir);
+  std::unique_ptr<TestCluster> cluster =
+      Start({.name = "heal-never", .trainers = 1, .kvstore_shards = 1, .kvstore_replicas = 1});
+  ASSERT_NE(cluster, nullptr);
+  const std::string& dir = cluster->dir();
   int rc;
-  std::string out = Trainctl(
-      "cluster up --trainers=1 --kvstore_shards=1 --kvstore_replicas=1 --restart=never --dir=" +
-          dir,
-      &rc);
-  ASSERT_EQ(rc, 0) << out;
+  std::string out;
   std::string raw;
   Status before = ClusterStatus(dir, &rc, &raw);
   ASSERT_TRUE(before.parsed) << raw;
-  for (int pid : Pids(before)) guard.Add(pid);
   ASSERT_EQ(rc, 0) << raw;
   const int kv_pid = static_cast<int>(before.Num("kvstore-0", "pid"));
   const int trainer_pid = static_cast<int>(before.Num("trainer-0", "pid"));
@@ -299,16 +284,18 @@ TEST(HealE2eTest, RestartNeverLeavesThemDown) {
 }
 
 TEST(HealE2eTest, ALostSupervisorShowsAndDownStillStopsEverything) {
-  const std::string dir = TmpDir("heal-supervisor");
-  Guard guard(dir);
+  std::unique_ptr<TestCluster> cluster = Start({.name = "heal-supervisor",
+                                                .trainers = 0,
+                                                .kvstore_shards = 1,
+                                                .kvstore_replicas = 1,
+                                                .restart = true});
+  ASSERT_NE(cluster, nullptr);
+  const std::string& dir = cluster->dir();
   int rc;
-  std::string out =
-      Trainctl("cluster up --trainers=0 --kvstore_shards=1 --kvstore_replicas=1 --dir=" + dir, &rc);
-  ASSERT_EQ(rc, 0) << out;
+  std::string out;
   std::string raw;
   Status before = ClusterStatus(dir, &rc, &raw);
   ASSERT_TRUE(before.parsed) << raw;
-  for (int pid : Pids(before)) guard.Add(pid);
   const int supervisor = static_cast<int>(before.Top("supervisor_pid")->number_value());
   ASSERT_EQ(kill(supervisor, SIGKILL), 0);
   WaitGone(supervisor);
@@ -332,19 +319,18 @@ TEST(HealE2eTest, ALostSupervisorShowsAndDownStillStopsEverything) {
 }
 
 TEST(HealE2eTest, WatchNoticesASilentScheduler) {
-  const std::string dir = TmpDir("heal-watch");
-  Guard guard(dir);
-  int rc;
   // No trainers: the job stays QUEUED and its Watch stream stays silent.
-  std::string out = Trainctl("cluster up --trainers=0 --restart=never --dir=" + dir, &rc);
-  ASSERT_EQ(rc, 0) << out;
-  std::vector<ClusterProcess> procs = ReadCluster(dir);
-  ASSERT_EQ(procs.size(), 1u) << out;
+  std::unique_ptr<TestCluster> cluster = Start({.name = "heal-watch", .trainers = 0});
+  ASSERT_NE(cluster, nullptr);
+  const std::string& dir = cluster->dir();
+  int rc;
+  std::vector<ClusterProcess> procs = cluster->Processes();
+  ASSERT_EQ(procs.size(), 1u) << cluster->up_output();
   const ClusterProcess scheduler = procs[0];
-  guard.Add(scheduler.pid);
-  out = Trainctl("--scheduler=" + scheduler.address +
-                     " submit --name=idle --model=mlp --epochs=1 --batch_size=128 --lr=0.1",
-                 &rc);
+  std::string out =
+      Trainctl("--scheduler=" + scheduler.address +
+                   " submit --name=idle --model=mlp --epochs=1 --batch_size=128 --lr=0.1",
+               &rc);
   ASSERT_EQ(rc, 0) << out;
   const std::string id = SubmittedId(out);
   ASSERT_NE(id, "") << out;
@@ -368,10 +354,9 @@ TEST(HealE2eTest, WatchNoticesASilentScheduler) {
   ASSERT_EQ(kill(scheduler.pid, SIGSTOP), 0);
   const absl::Time stopped = absl::Now();
   const std::string expected = "did not answer a Get within 2s";
-  for (absl::Time d = stopped + absl::Seconds(30);
-       ReadAll(log).find(expected) == std::string::npos && absl::Now() < d;) {
-    absl::SleepFor(absl::Milliseconds(100));
-  }
+  PollUntil(
+      absl::Seconds(30), [&] { return ReadAll(log).find(expected) != std::string::npos; },
+      absl::Milliseconds(100));
   const absl::Duration noticed = absl::Now() - stopped;
   text = ReadAll(log);
   ASSERT_NE(text.find(expected), std::string::npos) << text;

@@ -24,7 +24,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
-#include "tests/e2e/kvstore_cluster.h"
+#include "tests/e2e/test_cluster.h"
 
 namespace dtrain {
 namespace e2e {
@@ -32,12 +32,10 @@ namespace {
 
 namespace v1 = scheduler::v1;
 
-bool Final(v1::JobState s) { return s == v1::SUCCEEDED || s == v1::FAILED || s == v1::CANCELLED; }
-
 v1::SubmitRequest Job(const std::string& name) {
   // 1-2.5 s an epoch on two cores (the data port made it faster: at 16
   // epochs the job once ended after two kills): the chaos lasts 30-60 s.
-  v1::SubmitRequest r = KvstoreCluster::KvstoreJob(name, 24, 16384);
+  v1::SubmitRequest r = KvstoreMlpJob(name, 24, 16384);
   r.mutable_spec()->set_checkpoint_interval_epochs(1);
   r.mutable_spec()->set_test_limit(2000);
   return r;
@@ -59,21 +57,23 @@ v1::SubmitRequest Small(const std::string& name) {
 }
 
 TEST(KvstoreChaosE2eTest, RandomKillsEveryFewSecondsLoseNothing) {
-  KvstoreClusterOptions options;
-  options.restart = true;
-  options.replicas = 2;
-  options.trainers = 3;
   // Trainer and scheduler kills end attempts (the job resumes from its
   // checkpoint); allow enough of them.
-  options.flags = "--max_attempts=50";
-  KvstoreCluster cluster("chaos", options);
-  ASSERT_TRUE(cluster.status().ok()) << cluster.status();
+  absl::StatusOr<std::unique_ptr<TestCluster>> started =
+      TestCluster::Start({.name = "chaos",
+                          .trainers = 3,
+                          .kvstore_shards = 2,
+                          .kvstore_replicas = 2,
+                          .restart = true,
+                          .heartbeat_timeout_s = 3,
+                          .flags = "--max_attempts=50"});
+  ASSERT_TRUE(started.ok()) << started.status();
+  TestCluster& cluster = **started;
 
   const absl::Time ref_start = absl::Now();
   absl::StatusOr<v1::JobStatus> ref = cluster.Submit(Job("undisturbed"));
   ASSERT_TRUE(ref.ok()) << ref.status();
-  absl::StatusOr<v1::JobStatus> ref_done =
-      WatchToEnd(cluster.jobs(), ref->id(), absl::Seconds(300));
+  absl::StatusOr<v1::JobStatus> ref_done = cluster.WatchToEnd(ref->id(), absl::Seconds(300));
   ASSERT_TRUE(ref_done.ok()) << ref_done.status();
   ASSERT_EQ(ref_done->state(), v1::SUCCEEDED) << ref_done->DebugString();
   // Kills every eighth of the undisturbed run (2-6 s, plus up to half of
@@ -97,7 +97,7 @@ TEST(KvstoreChaosE2eTest, RandomKillsEveryFewSecondsLoseNothing) {
   absl::Time next_kill = start + absl::Milliseconds(gap_ms);
   v1::JobStatus st = *job;
   const absl::Time deadline = start + absl::Seconds(600);
-  while (!Final(st.state()) && absl::Now() < deadline) {
+  while (!IsFinal(st.state()) && absl::Now() < deadline) {
     absl::SleepFor(absl::Milliseconds(100));
     absl::StatusOr<v1::JobStatus> got = cluster.Get(job->id());
     if (got.ok()) {
@@ -112,9 +112,9 @@ TEST(KvstoreChaosE2eTest, RandomKillsEveryFewSecondsLoseNothing) {
       EXPECT_TRUE(absl::IsUnavailable(got.status()) || absl::IsDeadlineExceeded(got.status()))
           << got.status();
     }
-    if (absl::Now() < next_kill || Final(st.state()) || kills.size() >= kMaxKills) continue;
+    if (absl::Now() < next_kill || IsFinal(st.state()) || kills.size() >= kMaxKills) continue;
     // A random kind, then a random process of that kind.
-    std::vector<ClusterProcess> procs = ReadCluster(cluster.dir());
+    std::vector<ClusterProcess> procs = cluster.Processes();
     const char* kinds[] = {"trainer", "kvstore", "scheduler"};
     const std::string kind = kinds[rng() % 3];
     std::vector<ClusterProcess> candidates;
@@ -142,7 +142,7 @@ TEST(KvstoreChaosE2eTest, RandomKillsEveryFewSecondsLoseNothing) {
     next_kill = absl::Now() + next_gap(rng);
   }
   const std::string schedule = absl::StrJoin(kills, ", ");
-  ASSERT_TRUE(Final(st.state())) << "still " << st.DebugString() << "\nkills: " << schedule;
+  ASSERT_TRUE(IsFinal(st.state())) << "still " << st.DebugString() << "\nkills: " << schedule;
   ASSERT_EQ(st.state(), v1::SUCCEEDED) << st.DebugString() << "\nkills: " << schedule;
   EXPECT_GE(kills.size(), 3u) << schedule;  // the chaos did happen
   EXPECT_NEAR(st.test_accuracy(), ref_done->test_accuracy(), 0.01) << schedule;
@@ -155,7 +155,7 @@ TEST(KvstoreChaosE2eTest, RandomKillsEveryFewSecondsLoseNothing) {
   EXPECT_EQ(at, seen_states.size()) << st.DebugString() << "\nkills: " << schedule;
   // The jobs submitted during the chaos were not lost, and they run.
   for (const std::string& id : submitted) {
-    absl::StatusOr<v1::JobStatus> s = WatchToEnd(cluster.jobs(), id, absl::Seconds(300));
+    absl::StatusOr<v1::JobStatus> s = cluster.WatchToEnd(id, absl::Seconds(300));
     ASSERT_TRUE(s.ok()) << id << ": " << s.status();
     EXPECT_EQ(s->state(), v1::SUCCEEDED) << s->DebugString();
   }

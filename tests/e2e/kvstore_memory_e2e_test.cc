@@ -29,7 +29,7 @@
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
 #include "libs/kvstore/shard_map.h"
-#include "tests/e2e/kvstore_cluster.h"
+#include "tests/e2e/test_cluster.h"
 
 namespace dtrain {
 namespace e2e {
@@ -43,8 +43,15 @@ constexpr int kJobs = 100;
 
 TEST(KvstoreMemoryE2eTest, MemoryIsFlatOverAHundredJobsAndShardsEndEmpty) {
   // Two malloc arenas per process (see the file comment).
-  KvstoreCluster cluster("memory", "MALLOC_ARENA_MAX=2", /*restart=*/false, /*replicas=*/2);
-  ASSERT_TRUE(cluster.status().ok()) << cluster.status();
+  absl::StatusOr<std::unique_ptr<TestCluster>> started =
+      TestCluster::Start({.name = "memory",
+                          .trainers = 2,
+                          .kvstore_shards = 2,
+                          .kvstore_replicas = 2,
+                          .heartbeat_timeout_s = 3,
+                          .env = "MALLOC_ARENA_MAX=2"});
+  ASSERT_TRUE(started.ok()) << started.status();
+  TestCluster& cluster = **started;
   {
     // The setting reached the shards (trainctl passes its environment on).
     std::ifstream environ(absl::StrCat("/proc/", cluster.replica(0, 0).pid, "/environ"));
@@ -56,12 +63,12 @@ TEST(KvstoreMemoryE2eTest, MemoryIsFlatOverAHundredJobsAndShardsEndEmpty) {
     std::vector<std::string> ids;
     for (int j = first; j < first + kBatch; ++j) {
       absl::StatusOr<v1::JobStatus> st =
-          cluster.Submit(KvstoreCluster::KvstoreJob(absl::StrCat("tiny-", j), 1, 128));
+          cluster.Submit(KvstoreMlpJob(absl::StrCat("tiny-", j), 1, 128));
       ASSERT_TRUE(st.ok()) << st.status();
       ids.push_back(st->id());
     }
     for (const std::string& id : ids) {
-      absl::StatusOr<v1::JobStatus> done = WatchToEnd(cluster.jobs(), id, absl::Seconds(120));
+      absl::StatusOr<v1::JobStatus> done = cluster.WatchToEnd(id, absl::Seconds(120));
       ASSERT_TRUE(done.ok()) << id << ": " << done.status();
       ASSERT_EQ(done->state(), v1::SUCCEEDED) << done->DebugString();
       ASSERT_EQ(done->attempts(), 1) << done->DebugString();

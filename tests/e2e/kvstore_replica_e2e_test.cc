@@ -32,7 +32,7 @@
 #include "libs/kvstore/client.h"
 #include "libs/kvstore/shard_map.h"
 #include "libs/tensor/dtype.h"
-#include "tests/e2e/kvstore_cluster.h"
+#include "tests/e2e/test_cluster.h"
 
 namespace dtrain {
 namespace e2e {
@@ -40,22 +40,20 @@ namespace {
 
 namespace v1 = scheduler::v1;
 
-bool Final(v1::JobState s) { return s == v1::SUCCEEDED || s == v1::FAILED || s == v1::CANCELLED; }
-
 constexpr int kEpochs = 4;
 
 v1::SubmitRequest Job(const std::string& name) {
   // 2-6 s an epoch: trainers report progress every second, so the status
   // must not move by more than an epoch between reports.
-  v1::SubmitRequest r = KvstoreCluster::KvstoreJob(name, kEpochs, 3 * 16384);
+  v1::SubmitRequest r = KvstoreMlpJob(name, kEpochs, 3 * 16384);
   r.mutable_spec()->set_checkpoint_interval_epochs(1);
   r.mutable_spec()->set_momentum(0.9);
   r.mutable_spec()->set_test_limit(1000);
   return r;
 }
 
-v1::JobStatus WatchToEnd(KvstoreCluster& cluster, const std::string& id) {
-  absl::StatusOr<v1::JobStatus> last = e2e::WatchToEnd(cluster.jobs(), id, absl::Seconds(300));
+v1::JobStatus WatchToEnd(TestCluster& cluster, const std::string& id) {
+  absl::StatusOr<v1::JobStatus> last = cluster.WatchToEnd(id, absl::Seconds(300));
   EXPECT_TRUE(last.ok()) << last.status();
   return last.ok() ? *last : v1::JobStatus();
 }
@@ -75,8 +73,7 @@ bool Full(const kvstore::v1::ShardMap& map, int replicas) {
 
 // The started cluster's kvstore map, with every chain full (2 ACTIVE
 // replicas); an error naming what is not.
-absl::StatusOr<kvstore::v1::ShardMap> FullMap(KvstoreCluster& cluster) {
-  DT_RETURN_IF_ERROR(cluster.status());
+absl::StatusOr<kvstore::v1::ShardMap> FullMap(TestCluster& cluster) {
   DT_ASSIGN_OR_RETURN(kvstore::v1::ShardMap map, cluster.KvstoreMap());
   if (!Full(map, 2)) {
     return absl::FailedPreconditionError(
@@ -113,7 +110,15 @@ double MaxRelativeDifference(const checkpoint::Checkpoint& a, const checkpoint::
 }
 
 TEST(KvstoreReplicaE2eTest, AKilledReplicaCostsNoAttemptAndNoPrecision) {
-  KvstoreCluster cluster("replica", "", /*restart=*/true, /*replicas=*/2);
+  absl::StatusOr<std::unique_ptr<TestCluster>> started =
+      TestCluster::Start({.name = "replica",
+                          .trainers = 2,
+                          .kvstore_shards = 2,
+                          .kvstore_replicas = 2,
+                          .restart = true,
+                          .heartbeat_timeout_s = 3});
+  ASSERT_TRUE(started.ok()) << started.status();
+  TestCluster& cluster = **started;
   absl::StatusOr<kvstore::v1::ShardMap> map = FullMap(cluster);
   ASSERT_TRUE(map.ok()) << map.status();
 
@@ -125,15 +130,14 @@ TEST(KvstoreReplicaE2eTest, AKilledReplicaCostsNoAttemptAndNoPrecision) {
   absl::StatusOr<v1::JobStatus> job = cluster.Submit(Job("replica-killed"));
   ASSERT_TRUE(job.ok()) << job.status();
   // Mid-job: epoch 2 has begun, and at least one more is to come.
-  v1::JobStatus st = *job;
-  for (absl::Time end = absl::Now() + absl::Seconds(120);
-       !(st.state() == v1::RUNNING && st.epoch() >= 1 && st.step() > 0) && !Final(st.state()) &&
-       absl::Now() < end;
-       absl::SleepFor(absl::Milliseconds(20))) {
-    absl::StatusOr<v1::JobStatus> got = cluster.Get(job->id());
-    ASSERT_TRUE(got.ok()) << got.status();
-    st = *got;
-  }
+  absl::StatusOr<v1::JobStatus> mid = cluster.PollJob(
+      job->id(),
+      [](const v1::JobStatus& j) {
+        return j.state() == v1::RUNNING && j.epoch() >= 1 && j.step() > 0;
+      },
+      absl::Seconds(120));
+  ASSERT_TRUE(mid.ok()) << mid.status();
+  v1::JobStatus st = *mid;
   ASSERT_EQ(st.state(), v1::RUNNING) << st.DebugString();
   ASSERT_LE(st.epoch(), kEpochs - 2) << "not mid-job: " << st.DebugString();
   map = cluster.KvstoreMap();
@@ -164,7 +168,7 @@ TEST(KvstoreReplicaE2eTest, AKilledReplicaCostsNoAttemptAndNoPrecision) {
         progressed == absl::InfiniteDuration()) {
       progressed = absl::Now() - killed;
     }
-    if (got.ok() && Final(got->state())) break;
+    if (got.ok() && IsFinal(got->state())) break;
   }
   v1::JobStatus done = WatchToEnd(cluster, job->id());
   ASSERT_EQ(done.state(), v1::SUCCEEDED) << done.DebugString();
@@ -214,8 +218,14 @@ TEST(KvstoreReplicaE2eTest, AKilledReplicaCostsNoAttemptAndNoPrecision) {
 // round's value is exactly its workers' sum (a push lost or applied twice
 // would change it).
 void KillAReplicaWhileARoundWaits(bool kill_tail) {
-  KvstoreCluster cluster(kill_tail ? "waittail" : "parked", "", /*restart=*/false,
-                         /*replicas=*/2);
+  absl::StatusOr<std::unique_ptr<TestCluster>> started =
+      TestCluster::Start({.name = kill_tail ? "waittail" : "parked",
+                          .trainers = 2,
+                          .kvstore_shards = 2,
+                          .kvstore_replicas = 2,
+                          .heartbeat_timeout_s = 3});
+  ASSERT_TRUE(started.ok()) << started.status();
+  TestCluster& cluster = **started;
   absl::StatusOr<kvstore::v1::ShardMap> map = FullMap(cluster);
   ASSERT_TRUE(map.ok()) << map.status();
   std::vector<std::unique_ptr<kvstore::KVClient>> workers;

@@ -22,7 +22,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
-#include "tests/e2e/kvstore_cluster.h"
+#include "tests/e2e/test_cluster.h"
 
 namespace dtrain {
 namespace e2e {
@@ -30,41 +30,38 @@ namespace {
 
 namespace v1 = scheduler::v1;
 
-bool Final(v1::JobState s) { return s == v1::SUCCEEDED || s == v1::FAILED || s == v1::CANCELLED; }
-
 // Waits until `id` is RUNNING and rank 0 reported a step; returns its status.
-v1::JobStatus WaitForProgress(KvstoreCluster& cluster, const std::string& id) {
-  v1::JobStatus st;
-  for (absl::Time end = absl::Now() + absl::Seconds(90); absl::Now() < end;
-       absl::SleepFor(absl::Milliseconds(50))) {
-    absl::StatusOr<v1::JobStatus> got = cluster.Get(id);
-    EXPECT_TRUE(got.ok()) << got.status();
-    if (!got.ok()) break;
-    st = *got;
-    if (Final(st.state())) break;
-    if (st.state() == v1::RUNNING && (st.step() > 0 || st.epoch() > 0)) break;
-  }
-  return st;
+v1::JobStatus WaitForProgress(TestCluster& cluster, const std::string& id) {
+  return OrFail(cluster.PollJob(
+                    id,
+                    [](const v1::JobStatus& st) {
+                      return st.state() == v1::RUNNING && (st.step() > 0 || st.epoch() > 0);
+                    },
+                    absl::Seconds(90)),
+                "Get");
 }
 
 // Waits up to `timeout` for kvstore job `kv_job` to be gone from the shards
 // in `shards`; true if it is.
-bool GoneFrom(KvstoreCluster& cluster, const std::vector<int>& shards, const std::string& kv_job,
+bool GoneFrom(TestCluster& cluster, const std::vector<int>& shards, const std::string& kv_job,
               absl::Duration timeout) {
-  for (absl::Time end = absl::Now() + timeout;; absl::SleepFor(absl::Milliseconds(100))) {
-    bool gone = true;
-    for (int i : shards) gone = gone && absl::IsNotFound(cluster.KvstoreJobOnShard(i, kv_job));
-    if (gone) return true;
-    if (absl::Now() >= end) return false;
-  }
+  return PollUntil(
+      timeout,
+      [&] {
+        bool gone = true;
+        for (int i : shards) gone = gone && absl::IsNotFound(cluster.KvstoreJobOnShard(i, kv_job));
+        return gone;
+      },
+      absl::Milliseconds(100));
 }
 
 TEST(KvstoreShardLossE2eTest, KilledShardEndsTheAttemptWithinSecondsAndTheJobNeverHangs) {
-  KvstoreCluster cluster("shard-loss");
-  ASSERT_TRUE(cluster.status().ok()) << cluster.status();
+  absl::StatusOr<std::unique_ptr<TestCluster>> started = TestCluster::Start(
+      {.name = "shard-loss", .trainers = 2, .kvstore_shards = 2, .heartbeat_timeout_s = 3});
+  ASSERT_TRUE(started.ok()) << started.status();
+  TestCluster& cluster = **started;
   // Long enough that it is still running when the shard dies.
-  absl::StatusOr<v1::JobStatus> submitted =
-      cluster.Submit(KvstoreCluster::KvstoreJob("shard-loss", 1000, 2048));
+  absl::StatusOr<v1::JobStatus> submitted = cluster.Submit(KvstoreMlpJob("shard-loss", 1000, 2048));
   ASSERT_TRUE(submitted.ok()) << submitted.status();
   const std::string id = submitted->id();
   const v1::JobStatus running = WaitForProgress(cluster, id);
@@ -75,7 +72,7 @@ TEST(KvstoreShardLossE2eTest, KilledShardEndsTheAttemptWithinSecondsAndTheJobNev
   ASSERT_TRUE(cluster.KvstoreJobOnShard(0, kv1).ok());
   ASSERT_TRUE(cluster.KvstoreJobOnShard(1, kv1).ok());
 
-  ASSERT_EQ(kill(cluster.shard(1).pid, SIGKILL), 0);
+  ASSERT_TRUE(cluster.Kill("kvstore-1", SIGKILL).ok());
   const absl::Time killed = absl::Now();
 
   // Both ranks end attempt 1: each trainer logs its rank's final state.
@@ -103,7 +100,7 @@ TEST(KvstoreShardLossE2eTest, KilledShardEndsTheAttemptWithinSecondsAndTheJobNev
 
   // A final state within 120 s of the kill.
   absl::StatusOr<v1::JobStatus> done =
-      WatchToEnd(cluster.jobs(), id, absl::Seconds(120) - (absl::Now() - killed));
+      cluster.WatchToEnd(id, absl::Seconds(120) - (absl::Now() - killed));
   ASSERT_TRUE(done.ok()) << "no final state within 120 s of the kill: " << done.status();
   RecordProperty("final_state_ms",
                  static_cast<int>(absl::ToInt64Milliseconds(absl::Now() - killed)));
@@ -132,14 +129,16 @@ TEST(KvstoreShardLossE2eTest, KilledShardEndsTheAttemptWithinSecondsAndTheJobNev
 }
 
 TEST(KvstoreShardLossE2eTest, SucceededAndCancelledJobsLeaveNothingOnTheShards) {
-  KvstoreCluster cluster("cleanup");
-  ASSERT_TRUE(cluster.status().ok()) << cluster.status();
+  absl::StatusOr<std::unique_ptr<TestCluster>> started = TestCluster::Start(
+      {.name = "cleanup", .trainers = 2, .kvstore_shards = 2, .heartbeat_timeout_s = 3});
+  ASSERT_TRUE(started.ok()) << started.status();
+  TestCluster& cluster = **started;
 
   // SUCCEEDED: both ranks leave; each shard drops the job when the second
   // one leaves.
-  absl::StatusOr<v1::JobStatus> ok = cluster.Submit(KvstoreCluster::KvstoreJob("ok", 1, 256));
+  absl::StatusOr<v1::JobStatus> ok = cluster.Submit(KvstoreMlpJob("ok", 1, 256));
   ASSERT_TRUE(ok.ok()) << ok.status();
-  absl::StatusOr<v1::JobStatus> done = WatchToEnd(cluster.jobs(), ok->id(), absl::Seconds(120));
+  absl::StatusOr<v1::JobStatus> done = cluster.WatchToEnd(ok->id(), absl::Seconds(120));
   ASSERT_TRUE(done.ok()) << done.status();
   ASSERT_EQ(done->state(), v1::SUCCEEDED) << done->DebugString();
   const std::string kv_ok = ok->id() + "-a1";
@@ -151,15 +150,14 @@ TEST(KvstoreShardLossE2eTest, SucceededAndCancelledJobsLeaveNothingOnTheShards) 
   }
 
   // CANCELLED mid-run: the ranks stop and delete it.
-  absl::StatusOr<v1::JobStatus> long_job =
-      cluster.Submit(KvstoreCluster::KvstoreJob("cancelled", 1000, 2048));
+  absl::StatusOr<v1::JobStatus> long_job = cluster.Submit(KvstoreMlpJob("cancelled", 1000, 2048));
   ASSERT_TRUE(long_job.ok()) << long_job.status();
   const v1::JobStatus running = WaitForProgress(cluster, long_job->id());
   ASSERT_EQ(running.state(), v1::RUNNING) << running.DebugString();
   const std::string kv_cancelled = long_job->id() + "-a1";
   ASSERT_TRUE(cluster.KvstoreJobOnShard(0, kv_cancelled).ok());
   ASSERT_TRUE(cluster.Cancel(long_job->id()).ok());
-  done = WatchToEnd(cluster.jobs(), long_job->id(), absl::Seconds(60));
+  done = cluster.WatchToEnd(long_job->id(), absl::Seconds(60));
   ASSERT_TRUE(done.ok()) << done.status();
   EXPECT_EQ(done->state(), v1::CANCELLED) << done->DebugString();
   EXPECT_TRUE(GoneFrom(cluster, {0, 1}, kv_cancelled, absl::Seconds(10)));
@@ -175,10 +173,16 @@ TEST(KvstoreShardLossE2eTest, SucceededAndCancelledJobsLeaveNothingOnTheShards) 
 // ABORTED ("no longer has this job's state"), the scheduler requeues the
 // job, and the new attempt runs to SUCCEEDED, within 120 s of the kill.
 TEST(KvstoreShardLossE2eTest, RestartedShardLosesTheJobAndTheJobResumesOnANewAttempt) {
-  KvstoreCluster cluster("shard-restart", "", /*restart=*/true);
-  ASSERT_TRUE(cluster.status().ok()) << cluster.status();
+  absl::StatusOr<std::unique_ptr<TestCluster>> started =
+      TestCluster::Start({.name = "shard-restart",
+                          .trainers = 2,
+                          .kvstore_shards = 2,
+                          .restart = true,
+                          .heartbeat_timeout_s = 3});
+  ASSERT_TRUE(started.ok()) << started.status();
+  TestCluster& cluster = **started;
   absl::StatusOr<v1::JobStatus> submitted =
-      cluster.Submit(KvstoreCluster::KvstoreJob("shard-restart", 60, 2048));
+      cluster.Submit(KvstoreMlpJob("shard-restart", 60, 2048));
   ASSERT_TRUE(submitted.ok()) << submitted.status();
   const std::string id = submitted->id();
   const v1::JobStatus running = WaitForProgress(cluster, id);
@@ -189,7 +193,7 @@ TEST(KvstoreShardLossE2eTest, RestartedShardLosesTheJobAndTheJobResumesOnANewAtt
   const absl::Time killed = absl::Now();
 
   absl::StatusOr<v1::JobStatus> done =
-      WatchToEnd(cluster.jobs(), id, absl::Seconds(120) - (absl::Now() - killed));
+      cluster.WatchToEnd(id, absl::Seconds(120) - (absl::Now() - killed));
   ASSERT_TRUE(done.ok()) << "no final state within 120 s of the kill: " << done.status();
   RecordProperty("final_state_ms",
                  static_cast<int>(absl::ToInt64Milliseconds(absl::Now() - killed)));

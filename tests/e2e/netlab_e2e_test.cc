@@ -25,6 +25,7 @@
 #include "libs/base/subprocess.h"
 #include "libs/security/certs.h"
 #include "tests/e2e/e2e_util.h"
+#include "tests/e2e/test_cluster.h"
 #include "tests/netlab/netlab.h"
 
 namespace dtrain {
@@ -88,14 +89,14 @@ class NetlabE2eTest : public ::testing::Test {
     // bridge).
     int rc = 1;
     std::string out;
-    for (absl::Time end = absl::Now() + absl::Seconds(30); absl::Now() < end;) {
-      out = Trainctl("--scheduler=" + scheduler_ + " trainers", &rc);
-      if (rc == 0 && out.find("trainer-0") != std::string::npos &&
-          out.find("trainer-1") != std::string::npos) {
-        break;
-      }
-      absl::SleepFor(absl::Milliseconds(200));
-    }
+    PollUntil(
+        absl::Seconds(30),
+        [&] {
+          out = Trainctl("--scheduler=" + scheduler_ + " trainers", &rc);
+          return rc == 0 && out.find("trainer-0") != std::string::npos &&
+                 out.find("trainer-1") != std::string::npos;
+        },
+        absl::Milliseconds(200));
     ASSERT_EQ(rc, 0) << out;
     ASSERT_NE(out.find("trainer-1"), std::string::npos) << out << Logs();
   }
@@ -217,11 +218,13 @@ TEST_F(NetlabE2eTest, PartitionDetectedAndHealed) {
   };
   // Running, one epoch done (and checkpointed), before the cut.
   std::string json;
-  for (absl::Time end = absl::Now() + absl::Seconds(60); absl::Now() < end;) {
-    json = get();
-    if (state(json) == "RUNNING" && JsonNumber(json, "epoch", 0) >= 1) break;
-    absl::SleepFor(absl::Milliseconds(100));
-  }
+  PollUntil(
+      absl::Seconds(60),
+      [&] {
+        json = get();
+        return state(json) == "RUNNING" && JsonNumber(json, "epoch", 0) >= 1;
+      },
+      absl::Milliseconds(100));
   ASSERT_EQ(state(json), "RUNNING") << json << Logs();
   ASSERT_LT(JsonNumber(json, "epoch", 0), 7) << "the job ran too fast to cut it: " << json;
   const double attempts_before = JsonNumber(json, "attempts", 0);
@@ -229,22 +232,25 @@ TEST_F(NetlabE2eTest, PartitionDetectedAndHealed) {
   ASSERT_TRUE(lab_->Partition(kTrainer1).ok());
   // Detected: the scheduler loses trainer-1 (heartbeat timeout 3 s) and the
   // attempt ends (requeued, or waiting for a trainer).
-  bool detected = false;
-  for (absl::Time end = absl::Now() + absl::Seconds(30); absl::Now() < end && !detected;) {
-    absl::SleepFor(absl::Milliseconds(300));
-    json = get();
-    detected = JsonNumber(json, "attempts", 0) > attempts_before || state(json) != "RUNNING" ||
+  const bool detected = PollUntil(
+      absl::Seconds(30),
+      [&] {
+        json = get();
+        return JsonNumber(json, "attempts", 0) > attempts_before || state(json) != "RUNNING" ||
                JsonNumber(json, "generation", 0) > 0;
-  }
+      },
+      absl::Milliseconds(300));
   EXPECT_TRUE(detected) << json << Logs();
   // The scheduler names the cut-off trainer LOST (no heartbeats for 3 s).
   int trc;
   std::string trainers;
-  for (absl::Time end = absl::Now() + absl::Seconds(10); absl::Now() < end;) {
-    trainers = Trainctl("--scheduler=" + scheduler_ + " -o json trainers", &trc);
-    if (trainers.find("\"LOST\"") != std::string::npos) break;
-    absl::SleepFor(absl::Milliseconds(200));
-  }
+  PollUntil(
+      absl::Seconds(10),
+      [&] {
+        trainers = Trainctl("--scheduler=" + scheduler_ + " -o json trainers", &trc);
+        return trainers.find("\"LOST\"") != std::string::npos;
+      },
+      absl::Milliseconds(200));
   const size_t t1 = trainers.find("\"name\":\"trainer-1\"");
   ASSERT_NE(t1, std::string::npos) << trainers;
   const std::string entry = trainers.substr(t1, trainers.find('}', t1) - t1);
@@ -253,11 +259,13 @@ TEST_F(NetlabE2eTest, PartitionDetectedAndHealed) {
 
   // Healed: trainer-1 comes back and the job finishes.
   json = "";
-  for (absl::Time end = absl::Now() + absl::Seconds(150); absl::Now() < end;) {
-    json = get();
-    if (state(json) == "SUCCEEDED" || state(json) == "FAILED") break;
-    absl::SleepFor(absl::Milliseconds(500));
-  }
+  PollUntil(
+      absl::Seconds(150),
+      [&] {
+        json = get();
+        return state(json) == "SUCCEEDED" || state(json) == "FAILED";
+      },
+      absl::Milliseconds(500));
   EXPECT_EQ(state(json), "SUCCEEDED") << json << Logs();
   EXPECT_GT(JsonNumber(json, "attempts", 0), attempts_before) << json;
   EXPECT_GT(JsonNumber(json, "test_accuracy", -1), 0.6) << json;

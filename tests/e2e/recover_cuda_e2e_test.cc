@@ -34,6 +34,7 @@
 #include "libs/rpc/credentials.h"
 #include "protos/scheduler.grpc.pb.h"
 #include "tests/e2e/e2e_util.h"
+#include "tests/e2e/test_cluster.h"
 
 namespace dtrain {
 namespace e2e {
@@ -41,26 +42,21 @@ namespace {
 
 namespace v1 = scheduler::v1;
 
-class RecoverCudaE2eTest : public ::testing::Test {
+class RecoverCudaE2eTest : public ClusterTest {
  protected:
   void TearDown() override {
     for (auto& t : gpu_trainers_) {
       t->Signal(SIGKILL).IgnoreError();
       t->Wait(absl::Seconds(10)).status().IgnoreError();
     }
-    if (dir_.empty()) return;
-    int rc;
-    Trainctl("cluster down --grace_s=5 --dir=" + dir_, &rc);
-    for (const ClusterProcess& p : ReadCluster(dir_)) {
-      if (ProcessAlive(p.pid)) kill(p.pid, SIGKILL);
-    }
+    ClusterTest::TearDown();
   }
 
   // Trainer id (from "registered as <id>;" in its log) -> the GPU trainer.
   std::map<std::string, Subprocess*> GpuTrainerIds() {
     std::map<std::string, Subprocess*> out;
     for (size_t i = 0; i < gpu_trainers_.size(); ++i) {
-      std::ifstream log(absl::StrCat(dir_, "/gpu-", i, ".log"));
+      std::ifstream log(absl::StrCat(dir(), "/gpu-", i, ".log"));
       std::stringstream text;
       text << log.rdbuf();
       const std::string t = text.str();
@@ -73,7 +69,6 @@ class RecoverCudaE2eTest : public ::testing::Test {
     return out;
   }
 
-  std::string dir_;
   std::vector<std::unique_ptr<Subprocess>> gpu_trainers_;
 };
 
@@ -83,18 +78,11 @@ TEST_F(RecoverCudaE2eTest, KilledTrainerOfACudaJobIsReplacedInPlace) {
   if (gpus == 0) GTEST_SKIP() << "no CUDA device (" << reason << "): test needs a GPU";
   const bool nccl = gpus >= 3;
   const char* data_dir = std::getenv("DTRAIN_E2E_DATA_DIR");
-  dir_ = TmpDir("recover_cuda");
-  int rc;
-  const std::string up = Trainctl(
-      "cluster up --restart=never --trainers=1 --heartbeat_timeout_s=3 --dir=" + dir_, &rc);
-  ASSERT_EQ(rc, 0) << up;
-  std::string scheduler, cert_name;
-  for (const ClusterProcess& p : ReadCluster(dir_)) {
-    if (p.role == "scheduler") scheduler = p.address;
-    if (p.role == "trainer") cert_name = p.name;
-  }
-  ASSERT_NE(scheduler, "") << up;
-  ASSERT_NE(cert_name, "") << up;
+  ASSERT_NO_FATAL_FAILURE(Up({.name = "recover_cuda", .trainers = 1, .heartbeat_timeout_s = 3}));
+  const std::string scheduler = this->scheduler();
+  std::vector<ClusterProcess> cpu_trainers = cluster_->Processes("trainer");
+  ASSERT_EQ(cpu_trainers.size(), 1u) << cluster_->up_output();
+  const std::string cert_name = cpu_trainers[0].name;
   for (int i = 0; i < 3; ++i) {
     SubprocessOptions o;
     o.argv = {Runfile("services/trainer/trainer"),
@@ -102,24 +90,18 @@ TEST_F(RecoverCudaE2eTest, KilledTrainerOfACudaJobIsReplacedInPlace) {
               absl::StrCat("--name=gpu-", i),
               absl::StrCat("--devices=cuda:", nccl ? i : 0),
               absl::StrCat("--cuda_collective=", nccl ? "nccl" : "tcp"),
-              absl::StrCat("--work_dir=", dir_, "/gpu-", i),
-              absl::StrCat("--checkpoint_dir=", dir_, "/checkpoints"),
+              absl::StrCat("--work_dir=", dir(), "/gpu-", i),
+              absl::StrCat("--checkpoint_dir=", dir(), "/checkpoints"),
               "--collective_host=127.0.0.1",
-              absl::StrCat("--ca=", dir_, "/certs/ca.pem"),
-              absl::StrCat("--cert=", dir_, "/certs/", cert_name, ".pem"),
-              absl::StrCat("--key=", dir_, "/certs/", cert_name, ".key")};
+              absl::StrCat("--ca=", dir(), "/certs/ca.pem"),
+              absl::StrCat("--cert=", dir(), "/certs/", cert_name, ".pem"),
+              absl::StrCat("--key=", dir(), "/certs/", cert_name, ".key")};
     if (data_dir != nullptr) o.argv.push_back(absl::StrCat("--data_roots=", data_dir));
-    o.output_file = absl::StrCat(dir_, "/gpu-", i, ".log");
+    o.output_file = absl::StrCat(dir(), "/gpu-", i, ".log");
     absl::StatusOr<std::unique_ptr<Subprocess>> t = Subprocess::Start(o);
     ASSERT_TRUE(t.ok()) << t.status();
     gpu_trainers_.push_back(*std::move(t));
   }
-  auto stub = v1::JobService::NewStub(rpc::NewChannel(scheduler));
-  auto ctx = [] {
-    auto c = std::make_unique<grpc::ClientContext>();
-    c->set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
-    return c;
-  };
   v1::SubmitRequest r;
   v1::JobSpec* s = r.mutable_spec();
   s->set_name("cuda-disturbed");
@@ -137,21 +119,17 @@ TEST_F(RecoverCudaE2eTest, KilledTrainerOfACudaJobIsReplacedInPlace) {
   s->set_num_trainers(2);
   s->set_device_kind("cuda");
   s->set_checkpoint_interval_epochs(1);
-  v1::JobStatus job;
-  ASSERT_TRUE(stub->Submit(ctx().get(), r, &job).ok());
+  const v1::JobStatus submitted = Submit(r);
+  ASSERT_FALSE(submitted.id().empty());
   // Mid-epoch 2 or 3 (100 steps an epoch).
-  auto mid = [](const v1::JobStatus& j) {
-    return j.state() == v1::RUNNING && (j.epoch() == 1 || j.epoch() == 2) && j.step() >= 20 &&
-           j.step() + 20 <= j.steps_per_epoch();
-  };
-  for (absl::Time deadline = absl::Now() + absl::Seconds(240); !mid(job) && absl::Now() < deadline;
-       absl::SleepFor(absl::Milliseconds(20))) {
-    v1::GetRequest get;
-    get.set_id(job.id());
-    ASSERT_TRUE(stub->Get(ctx().get(), get, &job).ok());
-    if (job.state() != v1::RUNNING && job.state() != v1::QUEUED) break;
-  }
-  ASSERT_TRUE(mid(job)) << "not in the middle of epoch 2 or 3: " << job.DebugString();
+  absl::StatusOr<v1::JobStatus> mid =
+      cluster_->WaitMidEpoch(submitted.id(), {.first_epoch = 2,
+                                              .last_epoch = 3,
+                                              .min_step = 20,
+                                              .min_steps_left = 20,
+                                              .timeout = absl::Seconds(240)});
+  ASSERT_TRUE(mid.ok()) << mid.status();
+  const v1::JobStatus job = *mid;
   ASSERT_EQ(job.trainers_size(), 2);
   std::map<std::string, Subprocess*> ids = GpuTrainerIds();
   auto victim = ids.find(job.trainers(0));
@@ -162,7 +140,7 @@ TEST_F(RecoverCudaE2eTest, KilledTrainerOfACudaJobIsReplacedInPlace) {
   ASSERT_TRUE(victim->second->Signal(SIGKILL).ok());
   const absl::Time killed = absl::Now();
 
-  absl::StatusOr<v1::JobStatus> done = WatchToEnd(stub.get(), job.id(), absl::Seconds(300));
+  absl::StatusOr<v1::JobStatus> done = cluster_->WatchToEnd(job.id(), absl::Seconds(300));
   ASSERT_TRUE(done.ok()) << done.status();
   std::fprintf(stderr,
                "cuda: %s in %s after the kill, attempts %d, recoveries %d, last recovery %.2f s, "

@@ -49,8 +49,8 @@
 #include "libs/metrics/scrape.h"
 #include "libs/rpc/credentials.h"
 #include "protos/scheduler.grpc.pb.h"
-#include "tests/e2e/cluster_fixture.h"
 #include "tests/e2e/e2e_util.h"
+#include "tests/e2e/test_cluster.h"
 
 namespace dtrain {
 namespace e2e {
@@ -58,13 +58,14 @@ namespace {
 
 namespace v1 = scheduler::v1;
 
-class RecoverE2eTest : public ClusterFixture {
+class RecoverE2eTest : public ClusterTest {
  protected:
-  // `more`: further cluster up flags.
-  void Up(const std::string& restart, int trainers = 3, const std::string& more = "") {
-    ClusterFixture::Up(::testing::UnitTest::GetInstance()->current_test_info()->name(),
-                       absl::StrCat("--restart=", restart, " --trainers=", trainers,
-                                    " --heartbeat_timeout_s=3", more));
+  // `restart`: the supervisor restarts killed processes; unreplicated shards.
+  void Up(bool restart, int trainers = 3, int kvstore_shards = 0) {
+    ClusterTest::Up({.trainers = trainers,
+                     .kvstore_shards = kvstore_shards,
+                     .restart = restart,
+                     .heartbeat_timeout_s = 3});
   }
 
   void TearDown() override {
@@ -72,7 +73,7 @@ class RecoverE2eTest : public ClusterFixture {
       new_trainer_->Signal(SIGKILL).IgnoreError();
       new_trainer_->Wait(absl::Seconds(10)).status().IgnoreError();
     }
-    ClusterFixture::TearDown();
+    ClusterTest::TearDown();
   }
 
   v1::SubmitRequest Job(const std::string& name) const {
@@ -88,12 +89,11 @@ class RecoverE2eTest : public ClusterFixture {
   }
 
   v1::JobStatus WatchToEnd(const std::string& id) {
-    return ClusterFixture::WatchToEnd(id, absl::Seconds(300));
+    return ClusterTest::WatchToEnd(id, absl::Seconds(300));
   }
 
   v1::JobStatus Undisturbed() {
-    v1::JobStatus ref;
-    EXPECT_TRUE(stub_->Submit(Ctx().get(), Job("undisturbed"), &ref).ok());
+    v1::JobStatus ref = Submit(Job("undisturbed"));
     const absl::Time start = absl::Now();
     ref = WatchToEnd(ref.id());
     std::fprintf(stderr, "undisturbed: %s in %s, loss %.5f, test accuracy %.4f\n",
@@ -108,8 +108,7 @@ class RecoverE2eTest : public ClusterFixture {
   // Submits the disturbed job and waits until it is in the middle of its
   // second or third epoch (of 4, or 2 of 3).
   v1::JobStatus SubmitAndWaitMidEpoch() {
-    v1::JobStatus job;
-    EXPECT_TRUE(stub_->Submit(Ctx().get(), Job("disturbed"), &job).ok());
+    v1::JobStatus job = Submit(Job("disturbed"));
     job = WaitMidEpoch(job.id(), {.first_epoch = 2,
                                   .last_epoch = 3,
                                   .min_step = 10,
@@ -165,12 +164,12 @@ class RecoverE2eTest : public ClusterFixture {
 };
 
 TEST_F(RecoverE2eTest, KilledRankIsReplacedInPlace) {
-  ASSERT_NO_FATAL_FAILURE(Up("never"));
+  ASSERT_NO_FATAL_FAILURE(Up(/*restart=*/false));
   KillRankZeroAndExpectRecoveryInPlace();
 }
 
 TEST_F(RecoverE2eTest, KilledRankOfAKvstoreJobIsReplacedInPlace) {
-  ASSERT_NO_FATAL_FAILURE(Up("never", 3, " --kvstore_shards=1 --kvstore_replicas=1"));
+  ASSERT_NO_FATAL_FAILURE(Up(/*restart=*/false, 3, /*kvstore_shards=*/1));
   mode_ = v1::KVSTORE;
   // The same job as the ALLREDUCE case (4 epochs of 96 steps): with 48-step
   // epochs (0.9 s here) the once-a-second reports could miss both mid-epoch
@@ -219,9 +218,9 @@ void RecoverE2eTest::KillRankZeroAndExpectRecoveryInPlace() {
   // The replacement took the state from its peer, not from disk: no rank of
   // the job resumed from the checkpoint, and the replacement joined.
   int resumed_ranks = 0, joined = 0;
-  for (const ClusterProcess& p : ReadCluster(dir_)) {
+  for (const ClusterProcess& p : ReadCluster(dir())) {
     if (p.role != "trainer") continue;
-    std::ifstream log(absl::StrCat(dir_, "/", p.name, ".log"));
+    std::ifstream log(absl::StrCat(dir(), "/", p.name, ".log"));
     for (std::string line; std::getline(log, line);) {
       if (line.find(done.id() + " rank") == std::string::npos) continue;
       if (line.find("resumed from") != std::string::npos) ++resumed_ranks;
@@ -246,7 +245,7 @@ void RecoverE2eTest::KillRankZeroAndExpectRecoveryInPlace() {
 
 TEST_F(RecoverE2eTest, SecondKillDuringRecoveryStillFinishes) {
   ASSERT_NO_FATAL_FAILURE(
-      Up("always"));  // the supervisor restarts killed trainers: spares come back
+      Up(/*restart=*/true));  // the supervisor restarts killed trainers: spares come back
   v1::JobStatus job = SubmitAndWaitMidEpoch();
   ASSERT_EQ(job.state(), v1::RUNNING);
   std::map<std::string, int> pids = TrainerPids();
@@ -296,12 +295,12 @@ TEST_F(RecoverE2eTest, SecondKillDuringRecoveryStillFinishes) {
 // 2 at a step boundary (the newcomer gets the state from the survivor). The
 // job SUCCEEDS on attempt 1 and its events show the shrink and the grow.
 TEST_F(RecoverE2eTest, ElasticJobShrinksOnALossAndGrowsBackOntoANewTrainer) {
-  ASSERT_NO_FATAL_FAILURE(Up("never", /*trainers=*/2));
+  ASSERT_NO_FATAL_FAILURE(Up(/*restart=*/false, /*trainers=*/2));
   v1::SubmitRequest submit = Job("elastic");
   submit.mutable_spec()->set_epochs(6);
   submit.mutable_spec()->set_min_trainers(1);
-  v1::JobStatus job;
-  ASSERT_TRUE(stub_->Submit(Ctx().get(), submit, &job).ok());
+  v1::JobStatus job = Submit(submit);
+  ASSERT_FALSE(job.id().empty());
   job = WaitMidEpoch(job.id(), {.first_epoch = 2,
                                 .last_epoch = 2,
                                 .min_step = 10,
@@ -342,22 +341,22 @@ TEST_F(RecoverE2eTest, ElasticJobShrinksOnALossAndGrowsBackOntoANewTrainer) {
 
   // A new trainer process (the lost one's credentials, a new trainer id).
   std::string victim_name;
-  for (const ClusterProcess& p : ReadCluster(dir_)) {
+  for (const ClusterProcess& p : ReadCluster(dir())) {
     if (p.pid == victim->second) victim_name = p.name;
   }
   ASSERT_NE(victim_name, "");
   SubprocessOptions o;
   o.argv = {Runfile("services/trainer/trainer"),
-            "--scheduler=" + scheduler_,
+            "--scheduler=" + scheduler(),
             "--name=trainer-new",
             "--devices=cpu",
-            absl::StrCat("--work_dir=", dir_, "/trainer-new"),
-            absl::StrCat("--checkpoint_dir=", dir_, "/checkpoints"),
+            absl::StrCat("--work_dir=", dir(), "/trainer-new"),
+            absl::StrCat("--checkpoint_dir=", dir(), "/checkpoints"),
             "--collective_host=127.0.0.1",
-            absl::StrCat("--ca=", dir_, "/certs/ca.pem"),
-            absl::StrCat("--cert=", dir_, "/certs/", victim_name, ".pem"),
-            absl::StrCat("--key=", dir_, "/certs/", victim_name, ".key")};
-  o.output_file = dir_ + "/trainer-new.log";
+            absl::StrCat("--ca=", dir(), "/certs/ca.pem"),
+            absl::StrCat("--cert=", dir(), "/certs/", victim_name, ".pem"),
+            absl::StrCat("--key=", dir(), "/certs/", victim_name, ".key")};
+  o.output_file = dir() + "/trainer-new.log";
   absl::StatusOr<std::unique_ptr<Subprocess>> newcomer = Subprocess::Start(o);
   ASSERT_TRUE(newcomer.ok()) << newcomer.status();
   new_trainer_ = *std::move(newcomer);
@@ -385,7 +384,7 @@ TEST_F(RecoverE2eTest, ElasticJobShrinksOnALossAndGrowsBackOntoANewTrainer) {
   EXPECT_NE(done.trainers(1), victim->first);
   EXPECT_NE(done.trainers(1), survivor);
   // The newcomer joined from the survivor's memory, not from disk.
-  std::ifstream log(dir_ + "/trainer-new.log");
+  std::ifstream log(dir() + "/trainer-new.log");
   std::stringstream text;
   text << log.rdbuf();
   EXPECT_NE(text.str().find(done.id() + " rank 1: regrouped with 2 ranks (from 1); state from "
@@ -399,7 +398,7 @@ TEST_F(RecoverE2eTest, ElasticJobShrinksOnALossAndGrowsBackOntoANewTrainer) {
 
 TEST_F(RecoverE2eTest, KilledRankOfAKvstoreJobWithKvstoreHeldWeightsIsReplacedInPlace) {
   // 2 trainers and a spare per job; the first job's victim stays dead.
-  ASSERT_NO_FATAL_FAILURE(Up("never", 4, " --kvstore_shards=1 --kvstore_replicas=1"));
+  ASSERT_NO_FATAL_FAILURE(Up(/*restart=*/false, 4, /*kvstore_shards=*/1));
   mode_ = v1::KVSTORE;
   consistency_ = v1::ASYNCHRONOUS;
   KillRankZeroOfAKvstoreWeightsJob(1);
@@ -447,9 +446,9 @@ void RecoverE2eTest::KillRankZeroOfAKvstoreWeightsJob(int recoveries_total) {
   // The replacement continued worker 0's rounds (it had pushed some); the
   // survivor never failed a step nor regrouped; nobody read a checkpoint.
   int continued = 0, survivor_failed = 0, resumed = 0;
-  for (const ClusterProcess& p : ReadCluster(dir_)) {
+  for (const ClusterProcess& p : ReadCluster(dir())) {
     if (p.role != "trainer") continue;
-    std::ifstream log(absl::StrCat(dir_, "/", p.name, ".log"));
+    std::ifstream log(absl::StrCat(dir(), "/", p.name, ".log"));
     for (std::string line; std::getline(log, line);) {
       if (line.find(done.id()) == std::string::npos) continue;
       if (line.find("resumed from") != std::string::npos) ++resumed;

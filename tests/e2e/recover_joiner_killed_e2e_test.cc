@@ -6,7 +6,6 @@
 // (before its first step). The scheduler must offer the next generation to
 // the other spare, which continues kvstore worker 0's rounds; the job must
 // SUCCEED on its first attempt with the survivor still rank 1.
-#include <grpcpp/grpcpp.h>
 #include <signal.h>
 
 #include <cstdio>
@@ -18,10 +17,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
-#include "libs/base/grpc_status.h"
-#include "libs/rpc/credentials.h"
 #include "protos/scheduler.grpc.pb.h"
 #include "tests/e2e/e2e_util.h"
+#include "tests/e2e/test_cluster.h"
 
 namespace dtrain {
 namespace e2e {
@@ -29,100 +27,46 @@ namespace {
 
 namespace v1 = scheduler::v1;
 
-class JoinerKilledE2eTest : public ::testing::Test {
- protected:
-  void TearDown() override {
-    if (dir_.empty()) return;
-    int rc;
-    Trainctl("cluster down --grace_s=5 --dir=" + dir_, &rc);
-    for (const ClusterProcess& p : ReadCluster(dir_)) {
-      if (ProcessAlive(p.pid)) kill(p.pid, SIGKILL);
-    }
-  }
-
-  static std::unique_ptr<grpc::ClientContext> Ctx() {
-    auto ctx = std::make_unique<grpc::ClientContext>();
-    ctx->set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
-    return ctx;
-  }
-
-  v1::JobStatus Get(const std::string& id) {
-    v1::GetRequest get;
-    get.set_id(id);
-    v1::JobStatus st;
-    absl::Status s = FromGrpcStatus(stub_->Get(Ctx().get(), get, &st), "Get");
-    EXPECT_TRUE(s.ok()) << s;
-    return st;
-  }
-
-  std::string dir_;
-  std::unique_ptr<v1::JobService::Stub> stub_;
-};
+class JoinerKilledE2eTest : public ClusterTest {};
 
 TEST_F(JoinerKilledE2eTest, ReplacementKilledWhileJoiningIsReplacedByTheNextSpare) {
-  dir_ = TmpDir("joiner_killed");
-  int rc;
-  const std::string up = Trainctl(absl::StrCat("cluster up --restart=never --trainers=4 "
-                                               "--heartbeat_timeout_s=3 --kvstore_shards=1 "
-                                               "--kvstore_replicas=1 --dir=",
-                                               dir_),
-                                  &rc);
-  ASSERT_EQ(rc, 0) << up;
-  std::string scheduler;
-  for (const ClusterProcess& p : ReadCluster(dir_)) {
-    if (p.role == "scheduler") scheduler = p.address;
-  }
-  ASSERT_NE(scheduler, "") << up;
-  stub_ = v1::JobService::NewStub(rpc::NewChannel(scheduler));
+  ASSERT_NO_FATAL_FAILURE(Up({.name = "joiner_killed",
+                              .trainers = 4,
+                              .kvstore_shards = 1,
+                              .kvstore_replicas = 1,
+                              .heartbeat_timeout_s = 3}));
 
-  v1::SubmitRequest r;
+  v1::SubmitRequest r = MomentumLenetJob("joiner-killed", 3, 12288);  // 96 steps an epoch
   v1::JobSpec* s = r.mutable_spec();
-  s->set_name("joiner-killed");
-  s->set_model("lenet");
-  s->set_epochs(3);
-  s->set_global_batch_size(128);
   s->set_lr(0.02);
-  s->set_momentum(0.9);
-  s->set_init("kaiming");
-  s->set_seed(3);
-  s->set_train_limit(12288);  // 96 steps an epoch
-  s->set_test_limit(2000);
-  s->set_threads(1);
-  s->set_num_trainers(2);
-  s->set_checkpoint_interval_epochs(1);
   s->mutable_sync()->set_mode(v1::KVSTORE);
   s->mutable_sync()->set_consistency(v1::BOUNDED_DELAY);
   s->mutable_sync()->set_max_staleness(2);
-  v1::JobStatus job;
-  ASSERT_TRUE(stub_->Submit(Ctx().get(), r, &job).ok());
-  auto mid = [](const v1::JobStatus& j) {
-    return j.state() == v1::RUNNING && j.epoch() == 1 && j.step() >= 10 &&
-           j.step() + 10 <= j.steps_per_epoch();
-  };
-  for (absl::Time deadline = absl::Now() + absl::Seconds(120); !mid(job) && absl::Now() < deadline;
-       absl::SleepFor(absl::Milliseconds(20))) {
-    job = Get(job.id());
-    if (job.state() != v1::RUNNING && job.state() != v1::QUEUED) break;
-    if (job.epoch() >= 2) break;
-  }
-  ASSERT_TRUE(mid(job)) << "not in the middle of epoch 2: " << job.DebugString();
+  const v1::JobStatus submitted = Submit(r);
+  ASSERT_FALSE(submitted.id().empty());
+  absl::StatusOr<v1::JobStatus> mid = cluster_->WaitMidEpoch(
+      submitted.id(), {.first_epoch = 2, .last_epoch = 2, .min_step = 10, .min_steps_left = 10});
+  ASSERT_TRUE(mid.ok()) << mid.status();
+  const v1::JobStatus job = *mid;
   ASSERT_EQ(job.trainers_size(), 2);
   const std::string survivor = job.trainers(1);
-  std::map<std::string, int> pids = TrainerPids(dir_);
+  std::map<std::string, int> pids = TrainerPids();
   ASSERT_EQ(pids.size(), 4u);
   const std::string victim = job.trainers(0);
-  ASSERT_EQ(kill(pids.at(victim), SIGKILL), 0);
+  ASSERT_TRUE(cluster_->KillTrainer(victim, SIGKILL).ok());
   const absl::Time killed = absl::Now();
 
   // The scheduler makes a spare rank 0 (generation 1); kill it while it
   // joins: before the recovery is counted, that is before its first step.
   v1::JobStatus offered = job;
-  for (absl::Time deadline = absl::Now() + absl::Seconds(30);
-       offered.trainers(0) == victim && absl::Now() < deadline;
-       absl::SleepFor(absl::Milliseconds(10))) {
-    offered = Get(job.id());
-    ASSERT_EQ(offered.trainers_size(), 2) << offered.DebugString();
-  }
+  PollUntil(
+      absl::Seconds(30),
+      [&] {
+        offered = Get(job.id());
+        return offered.trainers_size() != 2 || offered.trainers(0) != victim;
+      },
+      absl::Milliseconds(10));
+  ASSERT_EQ(offered.trainers_size(), 2) << offered.DebugString();
   const std::string joiner = offered.trainers(0);
   ASSERT_NE(joiner, victim) << "no replacement offered: " << offered.DebugString();
   ASSERT_EQ(kill(pids.at(joiner), SIGKILL), 0);
@@ -132,7 +76,7 @@ TEST_F(JoinerKilledE2eTest, ReplacementKilledWhileJoiningIsReplacedByTheNextSpar
       << "the replacement had joined already: " << offered.DebugString();
   EXPECT_EQ(offered.generation(), 1) << offered.DebugString();
 
-  absl::StatusOr<v1::JobStatus> last = WatchToEnd(stub_.get(), job.id(), absl::Seconds(180));
+  absl::StatusOr<v1::JobStatus> last = cluster_->WatchToEnd(job.id(), absl::Seconds(180));
   ASSERT_TRUE(last.ok()) << last.status();
   const v1::JobStatus& done = *last;
   std::fprintf(stderr,
@@ -156,9 +100,8 @@ TEST_F(JoinerKilledE2eTest, ReplacementKilledWhileJoiningIsReplacedByTheNextSpar
   ASSERT_EQ(pids.count(done.trainers(0)), 1u) << done.trainers(0);
   const int last_spare = pids.at(done.trainers(0));
   int continued = 0, resumed = 0;
-  for (const ClusterProcess& p : ReadCluster(dir_)) {
-    if (p.role != "trainer") continue;
-    std::ifstream log(absl::StrCat(dir_, "/", p.name, ".log"));
+  for (const ClusterProcess& p : cluster_->Processes("trainer")) {
+    std::ifstream log(absl::StrCat(dir(), "/", p.name, ".log"));
     for (std::string line; std::getline(log, line);) {
       if (line.find(done.id()) == std::string::npos) continue;
       if (line.find("resumed from") != std::string::npos) ++resumed;

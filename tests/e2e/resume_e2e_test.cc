@@ -31,8 +31,8 @@
 #include "libs/metrics/scrape.h"
 #include "libs/rpc/credentials.h"
 #include "protos/scheduler.grpc.pb.h"
-#include "tests/e2e/cluster_fixture.h"
 #include "tests/e2e/e2e_util.h"
+#include "tests/e2e/test_cluster.h"
 
 namespace dtrain {
 namespace e2e {
@@ -42,12 +42,13 @@ namespace v1 = scheduler::v1;
 
 constexpr double kHeartbeatTimeoutS = 2;
 
-class ResumeE2eTest : public ClusterFixture {
+class ResumeE2eTest : public ClusterTest {
  protected:
   void SetUp() override {
-    Up("resume-cluster",
-       absl::StrCat("--restart=never --recover_in_place=false --trainers=3 --heartbeat_timeout_s=",
-                    kHeartbeatTimeoutS));
+    Up({.name = "resume-cluster",
+        .trainers = 3,
+        .heartbeat_timeout_s = kHeartbeatTimeoutS,
+        .flags = "--recover_in_place=false"});
   }
 
   static v1::SubmitRequest Job(const std::string& name) {
@@ -59,8 +60,8 @@ class ResumeE2eTest : public ClusterFixture {
 
 TEST_F(ResumeE2eTest, KilledTrainerJobResumesFromCheckpoint) {
   // The reference: the same job, undisturbed.
-  v1::JobStatus ref;
-  ASSERT_TRUE(stub_->Submit(Ctx().get(), Job("undisturbed"), &ref).ok());
+  v1::JobStatus ref = Submit(Job("undisturbed"));
+  ASSERT_FALSE(ref.id().empty());
   const absl::Time ref_start = absl::Now();
   ref = WatchToEnd(ref.id(), absl::Seconds(240));
   std::fprintf(stderr, "undisturbed: %s in %s, loss %.5f, test accuracy %.4f\n",
@@ -72,7 +73,7 @@ TEST_F(ResumeE2eTest, KilledTrainerJobResumesFromCheckpoint) {
   ASSERT_EQ(TrainersAlive(), 3);
   // The job's trainers exported their device memory while it ran.
   int with_memory = 0;
-  for (const ClusterProcess& p : ReadCluster(dir_)) {
+  for (const ClusterProcess& p : ReadCluster(dir())) {
     if (p.role != "trainer") continue;
     ASSERT_TRUE(metrics::Scrape(PortOfUrl(p.metrics_url)).ok()) << p.name;
     const double peak =
@@ -82,8 +83,8 @@ TEST_F(ResumeE2eTest, KilledTrainerJobResumesFromCheckpoint) {
   }
   EXPECT_EQ(with_memory, 2);
 
-  v1::JobStatus job;
-  ASSERT_TRUE(stub_->Submit(Ctx().get(), Job("disturbed"), &job).ok());
+  v1::JobStatus job = Submit(Job("disturbed"));
+  ASSERT_FALSE(job.id().empty());
   job = PollJob(
       job.id(),
       [](const v1::JobStatus& j) { return j.state() == v1::RUNNING && j.checkpoint_epoch() >= 1; },
@@ -134,7 +135,7 @@ TEST_F(ResumeE2eTest, KilledTrainerJobResumesFromCheckpoint) {
   EXPECT_TRUE(resumed) << done.DebugString();
   // Both ranks of the second attempt loaded the checkpoint (a restart from
   // scratch would end the same way, so look at what the trainers did).
-  EXPECT_EQ(TrainerLogLines(dir_, {done.id() + " rank", "resumed from"}).size(), 2u);
+  EXPECT_EQ(TrainerLogLines(dir(), {done.id() + " rank", "resumed from"}).size(), 2u);
   // The resumed run is the undisturbed one: same data order from the
   // checkpointed epoch on, same parameters and momentum.
   std::fprintf(stderr, "test accuracy difference %.5f, loss difference %.3g\n",

@@ -21,12 +21,14 @@
 #include "protos/scheduler.grpc.pb.h"
 #include "services/kvstore/testing/server_process.h"
 #include "tests/e2e/e2e_util.h"
+#include "tests/e2e/test_cluster.h"
 
 namespace dtrain {
 namespace {
 
 namespace v1 = scheduler::v1;
 
+using e2e::Ctx;
 using e2e::Runfile;
 using e2e::TmpDir;
 
@@ -58,12 +60,6 @@ class SchedulerE2eTest : public ::testing::Test {
   void SetUp() override { e2e::UseTestCredentials(); }
 
   void Connect() { stub_ = v1::JobService::NewStub(dtrain::rpc::NewChannel(scheduler_.address())); }
-
-  std::unique_ptr<grpc::ClientContext> Ctx(absl::Duration timeout = absl::Seconds(10)) {
-    auto ctx = std::make_unique<grpc::ClientContext>();
-    ctx->set_deadline(absl::ToChronoTime(absl::Now() + timeout));
-    return ctx;
-  }
 
   static v1::SubmitRequest MlpJob(const std::string& name, int epochs) {
     v1::SubmitRequest r;

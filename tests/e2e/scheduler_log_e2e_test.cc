@@ -28,11 +28,13 @@
 #include "protos/scheduler.grpc.pb.h"
 #include "services/kvstore/testing/server_process.h"
 #include "tests/e2e/e2e_util.h"
+#include "tests/e2e/test_cluster.h"
 
 namespace dtrain {
 namespace {
 
 namespace v1 = scheduler::v1;
+using e2e::Ctx;
 
 class SchedulerLogE2eTest : public ::testing::Test {
  protected:
@@ -42,12 +44,6 @@ class SchedulerLogE2eTest : public ::testing::Test {
   void Connect() {
     channel_ = dtrain::rpc::NewChannel(scheduler_.address());
     stub_ = v1::JobService::NewStub(channel_);
-  }
-
-  static std::unique_ptr<grpc::ClientContext> Ctx() {
-    auto ctx = std::make_unique<grpc::ClientContext>();
-    ctx->set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
-    return ctx;
   }
 
   absl::StatusOr<v1::JobStatus> Submit(const std::string& name, const std::string& request_id) {

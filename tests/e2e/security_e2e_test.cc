@@ -32,6 +32,7 @@
 #include "protos/kvstore.grpc.pb.h"
 #include "protos/scheduler.grpc.pb.h"
 #include "tests/e2e/e2e_util.h"
+#include "tests/e2e/test_cluster.h"
 
 namespace dtrain {
 namespace e2e {
@@ -40,50 +41,34 @@ namespace {
 namespace v1 = scheduler::v1;
 namespace kv = kvstore::v1;
 
-std::unique_ptr<grpc::ClientContext> Ctx() {
-  auto ctx = std::make_unique<grpc::ClientContext>();
-  ctx->set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
-  return ctx;
-}
-
 absl::StatusCode Code(const grpc::Status& s) {
   return static_cast<absl::StatusCode>(s.error_code());
 }
 
-class SecurityE2eTest : public ::testing::Test {
+class SecurityE2eTest : public ClusterTest {
  protected:
   void SetUp() override {
-    dir_ = TmpDir("secure-cluster");
-    int rc;
     // cluster up is TLS by default: no flag asks for it.
-    std::string out =
-        Trainctl("cluster up --trainers=2 --kvstore_shards=2 --restart=never --dir=" + dir_, &rc);
-    ASSERT_EQ(rc, 0) << out;
-    ASSERT_NE(out.find(absl::StrCat("export DTRAIN_CA=", dir_, "/certs/ca.pem DTRAIN_CERT=", dir_,
-                                    "/certs/admin.pem DTRAIN_KEY=", dir_, "/certs/admin.key")),
+    ASSERT_NO_FATAL_FAILURE(Up({.name = "secure-cluster",
+                                .trainers = 2,
+                                .kvstore_shards = 2,
+                                .kvstore_replicas = 0,  // cluster up's default: 2
+                                .users = {"alice", "bob"},
+                                .down_grace_s = 10}));
+    const std::string& out = cluster_->up_output();
+    ASSERT_NE(out.find(absl::StrCat("export DTRAIN_CA=", dir(), "/certs/ca.pem DTRAIN_CERT=", dir(),
+                                    "/certs/admin.pem DTRAIN_KEY=", dir(), "/certs/admin.key")),
               std::string::npos)
         << out;
-    for (const ClusterProcess& p : ReadCluster(dir_)) {
-      if (p.role == "scheduler") scheduler_ = p.address;
-      if (p.role == "kvstore") shards_.push_back(p.address);
-    }
-    ASSERT_FALSE(scheduler_.empty());
+    scheduler_ = scheduler();
+    for (const ClusterProcess& p : cluster_->kvstore_processes()) shards_.push_back(p.address);
     ASSERT_EQ(shards_.size(), 4u);  // 2 shards of 2 replicas (the default): every one checked
-    certs_ = dir_ + "/certs";
-    // Users and a trainer certificate no running trainer holds.
-    for (auto [name, role] :
-         {std::pair{"alice", "user"}, std::pair{"bob", "user"}, std::pair{"rogue", "trainer"}}) {
-      out = Trainctl(absl::StrCat("certs issue --dir=", certs_, " --name=", name, " --role=", role),
-                     &rc);
-      ASSERT_EQ(rc, 0) << out;
-    }
-    out = Trainctl("certs init --dir=" + TmpDir("other-ca"), &rc);
-    ASSERT_EQ(rc, 0) << out;
-  }
-
-  void TearDown() override {
+    certs_ = dir() + "/certs";
+    // A trainer certificate no running trainer holds.
+    ASSERT_TRUE(cluster_->IssueCertificate("rogue", "trainer").ok());
     int rc;
-    Trainctl("cluster down --grace_s=10 --dir=" + dir_, &rc);
+    const std::string init = Trainctl("certs init --dir=" + TmpDir("other-ca"), &rc);
+    ASSERT_EQ(rc, 0) << init;
   }
 
   std::shared_ptr<const rpc::Credentials> As(const std::string& name,
@@ -101,10 +86,7 @@ class SecurityE2eTest : public ::testing::Test {
 
   // trainctl as `name` (its certificate by flag, over the admin's environment).
   std::string TrainctlAs(const std::string& name, const std::string& args, int* rc) {
-    return Trainctl(
-        absl::StrCat("--scheduler=", scheduler_, " --ca=", certs_, "/ca.pem --cert=", certs_, "/",
-                     name, ".pem --key=", certs_, "/", name, ".key ", args),
-        rc);
+    return cluster_->TrainctlAs(name, args, rc);
   }
 
   static v1::SubmitRequest Job(const std::string& name) {
@@ -126,7 +108,7 @@ class SecurityE2eTest : public ::testing::Test {
     return r;
   }
 
-  std::string dir_, certs_, scheduler_;
+  std::string certs_, scheduler_;
   std::vector<std::string> shards_;
 };
 
@@ -134,8 +116,9 @@ TEST_F(SecurityE2eTest, UsersOwnTheirJobsAndOnlyTrainersServeThem) {
   auto alice = As("alice"), bob = As("bob"), admin = As("admin"), rogue = As("rogue");
   auto alice_jobs = Jobs(alice), bob_jobs = Jobs(bob), admin_jobs = Jobs(admin);
 
-  v1::JobStatus job;
-  ASSERT_TRUE(alice_jobs->Submit(Ctx().get(), Job("alice-job"), &job).ok());
+  absl::StatusOr<v1::JobStatus> submitted = cluster_->Submit(Job("alice-job"), "alice");
+  ASSERT_TRUE(submitted.ok()) << submitted.status();
+  v1::JobStatus job = *submitted;
   EXPECT_EQ(job.owner(), "alice");
   // Wait until it runs (placed on both trainers), so the attacks below meet
   // a running job.
@@ -249,7 +232,7 @@ TEST_F(SecurityE2eTest, UsersOwnTheirJobsAndOnlyTrainersServeThem) {
   auto trainer_call = [&](const std::string& shard, const std::string& token,
                           const std::string& job) {
     grpc::ClientContext ctx;
-    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+    SetDeadline(&ctx, absl::Seconds(10));
     if (!token.empty()) ctx.AddMetadata(security::kJobTokenMetadata, token);
     kv::GetJobRequest gj;
     gj.set_job(job);
@@ -269,7 +252,7 @@ TEST_F(SecurityE2eTest, UsersOwnTheirJobsAndOnlyTrainersServeThem) {
               absl::StatusCode::kPermissionDenied);
     auto data = kv::KVStoreData::NewStub(rpc::NewChannel(shard, rogue.get()));
     grpc::ClientContext ctx;
-    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+    SetDeadline(&ctx, absl::Seconds(10));
     ctx.AddMetadata(security::kJobTokenMetadata, b_token);
     kv::PullRequest pull;
     pull.set_job(kv_job);
@@ -316,7 +299,8 @@ TEST_F(SecurityE2eTest, UsersOwnTheirJobsAndOnlyTrainersServeThem) {
   EXPECT_EQ(pong.caller(), "admin (admin)");
 
   // Alice's job was not disturbed.
-  absl::StatusOr<v1::JobStatus> done = WatchToEnd(alice_jobs.get(), job.id(), absl::Seconds(180));
+  absl::StatusOr<v1::JobStatus> done =
+      e2e::WatchToEnd(alice_jobs.get(), job.id(), absl::Seconds(180));
   ASSERT_TRUE(done.ok()) << done.status();
   EXPECT_EQ(done->state(), v1::SUCCEEDED) << done->DebugString();
   EXPECT_EQ(done->attempts(), 1) << done->DebugString();

@@ -40,8 +40,8 @@
 #include "libs/metrics/scrape.h"
 #include "libs/rpc/credentials.h"
 #include "protos/scheduler.grpc.pb.h"
-#include "tests/e2e/cluster_fixture.h"
 #include "tests/e2e/e2e_util.h"
+#include "tests/e2e/test_cluster.h"
 
 namespace dtrain {
 namespace e2e {
@@ -67,7 +67,7 @@ bool PinProcess(int pid, int cpu) {
   return any;
 }
 
-class StragglerE2eTest : public ClusterFixture {
+class StragglerE2eTest : public ClusterTest {
  protected:
   void SetUp() override {
     cpu_set_t mine;
@@ -77,7 +77,7 @@ class StragglerE2eTest : public ClusterFixture {
       if (CPU_ISSET(c, &mine)) cpus_.push_back(c);
     }
     if (cpus_.size() < 2) GTEST_SKIP() << "needs two CPUs to pin the trainers apart";
-    Up("straggler", "--restart=never --trainers=2 --kvstore_shards=0");
+    Up({.name = "straggler", .trainers = 2});
   }
 
   void TearDown() override {
@@ -85,7 +85,7 @@ class StragglerE2eTest : public ClusterFixture {
       kill(pid, SIGKILL);
       waitpid(pid, nullptr, 0);
     }
-    ClusterFixture::TearDown();
+    ClusterTest::TearDown();
   }
 
   static v1::SubmitRequest Job(const std::string& name, int epochs) {
@@ -212,7 +212,7 @@ TEST_F(StragglerE2eTest, ContendedRankIsNamedAndACalmRunNamesNone) {
   EXPECT_EQ(SchedulerMetric("dtrain_scheduler_stragglers"), 1);
   EXPECT_EQ(SchedulerMetric("dtrain_scheduler_stragglers_detected_total"), 1);
   int rc;
-  std::string out = Trainctl(absl::StrCat("--scheduler=", scheduler_, " get ", job.id()), &rc);
+  std::string out = Trainctl(absl::StrCat("--scheduler=", scheduler(), " get ", job.id()), &rc);
   ASSERT_EQ(rc, 0) << out;
   EXPECT_NE(
       out.find(absl::StrCat("  straggler: rank ", s.rank(), " on trainer ", slow_trainer, " is ")),
@@ -229,11 +229,11 @@ TEST_F(StragglerE2eTest, ContendedRankIsNamedAndACalmRunNamesNone) {
       absl::StrCat("needs 2 trainers with 1 free cpu device; none is free, ", ids[0], " runs ",
                    job.id(), ", ", ids[1], " runs ", job.id());
   EXPECT_EQ(waiting.pending_reason(), reason);
-  out = Trainctl(absl::StrCat("--scheduler=", scheduler_, " get ", waiting.id()), &rc);
+  out = Trainctl(absl::StrCat("--scheduler=", scheduler(), " get ", waiting.id()), &rc);
   EXPECT_NE(out.find("  waiting: " + reason + "\n"), std::string::npos) << out;
-  out = Trainctl(absl::StrCat("--scheduler=", scheduler_, " list"), &rc);
+  out = Trainctl(absl::StrCat("--scheduler=", scheduler(), " list"), &rc);
   EXPECT_NE(out.find("waiting: " + reason), std::string::npos) << out;
-  out = Trainctl(absl::StrCat("--scheduler=", scheduler_, " -o json get ", waiting.id()), &rc);
+  out = Trainctl(absl::StrCat("--scheduler=", scheduler(), " -o json get ", waiting.id()), &rc);
   EXPECT_NE(out.find("\"pending_reason\":\"" + reason + "\""), std::string::npos) << out;
   Cancel(waiting.id());
   Cancel(job.id());

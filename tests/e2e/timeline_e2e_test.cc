@@ -20,6 +20,7 @@
 #include "google/protobuf/struct.pb.h"
 #include "google/protobuf/util/json_util.h"
 #include "tests/e2e/e2e_util.h"
+#include "tests/e2e/test_cluster.h"
 
 namespace dtrain {
 namespace e2e {
@@ -75,29 +76,12 @@ bool ParseTrace(const std::string& json, std::vector<Event>* events,
   return true;
 }
 
-class TimelineE2eTest : public ::testing::Test {
+class TimelineE2eTest : public ClusterTest {
  protected:
-  void SetUp() override {
-    dir_ = TmpDir("timeline-cluster");
-    int rc;
-    std::string out = Trainctl("cluster up --trainers=2 --restart=never --dir=" + dir_, &rc);
-    ASSERT_EQ(rc, 0) << out;
-    for (const ClusterProcess& p : ReadCluster(dir_)) {
-      if (p.role == "scheduler") scheduler_ = p.address;
-    }
-    ASSERT_FALSE(scheduler_.empty());
-  }
-  void TearDown() override {
-    int rc;
-    Trainctl("cluster down --grace_s=10 --dir=" + dir_, &rc);
-    for (const auto& p : ReadCluster(dir_)) {
-      if (ProcessAlive(p.pid)) kill(p.pid, SIGKILL);
-    }
-  }
+  void SetUp() override { Up({.name = "timeline-cluster", .trainers = 2, .down_grace_s = 10}); }
   std::string Ctl(const std::string& args, int* rc) {
-    return Trainctl(absl::StrCat("--scheduler=", scheduler_, " ", args), rc);
+    return Trainctl(absl::StrCat("--scheduler=", scheduler(), " ", args), rc);
   }
-  std::string dir_, scheduler_;
 };
 
 TEST_F(TimelineE2eTest, TwoTrainerJobIsOneAlignedChromeTraceWithOverlap) {
@@ -116,7 +100,7 @@ TEST_F(TimelineE2eTest, TwoTrainerJobIsOneAlignedChromeTraceWithOverlap) {
 
   // MFU in the job status: LeNet's training step is 13,258,800 FLOPs per
   // sample (libs/graph/flops_test counts it by hand), times samples/s.
-  const std::string status = JobJson(scheduler_, out);
+  const std::string status = JobJson(scheduler(), out);
   const double sps = JsonNumber(status, "samples_per_second", -1);
   const double gflops = JsonNumber(status, "achieved_gflops", -1);
   const double mfu = JsonNumber(status, "mfu", -1);
@@ -127,9 +111,9 @@ TEST_F(TimelineE2eTest, TwoTrainerJobIsOneAlignedChromeTraceWithOverlap) {
   // The two trainers started together and took one peak (measured once on
   // this host), not two measured at the same moment, each about half.
   std::vector<std::string> peaks;
-  for (const ClusterProcess& p : ReadCluster(dir_)) {
+  for (const ClusterProcess& p : ReadCluster(dir())) {
     if (p.role != "trainer") continue;
-    const std::string log = ReadFile(dir_ + "/" + p.name + ".log");
+    const std::string log = ReadFile(dir() + "/" + p.name + ".log");
     const size_t at = log.find("CPU peak");
     ASSERT_NE(at, std::string::npos) << p.name << " logged no CPU peak";
     const size_t colon = log.find(": ", at);
@@ -138,7 +122,7 @@ TEST_F(TimelineE2eTest, TwoTrainerJobIsOneAlignedChromeTraceWithOverlap) {
   ASSERT_EQ(peaks.size(), 2u);
   EXPECT_EQ(peaks[0], peaks[1]) << "each trainer measured its own peak";
 
-  const std::string path = dir_ + "/trace.json";
+  const std::string path = dir() + "/trace.json";
   out = Ctl(absl::StrCat("timeline ", id, " --out=", path), &rc);
   ASSERT_EQ(rc, 0) << out;
   EXPECT_NE(out.find("2 ranks"), std::string::npos) << out;
@@ -222,7 +206,7 @@ TEST_F(TimelineE2eTest, TwoTrainerJobIsOneAlignedChromeTraceWithOverlap) {
   EXPECT_NE(out.find("timeline needs one job id"), std::string::npos) << out;
 
   // Another user may not read it (the admin submitted it).
-  const std::string certs = dir_ + "/certs";
+  const std::string certs = dir() + "/certs";
   out = Trainctl(absl::StrCat("certs issue --dir=", certs, " --name=bob --role=user"), &rc);
   ASSERT_EQ(rc, 0) << out;
   out = Ctl(absl::StrCat("--ca=", certs, "/ca.pem --cert=", certs, "/bob.pem --key=", certs,
