@@ -36,6 +36,7 @@
 #include "libs/base/files.h"
 #include "libs/base/logging.h"
 #include "libs/base/status.h"
+#include "libs/net/tls.h"
 #include "protos/kvstore.pb.h"
 
 namespace dtrain {
@@ -44,15 +45,9 @@ namespace {
 
 std::string Errno(const char* what) { return absl::StrCat(what, ": ", std::strerror(errno)); }
 
-std::string SslErrors() {
-  std::string out;
-  for (unsigned long e = ERR_get_error(); e != 0; e = ERR_get_error()) {
-    char buf[256];
-    ERR_error_string_n(e, buf, sizeof(buf));
-    if (!out.empty()) out += "; ";
-    out += buf;
-  }
-  return out.empty() ? "no OpenSSL error" : out;
+// `status` with "data port: " before its message.
+absl::Status DataPortError(const absl::Status& status) {
+  return absl::Status(status.code(), absl::StrCat("data port: ", status.message()));
 }
 
 // Splits "host:port" ("[v6]:port" too).
@@ -255,7 +250,7 @@ class TlsConn : public FdConn {
   // Server side: the handshake, then the client's verified identity.
   absl::StatusOr<security::Identity> AcceptHandshake() override {
     if (SSL_accept(ssl_) != 1) {
-      return absl::UnauthenticatedError("data port: TLS handshake failed: " + SslErrors());
+      return absl::UnauthenticatedError("data port: TLS handshake failed: " + net::OpenSslErrors());
     }
     return PeerCertIdentity(ssl_);
   }
@@ -263,7 +258,7 @@ class TlsConn : public FdConn {
   absl::Status Connect() {
     if (SSL_connect(ssl_) != 1) {
       return absl::UnavailableError("data port: TLS handshake with the shard failed: " +
-                                    SslErrors());
+                                    net::OpenSslErrors());
     }
     return absl::OkStatus();
   }
@@ -332,39 +327,15 @@ class TlsConn : public FdConn {
 
 // SSL_CTX for one side, from the certificate files.
 absl::StatusOr<std::shared_ptr<SSL_CTX>> MakeTlsContext(const DataPortTls& tls, bool server) {
-  // OpenSSL writes to the socket itself (alerts, or a record after the peer
-  // went away) without MSG_NOSIGNAL: a default SIGPIPE would kill the
-  // process, so it is ignored (unless the process handles it).
-  static const bool ignored = [] {
-    struct sigaction old {};
-    if (sigaction(SIGPIPE, nullptr, &old) == 0 && old.sa_handler == SIG_DFL) {
-      signal(SIGPIPE, SIG_IGN);
-    }
-    return true;
-  }();
-  (void)ignored;
-  std::shared_ptr<SSL_CTX> ctx(SSL_CTX_new(server ? TLS_server_method() : TLS_client_method()),
-                               SSL_CTX_free);
-  if (ctx == nullptr) return absl::InternalError("data port: SSL_CTX_new: " + SslErrors());
-  SSL_CTX_set_min_proto_version(ctx.get(), TLS1_3_VERSION);
+  net::TlsContextOptions options;
+  options.side =
+      server ? net::TlsContextOptions::Side::kServer : net::TlsContextOptions::Side::kClient;
+  options.files = {tls.ca_file, tls.cert_file, tls.key_file};
   // Read whatever the socket holds, not a record's header and then its
   // body: one system call per small frame instead of two or more.
-  SSL_CTX_set_read_ahead(ctx.get(), 1);
-  if (SSL_CTX_use_certificate_chain_file(ctx.get(), tls.cert_file.c_str()) != 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("data port: certificate ", tls.cert_file, ": ", SslErrors()));
-  }
-  if (SSL_CTX_use_PrivateKey_file(ctx.get(), tls.key_file.c_str(), SSL_FILETYPE_PEM) != 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("data port: key ", tls.key_file, ": ", SslErrors()));
-  }
-  if (SSL_CTX_load_verify_locations(ctx.get(), tls.ca_file.c_str(), nullptr) != 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("data port: CA ", tls.ca_file, ": ", SslErrors()));
-  }
-  SSL_CTX_set_verify(ctx.get(), SSL_VERIFY_PEER | (server ? SSL_VERIFY_FAIL_IF_NO_PEER_CERT : 0),
-                     nullptr);
-  if (server) SSL_CTX_set_num_tickets(ctx.get(), 0);  // no session tickets to send
+  options.read_ahead = true;
+  absl::StatusOr<std::shared_ptr<SSL_CTX>> ctx = net::NewTlsContext(options);
+  if (!ctx.ok()) return DataPortError(ctx.status());
   return ctx;
 }
 
@@ -463,39 +434,18 @@ absl::Status WriteError(DataConn& conn, uint16_t op, uint64_t id, const absl::St
   return WriteFrame(conn, h, status.message(), {});
 }
 
-// A segment the client passed: checked (sealed against shrinking, sized)
-// and mapped.
+// A segment the client passed (sealed against shrinking, sized and mapped:
+// net::SharedMemory::MapSealed).
 struct Segment {
+  net::SharedMemory memory;
   char* data = nullptr;
   uint64_t bytes = 0;
-  ~Segment() { Unmap(); }
-  void Unmap() {
-    if (data != nullptr) munmap(data, bytes);
-    data = nullptr;
-    bytes = 0;
-  }
   absl::Status Map(int fd) {
-    const int seals = fcntl(fd, F_GET_SEALS);
-    if (seals < 0 || (seals & F_SEAL_SHRINK) == 0) {
-      close(fd);
-      return absl::InvalidArgumentError(
-          "data port: the shared-memory segment is not a memfd sealed with F_SEAL_SHRINK (a "
-          "shrink would fault the server)");
-    }
-    struct stat st {};
-    if (fstat(fd, &st) != 0 || st.st_size <= 0 || st.st_size > kMaxSegmentBytes) {
-      close(fd);
-      return absl::InvalidArgumentError(absl::StrCat("data port: shared-memory segment of ",
-                                                     st.st_size, " bytes (1 to ", kMaxSegmentBytes,
-                                                     ")"));
-    }
-    void* p =
-        mmap(nullptr, static_cast<size_t>(st.st_size), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    close(fd);
-    if (p == MAP_FAILED) return absl::InvalidArgumentError(Errno("data port: mmap of segment"));
-    Unmap();
-    data = static_cast<char*>(p);
-    bytes = static_cast<uint64_t>(st.st_size);
+    absl::StatusOr<net::SharedMemory> m = net::SharedMemory::MapSealed(fd, kMaxSegmentBytes);
+    if (!m.ok()) return DataPortError(m.status());
+    memory = std::move(*m);
+    data = memory.data();
+    bytes = memory.size();
     return absl::OkStatus();
   }
 };
@@ -1409,39 +1359,21 @@ void IdleDataConns::Put(std::unique_ptr<DataPortConnection> conn) {
   if (idle_.size() < capacity_) idle_.push_back({std::move(conn), absl::Now()});
 }
 
-DataPortConnection::~DataPortConnection() {
-  if (segment_ != nullptr) munmap(segment_, segment_bytes_);
-  if (segment_fd_ >= 0) close(segment_fd_);
-}
+DataPortConnection::~DataPortConnection() = default;
 
 absl::Status DataPortConnection::EnsureSegment(uint64_t bytes, int* pass_fd) {
   *pass_fd = -1;
-  if (bytes <= segment_bytes_ || bytes > static_cast<uint64_t>(kMaxSegmentBytes)) {
+  if (bytes <= segment_.size() || bytes > static_cast<uint64_t>(kMaxSegmentBytes)) {
     return absl::OkStatus();
   }
-  uint64_t size = std::max<uint64_t>(segment_bytes_, 1 << 20);
+  uint64_t size = std::max<uint64_t>(segment_.size(), 1 << 20);
   while (size < bytes) size *= 2;
   size = std::min<uint64_t>(size, kMaxSegmentBytes);
-  int fd = memfd_create("dtrain-kvstore-segment", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-  if (fd < 0) return absl::UnavailableError(Errno("data port: memfd_create"));
-  if (ftruncate(fd, static_cast<off_t>(size)) != 0 ||
-      fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_SEAL) != 0) {
-    std::string error = Errno("data port: sizing the segment");
-    close(fd);
-    return absl::UnavailableError(error);
-  }
-  void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  if (p == MAP_FAILED) {
-    std::string error = Errno("data port: mmap");
-    close(fd);
-    return absl::UnavailableError(error);
-  }
-  if (segment_ != nullptr) munmap(segment_, segment_bytes_);
-  if (segment_fd_ >= 0) close(segment_fd_);
-  segment_ = static_cast<char*>(p);
-  segment_bytes_ = size;
-  segment_fd_ = fd;
-  *pass_fd = fd;
+  absl::StatusOr<net::SharedMemory> segment =
+      net::SharedMemory::CreateSealed("dtrain-kvstore-segment", size);
+  if (!segment.ok()) return DataPortError(segment.status());
+  segment_ = std::move(*segment);
+  *pass_fd = segment_.fd();
   return absl::OkStatus();
 }
 
@@ -1466,8 +1398,8 @@ absl::Status DataPortConnection::Send(DataOp op, const std::string& header,
   int pass_fd = -1;
   if (conn_->kind() == DataConn::Kind::kUnix) {
     DT_RETURN_IF_ERROR(EnsureSegment(std::max(total, reply_bytes), &pass_fd));
-    if (total > 0 && total <= segment_bytes_) {
-      char* p = segment_;
+    if (total > 0 && total <= segment_.size()) {
+      char* p = segment_.data();
       for (absl::string_view piece : payload) {
         std::memcpy(p, piece.data(), piece.size());
         p += piece.size();
@@ -1492,7 +1424,7 @@ absl::StatusOr<std::string> DataPortConnection::ReceiveHeader() {
     const auto code = static_cast<absl::StatusCode>(reply_.arg);
     return absl::Status(code == absl::StatusCode::kOk ? absl::StatusCode::kUnknown : code, header);
   }
-  if ((reply_.flags & kPayloadInSegment) != 0 && reply_.payload_bytes > segment_bytes_) {
+  if ((reply_.flags & kPayloadInSegment) != 0 && reply_.payload_bytes > segment_.size()) {
     return absl::DataLossError("data port: reply payload larger than the segment");
   }
   return header;
@@ -1545,7 +1477,7 @@ absl::Status DataPortConnection::ReadPayload(char* dst, size_t n) {
     return absl::DataLossError("data port: reply payload shorter than its items");
   }
   if ((reply_.flags & kPayloadInSegment) != 0) {
-    std::memcpy(dst, segment_ + reply_read_, n);
+    std::memcpy(dst, segment_.data() + reply_read_, n);
   } else {
     DT_RETURN_IF_ERROR(conn_->ReadFull(dst, n));
   }

@@ -64,6 +64,7 @@
 #include "absl/types/optional.h"
 #include "libs/kvstore/data_port_frame.h"
 #include "libs/kvstore/job_limiter.h"
+#include "libs/net/shared_memory.h"
 #include "libs/security/identity.h"
 #include "libs/security/job_token.h"
 
@@ -471,9 +472,7 @@ class DataPortConnection {
   uint64_t reply_read_ = 0;
   uint64_t answer_token_ = 0;
   // The shared-memory segment (Unix connections).
-  int segment_fd_ = -1;
-  char* segment_ = nullptr;
-  uint64_t segment_bytes_ = 0;
+  net::SharedMemory segment_;
 };
 
 // The idle connections to one server that later requests reuse (the
