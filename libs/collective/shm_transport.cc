@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -25,6 +26,7 @@
 #include "libs/base/logging.h"
 #include "libs/base/status.h"
 #include "libs/collective/engine.h"
+#include "libs/net/shared_memory.h"
 
 namespace dtrain {
 namespace collective {
@@ -132,77 +134,23 @@ int UsableCpus() {
   return static_cast<int>(::sysconf(_SC_NPROCESSORS_ONLN));
 }
 
-// A mapped segment; unmapped on destruction. Remembers whether this rank
-// created the name (and must unlink it).
-struct Segment {
-  std::string name;
-  char* base = nullptr;
-  size_t bytes = 0;
-  bool owner = false;
-  bool unlinked = false;
-
-  ~Segment() {
-    Unlink();
-    if (base != nullptr) ::munmap(base, bytes);
-  }
-  void Unlink() {
-    if (owner && !unlinked) {
-      ::shm_unlink(name.c_str());
-      unlinked = true;
-    }
-  }
-};
+// A mapped segment (libs/net/shared_memory.h); unmapped on destruction,
+// and unlinked then if this rank created its name.
+using Segment = net::SharedMemory;
 
 absl::StatusOr<std::unique_ptr<Segment>> CreateSegment(const std::string& name, size_t bytes) {
-  auto seg = std::make_unique<Segment>();
-  seg->name = name;
-  seg->bytes = bytes;
-  int fd = ::shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-  if (fd < 0) return ErrnoToStatus(errno, absl::StrCat("shm_open(create) ", name));
-  seg->owner = true;
-  if (::ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
-    int err = errno;
-    ::close(fd);
-    return ErrnoToStatus(err, absl::StrCat("ftruncate ", name));
-  }
-  void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
-  int err = errno;
-  ::close(fd);
-  if (p == MAP_FAILED) return ErrnoToStatus(err, absl::StrCat("mmap ", name));
-  seg->base = static_cast<char*>(p);
-  return seg;
+  DT_ASSIGN_OR_RETURN(Segment seg, Segment::CreateNamed(name, bytes));
+  return std::make_unique<Segment>(std::move(seg));
 }
 
 absl::StatusOr<std::unique_ptr<Segment>> OpenSegment(const std::string& name, size_t bytes) {
-  auto seg = std::make_unique<Segment>();
-  seg->name = name;
-  seg->bytes = bytes;
-  int fd = ::shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0600);
-  if (fd < 0) {
-    return Annotate(ErrnoToStatus(errno, absl::StrCat("shm_open ", name)),
+  absl::StatusOr<Segment> seg = Segment::OpenNamed(name, bytes);
+  if (!seg.ok() && absl::StartsWith(seg.status().message(), "shm_open")) {
+    return Annotate(seg.status(),
                     "the shm transport needs all ranks on one host and in one IPC namespace");
   }
-  struct stat st;
-  if (::fstat(fd, &st) != 0 || static_cast<size_t>(st.st_size) != bytes) {
-    ::close(fd);
-    return absl::FailedPreconditionError(
-        absl::StrCat("shared-memory segment ", name, " has an unexpected size"));
-  }
-  // Only segments our own user made, readable by nobody else: another user
-  // who guessed the name cannot plant one for us to map.
-  if (st.st_uid != ::geteuid() || (st.st_mode & 0077) != 0) {
-    ::close(fd);
-    return absl::PermissionDeniedError(
-        absl::StrCat("shared-memory segment ", name, " belongs to uid ", st.st_uid, " with mode ",
-                     absl::StrFormat("%o", st.st_mode & 0777), "; this rank (uid ", ::geteuid(),
-                     ") maps only its own user's 0600 segments"));
-  }
-  void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
-  int err = errno;
-  ::close(fd);
-  if (p == MAP_FAILED) return ErrnoToStatus(err, absl::StrCat("mmap ", name));
-  seg->base = static_cast<char*>(p);
-  return seg;
+  DT_RETURN_IF_ERROR(seg.status());
+  return std::make_unique<Segment>(std::move(*seg));
 }
 
 class ShmPair final : public EnginePair {
@@ -363,7 +311,7 @@ class ShmTransport final : public EngineTransport {
   }
 
  private:
-  RankControl* me() { return reinterpret_cast<RankControl*>(control_->base); }
+  RankControl* me() { return reinterpret_cast<RankControl*>(control_->data()); }
 
   void Stop(RankState state, const std::string& reason) {
     if (stopped_ || control_ == nullptr) return;
@@ -426,11 +374,11 @@ absl::Status ShmTransport::Setup(const TransportOptions& options) {
     if (peer < rank_) continue;
     DT_ASSIGN_OR_RETURN(std::unique_ptr<Segment> seg,
                         CreateSegment(absl::StrCat(base, "-p", rank_, "-", peer), pair_bytes));
-    auto* header = reinterpret_cast<PairHeader*>(seg->base);
+    auto* header = reinterpret_cast<PairHeader*>(seg->data());
     header->ring_bytes = ring_bytes_;
     header->channels = channels_;
     header->magic.store(kPairMagic, std::memory_order_release);
-    pair_base[peer] = seg->base;
+    pair_base[peer] = seg->data();
     segments_.push_back(std::move(seg));
     DT_RETURN_IF_ERROR(options.store->Set(absl::StrCat(key, "pair/", rank_, "/", peer), "1"));
   }
@@ -441,7 +389,7 @@ absl::Status ShmTransport::Setup(const TransportOptions& options) {
     if (!ready.ok()) return Annotate(ready, absl::StrCat("waiting for rank ", peer, " to join"));
     DT_ASSIGN_OR_RETURN(std::unique_ptr<Segment> seg,
                         OpenSegment(absl::StrCat(base, "-r", peer), sizeof(RankControl)));
-    auto* peer_ctl = reinterpret_cast<RankControl*>(seg->base);
+    auto* peer_ctl = reinterpret_cast<RankControl*>(seg->data());
     if (peer_ctl->magic.load(std::memory_order_acquire) != kControlMagic) {
       return absl::FailedPreconditionError(
           absl::StrCat("control segment of rank ", peer, " is not initialized"));
@@ -452,14 +400,14 @@ absl::Status ShmTransport::Setup(const TransportOptions& options) {
       ready = options.store->Get(absl::StrCat(key, "pair/", peer, "/", rank_), left()).status();
       if (!ready.ok()) return Annotate(ready, absl::StrCat("waiting for rank ", peer));
       DT_ASSIGN_OR_RETURN(seg, OpenSegment(absl::StrCat(base, "-p", peer, "-", rank_), pair_bytes));
-      auto* header = reinterpret_cast<PairHeader*>(seg->base);
+      auto* header = reinterpret_cast<PairHeader*>(seg->data());
       if (header->magic.load(std::memory_order_acquire) != kPairMagic ||
           header->ring_bytes != ring_bytes_ ||
           header->channels != static_cast<uint64_t>(channels_)) {
         return absl::FailedPreconditionError(absl::StrCat(
             "pair segment with rank ", peer, " disagrees on ring size or channel count"));
       }
-      pair_base[peer] = seg->base;
+      pair_base[peer] = seg->data();
       segments_.push_back(std::move(seg));
     }
   }

@@ -22,6 +22,7 @@
 #include "libs/base/status.h"
 #include "libs/collective/engine.h"
 #include "libs/collective/socket_util.h"
+#include "libs/net/tls.h"
 
 namespace dtrain {
 namespace collective {
@@ -96,53 +97,14 @@ bool SameMac(const std::string& a, const std::string& b) {
 // the key exchange is (EC)DHE on top of it (psk_dhe_ke), so recorded traffic
 // stays secret even if the attempt secret leaks later.
 
-std::string OpenSslError() {
-  std::string out;
-  for (unsigned long e = ERR_get_error(); e != 0; e = ERR_get_error()) {
-    char buf[256];
-    ERR_error_string_n(e, buf, sizeof(buf));
-    absl::StrAppend(&out, out.empty() ? "" : "; ", buf);
-  }
-  return out.empty() ? "no OpenSSL error queued" : out;
-}
-
-unsigned int CopyPsk(SSL* ssl, unsigned char* psk, unsigned int max_psk_len) {
-  const auto* key = static_cast<const std::string*>(SSL_get_app_data(ssl));
-  if (key == nullptr || key->size() > max_psk_len) return 0;
-  std::memcpy(psk, key->data(), key->size());
-  return static_cast<unsigned int>(key->size());
-}
-
-unsigned int ClientPsk(SSL* ssl, const char* /*hint*/, char* identity,
-                       unsigned int max_identity_len, unsigned char* psk,
-                       unsigned int max_psk_len) {
-  if (max_identity_len < 2) return 0;
-  std::strcpy(identity, "c");  // NOLINT: one byte; the key, not the identity, matters
-  return CopyPsk(ssl, psk, max_psk_len);
-}
-
-unsigned int ServerPsk(SSL* ssl, const char* /*identity*/, unsigned char* psk,
-                       unsigned int max_psk_len) {
-  return CopyPsk(ssl, psk, max_psk_len);
-}
-
-struct SslCtxDeleter {
-  void operator()(SSL_CTX* ctx) const { SSL_CTX_free(ctx); }
-};
-
-absl::StatusOr<std::unique_ptr<SSL_CTX, SslCtxDeleter>> NewTlsContext() {
-  std::unique_ptr<SSL_CTX, SslCtxDeleter> ctx(SSL_CTX_new(TLS_method()));
-  if (!ctx) return absl::InternalError(absl::StrCat("SSL_CTX_new: ", OpenSslError()));
-  if (SSL_CTX_set_min_proto_version(ctx.get(), TLS1_3_VERSION) != 1 ||
-      SSL_CTX_set_max_proto_version(ctx.get(), TLS1_3_VERSION) != 1 ||
-      SSL_CTX_set_ciphersuites(ctx.get(), "TLS_AES_128_GCM_SHA256") != 1) {
-    return absl::InternalError(absl::StrCat("configuring TLS 1.3: ", OpenSslError()));
-  }
-  SSL_CTX_set_num_tickets(ctx.get(), 0);  // no post-handshake messages
-  SSL_CTX_set_mode(ctx.get(), SSL_MODE_ENABLE_PARTIAL_WRITE | SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER);
-  SSL_CTX_set_psk_client_callback(ctx.get(), ClientPsk);
-  SSL_CTX_set_psk_server_callback(ctx.get(), ServerPsk);
-  return ctx;
+// The context (libs/net/tls.h): TLS 1.3 with TLS_AES_128_GCM_SHA256 only,
+// pre-shared keys, on non-blocking sockets.
+absl::StatusOr<std::shared_ptr<SSL_CTX>> NewTlsContext() {
+  net::TlsContextOptions options;
+  options.psk = true;
+  options.ciphersuites = "TLS_AES_128_GCM_SHA256";
+  options.partial_writes = true;
+  return net::NewTlsContext(options);
 }
 
 struct SslDeleter {
@@ -156,9 +118,9 @@ absl::StatusOr<SslPtr> StartTls(SSL_CTX* ctx, int fd, bool server, const std::st
                                 absl::Time deadline) {
   SslPtr ssl(SSL_new(ctx));
   if (!ssl || SSL_set_fd(ssl.get(), fd) != 1) {
-    return absl::InternalError(absl::StrCat("SSL_new: ", OpenSslError()));
+    return absl::InternalError(absl::StrCat("SSL_new: ", net::OpenSslErrors()));
   }
-  SSL_set_app_data(ssl.get(), const_cast<std::string*>(key));
+  net::SetTlsPsk(ssl.get(), key);
   if (server) {
     SSL_set_accept_state(ssl.get());
   } else {
@@ -174,14 +136,14 @@ absl::StatusOr<SslPtr> StartTls(SSL_CTX* ctx, int fd, bool server, const std::st
     if (err == SSL_ERROR_WANT_WRITE) events = POLLOUT;
     if (events == 0) {
       return absl::UnavailableError(
-          absl::StrCat("TLS handshake failed (error ", err, "): ", OpenSslError()));
+          absl::StrCat("TLS handshake failed (error ", err, "): ", net::OpenSslErrors()));
     }
     const int timeout = internal::PollTimeoutMs(deadline, 1000);
     if (timeout == 0) return absl::DeadlineExceededError("TLS handshake timed out");
     pollfd pfd{fd, events, 0};
     ::poll(&pfd, 1, timeout);
   }
-  SSL_set_app_data(ssl.get(), nullptr);
+  net::SetTlsPsk(ssl.get(), nullptr);
   return ssl;
 }
 
@@ -365,7 +327,7 @@ class TcpPair final : public EnginePair {
     if (err == SSL_ERROR_SYSCALL) {
       return errno == 0 ? std::string("closed by the peer") : Describe(errno);
     }
-    return absl::StrCat("TLS error ", err, ": ", OpenSslError());
+    return absl::StrCat("TLS error ", err, ": ", net::OpenSslErrors());
   }
 
   int fd_;
@@ -446,7 +408,7 @@ class TcpTransport final : public EngineTransport {
   std::vector<char> bounce_;
   const std::string secret_;
   const bool tls_;
-  std::unique_ptr<SSL_CTX, SslCtxDeleter> tls_context_;  // when tls_
+  std::shared_ptr<SSL_CTX> tls_context_;  // when tls_
   std::vector<pollfd> fds_;
 };
 

@@ -91,7 +91,7 @@ std::chrono::system_clock::time_point Deadline(absl::Duration timeout) {
 }  // namespace
 
 // ---------------------------------------------------------------------------
-// KVClient
+// RemoteParameterServer
 
 namespace {
 
@@ -131,17 +131,18 @@ std::function<bool(grpc::ByteBuffer*)> Once(const grpc::ByteBuffer& buffer) {
 
 }  // namespace
 
-KVClient::KVClient(ClientOptions options)
+RemoteParameterServer::RemoteParameterServer(ClientOptions options)
     : options_(std::move(options)), pool_(std::make_unique<ElasticThreadPool>()) {
   absl::Status compression = encoder_.SetCompression(options_.compression);
   DT_CHECK(compression.ok()) << compression;  // Connect validated it
 }
 
-KVClient::~KVClient() {
+RemoteParameterServer::~RemoteParameterServer() {
   pool_.reset();  // finishes operations in flight while keys_ and channels_ exist
 }
 
-absl::StatusOr<std::unique_ptr<KVClient>> KVClient::Connect(ClientOptions options) {
+absl::StatusOr<std::unique_ptr<RemoteParameterServer>> RemoteParameterServer::Connect(
+    ClientOptions options) {
   if (options.servers.empty()) {
     return absl::InvalidArgumentError("kvstore client needs at least one server");
   }
@@ -166,7 +167,7 @@ absl::StatusOr<std::unique_ptr<KVClient>> KVClient::Connect(ClientOptions option
         "kvstore client: ", options.servers.size(), " servers are not ", options.replicas,
         " replicas of each shard (list every replica, shard-major)"));
   }
-  std::unique_ptr<KVClient> client(new KVClient(options));
+  std::unique_ptr<RemoteParameterServer> client(new RemoteParameterServer(options));
   client->num_shards_ = static_cast<int>(options.servers.size()) / options.replicas;
   if (options.replicas > 1) return client;  // channels follow the shard map
   for (const std::string& server : options.servers) {
@@ -175,14 +176,15 @@ absl::StatusOr<std::unique_ptr<KVClient>> KVClient::Connect(ClientOptions option
   return client;
 }
 
-void KVClient::AddToken(grpc::ClientContext* ctx) const {
+void RemoteParameterServer::AddToken(grpc::ClientContext* ctx) const {
   if (!options_.token.empty()) ctx->AddMetadata(security::kJobTokenMetadata, options_.token);
 }
 
 // A call Cancel can end: registered while it runs.
-class KVClient::TrackedCall {
+class RemoteParameterServer::TrackedCall {
  public:
-  TrackedCall(KVClient* client, grpc::ClientContext* ctx) : client_(client), ctx_(ctx) {
+  TrackedCall(RemoteParameterServer* client, grpc::ClientContext* ctx)
+      : client_(client), ctx_(ctx) {
     absl::MutexLock lock(&client_->calls_mu_);
     client_->calls_.insert(ctx_);
     if (!client_->cancelled_.ok()) ctx_->TryCancel();
@@ -195,15 +197,15 @@ class KVClient::TrackedCall {
   TrackedCall& operator=(const TrackedCall&) = delete;
 
  private:
-  KVClient* const client_;
+  RemoteParameterServer* const client_;
   grpc::ClientContext* const ctx_;
 };
 
-absl::Status KVClient::SetPushCompression(const CompressionSpec& compression) {
+absl::Status RemoteParameterServer::SetPushCompression(const CompressionSpec& compression) {
   return encoder_.SetCompression(compression);
 }
 
-void KVClient::Cancel(const std::string& reason) {
+void RemoteParameterServer::Cancel(const std::string& reason) {
   absl::MutexLock lock(&calls_mu_);
   if (!cancelled_.ok()) return;
   cancelled_ = absl::CancelledError(
@@ -212,12 +214,13 @@ void KVClient::Cancel(const std::string& reason) {
   for (DataPortConnection* conn : data_calls_) conn->Shutdown();
 }
 
-absl::Status KVClient::CancelStatus() const {
+absl::Status RemoteParameterServer::CancelStatus() const {
   absl::MutexLock lock(&calls_mu_);
   return cancelled_;
 }
 
-absl::Status KVClient::WithRetries(const std::function<absl::Status()>& attempt, bool cancellable) {
+absl::Status RemoteParameterServer::WithRetries(const std::function<absl::Status()>& attempt,
+                                                bool cancellable) {
   RetryPolicy policy;
   policy.max_attempts = 0;  // counted below: UNAVAILABLE is bounded by time instead
   policy.initial_backoff = options_.retry_backoff;
@@ -265,7 +268,7 @@ absl::Status KVClient::WithRetries(const std::function<absl::Status()>& attempt,
   return status;
 }
 
-absl::Status KVClient::ForEachServer(const std::function<absl::Status(int)>& fn) {
+absl::Status RemoteParameterServer::ForEachServer(const std::function<absl::Status(int)>& fn) {
   const int n = num_shards_;
   std::vector<absl::Status> results(static_cast<size_t>(n));
   std::vector<std::thread> threads;
@@ -278,13 +281,13 @@ absl::Status KVClient::ForEachServer(const std::function<absl::Status(int)>& fn)
   return absl::OkStatus();
 }
 
-std::shared_ptr<grpc::Channel> KVClient::ChannelTo(const std::string& address) {
+std::shared_ptr<grpc::Channel> RemoteParameterServer::ChannelTo(const std::string& address) {
   std::shared_ptr<grpc::Channel>& channel = by_address_[address];
   if (channel == nullptr) channel = NewChannel(address, options_.max_message_bytes);
   return channel;
 }
 
-void KVClient::RefreshMap() {
+void RemoteParameterServer::RefreshMap() {
   absl::MutexLock refresh(&refresh_mu_);
   std::vector<std::string> addresses;
   {
@@ -325,7 +328,8 @@ void KVClient::RefreshMap() {
   map_stale_ = false;
 }
 
-absl::StatusOr<KVClient::Endpoint> KVClient::Route(int shard, bool write) {
+absl::StatusOr<RemoteParameterServer::Endpoint> RemoteParameterServer::Route(int shard,
+                                                                             bool write) {
   if (options_.replicas == 1) {
     return Endpoint{channels_[static_cast<size_t>(shard)],
                     options_.servers[static_cast<size_t>(shard)]};
@@ -350,7 +354,8 @@ absl::StatusOr<KVClient::Endpoint> KVClient::Route(int shard, bool write) {
   return Endpoint{ChannelTo(m->address()), m->address()};
 }
 
-absl::optional<KVClient::Endpoint> KVClient::AnswerTail(int shard, const Endpoint& head) {
+absl::optional<RemoteParameterServer::Endpoint> RemoteParameterServer::AnswerTail(
+    int shard, const Endpoint& head) {
   if (options_.replicas == 1 || !options_.answer_at_tail || options_.data_path == DataPath::kGrpc) {
     return absl::nullopt;
   }
@@ -359,7 +364,7 @@ absl::optional<KVClient::Endpoint> KVClient::AnswerTail(int shard, const Endpoin
   return *std::move(tail);
 }
 
-absl::Status KVClient::CreateJob(const JobConfig& config) {
+absl::Status RemoteParameterServer::CreateJob(const JobConfig& config) {
   if (config.job != options_.job) {
     return absl::InvalidArgumentError(absl::StrCat("CreateJob of job '", config.job,
                                                    "' from a client of job '", options_.job, "'"));
@@ -383,19 +388,19 @@ absl::Status KVClient::CreateJob(const JobConfig& config) {
   });
 }
 
-absl::Duration KVClient::CleanupTimeout() const {
+absl::Duration RemoteParameterServer::CleanupTimeout() const {
   // Cleanup must not hold a trainer long: a shard that is gone or hung is
   // left to its job TTL.
   return std::min(options_.rpc_timeout, options_.unavailable_timeout);
 }
 
-absl::Status KVClient::DeleteJob() {
+absl::Status RemoteParameterServer::DeleteJob() {
   v1::DeleteJobRequest request;
   request.set_job(options_.job);
   return SendDeleteJob(request, "KVStore.DeleteJob");
 }
 
-absl::Status KVClient::LeaveJob() {
+absl::Status RemoteParameterServer::LeaveJob() {
   v1::DeleteJobRequest request;
   request.set_job(options_.job);
   request.set_leave(true);
@@ -403,7 +408,8 @@ absl::Status KVClient::LeaveJob() {
   return SendDeleteJob(request, "KVStore.DeleteJob (leave)");
 }
 
-absl::Status KVClient::SendDeleteJob(const v1::DeleteJobRequest& request, absl::string_view what) {
+absl::Status RemoteParameterServer::SendDeleteJob(const v1::DeleteJobRequest& request,
+                                                  absl::string_view what) {
   return ForEachServer([&](int i) {
     return WithRetries(
         [&]() -> absl::Status {
@@ -420,7 +426,7 @@ absl::Status KVClient::SendDeleteJob(const v1::DeleteJobRequest& request, absl::
   });
 }
 
-absl::Status KVClient::Init(const std::vector<KeySpec>& keys) {
+absl::Status RemoteParameterServer::Init(const std::vector<KeySpec>& keys) {
   // Place every key and check it against what this client knows.
   DT_ASSIGN_OR_RETURN(std::vector<std::unique_ptr<Key>> placed,
                       keys_.Place(options_.job, keys, num_shards_, options_.placement));
@@ -472,7 +478,7 @@ absl::Status KVClient::Init(const std::vector<KeySpec>& keys) {
   return absl::OkStatus();
 }
 
-Work KVClient::Issue(Op op, std::vector<CallItem> items, bool run_one_inline) {
+Work RemoteParameterServer::Issue(Op op, std::vector<CallItem> items, bool run_one_inline) {
   if (absl::Status bad = CheckCallItems(op, items); !bad.ok()) return Failed(bad);
   auto state = std::make_shared<Work::State>();
   absl::StatusOr<WorkerKeys::Plan> plan = keys_.PlanCall(op, items, state);
@@ -480,9 +486,9 @@ Work KVClient::Issue(Op op, std::vector<CallItem> items, bool run_one_inline) {
   return Start(op, std::move(plan->ops), std::move(plan->after), std::move(state), run_one_inline);
 }
 
-Work KVClient::Start(Op op, std::vector<SliceOp> work,
-                     std::vector<std::shared_ptr<Work::State>> deps,
-                     std::shared_ptr<Work::State> state, bool run_one_inline) {
+Work RemoteParameterServer::Start(Op op, std::vector<SliceOp> work,
+                                  std::vector<std::shared_ptr<Work::State>> deps,
+                                  std::shared_ptr<Work::State> state, bool run_one_inline) {
   std::map<int, std::vector<SliceOp>> by_server;
   for (const SliceOp& w : work) by_server[w.slice->server].push_back(w);
   {
@@ -550,8 +556,8 @@ Work KVClient::Start(Op op, std::vector<SliceOp> work,
   return Work(std::move(state));
 }
 
-absl::Status KVClient::RunOnServer(Op op, int server, const std::vector<SliceOp>& work,
-                                   const std::shared_ptr<Work::State>& state) {
+absl::Status RemoteParameterServer::RunOnServer(Op op, int server, const std::vector<SliceOp>& work,
+                                                const std::shared_ptr<Work::State>& state) {
   absl::Status s = WithRetries([&] {
     return op == Op::kPull ? PullOnce(server, work)
                            : PushOnce(server, work, op == Op::kPushPull, state);
@@ -661,8 +667,9 @@ absl::Status ReadPullReply(const std::function<bool(grpc::ByteBuffer*)>& read,
 
 }  // namespace
 
-absl::Status KVClient::PushOnce(int server, const std::vector<SliceOp>& work, bool pull_back,
-                                const std::shared_ptr<Work::State>& state) {
+absl::Status RemoteParameterServer::PushOnce(int server, const std::vector<SliceOp>& work,
+                                             bool pull_back,
+                                             const std::shared_ptr<Work::State>& state) {
   // At a chain's head, which answers a PushPull once every replica holds
   // the values it returns.
   DT_ASSIGN_OR_RETURN(Endpoint to, Route(server, /*write=*/true));
@@ -788,7 +795,7 @@ absl::Status KVClient::PushOnce(int server, const std::vector<SliceOp>& work, bo
   return read;
 }
 
-absl::Status KVClient::PullOnce(int server, const std::vector<SliceOp>& work) {
+absl::Status RemoteParameterServer::PullOnce(int server, const std::vector<SliceOp>& work) {
   DT_ASSIGN_OR_RETURN(Endpoint to, Route(server, /*write=*/false));
   if (options_.data_path != DataPath::kGrpc) {
     bool used = false;
@@ -861,7 +868,7 @@ absl::StatusOr<DataPath> ParseDataPath(absl::string_view name) {
 
 // What this client knows of one server address's data port, and its idle
 // connections.
-struct KVClient::DataPool {
+struct RemoteParameterServer::DataPool {
   absl::Mutex mu;
   bool discovered ABSL_GUARDED_BY(mu) = false;
   bool available ABSL_GUARDED_BY(mu) = false;
@@ -909,7 +916,7 @@ std::string HostOf(const std::string& address) {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<DataPortConnection>> KVClient::TakeDataConn(
+absl::StatusOr<std::unique_ptr<DataPortConnection>> RemoteParameterServer::TakeDataConn(
     const std::string& address, const std::shared_ptr<grpc::Channel>& channel, bool answers) {
   DataPool* pool;
   {
@@ -991,8 +998,8 @@ absl::StatusOr<std::unique_ptr<DataPortConnection>> KVClient::TakeDataConn(
   return conn;
 }
 
-void KVClient::ReturnDataConn(const std::string& address, std::unique_ptr<DataPortConnection> conn,
-                              bool answers) {
+void RemoteParameterServer::ReturnDataConn(const std::string& address,
+                                           std::unique_ptr<DataPortConnection> conn, bool answers) {
   DataPool* pool;
   {
     absl::MutexLock lock(&data_mu_);
@@ -1003,8 +1010,8 @@ void KVClient::ReturnDataConn(const std::string& address, std::unique_ptr<DataPo
 }
 
 // A data port request sent and not yet answered.
-struct KVClient::PendingData {
-  KVClient* client = nullptr;
+struct RemoteParameterServer::PendingData {
+  RemoteParameterServer* client = nullptr;
   std::string address;
   Op op = Op::kPush;
   std::unique_ptr<DataPortConnection> conn;
@@ -1043,9 +1050,10 @@ struct KVClient::PendingData {
   }
 };
 
-absl::StatusOr<std::unique_ptr<KVClient::PendingData>> KVClient::StartDataCall(
-    const std::string& address, const std::shared_ptr<grpc::Channel>& channel, Op op,
-    const std::vector<SliceOp>& work, const Endpoint* tail) {
+absl::StatusOr<std::unique_ptr<RemoteParameterServer::PendingData>>
+RemoteParameterServer::StartDataCall(const std::string& address,
+                                     const std::shared_ptr<grpc::Channel>& channel, Op op,
+                                     const std::vector<SliceOp>& work, const Endpoint* tail) {
   DT_RETURN_IF_ERROR(CancelStatus());
   DT_ASSIGN_OR_RETURN(std::unique_ptr<DataPortConnection> conn, TakeDataConn(address, channel));
   if (conn == nullptr) return nullptr;  // gRPC
@@ -1132,8 +1140,8 @@ absl::StatusOr<std::unique_ptr<KVClient::PendingData>> KVClient::StartDataCall(
   return pending;
 }
 
-absl::Status KVClient::FinishDataCall(std::unique_ptr<PendingData> pending,
-                                      const std::vector<SliceOp>& work) {
+absl::Status RemoteParameterServer::FinishDataCall(std::unique_ptr<PendingData> pending,
+                                                   const std::vector<SliceOp>& work) {
   DataPortConnection& conn = *pending->conn;
   // A connection whose request was answered goes back to its pool.
   auto give_back = [&](std::unique_ptr<DataPortConnection> c, const std::string& at, bool answers) {
@@ -1177,8 +1185,9 @@ absl::Status KVClient::FinishDataCall(std::unique_ptr<PendingData> pending,
   return absl::OkStatus();
 }
 
-absl::Status KVClient::ReadPulled(PendingData& pending, DataPortConnection& conn,
-                                  const std::string& reply, const std::vector<SliceOp>& work) {
+absl::Status RemoteParameterServer::ReadPulled(PendingData& pending, DataPortConnection& conn,
+                                               const std::string& reply,
+                                               const std::vector<SliceOp>& work) {
   auto annotate = [&](const absl::Status& s) {
     return &conn == pending.answer.get() ? pending.AnnotateAnswer(s) : pending.Annotate(s);
   };
@@ -1213,10 +1222,10 @@ absl::Status KVClient::ReadPulled(PendingData& pending, DataPortConnection& conn
   return absl::OkStatus();
 }
 
-absl::Status KVClient::DataPortCall(const std::string& address,
-                                    const std::shared_ptr<grpc::Channel>& channel, Op op,
-                                    const std::vector<SliceOp>& work, bool* used,
-                                    const Endpoint* tail) {
+absl::Status RemoteParameterServer::DataPortCall(const std::string& address,
+                                                 const std::shared_ptr<grpc::Channel>& channel,
+                                                 Op op, const std::vector<SliceOp>& work,
+                                                 bool* used, const Endpoint* tail) {
   absl::StatusOr<std::unique_ptr<PendingData>> pending =
       StartDataCall(address, channel, op, work, tail);
   if (pending.ok() && *pending == nullptr) return absl::OkStatus();  // gRPC
@@ -1225,7 +1234,7 @@ absl::Status KVClient::DataPortCall(const std::string& address,
   return FinishDataCall(*std::move(pending), work);
 }
 
-absl::StatusOr<JobStatus> KVClient::GetJob(int server, bool include_slices) {
+absl::StatusOr<JobStatus> RemoteParameterServer::GetJob(int server, bool include_slices) {
   if (server < 0 || server >= num_shards_) {
     return absl::InvalidArgumentError(absl::StrCat("no server ", server));
   }
@@ -1247,9 +1256,9 @@ absl::StatusOr<JobStatus> KVClient::GetJob(int server, bool include_slices) {
   return FromProto(response);
 }
 
-absl::Status KVClient::Resync() { return ResyncRounds().status(); }
+absl::Status RemoteParameterServer::Resync() { return ResyncRounds().status(); }
 
-absl::StatusOr<int64_t> KVClient::ResyncRounds() {
+absl::StatusOr<int64_t> RemoteParameterServer::ResyncRounds() {
   std::vector<JobStatus> states(static_cast<size_t>(num_shards_));
   DT_RETURN_IF_ERROR(ForEachServer([&](int i) -> absl::Status {
     DT_ASSIGN_OR_RETURN(states[static_cast<size_t>(i)], GetJob(i, /*include_slices=*/true));
@@ -1258,9 +1267,9 @@ absl::StatusOr<int64_t> KVClient::ResyncRounds() {
   return keys_.SetPushedRounds(states);
 }
 
-absl::StatusOr<int64_t> KVClient::ResumeRounds() { return ResyncRounds(); }
+absl::StatusOr<int64_t> RemoteParameterServer::ResumeRounds() { return ResyncRounds(); }
 
-absl::StatusOr<std::vector<std::string>> KVClient::Snapshot() {
+absl::StatusOr<std::vector<std::string>> RemoteParameterServer::Snapshot() {
   std::vector<std::string> paths(static_cast<size_t>(num_shards_));
   DT_RETURN_IF_ERROR(ForEachServer([&](int i) -> absl::Status {
     v1::SnapshotRequest request;
@@ -1281,11 +1290,12 @@ absl::StatusOr<std::vector<std::string>> KVClient::Snapshot() {
   return paths;
 }
 
-absl::StatusOr<int64_t> KVClient::PushedRound(const std::string& key) const {
+absl::StatusOr<int64_t> RemoteParameterServer::PushedRound(const std::string& key) const {
   return keys_.PushedRound(key);
 }
 
-absl::StatusOr<std::vector<PlacedSlice>> KVClient::Placement(const std::string& key) const {
+absl::StatusOr<std::vector<PlacedSlice>> RemoteParameterServer::Placement(
+    const std::string& key) const {
   return keys_.Placement(key);
 }
 

@@ -1,12 +1,15 @@
-// KVClient: a worker's connection to a sharded kvstore (protos/kvstore.proto).
+// RemoteParameterServer: a worker's ParameterServer (parameter_server.h)
+// over a sharded kvstore of servers (protos/kvstore.proto); its in-process
+// counterpart is InProcessParameterServer (in_process.h).
 //
 //   ClientOptions options;
 //   options.servers = {"10.0.0.1:7000", "10.0.0.2:7000"};   // shard i at servers[i]
 //   options.job = "resnet";
 //   options.worker = rank;
-//   DT_ASSIGN_OR_RETURN(std::unique_ptr<KVClient> kv, KVClient::Connect(options));
-//   DT_RETURN_IF_ERROR(kv->CreateJob(config));              // every worker may call it
-//   DT_RETURN_IF_ERROR(kv->Init({{"fc.weight", {10, 512}, DType::kF32, weights}}));
+//   DT_ASSIGN_OR_RETURN(std::unique_ptr<RemoteParameterServer> kv,
+//   RemoteParameterServer::Connect(options)); DT_RETURN_IF_ERROR(kv->CreateJob(config)); // every
+//   worker may call it DT_RETURN_IF_ERROR(kv->Init({{"fc.weight", {10, 512}, DType::kF32,
+//   weights}}));
 //
 //   // Training step: push each bucket as soon as its gradients are ready...
 //   Work bucket = kv->PushAsync({{"fc.weight", grad}, {"fc.bias", grad_b}});
@@ -77,7 +80,7 @@
 // calls, larger ones stream in chunk_bytes messages. A process moving large
 // values should call TuneMallocForBulkTransfers() (malloc_tuning.h) at start.
 //
-// Thread-safety: a KVClient is thread-safe; operations may be issued from
+// Thread-safety: a RemoteParameterServer is thread-safe; operations may be issued from
 // several threads. Destroying it waits for operations in flight.
 #ifndef DTRAIN_LIBS_KVSTORE_CLIENT_H_
 #define DTRAIN_LIBS_KVSTORE_CLIENT_H_
@@ -184,15 +187,15 @@ struct ClientOptions {
   bool answer_at_tail = true;
 };
 
-class KVClient : public ParameterServerBase {
+class RemoteParameterServer : public ParameterServerBase {
  public:
   // Validates the options and opens a channel per server (connections are
   // made lazily). kInvalidArgument for no servers, a bad worker id or chunk
   // size.
-  static absl::StatusOr<std::unique_ptr<KVClient>> Connect(ClientOptions options);
-  ~KVClient();
-  KVClient(const KVClient&) = delete;
-  KVClient& operator=(const KVClient&) = delete;
+  static absl::StatusOr<std::unique_ptr<RemoteParameterServer>> Connect(ClientOptions options);
+  ~RemoteParameterServer();
+  RemoteParameterServer(const RemoteParameterServer&) = delete;
+  RemoteParameterServer& operator=(const RemoteParameterServer&) = delete;
 
   const ClientOptions& options() const { return options_; }
   const std::string& job() const override { return options_.job; }
@@ -253,7 +256,7 @@ class KVClient : public ParameterServerBase {
   class TrackedCall;  // a call Cancel can end
   using Op = CallKind;
 
-  explicit KVClient(ClientOptions options);
+  explicit RemoteParameterServer(ClientOptions options);
   // Adds options_.token to the call's metadata.
   void AddToken(grpc::ClientContext* ctx) const;
   // Checks a call's items, numbers its pushed rounds, orders it after the
@@ -347,6 +350,10 @@ class KVClient : public ParameterServerBase {
   absl::flat_hash_map<std::string, std::unique_ptr<DataPool>> data_pools_ ABSL_GUARDED_BY(data_mu_);
   absl::Status cancelled_ ABSL_GUARDED_BY(calls_mu_);
 };
+
+// The name RemoteParameterServer had before (as InProcessParameterServer's
+// counterpart), kept for callers outside libs/kvstore until they move.
+using KVClient = RemoteParameterServer;
 
 }  // namespace kvstore
 }  // namespace dtrain

@@ -36,6 +36,7 @@
 #include "libs/base/files.h"
 #include "libs/base/logging.h"
 #include "libs/base/status.h"
+#include "libs/net/tls.h"
 #include "protos/kvstore.pb.h"
 
 namespace dtrain {
@@ -44,15 +45,9 @@ namespace {
 
 std::string Errno(const char* what) { return absl::StrCat(what, ": ", std::strerror(errno)); }
 
-std::string SslErrors() {
-  std::string out;
-  for (unsigned long e = ERR_get_error(); e != 0; e = ERR_get_error()) {
-    char buf[256];
-    ERR_error_string_n(e, buf, sizeof(buf));
-    if (!out.empty()) out += "; ";
-    out += buf;
-  }
-  return out.empty() ? "no OpenSSL error" : out;
+// `status` with "data port: " before its message.
+absl::Status DataPortError(const absl::Status& status) {
+  return absl::Status(status.code(), absl::StrCat("data port: ", status.message()));
 }
 
 // Splits "host:port" ("[v6]:port" too).
@@ -200,7 +195,9 @@ class FdConn : public DataConn {
     }
   }
   bool HasBuffered() const override { return ahead_begin_ < ahead_end_; }
-  int fd() const { return fd_; }
+  int fd() const override { return fd_; }
+  void SetIoTimeout(absl::Duration timeout) override;
+  absl::StatusOr<security::Identity> AcceptHandshake() override { return security::Anonymous(); }
 
  protected:
   // Buffered reads take up to this many bytes from the socket at once.
@@ -251,9 +248,9 @@ class TlsConn : public FdConn {
   ~TlsConn() override { SSL_free(ssl_); }
 
   // Server side: the handshake, then the client's verified identity.
-  absl::StatusOr<security::Identity> Accept() {
+  absl::StatusOr<security::Identity> AcceptHandshake() override {
     if (SSL_accept(ssl_) != 1) {
-      return absl::UnauthenticatedError("data port: TLS handshake failed: " + SslErrors());
+      return absl::UnauthenticatedError("data port: TLS handshake failed: " + net::OpenSslErrors());
     }
     return PeerCertIdentity(ssl_);
   }
@@ -261,7 +258,7 @@ class TlsConn : public FdConn {
   absl::Status Connect() {
     if (SSL_connect(ssl_) != 1) {
       return absl::UnavailableError("data port: TLS handshake with the shard failed: " +
-                                    SslErrors());
+                                    net::OpenSslErrors());
     }
     return absl::OkStatus();
   }
@@ -330,39 +327,15 @@ class TlsConn : public FdConn {
 
 // SSL_CTX for one side, from the certificate files.
 absl::StatusOr<std::shared_ptr<SSL_CTX>> MakeTlsContext(const DataPortTls& tls, bool server) {
-  // OpenSSL writes to the socket itself (alerts, or a record after the peer
-  // went away) without MSG_NOSIGNAL: a default SIGPIPE would kill the
-  // process, so it is ignored (unless the process handles it).
-  static const bool ignored = [] {
-    struct sigaction old {};
-    if (sigaction(SIGPIPE, nullptr, &old) == 0 && old.sa_handler == SIG_DFL) {
-      signal(SIGPIPE, SIG_IGN);
-    }
-    return true;
-  }();
-  (void)ignored;
-  std::shared_ptr<SSL_CTX> ctx(SSL_CTX_new(server ? TLS_server_method() : TLS_client_method()),
-                               SSL_CTX_free);
-  if (ctx == nullptr) return absl::InternalError("data port: SSL_CTX_new: " + SslErrors());
-  SSL_CTX_set_min_proto_version(ctx.get(), TLS1_3_VERSION);
+  net::TlsContextOptions options;
+  options.side =
+      server ? net::TlsContextOptions::Side::kServer : net::TlsContextOptions::Side::kClient;
+  options.files = {tls.ca_file, tls.cert_file, tls.key_file};
   // Read whatever the socket holds, not a record's header and then its
   // body: one system call per small frame instead of two or more.
-  SSL_CTX_set_read_ahead(ctx.get(), 1);
-  if (SSL_CTX_use_certificate_chain_file(ctx.get(), tls.cert_file.c_str()) != 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("data port: certificate ", tls.cert_file, ": ", SslErrors()));
-  }
-  if (SSL_CTX_use_PrivateKey_file(ctx.get(), tls.key_file.c_str(), SSL_FILETYPE_PEM) != 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("data port: key ", tls.key_file, ": ", SslErrors()));
-  }
-  if (SSL_CTX_load_verify_locations(ctx.get(), tls.ca_file.c_str(), nullptr) != 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("data port: CA ", tls.ca_file, ": ", SslErrors()));
-  }
-  SSL_CTX_set_verify(ctx.get(), SSL_VERIFY_PEER | (server ? SSL_VERIFY_FAIL_IF_NO_PEER_CERT : 0),
-                     nullptr);
-  if (server) SSL_CTX_set_num_tickets(ctx.get(), 0);  // no session tickets to send
+  options.read_ahead = true;
+  absl::StatusOr<std::shared_ptr<SSL_CTX>> ctx = net::NewTlsContext(options);
+  if (!ctx.ok()) return DataPortError(ctx.status());
   return ctx;
 }
 
@@ -433,6 +406,15 @@ void ClearTimeouts(int fd) {
   setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
 }
 
+void FdConn::SetIoTimeout(absl::Duration timeout) {
+  read_timeout_.reset();  // set otherwise than by SetReadTimeout
+  if (timeout == absl::InfiniteDuration()) {
+    ClearTimeouts(fd_);
+  } else {
+    SetTimeouts(fd_, timeout);
+  }
+}
+
 // Writes one frame: fixed header, protobuf header, payload pieces.
 absl::Status WriteFrame(DataConn& conn, FrameHeader h, absl::string_view header,
                         const std::vector<absl::string_view>& payload, int pass_fd = -1) {
@@ -452,39 +434,18 @@ absl::Status WriteError(DataConn& conn, uint16_t op, uint64_t id, const absl::St
   return WriteFrame(conn, h, status.message(), {});
 }
 
-// A segment the client passed: checked (sealed against shrinking, sized)
-// and mapped.
+// A segment the client passed (sealed against shrinking, sized and mapped:
+// net::SharedMemory::MapSealed).
 struct Segment {
+  net::SharedMemory memory;
   char* data = nullptr;
   uint64_t bytes = 0;
-  ~Segment() { Unmap(); }
-  void Unmap() {
-    if (data != nullptr) munmap(data, bytes);
-    data = nullptr;
-    bytes = 0;
-  }
   absl::Status Map(int fd) {
-    const int seals = fcntl(fd, F_GET_SEALS);
-    if (seals < 0 || (seals & F_SEAL_SHRINK) == 0) {
-      close(fd);
-      return absl::InvalidArgumentError(
-          "data port: the shared-memory segment is not a memfd sealed with F_SEAL_SHRINK (a "
-          "shrink would fault the server)");
-    }
-    struct stat st {};
-    if (fstat(fd, &st) != 0 || st.st_size <= 0 || st.st_size > kMaxSegmentBytes) {
-      close(fd);
-      return absl::InvalidArgumentError(absl::StrCat("data port: shared-memory segment of ",
-                                                     st.st_size, " bytes (1 to ", kMaxSegmentBytes,
-                                                     ")"));
-    }
-    void* p =
-        mmap(nullptr, static_cast<size_t>(st.st_size), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    close(fd);
-    if (p == MAP_FAILED) return absl::InvalidArgumentError(Errno("data port: mmap of segment"));
-    Unmap();
-    data = static_cast<char*>(p);
-    bytes = static_cast<uint64_t>(st.st_size);
+    absl::StatusOr<net::SharedMemory> m = net::SharedMemory::MapSealed(fd, kMaxSegmentBytes);
+    if (!m.ok()) return DataPortError(m.status());
+    memory = std::move(*m);
+    data = memory.data();
+    bytes = memory.size();
     return absl::OkStatus();
   }
 };
@@ -747,13 +708,12 @@ void DataPortServer::AcceptLoop(int listen_fd, bool unix_socket) {
       e.thread =
           std::thread([conn = std::move(conn), max = options_.max_connections, done]() mutable {
             auto* c = conn.get();
-            SetTimeouts(static_cast<FdConn*>(c)->fd(), absl::Seconds(5));
+            c->SetIoTimeout(absl::Seconds(5));
             struct Done {
               std::atomic<bool>* d;
               ~Done() { *d = true; }
             } mark{done.get()};
-            if (c->kind() == DataConn::Kind::kTls && !static_cast<TlsConn*>(c)->Accept().ok())
-              return;
+            if (!c->AcceptHandshake().ok()) return;
             // Read the HELLO first, so that closing does not reset the reply away.
             char fixed[kFrameHeaderSize];
             if (c->ReadFull(fixed, sizeof(fixed)).ok()) {
@@ -780,168 +740,173 @@ void DataPortServer::AcceptLoop(int listen_fd, bool unix_socket) {
   }
 }
 
-void DataPortServer::Serve(std::unique_ptr<DataConn> conn, int id) {
-  const int fd = static_cast<FdConn*>(conn.get())->fd();
-  // The connection no longer counts against max_connections: once it ends,
-  // or before a refusal is written (a client that reads it may dial again
-  // at once).
-  struct Ended {
-    DataPortServer* s;
-    int id;
-    void Release() {
-      absl::MutexLock lock(&s->mu_);
-      auto it = s->conns_.find(id);
-      if (it != s->conns_.end()) it->second.conn = nullptr;
-    }
-    ~Ended() { Release(); }
-  } ended{this, id};
-  // The handshake and HELLO within 10 s.
-  SetTimeouts(fd, absl::Seconds(10));
+struct DataPortServer::Session {
   security::Identity who = security::Anonymous();
-  if (conn->kind() == DataConn::Kind::kTls) {
-    absl::StatusOr<security::Identity> id_or = static_cast<TlsConn*>(conn.get())->Accept();
-    if (!id_or.ok()) {
-      DT_LOG(DEBUG) << "data port: TLS handshake refused: " << id_or.status();
-      return;
-    }
-    who = *id_or;
-  }
-  Segment segment;
-  if (conn->kind() == DataConn::Kind::kUnix) {
-    absl::Status peer = CheckPeerUid(fd, "client");
-    if (!peer.ok()) {
-      ended.Release();
-      (void)WriteError(*conn, static_cast<uint16_t>(DataOp::kHello), 0, peer);
-      return;
-    }
-    if (options_.tls.enabled) {
-      // A local process of this uid could read the certificate files; it
-      // counts as a trainer, so a cluster secret still requires its token.
-      who.name = absl::StrCat("local-uid-", getuid());
-      who.role = security::Role::kTrainer;
-      who.authenticated = true;
-    }
-  }
-  // HELLO
-  absl::optional<std::string> scope;
-  JobLimiter::Hold job_hold;  // this connection's place among its job's
-  uint64_t answer_token = 0;  // an answers connection's (DataHello.answers)
-  {
-    char fixed[kFrameHeaderSize];
-    absl::Status s = conn->ReadFull(fixed, sizeof(fixed));
-    if (!s.ok()) return;
-    absl::StatusOr<FrameHeader> h =
-        DecodeFrameHeader(absl::string_view(fixed, sizeof(fixed)), /*request=*/true);
-    if (h.ok() && h->op != static_cast<uint16_t>(DataOp::kHello)) {
-      h = absl::InvalidArgumentError(
-          absl::StrCat("data port: the first frame must be HELLO, got ", DataOpName(h->op)));
-    }
-    if (h.ok() && h->payload_bytes != 0) {
-      h = absl::InvalidArgumentError("data port: HELLO carries no payload");
-    }
-    if (!h.ok()) {
-      ended.Release();
-      (void)WriteError(*conn, static_cast<uint16_t>(DataOp::kHello), 0, h.status());
-      return;
-    }
-    std::string header(h->header_bytes, '\0');
-    if (!conn->ReadFull(header.data(), header.size()).ok()) return;
-    v1::DataHello hello;
-    absl::Status status;
-    if (!hello.ParseFromString(header)) {
-      status = absl::InvalidArgumentError("data port: unparsable DataHello");
-    }
-    if (status.ok() && conn->kind() == DataConn::Kind::kUnix) {
-      const int seg_fd = conn->TakeReceivedFd();
-      status = seg_fd < 0 ? absl::InvalidArgumentError(
-                                "data port: a Unix HELLO must pass its shared-memory segment")
-                          : segment.Map(seg_fd);
-    }
-    if (status.ok() && conn->kind() == DataConn::Kind::kUnix && options_.tls.enabled &&
-        hello.job().empty()) {
-      // A chain predecessor on this host: the ticket it got over mutual TLS
-      // (KVStore.DataPort) makes it a kvstore peer.
-      status = CheckReplicaTicket(hello.replica_ticket(), replica_ticket_);
-      if (status.ok()) {
-        who.name = absl::StrCat("local-replica-uid-", getuid());
-        who.role = security::Role::kKvstore;
-      }
-    }
-    int workers = 0;  // the job's trainers, as its token says
-    if (status.ok()) {
-      absl::StatusOr<absl::optional<security::JobGrant>> bound =
-          handler_->Hello(who, hello, conn->kind());
-      if (!bound.ok()) {
-        status = bound.status();
-      } else if (bound->has_value()) {
-        scope = (*bound)->job;
-        workers = (*bound)->workers;
-      }
-    }
-    // A job's connections count against its cap (its client then uses
-    // gRPC); a replica link names no job.
-    const std::string& job = scope.has_value() ? *scope : hello.job();
-    if (status.ok() && !job.empty()) {
-      absl::StatusOr<JobLimiter::Hold> hold = connections_per_job_->Acquire(job, workers);
-      if (hold.ok()) {
-        job_hold = std::move(*hold);
-      } else {
-        status = hold.status();
-      }
-    }
-    if (!status.ok()) {
-      DT_LOG(DEBUG) << "data port: refused " << who.ToString() << ": " << status;
-      ended.Release();
-      (void)WriteError(*conn, static_cast<uint16_t>(DataOp::kHello), h->request_id, status);
-      return;
-    }
-    FrameHeader reply;
-    reply.op = static_cast<uint16_t>(h->op | kReplyBit);
-    reply.request_id = h->request_id;
-    v1::DataHelloReply accepted;
-    accepted.set_instance(instance_);
-    std::shared_ptr<AnswerSink> sink;
-    if (hello.answers()) {
-      // Registered before the client learns the token.
-      sink = std::make_shared<AnswerSink>();
-      sink->conn = conn.get();
-      sink->segment = &segment;
-      sink->scope = scope;
-      absl::MutexLock lock(&sinks_mu_);
-      do {
-        const std::string r = RandomBytes(8);
-        std::memcpy(&answer_token, r.data(), sizeof(answer_token));
-      } while (answer_token == 0 || sinks_.count(answer_token) > 0);
-      sinks_[answer_token] = sink;
-      accepted.set_answer_token(answer_token);
-    }
-    absl::Cleanup unregister = [&] {
-      if (answer_token == 0) return;
-      std::shared_ptr<AnswerSink> sink;
-      {
-        absl::MutexLock lock(&sinks_mu_);
-        auto it = sinks_.find(answer_token);
-        if (it == sinks_.end()) return;
-        sink = std::move(it->second);
-        sinks_.erase(it);
-      }
-      absl::MutexLock lock(&sink->mu);
-      sink->conn = nullptr;  // nothing is written after this
-    };
-    // Answers wait until this write returned: the client may have its
-    // bytes (and the tail an answer for it) before (TLS: one state).
-    if (sink != nullptr) sink->mu.Lock();
-    const bool written = WriteFrame(*conn, reply, accepted.SerializeAsString(), {}).ok();
-    if (sink != nullptr) sink->mu.Unlock();
-    if (!written) return;
-    if (answer_token != 0) {
-      ClearTimeouts(fd);
-      ServeAnswers(*conn, answer_token);
-      return;
-    }
-  }
-  ClearTimeouts(fd);
+  absl::optional<std::string> scope;  // the job it is bound to; nullopt: unconfined
+  JobLimiter::Hold job_hold;          // its place among its job's connections
+  Segment segment;                    // a Unix peer's
+  uint64_t answer_token = 0;          // an answers connection's (DataHello.answers)
+};
 
+void DataPortServer::Release(int id) {
+  absl::MutexLock lock(&mu_);
+  auto it = conns_.find(id);
+  if (it != conns_.end()) it->second.conn = nullptr;
+}
+
+void DataPortServer::Serve(std::unique_ptr<DataConn> conn, int id) {
+  absl::Cleanup release = [this, id] { Release(id); };
+  Session session;
+  // The handshake and HELLO within 10 s.
+  conn->SetIoTimeout(absl::Seconds(10));
+  if (!Admit(*conn, id, &session) || !Hello(*conn, id, &session)) return;
+  conn->SetIoTimeout(absl::InfiniteDuration());
+  if (session.answer_token != 0) {
+    ServeAnswers(*conn, session.answer_token);
+    Unregister(session.answer_token);
+    return;
+  }
+  ServeRequests(*conn, session);
+}
+
+bool DataPortServer::Admit(DataConn& conn, int id, Session* session) {
+  absl::StatusOr<security::Identity> who = conn.AcceptHandshake();
+  if (!who.ok()) {
+    DT_LOG(DEBUG) << "data port: TLS handshake refused: " << who.status();
+    return false;
+  }
+  session->who = *who;
+  if (conn.kind() != DataConn::Kind::kUnix) return true;
+  absl::Status peer = CheckPeerUid(conn.fd(), "client");
+  if (!peer.ok()) {
+    Release(id);
+    (void)WriteError(conn, static_cast<uint16_t>(DataOp::kHello), 0, peer);
+    return false;
+  }
+  if (options_.tls.enabled) {
+    // A local process of this uid could read the certificate files; it
+    // counts as a trainer, so a cluster secret still requires its token.
+    session->who.name = absl::StrCat("local-uid-", getuid());
+    session->who.role = security::Role::kTrainer;
+    session->who.authenticated = true;
+  }
+  return true;
+}
+
+bool DataPortServer::Hello(DataConn& conn, int id, Session* session) {
+  char fixed[kFrameHeaderSize];
+  if (!conn.ReadFull(fixed, sizeof(fixed)).ok()) return false;
+  absl::StatusOr<FrameHeader> h =
+      DecodeFrameHeader(absl::string_view(fixed, sizeof(fixed)), /*request=*/true);
+  if (h.ok() && h->op != static_cast<uint16_t>(DataOp::kHello)) {
+    h = absl::InvalidArgumentError(
+        absl::StrCat("data port: the first frame must be HELLO, got ", DataOpName(h->op)));
+  }
+  if (h.ok() && h->payload_bytes != 0) {
+    h = absl::InvalidArgumentError("data port: HELLO carries no payload");
+  }
+  if (!h.ok()) {
+    Release(id);
+    (void)WriteError(conn, static_cast<uint16_t>(DataOp::kHello), 0, h.status());
+    return false;
+  }
+  std::string header(h->header_bytes, '\0');
+  if (!conn.ReadFull(header.data(), header.size()).ok()) return false;
+  v1::DataHello hello;
+  absl::Status status;
+  if (!hello.ParseFromString(header)) {
+    status = absl::InvalidArgumentError("data port: unparsable DataHello");
+  }
+  if (status.ok() && conn.kind() == DataConn::Kind::kUnix) {
+    const int seg_fd = conn.TakeReceivedFd();
+    status = seg_fd < 0 ? absl::InvalidArgumentError(
+                              "data port: a Unix HELLO must pass its shared-memory segment")
+                        : session->segment.Map(seg_fd);
+  }
+  if (status.ok() && conn.kind() == DataConn::Kind::kUnix && options_.tls.enabled &&
+      hello.job().empty()) {
+    // A chain predecessor on this host: the ticket it got over mutual TLS
+    // (KVStore.DataPort) makes it a kvstore peer.
+    status = CheckReplicaTicket(hello.replica_ticket(), replica_ticket_);
+    if (status.ok()) {
+      session->who.name = absl::StrCat("local-replica-uid-", getuid());
+      session->who.role = security::Role::kKvstore;
+    }
+  }
+  int workers = 0;  // the job's trainers, as its token says
+  if (status.ok()) {
+    absl::StatusOr<absl::optional<security::JobGrant>> bound =
+        handler_->Hello(session->who, hello, conn.kind());
+    if (!bound.ok()) {
+      status = bound.status();
+    } else if (bound->has_value()) {
+      session->scope = (*bound)->job;
+      workers = (*bound)->workers;
+    }
+  }
+  // A job's connections count against its cap (its client then uses
+  // gRPC); a replica link names no job.
+  const std::string& job = session->scope.has_value() ? *session->scope : hello.job();
+  if (status.ok() && !job.empty()) {
+    absl::StatusOr<JobLimiter::Hold> hold = connections_per_job_->Acquire(job, workers);
+    if (hold.ok()) {
+      session->job_hold = std::move(*hold);
+    } else {
+      status = hold.status();
+    }
+  }
+  if (!status.ok()) {
+    DT_LOG(DEBUG) << "data port: refused " << session->who.ToString() << ": " << status;
+    Release(id);
+    (void)WriteError(conn, static_cast<uint16_t>(DataOp::kHello), h->request_id, status);
+    return false;
+  }
+  FrameHeader reply;
+  reply.op = static_cast<uint16_t>(h->op | kReplyBit);
+  reply.request_id = h->request_id;
+  v1::DataHelloReply accepted;
+  accepted.set_instance(instance_);
+  std::shared_ptr<AnswerSink> sink;
+  if (hello.answers()) {
+    // Registered before the client learns the token.
+    sink = std::make_shared<AnswerSink>();
+    sink->conn = &conn;
+    sink->segment = &session->segment;
+    sink->scope = session->scope;
+    absl::MutexLock lock(&sinks_mu_);
+    uint64_t token = 0;
+    do {
+      const std::string r = RandomBytes(8);
+      std::memcpy(&token, r.data(), sizeof(token));
+    } while (token == 0 || sinks_.count(token) > 0);
+    sinks_[token] = sink;
+    session->answer_token = token;
+    accepted.set_answer_token(token);
+  }
+  // Answers wait until this write returned: the client may have its
+  // bytes (and the tail an answer for it) before (TLS: one state).
+  if (sink != nullptr) sink->mu.Lock();
+  const bool written = WriteFrame(conn, reply, accepted.SerializeAsString(), {}).ok();
+  if (sink != nullptr) sink->mu.Unlock();
+  if (!written && session->answer_token != 0) Unregister(session->answer_token);
+  return written;
+}
+
+void DataPortServer::Unregister(uint64_t token) {
+  std::shared_ptr<AnswerSink> sink;
+  {
+    absl::MutexLock lock(&sinks_mu_);
+    auto it = sinks_.find(token);
+    if (it == sinks_.end()) return;
+    sink = std::move(it->second);
+    sinks_.erase(it);
+  }
+  absl::MutexLock lock(&sink->mu);
+  sink->conn = nullptr;  // nothing is written after this
+}
+
+void DataPortServer::ServeRequests(DataConn& conn, Session& session) {
+  Segment& segment = session.segment;
   std::unique_ptr<char[]> buffer;
   uint64_t buffer_bytes = 0;
   std::string header;
@@ -954,18 +919,18 @@ void DataPortServer::Serve(std::unique_ptr<DataConn> conn, int id) {
   absl::Duration spin = absl::ZeroDuration();
   while (!stopping_) {
     char fixed[kFrameHeaderSize];
-    if (spin > absl::ZeroDuration()) conn->SpinUntilReadable(spin);
-    if (!conn->ReadFull(fixed, sizeof(fixed)).ok()) return;
+    if (spin > absl::ZeroDuration()) conn.SpinUntilReadable(spin);
+    if (!conn.ReadFull(fixed, sizeof(fixed)).ok()) return;
     absl::StatusOr<FrameHeader> h =
         DecodeFrameHeader(absl::string_view(fixed, sizeof(fixed)), /*request=*/true);
-    const int new_segment = conn->TakeReceivedFd();
+    const int new_segment = conn.TakeReceivedFd();
     if (!h.ok()) {
       if (new_segment >= 0) close(new_segment);
-      (void)WriteError(*conn, 0, 0, h.status());
+      (void)WriteError(conn, 0, 0, h.status());
       return;
     }
     header.resize(h->header_bytes);
-    if (!conn->ReadFull(header.data(), header.size()).ok()) {
+    if (!conn.ReadFull(header.data(), header.size()).ok()) {
       if (new_segment >= 0) close(new_segment);
       return;
     }
@@ -981,7 +946,7 @@ void DataPortServer::Serve(std::unique_ptr<DataConn> conn, int id) {
       bad = absl::InvalidArgumentError("data port: HELLO twice");
     }
     if (!bad.ok()) {
-      (void)WriteError(*conn, h->op, h->request_id, bad);
+      (void)WriteError(conn, h->op, h->request_id, bad);
       return;
     }
     bool payload_read = h->payload_bytes == 0;
@@ -989,12 +954,12 @@ void DataPortServer::Serve(std::unique_ptr<DataConn> conn, int id) {
     request.op = static_cast<DataOp>(h->op);
     request.header = header;
     request.payload_bytes = h->payload_bytes;
-    request.kind = conn->kind();
-    request.scope = &scope;
-    request.who = &who;
+    request.kind = conn.kind();
+    request.scope = &session.scope;
+    request.who = &session.who;
     request.deadline =
         h->arg == 0 ? absl::InfiniteFuture() : absl::Now() + absl::Milliseconds(h->arg);
-    DataConn* c = conn.get();
+    DataConn* c = &conn;
     request.cancelled = [this, c] { return stopping_.load() || c->PeerClosed(); };
     request.read_payload = [&]() -> absl::StatusOr<absl::string_view> {
       if (payload_read) {
@@ -1007,7 +972,7 @@ void DataPortServer::Serve(std::unique_ptr<DataConn> conn, int id) {
         buffer.reset(new char[h->payload_bytes]);
         buffer_bytes = h->payload_bytes;
       }
-      DT_RETURN_IF_ERROR(conn->ReadFull(buffer.get(), h->payload_bytes));
+      DT_RETURN_IF_ERROR(conn.ReadFull(buffer.get(), h->payload_bytes));
       return absl::string_view(buffer.get(), h->payload_bytes);
     };
     std::shared_ptr<DataResponder> deferred;
@@ -1025,7 +990,6 @@ void DataPortServer::Serve(std::unique_ptr<DataConn> conn, int id) {
     if (wake_fd >= 0) {
       request.defer = [&]() -> std::shared_ptr<DataResponder> {
         DT_CHECK(deferred == nullptr) << "data port: a request deferred twice";
-        DataConn* c = conn.get();
         const Segment* seg = &segment;
         const uint16_t op = h->op;
         const uint64_t id = h->request_id;
@@ -1044,17 +1008,17 @@ void DataPortServer::Serve(std::unique_ptr<DataConn> conn, int id) {
         status = absl::InternalError("data port: the handler deferred a request it did not read");
       }
       if (!status.ok()) deferred->Answer(status, DataReply());
-      if (!AwaitAnswer(*deferred, *conn, h->op, h->request_id)) return;
+      if (!AwaitAnswer(*deferred, conn, h->op, h->request_id)) return;
       spin = absl::ZeroDuration();
       continue;
     }
     if (!status.ok()) {
-      if (!WriteError(*conn, h->op, h->request_id, status).ok()) return;
+      if (!WriteError(conn, h->op, h->request_id, status).ok()) return;
       if (!payload_read && !in_segment) return;  // the stream is out of step
       continue;
     }
     if (!payload_read && !in_segment) {
-      (void)WriteError(*conn, h->op, h->request_id,
+      (void)WriteError(conn, h->op, h->request_id,
                        absl::InternalError("data port: the handler left the payload unread"));
       return;
     }
@@ -1062,7 +1026,7 @@ void DataPortServer::Serve(std::unique_ptr<DataConn> conn, int id) {
       spin = absl::ZeroDuration();
       continue;
     }
-    if (!WriteReply(*conn, segment, h->op, h->request_id, absl::OkStatus(), reply).ok()) return;
+    if (!WriteReply(conn, segment, h->op, h->request_id, absl::OkStatus(), reply).ok()) return;
     spin = h->op == static_cast<uint16_t>(DataOp::kReplicate) ? options_.replicate_spin
                                                               : absl::ZeroDuration();
   }
@@ -1070,7 +1034,7 @@ void DataPortServer::Serve(std::unique_ptr<DataConn> conn, int id) {
 
 bool DataPortServer::AwaitAnswer(DataResponder& r, DataConn& conn, uint16_t op,
                                  uint64_t request_id) {
-  const int fd = static_cast<FdConn&>(conn).fd();
+  const int fd = conn.fd();
   for (;;) {
     absl::Time at;
     bool buffered;
@@ -1229,7 +1193,7 @@ void DataPortServer::ServeAnswers(DataConn& conn, uint64_t token) {
   // The client sends nothing more: readable means it closed its end (or
   // broke the protocol); either ends the connection. Not read here, so no
   // read runs alongside Answer's writes (TLS shares one state for both).
-  const int fd = static_cast<FdConn&>(conn).fd();
+  const int fd = conn.fd();
   while (!stopping_) {
     pollfd p = {fd, POLLIN | POLLRDHUP, 0};
     const int n = poll(&p, 1, 1000);
@@ -1340,7 +1304,7 @@ absl::StatusOr<std::unique_ptr<DataConn>> DialDataConn(const DataPortAddress& ad
     SSL_set_tlsext_host_name(ssl, address.host.c_str());
   }
   DT_RETURN_IF_ERROR(conn->Connect());
-  ClearTimeouts(fd);
+  conn->SetIoTimeout(absl::InfiniteDuration());
   return std::unique_ptr<DataConn>(std::move(conn));
 }
 
@@ -1395,39 +1359,21 @@ void IdleDataConns::Put(std::unique_ptr<DataPortConnection> conn) {
   if (idle_.size() < capacity_) idle_.push_back({std::move(conn), absl::Now()});
 }
 
-DataPortConnection::~DataPortConnection() {
-  if (segment_ != nullptr) munmap(segment_, segment_bytes_);
-  if (segment_fd_ >= 0) close(segment_fd_);
-}
+DataPortConnection::~DataPortConnection() = default;
 
 absl::Status DataPortConnection::EnsureSegment(uint64_t bytes, int* pass_fd) {
   *pass_fd = -1;
-  if (bytes <= segment_bytes_ || bytes > static_cast<uint64_t>(kMaxSegmentBytes)) {
+  if (bytes <= segment_.size() || bytes > static_cast<uint64_t>(kMaxSegmentBytes)) {
     return absl::OkStatus();
   }
-  uint64_t size = std::max<uint64_t>(segment_bytes_, 1 << 20);
+  uint64_t size = std::max<uint64_t>(segment_.size(), 1 << 20);
   while (size < bytes) size *= 2;
   size = std::min<uint64_t>(size, kMaxSegmentBytes);
-  int fd = memfd_create("dtrain-kvstore-segment", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-  if (fd < 0) return absl::UnavailableError(Errno("data port: memfd_create"));
-  if (ftruncate(fd, static_cast<off_t>(size)) != 0 ||
-      fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_SEAL) != 0) {
-    std::string error = Errno("data port: sizing the segment");
-    close(fd);
-    return absl::UnavailableError(error);
-  }
-  void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  if (p == MAP_FAILED) {
-    std::string error = Errno("data port: mmap");
-    close(fd);
-    return absl::UnavailableError(error);
-  }
-  if (segment_ != nullptr) munmap(segment_, segment_bytes_);
-  if (segment_fd_ >= 0) close(segment_fd_);
-  segment_ = static_cast<char*>(p);
-  segment_bytes_ = size;
-  segment_fd_ = fd;
-  *pass_fd = fd;
+  absl::StatusOr<net::SharedMemory> segment =
+      net::SharedMemory::CreateSealed("dtrain-kvstore-segment", size);
+  if (!segment.ok()) return DataPortError(segment.status());
+  segment_ = std::move(*segment);
+  *pass_fd = segment_.fd();
   return absl::OkStatus();
 }
 
@@ -1452,8 +1398,8 @@ absl::Status DataPortConnection::Send(DataOp op, const std::string& header,
   int pass_fd = -1;
   if (conn_->kind() == DataConn::Kind::kUnix) {
     DT_RETURN_IF_ERROR(EnsureSegment(std::max(total, reply_bytes), &pass_fd));
-    if (total > 0 && total <= segment_bytes_) {
-      char* p = segment_;
+    if (total > 0 && total <= segment_.size()) {
+      char* p = segment_.data();
       for (absl::string_view piece : payload) {
         std::memcpy(p, piece.data(), piece.size());
         p += piece.size();
@@ -1478,7 +1424,7 @@ absl::StatusOr<std::string> DataPortConnection::ReceiveHeader() {
     const auto code = static_cast<absl::StatusCode>(reply_.arg);
     return absl::Status(code == absl::StatusCode::kOk ? absl::StatusCode::kUnknown : code, header);
   }
-  if ((reply_.flags & kPayloadInSegment) != 0 && reply_.payload_bytes > segment_bytes_) {
+  if ((reply_.flags & kPayloadInSegment) != 0 && reply_.payload_bytes > segment_.size()) {
     return absl::DataLossError("data port: reply payload larger than the segment");
   }
   return header;
@@ -1513,8 +1459,8 @@ absl::StatusOr<int> DataPortConnection::WaitEither(DataPortConnection& a, DataPo
   for (;;) {
     if (a.conn_->HasBuffered()) return 0;
     if (b.conn_->HasBuffered()) return 1;
-    pollfd fds[2] = {{static_cast<FdConn&>(*a.conn_).fd(), POLLIN | POLLRDHUP, 0},
-                     {static_cast<FdConn&>(*b.conn_).fd(), POLLIN | POLLRDHUP, 0}};
+    pollfd fds[2] = {{a.conn_->fd(), POLLIN | POLLRDHUP, 0},
+                     {b.conn_->fd(), POLLIN | POLLRDHUP, 0}};
     const absl::Duration left = deadline - absl::Now();
     if (left <= absl::ZeroDuration()) {
       return absl::DeadlineExceededError("data port: no answer in time");
@@ -1531,7 +1477,7 @@ absl::Status DataPortConnection::ReadPayload(char* dst, size_t n) {
     return absl::DataLossError("data port: reply payload shorter than its items");
   }
   if ((reply_.flags & kPayloadInSegment) != 0) {
-    std::memcpy(dst, segment_ + reply_read_, n);
+    std::memcpy(dst, segment_.data() + reply_read_, n);
   } else {
     DT_RETURN_IF_ERROR(conn_->ReadFull(dst, n));
   }

@@ -64,6 +64,7 @@
 #include "absl/types/optional.h"
 #include "libs/kvstore/data_port_frame.h"
 #include "libs/kvstore/job_limiter.h"
+#include "libs/net/shared_memory.h"
 #include "libs/security/identity.h"
 #include "libs/security/job_token.h"
 
@@ -131,6 +132,17 @@ class DataConn {
   // Whether bytes were read from the socket and not yet returned (the
   // read-ahead buffer, or TLS's): polling the descriptor misses them.
   virtual bool HasBuffered() const = 0;
+  // The socket, for waiting on it next to other descriptors (poll): check
+  // HasBuffered first. Still owned by the connection.
+  virtual int fd() const = 0;
+  // Blocking reads and writes give up after `timeout` (InfiniteDuration:
+  // never): for a handshake and the peer's first frame.
+  virtual void SetIoTimeout(absl::Duration timeout) = 0;
+  // Server side, once accepted: the transport's handshake and the identity
+  // it proves. TLS: the client's certificate, verified against the CA
+  // (UNAUTHENTICATED otherwise); TCP and Unix sockets: anonymous (the
+  // server checks a Unix peer's uid itself).
+  virtual absl::StatusOr<security::Identity> AcceptHandshake() = 0;
 };
 
 // ---------------------------------------------------------------------------
@@ -316,7 +328,26 @@ class DataPortServer {
  private:
   DataPortServer() = default;
   void AcceptLoop(int listen_fd, bool unix_socket) ABSL_NO_THREAD_SAFETY_ANALYSIS;
+  // A connection's thread: the handshake (Admit), its HELLO (Hello), then
+  // its requests (ServeRequests) or, for an answers connection, the wait
+  // for its end (ServeAnswers).
   void Serve(std::unique_ptr<DataConn> conn, int id);
+  // What a connection learned at its start: who the peer is, the job it
+  // is bound to, its segment.
+  struct Session;
+  // Gives the connection's place back (it no longer counts against
+  // max_connections): once it ends, or before a refusal is written.
+  void Release(int id);
+  // The transport's handshake and, for a Unix peer, its uid; the refusal
+  // written when there is one to write. False: the connection ends.
+  bool Admit(DataConn& conn, int id, Session* session);
+  // Reads and answers the HELLO (binding the job, mapping the segment,
+  // registering an answers connection). False: the connection ends.
+  bool Hello(DataConn& conn, int id, Session* session);
+  // Requests until the connection ends.
+  void ServeRequests(DataConn& conn, Session& session);
+  // Forgets an answers connection: nothing is written on it after this.
+  void Unregister(uint64_t token);
   // Waits for a deferred request's answer (see DataResponder); false when
   // the connection ends instead.
   bool AwaitAnswer(DataResponder& responder, DataConn& conn, uint16_t op, uint64_t request_id);
@@ -441,9 +472,7 @@ class DataPortConnection {
   uint64_t reply_read_ = 0;
   uint64_t answer_token_ = 0;
   // The shared-memory segment (Unix connections).
-  int segment_fd_ = -1;
-  char* segment_ = nullptr;
-  uint64_t segment_bytes_ = 0;
+  net::SharedMemory segment_;
 };
 
 // The idle connections to one server that later requests reuse (the

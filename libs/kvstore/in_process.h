@@ -14,7 +14,7 @@
 //   DT_RETURN_IF_ERROR(ps->Init({{"fc.weight", {10, 512}, DType::kF32, weights}}));
 //   Work bucket = ps->PushPullAsync({{"fc.weight", grad, weights}});
 //
-// What it shares with KVClient, so that code tested against one runs
+// What it shares with RemoteParameterServer, so that code tested against one runs
 // against the other (parameter_server_contract.h checks both):
 //   - placement: keys are placed on the shards by PlaceKey (placement.h),
 //     large keys sliced over all of them;
@@ -69,12 +69,12 @@ class ElasticThreadPool;
 class InProcessParameterServer;
 
 struct InProcessOptions {
-  // Stores the keys are placed on (like a KVClient's server list).
+  // Stores the keys are placed on (like a RemoteParameterServer's server list).
   int num_shards = 1;
   // Options of every Store; shard_index is set to the shard's index.
   StoreOptions store;
   PlacementOptions placement;
-  // Longest a pull waits for its round (KVClient: pull_timeout).
+  // Longest a pull waits for its round (RemoteParameterServer: pull_timeout).
   absl::Duration pull_timeout = absl::Minutes(5);
 };
 

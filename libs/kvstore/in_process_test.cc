@@ -85,7 +85,7 @@ TEST(InProcessKVStoreTest, BadOptionsAreInvalidArgument) {
   EXPECT_EQ(good->Connect("job", kMaxWorkers).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
-// Keys are placed as a KVClient places them: a large key has one slice on
+// Keys are placed as a RemoteParameterServer places them: a large key has one slice on
 // every shard; each shard's Store counts the worker's rounds.
 TEST(InProcessKVStoreTest, KeysArePlacedOnTheShards) {
   std::unique_ptr<InProcessKVStore> kvstore = MakeKVStore(2);

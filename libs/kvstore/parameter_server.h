@@ -1,6 +1,6 @@
 // ParameterServer: what a trainer needs from the kvstore, whatever carries it.
 //
-//   ParameterServer* ps = ...;   // a KVClient (gRPC, client.h) or an
+//   ParameterServer* ps = ...;   // a RemoteParameterServer (gRPC, client.h) or an
 //                                // InProcessParameterServer (in_process.h)
 //   DT_RETURN_IF_ERROR(ps->CreateJob(config));          // every worker may call it
 //   DT_RETURN_IF_ERROR(ps->Init({{"w", {256}, DType::kF32, initial}}));

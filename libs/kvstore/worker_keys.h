@@ -1,7 +1,7 @@
 // The keys one worker Init'ed, as that worker's side of a ParameterServer
 // keeps them: where each key's slices live, the last round the worker pushed
 // of each slice, and the latest operation on each key (operations on the same
-// keys run in the order they were issued). KVClient and
+// keys run in the order they were issued). RemoteParameterServer and
 // InProcessParameterServer both keep theirs in one.
 //
 //   WorkerKeys keys("worker 3");

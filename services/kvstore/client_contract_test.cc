@@ -72,7 +72,8 @@ class GrpcContractKVStore : public ContractKVStore {
     options.job = job;
     options.worker = worker;
     options.data_path = path_;
-    DT_ASSIGN_OR_RETURN(std::unique_ptr<KVClient> client, KVClient::Connect(options));
+    DT_ASSIGN_OR_RETURN(std::unique_ptr<RemoteParameterServer> client,
+                        RemoteParameterServer::Connect(options));
     return std::unique_ptr<ParameterServer>(std::move(client));
   }
 

@@ -43,12 +43,12 @@ struct Cluster {
     }
   }
 
-  std::unique_ptr<KVClient> Client(const std::string& job, int worker,
-                                   ClientOptions options = ClientOptions()) {
+  std::unique_ptr<RemoteParameterServer> Client(const std::string& job, int worker,
+                                                ClientOptions options = ClientOptions()) {
     options.servers = addresses;
     options.job = job;
     options.worker = worker;
-    auto c = KVClient::Connect(options);
+    auto c = RemoteParameterServer::Connect(options);
     EXPECT_TRUE(c.ok()) << c.status();
     return std::move(*c);
   }
@@ -896,7 +896,7 @@ TEST(KVClientTest, CompressedPushes) {
 TEST(KVClientTest, ClientSideErrors) {
   Cluster cluster(1);
   ClientOptions bad;
-  EXPECT_FALSE(KVClient::Connect(bad).ok());  // no servers
+  EXPECT_FALSE(RemoteParameterServer::Connect(bad).ok());  // no servers
   auto client = cluster.Client("j", 0);
   JobConfig other;
   other.job = "k";
@@ -940,7 +940,7 @@ TEST(KVClientTest, ARoundOfSmallKeysIsOneRequestToTheJobsHomeShard) {
     config.num_workers = 2;
     ClientOptions options;
     if (!colocate) options.placement.colocate_below_bytes = 0;
-    std::vector<std::unique_ptr<KVClient>> workers;
+    std::vector<std::unique_ptr<RemoteParameterServer>> workers;
     std::vector<KeySpec> specs;
     for (int k = 0; k < kKeys; ++k) {
       specs.push_back({absl::StrCat("layer", k, ".bias"), {kElements}, DType::kF32, nullptr});

@@ -135,7 +135,7 @@ class DataPortTest : public ::testing::Test {
     o.servers = {server_->local_address()};
     o.job = "a";
     o.token = Token("a");
-    auto client = KVClient::Connect(o);
+    auto client = RemoteParameterServer::Connect(o);
     ASSERT_TRUE(client.ok());
     JobConfig config;
     config.job = "a";
@@ -187,7 +187,7 @@ class DataPortTest : public ::testing::Test {
     o.job = "a";
     o.token = Token("a");
     o.data_path = path;
-    auto client = KVClient::Connect(o);
+    auto client = RemoteParameterServer::Connect(o);
     ASSERT_TRUE(client.ok());
     ASSERT_TRUE((*client)->Init({{"w", {4}}}).ok());
     ASSERT_TRUE((*client)->Resync().ok());
@@ -197,8 +197,9 @@ class DataPortTest : public ::testing::Test {
   }
 
   // A trainer's client of `job` (its token) on `path`.
-  std::unique_ptr<KVClient> Client(const std::string& job, DataPath path, int worker = 0,
-                                   absl::Duration pull_timeout = absl::Seconds(3)) {
+  std::unique_ptr<RemoteParameterServer> Client(const std::string& job, DataPath path,
+                                                int worker = 0,
+                                                absl::Duration pull_timeout = absl::Seconds(3)) {
     ClientOptions o;
     o.worker = worker;
     o.servers = {server_->local_address()};
@@ -206,7 +207,7 @@ class DataPortTest : public ::testing::Test {
     o.token = Token(job);
     o.data_path = path;
     o.pull_timeout = pull_timeout;
-    auto client = KVClient::Connect(o);
+    auto client = RemoteParameterServer::Connect(o);
     EXPECT_TRUE(client.ok()) << client.status();
     return client.ok() ? std::move(*client) : nullptr;
   }
@@ -688,7 +689,7 @@ class ParkedPullTest : public DataPortTest {
   // One round of key "w": worker 0 push-pulls g0 into out0 on a thread of
   // its own, worker 1 g1 into out1 100 ms later. Both must succeed; returns
   // how long worker 0's answer came after worker 1 pushed.
-  static absl::Duration LastPushLate(std::vector<std::unique_ptr<KVClient>>& w,
+  static absl::Duration LastPushLate(std::vector<std::unique_ptr<RemoteParameterServer>>& w,
                                      std::vector<float>& g0, std::vector<float>& g1,
                                      std::vector<float>* out0, std::vector<float>* out1) {
     absl::Status s0;
@@ -708,15 +709,16 @@ class ParkedPullTest : public DataPortTest {
 
   // Job `job` of `workers` workers with key "w" (4 floats), and its
   // clients on `path` (pulls waiting up to `pull_timeout`).
-  std::vector<std::unique_ptr<KVClient>> Job(const std::string& job, int workers, DataPath path,
-                                             absl::Duration pull_timeout = absl::Seconds(10)) {
+  std::vector<std::unique_ptr<RemoteParameterServer>> Job(
+      const std::string& job, int workers, DataPath path,
+      absl::Duration pull_timeout = absl::Seconds(10)) {
     return Job(job, std::vector<DataPath>(workers, path), pull_timeout);
   }
   // The same, worker w's client on paths[w].
-  std::vector<std::unique_ptr<KVClient>> Job(const std::string& job,
-                                             const std::vector<DataPath>& paths,
-                                             absl::Duration pull_timeout = absl::Seconds(10)) {
-    std::vector<std::unique_ptr<KVClient>> clients;
+  std::vector<std::unique_ptr<RemoteParameterServer>> Job(
+      const std::string& job, const std::vector<DataPath>& paths,
+      absl::Duration pull_timeout = absl::Seconds(10)) {
+    std::vector<std::unique_ptr<RemoteParameterServer>> clients;
     for (size_t w = 0; w < paths.size(); ++w) {
       clients.push_back(Client(job, paths[w], static_cast<int>(w), pull_timeout));
       if (clients.back() == nullptr) return {};
@@ -736,7 +738,7 @@ TEST_F(ParkedPullTest, TheRoundsLastPushAnswersThePullsThatWaitForIt) {
   int n = 0;
   for (DataPath path : {DataPath::kAuto, DataPath::kTcp}) {
     SCOPED_TRACE(path == DataPath::kAuto ? "unix" : "tls");
-    std::vector<std::unique_ptr<KVClient>> w = Job(absl::StrCat("p", n++), 2, path);
+    std::vector<std::unique_ptr<RemoteParameterServer>> w = Job(absl::StrCat("p", n++), 2, path);
     ASSERT_EQ(w.size(), 2u);
     const double before = OkPushPulls();
     std::vector<float> g0 = {1, 2, 3, 4}, g1 = {10, 20, 30, 40}, out0(4, -1), out1(4, -1);
@@ -773,7 +775,7 @@ TEST_F(ParkedPullTest, TheRoundsLastPushAnswersThePullsThatWaitForIt) {
 // by the shard (naming the worker it waits for), not by the client giving
 // up; the shard then serves the next round.
 TEST_F(ParkedPullTest, APullWhoseRoundNeverCompletesIsAnsweredAtItsDeadline) {
-  std::vector<std::unique_ptr<KVClient>> w = Job("p", 2, DataPath::kAuto);
+  std::vector<std::unique_ptr<RemoteParameterServer>> w = Job("p", 2, DataPath::kAuto);
   ASSERT_EQ(w.size(), 2u);
   for (const DataPortAddress& where : {unix_, tcp_}) {
     SCOPED_TRACE(where.unix_socket.empty() ? "tls" : "unix");
@@ -799,7 +801,8 @@ TEST_F(ParkedPullTest, APullWhoseRoundNeverCompletesIsAnsweredAtItsDeadline) {
 // connection uses it), which answers no parked pulls itself: it wakes the
 // parked request's thread, which answers at once, not at the deadline.
 TEST_F(ParkedPullTest, ARoundCompletedOverGrpcAnswersAPullParkedOnTheDataPort) {
-  std::vector<std::unique_ptr<KVClient>> w = Job("p", {DataPath::kAuto, DataPath::kGrpc});
+  std::vector<std::unique_ptr<RemoteParameterServer>> w =
+      Job("p", {DataPath::kAuto, DataPath::kGrpc});
   ASSERT_EQ(w.size(), 2u);
   std::vector<float> g(4, 1.0f), out0(4), out1(4);
   absl::Duration wait = LastPushLate(w, g, g, &out0, &out1);  // worker 0's pull parks
@@ -814,7 +817,8 @@ TEST_F(ParkedPullTest, ARoundCompletedOverGrpcAnswersAPullParkedOnTheDataPort) {
 // can only wake a parked pull through that descriptor) still answers it at
 // once, not at its deadline.
 TEST_F(ParkedPullTest, WithoutADescriptorToWakeItAPullWaitsOnItsThread) {
-  std::vector<std::unique_ptr<KVClient>> w = Job("nofd", {DataPath::kAuto, DataPath::kGrpc});
+  std::vector<std::unique_ptr<RemoteParameterServer>> w =
+      Job("nofd", {DataPath::kAuto, DataPath::kGrpc});
   ASSERT_EQ(w.size(), 2u);
   std::vector<float> g(4, 1.0f), out0(4), out1(4);
   // Round 1 opens every connection; worker 0 pushes last, so nothing parks.
@@ -851,7 +855,7 @@ TEST_F(ParkedPullTest, WithoutADescriptorToWakeItAPullWaitsOnItsThread) {
 // connection; either way the shard goes on serving.
 TEST_F(ParkedPullTest, AFrameBeforeTheReplyOrAPeerThatLeavesEndsOnlyItsConnection) {
   // Workers 0 to 3 each push once (a round of 5 never completes).
-  std::vector<std::unique_ptr<KVClient>> w = Job("p", 5, DataPath::kAuto);
+  std::vector<std::unique_ptr<RemoteParameterServer>> w = Job("p", 5, DataPath::kAuto);
   ASSERT_EQ(w.size(), 5u);
   int worker = 0;
   for (bool leave : {false, true}) {
@@ -910,7 +914,7 @@ TEST_F(ParkedPullTest, AFrameBeforeTheReplyOrAPeerThatLeavesEndsOnlyItsConnectio
 // Shutdown ends a parked request's wait (the client sees the shard go) and
 // does not wait for its deadline.
 TEST_F(ParkedPullTest, ShutdownEndsAParkedPull) {
-  std::vector<std::unique_ptr<KVClient>> w = Job("p", 2, DataPath::kAuto);
+  std::vector<std::unique_ptr<RemoteParameterServer>> w = Job("p", 2, DataPath::kAuto);
   ASSERT_EQ(w.size(), 2u);
   std::vector<float> g(4, 1.0f), out(4);
   absl::Status s0;
@@ -943,8 +947,8 @@ class JobCapTest : public DataPortTest {
   // call of c is refused, job a is served, and c's calls are served again
   // once the pulls ended.
   void ExpectAJobAtItsCallCapIsRefusedAndOtherJobsAreServed() {
-    std::unique_ptr<KVClient> w0 = Client("c", DataPath::kGrpc, 0);
-    std::unique_ptr<KVClient> w1 = Client("c", DataPath::kGrpc, 1);
+    std::unique_ptr<RemoteParameterServer> w0 = Client("c", DataPath::kGrpc, 0);
+    std::unique_ptr<RemoteParameterServer> w1 = Client("c", DataPath::kGrpc, 1);
     ASSERT_TRUE(w0 && w1);
     JobConfig config;
     config.job = "c";
@@ -957,7 +961,7 @@ class JobCapTest : public DataPortTest {
     std::thread t0([&] { held[0] = w0->PushPull({{"w", g.data(), out0.data()}}); });
     std::thread t1([&] { held[1] = w1->PushPull({{"w", g.data(), out1.data()}}); });
     // A third call of c is refused once both pulls are in.
-    std::unique_ptr<KVClient> third = Client("c", DataPath::kGrpc);
+    std::unique_ptr<RemoteParameterServer> third = Client("c", DataPath::kGrpc);
     ASSERT_TRUE(third);
     absl::Status refused;
     for (absl::Time end = absl::Now() + absl::Seconds(2); absl::Now() < end;

@@ -164,8 +164,9 @@ class ReplicationTest : public ::testing::Test {
     return s.ok() ? std::move(*s) : nullptr;
   }
 
-  std::unique_ptr<KVClient> Client(const std::vector<std::string>& servers, int replicas,
-                                   int worker, CompressionSpec compression = {}) const {
+  std::unique_ptr<RemoteParameterServer> Client(const std::vector<std::string>& servers,
+                                                int replicas, int worker,
+                                                CompressionSpec compression = {}) const {
     ClientOptions o;
     o.data_path = client_data_path_;
     o.compression = compression;
@@ -175,14 +176,14 @@ class ReplicationTest : public ::testing::Test {
     o.worker = worker;
     o.unavailable_timeout = absl::Seconds(20);
     o.answer_at_tail = answer_at_tail_;
-    auto c = KVClient::Connect(o);
+    auto c = RemoteParameterServer::Connect(o);
     EXPECT_TRUE(c.ok()) << c.status();
     return std::move(*c);
   }
 
   // Creates the job and keys through `clients`, then runs rounds
   // [first, last] of both workers' push-pulls, concurrently.
-  static void Setup(const std::vector<std::unique_ptr<KVClient>>& clients) {
+  static void Setup(const std::vector<std::unique_ptr<RemoteParameterServer>>& clients) {
     JobConfig c;
     c.job = "job";
     c.num_workers = 2;
@@ -206,8 +207,8 @@ class ReplicationTest : public ::testing::Test {
   // PushPull small enough that a worker's pull waits parked on the data
   // port, its push held for the round's batch); `late`: worker 1 sleeps
   // that long before each round's push (past the hold).
-  static void Rounds(const std::vector<std::unique_ptr<KVClient>>& clients, int first, int last,
-                     std::vector<std::vector<float>>* out, bool small_only = false,
+  static void Rounds(const std::vector<std::unique_ptr<RemoteParameterServer>>& clients, int first,
+                     int last, std::vector<std::vector<float>>* out, bool small_only = false,
                      absl::Duration late = absl::ZeroDuration()) {
     out->assign(4, {});
     std::vector<std::thread> threads;
@@ -237,7 +238,7 @@ class ReplicationTest : public ::testing::Test {
     o.job_ttl = absl::ZeroDuration();
     auto server = KVStoreServer::Start(o);
     EXPECT_TRUE(server.ok());
-    std::vector<std::unique_ptr<KVClient>> clients;
+    std::vector<std::unique_ptr<RemoteParameterServer>> clients;
     for (int w = 0; w < 2; ++w) {
       clients.push_back(Client({(*server)->local_address()}, 1, w, compression));
     }
@@ -266,13 +267,14 @@ class ReplicationTest : public ::testing::Test {
 
   // Two replicas of one shard in a chain, and two workers' clients
   // (compression `compression`) that set the job up.
-  std::vector<std::unique_ptr<KVClient>> StartChainOfTwo(const CompressionSpec& compression = {}) {
+  std::vector<std::unique_ptr<RemoteParameterServer>> StartChainOfTwo(
+      const CompressionSpec& compression = {}) {
     replicas_.push_back(StartReplica(0));
     replicas_.push_back(StartReplica(1));
     FormChain();
     const std::vector<std::string> servers = {replicas_[0]->local_address(),
                                               replicas_[1]->local_address()};
-    std::vector<std::unique_ptr<KVClient>> clients;
+    std::vector<std::unique_ptr<RemoteParameterServer>> clients;
     for (int w = 0; w < 2; ++w) clients.push_back(Client(servers, 2, w, compression));
     Setup(clients);
     return clients;
@@ -283,7 +285,7 @@ class ReplicationTest : public ::testing::Test {
   // pulled after each in `got` (as Rounds).
   void RunRoundsOnAChainOfTwo(int rounds, const CompressionSpec& compression,
                               std::vector<std::vector<float>>* got) {
-    std::vector<std::unique_ptr<KVClient>> clients = StartChainOfTwo(compression);
+    std::vector<std::unique_ptr<RemoteParameterServer>> clients = StartChainOfTwo(compression);
     Rounds(clients, 1, rounds, got);
   }
 
@@ -317,7 +319,7 @@ class ReplicationTest : public ::testing::Test {
 
   // Worker 0's client of job "job" on the chain, whose pulls give up
   // after `pull_timeout` on their first attempt; "small" Init'ed.
-  std::unique_ptr<KVClient> ImpatientWorker0(absl::Duration pull_timeout) {
+  std::unique_ptr<RemoteParameterServer> ImpatientWorker0(absl::Duration pull_timeout) {
     ClientOptions o;
     o.servers = {replicas_[0]->local_address(), replicas_[1]->local_address()};
     o.replicas = 2;
@@ -325,7 +327,7 @@ class ReplicationTest : public ::testing::Test {
     o.worker = 0;
     o.pull_timeout = pull_timeout;
     o.max_attempts = 1;
-    auto client = KVClient::Connect(o);
+    auto client = RemoteParameterServer::Connect(o);
     EXPECT_TRUE(client.ok()) << client.status();
     if (!client.ok()) return nullptr;
     EXPECT_TRUE((*client)->Init({{"small", {kSmall}}}).ok());
@@ -336,7 +338,7 @@ class ReplicationTest : public ::testing::Test {
   // A chain of two and its two workers (`*clients`) run 8 rounds of the
   // small key only, 4 on time and 4 with worker 1 late past the hold; the
   // values equal an unreplicated run's bit for bit, on both replicas.
-  void SmallRoundsBitForBit(std::vector<std::unique_ptr<KVClient>>* clients) {
+  void SmallRoundsBitForBit(std::vector<std::unique_ptr<RemoteParameterServer>>* clients) {
     const std::vector<std::vector<float>> ref = Reference(8, {}, /*small_only=*/true);
     *clients = StartChainOfTwo();
     std::vector<std::vector<float>> got;
@@ -396,7 +398,7 @@ TEST_F(ReplicationTest, ReplicatedValuesEqualAnUnreplicatedRunBitForBit) {
 // (Clients whose tail does not answer: answer_at_tail off.)
 TEST_F(ReplicationTest, ParkedPullsAndHeldPushesReplicateBitForBit) {
   answer_at_tail_ = false;
-  std::vector<std::unique_ptr<KVClient>> clients;
+  std::vector<std::unique_ptr<RemoteParameterServer>> clients;
   ASSERT_NO_FATAL_FAILURE(SmallRoundsBitForBit(&clients));
   EXPECT_EQ(TailAnswers(*replicas_[1], "ok"), 0);
   // Every push went down the chain: 2 Inits and 8 rounds of 2 workers (in
@@ -409,7 +411,7 @@ TEST_F(ReplicationTest, ParkedPullsAndHeldPushesReplicateBitForBit) {
 // equal an unreplicated run's bit for bit, and the head answered none of
 // the pulls. Large ones (over 64 KiB) are still answered by the head.
 TEST_F(ReplicationTest, TheTailAnswersSmallPushPullsBitForBit) {
-  std::vector<std::unique_ptr<KVClient>> clients;
+  std::vector<std::unique_ptr<RemoteParameterServer>> clients;
   ASSERT_NO_FATAL_FAILURE(SmallRoundsBitForBit(&clients));
   std::vector<std::vector<float>> got;
   EXPECT_EQ(TailAnswers(*replicas_[1], "ok", 2 * 8), 2 * 8);
@@ -424,12 +426,12 @@ TEST_F(ReplicationTest, TheTailAnswersSmallPushPullsBitForBit) {
 // hold ran out (well before the pull's deadline), and the parked pull ends
 // at its deadline.
 TEST_F(ReplicationTest, AHeldPushWhoseRoundNeverCompletesStillReachesTheTail) {
-  std::vector<std::unique_ptr<KVClient>> clients = StartChainOfTwo();
+  std::vector<std::unique_ptr<RemoteParameterServer>> clients = StartChainOfTwo();
   // Heartbeats (whose work on the chain would also send a held push) every
   // 10 s from the next one on: what sends it is the hold's end (2 ms).
   owner_.SetInterval(absl::Seconds(10));
   absl::SleepFor(absl::Milliseconds(150));
-  std::unique_ptr<KVClient> impatient = ImpatientWorker0(absl::Seconds(3));
+  std::unique_ptr<RemoteParameterServer> impatient = ImpatientWorker0(absl::Seconds(3));
   ASSERT_NE(impatient, nullptr);
   std::vector<float> g(kSmall, 1.0f), out(kSmall);
   absl::Status s;
@@ -457,8 +459,8 @@ TEST_F(ReplicationTest, AHeldPushWhoseRoundNeverCompletesStillReachesTheTail) {
 // later).
 TEST_F(ReplicationTest, WithoutAHoldARoundThatNeverCompletesIsAnsweredAtItsDeadline) {
   round_hold_ = absl::ZeroDuration();
-  std::vector<std::unique_ptr<KVClient>> clients = StartChainOfTwo();
-  std::unique_ptr<KVClient> impatient = ImpatientWorker0(absl::Seconds(1));
+  std::vector<std::unique_ptr<RemoteParameterServer>> clients = StartChainOfTwo();
+  std::unique_ptr<RemoteParameterServer> impatient = ImpatientWorker0(absl::Seconds(1));
   ASSERT_NE(impatient, nullptr);
   std::vector<float> g(kSmall, 1.0f), out(kSmall);
   const absl::Time start = absl::Now();
@@ -483,7 +485,7 @@ TEST_F(ReplicationTest, WithoutAHoldARoundThatNeverCompletesIsAnsweredAtItsDeadl
 TEST_F(ReplicationTest, CallbackDataOnAReplicatedShardServesTheSyncPath) {
   callback_data_ = true;
   client_data_path_ = DataPath::kGrpc;
-  std::vector<std::unique_ptr<KVClient>> clients = StartChainOfTwo();
+  std::vector<std::unique_ptr<RemoteParameterServer>> clients = StartChainOfTwo();
   std::vector<std::vector<float>> got(2, std::vector<float>(kSmall));
   std::vector<std::thread> threads;
   for (int w = 0; w < 2; ++w) {
@@ -517,7 +519,7 @@ TEST_F(ReplicationTest, TopKPushesReplicateBitForBit) {
 
 TEST_F(ReplicationTest, TheHeadDiesMidJobAndNoPushIsLostOrAppliedTwice) {
   const std::vector<std::vector<float>> ref = Reference(10);
-  std::vector<std::unique_ptr<KVClient>> clients = StartChainOfTwo();
+  std::vector<std::unique_ptr<RemoteParameterServer>> clients = StartChainOfTwo();
   std::vector<std::vector<float>> got;
   Rounds(clients, 1, 4, &got);
   // The head goes away mid-job; the owner notices and drops it from the
@@ -564,7 +566,7 @@ TEST_F(ReplicationTest, TheHeadDiesMidJobAndNoPushIsLostOrAppliedTwice) {
 TEST_F(ReplicationTest, AHeadThatDiesWithAParkedPullAndAHeldPushLosesNoPush) {
   round_hold_ = absl::Seconds(5);  // held until worker 1 pushes, 400 ms late
   const std::vector<std::vector<float>> ref = Reference(8, {}, /*small_only=*/true);
-  std::vector<std::unique_ptr<KVClient>> clients = StartChainOfTwo();
+  std::vector<std::unique_ptr<RemoteParameterServer>> clients = StartChainOfTwo();
   std::vector<std::vector<float>> got;
   Rounds(clients, 1, 4, &got, /*small_only=*/true);
   const int64_t forwarded = AwaitForwarded(2 * 2 + 2 * 4);
@@ -591,7 +593,7 @@ TEST_F(ReplicationTest, AHeadThatDiesWithAParkedPullAndAHeldPushLosesNoPush) {
 TEST_F(ReplicationTest, ATailThatDiesWhileAPullWaitsForItsAnswerLosesNoPush) {
   round_hold_ = absl::Seconds(5);  // held until worker 1 pushes, 400 ms late
   const std::vector<std::vector<float>> ref = Reference(8, {}, /*small_only=*/true);
-  std::vector<std::unique_ptr<KVClient>> clients = StartChainOfTwo();
+  std::vector<std::unique_ptr<RemoteParameterServer>> clients = StartChainOfTwo();
   std::vector<std::vector<float>> got;
   Rounds(clients, 1, 4, &got, /*small_only=*/true);
   EXPECT_EQ(TailAnswers(*replicas_[1], "ok", 2 * 4), 2 * 4);
@@ -613,7 +615,7 @@ TEST_F(ReplicationTest, ATailThatDiesWhileAPullWaitsForItsAnswerLosesNoPush) {
 // the address for its data port again, instead of failing a batch on them.
 TEST_F(ReplicationTest, ASuccessorRestartedAtTheSameAddressTakesTheStateOnTheFirstTry) {
   const std::vector<std::vector<float>> ref = Reference(4);
-  std::vector<std::unique_ptr<KVClient>> clients = StartChainOfTwo();
+  std::vector<std::unique_ptr<RemoteParameterServer>> clients = StartChainOfTwo();
   std::vector<std::vector<float>> got;
   Rounds(clients, 1, 2, &got);
   ASSERT_FALSE(HasFatalFailure());
@@ -653,7 +655,7 @@ TEST_F(ReplicationTest, ASuccessorRestartedAtTheSameAddressTakesTheStateOnTheFir
 }
 
 TEST_F(ReplicationTest, AHeadWaitingForADeadSuccessorStillShutsDownInTime) {
-  std::vector<std::unique_ptr<KVClient>> clients = StartChainOfTwo();
+  std::vector<std::unique_ptr<RemoteParameterServer>> clients = StartChainOfTwo();
   // The tail goes away and the map never changes (the owner says nothing):
   // the head's next write waits for the chain.
   replicas_[1].reset();

@@ -69,7 +69,7 @@ class Workers {
       o.worker = w;
       o.pull_timeout = absl::Seconds(20);
       o.max_attempts = 10;
-      auto c = KVClient::Connect(o);
+      auto c = RemoteParameterServer::Connect(o);
       EXPECT_TRUE(c.ok()) << c.status();
       clients_.push_back(std::move(*c));
     }
@@ -127,10 +127,10 @@ class Workers {
     return v;
   }
 
-  KVClient& client(int w) { return *clients_[w]; }
+  RemoteParameterServer& client(int w) { return *clients_[w]; }
 
  private:
-  std::vector<std::unique_ptr<KVClient>> clients_;
+  std::vector<std::unique_ptr<RemoteParameterServer>> clients_;
   std::vector<std::vector<float>> values_;
   std::vector<std::vector<std::vector<float>>> grads_;
 };

@@ -9,9 +9,12 @@
 //   DT_RETURN_IF_ERROR(server->Shutdown(absl::Seconds(10)));   // final snapshot
 //
 // The server is thin: the store (libs/kvstore/store.h) holds the state and
-// the rules; this layer reassembles chunked streams, converts messages,
-// and maps absl::Status to grpc::Status (libs/base/grpc_status.h). It
-// serves, on one port:
+// the rules, the shard handler (libs/kvstore/shard.h) every request's
+// logic (authorization, push, pull, replication, accounting) for gRPC and
+// the data port alike; the gRPC adapters (data_service.h and the control
+// service here) reassemble chunked streams, convert messages, and map
+// absl::Status to grpc::Status (libs/base/grpc_status.h). It serves, on
+// one port:
 //   dtrain.kvstore.v1.KVStore      jobs, Init, GetJob, Snapshot
 //   dtrain.kvstore.v1.KVStoreData  Push, Pull, PushPull and their unary forms
 //                                  (values zero-copy, libs/kvstore/wire.h)
@@ -67,6 +70,7 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "libs/kvstore/replicator.h"
+#include "libs/kvstore/shard.h"
 #include "libs/kvstore/snapshot.h"
 #include "libs/kvstore/store.h"
 
@@ -208,8 +212,8 @@ class KVStoreServer {
   // Null without a data port.
   DataPortServer* data_port_server() { return data_port_.get(); }
   Snapshotter& snapshotter() { return *snapshotter_; }
-
-  class Impl;
+  // The request logic behind both transports.
+  ShardHandler& shard() { return *shard_; }
 
  private:
   KVStoreServer() = default;
@@ -221,11 +225,11 @@ class KVStoreServer {
   std::unique_ptr<Snapshotter> snapshotter_;
   std::unique_ptr<ReplicaLink> link_;
   std::unique_ptr<Replicator> replicator_;
-  std::unique_ptr<Impl> impl_;
+  std::unique_ptr<ShardHandler> shard_;
   struct Services;
   std::unique_ptr<Services> services_;  // outlives rpc_
   std::unique_ptr<rpc::Server> rpc_;
-  std::unique_ptr<DataPortServer> data_port_;  // after impl_, its handler
+  std::unique_ptr<DataPortServer> data_port_;  // after shard_, its handler
   std::unique_ptr<MapHeartbeat> heartbeat_;    // after rpc_: peers dial us once it runs
   bool resumed_ = false;
   bool shut_down_ = false;

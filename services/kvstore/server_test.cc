@@ -130,7 +130,7 @@ TEST(KVStoreServerTest, MetricsCountPushesPullsRoundsAndHeldBytes) {
   client_options.servers = {(*server)->local_address()};
   client_options.data_path = DataPath::kGrpc;  // the gRPC handlers (data port: data_port_test)
   client_options.job = "m";
-  auto client = KVClient::Connect(client_options);
+  auto client = RemoteParameterServer::Connect(client_options);
   ASSERT_TRUE(client.ok());
   JobConfig config;
   config.job = "m";
@@ -196,14 +196,14 @@ int ThreadsHeldByWaitingPulls(bool callback_data, int waiting) {
   auto server = KVStoreServer::Start(options);
   EXPECT_TRUE(server.ok()) << server.status();
   if (!server.ok()) return -1;
-  std::vector<std::unique_ptr<KVClient>> clients;
+  std::vector<std::unique_ptr<RemoteParameterServer>> clients;
   for (int w = 0; w <= waiting; ++w) {
     ClientOptions o;
     o.servers = {(*server)->local_address()};
     o.data_path = DataPath::kGrpc;  // the gRPC handlers (data port: data_port_test)
     o.job = "t";
     o.worker = w;
-    auto c = KVClient::Connect(o);
+    auto c = RemoteParameterServer::Connect(o);
     EXPECT_TRUE(c.ok()) << c.status();
     if (!c.ok()) return -1;
     clients.push_back(std::move(*c));
@@ -274,7 +274,7 @@ TEST(KVStoreServerTest, CallbackDataPullDeadlineNamesMissingWorkers) {
   o.data_path = DataPath::kGrpc;  // the gRPC handlers (data port: data_port_test)
   o.job = "d";
   o.max_attempts = 1;
-  auto client = KVClient::Connect(o);
+  auto client = RemoteParameterServer::Connect(o);
   ASSERT_TRUE(client.ok()) << client.status();
   JobConfig config;
   config.job = "d";
@@ -328,11 +328,12 @@ TEST(KVStoreServerTest, CallbackDataKeepsTrainersToTheirTokensJob) {
     o.worker = worker;
     o.token = b_token;
     o.max_attempts = 1;
-    auto c = KVClient::Connect(o);
+    auto c = RemoteParameterServer::Connect(o);
     EXPECT_TRUE(c.ok()) << c.status();
     return c.ok() ? std::move(*c) : nullptr;
   };
-  std::unique_ptr<KVClient> b0 = connect("b", 0), b1 = connect("b", 1), a0 = connect("a", 0);
+  std::unique_ptr<RemoteParameterServer> b0 = connect("b", 0), b1 = connect("b", 1),
+                                         a0 = connect("a", 0);
   ASSERT_TRUE(b0 && b1 && a0);
   JobConfig config;
   config.job = "b";
@@ -400,7 +401,7 @@ TEST(KVStoreServerTest, ShutdownSnapshotsAndRestartResumes) {
   client_options.servers = {(*server)->local_address()};
   client_options.data_path = DataPath::kGrpc;  // the gRPC handlers (data port: data_port_test)
   client_options.job = "r";
-  auto client = KVClient::Connect(client_options);
+  auto client = RemoteParameterServer::Connect(client_options);
   ASSERT_TRUE(client.ok());
   JobConfig config;
   config.job = "r";
@@ -446,7 +447,7 @@ TEST(KVStoreServerTest, IdleJobsExpireFromMemoryMetricsAndSnapshots) {
     o.servers = {(*server)->local_address()};
     o.data_path = DataPath::kGrpc;  // the gRPC handlers (data port: data_port_test)
     o.job = job;
-    auto c = KVClient::Connect(o);
+    auto c = RemoteParameterServer::Connect(o);
     EXPECT_TRUE(c.ok()) << c.status();
     JobConfig config;
     config.job = job;
@@ -454,8 +455,8 @@ TEST(KVStoreServerTest, IdleJobsExpireFromMemoryMetricsAndSnapshots) {
     EXPECT_TRUE((*c)->Init({{"w", {16}, DType::kF32, nullptr}}).ok());
     return std::move(*c);
   };
-  std::unique_ptr<KVClient> orphan = connect("orphan");
-  std::unique_ptr<KVClient> busy = connect("busy");
+  std::unique_ptr<RemoteParameterServer> orphan = connect("orphan");
+  std::unique_ptr<RemoteParameterServer> busy = connect("busy");
   ASSERT_TRUE((*server)->snapshotter().SnapshotNow().ok());
   auto scrape = [&] {
     absl::StatusOr<std::string> text = metrics::Scrape((*server)->metrics_port());
