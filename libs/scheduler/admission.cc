@@ -43,7 +43,11 @@ CycleResult RunAdmissionCycle(QueueManager& m, const CycleOptions& options) {
         }
         if (blocked[q] == nullptr) {
           blocked[q] = &w;
-          if (options.now - w.submit_time >= options.reserve_after_seconds) return false;
+          // It reserves: waited long enough, or preempted for what is freed.
+          if (options.now - w.submit_time >= options.reserve_after_seconds ||
+              m.WaitingForVictims(w.id) > 0) {
+            return false;
+          }
         }
         return ++scanned < options.max_scan_per_queue;
       });

@@ -17,8 +17,9 @@
 //      cohort (QuotaState::Fits). A job that does not fit is skipped
 //      (best-effort FIFO: smaller jobs behind it may start), at most
 //      max_scan_per_queue per queue and pass, until the first blocked job
-//      has waited reserve_after_seconds: then its queue admits nothing
-//      behind it (it reserves) so a big gang is not starved by small ones.
+//      has waited reserve_after_seconds or waits for victims it preempted:
+//      then its queue admits nothing behind it (it reserves), so a big gang
+//      is not starved by small ones nor robbed of what its preemption frees.
 //   2. The offered jobs are taken in order: those within their queue's
 //      nominal quota first, then those that borrow by their queue's share
 //      after admission (fair_sharing.h, lowest first), then priority, then

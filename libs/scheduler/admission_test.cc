@@ -166,6 +166,33 @@ TEST(AdmissionTest, SmallJobsBackfillUntilABlockedGangHasWaitedLongEnough) {
   }
 }
 
+TEST(AdmissionTest, AJobWaitingForItsVictimsKeepsWhatTheyFree) {
+  const char* text =
+      "queues:\n  - name: q\n    quota: {trainers: 4}\n    users: [u]\n"
+      "preemption: {within_queue: lower_priority}\n";
+  QueueManager m(*ParseQueueConfig(text), Capacity(kUnlimited));
+  ASSERT_TRUE(m.AddPending(Job("low1", "q", "u", 2, 0)).ok());
+  ASSERT_TRUE(m.AddPending(Job("low2", "q", "u", 2, 1)).ok());
+  ASSERT_EQ(RunAdmissionCycle(m, CycleOptions()).admitted.size(), 2u);
+  ASSERT_TRUE(m.AddPending(Job("urgent", "q", "u", 4, 2, /*priority=*/5)).ok());
+  ASSERT_TRUE(m.AddPending(Job("small", "q", "u", 1, 3)).ok());
+  CycleOptions o;
+  o.now = 4;
+  CycleResult r = RunAdmissionCycle(m, o);
+  ASSERT_EQ(r.preemptions.size(), 1u);
+  ASSERT_EQ(r.preemptions[0].victims.size(), 2u);
+  // low2 drains first: its 2 trainers wait for urgent, small does not take one.
+  ASSERT_TRUE(m.Requeue("low2").ok());
+  o.now = 5;
+  r = RunAdmissionCycle(m, o);
+  EXPECT_TRUE(r.admitted.empty());
+  EXPECT_TRUE(r.preemptions.empty());
+  ASSERT_TRUE(m.Requeue("low1").ok());
+  o.now = 6;
+  r = RunAdmissionCycle(m, o);
+  EXPECT_EQ(Ids(r), (std::vector<std::string>{"urgent"}));
+}
+
 TEST(AdmissionTest, HigherPriorityIsAdmittedFirstAndPreemptsWithinTheQueue) {
   QueueManager m(*ParseQueueConfig(kExample), Capacity(kUnlimited));
   ASSERT_TRUE(m.AddPending(Job("old", "team-a", "alice", 2, 1)).ok());

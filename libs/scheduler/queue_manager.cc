@@ -321,6 +321,27 @@ std::map<std::string, Resources> QueueManager::UsageByQueue() const {
   return out;
 }
 
+std::vector<QueueSummary> QueueManager::Summaries() const {
+  std::vector<QueueSummary> out;
+  for (int q = 0; q < static_cast<int>(config_.queues.size()); ++q) {
+    const QueueSpec& spec = config_.queues[q];
+    QueueSummary s;
+    s.name = spec.name;
+    s.cohort = spec.cohort;
+    s.managed = spec.managed;
+    s.quota = spec.quota;
+    s.usage = quota_.usage(q);
+    for (int r = 0; r < kNumResources; ++r) {
+      if (spec.managed[r]) s.borrowed[r] = std::max<int64_t>(0, s.usage[r] - spec.quota[r]);
+      s.available[r] = std::max<int64_t>(0, quota_.Available(q, r));
+    }
+    s.pending = pending_count_[q];
+    s.admitted = static_cast<int>(admitted_[q].size());
+    out.push_back(std::move(s));
+  }
+  return out;
+}
+
 const Resources& QueueManager::UserUsage(int q, const std::string& user) const {
   static const Resources kNone;
   auto it = user_usage_[q].find(user);

@@ -25,6 +25,7 @@
 #ifndef DTRAIN_LIBS_SCHEDULER_QUEUE_MANAGER_H_
 #define DTRAIN_LIBS_SCHEDULER_QUEUE_MANAGER_H_
 
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -92,6 +93,19 @@ class QuotaState {
   Resources total_;
 };
 
+// One queue at a glance (what `trainctl queues` shows).
+struct QueueSummary {
+  std::string name;
+  std::string cohort;
+  std::array<bool, kNumResources> managed{};  // which resources quota limits
+  Resources quota;
+  Resources usage;      // by its admitted jobs (evicting ones too)
+  Resources borrowed;   // usage above quota, per resource
+  Resources available;  // what it could add now (QuotaState::Available)
+  int pending = 0;
+  int admitted = 0;
+};
+
 class QueueManager {
  public:
   // `capacity`: the cluster's resources (kUnlimited where unknown).
@@ -133,6 +147,8 @@ class QueueManager {
   // Admitted workloads of queue q, in no particular order.
   std::vector<const Workload*> AdmittedIn(int q) const;
   std::map<std::string, Resources> UsageByQueue() const;
+  // Every queue, in file order.
+  std::vector<QueueSummary> Summaries() const;
   const Resources& UserUsage(int q, const std::string& user) const;
 
   // Visits queue q's pending workloads in admission order until `visit`

@@ -86,6 +86,29 @@ TEST_F(QueueManagerTest, BorrowsWithinLimitsAndSaysWhyNot) {
   EXPECT_EQ(m_.UsageByQueue().at("team-a")[kTrainers], 2);
 }
 
+TEST_F(QueueManagerTest, SummariesShowQuotaUsageBorrowingAndCounts) {
+  AddAndAdmit(Job("a1", "team-a", "alice", 3));
+  ASSERT_TRUE(m_.AddPending(Job("a2", "team-a", "alice", 1)).ok());
+  ASSERT_TRUE(m_.AddPending(Job("b1", "team-b", "bob", 1)).ok());
+  const std::vector<QueueSummary> s = m_.Summaries();
+  ASSERT_EQ(s.size(), 3u);
+  EXPECT_EQ(s[0].name, "team-a");
+  EXPECT_EQ(s[0].cohort, "research");
+  EXPECT_EQ(s[0].quota[kTrainers], 2);
+  EXPECT_EQ(s[0].usage[kTrainers], 3);
+  EXPECT_EQ(s[0].borrowed[kTrainers], 1);
+  EXPECT_EQ(s[0].available[kTrainers], 0);  // at quota + borrowing limit
+  EXPECT_EQ(s[0].pending, 1);
+  EXPECT_EQ(s[0].admitted, 1);
+  EXPECT_EQ(s[1].borrowed[kTrainers], 0);
+  EXPECT_EQ(s[1].available[kTrainers], 1);  // its guaranteed one
+  EXPECT_EQ(s[1].pending, 1);
+  EXPECT_EQ(s[1].admitted, 0);
+  EXPECT_EQ(s[2].available[kTrainers], 1);
+  EXPECT_FALSE(s[2].managed[kCpuDevices]);
+  EXPECT_EQ(s[2].available[kCpuDevices], kUnlimited);
+}
+
 TEST_F(QueueManagerTest, ClusterCapacityBoundsEveryQueue) {
   Resources cap = Unlimited();
   cap[kTrainers] = 2;
