@@ -170,6 +170,18 @@ absl::StatusOr<JobStatus> Scheduler::Submit(JobSpec spec, const std::string& req
   }
   DT_RETURN_IF_ERROR(ValidateJobSpec(spec));
   ApplyDefaults(&spec);
+  if (options_.queues) {
+    DT_ASSIGN_OR_RETURN(const int q, options_.queues->Resolve(owner, {}, ""));
+    const QuotaState empty(&*options_.queues, Resources{{kUnlimited, kUnlimited, kUnlimited}});
+    std::string why;
+    if (!empty.Fits(q,
+                    GangResources(spec.num_trainers(), spec.devices_per_trainer(),
+                                  spec.device_kind() == "cuda"),
+                    &why)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("the job can never be admitted: ", why, "; ask for less"));
+    }
+  }
   absl::MutexLock lock(&mu_);
   if (!request_id.empty()) {
     auto seen = by_request_id_.find(request_id);
@@ -828,8 +840,19 @@ void Scheduler::Schedule() {
             [](const Trainer* a, const Trainer* b) { return a->order < b->order; });
   // Free trainers held for a higher job, with its id.
   std::map<const Trainer*, std::string> reserved;
+  std::optional<QuotaState> quota = QueueUsage();
   for (Job* job : queue) {
     const JobSpec& spec = job->status.spec();
+    const int q = quota ? QueueOf(job->status) : -1;
+    const Resources gang = GangResources(spec.num_trainers(), spec.devices_per_trainer(),
+                                         spec.device_kind() == "cuda");
+    if (std::string why; q >= 0 && !quota->Fits(q, gang, &why)) {
+      if (why != job->status.pending_reason()) {
+        job->status.set_pending_reason(why);
+        Touch(&job->status);
+      }
+      continue;  // over its queue's quota: it holds no trainers
+    }
     std::vector<Trainer*> fit;
     for (Trainer* t : free) {
       if (t->job_id.empty() && reserved.count(t) == 0 && Fits(*t, spec)) fit.push_back(t);
@@ -878,8 +901,28 @@ void Scheduler::Schedule() {
     Kv& kv = kv_[job->status.id()];
     kv = Kv();
     kv.attempt = job->status.attempts();
+    if (q >= 0) quota->Add(q, gang);
   }
   Grow(reserved);
+}
+
+int Scheduler::QueueOf(const JobStatus& status) const {
+  if (!options_.queues) return -1;
+  absl::StatusOr<int> q = options_.queues->Resolve(status.owner(), {}, "");
+  return q.ok() ? *q : -1;  // an owner no longer in the file: not limited
+}
+
+std::optional<QuotaState> Scheduler::QueueUsage() const {
+  if (!options_.queues) return std::nullopt;
+  QuotaState quota(&*options_.queues, Resources{{kUnlimited, kUnlimited, kUnlimited}});
+  for (const auto& [id, job] : jobs_) {
+    const int q = job.status.state() == v1::RUNNING ? QueueOf(job.status) : -1;
+    if (q < 0) continue;
+    const JobSpec& spec = job.status.spec();
+    quota.Add(q, GangResources(job.status.trainers_size(), spec.devices_per_trainer(),
+                               spec.device_kind() == "cuda"));
+  }
+  return quota;
 }
 
 std::string Scheduler::PendingReason(const Job& job, int free_fit,
@@ -1194,6 +1237,7 @@ bool Scheduler::Shrink(Job* job, const Trainer& lost, const std::string& why) {
 }
 
 void Scheduler::Grow(const std::map<const Trainer*, std::string>& reserved) {
+  std::optional<QuotaState> quota = QueueUsage();
   for (auto& [id, job] : jobs_) {
     const JobSpec& spec = job.status.spec();
     const int size = job.status.trainers_size();
@@ -1210,8 +1254,16 @@ void Scheduler::Grow(const std::map<const Trainer*, std::string>& reserved) {
     }
     if (!settled) continue;
     std::vector<Trainer*> joining;
+    const int q = quota ? QueueOf(job.status) : -1;
+    const Resources one =
+        GangResources(1, spec.devices_per_trainer(), spec.device_kind() == "cuda");
     for (auto& [tid, t] : trainers_) {
       if (static_cast<int>(joining.size()) + size >= spec.max_trainers()) break;
+      if (q >= 0 && !quota->Fits(q, GangResources(static_cast<int>(joining.size()) + 1,
+                                                  spec.devices_per_trainer(),
+                                                  spec.device_kind() == "cuda"))) {
+        break;  // its queue's quota
+      }
       if (t.job_id.empty() && !t.draining && t.last_heartbeat > t.placeable_after &&
           reserved.count(&t) == 0 && Fits(t, spec)) {
         joining.push_back(&t);
@@ -1237,6 +1289,7 @@ void Scheduler::Grow(const std::map<const Trainer*, std::string>& reserved) {
       LogRefusal(s);
       return;
     }
+    for (size_t i = 0; q >= 0 && i < joining.size(); ++i) quota->Add(q, one);
     job.recovery_note = absl::StrCat("grew to ", job.status.trainers_size(), " trainers (",
                                      absl::StrJoin(names, ", "), " joined)");
     job.recovery_trainer = names.front();

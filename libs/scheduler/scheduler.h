@@ -159,6 +159,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -169,6 +170,8 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "libs/scheduler/queue_config.h"
+#include "libs/scheduler/queue_manager.h"
 #include "libs/scheduler/straggler.h"
 #include "libs/scheduler/wal.h"
 #include "protos/scheduler.pb.h"
@@ -231,6 +234,15 @@ struct SchedulerOptions {
   absl::Duration job_token_lifetime = absl::Hours(30 * 24);
   // Straggler detection (see "Stragglers").
   StragglerOptions stragglers;
+  // Queues with quotas (docs/queues.md); nullopt: one queue, no quota. A
+  // job goes to its owner's default queue (Submit refuses an owner in no
+  // queue, or a gang its queue can never admit); it is placed only within
+  // its queue's quota or what its cohort lends (QuotaState, from the RUNNING
+  // jobs' current sizes), else its pending_reason names the queue, resource
+  // and numbers, and it reserves no trainers. Elastic growth stays within
+  // the quota too. Preemption and the order between users and queues
+  // (admission.h) are not wired in yet.
+  std::optional<QueueConfig> queues;
   // The clock; tests inject a fake one.
   std::function<absl::Time()> now = [] { return absl::Now(); };
 };
@@ -449,6 +461,10 @@ class Scheduler {
   // Elastic jobs below max_trainers whose membership is settled take free
   // trainers not `reserved` by queued jobs (a new generation; they join at a
   // step boundary).
+  // The queue of `status`'s owner (options_.queues), or -1.
+  int QueueOf(const JobStatus& status) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Queue usage of the RUNNING jobs; nullopt without queues.
+  std::optional<QuotaState> QueueUsage() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Grow(const std::map<const Trainer*, std::string>& reserved)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Whether `job` may change its membership in place at all.

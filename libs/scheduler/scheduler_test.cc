@@ -1647,6 +1647,84 @@ TEST_F(SchedulerTest, WithoutASpareOrWithSyncBatchNormTheAttemptIsRequeued) {
   }
 }
 
+// Queues (SchedulerOptions.queues, docs/queues.md): a job is placed only
+// within its owner's queue's quota or what the cohort lends; otherwise it
+// waits, with the quota that blocks it, on free trainers it does not hold.
+TEST_F(SchedulerTest, QueuesPlaceWithinQuotaAndBorrowFromTheCohort) {
+  absl::StatusOr<QueueConfig> queues = ParseQueueConfig(R"(queues:
+  - name: team-a
+    cohort: research
+    quota: {trainers: 1}
+    users: [alice]
+  - name: team-b
+    cohort: research
+    quota: {trainers: 1}
+    lending_limit: {trainers: 0}
+    users: [bob]
+  - name: team-c
+    cohort: research
+    quota: {trainers: 1}
+    users: [dave]
+  - name: batch
+    quota: {trainers: 1}
+    users: [carol]
+)");
+  ASSERT_TRUE(queues.ok()) << queues.status();
+  SchedulerOptions o = Options();
+  o.queues = *queues;
+  auto s = Open(std::move(o));
+  std::vector<std::string> trainers;
+  for (int i = 0; i < 6; ++i) {
+    trainers.push_back(AddTrainer(s.get()));
+    Beat(s.get(), trainers.back());
+  }
+  auto a1 = s->Submit(Spec("a1"), "", "alice");
+  auto a2 = s->Submit(Spec("a2"), "", "alice");
+  auto a3 = s->Submit(Spec("a3"), "", "alice");
+  ASSERT_TRUE(a1.ok() && a2.ok() && a3.ok());
+  EXPECT_EQ(s->Get(a1->id())->state(), v1::RUNNING);
+  EXPECT_EQ(s->Get(a2->id())->state(), v1::RUNNING);  // borrows team-c's idle trainer
+  EXPECT_EQ(s->Get(a3->id())->state(), v1::QUEUED);   // team-b lends nothing
+  EXPECT_EQ(s->Get(a3->id())->pending_reason(),
+            "queue team-a: trainers 2 in use + 1 requested > quota 1 + borrowable 1 (cohort "
+            "research: 2 of 2 shared in use)");
+  auto b1 = s->Submit(Spec("b1"), "", "bob");
+  auto c1 = s->Submit(Spec("c1"), "", "carol");
+  auto c2 = s->Submit(Spec("c2"), "", "carol");
+  auto d1 = s->Submit(Spec("d1"), "", "dave");
+  ASSERT_TRUE(b1.ok() && c1.ok() && c2.ok() && d1.ok());
+  EXPECT_EQ(s->Get(b1->id())->state(), v1::RUNNING);  // what team-b keeps for itself
+  EXPECT_EQ(s->Get(c1->id())->state(), v1::RUNNING);
+  EXPECT_EQ(s->Get(c2->id())->pending_reason(),
+            "queue batch: trainers 1 in use + 1 requested > quota 1");
+  // team-c's trainer is borrowed; reclaim is not wired into the scheduler.
+  const std::string d1_waits =
+      "queue team-c: trainers 0 in use + 1 requested is within quota 1, but other queues of "
+      "cohort research borrow 1 of it; reclaim is never";
+  EXPECT_EQ(s->Get(d1->id())->pending_reason(), d1_waits);
+  int free = 0;  // 2 trainers stay free: quota, not trainers, holds the jobs
+  for (const auto& t : s->ListTrainers()) free += t.job_ids().empty() ? 1 : 0;
+  EXPECT_EQ(free, 2);
+
+  // Refused at submission: a user in no queue, a gang its queue never admits.
+  auto stranger = s->Submit(Spec("x"), "", "mallory");
+  EXPECT_EQ(stranger.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(stranger.status().message(),
+            "user mallory is in no queue; ask an admin to add them to the queues file");
+  auto big = s->Submit(Spec("big", 3), "", "alice");
+  EXPECT_EQ(big.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(big.status().message(),
+            "the job can never be admitted: queue team-a: trainers 0 in use + 3 requested > quota "
+            "1 + borrowable 1 (cohort research: 0 of 2 shared in use); ask for less");
+
+  // a1 ends: between queues the order is still priority, then arrival, so
+  // team-a's a3 (older) borrows the freed share before team-c's d1.
+  const std::string t = s->Get(a1->id())->trainers(0);
+  ASSERT_TRUE(s->ReportProgress(Final(t, a1->id(), 0, v1::SUCCEEDED)).ok());
+  EXPECT_EQ(s->Get(a3->id())->state(), v1::RUNNING);
+  EXPECT_EQ(s->Get(d1->id())->pending_reason(), d1_waits);
+}
+
 }  // namespace
 }  // namespace scheduler
 }  // namespace dtrain
