@@ -13,6 +13,7 @@
 #include "absl/strings/str_join.h"
 #include "libs/base/logging.h"
 #include "libs/base/status.h"
+#include "libs/scheduler/preemptor.h"
 #include "libs/scheduler/spec.h"
 #include "libs/security/job_token.h"
 
@@ -108,7 +109,10 @@ absl::Status Scheduler::Commit(Job* job, JobStatus next) {
       Persist(next, absl::StrCat(next.id(), " is unchanged (the change to ",
                                  v1::JobState_Name(next.state()), " was not made)")));
   job->status = std::move(next);
-  if (job->status.state() != v1::RUNNING) kv_.erase(job->status.id());
+  if (job->status.state() != v1::RUNNING) {
+    kv_.erase(job->status.id());
+    job->preempting = false;
+  }
   MaybeCompact();
   return absl::OkStatus();
 }
@@ -454,7 +458,12 @@ absl::StatusOr<HeartbeatReply> Scheduler::Heartbeat(const HeartbeatRequest& requ
       }
     }
   }
-  if (t.draining && !t.job_id.empty() && t.delivered) reply.add_drain_job_ids(t.job_id);
+  if (!t.job_id.empty() && t.delivered) {
+    auto jt = jobs_.find(t.job_id);
+    if (t.draining || (jt != jobs_.end() && jt->second.preempting)) {
+      reply.add_drain_job_ids(t.job_id);
+    }
+  }
   for (std::string& c : t.cancels) reply.add_cancel_job_ids(std::move(c));
   t.cancels.clear();
   Schedule();
@@ -824,7 +833,21 @@ void Scheduler::Schedule() {
   for (auto& [id, job] : jobs_) {
     if (job.status.state() == v1::QUEUED) queue.push_back(&job);
   }
-  std::sort(queue.begin(), queue.end(), [](const Job* a, const Job* b) {
+  std::optional<QuotaState> quota = QueueUsage();
+  // With queues, jobs within their queue's quota go before jobs that would
+  // borrow (a queue's quota is its own before it is lent).
+  std::set<const Job*> within;
+  for (const Job* job : queue) {
+    const int q = quota ? QueueOf(job->status) : -1;
+    const JobSpec& spec = job->status.spec();
+    if (q >= 0 &&
+        quota->WithinNominal(q, GangResources(spec.num_trainers(), spec.devices_per_trainer(),
+                                              spec.device_kind() == "cuda"))) {
+      within.insert(job);
+    }
+  }
+  std::sort(queue.begin(), queue.end(), [&within](const Job* a, const Job* b) {
+    if (within.count(a) != within.count(b)) return within.count(a) > within.count(b);
     if (a->status.spec().priority() != b->status.spec().priority()) {
       return a->status.spec().priority() > b->status.spec().priority();
     }
@@ -840,13 +863,14 @@ void Scheduler::Schedule() {
             [](const Trainer* a, const Trainer* b) { return a->order < b->order; });
   // Free trainers held for a higher job, with its id.
   std::map<const Trainer*, std::string> reserved;
-  std::optional<QuotaState> quota = QueueUsage();
+  std::set<int> preempt_tried;  // queues whose first blocked job may preempt
   for (Job* job : queue) {
     const JobSpec& spec = job->status.spec();
     const int q = quota ? QueueOf(job->status) : -1;
     const Resources gang = GangResources(spec.num_trainers(), spec.devices_per_trainer(),
                                          spec.device_kind() == "cuda");
     if (std::string why; q >= 0 && !quota->Fits(q, gang, &why)) {
+      if (preempt_tried.insert(q).second) why = Preempt(job, q, why);
       if (why != job->status.pending_reason()) {
         job->status.set_pending_reason(why);
         Touch(&job->status);
@@ -910,6 +934,58 @@ int Scheduler::QueueOf(const JobStatus& status) const {
   if (!options_.queues) return -1;
   absl::StatusOr<int> q = options_.queues->Resolve(status.owner(), {}, "");
   return q.ok() ? *q : -1;  // an owner no longer in the file: not limited
+}
+
+std::string Scheduler::Preempt(Job* job, int q, const std::string& why) {
+  int waiting = 0;
+  for (const auto& [id, j] : jobs_) {
+    if (j.preempting && j.preempted_for == job->status.id()) ++waiting;
+  }
+  if (waiting > 0) {
+    return absl::StrCat(why, "; waiting for ", waiting, " preempted ",
+                        waiting == 1 ? "job" : "jobs", " to drain");
+  }
+  // The queues' view of the RUNNING jobs (whole jobs: a running job's
+  // shrink on demand is not built, so none counts as elastic here).
+  QueueManager m(*options_.queues, Resources{{kUnlimited, kUnlimited, kUnlimited}});
+  auto workload = [&](const Job& j, int queue, int trainers) {
+    Workload w;
+    w.id = j.status.id();
+    w.queue = options_.queues->queues[queue].name;
+    w.user = j.status.owner();
+    w.priority = j.status.spec().priority();
+    w.submit_time = static_cast<double>(j.seq);
+    w.trainers = trainers;
+    w.devices_per_trainer = j.status.spec().devices_per_trainer();
+    w.cuda = j.status.spec().device_kind() == "cuda";
+    return w;
+  };
+  for (const auto& [id, j] : jobs_) {
+    const int jq = j.status.state() == v1::RUNNING ? QueueOf(j.status) : -1;
+    if (jq < 0 || !m.AddPending(workload(j, jq, j.status.trainers_size())).ok()) continue;
+    (void)m.Admit(id, static_cast<double>(j.seq));  // newer placements go first
+    if (j.preempting) m.MarkEvicting(id, j.preempted_for);
+  }
+  const Workload w = workload(*job, q, job->status.spec().num_trainers());
+  if (!m.AddPending(w).ok()) return why;
+  const std::optional<PreemptionDecision> d = FindPreemption(m, w);
+  if (!d) return why;
+  for (const Victim& v : d->victims) {
+    Job& victim = jobs_[v.id];
+    JobStatus next = victim.status;
+    SetState(&next, v1::RUNNING, v.message);
+    if (absl::Status s = Commit(&victim, std::move(next)); !s.ok()) {
+      LogRefusal(s);
+      return why;
+    }
+    victim.preempting = true;
+    victim.preempted_for = job->status.id();
+    DT_LOG(INFO) << "job " << v.id << ": " << v.message;
+  }
+  JobStatus next = job->status;
+  SetState(&next, v1::QUEUED, d->message);
+  if (absl::Status s = Commit(job, std::move(next)); !s.ok()) LogRefusal(s);
+  return absl::StrCat(why, "; ", d->message);
 }
 
 std::optional<QuotaState> Scheduler::QueueUsage() const {

@@ -240,8 +240,14 @@ struct SchedulerOptions {
   // its queue's quota or what its cohort lends (QuotaState, from the RUNNING
   // jobs' current sizes), else its pending_reason names the queue, resource
   // and numbers, and it reserves no trainers. Elastic growth stays within
-  // the quota too. Preemption and the order between users and queues
-  // (admission.h) are not wired in yet.
+  // the quota too. The first such job of each queue may preempt
+  // (preemptor.h, whole jobs): each victim gets an event naming the
+  // preemptor's queue and rule and is drained like a draining trainer's job
+  // (checkpoint at a step, requeued, resumed there; counted in drains, not
+  // against max_attempts); the preemptor's event names the victims' queues.
+  // Jobs within their queue's quota are placed before jobs that would borrow;
+  // otherwise the order is as without queues (the order between users and
+  // the weighted shares of admission.h are not wired in yet).
   std::optional<QueueConfig> queues;
   // The clock; tests inject a fake one.
   std::function<absl::Time()> now = [] { return absl::Now(); };
@@ -382,6 +388,11 @@ class Scheduler {
     // A KVSTORE job with kvstore-held weights: the lost trainer's last
     // heartbeat, where its recovery's seconds count from.
     absl::Time lost_at = absl::InfinitePast();
+    // Chosen as a preemption victim (queues): its trainers are told to
+    // drain it; cleared once it leaves RUNNING. `preempted_for`: the job
+    // that waits for it.
+    bool preempting = false;
+    std::string preempted_for;
   };
   // One job attempt's rendezvous table.
   struct Kv {
@@ -465,6 +476,10 @@ class Scheduler {
   int QueueOf(const JobStatus& status) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Queue usage of the RUNNING jobs; nullopt without queues.
   std::optional<QuotaState> QueueUsage() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // For `job`, the first job of queue q that its quota blocks (`why`):
+  // starts the drains preemptor.h decides (events on both jobs) or says it
+  // waits for earlier ones; returns its pending reason.
+  std::string Preempt(Job* job, int q, const std::string& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Grow(const std::map<const Trainer*, std::string>& reserved)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Whether `job` may change its membership in place at all.
