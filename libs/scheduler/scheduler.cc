@@ -13,6 +13,7 @@
 #include "absl/strings/str_join.h"
 #include "libs/base/logging.h"
 #include "libs/base/status.h"
+#include "libs/scheduler/fair_sharing.h"
 #include "libs/scheduler/preemptor.h"
 #include "libs/scheduler/spec.h"
 #include "libs/security/job_token.h"
@@ -835,22 +836,37 @@ void Scheduler::Schedule() {
   }
   std::optional<QuotaState> quota = QueueUsage();
   // With queues, jobs within their queue's quota go before jobs that would
-  // borrow (a queue's quota is its own before it is lent).
+  // borrow (a queue's quota is its own before it is lent); at equal
+  // priority, the user with the smaller share of the queue (fair_sharing.h,
+  // from the RUNNING jobs) goes first.
   std::set<const Job*> within;
-  for (const Job* job : queue) {
-    const int q = quota ? QueueOf(job->status) : -1;
-    const JobSpec& spec = job->status.spec();
-    if (q >= 0 &&
-        quota->WithinNominal(q, GangResources(spec.num_trainers(), spec.devices_per_trainer(),
-                                              spec.device_kind() == "cuda"))) {
-      within.insert(job);
+  std::map<const Job*, double> user_share;
+  if (quota) {
+    std::map<std::pair<int, std::string>, Resources> user_usage;
+    for (const auto& [id, j] : jobs_) {
+      const int q = j.status.state() == v1::RUNNING ? QueueOf(j.status) : -1;
+      if (q < 0) continue;
+      const JobSpec& spec = j.status.spec();
+      user_usage[{q, j.status.owner()}] += GangResources(
+          j.status.trainers_size(), spec.devices_per_trainer(), spec.device_kind() == "cuda");
+    }
+    for (const Job* job : queue) {
+      const int q = QueueOf(job->status);
+      if (q < 0) continue;
+      const JobSpec& spec = job->status.spec();
+      if (quota->WithinNominal(q, GangResources(spec.num_trainers(), spec.devices_per_trainer(),
+                                                spec.device_kind() == "cuda"))) {
+        within.insert(job);
+      }
+      user_share[job] = UserShare(options_.queues->queues[q], user_usage[{q, job->status.owner()}]);
     }
   }
-  std::sort(queue.begin(), queue.end(), [&within](const Job* a, const Job* b) {
+  std::sort(queue.begin(), queue.end(), [&within, &user_share](const Job* a, const Job* b) {
     if (within.count(a) != within.count(b)) return within.count(a) > within.count(b);
     if (a->status.spec().priority() != b->status.spec().priority()) {
       return a->status.spec().priority() > b->status.spec().priority();
     }
+    if (user_share[a] != user_share[b]) return user_share[a] < user_share[b];
     return a->seq < b->seq;
   });
   std::vector<Trainer*> free;

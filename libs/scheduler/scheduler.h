@@ -245,9 +245,10 @@ struct SchedulerOptions {
   // preemptor's queue and rule and is drained like a draining trainer's job
   // (checkpoint at a step, requeued, resumed there; counted in drains, not
   // against max_attempts); the preemptor's event names the victims' queues.
-  // Jobs within their queue's quota are placed before jobs that would borrow;
-  // otherwise the order is as without queues (the order between users and
-  // the weighted shares of admission.h are not wired in yet).
+  // Jobs within their queue's quota are placed before jobs that would
+  // borrow, then by priority, then the owner's share of the queue
+  // (fair_sharing.h; smaller first), then arrival (the weighted shares
+  // between queues of admission.h are not wired in yet).
   std::optional<QueueConfig> queues;
   // The clock; tests inject a fake one.
   std::function<absl::Time()> now = [] { return absl::Now(); };

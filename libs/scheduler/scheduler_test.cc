@@ -1852,6 +1852,31 @@ TEST_F(SchedulerTest, QueuesHigherPriorityDrainsALowerOneOfItsQueue) {
   EXPECT_EQ(s->Get(low->id())->drains(), 1);
 }
 
+// Inside a queue, at equal priority, the user with the smaller share of it
+// goes first, whoever submitted first.
+TEST_F(SchedulerTest, QueuesOrderUsersOfAQueueByTheirShare) {
+  absl::StatusOr<QueueConfig> queues =
+      ParseQueueConfig("queues:\n  - name: q\n    quota: {trainers: 2}\n    users: [alice, bob]\n");
+  ASSERT_TRUE(queues.ok()) << queues.status();
+  SchedulerOptions o = Options();
+  o.queues = *queues;
+  auto s = Open(std::move(o));
+  const std::string t1 = AddTrainer(s.get()), t2 = AddTrainer(s.get());
+  Beat(s.get(), t1);
+  Beat(s.get(), t2);
+  auto a1 = s->Submit(Spec("a1"), "", "alice");
+  auto a2 = s->Submit(Spec("a2"), "", "alice");
+  auto a3 = s->Submit(Spec("a3"), "", "alice");
+  auto b1 = s->Submit(Spec("b1"), "", "bob");
+  ASSERT_TRUE(a1.ok() && a2.ok() && a3.ok() && b1.ok());
+  ASSERT_EQ(s->Get(a2->id())->state(), v1::RUNNING);
+  // a1 ends: bob (no share) goes before alice's older a3.
+  const std::string t = s->Get(a1->id())->trainers(0);
+  ASSERT_TRUE(s->ReportProgress(Final(t, a1->id(), 0, v1::SUCCEEDED)).ok());
+  EXPECT_EQ(s->Get(b1->id())->state(), v1::RUNNING);
+  EXPECT_EQ(s->Get(a3->id())->state(), v1::QUEUED);
+}
+
 }  // namespace
 }  // namespace scheduler
 }  // namespace dtrain
