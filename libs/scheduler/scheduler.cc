@@ -948,8 +948,11 @@ void Scheduler::Schedule() {
 
 int Scheduler::QueueOf(const JobStatus& status) const {
   if (!options_.queues) return -1;
+  auto cached = queue_of_owner_.find(status.owner());
+  if (cached != queue_of_owner_.end()) return cached->second;
   absl::StatusOr<int> q = options_.queues->Resolve(status.owner(), {}, "");
-  return q.ok() ? *q : -1;  // an owner no longer in the file: not limited
+  // An owner no longer in the file (a job from before it): not limited.
+  return queue_of_owner_[status.owner()] = q.ok() ? *q : -1;
 }
 
 std::string Scheduler::Preempt(Job* job, int q, const std::string& why) {

@@ -512,6 +512,8 @@ class Scheduler {
 
   const SchedulerOptions options_;
   mutable absl::Mutex mu_;
+  // QueueOf's answers (options_.queues never changes).
+  mutable std::map<std::string, int> queue_of_owner_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<Wal> wal_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, Job> jobs_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, std::string> by_request_id_ ABSL_GUARDED_BY(mu_);  // -> job id
