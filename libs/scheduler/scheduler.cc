@@ -110,6 +110,7 @@ absl::Status Scheduler::Commit(Job* job, JobStatus next) {
       Persist(next, absl::StrCat(next.id(), " is unchanged (the change to ",
                                  v1::JobState_Name(next.state()), " was not made)")));
   job->status = std::move(next);
+  ++commits_;
   if (job->status.state() != v1::RUNNING) {
     kv_.erase(job->status.id());
     job->preempting = false;
@@ -964,6 +965,7 @@ std::string Scheduler::Preempt(Job* job, int q, const std::string& why) {
     return absl::StrCat(why, "; waiting for ", waiting, " preempted ",
                         waiting == 1 ? "job" : "jobs", " to drain");
   }
+  if (job->no_victims_at == commits_) return why;  // nothing changed since
   // The queues' view of the RUNNING jobs (whole jobs: a running job's
   // shrink on demand is not built, so none counts as elastic here).
   QueueManager m(*options_.queues, Resources{{kUnlimited, kUnlimited, kUnlimited}});
@@ -988,7 +990,10 @@ std::string Scheduler::Preempt(Job* job, int q, const std::string& why) {
   const Workload w = workload(*job, q, job->status.spec().num_trainers());
   if (!m.AddPending(w).ok()) return why;
   const std::optional<PreemptionDecision> d = FindPreemption(m, w);
-  if (!d) return why;
+  if (!d) {
+    job->no_victims_at = commits_;
+    return why;
+  }
   for (const Victim& v : d->victims) {
     Job& victim = jobs_[v.id];
     JobStatus next = victim.status;

@@ -394,6 +394,9 @@ class Scheduler {
     // that waits for it.
     bool preempting = false;
     std::string preempted_for;
+    // commits_ when this job last found no victims (Preempt tries again
+    // only after some job changed).
+    int64_t no_victims_at = -1;
   };
   // One job attempt's rendezvous table.
   struct Kv {
@@ -514,6 +517,7 @@ class Scheduler {
   mutable absl::Mutex mu_;
   // QueueOf's answers (options_.queues never changes).
   mutable std::map<std::string, int> queue_of_owner_ ABSL_GUARDED_BY(mu_);
+  int64_t commits_ ABSL_GUARDED_BY(mu_) = 0;  // job changes made (Commit)
   std::unique_ptr<Wal> wal_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, Job> jobs_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, std::string> by_request_id_ ABSL_GUARDED_BY(mu_);  // -> job id
