@@ -13,6 +13,8 @@
 #include "absl/strings/str_join.h"
 #include "libs/base/logging.h"
 #include "libs/base/status.h"
+#include "libs/scheduler/fair_sharing.h"
+#include "libs/scheduler/preemptor.h"
 #include "libs/scheduler/spec.h"
 #include "libs/security/job_token.h"
 
@@ -108,7 +110,11 @@ absl::Status Scheduler::Commit(Job* job, JobStatus next) {
       Persist(next, absl::StrCat(next.id(), " is unchanged (the change to ",
                                  v1::JobState_Name(next.state()), " was not made)")));
   job->status = std::move(next);
-  if (job->status.state() != v1::RUNNING) kv_.erase(job->status.id());
+  ++commits_;
+  if (job->status.state() != v1::RUNNING) {
+    kv_.erase(job->status.id());
+    job->preempting = false;
+  }
   MaybeCompact();
   return absl::OkStatus();
 }
@@ -170,6 +176,18 @@ absl::StatusOr<JobStatus> Scheduler::Submit(JobSpec spec, const std::string& req
   }
   DT_RETURN_IF_ERROR(ValidateJobSpec(spec));
   ApplyDefaults(&spec);
+  if (options_.queues) {
+    DT_ASSIGN_OR_RETURN(const int q, options_.queues->Resolve(owner, {}, ""));
+    const QuotaState empty(&*options_.queues, Resources{{kUnlimited, kUnlimited, kUnlimited}});
+    std::string why;
+    if (!empty.Fits(q,
+                    GangResources(spec.num_trainers(), spec.devices_per_trainer(),
+                                  spec.device_kind() == "cuda"),
+                    &why)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("the job can never be admitted: ", why, "; ask for less"));
+    }
+  }
   absl::MutexLock lock(&mu_);
   if (!request_id.empty()) {
     auto seen = by_request_id_.find(request_id);
@@ -442,7 +460,12 @@ absl::StatusOr<HeartbeatReply> Scheduler::Heartbeat(const HeartbeatRequest& requ
       }
     }
   }
-  if (t.draining && !t.job_id.empty() && t.delivered) reply.add_drain_job_ids(t.job_id);
+  if (!t.job_id.empty() && t.delivered) {
+    auto jt = jobs_.find(t.job_id);
+    if (t.draining || (jt != jobs_.end() && jt->second.preempting)) {
+      reply.add_drain_job_ids(t.job_id);
+    }
+  }
   for (std::string& c : t.cancels) reply.add_cancel_job_ids(std::move(c));
   t.cancels.clear();
   Schedule();
@@ -812,10 +835,39 @@ void Scheduler::Schedule() {
   for (auto& [id, job] : jobs_) {
     if (job.status.state() == v1::QUEUED) queue.push_back(&job);
   }
-  std::sort(queue.begin(), queue.end(), [](const Job* a, const Job* b) {
+  std::optional<QuotaState> quota = QueueUsage();
+  // With queues, jobs within their queue's quota go before jobs that would
+  // borrow (a queue's quota is its own before it is lent); at equal
+  // priority, the user with the smaller share of the queue (fair_sharing.h,
+  // from the RUNNING jobs) goes first.
+  std::set<const Job*> within;
+  std::map<const Job*, double> user_share;
+  if (quota) {
+    std::map<std::pair<int, std::string>, Resources> user_usage;
+    for (const auto& [id, j] : jobs_) {
+      const int q = j.status.state() == v1::RUNNING ? QueueOf(j.status) : -1;
+      if (q < 0) continue;
+      const JobSpec& spec = j.status.spec();
+      user_usage[{q, j.status.owner()}] += GangResources(
+          j.status.trainers_size(), spec.devices_per_trainer(), spec.device_kind() == "cuda");
+    }
+    for (const Job* job : queue) {
+      const int q = QueueOf(job->status);
+      if (q < 0) continue;
+      const JobSpec& spec = job->status.spec();
+      if (quota->WithinNominal(q, GangResources(spec.num_trainers(), spec.devices_per_trainer(),
+                                                spec.device_kind() == "cuda"))) {
+        within.insert(job);
+      }
+      user_share[job] = UserShare(options_.queues->queues[q], user_usage[{q, job->status.owner()}]);
+    }
+  }
+  std::sort(queue.begin(), queue.end(), [&within, &user_share](const Job* a, const Job* b) {
+    if (within.count(a) != within.count(b)) return within.count(a) > within.count(b);
     if (a->status.spec().priority() != b->status.spec().priority()) {
       return a->status.spec().priority() > b->status.spec().priority();
     }
+    if (user_share[a] != user_share[b]) return user_share[a] < user_share[b];
     return a->seq < b->seq;
   });
   std::vector<Trainer*> free;
@@ -828,8 +880,20 @@ void Scheduler::Schedule() {
             [](const Trainer* a, const Trainer* b) { return a->order < b->order; });
   // Free trainers held for a higher job, with its id.
   std::map<const Trainer*, std::string> reserved;
+  std::set<int> preempt_tried;  // queues whose first blocked job may preempt
   for (Job* job : queue) {
     const JobSpec& spec = job->status.spec();
+    const int q = quota ? QueueOf(job->status) : -1;
+    const Resources gang = GangResources(spec.num_trainers(), spec.devices_per_trainer(),
+                                         spec.device_kind() == "cuda");
+    if (std::string why; q >= 0 && !quota->Fits(q, gang, &why)) {
+      if (preempt_tried.insert(q).second) why = Preempt(job, q, why);
+      if (why != job->status.pending_reason()) {
+        job->status.set_pending_reason(why);
+        Touch(&job->status);
+      }
+      continue;  // over its queue's quota: it holds no trainers
+    }
     std::vector<Trainer*> fit;
     for (Trainer* t : free) {
       if (t->job_id.empty() && reserved.count(t) == 0 && Fits(*t, spec)) fit.push_back(t);
@@ -878,8 +942,87 @@ void Scheduler::Schedule() {
     Kv& kv = kv_[job->status.id()];
     kv = Kv();
     kv.attempt = job->status.attempts();
+    if (q >= 0) quota->Add(q, gang);
   }
   Grow(reserved);
+}
+
+int Scheduler::QueueOf(const JobStatus& status) const {
+  if (!options_.queues) return -1;
+  auto cached = queue_of_owner_.find(status.owner());
+  if (cached != queue_of_owner_.end()) return cached->second;
+  absl::StatusOr<int> q = options_.queues->Resolve(status.owner(), {}, "");
+  // An owner no longer in the file (a job from before it): not limited.
+  return queue_of_owner_[status.owner()] = q.ok() ? *q : -1;
+}
+
+std::string Scheduler::Preempt(Job* job, int q, const std::string& why) {
+  int waiting = 0;
+  for (const auto& [id, j] : jobs_) {
+    if (j.preempting && j.preempted_for == job->status.id()) ++waiting;
+  }
+  if (waiting > 0) {
+    return absl::StrCat(why, "; waiting for ", waiting, " preempted ",
+                        waiting == 1 ? "job" : "jobs", " to drain");
+  }
+  if (job->no_victims_at == commits_) return why;  // nothing changed since
+  // The queues' view of the RUNNING jobs (whole jobs: a running job's
+  // shrink on demand is not built, so none counts as elastic here).
+  QueueManager m(*options_.queues, Resources{{kUnlimited, kUnlimited, kUnlimited}});
+  auto workload = [&](const Job& j, int queue, int trainers) {
+    Workload w;
+    w.id = j.status.id();
+    w.queue = options_.queues->queues[queue].name;
+    w.user = j.status.owner();
+    w.priority = j.status.spec().priority();
+    w.submit_time = static_cast<double>(j.seq);
+    w.trainers = trainers;
+    w.devices_per_trainer = j.status.spec().devices_per_trainer();
+    w.cuda = j.status.spec().device_kind() == "cuda";
+    return w;
+  };
+  for (const auto& [id, j] : jobs_) {
+    const int jq = j.status.state() == v1::RUNNING ? QueueOf(j.status) : -1;
+    if (jq < 0 || !m.AddPending(workload(j, jq, j.status.trainers_size())).ok()) continue;
+    (void)m.Admit(id, static_cast<double>(j.seq));  // newer placements go first
+    if (j.preempting) m.MarkEvicting(id, j.preempted_for);
+  }
+  const Workload w = workload(*job, q, job->status.spec().num_trainers());
+  if (!m.AddPending(w).ok()) return why;
+  const std::optional<PreemptionDecision> d = FindPreemption(m, w);
+  if (!d) {
+    job->no_victims_at = commits_;
+    return why;
+  }
+  for (const Victim& v : d->victims) {
+    Job& victim = jobs_[v.id];
+    JobStatus next = victim.status;
+    SetState(&next, v1::RUNNING, v.message);
+    if (absl::Status s = Commit(&victim, std::move(next)); !s.ok()) {
+      LogRefusal(s);
+      return why;
+    }
+    victim.preempting = true;
+    victim.preempted_for = job->status.id();
+    DT_LOG(INFO) << "job " << v.id << ": " << v.message;
+  }
+  JobStatus next = job->status;
+  SetState(&next, v1::QUEUED, d->message);
+  if (absl::Status s = Commit(job, std::move(next)); !s.ok()) LogRefusal(s);
+  return absl::StrCat(why, "; ", d->message);
+}
+
+std::optional<QuotaState> Scheduler::QueueUsage() const {
+  if (!options_.queues) return std::nullopt;
+  QuotaState quota(&*options_.queues, Resources{{kUnlimited, kUnlimited, kUnlimited}});
+  for (const auto& [id, job] : jobs_) {
+    const int q = job.status.state() == v1::RUNNING ? QueueOf(job.status) : -1;
+    if (q < 0) continue;
+    const JobSpec& spec = job.status.spec();
+    quota.Add(q, GangResources(job.status.trainers_size(), spec.devices_per_trainer(),
+                               spec.device_kind() == "cuda"));
+  }
+  return quota;
 }
 
 std::string Scheduler::PendingReason(const Job& job, int free_fit,
@@ -1194,6 +1337,7 @@ bool Scheduler::Shrink(Job* job, const Trainer& lost, const std::string& why) {
 }
 
 void Scheduler::Grow(const std::map<const Trainer*, std::string>& reserved) {
+  std::optional<QuotaState> quota = QueueUsage();
   for (auto& [id, job] : jobs_) {
     const JobSpec& spec = job.status.spec();
     const int size = job.status.trainers_size();
@@ -1210,8 +1354,16 @@ void Scheduler::Grow(const std::map<const Trainer*, std::string>& reserved) {
     }
     if (!settled) continue;
     std::vector<Trainer*> joining;
+    const int q = quota ? QueueOf(job.status) : -1;
+    const Resources one =
+        GangResources(1, spec.devices_per_trainer(), spec.device_kind() == "cuda");
     for (auto& [tid, t] : trainers_) {
       if (static_cast<int>(joining.size()) + size >= spec.max_trainers()) break;
+      if (q >= 0 && !quota->Fits(q, GangResources(static_cast<int>(joining.size()) + 1,
+                                                  spec.devices_per_trainer(),
+                                                  spec.device_kind() == "cuda"))) {
+        break;  // its queue's quota
+      }
       if (t.job_id.empty() && !t.draining && t.last_heartbeat > t.placeable_after &&
           reserved.count(&t) == 0 && Fits(t, spec)) {
         joining.push_back(&t);
@@ -1237,6 +1389,7 @@ void Scheduler::Grow(const std::map<const Trainer*, std::string>& reserved) {
       LogRefusal(s);
       return;
     }
+    for (size_t i = 0; q >= 0 && i < joining.size(); ++i) quota->Add(q, one);
     job.recovery_note = absl::StrCat("grew to ", job.status.trainers_size(), " trainers (",
                                      absl::StrJoin(names, ", "), " joined)");
     job.recovery_trainer = names.front();

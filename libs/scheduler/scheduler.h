@@ -159,6 +159,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -169,6 +170,8 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "libs/scheduler/queue_config.h"
+#include "libs/scheduler/queue_manager.h"
 #include "libs/scheduler/straggler.h"
 #include "libs/scheduler/wal.h"
 #include "protos/scheduler.pb.h"
@@ -231,6 +234,22 @@ struct SchedulerOptions {
   absl::Duration job_token_lifetime = absl::Hours(30 * 24);
   // Straggler detection (see "Stragglers").
   StragglerOptions stragglers;
+  // Queues with quotas (docs/queues.md); nullopt: one queue, no quota. A
+  // job goes to its owner's default queue (Submit refuses an owner in no
+  // queue, or a gang its queue can never admit); it is placed only within
+  // its queue's quota or what its cohort lends (QuotaState, from the RUNNING
+  // jobs' current sizes), else its pending_reason names the queue, resource
+  // and numbers, and it reserves no trainers. Elastic growth stays within
+  // the quota too. The first such job of each queue may preempt
+  // (preemptor.h, whole jobs): each victim gets an event naming the
+  // preemptor's queue and rule and is drained like a draining trainer's job
+  // (checkpoint at a step, requeued, resumed there; counted in drains, not
+  // against max_attempts); the preemptor's event names the victims' queues.
+  // Jobs within their queue's quota are placed before jobs that would
+  // borrow, then by priority, then the owner's share of the queue
+  // (fair_sharing.h; smaller first), then arrival (the weighted shares
+  // between queues of admission.h are not wired in yet).
+  std::optional<QueueConfig> queues;
   // The clock; tests inject a fake one.
   std::function<absl::Time()> now = [] { return absl::Now(); };
 };
@@ -370,6 +389,14 @@ class Scheduler {
     // A KVSTORE job with kvstore-held weights: the lost trainer's last
     // heartbeat, where its recovery's seconds count from.
     absl::Time lost_at = absl::InfinitePast();
+    // Chosen as a preemption victim (queues): its trainers are told to
+    // drain it; cleared once it leaves RUNNING. `preempted_for`: the job
+    // that waits for it.
+    bool preempting = false;
+    std::string preempted_for;
+    // commits_ when this job last found no victims (Preempt tries again
+    // only after some job changed).
+    int64_t no_victims_at = -1;
   };
   // One job attempt's rendezvous table.
   struct Kv {
@@ -449,6 +476,14 @@ class Scheduler {
   // Elastic jobs below max_trainers whose membership is settled take free
   // trainers not `reserved` by queued jobs (a new generation; they join at a
   // step boundary).
+  // The queue of `status`'s owner (options_.queues), or -1.
+  int QueueOf(const JobStatus& status) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Queue usage of the RUNNING jobs; nullopt without queues.
+  std::optional<QuotaState> QueueUsage() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // For `job`, the first job of queue q that its quota blocks (`why`):
+  // starts the drains preemptor.h decides (events on both jobs) or says it
+  // waits for earlier ones; returns its pending reason.
+  std::string Preempt(Job* job, int q, const std::string& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Grow(const std::map<const Trainer*, std::string>& reserved)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Whether `job` may change its membership in place at all.
@@ -480,6 +515,9 @@ class Scheduler {
 
   const SchedulerOptions options_;
   mutable absl::Mutex mu_;
+  // QueueOf's answers (options_.queues never changes).
+  mutable std::map<std::string, int> queue_of_owner_ ABSL_GUARDED_BY(mu_);
+  int64_t commits_ ABSL_GUARDED_BY(mu_) = 0;  // job changes made (Commit)
   std::unique_ptr<Wal> wal_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, Job> jobs_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, std::string> by_request_id_ ABSL_GUARDED_BY(mu_);  // -> job id

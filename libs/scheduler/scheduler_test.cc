@@ -1647,6 +1647,236 @@ TEST_F(SchedulerTest, WithoutASpareOrWithSyncBatchNormTheAttemptIsRequeued) {
   }
 }
 
+// Queues (SchedulerOptions.queues, docs/queues.md): a job is placed only
+// within its owner's queue's quota or what the cohort lends; otherwise it
+// waits, with the quota that blocks it, on free trainers it does not hold.
+TEST_F(SchedulerTest, QueuesPlaceWithinQuotaAndBorrowFromTheCohort) {
+  absl::StatusOr<QueueConfig> queues = ParseQueueConfig(R"(queues:
+  - name: team-a
+    cohort: research
+    quota: {trainers: 1}
+    users: [alice]
+  - name: team-b
+    cohort: research
+    quota: {trainers: 1}
+    lending_limit: {trainers: 0}
+    users: [bob]
+  - name: team-c
+    cohort: research
+    quota: {trainers: 1}
+    users: [dave]
+  - name: batch
+    quota: {trainers: 1}
+    users: [carol]
+)");
+  ASSERT_TRUE(queues.ok()) << queues.status();
+  SchedulerOptions o = Options();
+  o.queues = *queues;
+  auto s = Open(std::move(o));
+  std::vector<std::string> trainers;
+  for (int i = 0; i < 6; ++i) {
+    trainers.push_back(AddTrainer(s.get()));
+    Beat(s.get(), trainers.back());
+  }
+  auto a1 = s->Submit(Spec("a1"), "", "alice");
+  auto a2 = s->Submit(Spec("a2"), "", "alice");
+  auto a3 = s->Submit(Spec("a3"), "", "alice");
+  ASSERT_TRUE(a1.ok() && a2.ok() && a3.ok());
+  EXPECT_EQ(s->Get(a1->id())->state(), v1::RUNNING);
+  EXPECT_EQ(s->Get(a2->id())->state(), v1::RUNNING);  // borrows team-c's idle trainer
+  EXPECT_EQ(s->Get(a3->id())->state(), v1::QUEUED);   // team-b lends nothing
+  EXPECT_EQ(s->Get(a3->id())->pending_reason(),
+            "queue team-a: trainers 2 in use + 1 requested > quota 1 + borrowable 1 (cohort "
+            "research: 2 of 2 shared in use)");
+  auto b1 = s->Submit(Spec("b1"), "", "bob");
+  auto c1 = s->Submit(Spec("c1"), "", "carol");
+  auto c2 = s->Submit(Spec("c2"), "", "carol");
+  auto d1 = s->Submit(Spec("d1"), "", "dave");
+  ASSERT_TRUE(b1.ok() && c1.ok() && c2.ok() && d1.ok());
+  EXPECT_EQ(s->Get(b1->id())->state(), v1::RUNNING);  // what team-b keeps for itself
+  EXPECT_EQ(s->Get(c1->id())->state(), v1::RUNNING);
+  EXPECT_EQ(s->Get(c2->id())->pending_reason(),
+            "queue batch: trainers 1 in use + 1 requested > quota 1");
+  // team-c's trainer is borrowed and its policy is never to reclaim.
+  const std::string d1_waits =
+      "queue team-c: trainers 0 in use + 1 requested is within quota 1, but other queues of "
+      "cohort research borrow 1 of it; reclaim is never";
+  EXPECT_EQ(s->Get(d1->id())->pending_reason(), d1_waits);
+  int free = 0;  // 2 trainers stay free: quota, not trainers, holds the jobs
+  for (const auto& t : s->ListTrainers()) free += t.job_ids().empty() ? 1 : 0;
+  EXPECT_EQ(free, 2);
+
+  // Refused at submission: a user in no queue, a gang its queue never admits.
+  auto stranger = s->Submit(Spec("x"), "", "mallory");
+  EXPECT_EQ(stranger.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(stranger.status().message(),
+            "user mallory is in no queue; ask an admin to add them to the queues file");
+  auto big = s->Submit(Spec("big", 3), "", "alice");
+  EXPECT_EQ(big.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(big.status().message(),
+            "the job can never be admitted: queue team-a: trainers 0 in use + 3 requested > quota "
+            "1 + borrowable 1 (cohort research: 0 of 2 shared in use); ask for less");
+
+  // a1 ends: team-c's d1, within its quota, goes before team-a's older a3,
+  // which would borrow.
+  const std::string t = s->Get(a1->id())->trainers(0);
+  ASSERT_TRUE(s->ReportProgress(Final(t, a1->id(), 0, v1::SUCCEEDED)).ok());
+  EXPECT_EQ(s->Get(d1->id())->state(), v1::RUNNING);
+  EXPECT_EQ(s->Get(a3->id())->state(), v1::QUEUED);
+  EXPECT_EQ(s->Get(a3->id())->pending_reason(),
+            "queue team-a: trainers 1 in use + 1 requested > quota 1 + borrowable 0 (cohort "
+            "research: 2 of 2 shared in use)");
+}
+
+// The issue's two teams: team-a borrows team-b's idle trainer; bob's job
+// reclaims it: team-a's newer job is told to drain (events on both name only
+// queues and the rule), its drained report requeues it at the drained step
+// (a drain, not an attempt) and bob's job is placed.
+TEST_F(SchedulerTest, QueuesReclaimBorrowedQuotaByDrainingTheBorrower) {
+  absl::StatusOr<QueueConfig> queues = ParseQueueConfig(R"(queues:
+  - name: team-a
+    cohort: research
+    quota: {trainers: 1}
+    borrowing_limit: {trainers: 1}
+    users: [alice]
+  - name: team-b
+    cohort: research
+    quota: {trainers: 1}
+    users: [bob]
+preemption:
+  within_queue: lower_priority
+  reclaim_within_cohort: any
+)");
+  ASSERT_TRUE(queues.ok()) << queues.status();
+  SchedulerOptions o = Options();
+  o.queues = *queues;
+  o.max_attempts = 1;  // a counted attempt would fail the drained job
+  auto s = Open(std::move(o));
+  const std::string t1 = AddTrainer(s.get()), t2 = AddTrainer(s.get());
+  Beat(s.get(), t1);
+  Beat(s.get(), t2);
+  auto a1 = s->Submit(Spec("a1"), "", "alice");
+  auto a2 = s->Submit(Spec("a2"), "", "alice");
+  ASSERT_TRUE(a1.ok() && a2.ok());
+  ASSERT_EQ(s->Get(a2->id())->state(), v1::RUNNING);  // borrowed
+  const std::string ta1 = s->Get(a1->id())->trainers(0), ta2 = s->Get(a2->id())->trainers(0);
+  ASSERT_EQ(Beat(s.get(), ta1, {a1->id()}).drain_job_ids_size(), 0);
+  ASSERT_EQ(Beat(s.get(), ta2, {a2->id()}).drain_job_ids_size(), 0);
+
+  auto b1 = s->Submit(Spec("b1"), "", "bob");
+  ASSERT_TRUE(b1.ok());
+  const std::string preempting =
+      "waiting for preemption: draining 1 job of queue team-a "
+      "(reclaim_within_cohort)";
+  EXPECT_EQ(s->Get(b1->id())->pending_reason(),
+            "queue team-b: trainers 0 in use + 1 requested is within quota 1, but other queues of "
+            "cohort research borrow 1 of it; reclaim is any; " +
+                preempting);
+  EXPECT_EQ(s->Get(b1->id())->events().rbegin()->reason(), preempting);
+  EXPECT_EQ(s->Get(a2->id())->events().rbegin()->reason(),
+            "preempted (drained at a step, back at the head of its queue) to reclaim quota for "
+            "queue team-b (reclaim_within_cohort: any; queue team-a borrows above its quota)");
+  // Only the borrowed job drains; asking again starts nothing new.
+  HeartbeatReply drain = Beat(s.get(), ta2, {a2->id()});
+  ASSERT_EQ(drain.drain_job_ids_size(), 1);
+  EXPECT_EQ(drain.drain_job_ids(0), a2->id());
+  EXPECT_EQ(Beat(s.get(), ta1, {a1->id()}).drain_job_ids_size(), 0);
+  EXPECT_EQ(s->Get(b1->id())->pending_reason(),
+            "queue team-b: trainers 0 in use + 1 requested is within quota 1, but other queues of "
+            "cohort research borrow 1 of it; reclaim is any; waiting for 1 preempted job to drain");
+
+  ProgressReport d = Final(ta2, a2->id(), 0, v1::FAILED);
+  d.set_epoch(1);
+  d.set_step(7);
+  d.set_retryable(true);
+  d.set_drained(true);
+  d.set_attempt(1);
+  d.set_reason("drained at epoch 2 step 7");
+  d.set_checkpoint_path("/ckpt/a2.ckpt");
+  d.set_checkpoint_epoch(1);
+  d.set_checkpoint_step(7);
+  ASSERT_TRUE(s->ReportProgress(d).ok());
+  auto st = s->Get(a2->id());
+  EXPECT_EQ(st->state(), v1::QUEUED);
+  EXPECT_EQ(st->drains(), 1);
+  EXPECT_EQ(st->checkpoint_step(), 7);
+  EXPECT_EQ(st->pending_reason(),
+            "queue team-a: trainers 1 in use + 1 requested > quota 1 + borrowable 0 (cohort "
+            "research: 2 of 2 shared in use)");
+  EXPECT_EQ(s->Get(b1->id())->state(), v1::RUNNING);
+  EXPECT_EQ(s->Get(b1->id())->trainers(0), ta2);
+
+  // b1 ends: a2 borrows again and resumes at the drained step.
+  ASSERT_TRUE(s->ReportProgress(Final(ta2, b1->id(), 0, v1::SUCCEEDED)).ok());
+  st = s->Get(a2->id());
+  EXPECT_EQ(st->state(), v1::RUNNING);
+  EXPECT_EQ(st->attempts(), 2);
+  EXPECT_EQ(st->checkpoint_step(), 7);
+}
+
+// Within one queue a higher-priority job drains a lower one (within_queue:
+// lower_priority); one of equal priority waits.
+TEST_F(SchedulerTest, QueuesHigherPriorityDrainsALowerOneOfItsQueue) {
+  absl::StatusOr<QueueConfig> queues = ParseQueueConfig(
+      "queues:\n  - name: q\n    quota: {trainers: 1}\n    users: [alice, bob]\n"
+      "preemption: {within_queue: lower_priority}\n");
+  ASSERT_TRUE(queues.ok()) << queues.status();
+  SchedulerOptions o = Options();
+  o.queues = *queues;
+  auto s = Open(std::move(o));
+  const std::string t = AddTrainer(s.get());
+  Beat(s.get(), t);
+  auto low = s->Submit(Spec("low", 1, 0), "", "alice");
+  ASSERT_TRUE(low.ok());
+  ASSERT_EQ(Beat(s.get(), t, {low->id()}).drain_job_ids_size(), 0);
+  auto same = s->Submit(Spec("same", 1, 0), "", "bob");
+  ASSERT_TRUE(same.ok());
+  EXPECT_EQ(Beat(s.get(), t, {low->id()}).drain_job_ids_size(), 0);
+  EXPECT_EQ(s->Get(same->id())->pending_reason(),
+            "queue q: trainers 1 in use + 1 requested > quota 1");
+  auto urgent = s->Submit(Spec("urgent", 1, 5), "", "bob");
+  ASSERT_TRUE(urgent.ok());
+  EXPECT_EQ(s->Get(low->id())->events().rbegin()->reason(),
+            "preempted (drained at a step, back at the head of its queue) for a job of priority 5 "
+            "in queue q (within_queue: lower_priority)");
+  EXPECT_EQ(s->Get(urgent->id())->events().rbegin()->reason(),
+            "waiting for preemption: draining 1 job of queue q (within_queue)");
+  ASSERT_EQ(Beat(s.get(), t, {low->id()}).drain_job_ids_size(), 1);
+  ProgressReport d = Final(t, low->id(), 0, v1::FAILED);
+  d.set_retryable(true);
+  d.set_drained(true);
+  d.set_attempt(1);
+  ASSERT_TRUE(s->ReportProgress(d).ok());
+  EXPECT_EQ(s->Get(urgent->id())->state(), v1::RUNNING);
+  EXPECT_EQ(s->Get(low->id())->state(), v1::QUEUED);
+  EXPECT_EQ(s->Get(low->id())->drains(), 1);
+}
+
+// Inside a queue, at equal priority, the user with the smaller share of it
+// goes first, whoever submitted first.
+TEST_F(SchedulerTest, QueuesOrderUsersOfAQueueByTheirShare) {
+  absl::StatusOr<QueueConfig> queues =
+      ParseQueueConfig("queues:\n  - name: q\n    quota: {trainers: 2}\n    users: [alice, bob]\n");
+  ASSERT_TRUE(queues.ok()) << queues.status();
+  SchedulerOptions o = Options();
+  o.queues = *queues;
+  auto s = Open(std::move(o));
+  const std::string t1 = AddTrainer(s.get()), t2 = AddTrainer(s.get());
+  Beat(s.get(), t1);
+  Beat(s.get(), t2);
+  auto a1 = s->Submit(Spec("a1"), "", "alice");
+  auto a2 = s->Submit(Spec("a2"), "", "alice");
+  auto a3 = s->Submit(Spec("a3"), "", "alice");
+  auto b1 = s->Submit(Spec("b1"), "", "bob");
+  ASSERT_TRUE(a1.ok() && a2.ok() && a3.ok() && b1.ok());
+  ASSERT_EQ(s->Get(a2->id())->state(), v1::RUNNING);
+  // a1 ends: bob (no share) goes before alice's older a3.
+  const std::string t = s->Get(a1->id())->trainers(0);
+  ASSERT_TRUE(s->ReportProgress(Final(t, a1->id(), 0, v1::SUCCEEDED)).ok());
+  EXPECT_EQ(s->Get(b1->id())->state(), v1::RUNNING);
+  EXPECT_EQ(s->Get(a3->id())->state(), v1::QUEUED);
+}
+
 }  // namespace
 }  // namespace scheduler
 }  // namespace dtrain

@@ -15,6 +15,8 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <fstream>
+#include <sstream>
 #include <string>
 
 #include "absl/flags/flag.h"
@@ -26,6 +28,7 @@
 #include "libs/base/signals.h"
 #include "libs/rpc/credential_flags.h"
 #include "libs/rpc/server.h"
+#include "libs/scheduler/queue_config.h"
 #include "libs/security/job_token.h"
 #include "services/scheduler/server.h"
 
@@ -57,6 +60,8 @@ ABSL_FLAG(std::string, cluster_secret_file, "",
 ABSL_FLAG(std::string, health_listen, "",
           "a plain-text port that serves only gRPC health checking (grpc.health.v1), for "
           "probes that cannot speak mutual TLS (the kubelet's); empty: none");
+ABSL_FLAG(std::string, queues, "",
+          "a queues file (docs/queues.md): quotas per queue; empty: one queue, no quota");
 ABSL_FLAG(std::string, port_file, "",
           "write the bound gRPC port here once serving (for scripts and tests)");
 
@@ -103,6 +108,25 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "scheduler_server: --finished_job_retention must be > 0, got %s\n",
                  absl::FormatDuration(options.finished_job_retention).c_str());
     return 2;
+  }
+
+  if (const std::string path = absl::GetFlag(FLAGS_queues); !path.empty()) {
+    std::ifstream in(path);
+    std::stringstream text;
+    text << in.rdbuf();
+    if (!in) {
+      std::fprintf(stderr, "scheduler_server: cannot read --queues=%s: %s\n", path.c_str(),
+                   std::strerror(errno));
+      return 2;
+    }
+    absl::StatusOr<dtrain::scheduler::QueueConfig> queues =
+        dtrain::scheduler::ParseQueueConfig(text.str());
+    if (!queues.ok()) {
+      std::fprintf(stderr, "scheduler_server: --queues=%s: %s\n", path.c_str(),
+                   std::string(queues.status().message()).c_str());
+      return 2;
+    }
+    options.queues = *std::move(queues);
   }
 
   const double kv_timeout_s = absl::GetFlag(FLAGS_kvstore_heartbeat_timeout_s);

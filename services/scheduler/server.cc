@@ -456,6 +456,7 @@ absl::StatusOr<std::unique_ptr<SchedulerServer>> SchedulerServer::Start(
   so.max_queued_jobs_per_user = options.max_queued_jobs_per_user;
   so.recover_in_place = options.recover_in_place;
   so.finished_job_retention = options.finished_job_retention;
+  so.queues = options.queues;
   so.job_token_secret = options.job_token_secret;
   so.heartbeat_interval =
       std::max(absl::Milliseconds(100), std::min(absl::Seconds(5), options.heartbeat_timeout / 4));

@@ -76,6 +76,8 @@ struct ServerOptions {
   bool recover_in_place = true;
   // How long finished jobs are kept (SchedulerOptions).
   absl::Duration finished_job_retention = absl::Hours(7 * 24);
+  // Queues with quotas (SchedulerOptions, docs/queues.md); nullopt: none.
+  std::optional<QueueConfig> queues;
   // The kvstore shard map (KvstoreMembershipOptions): how often replicas
   // heartbeat, when a silent one leaves its chain, and the startup grace
   // (negative: kvstore_heartbeat_timeout).
