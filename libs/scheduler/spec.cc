@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "libs/kvstore/types.h"
 
 namespace dtrain {
@@ -62,15 +63,23 @@ absl::Status ValidateJobSpec(const JobSpec& s) {
     return Bad("global_batch_size", absl::StrCat("must be divisible by num_trainers (", trainers,
                                                  "), got ", s.global_batch_size()));
   }
-  if (!(s.lr() > 0) || !std::isfinite(s.lr())) {
-    return Bad("lr", absl::StrCat("must be a finite number > 0, got ", s.lr()));
+  // The trainers compute in float32 (ops::SgdParams): the hyperparameters
+  // are checked as the float32 values they will use (lr 1e308 is finite as a
+  // double but infinite as a float; momentum 0.9999999999 rounds to 1).
+  const float lr = static_cast<float>(s.lr()), momentum = static_cast<float>(s.momentum()),
+              weight_decay = static_cast<float>(s.weight_decay());
+  if (!(s.lr() > 0) || !std::isnormal(lr) || lr > kMaxLr) {
+    return Bad("lr", absl::StrCat("must be in (0, ", kMaxLr, "] and a normal float32 number, got ",
+                                  s.lr()));
   }
-  if (!(s.momentum() >= 0 && s.momentum() < 1)) {
-    return Bad("momentum", absl::StrCat("must be in [0, 1), got ", s.momentum()));
+  if (!(s.momentum() >= 0 && momentum < 1)) {
+    return Bad("momentum",
+               absl::StrFormat("must be in [0, 1) as a float32 number, got %.17g (float32 %.9g)",
+                               s.momentum(), momentum));
   }
-  if (!(s.weight_decay() >= 0) || !std::isfinite(s.weight_decay())) {
-    return Bad("weight_decay",
-               absl::StrCat("must be a finite number >= 0, got ", s.weight_decay()));
+  if (!(s.weight_decay() >= 0) || !(weight_decay <= kMaxWeightDecay)) {
+    return Bad("weight_decay", absl::StrCat("must be in [0, ", kMaxWeightDecay,
+                                            "] as a float32 number, got ", s.weight_decay()));
   }
   if (!s.device_kind().empty() && s.device_kind() != "cpu" && s.device_kind() != "cuda") {
     return Bad("device_kind", absl::StrCat("must be cpu or cuda, got ", Quote(s.device_kind())));
