@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <functional>
@@ -15,6 +16,7 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "libs/autograd/functions.h"
 #include "libs/base/logging.h"
@@ -1061,7 +1063,11 @@ absl::Status Importer::AddNodeOrError(const pb::NodeProto& n, const Attrs& a) {
     }
     st.kind = StepKind::kBatchNorm;
     st.eps = eps;
-    st.momentum = static_cast<float>(1.0 - static_cast<double>(momentum));
+    // ONNX's momentum is PyTorch's 1 - momentum stored as a float (0.9f for
+    // 0.1); 6 significant digits give back what the exporter meant, so the
+    // running statistics update as the PyTorch (and built-in) layer's do.
+    st.momentum =
+        std::strtof(absl::StrFormat("%.6g", 1.0 - static_cast<double>(momentum)).c_str(), nullptr);
     st.in = {x->slot, in[1]->slot, in[2]->slot};
     st.bn = static_cast<int>(m_.bn_stats.size());
     m_.bn_stats.emplace_back(m_.buffers.at(n.input(3)), m_.buffers.at(n.input(4)));
@@ -1085,7 +1091,7 @@ absl::Status Importer::AddNodeOrError(const pb::NodeProto& n, const Attrs& a) {
     for (int64_t i = 1; i < r; ++i) rest *= x->shape[i];
     y = {x->shape[0], rest};
     st.kind = StepKind::kReshape;
-    st.per_sample = {rest};
+    st.per_sample = {-1};  // as autograd::Flatten: [N, -1]
     st.in = {x->slot};
   } else if (op == "Reshape") {
     DT_ASSIGN_OR_RETURN(Val * sv, Input(n, 1));

@@ -162,6 +162,27 @@ TEST(OnnxImport, ImportedLeNetHybridizesLikeTheBuiltin) {
   }
 }
 
+// "The same graph": the imported twins of the built-in models trace (what
+// hybridize and the FLOPs count see) to exactly the built-in models' graphs,
+// parameter names included.
+TEST(OnnxImport, ImportedTwinsTraceToTheBuiltinGraphs) {
+  for (const auto& [builtin, file] : std::vector<std::pair<std::string, std::string>>{
+           {"lenet", "lenet.onnx"}, {"resnet18", "resnet18.onnx"}}) {
+    SCOPED_TRACE(builtin);
+    auto ref = nn::MakeModel(builtin);
+    ASSERT_TRUE(ref.ok());
+    std::shared_ptr<OnnxModel> imported = Import(file);
+    ASSERT_NE(imported, nullptr);
+    for (bool training : {true, false}) {
+      auto a = graph::TraceModule(ref->get(), {2, 1, 28, 28}, training);
+      auto b = graph::TraceModule(imported.get(), {2, 1, 28, 28}, training);
+      ASSERT_TRUE(a.ok()) << a.status();
+      ASSERT_TRUE(b.ok()) << b.status();
+      EXPECT_EQ(b->ToString(), a->ToString());
+    }
+  }
+}
+
 TEST(OnnxImport, VggWithBatchNormAndDropoutTrains) {
   std::shared_ptr<OnnxModel> m = Import("vgg_bn.onnx");
   ASSERT_NE(m, nullptr);
