@@ -15,8 +15,9 @@
 // With --model_file=net.onnx the same run also trains the ONNX model imported
 // from that file (libs/onnx; e.g. the PyTorch export of --model's twin, made
 // by tests/reference/export_onnx.py) with the same settings and weights
-// initialized the same way, alternating --rounds blocks of steps between the
-// two (in ABBA order) so machine load hits both alike, and prints imported_* figures and
+// initialized the same way, in --rounds rounds that each build both models
+// afresh in alternating order and time a block of steps of each (ABBA), so
+// neither the order of construction nor machine load favors one, and prints imported_* figures and
 // imported_vs_builtin_ratio= (imported samples/s over built-in samples/s).
 #include <sys/resource.h>
 
@@ -56,7 +57,9 @@ ABSL_FLAG(std::string, devices, "",
 ABSL_FLAG(std::string, model_file, "",
           "also train this ONNX model (same input shape and classes as --model) in the same "
           "run and compare");
-ABSL_FLAG(int, rounds, 5, "with --model_file: alternate this many blocks of steps");
+ABSL_FLAG(int, rounds, 6,
+          "with --model_file: rounds, each building both models afresh (alternating which "
+          "first) and timing a block of steps of each");
 
 namespace {
 
@@ -199,43 +202,60 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "train_bench: %s\n", std::string(s.message()).c_str());
     return 2;
   };
-  absl::StatusOr<Contender> builtin =
-      MakeContender([&] { return nn::MakeModel(model_name); }, shape, classes, devices, seed, lr);
-  if (!builtin.ok()) return fail(builtin.status());
-  absl::StatusOr<Contender> imported;
-  if (!model_file.empty()) {
-    onnx::ImportOptions io;
-    io.input_shape = *sample;
-    io.num_classes = classes;
-    io.from_model = false;
-    imported = MakeContender(
-        [&]() -> absl::StatusOr<std::shared_ptr<nn::Module>> {
-          auto m = onnx::ImportModelFile(model_file, io);
-          if (!m.ok()) return m.status();
-          return std::shared_ptr<nn::Module>(*m);
-        },
-        shape, classes, devices, seed, lr);
-    if (!imported.ok()) return fail(imported.status());
-  }
-  auto t0 = std::chrono::steady_clock::now();
-  for (int i = 0; i < warmup; ++i) builtin->Step(i, xs, ys);
-  auto t1 = std::chrono::steady_clock::now();
-  double warm_s = std::chrono::duration<double>(t1 - t0).count();
-  if (imported.ok() && !model_file.empty()) {
-    for (int i = 0; i < warmup; ++i) imported->Step(i, xs, ys);
+  const ModelFactory make_builtin = [&] { return nn::MakeModel(model_name); };
+  onnx::ImportOptions io;
+  io.input_shape = *sample;
+  io.num_classes = classes;
+  io.from_model = false;
+  const ModelFactory make_imported = [&]() -> absl::StatusOr<std::shared_ptr<nn::Module>> {
+    auto m = onnx::ImportModelFile(model_file, io);
+    if (!m.ok()) return m.status();
+    return std::shared_ptr<nn::Module>(*m);
+  };
+  absl::StatusOr<Contender> builtin, imported;
+  double warm_s = 0, builtin_secs = 0, imported_secs = 0;
+  if (model_file.empty()) {
+    builtin = MakeContender(make_builtin, shape, classes, devices, seed, lr);
+    if (!builtin.ok()) return fail(builtin.status());
+    auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < warmup; ++i) builtin->Step(i, xs, ys);
+    warm_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    builtin->Time(0, steps, xs, ys);
+    builtin_secs = builtin->secs;
+  } else {
+    // Each round builds both models afresh, in alternating order, warms both
+    // up (untimed) and times its share of the steps in ABBA order. The order
+    // of construction matters on its own: with two identical built-in models
+    // (an A/A run) the one built second was 5% slower, and built first the
+    // imported LeNet came out 9% faster; alternating cancels that.
     const int rounds = std::max(1, absl::GetFlag(FLAGS_rounds));
     for (int r = 0; r < rounds; ++r) {
+      builtin = absl::StatusOr<Contender>();
+      imported = absl::StatusOr<Contender>();
+      const bool builtin_first = r % 2 == 0;
+      for (int k = 0; k < 2; ++k) {
+        if ((k == 0) == builtin_first) {
+          builtin = MakeContender(make_builtin, shape, classes, devices, seed, lr);
+          if (!builtin.ok()) return fail(builtin.status());
+        } else {
+          imported = MakeContender(make_imported, shape, classes, devices, seed, lr);
+          if (!imported.ok()) return fail(imported.status());
+        }
+      }
+      auto t0 = std::chrono::steady_clock::now();
+      for (int i = 0; i < warmup; ++i) builtin->Step(i, xs, ys);
+      warm_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      for (int i = 0; i < warmup; ++i) imported->Step(i, xs, ys);
       const int begin = steps * r / rounds, end = steps * (r + 1) / rounds;
-      // ABBA order: a trend in machine load hits both alike.
-      Contender& first = r % 2 == 0 ? *builtin : *imported;
-      Contender& second = r % 2 == 0 ? *imported : *builtin;
+      Contender& first = builtin_first ? *builtin : *imported;
+      Contender& second = builtin_first ? *imported : *builtin;
       first.Time(begin, end, xs, ys);
       second.Time(begin, end, xs, ys);
+      builtin_secs += builtin->secs;
+      imported_secs += imported->secs;
     }
-  } else {
-    builtin->Time(0, steps, xs, ys);
   }
-  const double secs = builtin->secs;
+  const double secs = builtin_secs;
   AllocatorStats stats = (*GetAllocator(Device::Cpu()))->stats();
   std::printf("framework=dtrain model=%s batch_size=%lld threads=%d devices=%s hybridize=%d\n",
               model_name.c_str(), static_cast<long long>(batch), absl::GetFlag(FLAGS_threads),
@@ -264,11 +284,11 @@ int main(int argc, char** argv) {
   }
   std::printf("samples_per_second=%.1f\n", sps);
   if (!model_file.empty()) {
-    const double isps = batch * steps / imported->secs;
+    const double isps = batch * steps / imported_secs;
     std::printf("imported_model_file=%s imported_params=%lld\n", model_file.c_str(),
                 static_cast<long long>(imported->model->NumParameters()));
     std::printf("imported_seconds=%.3f imported_ms_per_step=%.3f imported_last_loss=%.4f\n",
-                imported->secs, 1000 * imported->secs / steps, imported->last_loss);
+                imported_secs, 1000 * imported_secs / steps, imported->last_loss);
     // FLOPs counted from the imported model's own traced graph.
     absl::StatusOr<graph::TrainingFlops> iflops =
         ModuleFlopsPerSample(imported->model.get(), *sample);
