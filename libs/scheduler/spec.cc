@@ -10,12 +10,6 @@ namespace dtrain {
 namespace scheduler {
 namespace {
 
-// Beyond these SGD diverges at once whatever the model: a learning rate of
-// 100 already is one no recipe uses; weight decay multiplies the weights by
-// (1 - lr * weight_decay) every step.
-constexpr double kMaxLr = 100;
-constexpr double kMaxWeightDecay = 1;
-
 absl::Status Bad(absl::string_view field, absl::string_view reason) {
   return absl::InvalidArgumentError(absl::StrCat(field, ": ", reason));
 }
@@ -69,22 +63,23 @@ absl::Status ValidateJobSpec(const JobSpec& s) {
     return Bad("global_batch_size", absl::StrCat("must be divisible by num_trainers (", trainers,
                                                  "), got ", s.global_batch_size()));
   }
-  // The trainers compute in float32: a value is checked as they will use it
-  // (lr 1e308 is finite as a double and infinite as a float; momentum
-  // 0.999999999 rounds to 1.0f).
-  const float lr = static_cast<float>(s.lr());
-  if (!(s.lr() > 0) || !std::isfinite(s.lr()) || !(lr > 0) || !(lr <= kMaxLr)) {
-    return Bad("lr", absl::StrCat("must be in (0, ", kMaxLr, "] as a float32, got ", s.lr()));
+  // The trainers compute in float32 (ops::SgdParams): the hyperparameters
+  // are checked as the float32 values they will use (lr 1e308 is finite as a
+  // double but infinite as a float; momentum 0.9999999999 rounds to 1).
+  const float lr = static_cast<float>(s.lr()), momentum = static_cast<float>(s.momentum()),
+              weight_decay = static_cast<float>(s.weight_decay());
+  if (!(s.lr() > 0) || !std::isnormal(lr) || lr > kMaxLr) {
+    return Bad("lr", absl::StrCat("must be in (0, ", kMaxLr, "] and a normal float32 number, got ",
+                                  s.lr()));
   }
-  const float momentum = static_cast<float>(s.momentum());
-  if (!(s.momentum() >= 0 && s.momentum() < 1) || !(momentum < 1)) {
-    return Bad("momentum", absl::StrCat("must be in [0, 1) as a float32, got ",
-                                        absl::StrFormat("%.12g", s.momentum()),
-                                        momentum == 1 ? " (1 as a float32)" : ""));
+  if (!(s.momentum() >= 0 && momentum < 1)) {
+    return Bad("momentum",
+               absl::StrFormat("must be in [0, 1) as a float32 number, got %.17g (float32 %.9g)",
+                               s.momentum(), momentum));
   }
-  if (!(s.weight_decay() >= 0) || !(s.weight_decay() <= kMaxWeightDecay)) {
-    return Bad("weight_decay",
-               absl::StrCat("must be in [0, ", kMaxWeightDecay, "], got ", s.weight_decay()));
+  if (!(s.weight_decay() >= 0) || !(weight_decay <= kMaxWeightDecay)) {
+    return Bad("weight_decay", absl::StrCat("must be in [0, ", kMaxWeightDecay,
+                                            "] as a float32 number, got ", s.weight_decay()));
   }
   if (!s.device_kind().empty() && s.device_kind() != "cpu" && s.device_kind() != "cuda") {
     return Bad("device_kind", absl::StrCat("must be cpu or cuda, got ", Quote(s.device_kind())));

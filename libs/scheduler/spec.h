@@ -20,6 +20,12 @@ namespace scheduler {
 
 using v1::JobSpec;
 
+// Upper bounds of the SGD hyperparameters. lr, momentum and weight_decay
+// are checked as the float32 values the trainers use: lr in (0, kMaxLr] and
+// a normal float32, momentum in [0, 1), weight_decay in [0, kMaxWeightDecay].
+inline constexpr double kMaxLr = 1000;
+inline constexpr double kMaxWeightDecay = 1;
+
 // Checks every field; the first problem found is returned.
 absl::Status ValidateJobSpec(const JobSpec& spec);
 

@@ -1,5 +1,6 @@
 #include "libs/scheduler/spec.h"
 
+#include <cmath>
 #include <functional>
 
 #include "gtest/gtest.h"
@@ -68,14 +69,14 @@ TEST(SpecTest, EveryBadFieldIsNamed) {
       {[](JobSpec* s) { s->set_lr(0); }, "lr:"},
       {[](JobSpec* s) { s->set_lr(-1); }, "lr:"},
       {[](JobSpec* s) { s->set_momentum(1); }, "momentum:"},
-      // Finite as a double, infinite (or 0, or 1) as the float32 the
-      // trainers use.
-      {[](JobSpec* s) { s->set_lr(1e308); }, "lr: must be in (0, 100] as a float32, got 1e+308"},
-      {[](JobSpec* s) { s->set_lr(1e-50); }, "lr: must be in (0, 100] as a float32"},
-      {[](JobSpec* s) { s->set_lr(101); }, "lr:"},
-      {[](JobSpec* s) { s->set_momentum(0.99999999999); },
-       "momentum: must be in [0, 1) as a float32"},
-      {[](JobSpec* s) { s->set_weight_decay(1e308); }, "weight_decay: must be in [0, 1]"},
+      // Checked as the float32 values the trainers use.
+      {[](JobSpec* s) { s->set_lr(1e308); }, "lr: must be in (0, 1000] and a normal float32"},
+      {[](JobSpec* s) { s->set_lr(1e-50); }, "lr: must be in (0, 1000] and a normal float32"},
+      {[](JobSpec* s) { s->set_lr(std::nan("")); }, "lr:"},
+      {[](JobSpec* s) { s->set_momentum(0.9999999999); },
+       "momentum: must be in [0, 1) as a float32 number, got 0.99999999989999999 (float32 1)"},
+      {[](JobSpec* s) { s->set_weight_decay(1e300); }, "weight_decay: must be in [0, 1]"},
+      {[](JobSpec* s) { s->set_weight_decay(std::nan("")); }, "weight_decay:"},
       {[](JobSpec* s) { s->set_weight_decay(-0.1); }, "weight_decay:"},
       {[](JobSpec* s) { s->set_num_trainers(-1); }, "num_trainers:"},
       {[](JobSpec* s) { s->set_num_trainers(2000); }, "num_trainers:"},
