@@ -1,6 +1,7 @@
 // Mixed precision (loss scaling, f32 master weights with f16/bf16 compute),
 // whole training steps on the GPU against the CPU, and CUDA graph capture and
 // replay. The loss-scale rule runs everywhere; the rest skips without a GPU.
+#include <algorithm>
 #include <cfloat>
 #include <cmath>
 #include <string>
@@ -147,15 +148,29 @@ TEST_F(GpuAmpTest, MixedPrecisionSgdKeepsF32MastersAndLowPrecisionCopies) {
   }
 }
 
-// One SGD step of `model` on (x, labels); returns the loss.
-float TrainStep(nn::Module* model, nn::Sgd* opt, const Tensor& x, const Tensor& labels) {
+// Forward and backward of `model` on (x, labels), gradients left in the
+// parameters; returns the loss.
+float ForwardBackward(nn::Module* model, nn::Sgd* opt, const Tensor& x, const Tensor& labels) {
   Variable loss = autograd::SoftmaxCrossEntropy(model->Forward(Variable(x)), labels);
   opt->ZeroGrad();
   loss.Backward();
-  opt->Step();
   return ops::ScalarValue(loss.value());
 }
 
+// Three SGD steps (momentum 0.9) on one batch, the GPU against the CPU:
+// the first step's gradients, every step's loss, and (LeNet, MLP) the
+// parameters after the three steps.
+//
+// ResNet-18's parameters are not compared after three steps: at batch 8
+// this setting amplifies rounding until the comparison says nothing about
+// the kernels. The CPU with one thread against the CPU with two (the same
+// kernels summing in other orders) already ends the three steps with
+// elements of block 3's convolution weights beyond rtol 5e-3 / atol 5e-4
+// (measured with op_harness_test's ResNet18Steps, which prints this control
+// next to the GPU's), and the gradients of conv biases that feed batch norm
+// (exactly 0, so rounding noise) differ by 75-105% relative. The other
+// first-step gradients agree to 2e-6 relative on the CPU: a kernel bug
+// shows there.
 TEST_F(GpuAmpTest, TrainingStepsOnTheGpuMatchTheCpu) {
   for (const char* name : {"lenet", "resnet18", "mlp"}) {
     SCOPED_TRACE(name);
@@ -173,13 +188,30 @@ TEST_F(GpuAmpTest, TrainingStepsOnTheGpuMatchTheCpu) {
     for (int64_t i = 0; i < batch; ++i) l[i] = static_cast<int32_t>(i % 10);
     Tensor labels = Tensor::FromVector(l, {batch});
     Tensor gx = *x.To(kGpu), glabels = *labels.To(kGpu);
-    for (int step = 0; step < 3; ++step) {
-      float lc = TrainStep(cpu_model->get(), &cpu_opt, x, labels);
-      float lg = TrainStep(gpu_model->get(), &gpu_opt, gx, glabels);
-      EXPECT_NEAR(lg, lc, 1e-3 * (1 + std::fabs(lc))) << "step " << step;
-    }
     auto cp = (*cpu_model)->NamedParameters();
     auto gp = (*gpu_model)->NamedParameters();
+    ASSERT_EQ(cp.size(), gp.size());
+    for (int step = 0; step < 3; ++step) {
+      float lc = ForwardBackward(cpu_model->get(), &cpu_opt, x, labels);
+      float lg = ForwardBackward(gpu_model->get(), &gpu_opt, gx, glabels);
+      EXPECT_NEAR(lg, lc, 1e-3 * (1 + std::fabs(lc))) << "step " << step;
+      if (step == 0) {
+        // Within 1e-3 of each other relative to the model's largest
+        // gradient element (so that a conv bias before batch norm, whose
+        // gradient is rounding noise, compares as zero).
+        float largest = 0;
+        for (auto& [pname, v] : cp) {
+          for (float g : v.grad().ToVector<float>()) largest = std::max(largest, std::fabs(g));
+        }
+        for (size_t i = 0; i < cp.size(); ++i) {
+          EXPECT_TRUE(TensorsNear(*gp[i].second.grad().To(Device::Cpu()), cp[i].second.grad(), 1e-3,
+                                  1e-3 * largest, cp[i].first + " gradient"));
+        }
+      }
+      cpu_opt.Step();
+      gpu_opt.Step();
+    }
+    if (std::string(name) == "resnet18") continue;
     for (size_t i = 0; i < cp.size(); ++i) {
       EXPECT_TRUE(TensorsNear(*gp[i].second.value().To(Device::Cpu()), cp[i].second.value(), 5e-3,
                               5e-4, cp[i].first));

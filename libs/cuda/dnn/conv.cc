@@ -16,15 +16,19 @@
 //
 // Bias and relu follow the convolution in one elementwise pass; the bias
 // gradient is a per-channel sum of dy.
+#include "libs/cuda/dnn/conv.h"
+
 #include <cudnn.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <string>
 #include <tuple>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "libs/base/logging.h"
 #include "libs/cuda/config.h"
@@ -194,8 +198,11 @@ struct PassOps<Pass::kBackwardFilter> {
 
 // ---- the algorithm cache ----
 
-using Key = std::tuple<int, int, int, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
-                       int64_t, int, int>;
+// (device, pass, dtype, tf32, search, n, c, h, w, o, kh, kw, stride, pad): the
+// search mode is part of the key so that a test can compare the timed choice
+// with the heuristic one for the same shape.
+using Key = std::tuple<int, int, int, bool, int, int64_t, int64_t, int64_t, int64_t, int64_t,
+                       int64_t, int64_t, int, int>;
 
 struct Choice {
   int algo = 0;
@@ -303,6 +310,48 @@ Choice Choose(const char* op, int device, cudaStream_t stream, cudnnHandle_t h, 
   return c;
 }
 
+// The calling thread's last choice per pass, for LastConvChoiceForTesting.
+std::string& LastChoice(Pass p) {
+  thread_local std::string last[3];
+  return last[static_cast<int>(p)];
+}
+
+const char* AlgoName(Pass p, int algo) {
+  static const char* const kFwd[] = {
+      "IMPLICIT_GEMM", "IMPLICIT_PRECOMP_GEMM", "GEMM", "DIRECT", "FFT", "FFT_TILING",
+      "WINOGRAD",      "WINOGRAD_NONFUSED"};
+  static const char* const kData[] = {"ALGO_0",     "ALGO_1",   "FFT",
+                                      "FFT_TILING", "WINOGRAD", "WINOGRAD_NONFUSED"};
+  static const char* const kFilter[] = {
+      "ALGO_0", "ALGO_1", "FFT", "ALGO_3", "WINOGRAD", "WINOGRAD_NONFUSED", "FFT_TILING"};
+  switch (p) {
+    case Pass::kForward:
+      if (algo >= 0 && algo < 8) return kFwd[algo];
+      break;
+    case Pass::kBackwardData:
+      if (algo >= 0 && algo < 6) return kData[algo];
+      break;
+    case Pass::kBackwardFilter:
+      if (algo >= 0 && algo < 7) return kFilter[algo];
+      break;
+  }
+  return "UNKNOWN";
+}
+
+const char* MathName(cudnnMathType_t m) {
+  switch (m) {
+    case CUDNN_DEFAULT_MATH:
+      return "DEFAULT";
+    case CUDNN_TENSOR_OP_MATH:
+      return "TENSOR_OP";
+    case CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION:
+      return "TENSOR_OP_ALLOW_CONVERSION";
+    case CUDNN_FMA_MATH:
+      return "FMA";
+  }
+  return "UNKNOWN";
+}
+
 // Runs pass P of a convolution of geometry g on the current stream.
 template <Pass P>
 void RunConv(const char* op, int device, DType dt, const Geom& g, const Ptrs& p) {
@@ -311,9 +360,12 @@ void RunConv(const char* op, int device, DType dt, const Geom& g, const Ptrs& p)
   cudnnHandle_t h = CudnnHandle(device, s);
   Descs d(dt, g);
   const bool tf32 = dt == DType::kF32 && ::dtrain::cuda::AllowTf32();
-  const Key key(device, static_cast<int>(P), static_cast<int>(dt), tf32, g.n, g.c, g.h, g.w, g.o,
-                g.kh, g.kw, g.stride, g.pad);
+  const int search = static_cast<int>(::dtrain::cuda::GetConvAlgoSearch());
+  const Key key(device, static_cast<int>(P), static_cast<int>(dt), tf32, search, g.n, g.c, g.h, g.w,
+                g.o, g.kh, g.kw, g.stride, g.pad);
   const Choice c = Choose<P>(op, device, s, h, d, p, key, dt, tf32);
+  LastChoice(P) =
+      absl::StrCat(AlgoName(P, c.algo), " math=", MathName(c.math), " workspace=", c.workspace);
   d.conv.SetMath(c.math);
   Tensor ws;
   if (c.workspace > 0) ws = Scratch(device, c.workspace);
@@ -391,6 +443,12 @@ void Conv2dBackwardWeights(const Tensor& x, const Tensor& dy, const Conv2dParams
 }
 
 }  // namespace
+
+std::string LastChoiceOfPass(int pass) {
+  DT_CHECK(pass >= 0 && pass < 3) << "conv pass " << pass;
+  return LastChoice(static_cast<Pass>(pass));
+}
+
 }  // namespace cuda_kernels
 
 DT_REGISTER_KERNEL(conv2d, DeviceType::kCUDA, Conv2dFn, cuda_kernels::Conv2d);
@@ -400,4 +458,14 @@ DT_REGISTER_KERNEL(conv2d_backward_weights, DeviceType::kCUDA, Conv2dBackwardWei
                    cuda_kernels::Conv2dBackwardWeights);
 
 }  // namespace ops
+
+namespace cuda {
+namespace dnn {
+
+std::string LastConvChoiceForTesting(ConvPass pass) {
+  return ::dtrain::ops::cuda_kernels::LastChoiceOfPass(static_cast<int>(pass));
+}
+
+}  // namespace dnn
+}  // namespace cuda
 }  // namespace dtrain
