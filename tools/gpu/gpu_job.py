@@ -4,7 +4,7 @@ trainers on the GPU machine, ResNet-18 on Fashion-MNIST at the d2l concise
 multi-GPU section's settings, submitted with `trainctl submit --wait`, test
 accuracy and seconds per epoch next to the seed's table.
 
-    python3 tools/gpu/gpu_job.py --bundle DIR --data_dir DIR [--epochs 4] [--budget_s 300]
+    python3 tools/gpu/gpu_job.py --bundle DIR --data_dir DIR [--epochs 4] [--budget_s 300] [--gpus N]
 
 DIR (--bundle) is the unpacked GPU bundle: runfiles/dtrain/services/...
 holds trainctl, trainer, scheduler_server and kvstore_server as Bazel lays
@@ -23,7 +23,13 @@ What it runs:
   3. Job B: two trainer processes on the same GPU, ALLREDUCE over TCP
      (gradients staged through host memory), batch 512, lr 0.2 (the seed's
      second table, which ran on two GPUs).
-  Both: plain SGD, d2l's normal(0, 0.01) init, seed 1. `trainctl submit
+  With --gpus N > 1 (a multi-GPU machine; default: what nvidia-smi lists)
+  trainer i runs on cuda:i with NCCL between trainers (the wrapper reads
+  its --name=trainer-<i>), the cluster has N trainers, job B runs on two
+  GPUs (the seed's own second setting) and job C on all N (batch 256 per
+  GPU, lr 0.1 per 256: the linear scaling rule), reporting its speedup
+  over job A; docs/gpu.md says what a 2- and an 8-GPU check must show.
+  All: plain SGD, d2l's normal(0, 0.01) init, seed 1. `trainctl submit
   --wait` watches each job to its end; meanwhile `trainctl get ID -o json`
   is polled to record each epoch's test accuracy and training seconds (the
   job status holds only the last epoch's).
@@ -69,16 +75,17 @@ def run(cmd, env, timeout, check=True):
     return p
 
 
-def have_gpu():
+def list_gpus():
+    """(the GPUs nvidia-smi lists, why there are none)."""
     try:
         out = subprocess.run(["nvidia-smi", "-L"], stdout=subprocess.PIPE,
                              stderr=subprocess.STDOUT, text=True, timeout=20)
     except (OSError, subprocess.TimeoutExpired) as e:
-        return False, "nvidia-smi: %s" % e
+        return [], "nvidia-smi: %s" % e
     gpus = [l for l in out.stdout.splitlines() if l.startswith("GPU ")]
     if out.returncode != 0 or not gpus:
-        return False, "nvidia-smi -L found no GPU (rc %d)" % out.returncode
-    return True, gpus[0]
+        return [], "nvidia-smi -L found no GPU (rc %d)" % out.returncode
+    return gpus, ""
 
 
 def job_status(ctl, env, job_id):
@@ -143,6 +150,8 @@ def main():
     ap.add_argument("--min_acc", type=float, default=0.90)
     ap.add_argument("--out", default=None, help="logs (default: a temporary directory)")
     ap.add_argument("--cpu_dry_run", action="store_true")
+    ap.add_argument("--gpus", type=int, default=0,
+                    help="GPUs to use (0: every GPU nvidia-smi lists)")
     ap.add_argument("--keep", action="store_true", help="keep the cluster directory")
     a = ap.parse_args()
     deadline = time.time() + a.budget_s
@@ -160,28 +169,39 @@ def main():
     if missing:
         log("job status=SETUP_ERROR missing: %s" % " ".join(missing))
         return 2
+    gpus = 1
     if not a.cpu_dry_run:
-        ok, why = have_gpu()
-        if not ok:
+        found, why = list_gpus()
+        if not found:
             log("job status=skipped: no GPU (%s)" % why)
             return 3
-        log("job gpu=\"%s\"" % why)
+        gpus = min(a.gpus, len(found)) if a.gpus > 0 else len(found)
+        log("job gpus=%d first=\"%s\"" % (gpus, found[0]))
 
     work = tempfile.mkdtemp(prefix="dtrain-gpu-job.")
     out_dir = a.out or work
     os.makedirs(out_dir, exist_ok=True)
     cluster = os.path.join(work, "cluster")
     wrapper = os.path.join(work, "trainer-cuda")
-    device = "cpu" if a.cpu_dry_run else "cuda:0"
+    # Trainer i (cluster up names it trainer-<i>) on cuda:(i mod gpus); TCP
+    # between trainers sharing one GPU, NCCL when each has its own.
     with open(wrapper, "w") as f:
-        f.write("#!/bin/sh\nexec %s \"$@\" --devices=%s --cuda_collective=tcp --data_roots=%s\n" %
-                (trainer, device, os.path.dirname(data_dir)))
+        f.write("#!/bin/sh\n")
+        if a.cpu_dry_run:
+            f.write("dev=cpu\n")
+        else:
+            f.write("i=0\nfor arg in \"$@\"; do case \"$arg\" in --name=trainer-*) "
+                    "i=${arg#--name=trainer-} ;; esac; done\n")
+            f.write("dev=cuda:$((i %% %d))\n" % gpus)
+        f.write("exec %s \"$@\" --devices=$dev --cuda_collective=%s --data_roots=%s\n" %
+                (trainer, "nccl" if gpus > 1 else "tcp", os.path.dirname(data_dir)))
     os.chmod(wrapper, 0o755)
     env = dict(os.environ)
     rc = 1
     try:
         t_up = time.time()
-        up = run([ctl, "cluster", "up", "--dir=" + cluster, "--trainers=2", "--restart=never",
+        up = run([ctl, "cluster", "up", "--dir=" + cluster, "--trainers=%d" % max(2, gpus),
+                  "--restart=never",
                   "--trainer_bin=" + wrapper, "--start_timeout_s=60"], env, 120, check=False)
         if up.returncode != 0:
             log("job status=SETUP_ERROR cluster up failed (rc %d):" % up.returncode)
@@ -202,6 +222,10 @@ def main():
                            "train_limit": 2560, "test_limit": 1000})
         jobs = [("A", dict(common, num_trainers=1, batch_size=256, lr=0.1)),
                 ("B", dict(common, num_trainers=2, batch_size=512, lr=0.2))]
+        if gpus > 2:
+            jobs.append(("C", dict(common, num_trainers=gpus, batch_size=256 * gpus,
+                                   lr=round(0.1 * gpus, 4))))
+        mean_seconds = {}
         rc = 0
         for name, spec in jobs:
             job_id, st, epochs, wall, wait_rc = run_job(name, ctl, env, spec, deadline, out_dir)
@@ -216,15 +240,20 @@ def main():
             final = st.get("test_accuracy", -1)
             secs = [epochs[e][1] for e in sorted(epochs) if epochs[e][1] > 0]
             mean_s = sum(secs) / len(secs) if secs else 0
+            mean_seconds[name] = mean_s
+            speedup = ""
+            if name != "A" and mean_seconds.get("A", 0) > 0 and mean_s > 0:
+                speedup = " speedup_vs_A=%.2f" % (mean_seconds["A"] / mean_s)
             bar = a.min_acc if (name == "A" and not a.cpu_dry_run) else 0
             passed = state == "SUCCEEDED" and final >= bar
             log("job=%s id=%s status=%s trainers=%s batch=%s lr=%s final_test_acc=%.4f "
                 "mean_epoch_seconds=%.2f seed_epoch_seconds=%s min_acc=%.2f pass=%s "
-                "submit_wait_rc=%s wall_s=%.1f%s" %
+                "submit_wait_rc=%s wall_s=%.1f gpus=%d collective=%s%s%s" %
                 (name, job_id, state, spec["num_trainers"], spec["batch_size"], spec["lr"], final,
                  mean_s, SEED_A["seconds"] if name == "A" else "n/a", bar,
-                 "yes" if passed else "NO", wait_rc, wall,
-                 "" if name == "A" else " (%s)" % SEED_B_NOTE))
+                 "yes" if passed else "NO", wait_rc, wall, gpus,
+                 "nccl" if gpus > 1 else ("none" if name == "A" else "tcp"), speedup,
+                 " (%s)" % SEED_B_NOTE if name == "B" else ""))
             if not passed:
                 rc = 1
                 msg = st.get("error_message") or st.get("message") or ""
