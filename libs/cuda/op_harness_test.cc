@@ -25,6 +25,7 @@
 // then per model the step checks (grep '^grad=' and '^trajectory'):
 //   grad=<parameter> model=... rel_l2=... tol=... status=...   (step 0's gradients)
 //   trajectory model=... step=... gpu_vs_cpu=... cpu_threads_control=...
+//     conv_layout_control=... (see CheckSteps)
 // and at the end one summary line:
 //   op_harness checks=N beyond_tolerance=M first_op_beyond_tolerance=<op@model/layer|none>
 // The test fails when any op is beyond tolerance or a step-0 gradient differs
@@ -48,6 +49,7 @@
 #include "libs/cuda/gpu_test_util.h"
 #include "libs/nn/models.h"
 #include "libs/nn/optim.h"
+#include "libs/ops/cpu/dnnl_kernels.h"
 #include "libs/ops/ops.h"
 #include "libs/ops/testing/gradcheck.h"
 
@@ -430,10 +432,22 @@ struct Run {
   std::shared_ptr<nn::Module> model;
   std::unique_ptr<nn::Sgd> opt;
   Device device;
-  int threads = 0;  // CPU threads (0: the default)
+  int threads = 0;          // CPU threads (0: the default)
+  bool plain_conv = false;  // oneDNN's plain-layout (gemm) convolutions
 };
 
-Run MakeRun(const StepSetup& s, const Device& device, int threads) {
+// Runs f with r's CPU settings.
+template <typename F>
+void WithSettings(const Run& r, F f) {
+  const int before = ops::CpuThreads();
+  if (r.threads > 0) ops::SetCpuThreads(r.threads);
+  if (r.plain_conv) ops::cpu::SetConvLayoutForTesting(ops::cpu::ConvLayout::kPlain);
+  f();
+  ops::cpu::SetConvLayoutForTesting(ops::cpu::ConvLayout::kAuto);
+  ops::SetCpuThreads(before);
+}
+
+Run MakeRun(const StepSetup& s, const Device& device, int threads, bool plain_conv = false) {
   Run r;
   r.model = *nn::MakeModel(s.model);
   nn::InitParameters(r.model.get(), s.init, 5);
@@ -443,19 +457,19 @@ Run MakeRun(const StepSetup& s, const Device& device, int threads) {
   r.opt = std::make_unique<nn::Sgd>(r.model->NamedParameters(), s.sgd);
   r.device = device;
   r.threads = threads;
+  r.plain_conv = plain_conv;
   return r;
 }
 
 // Forward and backward of one batch (gradients left in the parameters).
 void ForwardBackward(Run* r, const Tensor& x, const Tensor& y) {
-  const int before = ops::CpuThreads();
-  if (r->threads > 0) ops::SetCpuThreads(r->threads);
-  Tensor dx = *x.To(r->device), dy = *y.To(r->device);
-  autograd::Variable loss =
-      autograd::SoftmaxCrossEntropy(r->model->Forward(autograd::Variable(dx)), dy);
-  r->opt->ZeroGrad();
-  loss.Backward();
-  ops::SetCpuThreads(before);
+  WithSettings(*r, [&] {
+    Tensor dx = *x.To(r->device), dy = *y.To(r->device);
+    autograd::Variable loss =
+        autograd::SoftmaxCrossEntropy(r->model->Forward(autograd::Variable(dx)), dy);
+    r->opt->ZeroGrad();
+    loss.Backward();
+  });
 }
 
 std::vector<std::vector<float>> Values(nn::Module* m, bool grads) {
@@ -500,16 +514,18 @@ int64_t ElementsOff(const std::vector<std::vector<float>>& a,
 
 // Step 0's gradients, parameter by parameter (deepest first, as backward
 // computes them), then the parameters after each step: the GPU against the
-// CPU, next to the CPU with one thread against the CPU with all (the same
-// kernels in other summation orders: how much this setting amplifies
-// rounding, the "chaos" baseline). A gradient that the control alone moves
-// by more than 10% is rounding noise (a conv bias before batch norm, whose
-// exact gradient is 0): it is reported as such and left out of the
-// trajectory's maximum.
+// CPU, next to two controls, the CPU against itself with the same kernels
+// summing in other orders: one thread against all (cpu_threads_control),
+// and oneDNN's plain-layout (gemm) convolutions against its per-shape
+// layout choice (conv_layout_control; another convolution implementation,
+// as cuDNN is). They say how much the setting amplifies rounding. A
+// gradient that a control alone moves by more than 10% is rounding noise (a conv bias before batch
+// norm, whose exact gradient is 0): it is reported as such and left out of the trajectory's maxima.
 void CheckSteps(const StepSetup& s) {
   Run cpu = MakeRun(s, Device::Cpu(), 0);
   Run cpu1 = MakeRun(s, Device::Cpu(), 1);
   Run gpu = MakeRun(s, kGpu, 0);
+  Run plain = MakeRun(s, Device::Cpu(), 0, true);
   std::vector<std::string> names;
   for (auto& [name, p] : cpu.model->NamedParameters()) names.push_back(name);
   std::vector<bool> noise(names.size(), false);
@@ -523,36 +539,37 @@ void CheckSteps(const StepSetup& s) {
     } else {
       Batch(s.batch, step, &x, &y);
     }
-    for (Run* r : {&cpu, &cpu1, &gpu}) ForwardBackward(r, x, y);
+    for (Run* r : {&cpu, &cpu1, &gpu, &plain}) ForwardBackward(r, x, y);
     if (step == 0) {
       auto cg = Values(cpu.model.get(), true), gg = Values(gpu.model.get(), true);
-      auto c1 = Values(cpu1.model.get(), true);
+      auto c1 = Values(cpu1.model.get(), true), pg = Values(plain.model.get(), true);
       for (int i = static_cast<int>(cg.size()) - 1; i >= 0; --i) {
         const double control = RelL2(c1[i], cg[i]);
-        noise[i] = control > 0.1;
-        const double tol = std::max(kStepGradTol, 10 * control);
+        const double conv_control = RelL2(pg[i], cg[i]);
+        noise[i] = std::max(control, conv_control) > 0.1;
+        const double tol = std::max(kStepGradTol, 10 * std::max(control, conv_control));
         const double d = RelL2(gg[i], cg[i]);
         const bool ok = noise[i] || d <= tol;
         std::printf(
-            "grad=%s model=%s batch=%lld rel_l2=%.3g cpu_threads_control=%.3g tol=%.3g "
-            "status=%s\n",
-            names[i].c_str(), s.model.c_str(), static_cast<long long>(s.batch), d, control, tol,
-            noise[i] ? "noise" : (ok ? "ok" : "BEYOND"));
+            "grad=%s model=%s batch=%lld rel_l2=%.3g cpu_threads_control=%.3g "
+            "conv_layout_control=%.3g tol=%.3g status=%s\n",
+            names[i].c_str(), s.model.c_str(), static_cast<long long>(s.batch), d, control,
+            conv_control, tol, noise[i] ? "noise" : (ok ? "ok" : "BEYOND"));
         EXPECT_TRUE(ok) << s.model << " step-0 gradient of " << names[i] << ": rel_l2 " << d;
       }
     }
-    for (Run* r : {&cpu, &cpu1, &gpu}) {
-      const int before = ops::CpuThreads();
-      if (r->threads > 0) ops::SetCpuThreads(r->threads);
-      r->opt->Step();
-      ops::SetCpuThreads(before);
-    }
+    for (Run* r : {&cpu, &cpu1, &gpu, &plain}) WithSettings(*r, [&] { r->opt->Step(); });
     auto cv = Values(cpu.model.get(), false), gv = Values(gpu.model.get(), false);
-    auto c1v = Values(cpu1.model.get(), false);
-    double worst = 0, control = 0;
-    std::string worst_name = "none", control_name = "none";
+    auto c1v = Values(cpu1.model.get(), false), pv = Values(plain.model.get(), false);
+    double worst = 0, control = 0, conv_control = 0;
+    std::string worst_name = "none", control_name = "none", conv_name = "none";
     for (size_t i = 0; i < cv.size(); ++i) {
       if (noise[i]) continue;
+      const double dp = RelL2(pv[i], cv[i]);
+      if (!(dp <= conv_control)) {
+        conv_control = dp;
+        conv_name = names[i];
+      }
       const double d = RelL2(gv[i], cv[i]);
       if (!(d <= worst)) {
         worst = d;
@@ -567,13 +584,16 @@ void CheckSteps(const StepSetup& s) {
     std::string gpu_where, control_where;
     const int64_t gpu_off = ElementsOff(gv, cv, noise, names, &gpu_where);
     const int64_t control_off = ElementsOff(c1v, cv, noise, names, &control_where);
+    const int64_t conv_off = ElementsOff(pv, cv, noise, names, nullptr);
     std::printf(
         "trajectory model=%s batch=%lld lr=%g momentum=%g step=%d gpu_vs_cpu=%.3g "
-        "worst=%s cpu_threads_control=%.3g control_worst=%s elements_off_5e-3_5e-4=%lld "
-        "control_elements_off=%lld%s%s%s%s\n",
+        "worst=%s cpu_threads_control=%.3g control_worst=%s conv_layout_control=%.3g "
+        "conv_layout_worst=%s elements_off_5e-3_5e-4=%lld control_elements_off=%lld "
+        "conv_layout_elements_off=%lld%s%s%s%s\n",
         s.model.c_str(), static_cast<long long>(s.batch), s.sgd.lr, s.sgd.momentum, step, worst,
-        worst_name.c_str(), control, control_name.c_str(), static_cast<long long>(gpu_off),
-        static_cast<long long>(control_off), gpu_where.empty() ? "" : " off=", gpu_where.c_str(),
+        worst_name.c_str(), control, control_name.c_str(), conv_control, conv_name.c_str(),
+        static_cast<long long>(gpu_off), static_cast<long long>(control_off),
+        static_cast<long long>(conv_off), gpu_where.empty() ? "" : " off=", gpu_where.c_str(),
         control_where.empty() ? "" : " control_off=", control_where.c_str());
     std::fflush(stdout);
   }
