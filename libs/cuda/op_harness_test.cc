@@ -143,8 +143,9 @@ bool Check(const std::string& op, const std::string& model, const std::string& l
 
 // conv2d (bias, fused relu as the model has it), conv2d_backward_data and
 // conv2d_backward_weights (with the bias gradient), with the timed
-// (benchmark) cuDNN algorithm choice the trainers use and with the heuristic
-// one.
+// (benchmark) cuDNN algorithm choice the trainers use, with the heuristic
+// one ("[heuristic]"), and timed among the algorithms that are exact to f32
+// rounding ("[exact]": no FFT or Winograd, config.h ConvF32Exact).
 void CheckConv(const std::string& model, const std::string& layer, const Shape& xs, int64_t o,
                int k, int stride, int pad, bool relu, uint64_t seed) {
   const int64_t n = xs[0], c = xs[1];
@@ -166,9 +167,19 @@ void CheckConv(const std::string& model, const std::string& layer, const Shape& 
   ops::Conv2dBackwardWeights(x, dy, p, &cdw, &cdb);
   Tensor dwmag = Tensor::Empty(w.shape()), dbmag = Tensor::Empty({o});
   ops::Conv2dBackwardWeights(ax, ady, p, &dwmag, &dbmag);
-  for (ConvAlgoSearch search : {ConvAlgoSearch::kBenchmark, ConvAlgoSearch::kHeuristic}) {
-    SetConvAlgoSearch(search);
-    const std::string suffix = search == ConvAlgoSearch::kBenchmark ? "" : "[heuristic]";
+  struct Variant {
+    const char* suffix;
+    ConvAlgoSearch search;
+    bool exact;
+  };
+  const bool exact_default = ConvF32Exact();
+  for (const Variant& v : {Variant{"", ConvAlgoSearch::kBenchmark, exact_default},
+                           Variant{"[heuristic]", ConvAlgoSearch::kHeuristic, exact_default},
+                           Variant{"[exact]", ConvAlgoSearch::kBenchmark, true}}) {
+    if (exact_default && std::string(v.suffix) == "[exact]") continue;  // the default already is
+    SetConvAlgoSearch(v.search);
+    SetConvF32Exact(v.exact);
+    const std::string suffix = v.suffix;
     Tensor gy = ops::Conv2d(gx, gw, &gb, p, relu);
     Check("conv2d" + suffix, model, layer, c * k * k + 1, gy, cy, ymag,
           dnn::LastConvChoiceForTesting(dnn::ConvPass::kForward));
@@ -180,10 +191,11 @@ void CheckConv(const std::string& model, const std::string& layer, const Shape& 
     ops::Conv2dBackwardWeights(gx, gdy, p, &gdw, &gdb);
     Check("conv2d_backward_weights" + suffix, model, layer, n * ho * wo, gdw, cdw, dwmag,
           dnn::LastConvChoiceForTesting(dnn::ConvPass::kBackwardFilter));
-    if (search == ConvAlgoSearch::kBenchmark) {
+    if (suffix.empty()) {
       Check("conv2d_backward_bias", model, layer, n * ho * wo, gdb, cdb, dbmag);
     }
   }
+  SetConvF32Exact(exact_default);
   SetConvAlgoSearch(ConvAlgoSearch::kBenchmark);
   if (relu) {
     Tensor cdr = ops::ReluBackward(cy, dy);

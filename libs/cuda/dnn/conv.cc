@@ -198,10 +198,10 @@ struct PassOps<Pass::kBackwardFilter> {
 
 // ---- the algorithm cache ----
 
-// (device, pass, dtype, tf32, search, n, c, h, w, o, kh, kw, stride, pad): the
-// search mode is part of the key so that a test can compare the timed choice
-// with the heuristic one for the same shape.
-using Key = std::tuple<int, int, int, bool, int, int64_t, int64_t, int64_t, int64_t, int64_t,
+// (device, pass, dtype, tf32, search, exact, n, c, h, w, o, kh, kw, stride,
+// pad): the search mode and the f32-exact setting (config.h) are part of the
+// key so that a test can compare the choices for the same shape.
+using Key = std::tuple<int, int, int, bool, int, bool, int64_t, int64_t, int64_t, int64_t, int64_t,
                        int64_t, int64_t, int, int>;
 
 struct Choice {
@@ -245,9 +245,57 @@ struct FindWorkspace {
   }
 };
 
+// The calling thread's last choice per pass, for LastConvChoiceForTesting.
+std::string& LastChoice(Pass p) {
+  thread_local std::string last[3];
+  return last[static_cast<int>(p)];
+}
+
+const char* AlgoName(Pass p, int algo) {
+  static const char* const kFwd[] = {
+      "IMPLICIT_GEMM", "IMPLICIT_PRECOMP_GEMM", "GEMM", "DIRECT", "FFT", "FFT_TILING",
+      "WINOGRAD",      "WINOGRAD_NONFUSED"};
+  static const char* const kData[] = {"ALGO_0",     "ALGO_1",   "FFT",
+                                      "FFT_TILING", "WINOGRAD", "WINOGRAD_NONFUSED"};
+  static const char* const kFilter[] = {
+      "ALGO_0", "ALGO_1", "FFT", "ALGO_3", "WINOGRAD", "WINOGRAD_NONFUSED", "FFT_TILING"};
+  switch (p) {
+    case Pass::kForward:
+      if (algo >= 0 && algo < 8) return kFwd[algo];
+      break;
+    case Pass::kBackwardData:
+      if (algo >= 0 && algo < 6) return kData[algo];
+      break;
+    case Pass::kBackwardFilter:
+      if (algo >= 0 && algo < 7) return kFilter[algo];
+      break;
+  }
+  return "UNKNOWN";
+}
+
+// FFT and Winograd algorithms (see config.h ConvF32Exact).
+bool Transforms(Pass p, int algo) {
+  const std::string name = AlgoName(p, algo);
+  return name.find("FFT") != std::string::npos || name.find("WINOGRAD") != std::string::npos;
+}
+
+const char* MathName(cudnnMathType_t m) {
+  switch (m) {
+    case CUDNN_DEFAULT_MATH:
+      return "DEFAULT";
+    case CUDNN_TENSOR_OP_MATH:
+      return "TENSOR_OP";
+    case CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION:
+      return "TENSOR_OP_ALLOW_CONVERSION";
+    case CUDNN_FMA_MATH:
+      return "FMA";
+  }
+  return "UNKNOWN";
+}
+
 template <Pass P>
 Choice Choose(const char* op, int device, cudaStream_t stream, cudnnHandle_t h, Descs& d,
-              const Ptrs& p, const Key& key, DType dt, bool tf32) {
+              const Ptrs& p, const Key& key, DType dt, bool tf32, bool exact) {
   Cache& cache = GetCache();
   {
     absl::MutexLock lock(&cache.mu);
@@ -295,7 +343,8 @@ Choice Choose(const char* op, int device, cudaStream_t stream, cudnnHandle_t h, 
   const typename Ops::Perf* best = nullptr;
   for (int i = 0; i < returned && best == nullptr; ++i) {
     if (perf[i].status == CUDNN_STATUS_SUCCESS && perf[i].memory <= limit &&
-        MathAllowed(perf[i].mathType, dt, tf32)) {
+        MathAllowed(perf[i].mathType, dt, tf32) &&
+        (!exact || !Transforms(P, static_cast<int>(perf[i].algo)))) {
       best = &perf[i];
     }
   }
@@ -310,48 +359,6 @@ Choice Choose(const char* op, int device, cudaStream_t stream, cudnnHandle_t h, 
   return c;
 }
 
-// The calling thread's last choice per pass, for LastConvChoiceForTesting.
-std::string& LastChoice(Pass p) {
-  thread_local std::string last[3];
-  return last[static_cast<int>(p)];
-}
-
-const char* AlgoName(Pass p, int algo) {
-  static const char* const kFwd[] = {
-      "IMPLICIT_GEMM", "IMPLICIT_PRECOMP_GEMM", "GEMM", "DIRECT", "FFT", "FFT_TILING",
-      "WINOGRAD",      "WINOGRAD_NONFUSED"};
-  static const char* const kData[] = {"ALGO_0",     "ALGO_1",   "FFT",
-                                      "FFT_TILING", "WINOGRAD", "WINOGRAD_NONFUSED"};
-  static const char* const kFilter[] = {
-      "ALGO_0", "ALGO_1", "FFT", "ALGO_3", "WINOGRAD", "WINOGRAD_NONFUSED", "FFT_TILING"};
-  switch (p) {
-    case Pass::kForward:
-      if (algo >= 0 && algo < 8) return kFwd[algo];
-      break;
-    case Pass::kBackwardData:
-      if (algo >= 0 && algo < 6) return kData[algo];
-      break;
-    case Pass::kBackwardFilter:
-      if (algo >= 0 && algo < 7) return kFilter[algo];
-      break;
-  }
-  return "UNKNOWN";
-}
-
-const char* MathName(cudnnMathType_t m) {
-  switch (m) {
-    case CUDNN_DEFAULT_MATH:
-      return "DEFAULT";
-    case CUDNN_TENSOR_OP_MATH:
-      return "TENSOR_OP";
-    case CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION:
-      return "TENSOR_OP_ALLOW_CONVERSION";
-    case CUDNN_FMA_MATH:
-      return "FMA";
-  }
-  return "UNKNOWN";
-}
-
 // Runs pass P of a convolution of geometry g on the current stream.
 template <Pass P>
 void RunConv(const char* op, int device, DType dt, const Geom& g, const Ptrs& p) {
@@ -361,9 +368,10 @@ void RunConv(const char* op, int device, DType dt, const Geom& g, const Ptrs& p)
   Descs d(dt, g);
   const bool tf32 = dt == DType::kF32 && ::dtrain::cuda::AllowTf32();
   const int search = static_cast<int>(::dtrain::cuda::GetConvAlgoSearch());
-  const Key key(device, static_cast<int>(P), static_cast<int>(dt), tf32, search, g.n, g.c, g.h, g.w,
-                g.o, g.kh, g.kw, g.stride, g.pad);
-  const Choice c = Choose<P>(op, device, s, h, d, p, key, dt, tf32);
+  const bool exact = dt == DType::kF32 && !tf32 && ::dtrain::cuda::ConvF32Exact();
+  const Key key(device, static_cast<int>(P), static_cast<int>(dt), tf32, search, exact, g.n, g.c,
+                g.h, g.w, g.o, g.kh, g.kw, g.stride, g.pad);
+  const Choice c = Choose<P>(op, device, s, h, d, p, key, dt, tf32, exact);
   LastChoice(P) =
       absl::StrCat(AlgoName(P, c.algo), " math=", MathName(c.math), " workspace=", c.workspace);
   d.conv.SetMath(c.math);
