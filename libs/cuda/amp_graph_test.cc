@@ -1,6 +1,7 @@
 // Mixed precision (loss scaling, f32 master weights with f16/bf16 compute),
 // whole training steps on the GPU against the CPU, and CUDA graph capture and
 // replay. The loss-scale rule runs everywhere; the rest skips without a GPU.
+#include <algorithm>
 #include <cfloat>
 #include <cmath>
 #include <string>
@@ -147,15 +148,44 @@ TEST_F(GpuAmpTest, MixedPrecisionSgdKeepsF32MastersAndLowPrecisionCopies) {
   }
 }
 
-// One SGD step of `model` on (x, labels); returns the loss.
-float TrainStep(nn::Module* model, nn::Sgd* opt, const Tensor& x, const Tensor& labels) {
+// Forward and backward of `model` on (x, labels), gradients left in the
+// parameters; returns the loss.
+float ForwardBackward(nn::Module* model, nn::Sgd* opt, const Tensor& x, const Tensor& labels) {
   Variable loss = autograd::SoftmaxCrossEntropy(model->Forward(Variable(x)), labels);
   opt->ZeroGrad();
   loss.Backward();
-  opt->Step();
   return ops::ScalarValue(loss.value());
 }
 
+// ||got - want|| / max(||want||, floor) of two f32 tensors (got on any device).
+double RelativeL2(const Tensor& got, const Tensor& want, double floor) {
+  std::vector<float> g = got.To(Device::Cpu())->ToVector<float>(), w = want.ToVector<float>();
+  if (g.size() != w.size()) return INFINITY;
+  double d = 0, n = 0;
+  for (size_t i = 0; i < g.size(); ++i) {
+    d += (static_cast<double>(g[i]) - w[i]) * (static_cast<double>(g[i]) - w[i]);
+    n += static_cast<double>(w[i]) * w[i];
+  }
+  return std::sqrt(d) / std::max(std::sqrt(n), floor);
+}
+
+// Three SGD steps (momentum 0.9) on one batch, the GPU against the CPU:
+// the first step's gradients (1e-2 relative L2 per parameter), every
+// step's loss, and (LeNet, MLP) the parameters after the three steps.
+//
+// ResNet-18 is compared by its first step's gradients only, at 5e-2
+// relative L2 per parameter: at batch 8 its 17 batch norms turn rounding
+// differences into large ones. Measured on the CPU alone with
+// op_harness_test's ResNet18Steps (which prints these controls next to the
+// GPU's): oneDNN's plain-layout convolutions against its usual layouts (two
+// correct convolution implementations, as cuDNN's and oneDNN's are) give
+// first-step gradients up to 0.92% apart (the batch-norm biases of block 1)
+// and, after the three steps, 50,110 parameter elements beyond rtol 5e-3 /
+// atol 5e-4, the check this test made before (and issue 34's GPU run
+// failed: `resnet_block1.1.bn1.bias` is the worst parameter there too).
+// Gradients of conv biases that feed batch norm are exactly 0 (rounding
+// noise); a floor of 1e-3 of the model's largest gradient norm keeps them
+// from dividing by nothing. A wrong kernel is off by O(1).
 TEST_F(GpuAmpTest, TrainingStepsOnTheGpuMatchTheCpu) {
   for (const char* name : {"lenet", "resnet18", "mlp"}) {
     SCOPED_TRACE(name);
@@ -173,13 +203,30 @@ TEST_F(GpuAmpTest, TrainingStepsOnTheGpuMatchTheCpu) {
     for (int64_t i = 0; i < batch; ++i) l[i] = static_cast<int32_t>(i % 10);
     Tensor labels = Tensor::FromVector(l, {batch});
     Tensor gx = *x.To(kGpu), glabels = *labels.To(kGpu);
-    for (int step = 0; step < 3; ++step) {
-      float lc = TrainStep(cpu_model->get(), &cpu_opt, x, labels);
-      float lg = TrainStep(gpu_model->get(), &gpu_opt, gx, glabels);
-      EXPECT_NEAR(lg, lc, 1e-3 * (1 + std::fabs(lc))) << "step " << step;
-    }
     auto cp = (*cpu_model)->NamedParameters();
     auto gp = (*gpu_model)->NamedParameters();
+    ASSERT_EQ(cp.size(), gp.size());
+    for (int step = 0; step < 3; ++step) {
+      float lc = ForwardBackward(cpu_model->get(), &cpu_opt, x, labels);
+      float lg = ForwardBackward(gpu_model->get(), &gpu_opt, gx, glabels);
+      EXPECT_NEAR(lg, lc, 1e-3 * (1 + std::fabs(lc))) << "step " << step;
+      if (step == 0) {
+        double largest = 0;
+        const double tol = std::string(name) == "resnet18" ? 5e-2 : 1e-2;
+        for (auto& [pname, v] : cp) {
+          double norm = 0;
+          for (float g : v.grad().ToVector<float>()) norm += static_cast<double>(g) * g;
+          largest = std::max(largest, std::sqrt(norm));
+        }
+        for (size_t i = 0; i < cp.size(); ++i) {
+          EXPECT_LT(RelativeL2(gp[i].second.grad(), cp[i].second.grad(), 1e-3 * largest), tol)
+              << cp[i].first << " gradient";
+        }
+      }
+      cpu_opt.Step();
+      gpu_opt.Step();
+    }
+    if (std::string(name) == "resnet18") continue;  // see above
     for (size_t i = 0; i < cp.size(); ++i) {
       EXPECT_TRUE(TensorsNear(*gp[i].second.value().To(Device::Cpu()), cp[i].second.value(), 5e-3,
                               5e-4, cp[i].first));

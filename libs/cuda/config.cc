@@ -25,7 +25,15 @@ std::atomic<int>& SearchFlag() {
   return flag;
 }
 
+std::atomic<bool>& ExactFlag() {
+  static std::atomic<bool> flag(EnvIs("DTRAIN_CUDNN_F32_EXACT", "1"));
+  return flag;
+}
+
 }  // namespace
+
+void SetConvF32Exact(bool exact) { ExactFlag().store(exact, std::memory_order_relaxed); }
+bool ConvF32Exact() { return ExactFlag().load(std::memory_order_relaxed); }
 
 void SetAllowTf32(bool allow) { Tf32Flag().store(allow, std::memory_order_relaxed); }
 bool AllowTf32() { return Tf32Flag().load(std::memory_order_relaxed); }

@@ -25,6 +25,16 @@ enum class ConvAlgoSearch { kBenchmark = 0, kHeuristic = 1 };
 void SetConvAlgoSearch(ConvAlgoSearch search);
 ConvAlgoSearch GetConvAlgoSearch();
 
+// Whether f32 convolutions without TF32 leave out cuDNN's FFT and Winograd
+// algorithms, whose results are not exact to f32 rounding (they transform
+// the data; their error grows with the transform, not only with the
+// reduction length), keeping the direct and GEMM-based ones. Off by default
+// (as in PyTorch, which allows them too); on when the environment sets
+// DTRAIN_CUDNN_F32_EXACT=1. op_harness_test compares both. Cached choices
+// are kept per setting.
+void SetConvF32Exact(bool exact);
+bool ConvF32Exact();
+
 }  // namespace cuda
 }  // namespace dtrain
 

@@ -1,8 +1,10 @@
 // The machine's figures next to the chapter's table of latency numbers
 // (docs/netlab.md): what `trainctl doctor` prints, and the alpha (latency)
-// and beta (bandwidth) of a link that the scaling benchmark's model uses.
+// and beta (bandwidth) of a link that the scaling benchmark's model uses;
+// and a GPU's figures next to the chapter's GPU table (docs/gpu.md).
 //
 //   std::vector<doctor::Figure> figures = doctor::MeasureHost({});
+//   for (doctor::Figure& f : doctor::MeasureGpu({})) figures.push_back(f);
 //   DT_ASSIGN_OR_RETURN(doctor::LinkFigures link,
 //                       doctor::MeasureLink("10.77.0.2:7999", {}));  // a LinkServer there
 //
@@ -49,6 +51,34 @@ struct HostOptions {
 // Memory latency per level, memcpy bandwidth, loopback TCP latency and
 // bandwidth. Takes a few seconds.
 std::vector<Figure> MeasureHost(const HostOptions& options);
+
+struct GpuOptions {
+  int device = 0;                         // CUDA device index
+  int64_t transfer_bytes = 64 << 20;      // host <-> device copies
+  int64_t device_copy_bytes = 256 << 20;  // device -> device copy (each way)
+  int launches = 2000;                    // empty kernels per timing
+  int repeats = 5;                        // best of
+};
+
+// The GPU's figures, measured through the CUDA driver (libcuda.so.1, loaded
+// at run time: nothing of CUDA is needed to build or run this):
+//   gpu                          the device's name and the driver API version
+//   gpu_h2d_pinned_GBps_<size>   host -> device, pinned (page-locked) memory
+//   gpu_d2h_pinned_GBps_<size>   device -> host, pinned
+//   gpu_h2d_pageable_GBps_<size> host -> device from ordinary (malloc) memory
+//   gpu_d2h_pageable_GBps_<size> device -> host into ordinary memory
+//   gpu_h2d_1MiB_us              one 1 MiB pinned copy (the chapter's row)
+//   gpu_device_memory_GBps_<size> a device -> device copy, bytes read plus
+//                                written per second
+//   gpu_kernel_launch_us         an empty kernel, launched back to back
+//   gpu_kernel_launch_sync_us    an empty kernel plus waiting for it
+// each with the chapter's GPU table row. Copies are synchronous (timed on
+// the host, best of `repeats`). Without a driver or without the device:
+// one figure named "gpu" whose `chapter` is "skipped: <why>". A driver
+// error midway ends the measurements; the "gpu" figure then says where.
+// Takes about a second on a GPU. Safe to call from any thread; it
+// synchronizes the device's primary context (other work there is waited for).
+std::vector<Figure> MeasureGpu(const GpuOptions& options);
 
 // Nanoseconds per dependent load in a random cycle through `bytes`.
 double ChaseLatencyNs(int64_t bytes);

@@ -1,5 +1,9 @@
 #include "libs/doctor/doctor.h"
 
+#include <cmath>
+#include <string>
+#include <vector>
+
 #include "gtest/gtest.h"
 
 namespace dtrain {
@@ -15,7 +19,9 @@ TEST(DoctorTest, MemoryFartherAwayIsSlower) {
   EXPECT_GT(l1, 0.1);
   EXPECT_LT(l1, 50);
   EXPECT_GT(mem, 3 * l1) << "l1=" << l1 << " mem=" << mem;
-  EXPECT_LT(mem, 1000);
+  // 75-200 ns on a quiet machine; 1.1-1.6 us measured on the 2-core VM
+  // while five other builds ran (load 13): the bound only catches nonsense.
+  EXPECT_LT(mem, 10000);
 }
 
 TEST(DoctorTest, MemcpyBandwidthIsPlausible) {
@@ -77,6 +83,60 @@ TEST(DoctorTest, HostFiguresNextToTheChapter) {
   EXPECT_EQ(figures[3].name, "loopback_latency_us");
   EXPECT_EQ(figures[4].name, "loopback_GBps");
   for (const Figure& f : figures) EXPECT_GT(f.value, 0) << f.name;
+}
+
+// With a GPU, every figure measured and plausible for any GPU of the last
+// decade; without one (no driver library, no device), exactly one "gpu"
+// figure that says why. Both branches are checks: tools/gpu-check runs this
+// test on a GPU machine, tools/test on the build machine.
+TEST(DoctorTest, GpuFiguresOrTheReasonThereAreNone) {
+  GpuOptions options;
+  options.transfer_bytes = 16 << 20;
+  options.device_copy_bytes = 64 << 20;
+  options.launches = 500;
+  options.repeats = 3;
+  std::vector<Figure> figures = MeasureGpu(options);
+  ASSERT_FALSE(figures.empty());
+  EXPECT_EQ(figures[0].name, "gpu");
+  if (figures[0].chapter.rfind("skipped: ", 0) == 0) {
+    EXPECT_EQ(figures.size(), 1u);
+    const std::string& why = figures[0].chapter;
+    EXPECT_TRUE(why.find("libcuda.so.1") != std::string::npos ||
+                why.find("CUDA device") != std::string::npos ||
+                why.find("cuInit") != std::string::npos)
+        << why;
+    return;
+  }
+  EXPECT_EQ(figures[0].chapter.find("stopped"), std::string::npos) << figures[0].chapter;
+  const std::vector<std::string> names = {"gpu",
+                                          "gpu_h2d_pinned_GBps_16MiB",
+                                          "gpu_d2h_pinned_GBps_16MiB",
+                                          "gpu_h2d_pageable_GBps_16MiB",
+                                          "gpu_d2h_pageable_GBps_16MiB",
+                                          "gpu_h2d_1MiB_us",
+                                          "gpu_device_memory_GBps_64MiB",
+                                          "gpu_kernel_launch_us",
+                                          "gpu_kernel_launch_sync_us"};
+  ASSERT_EQ(figures.size(), names.size()) << figures.back().name;
+  for (size_t i = 0; i < names.size(); ++i) EXPECT_EQ(figures[i].name, names[i]);
+  for (size_t i = 1; i < figures.size(); ++i) {
+    EXPECT_TRUE(std::isfinite(figures[i].value) && figures[i].value > 0) << figures[i].name;
+    EXPECT_FALSE(figures[i].chapter.empty()) << figures[i].name;
+  }
+  // PCIe 3 x8 at the least, NVLink-C2C at the most.
+  EXPECT_GT(figures[1].value, 1.0);
+  EXPECT_LT(figures[1].value, 1000.0);
+  // Device memory: more than any host's, less than any HBM's peak.
+  EXPECT_GT(figures[6].value, 50.0);
+  EXPECT_LT(figures[6].value, 20000.0);
+  // A launch costs microseconds, not milliseconds; waiting for it more.
+  EXPECT_LT(figures[7].value, 1000.0);
+  EXPECT_GE(figures[8].value, figures[7].value * 0.5);
+  // A device that does not exist is a reason, not an error.
+  options.device = 99;
+  std::vector<Figure> none = MeasureGpu(options);
+  ASSERT_EQ(none.size(), 1u);
+  EXPECT_NE(none[0].chapter.find("no CUDA device 99"), std::string::npos) << none[0].chapter;
 }
 
 }  // namespace

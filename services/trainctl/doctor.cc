@@ -3,6 +3,7 @@
 #include <csignal>
 #include <cstdio>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/flags/flag.h"
@@ -101,11 +102,18 @@ int DoctorMain(const std::vector<std::string>& args, bool json) {
     figures.push_back(
         {"link_GBps", link->bytes_per_second / 1e9, "GB/s", "1-10GbE: 0.1-1 GB/s effective"});
   }
-  // The GPU figures (H2D/D2H, device memory, NCCL busbw) come from the
-  // gpu-check bundle's benchmarks on a machine with a GPU; this build of
-  // trainctl measures the host only.
-  figures.push_back(
-      {"gpu", 0, "", "skipped: trainctl measures the host; GPU figures: tools/gpu-check"});
+  // The GPU's figures (libs/doctor MeasureGpu: transfers, device memory,
+  // kernel launches), or one "gpu" line saying why there are none.
+  if (!absl::GetFlag(FLAGS_link_only)) {
+    doctor::GpuOptions gpu;
+    if (absl::GetFlag(FLAGS_quick)) {
+      gpu.transfer_bytes = 16 << 20;
+      gpu.device_copy_bytes = 64 << 20;
+      gpu.launches = 500;
+      gpu.repeats = 3;
+    }
+    for (doctor::Figure& f : doctor::MeasureGpu(gpu)) figures.push_back(std::move(f));
+  }
   if (json) {
     std::string out = "{";
     for (size_t i = 0; i < figures.size(); ++i) {

@@ -14,6 +14,10 @@ cycled. cudnn.benchmark is on (dtrain times cuDNN's algorithms too).
   tf32  allow_tf32 on for both
   bf16  torch.autocast(bfloat16) with f32 weights (PyTorch's usual mixed
         precision; dtrain instead keeps bf16 parameter copies and f32 masters)
+--compile: the model wrapped in torch.compile (TorchInductor, Triton kernels;
+the second anchor of issue 34); compilation happens in the warmup steps
+(warmup_seconds says how long), the timed steps run the compiled code.
+Lines then say framework=pytorch_compile.
 
 FLOPs: 2 x multiply-adds of every Conv2d and Linear in one forward pass,
 counted with forward hooks on a batch of 2, times 3 for forward + backward,
@@ -74,6 +78,8 @@ def run(args, precision, device):
     models.init_d2l(model)
     model.to(device).train()
     fwd_flops = forward_flops_per_sample(model, models.input_shape(args.model), device)
+    if args.compile:
+        model = torch.compile(model)
     opt = torch.optim.SGD(model.parameters(), lr=args.lr)
     classes = models.num_classes(args.model)
     g = torch.Generator(device=device).manual_seed(args.seed + 1)
@@ -108,8 +114,9 @@ def run(args, precision, device):
     secs = t2 - t1
     sps = args.batch_size * args.steps / secs
     train_flops = 3 * fwd_flops
-    print("framework=pytorch model=%s precision=%s batch_size=%d device=%s"
-          % (args.model, precision, args.batch_size, device))
+    print("framework=%s model=%s precision=%s batch_size=%d device=%s"
+          % ("pytorch_compile" if args.compile else "pytorch", args.model, precision,
+             args.batch_size, device))
     print("warmup_steps=%d warmup_seconds=%.3f first_loss=%.4f"
           % (args.warmup, t1 - t0, first))
     print("steps=%d seconds=%.3f ms_per_step=%.3f last_loss=%.4f"
@@ -133,6 +140,7 @@ def main():
     ap.add_argument("--lr", type=float, default=0.1)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--device", default="cuda:0")
+    ap.add_argument("--compile", action="store_true", help="torch.compile the model")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         print("framework=pytorch status=skipped reason=no_cuda_device", flush=True)

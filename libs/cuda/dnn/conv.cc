@@ -16,15 +16,19 @@
 //
 // Bias and relu follow the convolution in one elementwise pass; the bias
 // gradient is a per-channel sum of dy.
+#include "libs/cuda/dnn/conv.h"
+
 #include <cudnn.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <string>
 #include <tuple>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "libs/base/logging.h"
 #include "libs/cuda/config.h"
@@ -194,8 +198,11 @@ struct PassOps<Pass::kBackwardFilter> {
 
 // ---- the algorithm cache ----
 
-using Key = std::tuple<int, int, int, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
-                       int64_t, int, int>;
+// (device, pass, dtype, tf32, search, exact, n, c, h, w, o, kh, kw, stride,
+// pad): the search mode and the f32-exact setting (config.h) are part of the
+// key so that a test can compare the choices for the same shape.
+using Key = std::tuple<int, int, int, bool, int, bool, int64_t, int64_t, int64_t, int64_t, int64_t,
+                       int64_t, int64_t, int, int>;
 
 struct Choice {
   int algo = 0;
@@ -238,9 +245,57 @@ struct FindWorkspace {
   }
 };
 
+// The calling thread's last choice per pass, for LastConvChoiceForTesting.
+std::string& LastChoice(Pass p) {
+  thread_local std::string last[3];
+  return last[static_cast<int>(p)];
+}
+
+const char* AlgoName(Pass p, int algo) {
+  static const char* const kFwd[] = {
+      "IMPLICIT_GEMM", "IMPLICIT_PRECOMP_GEMM", "GEMM", "DIRECT", "FFT", "FFT_TILING",
+      "WINOGRAD",      "WINOGRAD_NONFUSED"};
+  static const char* const kData[] = {"ALGO_0",     "ALGO_1",   "FFT",
+                                      "FFT_TILING", "WINOGRAD", "WINOGRAD_NONFUSED"};
+  static const char* const kFilter[] = {
+      "ALGO_0", "ALGO_1", "FFT", "ALGO_3", "WINOGRAD", "WINOGRAD_NONFUSED", "FFT_TILING"};
+  switch (p) {
+    case Pass::kForward:
+      if (algo >= 0 && algo < 8) return kFwd[algo];
+      break;
+    case Pass::kBackwardData:
+      if (algo >= 0 && algo < 6) return kData[algo];
+      break;
+    case Pass::kBackwardFilter:
+      if (algo >= 0 && algo < 7) return kFilter[algo];
+      break;
+  }
+  return "UNKNOWN";
+}
+
+// FFT and Winograd algorithms (see config.h ConvF32Exact).
+bool Transforms(Pass p, int algo) {
+  const std::string name = AlgoName(p, algo);
+  return name.find("FFT") != std::string::npos || name.find("WINOGRAD") != std::string::npos;
+}
+
+const char* MathName(cudnnMathType_t m) {
+  switch (m) {
+    case CUDNN_DEFAULT_MATH:
+      return "DEFAULT";
+    case CUDNN_TENSOR_OP_MATH:
+      return "TENSOR_OP";
+    case CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION:
+      return "TENSOR_OP_ALLOW_CONVERSION";
+    case CUDNN_FMA_MATH:
+      return "FMA";
+  }
+  return "UNKNOWN";
+}
+
 template <Pass P>
 Choice Choose(const char* op, int device, cudaStream_t stream, cudnnHandle_t h, Descs& d,
-              const Ptrs& p, const Key& key, DType dt, bool tf32) {
+              const Ptrs& p, const Key& key, DType dt, bool tf32, bool exact) {
   Cache& cache = GetCache();
   {
     absl::MutexLock lock(&cache.mu);
@@ -288,7 +343,8 @@ Choice Choose(const char* op, int device, cudaStream_t stream, cudnnHandle_t h, 
   const typename Ops::Perf* best = nullptr;
   for (int i = 0; i < returned && best == nullptr; ++i) {
     if (perf[i].status == CUDNN_STATUS_SUCCESS && perf[i].memory <= limit &&
-        MathAllowed(perf[i].mathType, dt, tf32)) {
+        MathAllowed(perf[i].mathType, dt, tf32) &&
+        (!exact || !Transforms(P, static_cast<int>(perf[i].algo)))) {
       best = &perf[i];
     }
   }
@@ -311,9 +367,13 @@ void RunConv(const char* op, int device, DType dt, const Geom& g, const Ptrs& p)
   cudnnHandle_t h = CudnnHandle(device, s);
   Descs d(dt, g);
   const bool tf32 = dt == DType::kF32 && ::dtrain::cuda::AllowTf32();
-  const Key key(device, static_cast<int>(P), static_cast<int>(dt), tf32, g.n, g.c, g.h, g.w, g.o,
-                g.kh, g.kw, g.stride, g.pad);
-  const Choice c = Choose<P>(op, device, s, h, d, p, key, dt, tf32);
+  const int search = static_cast<int>(::dtrain::cuda::GetConvAlgoSearch());
+  const bool exact = dt == DType::kF32 && !tf32 && ::dtrain::cuda::ConvF32Exact();
+  const Key key(device, static_cast<int>(P), static_cast<int>(dt), tf32, search, exact, g.n, g.c,
+                g.h, g.w, g.o, g.kh, g.kw, g.stride, g.pad);
+  const Choice c = Choose<P>(op, device, s, h, d, p, key, dt, tf32, exact);
+  LastChoice(P) =
+      absl::StrCat(AlgoName(P, c.algo), " math=", MathName(c.math), " workspace=", c.workspace);
   d.conv.SetMath(c.math);
   Tensor ws;
   if (c.workspace > 0) ws = Scratch(device, c.workspace);
@@ -391,6 +451,12 @@ void Conv2dBackwardWeights(const Tensor& x, const Tensor& dy, const Conv2dParams
 }
 
 }  // namespace
+
+std::string LastChoiceOfPass(int pass) {
+  DT_CHECK(pass >= 0 && pass < 3) << "conv pass " << pass;
+  return LastChoice(static_cast<Pass>(pass));
+}
+
 }  // namespace cuda_kernels
 
 DT_REGISTER_KERNEL(conv2d, DeviceType::kCUDA, Conv2dFn, cuda_kernels::Conv2d);
@@ -400,4 +466,14 @@ DT_REGISTER_KERNEL(conv2d_backward_weights, DeviceType::kCUDA, Conv2dBackwardWei
                    cuda_kernels::Conv2dBackwardWeights);
 
 }  // namespace ops
+
+namespace cuda {
+namespace dnn {
+
+std::string LastConvChoiceForTesting(ConvPass pass) {
+  return ::dtrain::ops::cuda_kernels::LastChoiceOfPass(static_cast<int>(pass));
+}
+
+}  // namespace dnn
+}  // namespace cuda
 }  // namespace dtrain
