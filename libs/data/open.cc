@@ -751,6 +751,27 @@ absl::StatusOr<Dataset> OpenDataset(const DataConfig& c, Split split, const std:
   return data;
 }
 
+int LoaderThreads(const DataConfig& c) {
+  if (c.data_threads > 0) return c.data_threads;
+  return c.is_idx() ? 1 : 2;
+}
+
+absl::Status CheckInputShape(const Dataset& data, const std::vector<int64_t>& shape,
+                             const std::string& model) {
+  if (data.size == 0) return absl::OkStatus();
+  const std::vector<int64_t> have = {data.channels, data.rows, data.cols};
+  int64_t want = 1;
+  for (int64_t d : shape) want *= d;
+  // A model that flattens its input takes the same values in another shape.
+  if (have == shape || (shape.size() == 1 && want == have[0] * have[1] * have[2])) {
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "the data at '", data.location, "' are ", absl::StrJoin(have, " x "), " images but model ",
+      model, " takes ", absl::StrJoin(shape, " x "),
+      "; set data.channels, height and width (with resize/crop transforms) to the model's input"));
+}
+
 DatasetSummary Summarize(const Dataset& data) {
   DatasetSummary s;
   s.size = data.size;

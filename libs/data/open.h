@@ -60,7 +60,7 @@ struct DataConfig {
   int num_classes = 0;  // labels must be below it; 0: 10 for idx, else required
   Transforms transforms;
   bool skip_corrupt = false;
-  int data_threads = 0;  // decode threads; 0: one per core, at most 8
+  int data_threads = 0;  // decode threads; 0: LoaderThreads (the check at open: up to 8)
   int64_t max_image_pixels = kDefaultMaxImagePixels;
 
   bool is_idx() const { return format.empty() || format == "idx"; }
@@ -86,6 +86,18 @@ absl::StatusOr<std::vector<std::string>> ExpandLocation(const std::string& locat
 // An empty test location gives an empty Dataset (size 0).
 absl::StatusOr<Dataset> OpenDataset(const DataConfig& c, Split split,
                                     const std::string& idx_dir = "");
+
+// Background threads for a DataLoader over `c`'s data: data_threads, else 1
+// for idx (copying pixels needs no more) and 2 for the decoded formats
+// (the step's kernels use the rest of the cores).
+int LoaderThreads(const DataConfig& c);
+
+// OK when `data`'s samples are `shape` = {channels, rows, cols} (a model's
+// input), or a 1-D shape of as many values; InvalidArgument saying both
+// shapes otherwise. An empty dataset
+// (no test set) fits any shape.
+absl::Status CheckInputShape(const Dataset& data, const std::vector<int64_t>& shape,
+                             const std::string& model);
 
 // What `trainctl data check` prints.
 struct DatasetSummary {

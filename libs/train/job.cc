@@ -16,6 +16,7 @@
 #include "libs/base/status.h"
 #include "libs/data/fashion_mnist.h"
 #include "libs/data/loader.h"
+#include "libs/data/open.h"
 #include "libs/graph/flops.h"
 #include "libs/graph/hybridize.h"
 #include "libs/nn/models.h"
@@ -370,7 +371,7 @@ absl::Status Run(const JobConfig& c, JobObserver* observer, JobProgress* progres
 
   // Data: this rank's shard of the training set; the test set on rank 0.
   const std::string dir = c.data_dir.empty() ? data::kDefaultFashionMnistDir : c.data_dir;
-  DT_ASSIGN_OR_RETURN(data::Dataset train_set, data::LoadFashionMnist(dir, data::Split::kTrain));
+  DT_ASSIGN_OR_RETURN(data::Dataset train_set, data::OpenDataset(c.data, data::Split::kTrain, dir));
   if (c.train_limit > 0 && c.train_limit < train_set.size) {
     train_set = data::Subset(train_set, c.train_limit);
   }
@@ -379,7 +380,7 @@ absl::Status Run(const JobConfig& c, JobObserver* observer, JobProgress* progres
   // Rank 0's (and a rank that becomes rank 0 in a regroup).
   auto load_test_set = [&]() -> absl::Status {
     if (rank != 0 || test_loaded) return absl::OkStatus();
-    DT_ASSIGN_OR_RETURN(test_set, data::LoadFashionMnist(dir, data::Split::kTest));
+    DT_ASSIGN_OR_RETURN(test_set, data::OpenDataset(c.data, data::Split::kTest, dir));
     if (c.test_limit > 0 && c.test_limit < test_set.size) {
       test_set = data::Subset(test_set, c.test_limit);
     }
@@ -388,12 +389,15 @@ absl::Status Run(const JobConfig& c, JobObserver* observer, JobProgress* progres
   };
   DT_RETURN_IF_ERROR(load_test_set());
   DT_ASSIGN_OR_RETURN(Shape sample_shape, nn::ModelInputShape(c.model));
+  DT_RETURN_IF_ERROR(
+      data::CheckInputShape(train_set, {sample_shape.begin(), sample_shape.end()}, c.model));
   DT_ASSIGN_OR_RETURN(nn::Init init, nn::ParseInit(c.init.empty() ? "normal" : c.init));
   data::LoaderOptions lo;
   lo.batch_size = local_batch;
   lo.shuffle = true;
   lo.seed = c.seed;
   lo.prefetch = 2;
+  lo.threads = data::LoaderThreads(c.data);
   std::unique_ptr<data::DataLoader> loader;
   // This rank's shard of the current membership.
   auto make_loader = [&]() -> absl::Status {
@@ -606,7 +610,10 @@ absl::Status Run(const JobConfig& c, JobObserver* observer, JobProgress* progres
       const absl::Time step_start = absl::Now();
       const int64_t step_start_ns = absl::ToUnixNanos(step_start);
       const double waited_before = loader->wait_seconds();
-      if (!loader->Next(&b)) break;
+      if (!loader->Next(&b)) {
+        DT_RETURN_IF_ERROR(loader->status());  // a sample failed to read or decode
+        break;
+      }
       const double data_wait = std::max(0.0, loader->wait_seconds() - waited_before);
       const int64_t data_end_ns = absl::GetCurrentTimeNanos();
       if (observer->StopRequested()) return absl::CancelledError("stopped");

@@ -136,6 +136,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "libs/collective/communicator.h"
+#include "libs/data/open.h"
 #include "libs/kvstore/parameter_server.h"
 #include "libs/ops/ops.h"
 #include "libs/tensor/tensor.h"
@@ -150,7 +151,8 @@ struct JobConfig {
 
   // What to train (a JobSpec's fields).
   std::string model = "lenet";
-  std::string data_dir;  // Fashion-MNIST; empty: the Debian package's
+  std::string data_dir;   // Fashion-MNIST; empty: the Debian package's
+  data::DataConfig data;  // its format empty: Fashion-MNIST from data_dir
   int epochs = 1;
   int64_t global_batch_size = 256;  // over all ranks
   // Samples per step of each rank; 0: global_batch_size / world_size. An
