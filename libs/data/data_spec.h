@@ -1,4 +1,4 @@
-// JobSpec.data (protos/scheduler.proto DataSpec) to a DataConfig (open.h),
+// JobSpec.data (protos/scheduler.proto DataSpec) to a DataConfig (config.h),
 // for the scheduler's checks at submit and the trainers' plans.
 //
 //   DT_ASSIGN_OR_RETURN(data::DataConfig c, data::DataConfigFromSpec(spec.data()));
@@ -11,7 +11,7 @@
 #define DTRAIN_LIBS_DATA_DATA_SPEC_H_
 
 #include "absl/status/statusor.h"
-#include "libs/data/open.h"
+#include "libs/data/config.h"
 #include "protos/scheduler.pb.h"
 
 namespace dtrain::data {

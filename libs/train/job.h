@@ -136,7 +136,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "libs/collective/communicator.h"
-#include "libs/data/open.h"
+#include "libs/data/config.h"
 #include "libs/kvstore/parameter_server.h"
 #include "libs/ops/ops.h"
 #include "libs/tensor/tensor.h"
