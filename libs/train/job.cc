@@ -682,6 +682,10 @@ absl::Status Run(const JobConfig& c, JobObserver* observer, JobProgress* progres
       }
       times.phases.phase[static_cast<int>(StepPhase::kDataWait)] = {step_start_ns, data_end_ns};
       times.samples = b.size;
+      times.data_queue_depth = loader->queue_depth();
+      if (loader->prepare_seconds() > 0) {
+        times.data_decode_rate = loader->samples_prepared() / loader->prepare_seconds();
+      }
       loss_sum += static_cast<double>(l) * b.size;
       correct += hybrid ? ops::CountCorrect(hybrid->logits(), y) : trainer->last_correct();
       seen += b.size;

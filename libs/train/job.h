@@ -248,6 +248,10 @@ struct StepTimes {
   double data_wait = 0;
   StepPhases phases;
   int64_t samples = 0;  // this rank's samples in the step
+  // The data loader (libs/data/loader.h): batches ready ahead when the step
+  // took its batch, and samples prepared per thread-second so far.
+  int64_t data_queue_depth = 0;
+  double data_decode_rate = 0;
 };
 
 class JobObserver {
