@@ -68,7 +68,7 @@ ImageFormat SniffImageFormat(absl::string_view bytes) {
   return ImageFormat::kUnknown;
 }
 
-absl::StatusOr<Image> DecodePng(absl::string_view bytes, const DecodeOptions& options) {
+absl::Status DecodePngInto(absl::string_view bytes, const DecodeOptions& options, Image* out) {
   if (absl::Status s = CheckChannels(options.channels); !s.ok()) return s;
   PngImage png;
   if (!png_image_begin_read_from_memory(&png.image, bytes.data(), bytes.size())) {
@@ -80,12 +80,12 @@ absl::StatusOr<Image> DecodePng(absl::string_view bytes, const DecodeOptions& op
   int channels = options.channels;
   if (channels == 0) channels = (png.image.format & PNG_FORMAT_FLAG_COLOR) ? 3 : 1;
   png.image.format = channels == 1 ? PNG_FORMAT_GRAY : PNG_FORMAT_RGB;
-  Image out;
-  out.channels = channels;
-  out.height = static_cast<int>(png.image.height);
-  out.width = static_cast<int>(png.image.width);
-  out.u8.resize(PNG_IMAGE_SIZE(png.image));
-  if (!png_image_finish_read(&png.image, /*background=*/nullptr, out.u8.data(), /*row_stride=*/0,
+  out->channels = channels;
+  out->height = static_cast<int>(png.image.height);
+  out->width = static_cast<int>(png.image.width);
+  out->f32.clear();
+  out->u8.resize(PNG_IMAGE_SIZE(png.image));
+  if (!png_image_finish_read(&png.image, /*background=*/nullptr, out->u8.data(), /*row_stride=*/0,
                              /*colormap=*/nullptr)) {
     return absl::DataLossError(absl::StrCat("corrupt PNG: ", png.image.message));
   }
@@ -93,12 +93,20 @@ absl::StatusOr<Image> DecodePng(absl::string_view bytes, const DecodeOptions& op
   if (png.image.warning_or_error != 0) {
     return absl::DataLossError(absl::StrCat("corrupt PNG: ", png.image.message));
   }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Image> DecodePng(absl::string_view bytes, const DecodeOptions& options) {
+  Image out;
+  if (absl::Status s = DecodePngInto(bytes, options, &out); !s.ok()) return s;
   return out;
 }
 
-absl::StatusOr<Image> DecodeJpeg(absl::string_view bytes, const DecodeOptions& options) {
+absl::Status DecodeJpegInto(absl::string_view bytes, const DecodeOptions& options, Image* out) {
   if (absl::Status s = CheckChannels(options.channels); !s.ok()) return s;
-  TjHandle tj(tjInitDecompress());
+  // One decompressor per thread: creating one costs about as much as
+  // decoding a small image.
+  thread_local TjHandle tj(tjInitDecompress());
   if (tj.handle == nullptr) return absl::InternalError("tjInitDecompress failed");
   int width = 0, height = 0, subsamp = 0, colorspace = 0;
   const auto* src = reinterpret_cast<const unsigned char*>(bytes.data());
@@ -109,29 +117,41 @@ absl::StatusOr<Image> DecodeJpeg(absl::string_view bytes, const DecodeOptions& o
   if (absl::Status s = CheckSize("JPEG", width, height, options); !s.ok()) return s;
   int channels = options.channels;
   if (channels == 0) channels = colorspace == TJCS_GRAY ? 1 : 3;
-  Image out;
-  out.channels = channels;
-  out.height = height;
-  out.width = width;
-  out.u8.resize(static_cast<size_t>(width) * height * channels);
-  if (tjDecompress2(tj.handle, src, bytes.size(), out.u8.data(), width, /*pitch=*/0, height,
+  out->channels = channels;
+  out->height = height;
+  out->width = width;
+  out->f32.clear();
+  out->u8.resize(static_cast<size_t>(width) * height * channels);
+  if (tjDecompress2(tj.handle, src, bytes.size(), out->u8.data(), width, /*pitch=*/0, height,
                     channels == 1 ? TJPF_GRAY : TJPF_RGB, TJFLAG_STOPONWARNING) != 0) {
     return absl::DataLossError(absl::StrCat("corrupt JPEG: ", TjError(tj.handle)));
   }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Image> DecodeJpeg(absl::string_view bytes, const DecodeOptions& options) {
+  Image out;
+  if (absl::Status s = DecodeJpegInto(bytes, options, &out); !s.ok()) return s;
   return out;
 }
 
-absl::StatusOr<Image> DecodeImage(absl::string_view bytes, const DecodeOptions& options) {
+absl::Status DecodeImageInto(absl::string_view bytes, const DecodeOptions& options, Image* out) {
   switch (SniffImageFormat(bytes)) {
     case ImageFormat::kPng:
-      return DecodePng(bytes, options);
+      return DecodePngInto(bytes, options, out);
     case ImageFormat::kJpeg:
-      return DecodeJpeg(bytes, options);
+      return DecodeJpegInto(bytes, options, out);
     case ImageFormat::kUnknown:
       break;
   }
   return absl::DataLossError(
       absl::StrCat("not a PNG or JPEG image (", bytes.size(), " bytes, unrecognized signature)"));
+}
+
+absl::StatusOr<Image> DecodeImage(absl::string_view bytes, const DecodeOptions& options) {
+  Image out;
+  if (absl::Status s = DecodeImageInto(bytes, options, &out); !s.ok()) return s;
+  return out;
 }
 
 absl::StatusOr<std::string> EncodePng(const Image& image) {

@@ -57,8 +57,12 @@ ImageFormat SniffImageFormat(absl::string_view bytes);
 
 absl::StatusOr<Image> DecodePng(absl::string_view bytes, const DecodeOptions& options);
 absl::StatusOr<Image> DecodeJpeg(absl::string_view bytes, const DecodeOptions& options);
-// Either of the above, by SniffImageFormat; InvalidArgument for neither.
+// Either of the above, by SniffImageFormat; DataLoss for neither.
 absl::StatusOr<Image> DecodeImage(absl::string_view bytes, const DecodeOptions& options);
+// The same into `*out`, reusing its pixel buffer (a loader decoding sample
+// after sample allocates nothing after the first). On error *out is
+// unspecified.
+absl::Status DecodeImageInto(absl::string_view bytes, const DecodeOptions& options, Image* out);
 
 // Encoders for tests, benchmarks and `trainctl data pack`: `image` must hold
 // u8 pixels with 1 or 3 channels.

@@ -166,9 +166,8 @@ class ImageFolderSource : public Source {
   absl::Status Read(int64_t i, Image* image) const override {
     absl::StatusOr<std::string> bytes = ReadWholeFile(files_[i], int64_t{1} << 30);
     if (!bytes.ok()) return bytes.status();
-    absl::StatusOr<Image> decoded = DecodeImage(*bytes, options_);
-    if (!decoded.ok()) return Annotate(decoded.status(), Describe(i));
-    *image = *std::move(decoded);
+    absl::Status decoded = DecodeImageInto(*bytes, options_, image);
+    if (!decoded.ok()) return Annotate(decoded, Describe(i));
     return absl::OkStatus();
   }
   std::string Describe(int64_t i) const override {
@@ -201,11 +200,11 @@ class WebDatasetSource : public Source {
   absl::Status Read(int64_t i, Image* image) const override {
     const Sample& s = samples_[i];
     const Shard& shard = shards_[s.shard];
-    std::string bytes(s.size, '\0');
+    thread_local std::string bytes;
+    bytes.resize(s.size);
     DT_RETURN_IF_ERROR(PreadFully(shard.fd.get(), shard.path, s.offset, s.size, bytes.data()));
-    absl::StatusOr<Image> decoded = DecodeImage(bytes, options_);
-    if (!decoded.ok()) return Annotate(decoded.status(), Describe(i));
-    *image = *std::move(decoded);
+    absl::Status decoded = DecodeImageInto(bytes, options_, image);
+    if (!decoded.ok()) return Annotate(decoded, Describe(i));
     return absl::OkStatus();
   }
   std::string Describe(int64_t i) const override {

@@ -153,22 +153,90 @@ absl::Status ApplyTransforms(const Image& image, const Transforms& t, uint64_t s
   const float* table = Pixels().value;
   const float* planar =
       resized.empty() ? (image.f32.empty() ? nullptr : image.f32.data()) : resized.data();
+  // Output column x reads source column sx = x0 + step * x (step -1 when
+  // flipped); the columns inside the image are one contiguous range.
+  const int x0 = flip ? out_w - 1 + x_off : x_off;
+  const int step = flip ? -1 : 1;
+  int lo = 0, hi = out_w;  // x in [lo, hi) reads inside the image
+  if (!flip) {
+    lo = std::max(0, -x_off);
+    hi = std::min(out_w, w - x_off);
+  } else {
+    lo = std::max(0, x0 - (w - 1));
+    hi = std::min(out_w, x0 + 1);
+  }
+  if (hi < lo) hi = lo;
+  const bool normalize = !t.mean.empty();
+  const size_t plane = static_cast<size_t>(out_h) * out_w;
+  if (planar == nullptr) {
+    // 8-bit pixels: one table per channel maps a byte straight to its
+    // output value (the same arithmetic as below, done 256 times), and each
+    // source row is read once for all channels.
+    thread_local std::vector<float> tables;
+    tables.resize(static_cast<size_t>(channels) * 256);
+    std::vector<float> pad(channels);
+    for (int c = 0; c < channels; ++c) {
+      const float mean = normalize ? t.mean[c] : 0.0f;
+      const float inv_std = normalize ? 1.0f / t.std[c] : 1.0f;
+      for (int p = 0; p < 256; ++p) {
+        tables[c * 256 + p] = normalize ? (table[p] - mean) * inv_std : table[p];
+      }
+      pad[c] = normalize ? (0.0f - mean) * inv_std : 0.0f;
+    }
+    for (int y = 0; y < out_h; ++y) {
+      const int sy = y + y_off;
+      const bool inside = sy >= 0 && sy < h;
+      for (int c = 0; c < channels; ++c) {
+        float* row = out + c * plane + static_cast<size_t>(y) * out_w;
+        if (!inside) {
+          std::fill(row, row + out_w, pad[c]);
+          continue;
+        }
+        std::fill(row, row + lo, pad[c]);
+        std::fill(row + hi, row + out_w, pad[c]);
+      }
+      if (!inside) continue;
+      const uint8_t* src = image.u8.data() + static_cast<size_t>(sy) * w * channels;
+      if (channels == 3) {
+        float* r0 = out + static_cast<size_t>(y) * out_w;
+        float* r1 = r0 + plane;
+        float* r2 = r1 + plane;
+        const float* t0 = tables.data();
+        const float* t1 = t0 + 256;
+        const float* t2 = t1 + 256;
+        for (int x = lo; x < hi; ++x) {
+          const uint8_t* p = src + (x0 + step * x) * 3;
+          r0[x] = t0[p[0]];
+          r1[x] = t1[p[1]];
+          r2[x] = t2[p[2]];
+        }
+      } else {
+        for (int c = 0; c < channels; ++c) {
+          float* row = out + c * plane + static_cast<size_t>(y) * out_w;
+          const float* tc = tables.data() + c * 256;
+          for (int x = lo; x < hi; ++x) row[x] = tc[src[(x0 + step * x) * channels + c]];
+        }
+      }
+    }
+    return absl::OkStatus();
+  }
   for (int c = 0; c < channels; ++c) {
-    const float mean = t.mean.empty() ? 0.0f : t.mean[c];
-    const float inv_std = t.std.empty() ? 1.0f : 1.0f / t.std[c];
-    const bool normalize = !t.mean.empty();
-    float* dst = out + static_cast<size_t>(c) * out_h * out_w;
+    const float mean = normalize ? t.mean[c] : 0.0f;
+    const float inv_std = normalize ? 1.0f / t.std[c] : 1.0f;
+    const float pad_value = normalize ? (0.0f - mean) * inv_std : 0.0f;
+    float* dst = out + c * plane;
     for (int y = 0; y < out_h; ++y) {
       const int sy = y + y_off;
       float* row = dst + static_cast<size_t>(y) * out_w;
-      for (int x = 0; x < out_w; ++x) {
-        const int sx = (flip ? out_w - 1 - x : x) + x_off;
-        float v = 0.0f;
-        if (sy >= 0 && sy < h && sx >= 0 && sx < w) {
-          v = planar != nullptr
-                  ? planar[(static_cast<size_t>(c) * h + sy) * w + sx]
-                  : table[image.u8[(static_cast<size_t>(sy) * w + sx) * channels + c]];
-        }
+      if (sy < 0 || sy >= h) {
+        std::fill(row, row + out_w, pad_value);
+        continue;
+      }
+      std::fill(row, row + lo, pad_value);
+      std::fill(row + hi, row + out_w, pad_value);
+      const float* src = planar + (static_cast<size_t>(c) * h + sy) * w;
+      for (int x = lo; x < hi; ++x) {
+        const float v = src[x0 + step * x];
         row[x] = normalize ? (v - mean) * inv_std : v;
       }
     }
