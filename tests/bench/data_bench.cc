@@ -274,6 +274,7 @@ int Main() {
     tj /= measured;
     std::printf("tjbench_decompress_images_per_s=%.1f\n", tj);
     std::printf("ours_over_tjbench_ratio=%.3f\n", ours / tj);
+    std::printf("decode_only_over_tjbench_ratio=%.3f\n", decode_only / tj);
   } else {
     std::printf("tjbench=missing (apt-get install libjpeg-turbo-progs; tools/setup --bench)\n");
   }
