@@ -2,7 +2,8 @@
 // WebDataset PNG shards and as .npy (both in IDX order) trains a 2-rank
 // LeNet job (two ranks in this process, in-process communicators) whose
 // per-epoch losses, train accuracies and test accuracies equal the IDX
-// run's bit for bit.
+// run's bit for bit; and with a rank lost in epoch 1 and replaced in place,
+// the WebDataset run equals the IDX run with the same loss.
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -77,6 +78,99 @@ std::vector<std::vector<JobProgress>> TrainTwoRanks(const data::DataConfig& d) {
 
 bool SameBits(double a, double b) { return std::memcmp(&a, &b, sizeof a) == 0; }
 
+// Rank 0's observer when rank 1 goes away: regroups into a new in-process
+// communicator that a replacement rank 1 (JobConfig::join) meets.
+class Regrouper : public JobObserver {
+ public:
+  explicit Regrouper(collective::Store* store) : store_(store) {}
+  absl::StatusOr<collective::Communicator*> Regroup(const absl::Status& failure) override {
+    ++regroups;
+    collective::CommunicatorOptions co;
+    co.transport = collective::TransportKind::kInProcess;
+    co.key_prefix = "gen1";
+    auto comm = collective::Communicator::Create(0, 2, store_, co);
+    if (!comm.ok()) return comm.status();
+    comm_ = *std::move(comm);
+    return comm_.get();
+  }
+  void OnEpoch(const JobProgress& p) override { epochs.push_back(p); }
+  int regroups = 0;
+  std::vector<JobProgress> epochs;
+
+ private:
+  collective::Store* store_;
+  std::unique_ptr<collective::Communicator> comm_;
+};
+
+class StopAfter : public JobObserver {
+ public:
+  explicit StopAfter(int steps) : stop_after_(steps) {}
+  void OnStep(const JobProgress& p, const StepTimes& t) override { ++steps_; }
+  bool StopRequested() override { return steps_ >= stop_after_; }
+
+ private:
+  int stop_after_;
+  int steps_ = 0;
+};
+
+// Rank 1 stops in epoch 1 (its communicator closes, as when its process is
+// killed); rank 0 regroups with a replacement that takes the state and the
+// data position from it. Rank 0's per-epoch progress.
+std::vector<JobProgress> TrainTwoRanksWithALostRank(const data::DataConfig& d) {
+  collective::InMemoryStore store;
+  Regrouper regrouper(&store);
+  absl::Status st[3];
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < 2; ++r) {
+    ranks.emplace_back([&, r] {
+      collective::CommunicatorOptions co;
+      co.transport = collective::TransportKind::kInProcess;
+      JobConfig c;
+      c.name = "formats-recovery";
+      c.model = "lenet";
+      c.epochs = 2;
+      c.global_batch_size = 128;
+      c.sgd = {.lr = 0.05f, .momentum = 0.9f};
+      c.seed = 7;
+      c.init = "kaiming";
+      c.threads = 1;
+      c.train_limit = kTrain;
+      c.test_limit = kTest;
+      c.data = d;
+      c.rank = r;
+      c.world_size = 2;
+      JobProgress p;
+      {
+        auto comm = collective::Communicator::Create(r, 2, &store, co);
+        if (!comm.ok()) {
+          st[r] = comm.status();
+          return;
+        }
+        c.communicator = comm->get();
+        StopAfter stop(r == 1 ? 5 : 1 << 30);  // epoch 1, step 6
+        st[r] = RunJob(c, r == 0 ? static_cast<JobObserver*>(&regrouper) : &stop, &p);
+      }
+      if (r == 0) return;
+      co.key_prefix = "gen1";
+      auto comm = collective::Communicator::Create(1, 2, &store, co);
+      if (!comm.ok()) {
+        st[2] = comm.status();
+        return;
+      }
+      c.communicator = comm->get();
+      c.join = true;
+      JobProgress joined;
+      st[2] = RunJob(c, nullptr, &joined);
+    });
+  }
+  for (auto& t : ranks) t.join();
+  EXPECT_TRUE(st[0].ok()) << st[0];
+  EXPECT_TRUE(absl::IsCancelled(st[1])) << st[1];
+  EXPECT_TRUE(st[2].ok()) << st[2];
+  EXPECT_EQ(regrouper.regroups, 1);
+  return regrouper.epochs;
+}
+
 TEST(DataFormatsTest, WebDatasetAndNpyTrainExactlyAsIdx) {
   absl::StatusOr<data::Dataset> train =
       data::LoadFashionMnist(data::kDefaultFashionMnistDir, data::Split::kTrain);
@@ -125,6 +219,36 @@ TEST(DataFormatsTest, WebDatasetAndNpyTrainExactlyAsIdx) {
   // It learned something (so equality is not of two broken runs).
   EXPECT_LT(idx_run[0][1].loss, idx_run[0][0].loss);
   EXPECT_GT(idx_run[0][1].test_accuracy, 0.6);
+}
+
+TEST(DataFormatsTest, AfterALostRankIsReplacedInPlaceWebDatasetStillTrainsExactlyAsIdx) {
+  absl::StatusOr<data::Dataset> train =
+      data::LoadFashionMnist(data::kDefaultFashionMnistDir, data::Split::kTrain);
+  absl::StatusOr<data::Dataset> test =
+      data::LoadFashionMnist(data::kDefaultFashionMnistDir, data::Split::kTest);
+  ASSERT_TRUE(train.ok() && test.ok()) << train.status() << test.status();
+  const std::string wds = TmpDir("wds-recovery");
+  ASSERT_TRUE(
+      data::WriteWebDataset(data::Subset(*train, kTrain), wds, "train", {.shard_size = 1024}).ok());
+  ASSERT_TRUE(
+      data::WriteWebDataset(data::Subset(*test, kTest), wds, "test", {.shard_size = 1024}).ok());
+  data::DataConfig w;
+  w.format = "webdataset";
+  w.train = data::BraceLocation(wds, "train", 2);
+  w.test = data::BraceLocation(wds, "test", 1);
+  w.channels = 1;
+  w.height = w.width = 28;
+  w.num_classes = 10;
+  const std::vector<JobProgress> idx_run = TrainTwoRanksWithALostRank(data::DataConfig{});
+  const std::vector<JobProgress> wds_run = TrainTwoRanksWithALostRank(w);
+  ASSERT_EQ(idx_run.size(), 2u);
+  ASSERT_EQ(wds_run.size(), 2u);
+  for (int e = 0; e < 2; ++e) {
+    EXPECT_TRUE(SameBits(wds_run[e].loss, idx_run[e].loss))
+        << "epoch " << e + 1 << ": " << wds_run[e].loss << " vs " << idx_run[e].loss;
+    EXPECT_TRUE(SameBits(wds_run[e].test_accuracy, idx_run[e].test_accuracy));
+  }
+  EXPECT_GT(idx_run[1].test_accuracy, 0.6);
 }
 
 }  // namespace
