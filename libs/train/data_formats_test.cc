@@ -216,6 +216,10 @@ TEST(DataFormatsTest, WebDatasetAndNpyTrainExactlyAsIdx) {
       }
     }
   }
+  // Rank 0 reports the dataset's sizes (trainctl get shows them).
+  EXPECT_EQ(wds_run[0][0].data_train_samples, kTrain);
+  EXPECT_EQ(wds_run[0][0].data_test_samples, kTest);
+  EXPECT_EQ(wds_run[0][0].data_corrupt_skipped, 0);
   // It learned something (so equality is not of two broken runs).
   EXPECT_LT(idx_run[0][1].loss, idx_run[0][0].loss);
   EXPECT_GT(idx_run[0][1].test_accuracy, 0.6);

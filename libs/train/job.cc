@@ -388,6 +388,9 @@ absl::Status Run(const JobConfig& c, JobObserver* observer, JobProgress* progres
     return absl::OkStatus();
   };
   DT_RETURN_IF_ERROR(load_test_set());
+  progress->data_train_samples = train_set.size;
+  progress->data_test_samples = test_set.size;
+  progress->data_corrupt_skipped = train_set.corrupt_skipped + test_set.corrupt_skipped;
   DT_ASSIGN_OR_RETURN(Shape sample_shape, nn::ModelInputShape(c.model));
   DT_RETURN_IF_ERROR(
       data::CheckInputShape(train_set, {sample_shape.begin(), sample_shape.end()}, c.model));

@@ -235,6 +235,11 @@ struct JobProgress {
   int checkpoint_epoch = 0;
   int64_t checkpoint_step = 0;  // steps of epoch checkpoint_epoch + 1 it holds (a drain's)
   bool drained = false;         // RunJob stopped for DrainRequested (Cancelled)
+  // The dataset as opened (the test set: rank 0's), and corrupt images left
+  // out (DataConfig::skip_corrupt).
+  int64_t data_train_samples = 0;
+  int64_t data_test_samples = 0;
+  int64_t data_corrupt_skipped = 0;
 };
 
 // A step's wall time split by phase: waiting for the data loader, the

@@ -365,6 +365,17 @@ void Print(const v1::JobStatus& j, bool detail) {
                   j.trainers().empty() ? "-" : absl::StrJoin(j.trainers(), ", ").c_str(),
                   j.attempts(),
                   j.drains() > 0 ? absl::StrCat(", ", j.drains(), " drained").c_str() : "");
+      if (j.data_train_samples() > 0) {
+        const v1::DataSpec& d = j.spec().data();
+        std::printf(
+            "  data: %s, %lld training and %lld test samples%s\n",
+            d.format().empty() ? "Fashion-MNIST (idx)" : d.format().c_str(),
+            static_cast<long long>(j.data_train_samples()),
+            static_cast<long long>(j.data_test_samples()),
+            j.data_corrupt_skipped() > 0
+                ? absl::StrCat(", ", j.data_corrupt_skipped(), " corrupt images skipped").c_str()
+                : "");
+      }
       if (j.recoveries() > 0 || j.generation() > 0) {
         std::printf(
             "  recovered in place: %d time%s, last in %.1f s, %lld step%s lost "

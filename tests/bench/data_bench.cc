@@ -129,7 +129,7 @@ data::Image Shapes(int side, std::mt19937* rng) {
   for (int y = 0; y < side; ++y) {
     for (int x = 0; x < side; ++x) {
       for (int c = 0; c < 3; ++c)
-        im.u8[(size_t{y} * side + x) * 3 + c] = (bg[c] + x / 2 + y / 3) % 256;
+        im.u8[(static_cast<size_t>(y) * side + x) * 3 + c] = (bg[c] + x / 2 + y / 3) % 256;
     }
   }
   for (int s = 0; s < 6; ++s) {
@@ -138,7 +138,7 @@ data::Image Shapes(int side, std::mt19937* rng) {
     for (int y = std::max(0, cy - r); y < std::min(side, cy + r); ++y) {
       for (int x = std::max(0, cx - r); x < std::min(side, cx + r); ++x) {
         if ((x - cx) * (x - cx) + (y - cy) * (y - cy) > r * r) continue;
-        for (int c = 0; c < 3; ++c) im.u8[(size_t{y} * side + x) * 3 + c] = col[c];
+        for (int c = 0; c < 3; ++c) im.u8[(static_cast<size_t>(y) * side + x) * 3 + c] = col[c];
       }
     }
   }
