@@ -84,6 +84,9 @@ v1::ProgressReport ToReport(const train::JobProgress& p) {
   r.set_checkpoint_path(p.checkpoint_path);
   r.set_checkpoint_epoch(p.checkpoint_epoch);
   r.set_checkpoint_step(p.checkpoint_step);
+  r.set_data_train_samples(p.data_train_samples);
+  r.set_data_test_samples(p.data_test_samples);
+  r.set_data_corrupt_skipped(p.data_corrupt_skipped);
   return r;
 }
 

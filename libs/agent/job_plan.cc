@@ -8,6 +8,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "libs/base/status.h"
+#include "libs/data/data_spec.h"
 #include "libs/scheduler/spec.h"
 #include "libs/security/job_token.h"
 
@@ -121,6 +122,10 @@ absl::StatusOr<JobPlan> PlanJob(const v1::Assignment& a, const TrainerResources&
   c.model = spec.model();
   if (!spec.data_dir().empty()) DT_RETURN_IF_ERROR(CheckDataDir(spec.data_dir(), r.data_roots));
   c.data_dir = spec.data_dir();
+  if (spec.has_data()) {  // checked by ValidateJobSpec above
+    DT_ASSIGN_OR_RETURN(c.data, data::DataConfigFromSpec(spec.data()));
+    DT_RETURN_IF_ERROR(data::CheckDataRoots(c.data, r.data_roots));
+  }
   c.epochs = spec.epochs();
   c.global_batch_size = spec.global_batch_size();
   if (elastic) c.local_batch_size = spec.global_batch_size() / spec.num_trainers();

@@ -70,7 +70,10 @@ TEST(JobPlanTest, DataDirMustLieUnderTheTrainersDataRoots) {
     a.mutable_spec()->set_data_dir(ok);
     EXPECT_TRUE(PlanJob(a, Cpu()).ok()) << ok;
   }
-  for (const char* bad : {"/etc", "/database", "/data/../etc", "data/fashion", "/data/./x"}) {
+  // A relative path is refused at submit already (ValidateJobSpec).
+  a.mutable_spec()->set_data_dir("data/fashion");
+  EXPECT_EQ(PlanJob(a, Cpu()).status().code(), absl::StatusCode::kInvalidArgument);
+  for (const char* bad : {"/etc", "/database", "/data/../etc", "/data/./x"}) {
     a.mutable_spec()->set_data_dir(bad);
     absl::StatusOr<JobPlan> plan = PlanJob(a, Cpu());
     EXPECT_EQ(plan.status().code(), absl::StatusCode::kPermissionDenied) << bad;
@@ -294,6 +297,39 @@ TEST(JobPlanTest, ParsesCudaCollective) {
   absl::Status s = ParseCudaCollective("gloo").status();
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(s.message(), "cuda collective must be auto, nccl or tcp, got 'gloo'");
+}
+
+TEST(JobPlanTest, DataSpecIsMappedAndItsPathsMustLieUnderTheDataRoots) {
+  v1::Assignment a = FullAssignment();
+  v1::DataSpec* d = a.mutable_spec()->mutable_data();
+  d->set_format("webdataset");
+  d->set_train("/data/shards/train-{000000..000003}.tar");
+  d->set_test("/data/shards/test-000000.tar");
+  d->set_channels(3);
+  d->set_height(32);
+  d->set_width(32);
+  d->set_num_classes(10);
+  d->set_data_threads(3);
+  d->mutable_transforms()->set_crop_height(32);
+  d->mutable_transforms()->set_crop_width(32);
+  d->mutable_transforms()->set_random_flip(true);
+  d->mutable_transforms()->set_mean("0.5, 0.4,0.3");
+  d->mutable_transforms()->set_std("0.2,0.2,0.2");
+  absl::StatusOr<JobPlan> plan = PlanJob(a, Cpu());
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  const data::DataConfig& c = plan->config.data;
+  EXPECT_EQ(c.format, "webdataset");
+  EXPECT_EQ(c.train, "/data/shards/train-{000000..000003}.tar");
+  EXPECT_EQ(c.channels, 3);
+  EXPECT_EQ(c.data_threads, 3);
+  EXPECT_TRUE(c.transforms.random_flip);
+  EXPECT_EQ(c.transforms.mean, (std::vector<float>{0.5f, 0.4f, 0.3f}));
+  d->set_test("/etc/test-000000.tar");
+  plan = PlanJob(a, Cpu());
+  EXPECT_EQ(plan.status().code(), absl::StatusCode::kPermissionDenied) << plan.status();
+  EXPECT_NE(plan.status().message().find("'/etc/test-000000.tar' is outside them"),
+            std::string::npos)
+      << plan.status();
 }
 
 }  // namespace

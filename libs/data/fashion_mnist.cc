@@ -67,8 +67,6 @@ absl::StatusOr<IdxArray> ReadPart(const std::string& dir, const std::string& nam
 
 }  // namespace
 
-const char* SplitName(Split split) { return split == Split::kTrain ? "train" : "test"; }
-
 absl::StatusOr<Dataset> LoadFashionMnist(const std::string& dir, Split split) {
   const std::string prefix = split == Split::kTrain ? "train" : "t10k";
   const std::string images_name = prefix + "-images-idx3-ubyte";
@@ -113,6 +111,9 @@ absl::StatusOr<Dataset> LoadFashionMnist(const std::string& dir, Split split) {
   data.size = images.dims[0];
   data.rows = kFashionMnistRows;
   data.cols = kFashionMnistCols;
+  data.num_classes = kFashionMnistClasses;
+  for (int c = 0; c < kFashionMnistClasses; ++c) data.class_names.push_back(kClassNames[c]);
+  data.location = dir;
   data.images = std::move(images.data);
   data.labels = std::move(labels.data);
   return data;
@@ -121,21 +122,6 @@ absl::StatusOr<Dataset> LoadFashionMnist(const std::string& dir, Split split) {
 const char* FashionMnistClassName(int label) {
   if (label < 0 || label >= kFashionMnistClasses) return "unknown";
   return kClassNames[label];
-}
-
-Dataset Subset(const Dataset& data, int64_t n) {
-  const int64_t count = std::clamp<int64_t>(n, 0, data.size);
-  // The clamps keep a hand-built, inconsistent Dataset from reading out of bounds.
-  const int64_t pixels =
-      std::min<int64_t>(count * data.rows * data.cols, static_cast<int64_t>(data.images.size()));
-  Dataset out;
-  out.size = count;
-  out.rows = data.rows;
-  out.cols = data.cols;
-  out.images.assign(data.images.begin(), data.images.begin() + pixels);
-  out.labels.assign(data.labels.begin(),
-                    data.labels.begin() + std::min<int64_t>(count, data.labels.size()));
-  return out;
 }
 
 }  // namespace dtrain::data

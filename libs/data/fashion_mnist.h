@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "libs/data/dataset.h"
 
 namespace dtrain::data {
 
@@ -30,21 +31,6 @@ inline constexpr const char* kDefaultFashionMnistDir = "/usr/share/datasets/fash
 inline constexpr int kFashionMnistClasses = 10;
 inline constexpr int kFashionMnistRows = 28;
 inline constexpr int kFashionMnistCols = 28;
-
-// An image-classification dataset held in memory.
-struct Dataset {
-  int64_t size = 0;             // number of samples
-  int rows = 0;                 // image height in pixels
-  int cols = 0;                 // image width in pixels
-  std::vector<uint8_t> images;  // size * rows * cols pixels, sample-major, row-major,
-                                // 0 = background, 255 = full intensity
-  std::vector<uint8_t> labels;  // size class indices
-};
-
-enum class Split { kTrain, kTest };
-
-// "train" or "test".
-const char* SplitName(Split split);
 
 // Loads one split from `dir` (see the top of this file for the file names).
 // Checks that the images are 28x28, that there are as many labels as images
@@ -57,10 +43,6 @@ absl::StatusOr<Dataset> LoadFashionMnist(const std::string& dir, Split split);
 // "dress", "coat", "sandal", "shirt", "sneaker", "bag", "ankle boot" for
 // 0..9, and "unknown" for anything else.
 const char* FashionMnistClassName(int label);
-
-// Returns a copy of the first min(n, data.size) samples of `data` (none when
-// n <= 0), for quick experiments and tests.
-Dataset Subset(const Dataset& data, int64_t n);
 
 }  // namespace dtrain::data
 

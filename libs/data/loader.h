@@ -18,30 +18,40 @@
 // (see sampler.h; epoch_order.py reproduces it in Python) cut into
 // consecutive batches of batch_size samples. The last batch may be smaller
 // unless drop_last is set, in which case it is dropped. Every rank gets the
-// same number of batches. The batches do not depend on `prefetch`.
+// same number of batches. The batches do not depend on `prefetch` or
+// `threads`.
 //
-// Batches hold plain host buffers: images as float pixel / 255 (so in [0, 1],
-// no further normalization), laid out N x 1 x rows x cols, and labels as
-// int32. Next() swaps the loader's buffers with those of the Batch passed in,
+// Batches hold plain host buffers: images as floats laid out
+// N x channels x rows x cols, and labels as int32. An in-memory dataset's
+// pixels become pixel / 255 (so in [0, 1], no further normalization); a
+// Source's samples are decoded and go through the dataset's transforms,
+// whose random choices are seeded by SampleSeed(seed, epoch, sample index),
+// so they too depend on nothing but the batch's place.
+//
+// Threads: `threads` background threads prepare whole batches (several at
+// once when threads > 1), up to max(prefetch, threads) batches ahead.
+// A sample that fails to read or decode (a file changed after the checks
+// at open) ends the epoch early: Next() returns false and status() says
+// which file. Next() swaps the loader's buffers with those of the Batch passed in,
 // so a loop that reuses one Batch object does not allocate after warm-up.
 //
 // Thread-safety: a DataLoader is driven by one thread at a time (calls to
-// StartEpoch and Next must not overlap); batches_per_epoch() and
-// wait_seconds() may be called from any thread. The Dataset must outlive the
+// StartEpoch and Next must not overlap); batches_per_epoch(), the
+// statistics and status() may be called from any thread. The Dataset must outlive the
 // DataLoader and must not change while it exists.
 #ifndef DTRAIN_LIBS_DATA_LOADER_H_
 #define DTRAIN_LIBS_DATA_LOADER_H_
 
 #include <condition_variable>
 #include <cstdint>
-#include <deque>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <thread>
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "libs/data/fashion_mnist.h"
+#include "libs/data/dataset.h"
 
 namespace dtrain::data {
 
@@ -52,14 +62,15 @@ struct LoaderOptions {
   int rank = 0;              // this process's index, 0 <= rank < world_size
   int world_size = 1;        // number of data-parallel processes, >= 1
   bool drop_last = false;    // drop a final batch smaller than batch_size
-  int prefetch = 2;          // batches prepared ahead by a background thread;
+  int prefetch = 2;          // batches prepared ahead by background threads;
                              // 0 = prepare each batch inside Next(), no thread
+  int threads = 1;           // background threads (with prefetch > 0), >= 1
 };
 
 struct Batch {
   int64_t size = 0;             // samples in this batch (<= batch_size)
   int64_t index = 0;            // position of the batch within the epoch, from 0
-  std::vector<float> images;    // size x 1 x rows x cols, pixel / 255
+  std::vector<float> images;    // size x channels x rows x cols
   std::vector<int32_t> labels;  // size class indices
 };
 
@@ -104,12 +115,25 @@ class DataLoader {
   // Compare with step time to see whether training is input-bound.
   double wait_seconds() const;
 
+  // OK, or the first sample that failed to read or decode; once set, Next()
+  // returns false until the loader is destroyed.
+  absl::Status status() const;
+
+  // Samples prepared so far, and the thread-seconds spent preparing them
+  // (reading, decoding, transforming): their ratio is the decode rate per
+  // thread. Batches ready and waiting for Next().
+  int64_t samples_prepared() const;
+  double prepare_seconds() const;
+  int64_t queue_depth() const;
+
  private:
   DataLoader(const Dataset* data, const LoaderOptions& options, int64_t samples_per_epoch,
              int64_t batches_per_epoch);
 
-  // Fills `*out` with batch `index` of `order`. Reads only immutable state.
-  void Fill(const std::vector<int64_t>& order, int64_t index, Batch* out) const;
+  // Fills `*out` with batch `index` of `order` in `epoch`. Reads only
+  // immutable state.
+  absl::Status Fill(const std::vector<int64_t>& order, int64_t epoch, int64_t index,
+                    Batch* out) const;
   void ProducerLoop();
   bool ProducerHasWork() const;  // requires mu_
 
@@ -117,6 +141,7 @@ class DataLoader {
   const LoaderOptions options_;
   const int64_t samples_per_epoch_;
   const int64_t batches_per_epoch_;
+  const int64_t depth_;     // batches prepared ahead
   float pixel_value_[256];  // pixel_value_[p] = p / 255.0f
 
   // std::mutex rather than absl::Mutex: the system Abseil is not built with
@@ -129,13 +154,17 @@ class DataLoader {
   bool started_ = false;
   uint64_t generation_ = 0;                            // incremented by StartEpoch
   std::shared_ptr<const std::vector<int64_t>> order_;  // this rank's samples this epoch
-  int64_t next_to_fill_ = 0;                           // batch index the producer fills next
-  int64_t next_to_return_ = 0;                         // batch index Next() returns next
-  std::deque<Batch> ready_;   // filled batches next_to_return_, next_to_return_ + 1, ...
-  std::vector<Batch> spare_;  // buffers to reuse
+  int64_t epoch_ = 0;
+  int64_t next_to_fill_ = 0;        // batch index the producers fill next
+  int64_t next_to_return_ = 0;      // batch index Next() returns next
+  std::map<int64_t, Batch> ready_;  // filled batches by index (>= next_to_return_)
+  std::vector<Batch> spare_;        // buffers to reuse
   double wait_seconds_ = 0;
+  absl::Status failure_;
+  int64_t samples_prepared_ = 0;
+  double prepare_seconds_ = 0;
 
-  std::thread producer_;  // only when options_.prefetch > 0
+  std::vector<std::thread> producers_;  // only when options_.prefetch > 0
 };
 
 }  // namespace dtrain::data

@@ -11,6 +11,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "libs/data/fashion_mnist.h"
 #include "libs/data/sampler.h"
 
 namespace dtrain::data {

@@ -531,6 +531,11 @@ absl::StatusOr<bool> Scheduler::ReportProgress(const ProgressReport& report) {
     next.set_mfu(r.mfu());
     if (r.steps_per_epoch() > 0) next.set_steps_per_epoch(r.steps_per_epoch());
     if (r.epoch_seconds() > 0) next.set_epoch_seconds(r.epoch_seconds());
+    if (r.data_train_samples() > 0) {
+      next.set_data_train_samples(r.data_train_samples());
+      next.set_data_test_samples(r.data_test_samples());
+      next.set_data_corrupt_skipped(r.data_corrupt_skipped());
+    }
     const bool new_checkpoint = !r.checkpoint_path().empty() &&
                                 (r.checkpoint_epoch() > 0 || r.checkpoint_step() > 0) &&
                                 (r.checkpoint_path() != next.checkpoint_path() ||

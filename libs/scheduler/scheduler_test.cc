@@ -199,8 +199,15 @@ TEST_F(SchedulerTest, SingleTrainerJobRunsAndSucceeds) {
   p.set_job_id(job->id());
   p.set_epoch(1);
   p.set_loss(0.5);
+  p.set_data_train_samples(60000);
+  p.set_data_test_samples(10000);
+  p.set_data_corrupt_skipped(3);
   ASSERT_TRUE(s->ReportProgress(p).ok());
   EXPECT_EQ(s->Get(job->id())->epoch(), 1);
+  // The dataset's sizes (trainctl get shows them).
+  EXPECT_EQ(s->Get(job->id())->data_train_samples(), 60000);
+  EXPECT_EQ(s->Get(job->id())->data_test_samples(), 10000);
+  EXPECT_EQ(s->Get(job->id())->data_corrupt_skipped(), 3);
   auto stop = s->ReportProgress(Final(t, job->id(), 0, v1::SUCCEEDED));
   ASSERT_TRUE(stop.ok()) << stop.status();
   EXPECT_FALSE(*stop);

@@ -4,6 +4,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "libs/base/status.h"
+#include "libs/data/data_spec.h"
 #include "libs/kvstore/types.h"
 
 namespace dtrain {
@@ -32,6 +34,12 @@ absl::Status ValidateJobSpec(const JobSpec& s) {
   if (s.data_dir().size() > 4096) {
     return Bad("data_dir", absl::StrCat("at most 4096 bytes, got ", s.data_dir().size()));
   }
+  if (!s.data_dir().empty() && s.data_dir()[0] != '/') {
+    return Bad("data_dir", absl::StrCat(Quote(s.data_dir()),
+                                        " is a relative path; give an absolute path (the "
+                                        "trainers resolve it on their own machines)"));
+  }
+  if (s.has_data()) DT_RETURN_IF_ERROR(data::DataConfigFromSpec(s.data()).status());
   if (s.name().size() > 63) {
     return Bad("name", absl::StrCat("at most 63 characters, got ", s.name().size()));
   }

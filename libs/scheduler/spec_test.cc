@@ -186,6 +186,33 @@ TEST(SpecTest, KvstoreBoundedDelayIsFine) {
   }
 }
 
+TEST(SpecTest, DataSpecIsCheckedAtSubmit) {
+  JobSpec s = Good();
+  s.mutable_data()->set_format("webdataset");
+  s.mutable_data()->set_train("/data/fmnist/train-{000000..000005}.tar");
+  s.mutable_data()->set_channels(1);
+  s.mutable_data()->set_height(28);
+  s.mutable_data()->set_width(28);
+  ASSERT_TRUE(ValidateJobSpec(s).ok()) << ValidateJobSpec(s);
+  const std::vector<std::pair<std::function<void(JobSpec*)>, std::string>> bad = {
+      {[](JobSpec* j) { j->mutable_data()->set_train("shards/train-{0..3}.tar"); },
+       "data.train: 'shards/train-0.tar' is a relative path"},
+      {[](JobSpec* j) { j->mutable_data()->set_format("csv"); }, "data.format:"},
+      {[](JobSpec* j) { j->mutable_data()->set_channels(4); }, "data.channels:"},
+      {[](JobSpec* j) { j->mutable_data()->set_width(0); }, "data.height:"},
+      {[](JobSpec* j) { j->mutable_data()->mutable_transforms()->set_mean("0.5,x"); },
+       "data.transforms.mean:"},
+      {[](JobSpec* j) { j->set_data_dir("fashion"); }, "data_dir: 'fashion' is a relative path"},
+  };
+  for (const auto& [change, expected] : bad) {
+    JobSpec j = s;
+    change(&j);
+    absl::Status status = ValidateJobSpec(j);
+    EXPECT_TRUE(absl::IsInvalidArgument(status)) << expected;
+    EXPECT_EQ(std::string(status.message()).rfind(expected, 0), 0u) << status;
+  }
+}
+
 }  // namespace
 }  // namespace scheduler
 }  // namespace dtrain

@@ -16,6 +16,7 @@
 #include "libs/base/status.h"
 #include "libs/data/fashion_mnist.h"
 #include "libs/data/loader.h"
+#include "libs/data/open.h"
 #include "libs/graph/flops.h"
 #include "libs/graph/hybridize.h"
 #include "libs/nn/models.h"
@@ -399,7 +400,10 @@ class JobRun {
       for (;;) {
         const absl::Time step_start = absl::Now();
         const double waited_before = loader_->wait_seconds();
-        if (!loader_->Next(&b)) break;
+        if (!loader_->Next(&b)) {
+          DT_RETURN_IF_ERROR(loader_->status());  // a sample failed to read or decode
+          break;
+        }
         const double data_wait = std::max(0.0, loader_->wait_seconds() - waited_before);
         const int64_t data_end_ns = absl::GetCurrentTimeNanos();
         if (control_->StopRequested()) return absl::CancelledError("stopped");
@@ -447,19 +451,24 @@ class JobRun {
   absl::Status LoadData() {
     if (c_.threads > 0) ops::SetCpuThreads(c_.threads);
     data_dir_ = c_.data_dir.empty() ? data::kDefaultFashionMnistDir : c_.data_dir;
-    DT_ASSIGN_OR_RETURN(train_set_, data::LoadFashionMnist(data_dir_, data::Split::kTrain));
+    DT_ASSIGN_OR_RETURN(train_set_, data::OpenDataset(c_.data, data::Split::kTrain, data_dir_));
     if (c_.train_limit > 0 && c_.train_limit < train_set_.size) {
       train_set_ = data::Subset(train_set_, c_.train_limit);
     }
     DT_RETURN_IF_ERROR(LoadTestSet());
+    progress_->data_train_samples = train_set_.size;
+    progress_->data_test_samples = test_set_.size;
+    progress_->data_corrupt_skipped = train_set_.corrupt_skipped + test_set_.corrupt_skipped;
     DT_ASSIGN_OR_RETURN(sample_shape_, nn::ModelInputShape(c_.model));
+    DT_RETURN_IF_ERROR(
+        data::CheckInputShape(train_set_, {sample_shape_.begin(), sample_shape_.end()}, c_.model));
     return MakeLoader();
   }
 
   // Rank 0's (and a rank that becomes rank 0 in a regroup).
   absl::Status LoadTestSet() {
     if (rank_ != 0 || test_loaded_) return absl::OkStatus();
-    DT_ASSIGN_OR_RETURN(test_set_, data::LoadFashionMnist(data_dir_, data::Split::kTest));
+    DT_ASSIGN_OR_RETURN(test_set_, data::OpenDataset(c_.data, data::Split::kTest, data_dir_));
     if (c_.test_limit > 0 && c_.test_limit < test_set_.size) {
       test_set_ = data::Subset(test_set_, c_.test_limit);
     }
@@ -474,6 +483,7 @@ class JobRun {
     lo.shuffle = true;
     lo.seed = c_.seed;
     lo.prefetch = 2;
+    lo.threads = data::LoaderThreads(c_.data);
     lo.rank = rank_;
     lo.world_size = world_;
     const int64_t tail = (train_set_.size / world_) % local_batch_;
@@ -728,6 +738,10 @@ class JobRun {
     }
     times.phases.phase[static_cast<int>(StepPhase::kDataWait)] = {step_start_ns, data_end_ns};
     times.samples = b.size;
+    times.data_queue_depth = loader_->queue_depth();
+    if (loader_->prepare_seconds() > 0) {
+      times.data_decode_rate = loader_->samples_prepared() / loader_->prepare_seconds();
+    }
     at->loss_sum += static_cast<double>(l) * b.size;
     at->correct += hybrid_ ? ops::CountCorrect(hybrid_->logits(), y) : trainer_->last_correct();
     at->seen += b.size;

@@ -148,6 +148,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "libs/collective/communicator.h"
+#include "libs/data/config.h"
 #include "libs/kvstore/parameter_server.h"
 #include "libs/ops/ops.h"
 #include "libs/tensor/tensor.h"
@@ -162,7 +163,8 @@ struct JobConfig {
 
   // What to train (a JobSpec's fields).
   std::string model = "lenet";
-  std::string data_dir;  // Fashion-MNIST; empty: the Debian package's
+  std::string data_dir;   // Fashion-MNIST; empty: the Debian package's
+  data::DataConfig data;  // its format empty: Fashion-MNIST from data_dir
   int epochs = 1;
   int64_t global_batch_size = 256;  // over all ranks
   // Samples per step of each rank; 0: global_batch_size / world_size. An
@@ -245,6 +247,11 @@ struct JobProgress {
   int checkpoint_epoch = 0;
   int64_t checkpoint_step = 0;  // steps of epoch checkpoint_epoch + 1 it holds (a drain's)
   bool drained = false;         // RunJob stopped for DrainRequested (Cancelled)
+  // The dataset as opened (the test set: rank 0's), and corrupt images left
+  // out (DataConfig::skip_corrupt).
+  int64_t data_train_samples = 0;
+  int64_t data_test_samples = 0;
+  int64_t data_corrupt_skipped = 0;
 };
 
 // A step's wall time split by phase: waiting for the data loader, the
@@ -258,6 +265,10 @@ struct StepTimes {
   double data_wait = 0;
   StepPhases phases;
   int64_t samples = 0;  // this rank's samples in the step
+  // The data loader (libs/data/loader.h): batches ready ahead when the step
+  // took its batch, and samples prepared per thread-second so far.
+  int64_t data_queue_depth = 0;
+  double data_decode_rate = 0;
 };
 
 // What RunJob tells its caller (services/trainer reports it). Called on

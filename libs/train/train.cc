@@ -73,6 +73,7 @@ absl::StatusOr<double> TestAccuracy(const data::Dataset& test, const Shape& samp
     correct += count_correct(x, y);
     total += b.size;
   }
+  DT_RETURN_IF_ERROR(loader->status());
   return total == 0 ? 0.0 : static_cast<double>(correct) / total;
 }
 

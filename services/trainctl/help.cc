@@ -154,7 +154,8 @@ std::string FlagLine(const char* name) {
   // Drop the "submit: " style prefix the flag's help carries for --helpfull.
   std::string help = flag->Help();
   if (size_t colon = help.find(": "); colon != std::string::npos && colon < 24 &&
-                                      help.substr(0, colon).find(' ') == std::string::npos) {
+                                      help.substr(0, colon).find_first_not_of(
+                                          "abcdefghijklmnopqrstuvwxyz ,") == std::string::npos) {
     help = help.substr(colon + 2);
   }
   return absl::StrCat(line, help, "\n");

@@ -52,6 +52,7 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/status/status.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -71,6 +72,7 @@
 #include "libs/trace/trace.h"
 #include "protos/scheduler.grpc.pb.h"
 #include "services/trainctl/cluster.h"
+#include "services/trainctl/data_cmd.h"
 #include "services/trainctl/doctor.h"
 #include "services/trainctl/help.h"
 #include "services/trainctl/jobfile.h"
@@ -90,6 +92,18 @@ ABSL_FLAG(std::string, state, "", "list: only jobs in this state (QUEUED, RUNNIN
 ABSL_FLAG(std::string, name, "", "submit: job name");
 ABSL_FLAG(std::string, model, "", "submit: mlp, lenet or resnet18");
 ABSL_FLAG(std::string, data_dir, "", "submit: Fashion-MNIST directory on the trainers");
+ABSL_FLAG(std::string, data_format, "",
+          "submit: idx, image_folder, webdataset or npy (docs/data.md); data check/pack: the "
+          "source's format (default: guessed)");
+ABSL_FLAG(std::string, data_train, "", "submit: training data location on the trainers");
+ABSL_FLAG(std::string, data_test, "", "submit: test data location on the trainers");
+ABSL_FLAG(std::string, data_shape, "", "submit: the model's input, CxHxW (e.g. 3x32x32)");
+ABSL_FLAG(int, num_classes, 0, "submit: classes (labels must be below it)");
+ABSL_FLAG(int, data_threads, 0, "submit, data check: decode threads per trainer");
+ABSL_FLAG(bool, skip_corrupt, false, "submit, data check: leave corrupt images out");
+ABSL_FLAG(std::string, format, "webdataset", "data pack: the output format");
+ABSL_FLAG(int64_t, shard_size, 10000, "data pack: samples per shard");
+ABSL_FLAG(int, jpeg_quality, 0, "data pack: 0: PNG (lossless), else JPEG at this quality");
 ABSL_FLAG(int, epochs, 0, "submit: epochs");
 ABSL_FLAG(int64_t, batch_size, 0, "submit: global batch size");
 ABSL_FLAG(double, lr, 0, "submit: learning rate");
@@ -310,6 +324,17 @@ void Print(const v1::JobStatus& j, bool detail) {
                   j.trainers().empty() ? "-" : absl::StrJoin(j.trainers(), ", ").c_str(),
                   j.attempts(),
                   j.drains() > 0 ? absl::StrCat(", ", j.drains(), " drained").c_str() : "");
+      if (j.data_train_samples() > 0) {
+        const v1::DataSpec& d = j.spec().data();
+        std::printf(
+            "  data: %s, %lld training and %lld test samples%s\n",
+            d.format().empty() ? "Fashion-MNIST (idx)" : d.format().c_str(),
+            static_cast<long long>(j.data_train_samples()),
+            static_cast<long long>(j.data_test_samples()),
+            j.data_corrupt_skipped() > 0
+                ? absl::StrCat(", ", j.data_corrupt_skipped(), " corrupt images skipped").c_str()
+                : "");
+      }
       if (j.recoveries() > 0 || j.generation() > 0) {
         std::printf(
             "  recovered in place: %d time%s, last in %.1f s, %lld step%s lost "
@@ -519,6 +544,34 @@ absl::Status BuildSpec(v1::JobSpec* spec) {
   if (!absl::GetFlag(FLAGS_name).empty()) spec->set_name(absl::GetFlag(FLAGS_name));
   if (!absl::GetFlag(FLAGS_model).empty()) spec->set_model(absl::GetFlag(FLAGS_model));
   if (!absl::GetFlag(FLAGS_data_dir).empty()) spec->set_data_dir(absl::GetFlag(FLAGS_data_dir));
+  if (!absl::GetFlag(FLAGS_data_format).empty()) {
+    spec->mutable_data()->set_format(absl::GetFlag(FLAGS_data_format));
+  }
+  if (!absl::GetFlag(FLAGS_data_train).empty()) {
+    spec->mutable_data()->set_train(absl::GetFlag(FLAGS_data_train));
+  }
+  if (!absl::GetFlag(FLAGS_data_test).empty()) {
+    spec->mutable_data()->set_test(absl::GetFlag(FLAGS_data_test));
+  }
+  if (!absl::GetFlag(FLAGS_data_shape).empty()) {
+    std::vector<std::string> dims = absl::StrSplit(absl::GetFlag(FLAGS_data_shape), 'x');
+    int c = 0, h = 0, w = 0;
+    if (dims.size() != 3 || !absl::SimpleAtoi(dims[0], &c) || !absl::SimpleAtoi(dims[1], &h) ||
+        !absl::SimpleAtoi(dims[2], &w)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--data_shape must be CxHxW, e.g. 3x32x32, got '", absl::GetFlag(FLAGS_data_shape), "'"));
+    }
+    spec->mutable_data()->set_channels(c);
+    spec->mutable_data()->set_height(h);
+    spec->mutable_data()->set_width(w);
+  }
+  if (absl::GetFlag(FLAGS_num_classes)) {
+    spec->mutable_data()->set_num_classes(absl::GetFlag(FLAGS_num_classes));
+  }
+  if (absl::GetFlag(FLAGS_data_threads)) {
+    spec->mutable_data()->set_data_threads(absl::GetFlag(FLAGS_data_threads));
+  }
+  if (absl::GetFlag(FLAGS_skip_corrupt)) spec->mutable_data()->set_skip_corrupt(true);
   if (absl::GetFlag(FLAGS_epochs)) spec->set_epochs(absl::GetFlag(FLAGS_epochs));
   if (absl::GetFlag(FLAGS_batch_size)) spec->set_global_batch_size(absl::GetFlag(FLAGS_batch_size));
   if (absl::GetFlag(FLAGS_lr) != 0) spec->set_lr(absl::GetFlag(FLAGS_lr));
@@ -629,6 +682,17 @@ int main(int argc, char** argv) {
   if (args.size() < 2) return Usage("missing subcommand");
   const std::string cmd = args[1];
   if (cmd == "certs") return CertsMain(std::vector<std::string>(args.begin() + 2, args.end()));
+  if (cmd == "data") {
+    dtrain::trainctl::DataCommandOptions o;
+    o.json = Json();
+    o.data_format = absl::GetFlag(FLAGS_data_format);
+    o.format = absl::GetFlag(FLAGS_format);
+    o.shard_size = absl::GetFlag(FLAGS_shard_size);
+    o.jpeg_quality = absl::GetFlag(FLAGS_jpeg_quality);
+    o.skip_corrupt = absl::GetFlag(FLAGS_skip_corrupt);
+    o.data_threads = absl::GetFlag(FLAGS_data_threads);
+    return dtrain::trainctl::DataMain(std::vector<std::string>(args.begin() + 2, args.end()), o);
+  }
   if (cmd == "doctor") {
     return dtrain::trainctl::DoctorMain(std::vector<std::string>(args.begin() + 2, args.end()),
                                         Json());

@@ -43,6 +43,12 @@ TrainerMetrics::TrainerMetrics()
                              "Model FLOPs utilization: dtrain_job_achieved_flops over the ranks' "
                              "measured GEMM peak (0..1; 0 when unknown).")),
       epoch_(metrics::AddGauge(*registry_, "dtrain_job_epoch", "Epochs done.")),
+      data_queue_depth_(metrics::AddGauge(
+          *registry_, "dtrain_trainer_data_queue_depth",
+          "Batches the data loader had ready ahead of the last step (0: the step waited).")),
+      data_decode_rate_(metrics::AddGauge(
+          *registry_, "dtrain_trainer_data_decode_rate",
+          "Samples the data loader read, decoded and transformed per thread-second.")),
       device_memory_(metrics::AddGauge(
           *registry_, "dtrain_trainer_device_memory_bytes",
           "Tensor memory of each device's allocator: state in_use, peak (since the job "
@@ -80,6 +86,8 @@ void TrainerMetrics::OnJobStart(const std::string& job_id, int rank,
   job_->achieved_flops = &achieved_flops_.Add(l);
   job_->mfu = &mfu_.Add(l);
   job_->epoch = &epoch_.Add(l);
+  job_->data_queue_depth = &data_queue_depth_.Add(l);
+  job_->data_decode_rate = &data_decode_rate_.Add(l);
   devices_ = devices;
   last_memory_ = absl::InfinitePast();
   busy_.Set(1);
@@ -111,6 +119,8 @@ void TrainerMetrics::OnStep(const train::JobProgress& p, const train::StepTimes&
   job_->samples_per_second->Set(p.samples_per_second);
   job_->achieved_flops->Set(p.achieved_flops);
   job_->mfu->Set(p.mfu);
+  job_->data_queue_depth->Set(static_cast<double>(t.data_queue_depth));
+  job_->data_decode_rate->Set(t.data_decode_rate);
   const absl::Time now = absl::Now();
   if (now - last_memory_ >= absl::Seconds(1)) {
     last_memory_ = now;
@@ -157,6 +167,8 @@ void TrainerMetrics::RemoveCurrent() {
   achieved_flops_.Remove(job_->achieved_flops);
   mfu_.Remove(job_->mfu);
   epoch_.Remove(job_->epoch);
+  data_queue_depth_.Remove(job_->data_queue_depth);
+  data_decode_rate_.Remove(job_->data_decode_rate);
   job_.reset();
 }
 

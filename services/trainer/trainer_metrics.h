@@ -21,6 +21,12 @@
 //   dtrain_trainer_samples_per_second    gauge {job_id, rank}: this rank's
 //                                        samples per second over its last
 //                                        32 steps
+//   dtrain_trainer_data_queue_depth      gauge {job_id, rank}: batches the
+//                                        data loader had ready ahead of the
+//                                        last step (0: the step waited)
+//   dtrain_trainer_data_decode_rate      gauge {job_id, rank}: samples the
+//                                        loader read, decoded and
+//                                        transformed per thread-second
 //   dtrain_trainer_device_memory_bytes   gauge {device, state}: the job's
 //     devices' allocators, state in_use / peak / cached; updated at most
 //     once a second while a job runs
@@ -86,6 +92,8 @@ class TrainerMetrics : public agent::AgentObserver {
     prometheus::Gauge* achieved_flops = nullptr;
     prometheus::Gauge* mfu = nullptr;
     prometheus::Gauge* epoch = nullptr;
+    prometheus::Gauge* data_queue_depth = nullptr;
+    prometheus::Gauge* data_decode_rate = nullptr;
   };
 
   void RemoveCurrent() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -104,6 +112,8 @@ class TrainerMetrics : public agent::AgentObserver {
   prometheus::Family<prometheus::Gauge>& achieved_flops_;
   prometheus::Family<prometheus::Gauge>& mfu_;
   prometheus::Family<prometheus::Gauge>& epoch_;
+  prometheus::Family<prometheus::Gauge>& data_queue_depth_;
+  prometheus::Family<prometheus::Gauge>& data_decode_rate_;
   prometheus::Family<prometheus::Gauge>& device_memory_;
   prometheus::Gauge& busy_;
 

@@ -58,6 +58,8 @@ TEST(TrainerMetricsTest, OneJobsSeriesWithTheirLabels) {
   for (int i = 0; i < train::kNumStepPhases; ++i) t.phases.phase[i] = {edges[i], edges[i + 1]};
   t.phases.step = {edges[0], edges[4]};
   t.samples = 128;
+  t.data_queue_depth = 3;
+  t.data_decode_rate = 1250.5;
   m.OnStep(p, t);
   m.OnStep(p, t);
   text = Render(m);
@@ -89,6 +91,8 @@ TEST(TrainerMetricsTest, OneJobsSeriesWithTheirLabels) {
   EXPECT_THAT(text,
               HasSubstr("dtrain_job_achieved_flops{job_id=\"job-1\",rank=\"0\"} 2500000000\n"));
   EXPECT_THAT(text, HasSubstr("dtrain_job_mfu{job_id=\"job-1\",rank=\"0\"} 0.375\n"));
+  EXPECT_EQ(Value(text, "dtrain_trainer_data_queue_depth{job_id=\"job-1\",rank=\"0\"}"), 3);
+  EXPECT_EQ(Value(text, "dtrain_trainer_data_decode_rate{job_id=\"job-1\",rank=\"0\"}"), 1250.5);
   // The first step samples the job's devices' allocators.
   EXPECT_THAT(text,
               HasSubstr("dtrain_trainer_device_memory_bytes{device=\"cpu\",state=\"in_use\"}"));

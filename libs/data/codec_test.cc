@@ -1,0 +1,308 @@
+// The decoders, the tar parser, the .npy header parser and the transforms,
+// on bytes the test makes (including a PNG assembled by hand with zlib, as
+// Python's standard library would write it).
+#include <zlib.h>
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "libs/data/image.h"
+#include "libs/data/npy.h"
+#include "libs/data/tar.h"
+#include "libs/data/transforms.h"
+
+namespace dtrain::data {
+namespace {
+
+using ::testing::HasSubstr;
+
+Image Gradient(int h, int w, int c) {
+  Image im;
+  im.channels = c;
+  im.height = h;
+  im.width = w;
+  for (int y = 0; y < h; ++y) {
+    for (int x = 0; x < w; ++x) {
+      for (int k = 0; k < c; ++k) im.u8.push_back(static_cast<uint8_t>((y * 7 + x * 13 + k * 50)));
+    }
+  }
+  return im;
+}
+
+// A minimal PNG written by hand (what Python's stdlib can do): signature,
+// IHDR, one IDAT of zlib-compressed filter-0 rows, IEND.
+std::string HandPng(const Image& im) {
+  auto chunk = [](const std::string& type, const std::string& data) {
+    std::string out;
+    const uint32_t n = data.size();
+    out.push_back(n >> 24), out.push_back(n >> 16), out.push_back(n >> 8), out.push_back(n);
+    std::string body = type + data;
+    out += body;
+    const uint32_t crc = crc32(0, reinterpret_cast<const Bytef*>(body.data()), body.size());
+    out.push_back(crc >> 24), out.push_back(crc >> 16), out.push_back(crc >> 8), out.push_back(crc);
+    return out;
+  };
+  std::string ihdr(13, '\0');
+  ihdr[0] = im.width >> 24, ihdr[1] = im.width >> 16, ihdr[2] = im.width >> 8, ihdr[3] = im.width;
+  ihdr[4] = im.height >> 24, ihdr[5] = im.height >> 16, ihdr[6] = im.height >> 8,
+  ihdr[7] = im.height;
+  ihdr[8] = 8;
+  ihdr[9] = im.channels == 1 ? 0 : 2;
+  std::string raw;
+  for (int y = 0; y < im.height; ++y) {
+    raw.push_back(0);
+    raw.append(reinterpret_cast<const char*>(im.u8.data()) + y * im.width * im.channels,
+               im.width * im.channels);
+  }
+  uLongf size = compressBound(raw.size());
+  std::string z(size, '\0');
+  compress(reinterpret_cast<Bytef*>(z.data()), &size, reinterpret_cast<const Bytef*>(raw.data()),
+           raw.size());
+  z.resize(size);
+  return std::string("\x89PNG\r\n\x1a\n", 8) + chunk("IHDR", ihdr) + chunk("IDAT", z) +
+         chunk("IEND", "");
+}
+
+TEST(ImageTest, PngRoundTripsExactlyGrayAndRgb) {
+  for (int c : {1, 3}) {
+    const Image im = Gradient(5, 7, c);
+    absl::StatusOr<std::string> png = EncodePng(im);
+    ASSERT_TRUE(png.ok()) << png.status();
+    EXPECT_EQ(SniffImageFormat(*png), ImageFormat::kPng);
+    absl::StatusOr<Image> back = DecodeImage(*png, {});
+    ASSERT_TRUE(back.ok()) << back.status();
+    EXPECT_EQ(back->channels, c);
+    EXPECT_EQ(back->height, 5);
+    EXPECT_EQ(back->width, 7);
+    EXPECT_EQ(back->u8, im.u8);
+    // A hand-made PNG (no libpng on the writing side) decodes the same.
+    absl::StatusOr<Image> hand = DecodePng(HandPng(im), {});
+    ASSERT_TRUE(hand.ok()) << hand.status();
+    EXPECT_EQ(hand->u8, im.u8);
+  }
+}
+
+TEST(ImageTest, GrayIsExpandedToRgbOnRequest) {
+  const Image im = Gradient(3, 4, 1);
+  absl::StatusOr<Image> rgb = DecodePng(*EncodePng(im), {.channels = 3});
+  ASSERT_TRUE(rgb.ok()) << rgb.status();
+  ASSERT_EQ(rgb->channels, 3);
+  for (size_t p = 0; p < im.u8.size(); ++p) {
+    EXPECT_EQ(rgb->u8[3 * p], im.u8[p]);
+    EXPECT_EQ(rgb->u8[3 * p + 2], im.u8[p]);
+  }
+}
+
+TEST(ImageTest, JpegDecodesCloseToTheOriginal) {
+  Image im = Gradient(16, 16, 3);
+  for (uint8_t& v : im.u8) v = 128;  // flat: JPEG keeps it within a step
+  absl::StatusOr<std::string> jpg = EncodeJpeg(im, 95);
+  ASSERT_TRUE(jpg.ok()) << jpg.status();
+  EXPECT_EQ(SniffImageFormat(*jpg), ImageFormat::kJpeg);
+  absl::StatusOr<Image> back = DecodeImage(*jpg, {});
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->channels, 3);
+  for (uint8_t v : back->u8) EXPECT_NEAR(v, 128, 2);
+  absl::StatusOr<Image> gray = DecodeImage(*jpg, {.channels = 1});
+  ASSERT_TRUE(gray.ok()) << gray.status();
+  EXPECT_EQ(gray->channels, 1);
+  EXPECT_EQ(gray->u8.size(), 256u);
+}
+
+TEST(ImageTest, CorruptAndTruncatedImagesAreDataLoss) {
+  const std::string png = *EncodePng(Gradient(20, 20, 1));
+  std::string flipped = png;
+  flipped[png.size() / 2] ^= 0x55;  // inside IDAT: CRC or zlib fails
+  for (const std::string& bad : {png.substr(0, png.size() / 2), flipped}) {
+    absl::StatusOr<Image> d = DecodeImage(bad, {});
+    EXPECT_TRUE(absl::IsDataLoss(d.status())) << d.status();
+    EXPECT_THAT(d.status().message(), HasSubstr("corrupt PNG"));
+  }
+  const std::string jpg = *EncodeJpeg(Gradient(32, 32, 3), 90);
+  absl::StatusOr<Image> d = DecodeImage(jpg.substr(0, jpg.size() / 2), {});
+  EXPECT_TRUE(absl::IsDataLoss(d.status())) << d.status();
+  EXPECT_THAT(d.status().message(), HasSubstr("corrupt JPEG"));
+  EXPECT_TRUE(absl::IsDataLoss(DecodeImage("GIF89a....", {}).status()));
+}
+
+TEST(ImageTest, DecompressionBombIsRefusedFromTheHeader) {
+  // A 3000 x 3000 gray PNG of zeros compresses to a few KB.
+  Image big;
+  big.channels = 1;
+  big.height = big.width = 3000;
+  big.u8.assign(size_t{3000} * 3000, 0);
+  const std::string png = *EncodePng(big);
+  big.u8.clear();
+  big.u8.shrink_to_fit();
+  absl::StatusOr<Image> d = DecodeImage(png, {.max_pixels = 1 << 20});
+  EXPECT_TRUE(absl::IsInvalidArgument(d.status())) << d.status();
+  EXPECT_THAT(d.status().message(), HasSubstr("decompression bomb"));
+  EXPECT_THAT(d.status().message(), HasSubstr("3000 x 3000"));
+  const std::string jpg = *EncodeJpeg(Gradient(64, 64, 1), 80);
+  EXPECT_THAT(DecodeImage(jpg, {.max_pixels = 100}).status().message(),
+              HasSubstr("decompression bomb"));
+}
+
+TEST(TarTest, WriterAndParserAgreeIncludingLongNames) {
+  TarWriter w;
+  const std::string long_name = std::string(120, 'a') + ".png";
+  w.Add("000000.png", "png-bytes");
+  w.Add("000000.cls", "7");
+  w.Add(long_name, std::string(1000, 'x'));
+  const std::string archive = w.Finish();
+  absl::StatusOr<std::vector<TarMember>> m = ParseTar(archive);
+  ASSERT_TRUE(m.ok()) << m.status();
+  ASSERT_EQ(m->size(), 3u);
+  EXPECT_EQ((*m)[0].name, "000000.png");
+  EXPECT_EQ(archive.substr((*m)[0].offset, (*m)[0].size), "png-bytes");
+  EXPECT_EQ(archive.substr((*m)[1].offset, (*m)[1].size), "7");
+  EXPECT_EQ((*m)[2].name, long_name);
+  EXPECT_EQ((*m)[2].size, 1000);
+}
+
+TEST(TarTest, DotDotAndAbsoluteNamesAreRefused) {
+  for (const char* name : {"../etc/passwd", "a/../../b.png", "/abs/x.png"}) {
+    TarWriter w;
+    w.Add("ok.cls", "1");
+    w.Add(name, "x");
+    absl::StatusOr<std::vector<TarMember>> m = ParseTar(w.Finish());
+    EXPECT_TRUE(absl::IsInvalidArgument(m.status())) << name << ": " << m.status();
+    EXPECT_THAT(m.status().message(), HasSubstr("refused"));
+    EXPECT_THAT(m.status().message(), HasSubstr("tar header 1"));
+  }
+}
+
+TEST(TarTest, DamageIsReportedWithItsOffset) {
+  TarWriter w;
+  w.Add("a.png", std::string(600, 'p'));
+  std::string archive = w.Finish();
+  std::string bad_sum = archive;
+  bad_sum[0] = 'b';
+  EXPECT_THAT(ParseTar(bad_sum).status().message(), HasSubstr("checksum"));
+  // Cut inside the member's contents.
+  absl::StatusOr<std::vector<TarMember>> cut = ParseTar(archive.substr(0, 700));
+  EXPECT_TRUE(absl::IsDataLoss(cut.status())) << cut.status();
+  EXPECT_THAT(cut.status().message(), HasSubstr("runs past the end"));
+  // A symlink member.
+  std::string link = archive;
+  link[156] = '2';
+  unsigned sum = 0;
+  std::memset(link.data() + 148, ' ', 8);
+  for (int i = 0; i < 512; ++i) sum += static_cast<unsigned char>(link[i]);
+  std::snprintf(link.data() + 148, 8, "%06o", sum);
+  EXPECT_THAT(ParseTar(link).status().message(), HasSubstr("only regular files"));
+}
+
+TEST(NpyTest, WrittenHeadersParseAndDataFollow) {
+  const std::string data(2 * 3 * 4, '\x05');
+  const std::string file = WriteNpy(NpyDtype::kU8, {2, 3, 4}, data);
+  absl::StatusOr<NpyHeader> h = ParseNpyHeader(file);
+  ASSERT_TRUE(h.ok()) << h.status();
+  EXPECT_EQ(h->dtype, NpyDtype::kU8);
+  EXPECT_EQ(h->shape, (std::vector<int64_t>{2, 3, 4}));
+  EXPECT_EQ(h->data_offset % 64, 0);
+  EXPECT_EQ(file.substr(h->data_offset), data);
+  absl::StatusOr<NpyHeader> v = ParseNpyHeader(WriteNpy(NpyDtype::kI64, {7}, std::string(56, 0)));
+  ASSERT_TRUE(v.ok()) << v.status();
+  EXPECT_EQ(v->shape, std::vector<int64_t>{7});
+  EXPECT_EQ(v->data_bytes, 56);
+}
+
+TEST(NpyTest, StrictAboutTheDict) {
+  auto header = [](const std::string& dict) {
+    std::string text = dict + "\n";
+    std::string out("\x93NUMPY\x01\x00", 8);
+    out.push_back(static_cast<char>(text.size()));
+    out.push_back(0);
+    return out + text;
+  };
+  EXPECT_TRUE(
+      ParseNpyHeader(header("{'descr': '<f4', 'fortran_order': False, 'shape': (3, 2), }")).ok());
+  const std::vector<std::pair<std::string, std::string>> bad = {
+      {"{'descr': '>f4', 'fortran_order': False, 'shape': (3,), }", "dtype '>f4'"},
+      {"{'descr': '<f4', 'fortran_order': True, 'shape': (3,), }", "fortran_order"},
+      {"{'descr': '<f4', 'shape': (3,), }", "needs the keys"},
+      {"{'descr': '<f4', 'fortran_order': False, 'shape': (3,), 'x': 1}", "unexpected"},
+      {"{'descr': '<f4', 'descr': '<f4', 'fortran_order': False, 'shape': (3,)}", "repeated"},
+      {"{'descr': '|O', 'fortran_order': False, 'shape': (3,), }", "not supported"},
+      {"{'descr': '<f4', 'fortran_order': False, 'shape': (3), }", "(n,)"},
+      {"{'descr': '<f4', 'fortran_order': False, 'shape': (-3,), }", "non-negative"},
+      {"{'descr': '<f4', 'fortran_order': False, 'shape': (3,), } x", "after the dict"},
+      {"{'descr': '<f4', 'fortran_order': False, 'shape': (99999999999, 99999999999, 999999), }",
+       "too large"},
+  };
+  for (const auto& [dict, expected] : bad) {
+    absl::StatusOr<NpyHeader> h = ParseNpyHeader(header(dict));
+    EXPECT_FALSE(h.ok()) << dict;
+    EXPECT_THAT(h.status().message(), HasSubstr(expected)) << dict;
+  }
+  EXPECT_THAT(ParseNpyHeader("PK\x03\x04 not npy").status().message(), HasSubstr("magic"));
+  std::string truncated = header("{'descr': '<f4', 'fortran_order': False, 'shape': (3,), }");
+  EXPECT_THAT(ParseNpyHeader(truncated.substr(0, 30)).status().message(), HasSubstr("truncated"));
+}
+
+TEST(TransformsTest, NoTransformsGivePixelsOver255) {
+  const Image im = Gradient(4, 5, 1);
+  std::vector<float> out(20);
+  ASSERT_TRUE(ApplyTransforms(im, {}, 0, 1, 4, 5, out.data()).ok());
+  for (int p = 0; p < 20; ++p) EXPECT_EQ(out[p], static_cast<float>(im.u8[p]) / 255.0f);
+  // RGB: interleaved in, planar out.
+  const Image rgb = Gradient(2, 3, 3);
+  std::vector<float> planar(18);
+  ASSERT_TRUE(ApplyTransforms(rgb, {}, 0, 3, 2, 3, planar.data()).ok());
+  EXPECT_EQ(planar[1 * 6 + 4], static_cast<float>(rgb.u8[4 * 3 + 1]) / 255.0f);
+  // A size mismatch without transforms says what to do.
+  EXPECT_THAT(ApplyTransforms(im, {}, 0, 1, 5, 5, out.data()).message(),
+              HasSubstr("add resize and crop"));
+}
+
+TEST(TransformsTest, CropFlipNormalizeAreSeededAndCorrect) {
+  const Image im = Gradient(8, 8, 1);
+  Transforms t;
+  t.crop_height = t.crop_width = 6;
+  t.crop_padding = 2;
+  t.random_crop = t.random_flip = true;
+  t.mean = {0.5f};
+  t.std = {0.25f};
+  std::vector<float> a(36), b(36), other(36);
+  ASSERT_TRUE(ApplyTransforms(im, t, SampleSeed(1, 2, 3), 1, 6, 6, a.data()).ok());
+  ASSERT_TRUE(ApplyTransforms(im, t, SampleSeed(1, 2, 3), 1, 6, 6, b.data()).ok());
+  EXPECT_EQ(a, b);
+  // Over many samples every value is either padding or a pixel of the
+  // image, and different seeds give different crops.
+  int differing = 0;
+  for (int i = 0; i < 50; ++i) {
+    ASSERT_TRUE(ApplyTransforms(im, t, SampleSeed(1, 2, i), 1, 6, 6, other.data()).ok());
+    differing += other != a;
+    for (float v : other) {
+      const float pixel = v * 0.25f + 0.5f;
+      bool found = std::abs(pixel) < 1e-6f;
+      for (uint8_t p : im.u8) found |= std::abs(pixel - p / 255.0f) < 1e-5f;
+      EXPECT_TRUE(found) << v;
+    }
+  }
+  EXPECT_GT(differing, 40);
+  // Center crop without padding: the middle 6 x 6, flipped when asked.
+  Transforms center;
+  center.crop_height = center.crop_width = 6;
+  ASSERT_TRUE(ApplyTransforms(im, center, 0, 1, 6, 6, a.data()).ok());
+  EXPECT_EQ(a[0], im.u8[1 * 8 + 1] / 255.0f);
+  EXPECT_EQ(a[5], im.u8[1 * 8 + 6] / 255.0f);
+}
+
+TEST(TransformsTest, ResizeScalesTheShorterSide) {
+  Image im = Gradient(10, 20, 3);
+  for (uint8_t& v : im.u8) v = 200;
+  Transforms t;
+  t.resize = 5;
+  std::vector<float> out(3 * 5 * 10);
+  ASSERT_TRUE(ApplyTransforms(im, t, 0, 3, 5, 10, out.data()).ok());
+  for (float v : out) EXPECT_NEAR(v, 200 / 255.0f, 1e-6);
+  EXPECT_FALSE(ApplyTransforms(im, t, 0, 3, 5, 5, out.data()).ok());
+}
+
+}  // namespace
+}  // namespace dtrain::data
