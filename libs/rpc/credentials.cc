@@ -133,10 +133,12 @@ std::shared_ptr<grpc::Channel> NewChannel(const std::string& target,
   // trainer whose scheduler was away for ten seconds reconnected only 14-16 s
   // after the new one answered. 100 ms doubling to 1 s reconnects within a
   // second of a server coming back and costs at most one connection attempt
-  // a second while it is away. Callers do not set these.
+  // a second while it is away. GRPC_ARG_MIN_RECONNECT_BACKOFF_MS is left at
+  // its default: gRPC uses it as the deadline of each connection attempt
+  // (20 s), and 100 ms there failed TLS handshakes of busy trainers ("tcp
+  // handshaker shutdown"). Callers do not set these.
   grpc::ChannelArguments with_backoff = args;
   with_backoff.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, kInitialReconnectBackoffMs);
-  with_backoff.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, kInitialReconnectBackoffMs);
   with_backoff.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, kMaxReconnectBackoffMs);
   return grpc::CreateCustomChannel(target, credentials->ChannelCredentials(), with_backoff);
 }
