@@ -65,6 +65,12 @@ struct Agent::Job {
   const std::shared_ptr<DeviceCommSlot> device_comm = std::make_shared<DeviceCommSlot>();
   // The job's strategy once planned (guarded by Agent::mu_; null before).
   const train::SyncStrategy* strategy = nullptr;
+  // What a registration says the trainer runs (guarded by Agent::mu_): the
+  // devices the job holds, epochs completed and steps done in the current
+  // epoch.
+  std::vector<std::string> devices;
+  int epoch = 0;
+  int64_t step = 0;
 };
 
 namespace {
@@ -370,10 +376,14 @@ class Agent::Progress : public train::JobObserver,
     agent_->observer_->OnStep(p, t);
     window_.Add(t.phases, t.samples);
     const absl::Time now = absl::Now();
-    if (watch_steps_) {
+    {
       absl::MutexLock lock(&agent_->mu_);
-      job_->step_allowance = std::max(absl::Seconds(1), 4 * (now - job_->step_since));
-      job_->step_since = absl::InfiniteFuture();
+      job_->epoch = p.epoch;
+      job_->step = p.step;
+      if (watch_steps_) {
+        job_->step_allowance = std::max(absl::Seconds(1), 4 * (now - job_->step_since));
+        job_->step_since = absl::InfiniteFuture();
+      }
     }
     if (now - last_report_ >= agent_->options_.report_interval) {
       last_report_ = now;
@@ -383,6 +393,11 @@ class Agent::Progress : public train::JobObserver,
 
   void OnEpoch(const train::JobProgress& p) override {
     agent_->observer_->OnEpoch(p);
+    {
+      absl::MutexLock lock(&agent_->mu_);
+      job_->epoch = p.epoch;
+      job_->step = p.step;
+    }
     // An epoch's report does not restart the progress reports' clock: with
     // it, a job whose epoch lasts a little longer than report_interval was
     // only ever seen at the same step of each epoch.
@@ -607,9 +622,12 @@ void Agent::Run() {
       backoff = options_.register_backoff;
     }
     Reap();
-    Heartbeat();
+    const bool reached = Heartbeat();
     bool awaiting_regroup = false;
-    absl::Duration wait = interval;
+    // The scheduler unreachable (restarting): try sooner, so that the
+    // trainer learns it came back (and registers again) soon after.
+    absl::Duration wait =
+        reached ? interval : std::min(interval, options_.unreachable_heartbeat_interval);
     {
       // Drained: the scheduler heard it (when it could be reached).
       absl::MutexLock lock(&mu_);
@@ -648,6 +666,25 @@ absl::Status Agent::Register(absl::Duration* interval) {
   v1::RegisterTrainerRequest request;
   request.set_name(options_.name);
   for (const std::string& d : options_.resources.devices) request.add_devices(d);
+  {
+    // Registering again while a job runs: the scheduler (restarted) may
+    // adopt it (see "Scheduler restarts").
+    absl::MutexLock lock(&mu_);
+    request.set_previous_trainer_id(previous_trainer_id_);
+    if (!previous_trainer_id_.empty() && current_ != nullptr && !current_->done &&
+        !current_->stop && !current_->finishing) {
+      const v1::Assignment& a = current_->assignment;
+      v1::RegisterTrainerRequest::RunningWork* w = request.mutable_running();
+      w->set_job_id(a.job_id());
+      w->set_attempt(a.attempt());
+      w->set_generation(a.generation());
+      w->set_rank(a.rank());
+      w->set_world_size(a.world_size());
+      w->set_epoch(current_->epoch);
+      w->set_step(current_->step);
+      for (const std::string& d : current_->devices) w->add_devices(d);
+    }
+  }
   DT_ASSIGN_OR_RETURN(v1::RegisterTrainerReply reply, cluster_->RegisterTrainer(request));
   if (reply.trainer_id().empty()) {
     return absl::InternalError("ClusterService.RegisterTrainer: the reply has no trainer_id");
@@ -657,8 +694,13 @@ absl::Status Agent::Register(absl::Duration* interval) {
   {
     absl::MutexLock lock(&mu_);
     trainer_id_ = reply.trainer_id();
+    previous_trainer_id_ = trainer_id_;
   }
-  DT_LOG(INFO) << "registered as " << reply.trainer_id() << "; heartbeat every " << *interval;
+  DT_LOG(INFO) << "registered as " << reply.trainer_id() << "; heartbeat every " << *interval
+               << (request.has_running() ? absl::StrCat("; claimed rank ", request.running().rank(),
+                                                        " of job ", request.running().job_id(),
+                                                        " attempt ", request.running().attempt())
+                                         : "");
   return absl::OkStatus();
 }
 
@@ -667,7 +709,7 @@ bool Agent::StepStalledLocked(const Job& job) const {
          absl::Now() - job.step_since > job.step_allowance;
 }
 
-void Agent::Heartbeat() {
+bool Agent::Heartbeat() {
   v1::HeartbeatRequest request;
   {
     absl::MutexLock lock(&mu_);
@@ -699,11 +741,12 @@ void Agent::Heartbeat() {
     DT_LOG(WARNING) << reply.status() << "; registering again";
     absl::MutexLock lock(&mu_);
     if (trainer_id_ == request.trainer_id()) trainer_id_.clear();
-    return;
+    wake_ = true;  // at once: a restarted scheduler waits for the running job's claim
+    return true;
   }
   if (!reply.ok()) {
     DT_LOG(WARNING) << reply.status();
-    return;
+    return false;
   }
   for (const std::string& id : reply->cancel_job_ids()) {
     std::optional<v1::Assignment> dropped;
@@ -771,6 +814,7 @@ void Agent::Heartbeat() {
   }
   for (const DeviceAbort& d : aborts) d.slot->Abort(d.reason, d.generation);
   for (const v1::Assignment& a : reply->assignments()) Accept(a);
+  return true;
 }
 
 void Agent::Accept(const v1::Assignment& a) {
@@ -1012,6 +1056,10 @@ absl::Status Agent::RunAssignment(Job* job, train::JobProgress* progress,
   }
   observer_->OnJobStart(a.job_id(), a.rank(),
                         planned.ok() ? planned->config.devices : std::vector<Device>{});
+  if (planned.ok()) {
+    absl::MutexLock lock(&mu_);
+    for (const Device& d : planned->config.devices) job->devices.push_back(d.ToString());
+  }
   if (!planned.ok()) return planned.status();
   JobPlan& plan = *planned;
   const train::SyncStrategy& strategy = *plan.strategy;

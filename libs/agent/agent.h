@@ -112,6 +112,18 @@
 // waiting in its first connect, meets them. Only elastic jobs read these
 // keys (one more store read per drain_poll_steps steps).
 //
+// Scheduler restarts: the job trains on while the scheduler cannot be
+// reached (heartbeats fail and are tried every
+// unreachable_heartbeat_interval, progress reports at their next time, a
+// store read a second later; a report or store call the restarted scheduler
+// answers UNAVAILABLE, before this trainer registered again, likewise). When
+// Heartbeat says NOT_FOUND (a restarted scheduler forgot the trainer), the
+// agent registers again at once, with its previous id and, while a job
+// runs (not stopping), what it runs (RegisterTrainerRequest.running: job,
+// attempt, generation, rank, world size, epoch, step, devices): the
+// scheduler then gives the old id back and adopts the attempt, so the job
+// never notices (its reports, store and regroups keep using that id).
+//
 // Timeline: each job records its spans (train::JobConfig::trace) in a ring
 // buffer of trace_capacity spans; the final report of every rank, and rank
 // 0's epoch reports, carry them (ProgressReport.timeline) with the clock
@@ -222,6 +234,9 @@ struct AgentOptions {
 
   // The shortest heartbeat interval honoured, whatever the scheduler asks.
   absl::Duration min_heartbeat_interval = absl::Milliseconds(50);
+  // While heartbeats fail (the scheduler is unreachable, say restarting),
+  // they are tried this often (at most the scheduler's interval).
+  absl::Duration unreachable_heartbeat_interval = absl::Milliseconds(250);
   // Registration retries: this delay, doubling up to max_register_backoff.
   absl::Duration register_backoff = absl::Milliseconds(200);
   absl::Duration max_register_backoff = absl::Seconds(5);
@@ -280,7 +295,8 @@ class Agent {
 
   bool WaitForWake(absl::Duration timeout);
   absl::Status Register(absl::Duration* interval);
-  void Heartbeat();
+  // Whether the scheduler answered (NOT_FOUND included).
+  bool Heartbeat();
   void Accept(const scheduler::v1::Assignment& a);
   void StartLocked(const scheduler::v1::Assignment& a) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Reap();
@@ -315,6 +331,8 @@ class Agent {
   bool draining_ ABSL_GUARDED_BY(mu_) = false;
   bool wake_ ABSL_GUARDED_BY(mu_) = false;  // a job ended: reap it now
   std::string trainer_id_ ABSL_GUARDED_BY(mu_);
+  // The id of the last registration (kept when trainer_id_ is cleared).
+  std::string previous_trainer_id_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<Job> current_ ABSL_GUARDED_BY(mu_);
   // An assignment waiting for current_ to end, until next_deadline_.
   std::optional<scheduler::v1::Assignment> next_ ABSL_GUARDED_BY(mu_);

@@ -18,6 +18,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
@@ -49,6 +50,9 @@ class FakeCluster : public ClusterClient {
     if (unavailable_) return absl::UnavailableError("scheduler unreachable");
     v1::RegisterTrainerReply reply;
     reply.set_trainer_id(absl::StrCat("trainer-", ++registered_));
+    if (adopt_ && request.has_running() && !request.previous_trainer_id().empty()) {
+      reply.set_trainer_id(request.previous_trainer_id());  // a restarted scheduler adopts it
+    }
     reply.set_heartbeat_interval_ms(20);
     known_.insert(reply.trainer_id());
     return reply;
@@ -131,6 +135,11 @@ class FakeCluster : public ClusterClient {
     absl::MutexLock lock(&mu_);
     known_.clear();
   }
+  // A registration that claims a running job gets its previous id back.
+  void AdoptClaims() {
+    absl::MutexLock lock(&mu_);
+    adopt_ = true;
+  }
 
   // Observations. Polls `done` until it holds or kWait passes; returns
   // whether it holds.
@@ -203,6 +212,7 @@ class FakeCluster : public ClusterClient {
   std::vector<std::pair<std::string, std::string>> to_drain_ ABSL_GUARDED_BY(mu_);
   std::set<std::string> stop_jobs_ ABSL_GUARDED_BY(mu_);
   bool unavailable_ ABSL_GUARDED_BY(mu_) = false;
+  bool adopt_ ABSL_GUARDED_BY(mu_) = false;
   int fail_reports_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<std::string> rendezvous_ ABSL_GUARDED_BY(mu_);
   collective::InMemoryStore store_;
@@ -656,6 +666,56 @@ TEST(AgentTest, LostSchedulerRetriesAndRegistersAgain) {
   EXPECT_EQ(cluster.Final("job-after")->final_state(), v1::SUCCEEDED);
   EXPECT_EQ(cluster.Final("job-after")->trainer_id(), "trainer-2");
   EXPECT_TRUE(cluster.Progress("job-after").empty());
+}
+
+// The scheduler restarts while a job runs: the job trains on while the
+// scheduler is unreachable, and the registration that follows says what
+// the trainer runs (previous id, job, attempt, rank, world, progress,
+// devices); given its id back, the job goes on from its first start and
+// its final report carries the same id.
+TEST(AgentTest, RegistrationAfterASchedulerRestartClaimsTheRunningJob) {
+  FakeCluster cluster;
+  cluster.AdoptClaims();
+  RecordingObserver observer;
+  AgentOptions o = Options();
+  o.unreachable_heartbeat_interval = absl::Milliseconds(20);
+  RunningAgent agent(&cluster, o, &observer);
+  ASSERT_TRUE(cluster.WaitUntil([&]() { return agent.agent().trainer_id() == "trainer-1"; }));
+  v1::Assignment job = SmallJob("job-adopted", 400, /*attempt=*/3);
+  cluster.Assign(job);
+  ASSERT_TRUE(cluster.WaitUntil([&]() { return observer.Steps() >= 20; }));
+
+  cluster.SetUnavailable(true);  // killed
+  const int steps_before = observer.Steps();
+  const size_t heartbeats_before = cluster.heartbeats().size();
+  absl::SleepFor(absl::Milliseconds(300));
+  EXPECT_GT(observer.Steps(), steps_before) << "the job stopped while the scheduler was away";
+  EXPECT_EQ(cluster.heartbeats().size(), heartbeats_before);
+  cluster.Forget();  // the restarted scheduler knows no trainer
+  cluster.SetUnavailable(false);
+  ASSERT_TRUE(cluster.WaitUntil([&]() { return cluster.register_calls().size() >= 2; }));
+  const v1::RegisterTrainerRequest claim = cluster.register_calls()[1];
+  EXPECT_EQ(claim.previous_trainer_id(), "trainer-1");
+  ASSERT_TRUE(claim.has_running()) << "registered without the running job (it ended too soon?)";
+  EXPECT_EQ(claim.running().job_id(), "job-adopted");
+  EXPECT_EQ(claim.running().attempt(), 3);
+  EXPECT_EQ(claim.running().rank(), 0);
+  EXPECT_EQ(claim.running().world_size(), 1);
+  EXPECT_EQ(claim.running().generation(), 0);
+  // 8 steps an epoch, and it had done more than 20 steps.
+  EXPECT_GE(claim.running().epoch() * 8 + claim.running().step(), 20);
+  EXPECT_THAT(claim.running().devices(), ::testing::ElementsAre("cpu"));
+  // The first registration claimed nothing.
+  EXPECT_FALSE(cluster.register_calls()[0].has_running());
+
+  cluster.Cancel("job-adopted");  // ends it sooner than its 400 epochs
+  ASSERT_TRUE(cluster.WaitUntil([&]() { return cluster.HasFinal("job-adopted"); }));
+  EXPECT_EQ(cluster.Final("job-adopted")->trainer_id(), "trainer-1");
+  EXPECT_EQ(cluster.Final("job-adopted")->attempt(), 3);
+  int starts = 0;
+  for (const std::string& e : observer.Events()) starts += absl::StartsWith(e, "start ");
+  EXPECT_EQ(starts, 1);
+  EXPECT_EQ(agent.agent().trainer_id(), "trainer-1");
 }
 
 // Two agents run a two-trainer job together: they meet through the

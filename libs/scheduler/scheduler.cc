@@ -7,6 +7,7 @@
 #include <optional>
 #include <set>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -78,17 +79,31 @@ absl::Status Scheduler::Replay(const std::vector<std::string>& records) {
   // a microsecond per change made faster than that (a burst of progress
   // reports): starting a second ahead covers a million of them.
   version_ = std::max(version_, absl::ToUnixMicros(absl::Now()) + 1000000);
+  const absl::Time adopt_by = options_.now() + options_.heartbeat_timeout;
   for (auto& [id, job] : jobs_) {
     job.status.set_version(NextVersion());
+    if (job.status.state() == v1::RUNNING && job.status.trainers_size() == 0) {
+      // No placement to adopt (a record no scheduler of this version
+      // writes): requeued at once. Not logging this is harmless: replay
+      // requeues it again.
+      Requeue(&job.status, absl::StrCat(kRestartRequeued, "; it had no placement to adopt"),
+              /*counted=*/false);
+      continue;
+    }
     if (job.status.state() == v1::RUNNING) {
-      JobStatus next = job.status;
-      next.clear_trainers();
-      SetState(&next, v1::QUEUED, "scheduler restarted while the job was running; requeued");
-      // Not logging this is harmless: a RUNNING record is requeued on every
-      // start. So a full disk does not keep the scheduler from starting.
-      absl::Status s = Persist(next, "requeued in memory only");
-      if (!s.ok()) DT_LOG(WARNING) << s;
-      job.status = std::move(next);
+      // Its trainers keep training: they claim it when they register again
+      // (see "A restart restarts nothing"); nothing is logged until then.
+      job.awaiting_adoption = true;
+      job.adopt_by = adopt_by;
+      job.rank_done.assign(job.status.trainers_size(), false);
+      job.recovered_generation = job.status.generation();
+      Kv& kv = kv_[id];
+      kv = Kv();
+      kv.attempt = job.status.attempts();
+      DT_LOG(INFO) << "job " << id << " was running attempt " << job.status.attempts() << " on "
+                   << absl::StrJoin(job.status.trainers(), ", ")
+                   << "; awaiting its trainers until requeueing it in "
+                   << options_.heartbeat_timeout;
     }
   }
   if (!records.empty()) {
@@ -114,6 +129,7 @@ absl::Status Scheduler::Commit(Job* job, JobStatus next) {
   if (job->status.state() != v1::RUNNING) {
     kv_.erase(job->status.id());
     job->preempting = false;
+    job->awaiting_adoption = false;
   }
   MaybeCompact();
   return absl::OkStatus();
@@ -326,18 +342,152 @@ absl::StatusOr<RegisterTrainerReply> Scheduler::RegisterTrainer(
   }
   absl::MutexLock lock(&mu_);
   t.order = next_trainer_++;
-  t.id = absl::StrCat("trainer-", absl::ToUnixSeconds(options_.now()) % 1000000, "-", t.order);
   t.name = request.name();
   t.last_heartbeat = options_.now();
+  Job* claimed = Claim(request, &t);
+  if (claimed == nullptr) {
+    // Not an id a trainer holds, nor one a job awaiting adoption names (a
+    // scheduler restarted within the second numbers its trainers alike).
+    auto taken = [&](const std::string& id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      if (trainers_.count(id) > 0) return true;
+      for (const auto& [unused, j] : jobs_) {
+        if (!j.awaiting_adoption) continue;
+        for (const std::string& tid : j.status.trainers()) {
+          if (tid == id) return true;
+        }
+      }
+      return false;
+    };
+    for (;;) {
+      t.id = absl::StrCat("trainer-", absl::ToUnixSeconds(options_.now()) % 1000000, "-", t.order);
+      if (!taken(t.id)) break;
+      t.order = next_trainer_++;
+    }
+  }
   DT_LOG(INFO) << "trainer " << t.id << " (" << t.name << ") registered with "
-               << absl::StrJoin(request.devices(), ",");
+               << absl::StrJoin(request.devices(), ",")
+               << (claimed != nullptr
+                       ? absl::StrCat(", claiming rank ", t.rank, " of job ", t.job_id, " attempt ",
+                                      claimed->status.attempts())
+                       : "");
   std::string id = t.id;
   trainers_[id] = std::move(t);
+  if (claimed != nullptr) MaybeAdopt(claimed);
   RegisterTrainerReply reply;
   reply.set_trainer_id(id);
   reply.set_heartbeat_interval_ms(absl::ToInt64Milliseconds(options_.heartbeat_interval));
   Schedule();
   return reply;
+}
+
+Scheduler::Job* Scheduler::Claim(const RegisterTrainerRequest& request, Trainer* t) {
+  if (request.previous_trainer_id().empty() || !request.has_running()) return nullptr;
+  const RegisterTrainerRequest::RunningWork& w = request.running();
+  auto jt = jobs_.find(w.job_id());
+  std::string why;
+  if (jt == jobs_.end()) {
+    why = "no such job";
+  } else if (!jt->second.awaiting_adoption || jt->second.status.state() != v1::RUNNING) {
+    why = "the job is not awaiting adoption";
+  } else if (w.attempt() != jt->second.status.attempts()) {
+    why = absl::StrCat("the job's attempt is ", jt->second.status.attempts());
+  } else if (w.rank() < 0 || w.rank() >= jt->second.status.trainers_size() ||
+             jt->second.status.trainers(w.rank()) != request.previous_trainer_id()) {
+    why = "that rank is not this trainer's in the job's placement";
+  } else if (trainers_.count(request.previous_trainer_id()) > 0) {
+    why = "a trainer with that id is registered";
+  } else if (w.generation() > jt->second.status.generation()) {
+    why = absl::StrCat("the job's generation is ", jt->second.status.generation());
+  } else if (!Fits(*t, jt->second.status.spec())) {
+    why = "the trainer lacks the job's devices";
+  }
+  if (!why.empty()) {
+    DT_LOG(INFO) << "trainer " << request.previous_trainer_id() << " (" << request.name()
+                 << ") claims rank " << w.rank() << " of job " << w.job_id() << " attempt "
+                 << w.attempt() << ": not adopted (" << why << "); registered as a new trainer";
+    return nullptr;
+  }
+  Job& job = jt->second;
+  t->id = request.previous_trainer_id();
+  t->job_id = job.status.id();
+  t->rank = w.rank();
+  t->delivered = true;
+  t->join = false;
+  // An older generation: the heartbeats offer the newer one as a regroup.
+  t->generation = w.generation();
+  if (w.rank() == 0 && (w.epoch() > job.status.epoch() ||
+                        (w.epoch() == job.status.epoch() && w.step() > job.status.step()))) {
+    // Progress since the last logged epoch (rank 0's reports say the rest).
+    job.status.set_epoch(w.epoch());
+    job.status.set_step(w.step());
+    Touch(&job.status);
+  }
+  return &job;
+}
+
+void Scheduler::MaybeAdopt(Job* job) {
+  if (!job->awaiting_adoption) return;
+  for (const std::string& tid : job->status.trainers()) {
+    auto it = trainers_.find(tid);
+    if (it == trainers_.end() || !InPlacement(*job, it->second)) return;
+  }
+  job->awaiting_adoption = false;
+  job->adopt_by = absl::InfiniteFuture();
+  const int n = job->status.trainers_size();
+  JobStatus next = job->status;
+  SetState(&next, v1::RUNNING,
+           absl::StrCat("scheduler restarted; adopted the running attempt ", next.attempts(),
+                        " from its ", n, " trainer", n == 1 ? "" : "s"));
+  if (absl::Status s = Commit(job, next); !s.ok()) {
+    // Adopted all the same: the event is the only change.
+    LogRefusal(s);
+    job->status = std::move(next);
+  }
+  DT_LOG(INFO) << "job " << job->status.id() << ": " << job->status.events().rbegin()->reason();
+}
+
+bool Scheduler::RequeueUnclaimed() {
+  bool requeued = false;
+  const absl::Time now = options_.now();
+  for (auto& [id, job] : jobs_) {
+    if (!job.awaiting_adoption || now < job.adopt_by) continue;
+    std::vector<std::string> unclaimed;
+    for (int rank = 0; rank < job.status.trainers_size(); ++rank) {
+      auto it = trainers_.find(job.status.trainers(rank));
+      if (it == trainers_.end() || !InPlacement(job, it->second)) {
+        unclaimed.push_back(absl::StrCat(rank, " (", job.status.trainers(rank), ")"));
+      }
+    }
+    const std::vector<std::string> placed = Placement(job);
+    JobStatus next = job.status;
+    Requeue(&next,
+            absl::StrCat(kRestartRequeued, "; rank", unclaimed.size() == 1 ? " " : "s ",
+                         absl::StrJoin(unclaimed, ", "), " not claimed by a trainer within ",
+                         absl::FormatDuration(options_.heartbeat_timeout)),
+            /*counted=*/false);
+    if (absl::Status s = Commit(&job, std::move(next)); !s.ok()) {
+      LogRefusal(s);  // the next liveness check tries again
+      continue;
+    }
+    ReleaseTrainers(id, placed, "");
+    requeued = true;
+    DT_LOG(WARNING) << "job " << id << ": " << job.status.events().rbegin()->reason();
+  }
+  return requeued;
+}
+
+absl::Status Scheduler::UnknownTrainer(const std::string& trainer_id) const {
+  for (const auto& [id, job] : jobs_) {
+    if (!job.awaiting_adoption) continue;
+    for (const std::string& tid : job.status.trainers()) {
+      if (tid == trainer_id) {
+        return absl::UnavailableError(
+            absl::StrCat("the scheduler restarted and waits for trainer '", trainer_id, "' (job ",
+                         id, ") to register again; try again"));
+      }
+    }
+  }
+  return absl::NotFoundError(absl::StrCat("unknown trainer '", trainer_id, "'"));
 }
 
 absl::StatusOr<HeartbeatReply> Scheduler::Heartbeat(const HeartbeatRequest& request) {
@@ -475,9 +625,7 @@ absl::StatusOr<HeartbeatReply> Scheduler::Heartbeat(const HeartbeatRequest& requ
 absl::StatusOr<bool> Scheduler::ReportProgress(const ProgressReport& report) {
   absl::MutexLock lock(&mu_);
   auto tt = trainers_.find(report.trainer_id());
-  if (tt == trainers_.end()) {
-    return absl::NotFoundError(absl::StrCat("unknown trainer '", report.trainer_id(), "'"));
-  }
+  if (tt == trainers_.end()) return UnknownTrainer(report.trainer_id());
   Trainer& t = tt->second;
   t.last_heartbeat = options_.now();
   auto jt = jobs_.find(report.job_id());
@@ -717,9 +865,13 @@ bool Scheduler::InPlacement(const Job& job, const Trainer& t) {
          job.status.trainers(t.rank) == t.id;
 }
 
-void Scheduler::Requeue(JobStatus* status, const std::string& why) {
-  // Drained attempts do not count.
-  if (status->attempts() - status->drains() >= options_.max_attempts) {
+void Scheduler::Requeue(JobStatus* status, const std::string& why, bool counted) {
+  // Drained attempts do not count, nor those a scheduler restart requeued.
+  int restarts = 0;
+  for (const v1::JobEvent& e : status->events()) {
+    if (e.state() == v1::QUEUED && absl::StartsWith(e.reason(), kRestartRequeued)) ++restarts;
+  }
+  if (counted && status->attempts() - status->drains() - restarts >= options_.max_attempts) {
     SetState(status, v1::FAILED,
              absl::StrCat(why, "; not requeued: the job has been placed ", status->attempts(),
                           " times (the limit)"));
@@ -1088,9 +1240,7 @@ absl::StatusOr<Scheduler::Kv*> Scheduler::StoreFor(const std::string& trainer_id
         absl::StrCat("key: ", key.size(), " bytes; the limit is ", kMaxStoreKeyBytes));
   }
   auto tt = trainers_.find(trainer_id);
-  if (tt == trainers_.end()) {
-    return absl::NotFoundError(absl::StrCat("unknown trainer '", trainer_id, "'"));
-  }
+  if (tt == trainers_.end()) return UnknownTrainer(trainer_id);
   auto jt = jobs_.find(job_id);
   if (jt == jobs_.end()) return absl::NotFoundError(absl::StrCat("no job ", Quote(job_id)));
   const Job& job = jt->second;
@@ -1346,8 +1496,9 @@ void Scheduler::Grow(const std::map<const Trainer*, std::string>& reserved) {
   for (auto& [id, job] : jobs_) {
     const JobSpec& spec = job.status.spec();
     const int size = job.status.trainers_size();
-    if (job.status.state() != v1::RUNNING || spec.max_trainers() <= size || !RecoversInPlace(job) ||
-        job.peer_lost || job.recovered_generation != job.status.generation()) {
+    if (job.status.state() != v1::RUNNING || job.awaiting_adoption || spec.max_trainers() <= size ||
+        !RecoversInPlace(job) || job.peer_lost ||
+        job.recovered_generation != job.status.generation()) {
       continue;
     }
     // Every rank runs the current membership (a drain or an undelivered
@@ -1424,6 +1575,7 @@ int Scheduler::CheckLiveness() {
     }
     if (now - t.last_heartbeat > timeout) lost.push_back(id);
   }
+  const bool requeued = RequeueUnclaimed();
   int n = 0;
   for (const std::string& id : lost) {
     if (LoseTrainer(id, absl::StrCat("no heartbeat for ",
@@ -1432,7 +1584,7 @@ int Scheduler::CheckLiveness() {
     }
   }
   DropExpiredJobs();
-  if (n > 0) Schedule();
+  if (n > 0 || requeued) Schedule();
   return n;
 }
 

@@ -113,8 +113,27 @@
 // Durability: every job change that matters after a restart (submission,
 // state changes, completed epochs, checkpoints) is appended to a
 // write-ahead log (wal.h) as the job's full JobStatus before the call
-// returns. Open replays it; jobs that were RUNNING go back to QUEUED (their
-// trainers re-register with the new process). Trainers are not logged.
+// returns. Trainers are not logged.
+//
+// A restart restarts nothing. Open replays the log; a job that was RUNNING
+// stays RUNNING, awaiting adoption, for heartbeat_timeout: its trainers
+// keep training while the scheduler is away, find it forgot them (NOT_FOUND
+// from Heartbeat) and register again with what they run
+// (RegisterTrainerRequest.previous_trainer_id and .running). A claim whose
+// job, attempt, rank and trainer id match the logged placement (generation
+// at most the logged one: a newer one is offered again as a regroup) gives
+// that trainer its old id back and its rank; rank 0's claim brings the
+// job's epoch and step up to date. Once every rank is claimed the attempt
+// is adopted: event "scheduler restarted; adopted the running attempt 1
+// from its 2 trainers", attempts unchanged. Until then the attempt's
+// unclaimed trainers get kUnavailable (not NOT_FOUND, which would stop
+// their job) from ReportProgress and the rendezvous store, and the
+// store starts empty (a drain claimed before the restart is claimed again).
+// An attempt not fully claimed within heartbeat_timeout of Open is
+// requeued from its newest checkpoint ("scheduler restarted while the job
+// was running; ... not claimed ...; requeued") and its claimed trainers are
+// told to stop; such a requeue (kRestartRequeued events) never counts
+// against max_attempts.
 //
 // The scheduler never runs ahead of its log: each change is made on a copy
 // of the job's status, which is written first and becomes the job's status
@@ -132,9 +151,11 @@
 // logged (the next CheckLiveness), a job its trainer silently dropped is
 // failed at a later heartbeat; each is logged as an error at most every 10
 // s. The scheduler does not stop: restarting would not make the disk any
-// less full, and it keeps serving reads and liveness meanwhile. The one
-// unlogged change is Open's requeue of RUNNING jobs, which replay repeats
-// on every start, so a full disk does not keep the scheduler from starting.
+// less full, and it keeps serving reads and liveness meanwhile. Open
+// itself writes nothing (a RUNNING job awaits adoption), so a full disk
+// does not keep the scheduler from starting; an adoption whose event cannot
+// be logged adopts the job all the same (the event is only said in the log
+// of the scheduler).
 //
 // Compaction: when the log holds more than 2 * (jobs + 1) + 64 records
 // (2 * (jobs + 1) right after retention dropped jobs), it is rewritten
@@ -200,6 +221,9 @@ inline constexpr size_t kMaxStoreKeys = 4096;
 inline constexpr size_t kMaxStoreBytes = 8 << 20;
 // The longest a StoreGet waits inside the scheduler.
 inline constexpr absl::Duration kMaxStoreWait = absl::Seconds(5);
+// The start of the event of a job requeued because the scheduler restarted
+// while it ran and no trainer claimed it (not counted against max_attempts).
+inline constexpr char kRestartRequeued[] = "scheduler restarted while the job was running";
 // Lost trainers ListTrainers keeps showing (the newest).
 inline constexpr size_t kMaxLostTrainersListed = 32;
 
@@ -397,6 +421,10 @@ class Scheduler {
     // commits_ when this job last found no victims (Preempt tries again
     // only after some job changed).
     int64_t no_victims_at = -1;
+    // RUNNING in the log when the scheduler started and not adopted yet
+    // (see "A restart restarts nothing"): requeued at adopt_by.
+    bool awaiting_adoption = false;
+    absl::Time adopt_by = absl::InfiniteFuture();
   };
   // One job attempt's rendezvous table.
   struct Kv {
@@ -497,12 +525,27 @@ class Scheduler {
   // fault: back to the queue (resuming from its newest checkpoint), or
   // FAILED once it has been placed max_attempts times (on the status; the
   // caller commits it and releases the trainers).
-  void Requeue(JobStatus* status, const std::string& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // `counted` false: a requeue no failure caused (the scheduler restarted),
+  // which never fails the job.
+  void Requeue(JobStatus* status, const std::string& why, bool counted = true)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Marks `t` draining; takes back an assignment it has not received
   // (requeueing the job as a drain); kUnavailable, changing nothing, when
   // that cannot be logged.
   absl::Status StartDrain(Trainer* t, const std::string& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   static v1::TrainerStatus ToStatus(const Trainer& t, v1::TrainerState state);
+  // A re-registering trainer's claim on a job awaiting adoption: the job it
+  // matches (t gets its rank), or null (t registers as a new trainer).
+  Job* Claim(const RegisterTrainerRequest& request, Trainer* t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Adopts `job` once every rank of its placement is claimed.
+  void MaybeAdopt(Job* job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Requeues jobs awaiting adoption past their deadline (not counted);
+  // whether it requeued any.
+  bool RequeueUnclaimed() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // kUnavailable when `trainer_id` is unknown but holds a rank of a job
+  // awaiting adoption (it has not registered again yet), else kNotFound.
+  absl::Status UnknownTrainer(const std::string& trainer_id) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Records rank r.rank()'s step times in *next and compares the ranks
   // (see "Stragglers"); t is its trainer.
   void StepTimes(Job* job, const Trainer& t, const ProgressReport& r, JobStatus* next)

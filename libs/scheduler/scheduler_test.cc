@@ -614,14 +614,18 @@ TEST_F(SchedulerTest, RequeuedJobResumesFromTheNewestCheckpoint) {
   for (int i = 0; i < 100; ++i) ASSERT_TRUE(s->ReportProgress(p).ok());
   const int64_t version_before = s->Get(job->id())->version();
 
-  // The scheduler restarts: the job is requeued and keeps its checkpoint,
-  // and its version went on increasing (a Watch client never sees it go
-  // back).
+  // The scheduler restarts and no trainer claims the job within the
+  // heartbeat timeout: it is requeued and keeps its checkpoint, and its
+  // version went on increasing (a Watch client never sees it go back).
   s.reset();
   s = Open(Options(wal));
   auto st = s->Get(job->id());
   ASSERT_TRUE(st.ok());
   EXPECT_GT(st->version(), version_before);
+  EXPECT_EQ(st->state(), v1::RUNNING);  // awaiting adoption
+  now_ += absl::Seconds(11);
+  s->CheckLiveness();
+  st = s->Get(job->id());
   EXPECT_EQ(st->state(), v1::QUEUED);
   EXPECT_EQ(st->checkpoint_path(), "/ckpt/a-e2.ckpt");
   EXPECT_EQ(st->checkpoint_epoch(), 2);
@@ -914,6 +918,11 @@ TEST_F(SchedulerTest, RestartReplaysTheLog) {
   EXPECT_EQ(jobs[0].id(), done_id);
   EXPECT_EQ(jobs[0].state(), v1::SUCCEEDED);
   EXPECT_DOUBLE_EQ(jobs[0].test_accuracy(), 0.8);
+  // Awaiting its trainers; requeued when none claims it in time.
+  EXPECT_EQ(jobs[1].state(), v1::RUNNING);
+  now_ += absl::Seconds(11);
+  s->CheckLiveness();
+  jobs = s->List();
   EXPECT_EQ(jobs[1].state(), v1::QUEUED);
   EXPECT_NE(jobs[1].events().rbegin()->reason().find("restarted"), std::string::npos);
   EXPECT_EQ(jobs[2].state(), v1::QUEUED);
@@ -1078,7 +1087,7 @@ TEST_F(SchedulerTest, FullDiskRefusesChangesAndLeavesStateUnchanged) {
   std::vector<JobStatus> jobs = s->List();
   ASSERT_EQ(jobs.size(), accepted.size());
   for (size_t i = 0; i < jobs.size(); ++i) EXPECT_EQ(jobs[i].id(), accepted[i]);
-  EXPECT_EQ(jobs[0].state(), v1::QUEUED);  // RUNNING when the scheduler stopped
+  EXPECT_EQ(jobs[0].state(), v1::RUNNING);  // awaiting adoption, as when the scheduler stopped
   EXPECT_EQ(jobs[0].attempts(), 2);
   EXPECT_EQ(jobs[1].state(), v1::CANCELLED);
   // The refused submission left no trace: ids continue after the accepted.
@@ -1882,6 +1891,197 @@ TEST_F(SchedulerTest, QueuesOrderUsersOfAQueueByTheirShare) {
   ASSERT_TRUE(s->ReportProgress(Final(t, a1->id(), 0, v1::SUCCEEDED)).ok());
   EXPECT_EQ(s->Get(b1->id())->state(), v1::RUNNING);
   EXPECT_EQ(s->Get(a3->id())->state(), v1::QUEUED);
+}
+
+// A scheduler restart restarts nothing: the trainers of a running attempt
+// register again saying what they run, and the restarted scheduler adopts
+// the attempt (same ids, same attempt, the progress since the last logged
+// epoch) instead of requeueing it.
+class RestartTest : public SchedulerTest {
+ protected:
+  // A 2-trainer job placed and delivered on trainers_[0] and trainers_[1].
+  std::unique_ptr<Scheduler> StartJob(const SchedulerOptions& o) {
+    auto s = Open(o);
+    job_ = s->Submit(Spec("adopted", 2))->id();
+    trainers_ = {AddTrainer(s.get()), AddTrainer(s.get())};
+    for (const std::string& t : trainers_) {
+      HeartbeatReply r = Beat(s.get(), t);
+      EXPECT_EQ(r.assignments_size(), 1);
+    }
+    return s;
+  }
+
+  // Registers trainer `rank` again as its agent does after a NOT_FOUND
+  // heartbeat; returns the id it got.
+  std::string Reregister(Scheduler* s, int rank, int attempt = 1, int epoch = 0, int step = 0) {
+    RegisterTrainerRequest r;
+    r.set_name("host");
+    r.add_devices("cpu");
+    r.set_previous_trainer_id(trainers_[rank]);
+    RegisterTrainerRequest::RunningWork* w = r.mutable_running();
+    w->set_job_id(job_);
+    w->set_attempt(attempt);
+    w->set_rank(rank);
+    w->set_world_size(2);
+    w->set_epoch(epoch);
+    w->set_step(step);
+    w->add_devices("cpu");
+    auto reply = s->RegisterTrainer(r);
+    EXPECT_TRUE(reply.ok()) << reply.status();
+    return reply.ok() ? reply->trainer_id() : "";
+  }
+
+  static bool HasEvent(const JobStatus& st, const std::string& text) {
+    for (const v1::JobEvent& e : st.events()) {
+      if (e.reason().find(text) != std::string::npos) return true;
+    }
+    return false;
+  }
+
+  std::string job_;
+  std::vector<std::string> trainers_;
+};
+
+TEST_F(RestartTest, AdoptsTheRunningAttemptOnceEveryRankIsClaimed) {
+  const std::string wal = TmpPath("adopt.wal");
+  auto s = StartJob(Options(wal));
+  ProgressReport p;
+  p.set_trainer_id(trainers_[0]);
+  p.set_job_id(job_);
+  p.set_rank(0);
+  p.set_attempt(1);
+  p.set_epoch(1);  // logged
+  ASSERT_TRUE(s->ReportProgress(p).ok());
+  s.reset();  // killed
+  s = Open(Options(wal));
+
+  // Until it registers again: a heartbeat is told to register, but a
+  // report or a store call is only unavailable (NOT_FOUND would stop the
+  // trainer's job).
+  HeartbeatRequest beat;
+  beat.set_trainer_id(trainers_[0]);
+  EXPECT_EQ(s->Heartbeat(beat).status().code(), absl::StatusCode::kNotFound);
+  p.set_step(3);
+  EXPECT_EQ(s->ReportProgress(p).status().code(), absl::StatusCode::kUnavailable);
+  StoreSetRequest set;
+  set.set_trainer_id(trainers_[1]);
+  set.set_job_id(job_);
+  set.set_attempt(1);
+  set.set_key("dtrain/drain/claim");
+  set.set_value("1");
+  EXPECT_EQ(s->StoreSet(set).code(), absl::StatusCode::kUnavailable);
+
+  EXPECT_EQ(Reregister(s.get(), 0, 1, 1, 7), trainers_[0]);
+  JobStatus st = *s->Get(job_);
+  EXPECT_EQ(st.state(), v1::RUNNING);
+  EXPECT_FALSE(HasEvent(st, "adopted"));  // rank 1 is not claimed yet
+  EXPECT_EQ(st.epoch(), 1);
+  EXPECT_EQ(st.step(), 7);  // rank 0's claim brings the progress up to date
+  // A trainer that claims nothing is a new one; a claim of another attempt
+  // is not honoured either.
+  const std::string fresh = AddTrainer(s.get());
+  EXPECT_NE(fresh, trainers_[0]);
+  EXPECT_NE(fresh, trainers_[1]);
+  EXPECT_NE(Reregister(s.get(), 1, /*attempt=*/2), trainers_[1]);
+  EXPECT_FALSE(HasEvent(*s->Get(job_), "adopted"));
+
+  EXPECT_EQ(Reregister(s.get(), 1), trainers_[1]);
+  st = *s->Get(job_);
+  EXPECT_EQ(st.state(), v1::RUNNING);
+  EXPECT_EQ(st.attempts(), 1);
+  EXPECT_EQ(st.events().rbegin()->reason(),
+            "scheduler restarted; adopted the running attempt 1 from its 2 trainers");
+  ASSERT_EQ(st.trainers_size(), 2);
+  EXPECT_EQ(st.trainers(0), trainers_[0]);
+  EXPECT_EQ(st.trainers(1), trainers_[1]);
+
+  // The attempt goes on: nothing new is delivered, nothing cancelled, the
+  // store answers, and it ends on attempt 1.
+  for (const std::string& t : trainers_) {
+    HeartbeatReply r = Beat(s.get(), t, {job_});
+    EXPECT_EQ(r.assignments_size(), 0);
+    EXPECT_EQ(r.cancel_job_ids_size(), 0);
+  }
+  EXPECT_TRUE(s->StoreSet(set).ok());
+  ASSERT_TRUE(s->ReportProgress(Final(trainers_[1], job_, 1, v1::SUCCEEDED)).ok());
+  ASSERT_TRUE(s->ReportProgress(Final(trainers_[0], job_, 0, v1::SUCCEEDED)).ok());
+  st = *s->Get(job_);
+  EXPECT_EQ(st.state(), v1::SUCCEEDED);
+  EXPECT_EQ(st.attempts(), 1);
+  // The fresh trainer was free for other work all along.
+  EXPECT_EQ(s->ListTrainers().size(), 4u);
+}
+
+TEST_F(RestartTest, PartlyClaimedAttemptIsRequeuedAfterTheTimeoutWithoutCounting) {
+  const std::string wal = TmpPath("partial.wal");
+  SchedulerOptions o = Options(wal);
+  o.max_attempts = 2;
+  o.recover_in_place = false;
+  auto s = StartJob(o);
+  s.reset();
+  s = Open(o);
+  ASSERT_EQ(Reregister(s.get(), 0), trainers_[0]);
+  now_ += absl::Seconds(5);
+  Beat(s.get(), trainers_[0], {job_});
+  s->CheckLiveness();
+  EXPECT_EQ(s->Get(job_)->state(), v1::RUNNING);  // within the heartbeat timeout
+  now_ += absl::Seconds(6);
+  Beat(s.get(), trainers_[0], {job_});
+  s->CheckLiveness();
+  JobStatus st = *s->Get(job_);
+  EXPECT_EQ(st.state(), v1::QUEUED);
+  EXPECT_EQ(st.events().rbegin()->reason().rfind(kRestartRequeued, 0), 0u)
+      << st.events().rbegin()->reason();
+  EXPECT_NE(st.events().rbegin()->reason().find("rank 1 (" + trainers_[1] + ") not claimed"),
+            std::string::npos)
+      << st.events().rbegin()->reason();
+  // The claimed trainer is told to stop its rank of the old attempt.
+  HeartbeatReply r = Beat(s.get(), trainers_[0], {job_});
+  ASSERT_EQ(r.cancel_job_ids_size(), 1);
+  EXPECT_EQ(r.cancel_job_ids(0), job_);
+  ProgressReport stopped = Final(trainers_[0], job_, 0, v1::CANCELLED);
+  stopped.set_attempt(1);
+  ASSERT_TRUE(s->ReportProgress(stopped).ok());
+
+  // Placed again (attempt 2); a trainer lost there requeues it: with
+  // max_attempts 2 it would fail if the restart's requeue counted.
+  const std::string t2 = AddTrainer(s.get());
+  st = *s->Get(job_);
+  ASSERT_EQ(st.state(), v1::RUNNING);
+  EXPECT_EQ(st.attempts(), 2);
+  Beat(s.get(), trainers_[0]);
+  Beat(s.get(), t2);
+  now_ += absl::Seconds(8);
+  Beat(s.get(), trainers_[0], {job_});
+  now_ += absl::Seconds(5);
+  EXPECT_EQ(s->CheckLiveness(), 1);
+  st = *s->Get(job_);
+  EXPECT_EQ(st.state(), v1::QUEUED) << st.events().rbegin()->reason();
+}
+
+TEST_F(RestartTest, ThreeRestartsInARowLeaveTheJobAtAttemptOne) {
+  const std::string wal = TmpPath("three.wal");
+  auto s = StartJob(Options(wal));
+  for (int restart = 1; restart <= 3; ++restart) {
+    s.reset();
+    now_ += absl::Seconds(2);
+    s = Open(Options(wal));
+    ASSERT_EQ(Reregister(s.get(), 1, 1, 0, restart), trainers_[1]);
+    ASSERT_EQ(Reregister(s.get(), 0, 1, 0, restart), trainers_[0]);
+    JobStatus st = *s->Get(job_);
+    EXPECT_EQ(st.state(), v1::RUNNING);
+    EXPECT_EQ(st.attempts(), 1);
+    EXPECT_EQ(st.step(), restart);
+    int adoptions = 0;
+    for (const v1::JobEvent& e : st.events()) {
+      if (e.reason().find("adopted the running attempt 1") != std::string::npos) ++adoptions;
+    }
+    EXPECT_EQ(adoptions, restart);  // each adoption is logged
+  }
+  ASSERT_TRUE(s->ReportProgress(Final(trainers_[0], job_, 0, v1::SUCCEEDED)).ok());
+  ASSERT_TRUE(s->ReportProgress(Final(trainers_[1], job_, 1, v1::SUCCEEDED)).ok());
+  EXPECT_EQ(s->Get(job_)->state(), v1::SUCCEEDED);
+  EXPECT_EQ(s->Get(job_)->attempts(), 1);
 }
 
 }  // namespace

@@ -209,9 +209,9 @@ TEST_F(SchedulerE2eTest, SubmitTrainCancelRestart) {
   ASSERT_EQ(watched.state(), v1::RUNNING) << watched.DebugString();
 
   // Crash the scheduler and restart it on the same port and data: the jobs
-  // are still there (the running one requeued, and run again from its
-  // checkpoint on the same trainer, which registers again); the watch
-  // reconnects and sees it through.
+  // are still there (the running one adopted from its trainer, which trains
+  // on and registers again claiming it: same attempt); the watch reconnects
+  // and sees it through.
   ASSERT_TRUE(scheduler_.Kill(SIGKILL).ok());
   ASSERT_TRUE(scheduler_.Wait().ok());
   absl::SleepFor(absl::Milliseconds(500));  // the watch notices
@@ -233,15 +233,17 @@ TEST_F(SchedulerE2eTest, SubmitTrainCancelRestart) {
   get_watched.set_id(watched.id());
   ASSERT_TRUE(stub_->Get(Ctx().get(), get_watched, &watched).ok());
   EXPECT_EQ(watched.state(), v1::SUCCEEDED) << watched.DebugString();
-  EXPECT_EQ(watched.attempts(), 2) << watched.DebugString();
+  EXPECT_EQ(watched.attempts(), 1) << watched.DebugString();
   // `trainctl get` shows where it ran, the attempt and its checkpoint.
   int get_rc;
   const std::string got = Trainctl("get " + watched.id(), &get_rc);
   EXPECT_EQ(get_rc, 0) << got;
-  EXPECT_NE(got.find("(attempt 2)"), std::string::npos) << got;
+  EXPECT_NE(got.find("(attempt 1)"), std::string::npos) << got;
   EXPECT_NE(got.find("checkpoint: "), std::string::npos) << got;
   EXPECT_NE(got.find(".ckpt (epoch 6)"), std::string::npos) << got;
-  EXPECT_NE(got.find("requeued"), std::string::npos) << got;
+  EXPECT_NE(got.find("scheduler restarted; adopted the running attempt 1 from its 1 trainer"),
+            std::string::npos)
+      << got;
   EXPECT_GT(watched.loss(), 0) << watched.DebugString();
   EXPECT_GT(watched.test_accuracy(), 0.5) << watched.DebugString();
   EXPECT_EQ(list.jobs(0).id(), job.id());
