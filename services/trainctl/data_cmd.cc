@@ -19,7 +19,7 @@
 #include "libs/data/open.h"
 #include "libs/data/pack.h"
 #include "protos/scheduler.pb.h"
-#include "services/trainctl/yaml.h"
+#include "services/trainctl/jobfile.h"
 
 namespace dtrain {
 namespace trainctl {
@@ -51,18 +51,9 @@ absl::StatusOr<data::DataConfig> FromJobFile(const std::string& file, std::strin
   if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", file));
   std::stringstream ss;
   ss << in.rdbuf();
-  std::string json = ss.str();
-  const size_t first = json.find_first_not_of(" \t\r\n");
-  if (first == std::string::npos || json[first] != '{') {
-    absl::StatusOr<std::string> converted = YamlToJson(json);
-    if (!converted.ok()) return Annotate(converted.status(), file);
-    json = *std::move(converted);
-  }
+  // The same reading as trainctl submit -f (jobfile.h).
   scheduler::v1::JobSpec spec;
-  auto st = google::protobuf::util::JsonStringToMessage(json, &spec);
-  if (!st.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat(file, ": not a JobSpec: ", st.ToString()));
-  }
+  DT_RETURN_IF_ERROR(ParseJobFile(file, ss.str(), &spec));
   *idx_dir = spec.data_dir();
   return data::DataConfigFromSpec(spec.data());
 }

@@ -348,7 +348,7 @@ TEST_F(HostileInputTest, BadSpecsUnknownIdsAndASubmitBurst) {
   std::string out =
       Ctl("submit -f " + WriteSpec("bad.json", "{\"name\": \"x\", \"epochs\": "), &rc);
   EXPECT_EQ(rc, 2) << out;
-  EXPECT_NE(out.find("not a JobSpec"), std::string::npos) << out;
+  EXPECT_NE(out.find("bad.json: not valid JSON"), std::string::npos) << out;
   out = Ctl("submit -f " + WriteSpec("wrong-type.json", R"({"name": "x", "epochs": "many"})"), &rc);
   EXPECT_EQ(rc, 2) << out;
   out = Ctl("submit -f " + WriteSpec("unknown.json", R"({"name": "x", "colour": "red"})"), &rc);
