@@ -272,7 +272,9 @@ TEST(ClusterE2eTest, UpFailsCleanlyAndBadUsage) {
   out = Trainctl("cluster up --trainers=-1 --dir=" + TmpDir("x"), &rc);
   EXPECT_EQ(rc, 2) << out;
   out = Trainctl("--help", &rc);
-  EXPECT_NE(out.find("trainctl cluster up"), std::string::npos) << out;
+  EXPECT_NE(out.find("\n  cluster "), std::string::npos) << out;
+  out = Trainctl("cluster --help", &rc);
+  EXPECT_NE(out.find("usage: trainctl cluster up"), std::string::npos) << out;
 
   // A trainer binary that exits at once: up fails naming its log and stops
   // the processes it had started.
