@@ -21,8 +21,8 @@
 #include "gtest/gtest.h"
 #include "libs/rpc/credentials.h"
 #include "protos/scheduler.grpc.pb.h"
-#include "tests/e2e/cluster_fixture.h"
 #include "tests/e2e/e2e_util.h"
+#include "tests/e2e/test_cluster.h"
 
 namespace dtrain {
 namespace e2e {
@@ -30,14 +30,17 @@ namespace {
 
 namespace v1 = scheduler::v1;
 
-class SchedulerRestartE2eTest : public ClusterFixture {
+class SchedulerRestartE2eTest : public ClusterTest {
  protected:
   void SetUp() override {
-    ASSERT_NO_FATAL_FAILURE(
-        Up(::testing::UnitTest::GetInstance()->current_test_info()->name(),
-           absl::StrCat("--trainers=2 --heartbeat_timeout_s=10 ", ExtraFlags())));
+    ClusterOptions o;
+    o.trainers = 2;
+    o.restart = true;  // the supervisor starts the killed scheduler again
+    o.heartbeat_timeout_s = 10;
+    o.kvstore_shards = KvstoreShards();
+    ASSERT_NO_FATAL_FAILURE(Up(o));
   }
-  virtual std::string ExtraFlags() const { return ""; }
+  virtual int KvstoreShards() const { return 0; }
 
   // An MLP on 2 trainers synchronizing through the kvstore in synchronous
   // rounds (global batch 64: 128 steps an epoch of 8192 images).
@@ -102,9 +105,9 @@ class SchedulerRestartE2eTest : public ClusterFixture {
     }
     EXPECT_EQ(adopted, kills) << done.DebugString();
     // Each rank started once and resumed nothing: no step redone.
-    EXPECT_EQ(TrainerLogLines(dir_, {"starting job " + job.id()}).size(), 2u);
-    EXPECT_TRUE(TrainerLogLines(dir_, {"resumed from"}).empty());
-    EXPECT_EQ(TrainerLogLines(dir_, {"claimed rank", job.id()}).size(), 2u * kills);
+    EXPECT_EQ(TrainerLogLines(dir(), {"starting job " + job.id()}).size(), 2u);
+    EXPECT_TRUE(TrainerLogLines(dir(), {"resumed from"}).empty());
+    EXPECT_EQ(TrainerLogLines(dir(), {"claimed rank", job.id()}).size(), 2u * kills);
     if (kills == 1) {
       std::printf("test_accuracy=%.4f reference_test_accuracy=%.4f\n", done.test_accuracy(),
                   ref.test_accuracy());
@@ -114,7 +117,7 @@ class SchedulerRestartE2eTest : public ClusterFixture {
   }
 
   int SchedulerPid() const {
-    for (const ClusterProcess& p : ReadCluster(dir_)) {
+    for (const ClusterProcess& p : ReadCluster(dir())) {
       if (p.role == "scheduler") return p.pid;
     }
     return -1;
@@ -123,7 +126,7 @@ class SchedulerRestartE2eTest : public ClusterFixture {
   // A stub on a channel of its own: a new channel connects at once, where
   // stub_'s waits out its reconnect backoff.
   std::unique_ptr<v1::JobService::Stub> FreshStub() const {
-    return v1::JobService::NewStub(rpc::NewChannel(scheduler_));
+    return v1::JobService::NewStub(rpc::NewChannel(scheduler()));
   }
 
   // SIGKILLs the scheduler; returns how long after the new one first
@@ -174,7 +177,7 @@ TEST_F(SchedulerRestartE2eTest, ThreeRestartsInARowLeaveTheJobAtAttemptOne) {
 
 class KvstoreSchedulerRestartE2eTest : public SchedulerRestartE2eTest {
  protected:
-  std::string ExtraFlags() const override { return "--kvstore_shards=1 --kvstore_replicas=1"; }
+  int KvstoreShards() const override { return 1; }
 };
 
 TEST_F(KvstoreSchedulerRestartE2eTest, SigkilledSchedulerAdoptsTheRunningKvstoreJob) {
