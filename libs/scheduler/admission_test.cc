@@ -8,32 +8,14 @@
 #include <random>
 
 #include "gtest/gtest.h"
+#include "libs/scheduler/queue_test_util.h"
 
 namespace dtrain {
 namespace scheduler {
 namespace {
 
-constexpr char kExample[] = R"(queues:
-  - name: team-a
-    cohort: research
-    quota: {trainers: 1}
-    borrowing_limit: {trainers: 1}
-    users: [alice]
-  - name: team-b
-    cohort: research
-    quota: {trainers: 1}
-    users: [bob]
-preemption:
-  within_queue: lower_priority
-  reclaim_within_cohort: any
-)";
-
-Resources Capacity(int64_t trainers) {
-  Resources r;
-  for (int i = 0; i < kNumResources; ++i) r[i] = kUnlimited;
-  r[kTrainers] = trainers;
-  return r;
-}
+using queue_test::Capacity;
+using queue_test::kTwoTeamsQueues;
 
 Workload Job(std::string id, std::string queue, std::string user, int trainers, double submit,
              int priority = 0) {
@@ -54,7 +36,7 @@ std::vector<std::string> Ids(const CycleResult& r) {
 }
 
 TEST(AdmissionTest, TeamABorrowsTeamBReclaimsByDrainAndABorrowsAgainLater) {
-  QueueManager m(*ParseQueueConfig(kExample), Capacity(2));
+  QueueManager m(*ParseQueueConfig(kTwoTeamsQueues), Capacity(2));
   ASSERT_TRUE(m.AddPending(Job("a1", "team-a", "alice", 1, 1)).ok());
   ASSERT_TRUE(m.AddPending(Job("a2", "team-a", "alice", 1, 2)).ok());
   CycleOptions o;
@@ -106,7 +88,7 @@ TEST(AdmissionTest, TeamABorrowsTeamBReclaimsByDrainAndABorrowsAgainLater) {
 }
 
 TEST(AdmissionTest, PendingReasonNamesTheQuotaThatBlocks) {
-  QueueManager m(*ParseQueueConfig(kExample), Capacity(kUnlimited));
+  QueueManager m(*ParseQueueConfig(kTwoTeamsQueues), Capacity(kUnlimited));
   ASSERT_TRUE(m.AddPending(Job("a1", "team-a", "alice", 2, 1)).ok());
   ASSERT_TRUE(m.AddPending(Job("a2", "team-a", "alice", 2, 2)).ok());
   CycleResult r = RunAdmissionCycle(m, CycleOptions());
@@ -194,7 +176,7 @@ TEST(AdmissionTest, AJobWaitingForItsVictimsKeepsWhatTheyFree) {
 }
 
 TEST(AdmissionTest, HigherPriorityIsAdmittedFirstAndPreemptsWithinTheQueue) {
-  QueueManager m(*ParseQueueConfig(kExample), Capacity(kUnlimited));
+  QueueManager m(*ParseQueueConfig(kTwoTeamsQueues), Capacity(kUnlimited));
   ASSERT_TRUE(m.AddPending(Job("old", "team-a", "alice", 2, 1)).ok());
   ASSERT_TRUE(RunAdmissionCycle(m, CycleOptions()).admitted.size() == 1);
   ASSERT_TRUE(m.AddPending(Job("urgent", "team-a", "alice", 1, 5, /*priority=*/7)).ok());

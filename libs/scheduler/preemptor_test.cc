@@ -4,32 +4,14 @@
 #include "libs/scheduler/preemptor.h"
 
 #include "gtest/gtest.h"
+#include "libs/scheduler/queue_test_util.h"
 
 namespace dtrain {
 namespace scheduler {
 namespace {
 
-constexpr char kExample[] = R"(queues:
-  - name: team-a
-    cohort: research
-    quota: {trainers: 1}
-    borrowing_limit: {trainers: 1}
-    users: [alice]
-  - name: team-b
-    cohort: research
-    quota: {trainers: 1}
-    users: [bob]
-preemption:
-  within_queue: lower_priority
-  reclaim_within_cohort: any
-)";
-
-Resources Capacity(int64_t trainers) {
-  Resources r;
-  for (int i = 0; i < kNumResources; ++i) r[i] = kUnlimited;
-  r[kTrainers] = trainers;
-  return r;
-}
+using queue_test::Capacity;
+using queue_test::kTwoTeamsQueues;
 
 Workload Job(std::string id, std::string queue, std::string user, int trainers, int priority = 0,
              int min_trainers = 0) {
@@ -49,7 +31,7 @@ void Admitted(QueueManager& m, const Workload& w, double at) {
 }
 
 TEST(PreemptorTest, ReclaimTakesTheBorrowersNewestJobAndNamesOnlyQueues) {
-  QueueManager m(*ParseQueueConfig(kExample), Capacity(kUnlimited));
+  QueueManager m(*ParseQueueConfig(kTwoTeamsQueues), Capacity(kUnlimited));
   Admitted(m, Job("alice-1", "team-a", "alice", 1), 1);
   Admitted(m, Job("alice-2", "team-a", "alice", 1), 2);  // borrowed from team-b
   const Workload bob = Job("bob-1", "team-b", "bob", 1);
@@ -75,7 +57,7 @@ TEST(PreemptorTest, ReclaimTakesTheBorrowersNewestJobAndNamesOnlyQueues) {
 
 TEST(PreemptorTest, ReclaimNeverTakesAQueueBelowItsQuota) {
   // The cluster has 2 trainers: team-a at its quota of 1 plus 1 borrowed.
-  QueueManager m(*ParseQueueConfig(kExample), Capacity(2));
+  QueueManager m(*ParseQueueConfig(kTwoTeamsQueues), Capacity(2));
   Admitted(m, Job("a1", "team-a", "alice", 1), 1);
   Admitted(m, Job("a2", "team-a", "alice", 1), 2);
   const Workload bob = Job("b", "team-b", "bob", 1);
@@ -85,14 +67,14 @@ TEST(PreemptorTest, ReclaimNeverTakesAQueueBelowItsQuota) {
   EXPECT_EQ(d->victims.size(), 1u);  // only the borrowed one, not a1 too
   // Once a2 is gone team-a no longer borrows: with the cluster full for
   // another reason (capacity 1), nothing may be reclaimed.
-  QueueManager full(*ParseQueueConfig(kExample), Capacity(1));
+  QueueManager full(*ParseQueueConfig(kTwoTeamsQueues), Capacity(1));
   Admitted(full, Job("a1", "team-a", "alice", 1), 1);
   ASSERT_TRUE(full.AddPending(bob).ok());
   EXPECT_FALSE(FindPreemption(full, bob).has_value());
 }
 
 TEST(PreemptorTest, ReclaimLowerPriorityAndNeverAreHonoured) {
-  std::string text = kExample;
+  std::string text = kTwoTeamsQueues;
   text.replace(text.find("reclaim_within_cohort: any"), 26,
                "reclaim_within_cohort: lower_priority");
   QueueManager m(*ParseQueueConfig(text), Capacity(kUnlimited));

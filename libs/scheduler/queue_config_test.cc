@@ -4,29 +4,16 @@
 #include "libs/scheduler/queue_config.h"
 
 #include "gtest/gtest.h"
+#include "libs/scheduler/queue_test_util.h"
 
 namespace dtrain {
 namespace scheduler {
 namespace {
 
-// The example of issue 35 (and docs/queues.md), verbatim.
-constexpr char kExample[] = R"(queues:
-  - name: team-a
-    cohort: research
-    quota: {trainers: 1}
-    borrowing_limit: {trainers: 1}
-    users: [alice]
-  - name: team-b
-    cohort: research
-    quota: {trainers: 1}
-    users: [bob]
-preemption:
-  within_queue: lower_priority
-  reclaim_within_cohort: any
-)";
+using queue_test::kTwoTeamsQueues;
 
 TEST(QueueConfigTest, TheIssuesExampleMeansWhatItSays) {
-  absl::StatusOr<QueueConfig> c = ParseQueueConfig(kExample);
+  absl::StatusOr<QueueConfig> c = ParseQueueConfig(kTwoTeamsQueues);
   ASSERT_TRUE(c.ok()) << c.status();
   ASSERT_EQ(c->queues.size(), 2u);
   const QueueSpec& a = c->queues[0];
@@ -150,7 +137,7 @@ TEST(QueueConfigTest, InvalidFilesNameTheProblem) {
 }
 
 TEST(QueueConfigTest, QuotaChangeThatWouldStrandRunningJobsIsRefused) {
-  QueueConfig now = *ParseQueueConfig(kExample);
+  QueueConfig now = *ParseQueueConfig(kTwoTeamsQueues);
   // team-a runs 2 trainers (1 borrowed from team-b), team-b none.
   std::map<std::string, Resources> usage;
   usage["team-a"][kTrainers] = 2;

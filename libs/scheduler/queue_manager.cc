@@ -214,20 +214,24 @@ void QueueManager::ReleaseVictim(Entry& e) {
   e.evicting_for.clear();
 }
 
-absl::Status QueueManager::Finish(const std::string& id) {
-  auto it = entries_.find(id);
-  if (it == entries_.end() || !it->second.admitted) {
-    return absl::NotFoundError(absl::StrCat("workload ", id, " is not admitted"));
-  }
-  Entry& e = it->second;
+void QueueManager::Unadmit(Entry& e) {
   ReleaseVictim(e);
   const Resources req = e.w.Request();
   quota_.Remove(e.q, req);
   Resources& u = user_usage_[e.q][e.w.user];
   u -= req;
   if (u.IsZero()) user_usage_[e.q].erase(e.w.user);
-  admitted_[e.q].erase(id);
+  admitted_[e.q].erase(e.w.id);
   --num_admitted_;
+}
+
+absl::Status QueueManager::Finish(const std::string& id) {
+  auto it = entries_.find(id);
+  if (it == entries_.end() || !it->second.admitted) {
+    return absl::NotFoundError(absl::StrCat("workload ", id, " is not admitted"));
+  }
+  Entry& e = it->second;
+  Unadmit(e);
   entries_.erase(it);
   return absl::OkStatus();
 }
@@ -238,14 +242,7 @@ absl::Status QueueManager::Requeue(const std::string& id) {
     return absl::NotFoundError(absl::StrCat("workload ", id, " is not admitted"));
   }
   Entry& e = it->second;
-  ReleaseVictim(e);
-  const Resources req = e.w.Request();
-  quota_.Remove(e.q, req);
-  Resources& u = user_usage_[e.q][e.w.user];
-  u -= req;
-  if (u.IsZero()) user_usage_[e.q].erase(e.w.user);
-  admitted_[e.q].erase(id);
-  --num_admitted_;
+  Unadmit(e);
   e.admitted = false;
   InsertPending(e);
   return absl::OkStatus();

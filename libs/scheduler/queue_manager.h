@@ -181,6 +181,9 @@ class QueueManager {
   void InsertPending(Entry& e);
   void ErasePending(const Entry& e);
   void ReleaseVictim(Entry& e);
+  // Takes admitted `e` out of its queue's usage (quota, its user's share,
+  // the admitted set), releasing what it was evicting for.
+  void Unadmit(Entry& e);
 
   QueueConfig config_;
   QuotaState quota_;

@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "gtest/gtest.h"
+#include "libs/scheduler/queue_test_util.h"
 #include "libs/scheduler/tmpfs_for_test.h"
 #include "libs/security/job_token.h"
 
@@ -1749,20 +1750,7 @@ TEST_F(SchedulerTest, QueuesPlaceWithinQuotaAndBorrowFromTheCohort) {
 // queues and the rule), its drained report requeues it at the drained step
 // (a drain, not an attempt) and bob's job is placed.
 TEST_F(SchedulerTest, QueuesReclaimBorrowedQuotaByDrainingTheBorrower) {
-  absl::StatusOr<QueueConfig> queues = ParseQueueConfig(R"(queues:
-  - name: team-a
-    cohort: research
-    quota: {trainers: 1}
-    borrowing_limit: {trainers: 1}
-    users: [alice]
-  - name: team-b
-    cohort: research
-    quota: {trainers: 1}
-    users: [bob]
-preemption:
-  within_queue: lower_priority
-  reclaim_within_cohort: any
-)");
+  absl::StatusOr<QueueConfig> queues = ParseQueueConfig(queue_test::kTwoTeamsQueues);
   ASSERT_TRUE(queues.ok()) << queues.status();
   SchedulerOptions o = Options();
   o.queues = *queues;
