@@ -36,6 +36,26 @@ class EpochRecorder : public JobObserver {
   std::vector<JobProgress> epochs;
 };
 
+// Rank `r` of the 2-rank LeNet job both tests run on `d` (2 epochs of
+// kTrain images).
+JobConfig TwoRankLenet(const std::string& name, const data::DataConfig& d, int r) {
+  JobConfig c;
+  c.name = name;
+  c.model = "lenet";
+  c.epochs = 2;
+  c.global_batch_size = 128;
+  c.sgd = {.lr = 0.05f, .momentum = 0.9f};
+  c.seed = 7;
+  c.init = "kaiming";
+  c.threads = 1;
+  c.train_limit = kTrain;
+  c.test_limit = kTest;
+  c.data = d;
+  c.rank = r;
+  c.world_size = 2;
+  return c;
+}
+
 // Both ranks' per-epoch progress.
 std::vector<std::vector<JobProgress>> TrainTwoRanks(const data::DataConfig& d) {
   collective::InMemoryStore store;
@@ -51,20 +71,7 @@ std::vector<std::vector<JobProgress>> TrainTwoRanks(const data::DataConfig& d) {
         st[r] = comm.status();
         return;
       }
-      JobConfig c;
-      c.name = "formats";
-      c.model = "lenet";
-      c.epochs = 2;
-      c.global_batch_size = 128;
-      c.sgd = {.lr = 0.05f, .momentum = 0.9f};
-      c.seed = 7;
-      c.init = "kaiming";
-      c.threads = 1;
-      c.train_limit = kTrain;
-      c.test_limit = kTest;
-      c.data = d;
-      c.rank = r;
-      c.world_size = 2;
+      JobConfig c = TwoRankLenet("formats", d, r);
       c.communicator = comm->get();
       JobProgress p;
       st[r] = RunJob(c, &rec[r], &p);
@@ -127,20 +134,7 @@ std::vector<JobProgress> TrainTwoRanksWithALostRank(const data::DataConfig& d) {
     ranks.emplace_back([&, r] {
       collective::CommunicatorOptions co;
       co.transport = collective::TransportKind::kInProcess;
-      JobConfig c;
-      c.name = "formats-recovery";
-      c.model = "lenet";
-      c.epochs = 2;
-      c.global_batch_size = 128;
-      c.sgd = {.lr = 0.05f, .momentum = 0.9f};
-      c.seed = 7;
-      c.init = "kaiming";
-      c.threads = 1;
-      c.train_limit = kTrain;
-      c.test_limit = kTest;
-      c.data = d;
-      c.rank = r;
-      c.world_size = 2;
+      JobConfig c = TwoRankLenet("formats-recovery", d, r);
       JobProgress p;
       {
         auto comm = collective::Communicator::Create(r, 2, &store, co);
