@@ -3,8 +3,6 @@
 #include <sys/stat.h>
 
 #include <cstdio>
-#include <fstream>
-#include <sstream>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -12,7 +10,6 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "google/protobuf/util/json_util.h"
 #include "libs/base/status.h"
 #include "libs/data/data_spec.h"
 #include "libs/data/fashion_mnist.h"
@@ -47,13 +44,9 @@ std::string GuessFormat(const std::string& path) {
 
 // A job file's data: section (its data_dir for the Fashion-MNIST default).
 absl::StatusOr<data::DataConfig> FromJobFile(const std::string& file, std::string* idx_dir) {
-  std::ifstream in(file);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", file));
-  std::stringstream ss;
-  ss << in.rdbuf();
   // The same reading as trainctl submit -f (jobfile.h).
   scheduler::v1::JobSpec spec;
-  DT_RETURN_IF_ERROR(ParseJobFile(file, ss.str(), &spec));
+  DT_RETURN_IF_ERROR(ReadJobFile(file, &spec));
   *idx_dir = spec.data_dir();
   return data::DataConfigFromSpec(spec.data());
 }

@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <fstream>
 #include <map>
+#include <sstream>
 #include <string>
 #include <utility>
 #include <vector>
@@ -330,6 +332,14 @@ absl::Status ParseJobFile(absl::string_view name, absl::string_view text,
         absl::StrCat(name, ": not a JobSpec: ", std::string(pst.message())));
   }
   return absl::OkStatus();
+}
+
+absl::Status ReadJobFile(const std::string& path, scheduler::v1::JobSpec* spec) {
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", path));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ParseJobFile(path, ss.str(), spec);
 }
 
 }  // namespace trainctl

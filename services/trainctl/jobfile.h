@@ -27,6 +27,8 @@
 #ifndef DTRAIN_SERVICES_TRAINCTL_JOBFILE_H_
 #define DTRAIN_SERVICES_TRAINCTL_JOBFILE_H_
 
+#include <string>
+
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 #include "protos/scheduler.pb.h"
@@ -38,6 +40,10 @@ namespace trainctl {
 // into `*spec` (cleared first).
 absl::Status ParseJobFile(absl::string_view name, absl::string_view text,
                           scheduler::v1::JobSpec* spec);
+
+// ParseJobFile of the file at `path`; NotFound "cannot read <path>" when it
+// cannot be read.
+absl::Status ReadJobFile(const std::string& path, scheduler::v1::JobSpec* spec);
 
 }  // namespace trainctl
 }  // namespace dtrain

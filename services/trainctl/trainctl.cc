@@ -39,11 +39,9 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
-#include <fstream>
 #include <functional>
 #include <iostream>
 #include <random>
-#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -533,14 +531,8 @@ int Watch(v1::JobService::Stub* stub, const std::string& id, const std::string& 
 
 absl::Status BuildSpec(v1::JobSpec* spec) {
   const std::string file = absl::GetFlag(FLAGS_f);
-  if (!file.empty()) {
-    std::ifstream in(file);
-    if (!in) return absl::NotFoundError(absl::StrCat("cannot read -f ", file));
-    std::stringstream ss;
-    ss << in.rdbuf();
-    // YAML or JSON, with JobSpec's field names or the flags' (jobfile.h).
-    DT_RETURN_IF_ERROR(dtrain::trainctl::ParseJobFile(file, ss.str(), spec));
-  }
+  // YAML or JSON, with JobSpec's field names or the flags' (jobfile.h).
+  if (!file.empty()) DT_RETURN_IF_ERROR(dtrain::trainctl::ReadJobFile(file, spec));
   if (!absl::GetFlag(FLAGS_name).empty()) spec->set_name(absl::GetFlag(FLAGS_name));
   if (!absl::GetFlag(FLAGS_model).empty()) spec->set_model(absl::GetFlag(FLAGS_model));
   if (!absl::GetFlag(FLAGS_data_dir).empty()) spec->set_data_dir(absl::GetFlag(FLAGS_data_dir));
