@@ -27,6 +27,26 @@ std::string DirName(const std::string& path) {
 
 }  // namespace
 
+absl::StatusOr<std::string> ReadFile(const std::string& path) {
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return ErrnoToStatus(errno, absl::StrCat("cannot open ", path));
+  std::string out;
+  char buf[1 << 16];
+  for (;;) {
+    const ssize_t n = read(fd, buf, sizeof(buf));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      const int err = errno;
+      close(fd);
+      return ErrnoToStatus(err, absl::StrCat("cannot read ", path));
+    }
+    if (n == 0) break;
+    out.append(buf, static_cast<size_t>(n));
+  }
+  close(fd);
+  return out;
+}
+
 absl::Status WriteFileAtomically(const std::string& path, absl::string_view contents) {
   if (path.empty()) return absl::InvalidArgumentError("WriteFileAtomically: empty path");
   // mkstemp: a unique name even when several processes write the same path.

@@ -1,4 +1,4 @@
-// Files that readers must never see half-written: port files, cluster
+// Reading whole files, and files that readers must never see half-written: port files, cluster
 // descriptions, small state files.
 //
 //   DT_RETURN_IF_ERROR(WriteFileAtomically("/var/run/kvstore.port", "7070"));
@@ -22,6 +22,10 @@ namespace dtrain {
 // it was; the error follows errno (ErrnoToStatus: kPermissionDenied,
 // kNotFound, ...) and names the path and the failing step.
 absl::Status WriteFileAtomically(const std::string& path, absl::string_view contents);
+
+// The whole file at `path`. The error follows errno (ErrnoToStatus:
+// kNotFound, kPermissionDenied, ...) and names the path.
+absl::StatusOr<std::string> ReadFile(const std::string& path);
 
 // `dir` as a directory no other user may use: created 0700 if missing;
 // kFailedPrecondition naming it when it is not a directory of this uid

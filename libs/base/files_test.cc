@@ -1,4 +1,5 @@
 #include "libs/base/files.h"
+#include "libs/base/testing.h"
 
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -16,33 +17,32 @@
 namespace dtrain {
 namespace {
 
-std::string TestDir(const std::string& name) {
-  const char* tmp = std::getenv("TEST_TMPDIR");
-  std::string dir = absl::StrCat(tmp ? tmp : "/tmp", "/", name);
-  mkdir(dir.c_str(), 0755);
-  return dir;
-}
-
-std::string Read(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
+TEST(ReadFileTest, ReadsWholeFilesAndNamesWhatIsMissing) {
+  const std::string dir = FreshTestDir("read");
+  const std::string big(200000, 'x');  // more than one read(2) buffer
+  ASSERT_TRUE(WriteFileAtomically(dir + "/big", big + std::string("\0end", 4)).ok());
+  absl::StatusOr<std::string> got = ReadFile(dir + "/big");
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(*got, big + std::string("\0end", 4));
+  got = ReadFile(dir + "/missing");
+  EXPECT_EQ(got.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_NE(got.status().message().find(dir + "/missing"), std::string::npos) << got.status();
+  EXPECT_EQ(ReadFile(dir).status().code(), absl::StatusCode::kFailedPrecondition) << ReadFile(dir).status();
 }
 
 TEST(WriteFileAtomicallyTest, WritesAndReplacesContents) {
-  const std::string dir = TestDir("replace");
+  const std::string dir = FreshTestDir("replace");
   const std::string path = dir + "/file";
   ASSERT_TRUE(WriteFileAtomically(path, "first\n").ok());
-  EXPECT_EQ(Read(path), "first\n");
+  EXPECT_EQ(ReadFileForTest(path), "first\n");
   ASSERT_TRUE(WriteFileAtomically(path, std::string("a\0b", 3)).ok());
-  EXPECT_EQ(Read(path), std::string("a\0b", 3));
+  EXPECT_EQ(ReadFileForTest(path), std::string("a\0b", 3));
   ASSERT_TRUE(WriteFileAtomically(path, "").ok());
-  EXPECT_EQ(Read(path), "");
+  EXPECT_EQ(ReadFileForTest(path), "");
 }
 
 TEST(WriteFileAtomicallyTest, LeavesNoTemporaryFiles) {
-  const std::string dir = TestDir("notemp");
+  const std::string dir = FreshTestDir("notemp");
   ASSERT_TRUE(WriteFileAtomically(dir + "/file", "x").ok());
   ASSERT_TRUE(WriteFileAtomically(dir + "/file", "y").ok());
   // Only `file` is left: rmdir fails on anything else once it is removed.
@@ -51,7 +51,7 @@ TEST(WriteFileAtomicallyTest, LeavesNoTemporaryFiles) {
 }
 
 TEST(WriteFileAtomicallyTest, FilesAreReadableByOthers) {
-  const std::string path = TestDir("mode") + "/file";
+  const std::string path = FreshTestDir("mode") + "/file";
   ASSERT_TRUE(WriteFileAtomically(path, "1234").ok());
   struct stat st;
   ASSERT_EQ(stat(path.c_str(), &st), 0);
@@ -60,7 +60,7 @@ TEST(WriteFileAtomicallyTest, FilesAreReadableByOthers) {
 }
 
 TEST(WriteFileAtomicallyTest, MissingDirectoryIsNotFoundNamingThePath) {
-  const std::string path = TestDir("missing") + "/no/such/dir/file";
+  const std::string path = FreshTestDir("missing") + "/no/such/dir/file";
   absl::Status s = WriteFileAtomically(path, "x");
   EXPECT_TRUE(absl::IsNotFound(s)) << s;
   EXPECT_NE(s.message().find(path), absl::string_view::npos) << s;
@@ -101,7 +101,7 @@ absl::Status WriteAsUnprivileged(const std::string& path, const std::string& con
 }
 
 TEST(WriteFileAtomicallyTest, UnwritableDirectoryFailsAndKeepsTheOldFile) {
-  const std::string dir = TestDir("readonly");
+  const std::string dir = FreshTestDir("readonly");
   const std::string path = dir + "/file";
   ASSERT_TRUE(WriteFileAtomically(path, "old").ok());
   ASSERT_EQ(chmod(dir.c_str(), 0555), 0);
@@ -110,22 +110,22 @@ TEST(WriteFileAtomicallyTest, UnwritableDirectoryFailsAndKeepsTheOldFile) {
   EXPECT_TRUE(absl::IsPermissionDenied(s)) << s;
   EXPECT_NE(s.message().find(path), absl::string_view::npos) << s;
   EXPECT_NE(s.message().find("Permission denied"), absl::string_view::npos) << s;
-  EXPECT_EQ(Read(path), "old");
+  EXPECT_EQ(ReadFileForTest(path), "old");
 }
 
 TEST(WriteFileAtomicallyTest, ParentThatIsAFileFails) {
-  const std::string dir = TestDir("notdir");
+  const std::string dir = FreshTestDir("notdir");
   ASSERT_TRUE(WriteFileAtomically(dir + "/file", "x").ok());
   const std::string path = dir + "/file/child";
   absl::Status s = WriteFileAtomically(path, "y");
   EXPECT_FALSE(s.ok());
   EXPECT_NE(s.message().find(path), absl::string_view::npos) << s;
   EXPECT_NE(s.message().find("Not a directory"), absl::string_view::npos) << s;
-  EXPECT_EQ(Read(dir + "/file"), "x");
+  EXPECT_EQ(ReadFileForTest(dir + "/file"), "x");
 }
 
 TEST(WriteFileAtomicallyTest, PathThatIsADirectoryFails) {
-  const std::string dir = TestDir("isdir");
+  const std::string dir = FreshTestDir("isdir");
   const std::string path = dir + "/sub";
   mkdir(path.c_str(), 0755);
   absl::Status s = WriteFileAtomically(path, "x");
@@ -141,7 +141,7 @@ TEST(WriteFileAtomicallyTest, EmptyPathIsInvalidArgument) {
 }
 
 TEST(EnsurePrivateDirTest, CreatesItClosedAndRefusesOneOthersMayUse) {
-  const std::string base = TestDir("private");
+  const std::string base = FreshTestDir("private");
   const std::string dir = base + "/mine";
   ASSERT_TRUE(EnsurePrivateDir(dir).ok());
   struct stat st;

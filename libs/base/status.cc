@@ -25,6 +25,9 @@ absl::Status ErrnoToStatus(int errno_value, absl::string_view what) {
       return absl::AlreadyExistsError(text);
     case EINVAL:
       return absl::InvalidArgumentError(text);
+    case EISDIR:
+    case ENOTDIR:
+      return absl::FailedPreconditionError(text);
     case ENOSPC:
     case ENOMEM:
       return absl::ResourceExhaustedError(text);

@@ -1,4 +1,5 @@
 #include "libs/base/subprocess.h"
+#include "libs/base/testing.h"
 
 #include <signal.h>
 #include <sys/stat.h>
@@ -17,18 +18,6 @@
 
 namespace dtrain {
 namespace {
-
-std::string TmpPath(const std::string& name) {
-  const char* tmp = std::getenv("TEST_TMPDIR");
-  return absl::StrCat(tmp ? tmp : "/tmp", "/", name);
-}
-
-std::string Read(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
 
 bool ProcessExists(pid_t pid) { return kill(pid, 0) == 0; }
 
@@ -64,7 +53,7 @@ TEST(SubprocessTest, ExitCodeOfAShell) {
 }
 
 TEST(SubprocessTest, ArgumentsEnvironmentAndOutputFile) {
-  const std::string out = TmpPath("args.log");
+  const std::string out = TestTmpPath("args.log");
   std::remove(out.c_str());
   setenv("DTRAIN_SUBPROCESS_TEST_INHERITED", "from-parent", 1);
   setenv("DTRAIN_SUBPROCESS_TEST_REPLACED", "old", 1);
@@ -80,22 +69,22 @@ TEST(SubprocessTest, ArgumentsEnvironmentAndOutputFile) {
   absl::StatusOr<ExitStatus> status = child->Wait(absl::Seconds(10));
   ASSERT_TRUE(status.ok()) << status.status();
   EXPECT_TRUE(status->success()) << status->ToString();
-  EXPECT_EQ(Read(out), "zero|one two|from-parent|new|a=b\nerr\n");
+  EXPECT_EQ(ReadFileForTest(out), "zero|one two|from-parent|new|a=b\nerr\n");
   // The file is appended to, not truncated.
   auto second = Shell("echo more", out);
   ASSERT_NE(second, nullptr);
   ASSERT_TRUE(second->Wait(absl::Seconds(10)).ok());
-  EXPECT_EQ(Read(out), "zero|one two|from-parent|new|a=b\nerr\nmore\n");
+  EXPECT_EQ(ReadFileForTest(out), "zero|one two|from-parent|new|a=b\nerr\nmore\n");
 }
 
 TEST(SubprocessTest, StdinIsDevNull) {
-  const std::string out = TmpPath("stdin.log");
+  const std::string out = TestTmpPath("stdin.log");
   std::remove(out.c_str());
   auto child = Shell("cat; echo \"eof\"", out);
   ASSERT_NE(child, nullptr);
   absl::StatusOr<ExitStatus> status = child->Wait(absl::Seconds(10));
   ASSERT_TRUE(status.ok()) << status.status();
-  EXPECT_EQ(Read(out), "eof\n");
+  EXPECT_EQ(ReadFileForTest(out), "eof\n");
 }
 
 TEST(SubprocessTest, WaitTimesOutWhileRunningThenSignalEndsIt) {
@@ -120,13 +109,13 @@ TEST(SubprocessTest, WaitTimesOutWhileRunningThenSignalEndsIt) {
 
 TEST(SubprocessTest, SignalReachesTheWholeProcessGroup) {
   // The shell starts a grandchild and waits; SIGKILL to the group ends both.
-  const std::string pid_file = TmpPath("grandchild.pid");
+  const std::string pid_file = TestTmpPath("grandchild.pid");
   std::remove(pid_file.c_str());
   auto child = Shell(absl::StrCat("/bin/sleep 60 & echo $! > ", pid_file, "; wait"));
   ASSERT_NE(child, nullptr);
   int grandchild = 0;
   for (int i = 0; i < 1000 && grandchild == 0; ++i) {
-    std::string text(absl::StripAsciiWhitespace(Read(pid_file)));
+    std::string text(absl::StripAsciiWhitespace(ReadFileForTest(pid_file)));
     if (!absl::SimpleAtoi(text, &grandchild)) grandchild = 0;
     if (grandchild == 0) absl::SleepFor(absl::Milliseconds(10));
   }
@@ -141,7 +130,7 @@ TEST(SubprocessTest, SignalReachesTheWholeProcessGroup) {
   // zombie soon after SIGKILL.
   bool gone = false;
   for (int i = 0; i < 500 && !gone; ++i) {
-    const std::string stat = Read(absl::StrCat("/proc/", grandchild, "/stat"));
+    const std::string stat = ReadFileForTest(absl::StrCat("/proc/", grandchild, "/stat"));
     const size_t paren = stat.rfind(')');
     gone = stat.empty() || (paren != std::string::npos && paren + 2 < stat.size() &&
                             (stat[paren + 2] == 'Z' || stat[paren + 2] == 'X'));
@@ -152,7 +141,7 @@ TEST(SubprocessTest, SignalReachesTheWholeProcessGroup) {
 
 TEST(SubprocessTest, StopEscalatesToSigkillAfterTheGrace) {
   // Ignores SIGTERM: Stop must SIGKILL it after the grace period.
-  const std::string ready = TmpPath("trap.ready");
+  const std::string ready = TestTmpPath("trap.ready");
   std::remove(ready.c_str());
   auto child =
       Shell(absl::StrCat("trap '' TERM; touch ", ready, "; while :; do /bin/sleep 0.05; done"));
@@ -219,7 +208,7 @@ TEST(SubprocessTest, MissingProgramFailsStartNamingIt) {
 }
 
 TEST(SubprocessTest, NonExecutableProgramFailsStart) {
-  const std::string path = TmpPath("not_executable");
+  const std::string path = TestTmpPath("not_executable");
   { std::ofstream(path) << "#!/bin/sh\nexit 0\n"; }
   chmod(path.c_str(), 0644);
   SubprocessOptions options;
@@ -243,7 +232,7 @@ TEST(SubprocessTest, BadOptionsAreInvalidArgument) {
 TEST(SubprocessTest, UnopenableOutputFileFailsStart) {
   SubprocessOptions options;
   options.argv = {"/bin/true"};
-  options.output_file = TmpPath("no/such/dir/out.log");
+  options.output_file = TestTmpPath("no/such/dir/out.log");
   absl::StatusOr<std::unique_ptr<Subprocess>> child = Subprocess::Start(options);
   EXPECT_TRUE(absl::IsNotFound(child.status())) << child.status();
   EXPECT_NE(child.status().message().find("out.log"), absl::string_view::npos);

@@ -1,4 +1,5 @@
 #include "libs/base/supervisor.h"
+#include "libs/base/testing.h"
 
 #include <signal.h>
 #include <sys/wait.h>
@@ -19,18 +20,6 @@ namespace dtrain {
 namespace {
 
 using State = SupervisedProcess::State;
-
-std::string TmpPath(const std::string& name) {
-  const char* tmp = std::getenv("TEST_TMPDIR");
-  return absl::StrCat(tmp ? tmp : "/tmp", "/", name);
-}
-
-std::string Read(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
 
 int Count(const std::string& text, const std::string& what) {
   int n = 0;
@@ -65,13 +54,13 @@ std::vector<std::string> PollUntilChange(Supervisor* s, absl::Time now) {
 bool Runs(pid_t pid) {
   // Not a zombie of ours either: reap-free check through /proc.
   if (kill(pid, 0) != 0) return false;
-  std::string stat = Read(absl::StrCat("/proc/", pid, "/stat"));
+  std::string stat = ReadFileForTest(absl::StrCat("/proc/", pid, "/stat"));
   size_t paren = stat.rfind(')');
   return paren == std::string::npos || paren + 2 >= stat.size() || stat[paren + 2] != 'Z';
 }
 
 TEST(SupervisorTest, RestartsWithDoublingBackoffUpToTheMaximum) {
-  const std::string log = TmpPath("doubling.log");
+  const std::string log = TestTmpPath("doubling.log");
   std::remove(log.c_str());
   const SubprocessOptions options = ShellOptions("echo started; exit 3", log);
   SupervisorOptions so;  // 1 s doubling to 30 s
@@ -112,7 +101,7 @@ TEST(SupervisorTest, RestartsWithDoublingBackoffUpToTheMaximum) {
   }
   // Every run, restarts included, appended to the same output file.
   PollUntilChange(&s, now + absl::Milliseconds(10));
-  EXPECT_EQ(Count(Read(log), "started\n"), static_cast<int>(backoffs.size()) + 1) << Read(log);
+  EXPECT_EQ(Count(ReadFileForTest(log), "started\n"), static_cast<int>(backoffs.size()) + 1) << ReadFileForTest(log);
 }
 
 TEST(SupervisorTest, BackoffStartsOverAfterALongRun) {

@@ -1,5 +1,6 @@
 // The C ABI: in process (C++), and from a plain C program linked against
 // libdtrain_c.so (c_api_check.c) run as a child process.
+#include "libs/base/testing.h"
 #include "libs/graph/c_api.h"
 
 #include <cstdio>
@@ -20,11 +21,6 @@
 namespace dtrain {
 namespace graph {
 namespace {
-
-std::string TempPath(const std::string& name) {
-  const char* root = std::getenv("TEST_TMPDIR");
-  return std::string(root != nullptr ? root : "/tmp") + "/" + name;
-}
 
 void WriteFile(const std::string& path, const std::string& bytes) {
   std::ofstream f(path, std::ios::binary | std::ios::trunc);
@@ -47,7 +43,7 @@ std::string SaveModel(const std::string& name, const Shape& shape) {
   nn::InitParameters(m->get(), nn::Init::kKaiming, 1);
   absl::StatusOr<std::unique_ptr<HybridModule>> h = HybridModule::Create(m->get(), shape);
   EXPECT_TRUE(h.ok()) << h.status();
-  const std::string path = TempPath(name + ".dtmodel");
+  const std::string path = TestTmpPath(name + ".dtmodel");
   EXPECT_TRUE(SaveGraph((*h)->graph(), path).ok());
   return path;
 }
@@ -74,13 +70,13 @@ TEST(CApiTest, PlainCProgramLoadsAndRunsSavedModels) {
     ASSERT_TRUE(m.ok()) << m.status();
     absl::StatusOr<Tensor> y = (*m)->Run(x);
     ASSERT_TRUE(y.ok());
-    const std::string input = TempPath(c.model + ".in.f32");
-    const std::string expected = TempPath(c.model + ".out.f32");
+    const std::string input = TestTmpPath(c.model + ".in.f32");
+    const std::string expected = TestTmpPath(c.model + ".out.f32");
     WriteFile(input, Floats(x.ToVector<float>()));
     WriteFile(expected, Floats(y->ToVector<float>()));
     std::string bytes = ReadFile(path);
-    const std::string corrupt = TempPath(c.model + ".corrupt.dtmodel");
-    const std::string truncated = TempPath(c.model + ".truncated.dtmodel");
+    const std::string corrupt = TestTmpPath(c.model + ".corrupt.dtmodel");
+    const std::string truncated = TestTmpPath(c.model + ".truncated.dtmodel");
     std::string flipped = bytes;
     flipped[flipped.size() / 2] ^= 0x40;
     WriteFile(corrupt, flipped);
@@ -131,7 +127,7 @@ TEST(CApiTest, InProcessErrorsAreClearAndPerThread) {
   EXPECT_EQ(dt_last_error(), message);
   dt_model_free(m);
 
-  EXPECT_EQ(dt_model_load(TempPath("nope.dtmodel").c_str()), nullptr);
+  EXPECT_EQ(dt_model_load(TestTmpPath("nope.dtmodel").c_str()), nullptr);
   EXPECT_NE(std::string(dt_last_error()).find("nope.dtmodel"), std::string::npos);
 }
 

@@ -1,3 +1,4 @@
+#include "libs/base/testing.h"
 #include "libs/graph/serialize.h"
 
 #include <cmath>
@@ -22,11 +23,6 @@
 namespace dtrain {
 namespace graph {
 namespace {
-
-std::string TempPath(const std::string& name) {
-  const char* root = std::getenv("TEST_TMPDIR");
-  return std::string(root != nullptr ? root : "/tmp") + "/" + name;
-}
 
 std::shared_ptr<nn::Module> Model(const std::string& name) {
   absl::StatusOr<std::shared_ptr<nn::Module>> m = nn::MakeModel(name);
@@ -89,7 +85,7 @@ TEST_P(SavedModelTest, LoadedModelGivesTheHybridizedResults) {
   const Shape shape = WithBatch(name, 2);
   absl::StatusOr<std::unique_ptr<HybridModule>> h = HybridModule::Create(m.get(), shape);
   ASSERT_TRUE(h.ok()) << h.status();
-  const std::string path = TempPath(name + ".dtmodel");
+  const std::string path = TestTmpPath(name + ".dtmodel");
   ASSERT_TRUE(SaveGraph((*h)->graph(), path).ok());
 
   absl::StatusOr<Graph> g = LoadGraph(path);
@@ -156,10 +152,10 @@ TEST(SavedModelProcessTest, AnotherProcessWithoutModelCodeGivesTheSameOutputs) {
     const Shape shape = WithBatch(name, 3);
     absl::StatusOr<std::unique_ptr<HybridModule>> h = HybridModule::Create(m.get(), shape);
     ASSERT_TRUE(h.ok()) << h.status();
-    const std::string model = TempPath(name + "_process.dtmodel");
+    const std::string model = TestTmpPath(name + "_process.dtmodel");
     ASSERT_TRUE(SaveGraph((*h)->graph(), model).ok());
     Tensor x = Input(shape, 9);
-    const std::string input = TempPath(name + "_input.f32");
+    const std::string input = TestTmpPath(name + "_input.f32");
     std::vector<float> xv = x.ToVector<float>();
     WriteFile(input, std::string(reinterpret_cast<const char*>(xv.data()), xv.size() * 4));
     absl::StatusOr<Tensor> want = (*h)->Forward(x);
@@ -187,7 +183,7 @@ TEST(SavedModelProcessTest, AnotherProcessWithoutModelCodeGivesTheSameOutputs) {
 }
 
 TEST(SavedModelProcessTest, CorruptFileIsAClearErrorInTheOtherProcess) {
-  const std::string path = TempPath("garbage.dtmodel");
+  const std::string path = TestTmpPath("garbage.dtmodel");
   WriteFile(path, "not a model at all");
   int status = 0;
   const std::string out =
@@ -203,13 +199,13 @@ class CorruptionTest : public ::testing::Test {
     absl::StatusOr<std::unique_ptr<HybridModule>> h = HybridModule::Create(m.get(), {1, 512});
     ASSERT_TRUE(h.ok());
     graph_ = (*h)->graph();
-    path_ = TempPath("good.dtmodel");
+    path_ = TestTmpPath("good.dtmodel");
     ASSERT_TRUE(SaveGraph(graph_, path_).ok());
     bytes_ = ReadFile(path_);
     ASSERT_GT(bytes_.size(), 1000u);
   }
   absl::Status LoadBytes(const std::string& bytes) {
-    const std::string p = TempPath("bad.dtmodel");
+    const std::string p = TestTmpPath("bad.dtmodel");
     WriteFile(p, bytes);
     absl::StatusOr<std::unique_ptr<SavedModel>> m = SavedModel::Load(p);
     return m.status();
@@ -219,7 +215,7 @@ class CorruptionTest : public ::testing::Test {
     absl::StatusOr<checkpoint::Checkpoint> ck = checkpoint::ReadCheckpoint(path_);
     EXPECT_TRUE(ck.ok());
     for (const auto& [k, v] : metadata) ck->metadata[k] = v;
-    const std::string p = TempPath("edited.dtmodel");
+    const std::string p = TestTmpPath("edited.dtmodel");
     EXPECT_TRUE(checkpoint::WriteCheckpoint(p, *ck).ok());
     return SavedModel::Load(p).status();
   }
@@ -256,12 +252,12 @@ TEST_F(CorruptionTest, FlippedBitsAnywhere) {
 TEST_F(CorruptionTest, NotASavedModel) {
   checkpoint::Checkpoint ck;
   ck.metadata["model"] = "lenet";
-  const std::string p = TempPath("plain.dtckpt");
+  const std::string p = TestTmpPath("plain.dtckpt");
   ASSERT_TRUE(checkpoint::WriteCheckpoint(p, ck).ok());
   absl::Status s = SavedModel::Load(p).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
   EXPECT_NE(s.message().find("not a saved model"), absl::string_view::npos) << s;
-  EXPECT_EQ(SavedModel::Load(TempPath("missing.dtmodel")).status().code(),
+  EXPECT_EQ(SavedModel::Load(TestTmpPath("missing.dtmodel")).status().code(),
             absl::StatusCode::kNotFound);
 }
 
@@ -306,7 +302,7 @@ TEST(SavedModelTest2, TrainingGraphsAreNotInferenceModels) {
   absl::StatusOr<std::unique_ptr<TrainStep>> step =
       HybridizeTrainingStep(m.get(), WithBatch("mlp", 2), 10, {.lr = 0.1f});
   ASSERT_TRUE(step.ok());
-  const std::string path = TempPath("train.dtmodel");
+  const std::string path = TestTmpPath("train.dtmodel");
   ASSERT_TRUE(SaveGraph((*step)->module().graph(), path).ok());
   absl::StatusOr<Graph> g = LoadGraph(path);
   ASSERT_TRUE(g.ok()) << g.status();  // the graph itself round-trips

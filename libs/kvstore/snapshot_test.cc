@@ -1,3 +1,4 @@
+#include "libs/base/testing.h"
 #include "libs/kvstore/snapshot.h"
 
 #include <cstdio>
@@ -13,14 +14,6 @@
 namespace dtrain {
 namespace kvstore {
 namespace {
-
-std::string TempDir(const std::string& name) {
-  std::string dir =
-      absl::StrCat(std::getenv("TEST_TMPDIR") ? std::getenv("TEST_TMPDIR") : "/tmp", "/", name);
-  std::string cmd = absl::StrCat("rm -rf ", dir, " && mkdir -p ", dir);
-  EXPECT_EQ(std::system(cmd.c_str()), 0);
-  return dir;
-}
 
 std::string F32(const std::vector<float>& v) {
   return std::string(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(float));
@@ -60,7 +53,7 @@ void Fill(Store& store) {
 }
 
 TEST(SnapshotTest, RoundTripResumesExactly) {
-  std::string dir = TempDir("roundtrip");
+  std::string dir = FreshTestDir("roundtrip");
   Store store{StoreOptions()};
   Fill(store);
   absl::StatusOr<SnapshotInfo> info = WriteSnapshot(store, dir);
@@ -83,7 +76,7 @@ TEST(SnapshotTest, RoundTripResumesExactly) {
 // A snapshot written before JobConfig.max_delay was renamed max_staleness
 // still loads (with its bounded-delay setting).
 TEST(SnapshotTest, ReadsTheOldMaxDelayName) {
-  std::string dir = TempDir("old_name");
+  std::string dir = FreshTestDir("old_name");
   Store store{StoreOptions()};
   JobConfig c;
   c.job = "b";
@@ -116,7 +109,7 @@ TEST(SnapshotTest, ReadsTheOldMaxDelayName) {
 }
 
 TEST(SnapshotTest, MissingDamagedAndForeignSnapshots) {
-  std::string dir = TempDir("damaged");
+  std::string dir = FreshTestDir("damaged");
   Store empty{StoreOptions()};
   EXPECT_EQ(*LoadSnapshot(dir, &empty), false);
 
@@ -155,7 +148,7 @@ TEST(SnapshotTest, MissingDamagedAndForeignSnapshots) {
 }
 
 TEST(SnapshotTest, SnapshotterWritesWhenChanged) {
-  std::string dir = TempDir("snapshotter");
+  std::string dir = FreshTestDir("snapshotter");
   Store store{StoreOptions()};
   Fill(store);
   Snapshotter snapshotter(&store, dir, absl::Milliseconds(20));

@@ -4,14 +4,13 @@
 #include <grpcpp/security/credentials.h>
 #include <grpcpp/security/server_credentials.h>
 
-#include <fstream>
-#include <sstream>
-
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "libs/base/files.h"
+#include "libs/base/status.h"
 
 namespace dtrain {
 namespace rpc {
@@ -19,11 +18,9 @@ namespace {
 
 absl::StatusOr<std::string> ReadPem(const std::string& path, const char* what, const char* marker) {
   if (path.empty()) return absl::InvalidArgumentError(absl::StrCat("no ", what, " file given"));
-  std::ifstream in(path);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot read the ", what, " file ", path));
-  std::stringstream ss;
-  ss << in.rdbuf();
-  std::string pem = ss.str();
+  absl::StatusOr<std::string> read = ReadFile(path);
+  if (!read.ok()) return Annotate(read.status(), absl::StrCat("cannot read the ", what, " file"));
+  std::string pem = *std::move(read);
   if (!absl::StrContains(pem, marker)) {
     return absl::InvalidArgumentError(
         absl::StrCat("the ", what, " file ", path, " holds no PEM ", marker));

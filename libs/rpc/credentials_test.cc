@@ -2,6 +2,7 @@
 // answers clients holding a certificate of the same CA, knows who they are,
 // and refuses plain-text clients, clients without a certificate and clients
 // of another CA.
+#include "libs/base/testing.h"
 #include "libs/rpc/credentials.h"
 
 #include <grpcpp/grpcpp.h>
@@ -20,11 +21,6 @@
 namespace dtrain {
 namespace rpc {
 namespace {
-
-std::string Dir(const std::string& name) {
-  const char* tmp = std::getenv("TEST_TMPDIR");
-  return absl::StrCat(tmp ? tmp : "/tmp", "/", name);
-}
 
 TlsFiles Files(const std::string& dir, const std::string& name) {
   return {dir + "/ca.pem", absl::StrCat(dir, "/", name, ".pem"),
@@ -46,16 +42,16 @@ absl::StatusOr<std::string> Ping(std::shared_ptr<grpc::Channel> channel) {
 class CredentialsTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    ASSERT_TRUE(security::InitCertDir(Dir("ca"), {}).ok());
+    ASSERT_TRUE(security::InitCertDir(TestTmpPath("ca"), {}).ok());
     security::CertRequest alice;
     alice.name = "alice";
     alice.role = security::Role::kUser;
-    ASSERT_TRUE(security::IssueCert(Dir("ca"), alice).ok());
-    ASSERT_TRUE(security::InitCertDir(Dir("other-ca"), {}).ok());
+    ASSERT_TRUE(security::IssueCert(TestTmpPath("ca"), alice).ok());
+    ASSERT_TRUE(security::InitCertDir(TestTmpPath("other-ca"), {}).ok());
   }
 
   void SetUp() override {
-    auto creds = Credentials::Load(Files(Dir("ca"), "scheduler"));
+    auto creds = Credentials::Load(Files(TestTmpPath("ca"), "scheduler"));
     ASSERT_TRUE(creds.ok()) << creds.status();
     ServerOptions o;
     o.service = "scheduler";
@@ -69,7 +65,7 @@ class CredentialsTest : public ::testing::Test {
 };
 
 TEST_F(CredentialsTest, AClientOfTheSameCaIsKnownByItsCertificate) {
-  auto alice = Credentials::Load(Files(Dir("ca"), "alice"));
+  auto alice = Credentials::Load(Files(TestTmpPath("ca"), "alice"));
   ASSERT_TRUE(alice.ok()) << alice.status();
   EXPECT_EQ((*alice)->identity().ToString(), "alice (user)");
   absl::StatusOr<std::string> caller = Ping(NewChannel(server_->local_address(), alice->get()));
@@ -87,14 +83,14 @@ TEST_F(CredentialsTest, PlainTextNoCertificateOrAnotherCaCannotCall) {
       absl::StatusCode::kUnavailable);
   // TLS that trusts the CA but presents no client certificate.
   grpc::SslCredentialsOptions no_cert;
-  std::ifstream in(Dir("ca") + "/ca.pem");
+  std::ifstream in(TestTmpPath("ca") + "/ca.pem");
   no_cert.pem_root_certs.assign(std::istreambuf_iterator<char>(in), {});
   EXPECT_EQ(Ping(grpc::CreateChannel(server_->local_address(), grpc::SslCredentials(no_cert)))
                 .status()
                 .code(),
             absl::StatusCode::kUnavailable);
   // A certificate of another CA (its own admin).
-  auto stranger = Credentials::Load(Files(Dir("other-ca"), "admin"));
+  auto stranger = Credentials::Load(Files(TestTmpPath("other-ca"), "admin"));
   ASSERT_TRUE(stranger.ok());
   EXPECT_EQ(Ping(NewChannel(server_->local_address(), stranger->get())).status().code(),
             absl::StatusCode::kUnavailable);
@@ -105,7 +101,7 @@ TEST(CredentialsLoadTest, ErrorsNameTheFile) {
       Credentials::Load({"/nonexistent/ca.pem", "x.pem", "x.key"});
   ASSERT_FALSE(c.ok());
   EXPECT_NE(c.status().message().find("/nonexistent/ca.pem"), std::string::npos) << c.status();
-  const std::string dir = Dir("load");
+  const std::string dir = TestTmpPath("load");
   ASSERT_TRUE(security::InitCertDir(dir, {}).ok());
   // The key where the certificate belongs.
   c = Credentials::Load({dir + "/ca.pem", dir + "/admin.key", dir + "/admin.key"});
@@ -120,7 +116,7 @@ TEST(CredentialsLoadTest, ErrorsNameTheFile) {
 // it in backoff for seconds: a trainer re-registered 14-16 s after its
 // scheduler restarted).
 TEST_F(CredentialsTest, AChannelReconnectsWithinASecondOfTheServerComingBack) {
-  auto alice = Credentials::Load(Files(Dir("ca"), "alice"));
+  auto alice = Credentials::Load(Files(TestTmpPath("ca"), "alice"));
   ASSERT_TRUE(alice.ok()) << alice.status();
   const int port = server_->port();
   std::shared_ptr<grpc::Channel> channel =
@@ -137,7 +133,7 @@ TEST_F(CredentialsTest, AChannelReconnectsWithinASecondOfTheServerComingBack) {
     absl::SleepFor(absl::Milliseconds(200));
   }
   EXPECT_GT(failures, 10);
-  auto creds = Credentials::Load(Files(Dir("ca"), "scheduler"));
+  auto creds = Credentials::Load(Files(TestTmpPath("ca"), "scheduler"));
   ASSERT_TRUE(creds.ok()) << creds.status();
   ServerOptions o;
   o.service = "scheduler";

@@ -1,5 +1,6 @@
 // The scaffold on loopback: health, reflection, admin, the RPC metrics,
 // port files, graceful shutdown, and the signal tail of mains.
+#include "libs/base/testing.h"
 #include "libs/rpc/server.h"
 
 #include <grpcpp/client_context.h>
@@ -38,18 +39,6 @@ namespace rpc {
 namespace {
 
 namespace v1 = scheduler::v1;
-
-std::string TmpPath(const std::string& name) {
-  const char* tmp = std::getenv("TEST_TMPDIR");
-  return absl::StrCat(tmp ? tmp : "/tmp", "/", name);
-}
-
-std::string Read(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
 
 std::string Flatten(const grpc::ByteBuffer& b) {
   std::vector<grpc::Slice> slices;
@@ -274,13 +263,13 @@ TEST(RpcServerTest, WritesPortFiles) {
   ServerOptions options;
   options.service = "testsvc";
   options.listen = "127.0.0.1:0";
-  options.port_file = TmpPath("grpc.port");
+  options.port_file = TestTmpPath("grpc.port");
   options.metrics_listen = "127.0.0.1:0";
-  options.metrics_port_file = TmpPath("metrics.port");
+  options.metrics_port_file = TestTmpPath("metrics.port");
   Server server(options);
   ASSERT_TRUE(server.Start().ok());
-  EXPECT_EQ(Read(options.port_file), absl::StrCat(server.port()));
-  EXPECT_EQ(Read(options.metrics_port_file), absl::StrCat(server.metrics_port()));
+  EXPECT_EQ(ReadFileForTest(options.port_file), absl::StrCat(server.port()));
+  EXPECT_EQ(ReadFileForTest(options.metrics_port_file), absl::StrCat(server.metrics_port()));
   EXPECT_NE(server.port(), server.metrics_port());
 }
 
@@ -347,7 +336,7 @@ TEST(RpcServerTest, BadOptionsAndBusyPortsAreErrors) {
     ServerOptions options;
     options.service = "testsvc";
     options.listen = "127.0.0.1:0";
-    options.port_file = TmpPath("no/such/dir/port");
+    options.port_file = TestTmpPath("no/such/dir/port");
     Server server(options);
     absl::Status s = server.Start();
     EXPECT_TRUE(absl::IsNotFound(s)) << s;

@@ -13,9 +13,7 @@
 
 #include <cerrno>
 #include <cstring>
-#include <fstream>
 #include <memory>
-#include <sstream>
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
@@ -56,14 +54,6 @@ std::string ToPem(X509* cert) {
   char* data = nullptr;
   long n = BIO_get_mem_data(bio.get(), &data);
   return std::string(data, static_cast<size_t>(n));
-}
-
-absl::StatusOr<std::string> Slurp(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", path));
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
 }
 
 // Writes `contents` to `path` atomically with mode `mode`.
@@ -199,8 +189,8 @@ absl::Status InitCertDir(const std::string& dir, const InitOptions& options) {
 }
 
 absl::Status IssueCert(const std::string& dir, const CertRequest& request) {
-  absl::StatusOr<std::string> ca_pem = Slurp(dir + "/ca.pem");
-  absl::StatusOr<std::string> key_pem = Slurp(dir + "/ca.key");
+  absl::StatusOr<std::string> ca_pem = ReadFile(dir + "/ca.pem");
+  absl::StatusOr<std::string> key_pem = ReadFile(dir + "/ca.key");
   if (!ca_pem.ok() || !key_pem.ok()) {
     return absl::NotFoundError(absl::StrCat(
         dir, " has no CA (ca.pem and ca.key); run `trainctl certs init --dir=", dir, "` first"));

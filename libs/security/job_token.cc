@@ -5,8 +5,6 @@
 #include <openssl/hmac.h>
 
 #include <algorithm>
-#include <fstream>
-#include <sstream>
 #include <vector>
 
 #include "absl/strings/escaping.h"
@@ -14,6 +12,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "libs/base/files.h"
+#include "libs/base/status.h"
 
 namespace dtrain {
 namespace security {
@@ -98,11 +98,9 @@ absl::Status JobScope::Check(absl::string_view job) {
 }
 
 absl::StatusOr<std::string> ReadClusterSecret(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot read the cluster secret ", path));
-  std::stringstream ss;
-  ss << in.rdbuf();
-  std::string secret(absl::StripAsciiWhitespace(ss.str()));
+  absl::StatusOr<std::string> read = ReadFile(path);
+  if (!read.ok()) return Annotate(read.status(), "cannot read the cluster secret");
+  std::string secret(absl::StripAsciiWhitespace(*read));
   if (secret.size() < 32) {
     return absl::InvalidArgumentError(
         absl::StrCat("the cluster secret ", path, " is shorter than 32 characters"));

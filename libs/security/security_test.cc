@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "libs/base/testing.h"
 #include "libs/security/authz.h"
 #include "libs/security/certs.h"
 #include "libs/security/identity.h"
@@ -18,18 +19,6 @@ namespace dtrain {
 namespace security {
 namespace {
 
-std::string Dir(const std::string& name) {
-  const char* tmp = std::getenv("TEST_TMPDIR");
-  return absl::StrCat(tmp ? tmp : "/tmp", "/", name);
-}
-
-std::string Read(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
 Identity Who(const std::string& name, Role role) {
   Identity id;
   id.name = name;
@@ -38,12 +27,12 @@ Identity Who(const std::string& name, Role role) {
 }
 
 TEST(CertsTest, InitIssuesServiceCertificatesWithTheirIdentities) {
-  const std::string dir = Dir("init");
+  const std::string dir = TestTmpPath("init");
   ASSERT_TRUE(InitCertDir(dir, {}).ok());
   for (auto [name, role] :
        {std::pair{"scheduler", Role::kScheduler}, std::pair{"kvstore", Role::kKvstore},
         std::pair{"admin", Role::kAdmin}}) {
-    absl::StatusOr<Identity> id = IdentityFromCertPem(Read(absl::StrCat(dir, "/", name, ".pem")));
+    absl::StatusOr<Identity> id = IdentityFromCertPem(ReadFileForTest(absl::StrCat(dir, "/", name, ".pem")));
     ASSERT_TRUE(id.ok()) << name << ": " << id.status();
     EXPECT_EQ(id->name, name);
     EXPECT_EQ(id->role, role);
@@ -52,30 +41,30 @@ TEST(CertsTest, InitIssuesServiceCertificatesWithTheirIdentities) {
     ASSERT_EQ(stat(absl::StrCat(dir, "/", name, ".key").c_str(), &st), 0);
     EXPECT_EQ(st.st_mode & 0777, 0600u) << name;
   }
-  EXPECT_EQ(Read(dir + "/cluster.secret").size(), 64u);
+  EXPECT_EQ(ReadFileForTest(dir + "/cluster.secret").size(), 64u);
   // The CA is not a dtrain identity.
-  EXPECT_FALSE(IdentityFromCertPem(Read(dir + "/ca.pem")).ok());
+  EXPECT_FALSE(IdentityFromCertPem(ReadFileForTest(dir + "/ca.pem")).ok());
   // A second init would orphan every certificate: refused.
   absl::Status again = InitCertDir(dir, {});
   EXPECT_EQ(again.code(), absl::StatusCode::kAlreadyExists) << again;
 }
 
 TEST(CertsTest, IssueNamesTheHolderAndRole) {
-  const std::string dir = Dir("issue");
+  const std::string dir = TestTmpPath("issue");
   ASSERT_TRUE(InitCertDir(dir, {}).ok());
   CertRequest r;
   r.name = "alice";
   r.role = Role::kUser;
   r.extra_sans = {"scheduler.dtrain.svc", "10.0.0.7"};
   ASSERT_TRUE(IssueCert(dir, r).ok());
-  absl::StatusOr<Identity> id = IdentityFromCertPem(Read(dir + "/alice.pem"));
+  absl::StatusOr<Identity> id = IdentityFromCertPem(ReadFileForTest(dir + "/alice.pem"));
   ASSERT_TRUE(id.ok()) << id.status();
   EXPECT_EQ(id->ToString(), "alice (user)");
 
   r.name = "../etc/passwd";
   EXPECT_EQ(IssueCert(dir, r).code(), absl::StatusCode::kInvalidArgument);
   r.name = "bob";
-  absl::Status no_ca = IssueCert(Dir("no-such-dir"), r);
+  absl::Status no_ca = IssueCert(TestTmpPath("no-such-dir"), r);
   EXPECT_EQ(no_ca.code(), absl::StatusCode::kNotFound);
   EXPECT_NE(no_ca.message().find("trainctl certs init"), std::string::npos) << no_ca;
 }

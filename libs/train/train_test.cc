@@ -1,3 +1,4 @@
+#include "libs/base/testing.h"
 #include "libs/train/train.h"
 
 #include <fstream>
@@ -12,11 +13,6 @@
 namespace dtrain {
 namespace train {
 namespace {
-
-std::string TmpPath(const std::string& name) {
-  const char* dir = std::getenv("TEST_TMPDIR");
-  return std::string(dir ? dir : "/tmp") + "/" + name;
-}
 
 TrainOptions Small(const std::string& model) {
   TrainOptions o;
@@ -57,11 +53,11 @@ TEST(TrainTest, ResumeFromCheckpointGivesTheSameModelAsOneRun) {
   o.evaluate = false;
   o.momentum = 0.9f;
   o.lr = 0.05f;
-  o.checkpoint_path = TmpPath("straight.ckpt");
+  o.checkpoint_path = TestTmpPath("straight.ckpt");
   ASSERT_TRUE(Train(o).ok());
 
   TrainOptions first = o;
-  first.checkpoint_path = TmpPath("resumed.ckpt");
+  first.checkpoint_path = TestTmpPath("resumed.ckpt");
   first.epochs = 1;
   ASSERT_TRUE(Train(first).ok());
   TrainOptions second = first;
@@ -111,7 +107,7 @@ TEST(TrainTest, BadOptionsNameTheOption) {
 
 TEST(TrainTest, MissingDataIsAClearError) {
   TrainOptions o = Small("mlp");
-  o.data_dir = TmpPath("no-such-dir");
+  o.data_dir = TestTmpPath("no-such-dir");
   absl::StatusOr<TrainResult> r = Train(o);
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.status().message().find("no-such-dir"), std::string::npos) << r.status();
@@ -120,7 +116,7 @@ TEST(TrainTest, MissingDataIsAClearError) {
 TEST(TrainTest, CorruptOrForeignCheckpointIsRejectedAndModelUnchanged) {
   auto model = *nn::MakeModel("mlp");
   nn::InitParameters(model.get(), nn::Init::kNormal, 1);
-  std::string path = TmpPath("mlp.ckpt");
+  std::string path = TestTmpPath("mlp.ckpt");
   ASSERT_TRUE(SaveTrainingState(path, "mlp", model.get(), nullptr, {{"epochs_done", "1"}}).ok());
 
   auto other = *nn::MakeModel("lenet");
@@ -135,7 +131,7 @@ TEST(TrainTest, CorruptOrForeignCheckpointIsRejectedAndModelUnchanged) {
     bytes.assign(std::istreambuf_iterator<char>(in), {});
   }
   bytes[bytes.size() / 2] ^= 0x5a;
-  std::string bad = TmpPath("bad.ckpt");
+  std::string bad = TestTmpPath("bad.ckpt");
   {
     std::ofstream out(bad, std::ios::binary);
     out << bytes;

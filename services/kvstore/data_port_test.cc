@@ -2,6 +2,7 @@
 // security on (mutual TLS, a cluster secret): who is refused, what hostile
 // frames get, and that the shard keeps serving the next good client; the
 // shared accounting (metrics) of data port requests.
+#include "libs/base/testing.h"
 #include "libs/kvstore/data_port.h"
 
 #include <fcntl.h>
@@ -39,14 +40,6 @@
 namespace dtrain {
 namespace kvstore {
 namespace {
-
-std::string TempDir(const std::string& name) {
-  const char* tmp = std::getenv("TEST_TMPDIR");
-  std::string dir = std::string(tmp != nullptr ? tmp : "/tmp") + "/" + name;
-  std::filesystem::remove_all(dir);
-  std::filesystem::create_directories(dir);
-  return dir;
-}
 
 std::shared_ptr<const rpc::Credentials> Creds(const std::string& dir, const std::string& name) {
   auto c = rpc::Credentials::Load(
@@ -106,7 +99,7 @@ absl::Status ReadReply(DataConn& conn, std::string* header = nullptr) {
 class DataPortTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = TempDir("certs");
+    dir_ = FreshTestDir("certs");
     ASSERT_TRUE(security::InitCertDir(dir_, {}).ok());
     ASSERT_TRUE(security::IssueCert(dir_, {"trainer-0", security::Role::kTrainer}).ok());
     absl::StatusOr<std::string> secret = security::ReadClusterSecret(dir_ + "/cluster.secret");
@@ -501,7 +494,7 @@ TEST_F(DataPortTest, ReplicationIsForKvstoreIdentitiesOnly) {
 }
 
 TEST_F(DataPortTest, ClientWithoutACertificateOfTheClusterIsRefused) {
-  const std::string rogue = TempDir("rogue");
+  const std::string rogue = FreshTestDir("rogue");
   ASSERT_TRUE(security::InitCertDir(rogue, {}).ok());
   ASSERT_TRUE(security::IssueCert(rogue, {"trainer-0", security::Role::kTrainer}).ok());
   // Its own CA: it does not trust the shard, and the shard does not trust it.

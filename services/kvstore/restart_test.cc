@@ -11,19 +11,13 @@
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "libs/base/testing.h"
 #include "libs/kvstore/client.h"
 #include "services/kvstore/testing/server_process.h"
 
 namespace dtrain {
 namespace kvstore {
 namespace {
-
-std::string TempDir(const std::string& name) {
-  const char* base = std::getenv("TEST_TMPDIR");
-  std::string dir = absl::StrCat(base ? base : "/tmp", "/", name);
-  EXPECT_EQ(std::system(absl::StrCat("rm -rf ", dir, " && mkdir -p ", dir).c_str()), 0);
-  return dir;
-}
 
 float Grad(int worker, int step, int key, int64_t i) {
   return 0.01f * static_cast<float>((worker + 1) * ((i * 7 + step * 13 + key) % 11) - 5);
@@ -138,7 +132,7 @@ class Workers {
 TEST(RestartTest, ShardKilledWithSigkillResumesFromSnapshotAndTrainingContinues) {
   absl::StatusOr<std::string> binary = KVStoreServerBinary();
   ASSERT_TRUE(binary.ok()) << binary.status();
-  const std::string dir0 = TempDir("shard0"), dir1 = TempDir("shard1");
+  const std::string dir0 = FreshTestDir("shard0"), dir1 = FreshTestDir("shard1");
   ServerProcess shard0, shard1;
   ASSERT_TRUE(
       shard0.Start(*binary, {"--shard_index=0", "--data_dir=" + dir0, "--snapshot_interval_s=0"})
@@ -214,7 +208,7 @@ TEST(RestartTest, ShardKilledWithSigkillResumesFromSnapshotAndTrainingContinues)
 TEST(RestartTest, SigtermShutsDownCleanlyWithAFinalSnapshot) {
   absl::StatusOr<std::string> binary = KVStoreServerBinary();
   ASSERT_TRUE(binary.ok()) << binary.status();
-  const std::string dir = TempDir("sigterm");
+  const std::string dir = FreshTestDir("sigterm");
   ServerProcess shard;
   // No periodic snapshots: only the one written at shutdown.
   ASSERT_TRUE(shard

@@ -19,6 +19,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "libs/base/testing.h"
 #include "libs/kvstore/client.h"
 #include "libs/metrics/scrape.h"
 #include "libs/rpc/credentials.h"
@@ -31,13 +32,6 @@
 namespace dtrain {
 namespace kvstore {
 namespace {
-
-std::string TempDir(const std::string& name) {
-  const char* base = std::getenv("TEST_TMPDIR");
-  std::string dir = absl::StrCat(base ? base : "/tmp", "/", name);
-  EXPECT_EQ(std::system(absl::StrCat("rm -rf ", dir, " && mkdir -p ", dir).c_str()), 0);
-  return dir;
-}
 
 std::string Flatten(const grpc::ByteBuffer& b) {
   std::vector<grpc::Slice> slices;
@@ -54,7 +48,7 @@ std::shared_ptr<grpc::Channel> Channel(const std::string& address) {
 
 TEST(KVStoreServerTest, HealthReflectionAndAdmin) {
   ServerOptions options;
-  options.port_file = TempDir("port") + "/kvstore.port";
+  options.port_file = FreshTestDir("port") + "/kvstore.port";
   auto server = KVStoreServer::Start(options);
   ASSERT_TRUE(server.ok()) << server.status();
   {
@@ -301,7 +295,7 @@ TEST(KVStoreServerTest, CallbackDataPullDeadlineNamesMissingWorkers) {
 // trainer to the job its kvstore token names, as the sync path does, and
 // its waiting pulls are answered by the other trainer's push.
 TEST(KVStoreServerTest, CallbackDataKeepsTrainersToTheirTokensJob) {
-  const std::string dir = TempDir("certs");
+  const std::string dir = FreshTestDir("certs");
   ASSERT_TRUE(security::InitCertDir(dir, {}).ok());
   ASSERT_TRUE(security::IssueCert(dir, {"trainer-0", security::Role::kTrainer}).ok());
   auto creds = [&](const std::string& name) {
@@ -389,7 +383,7 @@ TEST(KVStoreServerTest, CallbackDataKeepsTrainersToTheirTokensJob) {
 }
 
 TEST(KVStoreServerTest, ShutdownSnapshotsAndRestartResumes) {
-  const std::string dir = TempDir("resume");
+  const std::string dir = FreshTestDir("resume");
   ServerOptions options;
   options.data_dir = dir;
   options.snapshot_interval = absl::ZeroDuration();
@@ -434,7 +428,7 @@ TEST(KVStoreServerTest, ShutdownSnapshotsAndRestartResumes) {
 // per-job metric series and the snapshot; a job in use stays, and scraping
 // the metrics (which reads every job) does not keep a job alive.
 TEST(KVStoreServerTest, IdleJobsExpireFromMemoryMetricsAndSnapshots) {
-  const std::string dir = TempDir("ttl");
+  const std::string dir = FreshTestDir("ttl");
   ServerOptions options;
   options.data_dir = dir;
   options.snapshot_interval = absl::ZeroDuration();

@@ -1,0 +1,31 @@
+#include "libs/base/testing.h"
+
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "libs/base/files.h"
+
+namespace dtrain {
+
+std::string TestTmpPath(absl::string_view name) {
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  return absl::StrCat(tmp != nullptr ? tmp : "/tmp", "/", name);
+}
+
+std::string FreshTestDir(absl::string_view name) {
+  const std::string dir = TestTmpPath(name);
+  std::error_code ignored;
+  std::filesystem::remove_all(dir, ignored);
+  std::filesystem::create_directories(dir, ignored);
+  return dir;
+}
+
+std::string ReadFileForTest(const std::string& path) {
+  absl::StatusOr<std::string> bytes = ReadFile(path);
+  return bytes.ok() ? *std::move(bytes) : std::string();
+}
+
+}  // namespace dtrain
