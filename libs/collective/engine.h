@@ -12,6 +12,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <deque>
+#include <memory>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -127,6 +128,58 @@ class EngineTransport : public Transport {
   std::vector<EnginePair*> pairs_;
   absl::Status error_;
   bool aborted_ = false;
+};
+
+// An EngineTransport with one PairT per (peer, channel) of its options: the
+// grid behind rank(), size(), num_channels() and GetPair(). Slots stay empty
+// (GetPair returns null) until the transport connects them with SetPair.
+template <class PairT>
+class PairGridTransport : public EngineTransport {
+ public:
+  int rank() const final { return rank_; }
+  int size() const final { return size_; }
+  int num_channels() const final { return channels_; }
+  Pair* GetPair(int peer, int channel) final { return pair(peer, channel); }
+
+ protected:
+  explicit PairGridTransport(const TransportOptions& options)
+      : rank_(options.rank),
+        size_(options.size),
+        channels_(options.channels),
+        by_peer_(options.size) {
+    for (auto& row : by_peer_) row.resize(channels_);
+  }
+
+  // The pair with `peer` on `channel`; null when out of range or not set.
+  PairT* pair(int peer, int channel) const {
+    if (peer < 0 || peer >= size_ || channel < 0 || channel >= channels_) return nullptr;
+    return by_peer_[peer][channel].get();
+  }
+
+  // Owns `p` as the pair with `peer` on `channel` and registers it with the
+  // progress loop (AddPair).
+  PairT* SetPair(int peer, int channel, std::unique_ptr<PairT> p) {
+    by_peer_[peer][channel] = std::move(p);
+    AddPair(by_peer_[peer][channel].get());
+    return by_peer_[peer][channel].get();
+  }
+
+  // Calls f(PairT&) for every pair that is set.
+  template <class F>
+  void ForEachPair(F f) {
+    for (auto& row : by_peer_) {
+      for (auto& p : row) {
+        if (p) f(*p);
+      }
+    }
+  }
+
+  const int rank_;
+  const int size_;
+  const int channels_;
+
+ private:
+  std::vector<std::vector<std::unique_ptr<PairT>>> by_peer_;
 };
 
 }  // namespace internal

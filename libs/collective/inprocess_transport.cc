@@ -22,6 +22,7 @@ namespace {
 
 using internal::EnginePair;
 using internal::EngineTransport;
+using internal::PairGridTransport;
 
 // Largest piece copied while holding a channel's lock (bounds how long a
 // sender posting its next message can be held up).
@@ -185,23 +186,18 @@ class InProcPair final : public EnginePair {
   uint64_t acked_ = 0;  // consumed sends already completed here
 };
 
-class InProcessTransport final : public EngineTransport {
+class InProcessTransport final : public PairGridTransport<InProcPair> {
  public:
   InProcessTransport(const TransportOptions& options, std::shared_ptr<Job> job)
-      : rank_(options.rank),
-        size_(options.size),
-        channels_(options.channels),
+      : PairGridTransport(options),
         job_(std::move(job)),
         me_(job_->ranks[rank_].get()),
-        spin_(options.size <= UsableCpus() ? 256 : 0),
-        by_peer_(options.size) {
-    for (auto& row : by_peer_) row.resize(channels_);
+        spin_(options.size <= UsableCpus() ? 256 : 0) {
     for (int peer : options.peers) {
       for (int c = 0; c < channels_; ++c) {
-        by_peer_[peer][c] =
-            std::make_unique<InProcPair>(this, peer, c, job_->chan(rank_, peer, c),
-                                         job_->chan(peer, rank_, c), job_->ranks[peer].get());
-        AddPair(by_peer_[peer][c].get());
+        SetPair(peer, c,
+                std::make_unique<InProcPair>(this, peer, c, job_->chan(rank_, peer, c),
+                                             job_->chan(peer, rank_, c), job_->ranks[peer].get()));
       }
     }
   }
@@ -209,14 +205,6 @@ class InProcessTransport final : public EngineTransport {
   ~InProcessTransport() override { Stop(kClosed, "closed"); }
 
   const char* name() const override { return "inprocess"; }
-  int rank() const override { return rank_; }
-  int size() const override { return size_; }
-  int num_channels() const override { return channels_; }
-
-  Pair* GetPair(int peer, int channel) override {
-    if (peer < 0 || peer >= size_ || channel < 0 || channel >= channels_) return nullptr;
-    return by_peer_[peer][channel].get();
-  }
 
  protected:
   uint64_t ActivityToken() override { return me_->doorbell.load(std::memory_order_acquire); }
@@ -249,23 +237,15 @@ class InProcessTransport final : public EngineTransport {
       me_->reason = reason;
     }
     me_->state.store(state, std::memory_order_release);
-    for (auto& row : by_peer_) {
-      for (auto& pair : row) {
-        if (pair) pair->Withdraw();
-      }
-    }
+    ForEachPair([](InProcPair& p) { p.Withdraw(); });
     for (int peer = 0; peer < size_; ++peer) {
-      if (by_peer_[peer][0]) job_->ranks[peer]->Ring();
+      if (pair(peer, 0) != nullptr) job_->ranks[peer]->Ring();
     }
   }
 
-  const int rank_;
-  const int size_;
-  const int channels_;
   std::shared_ptr<Job> job_;
   RankSlot* const me_;
   const int spin_;  // pause iterations before sleeping
-  std::vector<std::vector<std::unique_ptr<InProcPair>>> by_peer_;
   bool stopped_ = false;
 };
 

@@ -34,6 +34,7 @@ namespace {
 
 using internal::EnginePair;
 using internal::EngineTransport;
+using internal::PairGridTransport;
 
 constexpr uint64_t kControlMagic = 0x4454524c43544c31ull;  // "DTRLCTL1"
 constexpr uint64_t kPairMagic = 0x4454524c50414931ull;     // "DTRLPAI1"
@@ -240,18 +241,13 @@ class ShmPair final : public EnginePair {
   bool pid_visible_ = true;
 };
 
-class ShmTransport final : public EngineTransport {
+class ShmTransport final : public PairGridTransport<ShmPair> {
  public:
   ShmTransport(const TransportOptions& options, const ShmOptions& shm)
-      : rank_(options.rank),
-        size_(options.size),
-        channels_(options.channels),
+      : PairGridTransport(options),
         ring_bytes_(RoundUp(std::max<size_t>(shm.ring_bytes, 4096), 64)),
         spin_(options.size <= UsableCpus() ? 256 : 0),
-        by_peer_(options.size),
-        peer_controls_(options.size) {
-    for (auto& row : by_peer_) row.resize(channels_);
-  }
+        peer_controls_(options.size) {}
 
   ~ShmTransport() override {
     Stop(kClosed, "");
@@ -261,14 +257,6 @@ class ShmTransport final : public EngineTransport {
   absl::Status Setup(const TransportOptions& options);
 
   const char* name() const override { return "shm"; }
-  int rank() const override { return rank_; }
-  int size() const override { return size_; }
-  int num_channels() const override { return channels_; }
-
-  Pair* GetPair(int peer, int channel) override {
-    if (peer < 0 || peer >= size_ || channel < 0 || channel >= channels_) return nullptr;
-    return by_peer_[peer][channel].get();
-  }
 
  protected:
   uint64_t ActivityToken() override { return me()->doorbell.load(std::memory_order_acquire); }
@@ -326,14 +314,10 @@ class ShmTransport final : public EngineTransport {
     }
   }
 
-  const int rank_;
-  const int size_;
-  const int channels_;
   const size_t ring_bytes_;
   const int spin_;  // pause iterations before yielding
   std::unique_ptr<Segment> control_;
   std::vector<std::unique_ptr<Segment>> segments_;  // peers' controls and pair segments
-  std::vector<std::vector<std::unique_ptr<ShmPair>>> by_peer_;
   std::vector<RankControl*> peer_controls_;
   absl::Time next_liveness_check_ = absl::InfinitePast();
   bool stopped_ = false;
@@ -421,11 +405,12 @@ absl::Status ShmTransport::Setup(const TransportOptions& options) {
     // Direction 0 carries lower -> higher.
     const int out_dir = rank_ < peer ? 0 : 1;
     for (int c = 0; c < channels_; ++c) {
-      by_peer_[peer][c] = std::make_unique<ShmPair>(
-          this, peer, c, RingAt(pair_base[peer], ring_bytes_, c, out_dir),
-          RingAt(pair_base[peer], ring_bytes_, c, 1 - out_dir), ring_bytes_, peer_controls_[peer]);
-      by_peer_[peer][c]->set_pid_visible(pid_visible);
-      AddPair(by_peer_[peer][c].get());
+      ShmPair* p = SetPair(
+          peer, c,
+          std::make_unique<ShmPair>(this, peer, c, RingAt(pair_base[peer], ring_bytes_, c, out_dir),
+                                    RingAt(pair_base[peer], ring_bytes_, c, 1 - out_dir),
+                                    ring_bytes_, peer_controls_[peer]));
+      p->set_pid_visible(pid_visible);
     }
   }
 

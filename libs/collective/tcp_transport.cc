@@ -30,6 +30,7 @@ namespace {
 
 using internal::EnginePair;
 using internal::EngineTransport;
+using internal::PairGridTransport;
 
 // The handshake of a new connection (the connecting, higher rank C; the
 // accepting, lower rank A):
@@ -335,18 +336,13 @@ class TcpPair final : public EnginePair {
   SslPtr ssl_;
 };
 
-class TcpTransport final : public EngineTransport {
+class TcpTransport final : public PairGridTransport<TcpPair> {
  public:
   TcpTransport(const TransportOptions& options, const TcpOptions& tcp)
-      : rank_(options.rank),
-        size_(options.size),
-        channels_(options.channels),
-        by_peer_(options.size),
+      : PairGridTransport(options),
         bounce_(std::max<size_t>(tcp.bounce_bytes, 64)),
         secret_(tcp.secret),
-        tls_(tcp.tls) {
-    for (auto& row : by_peer_) row.resize(channels_);
-  }
+        tls_(tcp.tls) {}
 
   ~TcpTransport() override {
     // Pairs close their sockets as they are destroyed.
@@ -366,14 +362,6 @@ class TcpTransport final : public EngineTransport {
 
  public:
   const char* name() const override { return "tcp"; }
-  int rank() const override { return rank_; }
-  int size() const override { return size_; }
-  int num_channels() const override { return channels_; }
-
-  Pair* GetPair(int peer, int channel) override {
-    if (peer < 0 || peer >= size_ || channel < 0 || channel >= channels_) return nullptr;
-    return by_peer_[peer][channel].get();
-  }
 
  protected:
   void Block(uint64_t token, absl::Time deadline) override {
@@ -393,18 +381,10 @@ class TcpTransport final : public EngineTransport {
   }
 
   void OnAbort(const absl::Status& reason) override {
-    for (auto& row : by_peer_) {
-      for (auto& pair : row) {
-        if (pair) pair->ShutdownAndClose();
-      }
-    }
+    ForEachPair([](TcpPair& p) { p.ShutdownAndClose(); });
   }
 
  private:
-  const int rank_;
-  const int size_;
-  const int channels_;
-  std::vector<std::vector<std::unique_ptr<TcpPair>>> by_peer_;
   std::vector<char> bounce_;
   const std::string secret_;
   const bool tls_;
@@ -460,8 +440,7 @@ absl::Status TcpTransport::Connect(const TransportOptions& options, const TcpOpt
       options.store->Set(absl::StrCat(key_prefix, rank_), internal::FormatAddress(local, port)));
 
   auto add_pair = [&](int peer, int channel, int fd) {
-    by_peer_[peer][channel] = std::make_unique<TcpPair>(this, peer, channel, fd, &bounce_);
-    AddPair(by_peer_[peer][channel].get());
+    SetPair(peer, channel, std::make_unique<TcpPair>(this, peer, channel, fd, &bounce_));
   };
 
   // Connect to lower-ranked peers.
@@ -493,7 +472,7 @@ absl::Status TcpTransport::Connect(const TransportOptions& options, const TcpOpt
         if (!ssl.ok()) {
           return Annotate(ssl.status(), absl::StrCat("TLS with rank ", peer, " at ", *address));
         }
-        by_peer_[peer][channel]->SetTls(*std::move(ssl));
+        pair(peer, channel)->SetTls(*std::move(ssl));
       }
     }
   }
@@ -508,7 +487,7 @@ absl::Status TcpTransport::Connect(const TransportOptions& options, const TcpOpt
         for (int peer : options.peers) {
           if (peer <= rank_) continue;
           for (int c = 0; c < channels_; ++c) {
-            if (!by_peer_[peer][c]) {
+            if (pair(peer, c) == nullptr) {
               absl::StrAppend(&missing, missing.empty() ? "" : ", ", peer);
               break;
             }
@@ -539,7 +518,7 @@ absl::Status TcpTransport::Connect(const TransportOptions& options, const TcpOpt
     const bool valid =
         read.ok() && hs.magic == kHandshakeMagic && job_id == options.job_id &&
         hs.rank > static_cast<uint32_t>(rank_) && hs.rank < static_cast<uint32_t>(size_) &&
-        hs.channel < static_cast<uint32_t>(channels_) && !by_peer_[hs.rank][hs.channel];
+        hs.channel < static_cast<uint32_t>(channels_) && pair(hs.rank, hs.channel) == nullptr;
     if (!valid) {  // a stray or stale connection; not ours
       ::close(fd);
       continue;
@@ -560,7 +539,7 @@ absl::Status TcpTransport::Connect(const TransportOptions& options, const TcpOpt
       continue;
     }
     add_pair(static_cast<int>(hs.rank), static_cast<int>(hs.channel), fd);
-    if (tls_) by_peer_[hs.rank][hs.channel]->SetTls(*std::move(ssl));
+    if (tls_) pair(hs.rank, hs.channel)->SetTls(*std::move(ssl));
     DT_RETURN_IF_ERROR(ConfigureSocket(fd, tcp));
     --expected_incoming;
   }

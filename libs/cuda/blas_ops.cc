@@ -23,14 +23,6 @@ namespace ops {
 namespace cuda_kernels {
 namespace {
 
-namespace k = ::dtrain::cuda::kernels;
-using ::dtrain::cuda::CurrentCudaStream;
-using ::dtrain::cuda::DeviceGuard;
-using ::dtrain::cuda::internal::CheckFloat;
-using ::dtrain::cuda::internal::CheckLaunch;
-using ::dtrain::cuda::internal::CheckLike;
-using ::dtrain::cuda::internal::Dt;
-
 cudaDataType_t CudaType(DType dt) {
   switch (dt) {
     case DType::kF16:

@@ -32,18 +32,6 @@ namespace ops {
 namespace cuda_kernels {
 namespace {
 
-namespace k = ::dtrain::cuda::kernels;
-using ::dtrain::cuda::CurrentCudaStream;
-using ::dtrain::cuda::DeviceGuard;
-using ::dtrain::cuda::internal::CheckCuda;
-using ::dtrain::cuda::internal::CheckF32;
-using ::dtrain::cuda::internal::CheckFloat;
-using ::dtrain::cuda::internal::CheckLaunch;
-using ::dtrain::cuda::internal::CheckLike;
-using ::dtrain::cuda::internal::CheckSameShape;
-using ::dtrain::cuda::internal::Dt;
-using ::dtrain::cuda::internal::Scratch;
-
 // ---- elementwise ----
 
 void Relu(const Tensor& x, Tensor* y) {

@@ -9,6 +9,7 @@
 #include <cstddef>
 
 #include "libs/cuda/kernels.h"
+#include "libs/cuda/stream.h"
 #include "libs/tensor/tensor.h"
 
 namespace dtrain {
@@ -39,6 +40,23 @@ Tensor Scratch(int device, size_t bytes);
 
 }  // namespace internal
 }  // namespace cuda
+
+// The names above and stream.h's, where the op kernel files register their kernels.
+namespace ops {
+namespace cuda_kernels {
+namespace k = ::dtrain::cuda::kernels;
+using ::dtrain::cuda::CurrentCudaStream;
+using ::dtrain::cuda::DeviceGuard;
+using ::dtrain::cuda::internal::CheckCuda;
+using ::dtrain::cuda::internal::CheckF32;
+using ::dtrain::cuda::internal::CheckFloat;
+using ::dtrain::cuda::internal::CheckLaunch;
+using ::dtrain::cuda::internal::CheckLike;
+using ::dtrain::cuda::internal::CheckSameShape;
+using ::dtrain::cuda::internal::Dt;
+using ::dtrain::cuda::internal::Scratch;
+}  // namespace cuda_kernels
+}  // namespace ops
 }  // namespace dtrain
 
 #endif  // DTRAIN_LIBS_CUDA_OP_UTIL_H_

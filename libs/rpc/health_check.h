@@ -1,6 +1,7 @@
-// A client of gRPC health checking (grpc.health.v1.Health/Check), written by
-// hand: Debian's gRPC packages ship no generated code for grpc.health.v1, so
-// the request ({string service = 1;}) and the reply ({ServingStatus status =
+// A client of gRPC health checking (grpc.health.v1.Health/Check) and of
+// server reflection's service list, written by hand: Debian's gRPC packages
+// ship no generated code for grpc.health.v1 or grpc.reflection, so the
+// request ({string service = 1;}) and the reply ({ServingStatus status =
 // 1;}) are encoded here. Every server of ours answers it (libs/rpc/server.h:
 // SERVING from Start until Shutdown begins).
 //
@@ -15,6 +16,7 @@
 #include <grpcpp/channel.h>
 
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -39,6 +41,13 @@ absl::StatusOr<HealthStatus> CheckHealth(grpc::Channel* channel, absl::Duration 
 
 // Whether CheckHealth of the whole server answers kServing within `timeout`.
 bool HealthServing(grpc::Channel* channel, absl::Duration timeout);
+
+// The services the server offers, as server reflection
+// (grpc.reflection.v1alpha.ServerReflection, list_services) names them, in
+// its order; the call's error with its gRPC code, or kInternal for a reply
+// that is not a list of services.
+absl::StatusOr<std::vector<std::string>> ListServices(grpc::Channel* channel,
+                                                      absl::Duration timeout);
 
 }  // namespace rpc
 }  // namespace dtrain

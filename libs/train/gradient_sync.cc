@@ -117,5 +117,13 @@ absl::StatusOr<std::unique_ptr<GradientSync>> CreateGradientSync(
   return strategy->Create(options);
 }
 
+absl::Status CreateKvstoreJob(kvstore::ParameterServer* ps, const DataParallelOptions& options) {
+  const kvstore::JobConfig config = MakeKvstoreJobConfig(ps->job(), options);
+  DT_RETURN_IF_ERROR(Annotate(ps->SetPushCompression(options.kvstore_compression),
+                              "choosing the kvstore push compression"));
+  return Annotate(ps->CreateJob(config), absl::StrCat("creating the kvstore job (",
+                                                      kvstore::DescribeJobConfig(config), ")"));
+}
+
 }  // namespace train
 }  // namespace dtrain

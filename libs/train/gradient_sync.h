@@ -194,6 +194,11 @@ absl::StatusOr<const SyncStrategy*> ChooseSyncStrategy(const DataParallelOptions
 absl::StatusOr<std::unique_ptr<GradientSync>> CreateGradientSync(
     const DataParallelOptions& options);
 
+// For the kvstore strategies: sets this trainer's push compression
+// (options.kvstore_compression) on `ps` and creates, idempotently, the
+// kvstore job MakeKvstoreJobConfig(ps->job(), options) describes.
+absl::Status CreateKvstoreJob(kvstore::ParameterServer* ps, const DataParallelOptions& options);
+
 }  // namespace train
 }  // namespace dtrain
 

@@ -46,17 +46,9 @@ namespace ops {
 namespace cuda_kernels {
 namespace {
 
-namespace k = ::dtrain::cuda::kernels;
-using ::dtrain::cuda::CurrentCudaStream;
-using ::dtrain::cuda::DeviceGuard;
 using ::dtrain::cuda::dnn::BatchNormImpl;
 using ::dtrain::cuda::dnn::CudnnHandle;
 using ::dtrain::cuda::dnn::TensorDesc;
-using ::dtrain::cuda::internal::CheckF32;
-using ::dtrain::cuda::internal::CheckFloat;
-using ::dtrain::cuda::internal::CheckLaunch;
-using ::dtrain::cuda::internal::CheckLike;
-using ::dtrain::cuda::internal::Dt;
 
 // x as [outer, C, inner].
 struct BnGeom {

@@ -46,18 +46,10 @@ namespace ops {
 namespace cuda_kernels {
 namespace {
 
-namespace k = ::dtrain::cuda::kernels;
-using ::dtrain::cuda::CurrentCudaStream;
-using ::dtrain::cuda::DeviceGuard;
 using ::dtrain::cuda::dnn::ConvDesc;
 using ::dtrain::cuda::dnn::CudnnHandle;
 using ::dtrain::cuda::dnn::FilterDesc;
 using ::dtrain::cuda::dnn::TensorDesc;
-using ::dtrain::cuda::internal::CheckFloat;
-using ::dtrain::cuda::internal::CheckLaunch;
-using ::dtrain::cuda::internal::CheckLike;
-using ::dtrain::cuda::internal::Dt;
-using ::dtrain::cuda::internal::Scratch;
 
 constexpr size_t kMaxFindWorkspace = size_t{1} << 30;
 

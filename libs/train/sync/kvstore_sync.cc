@@ -61,12 +61,7 @@ class KvstoreSync : public GradientSync {
 
  protected:
   absl::Status ShareInitialWeights() override {
-    kvstore::JobConfig config = MakeKvstoreJobConfig(ps_->job(), options_);
-    DT_RETURN_IF_ERROR(Annotate(ps_->SetPushCompression(options_.kvstore_compression),
-                                "choosing the kvstore push compression"));
-    DT_RETURN_IF_ERROR(Annotate(
-        ps_->CreateJob(config),
-        absl::StrCat("creating the kvstore job (", kvstore::DescribeJobConfig(config), ")")));
+    DT_RETURN_IF_ERROR(CreateKvstoreJob(ps_, options_));
     std::vector<kvstore::KeySpec> keys;
     for (size_t b = 0; b < reducer()->buckets().size(); ++b) {
       keys.push_back(

@@ -68,12 +68,7 @@ class KvstoreWeightsSync : public GradientSync {
 
  protected:
   absl::Status ShareInitialWeights() override {
-    kvstore::JobConfig config = MakeKvstoreJobConfig(ps_->job(), options_);
-    DT_RETURN_IF_ERROR(Annotate(ps_->SetPushCompression(options_.kvstore_compression),
-                                "choosing the kvstore push compression"));
-    DT_RETURN_IF_ERROR(Annotate(
-        ps_->CreateJob(config),
-        absl::StrCat("creating the kvstore job (", kvstore::DescribeJobConfig(config), ")")));
+    DT_RETURN_IF_ERROR(CreateKvstoreJob(ps_, options_));
     const std::vector<Bucket>& buckets = reducer()->buckets();
     weights_.resize(buckets.size());
     std::vector<kvstore::KeySpec> keys;
