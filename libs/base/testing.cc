@@ -15,6 +15,13 @@ std::string TestTmpPath(absl::string_view name) {
   return absl::StrCat(tmp != nullptr ? tmp : "/tmp", "/", name);
 }
 
+std::string FreshTestPath(absl::string_view name) {
+  const std::string path = TestTmpPath(name);
+  std::error_code ignored;
+  std::filesystem::remove_all(path, ignored);
+  return path;
+}
+
 std::string FreshTestDir(absl::string_view name) {
   const std::string dir = TestTmpPath(name);
   std::error_code ignored;

@@ -15,6 +15,9 @@ namespace dtrain {
 // $TEST_TMPDIR/<name> (/tmp/<name> outside Bazel); nothing is created.
 std::string TestTmpPath(absl::string_view name);
 
+// TestTmpPath(name) with no file there (one left by an earlier run is removed).
+std::string FreshTestPath(absl::string_view name);
+
 // TestTmpPath(name) as an empty directory (what was there is removed).
 std::string FreshTestDir(absl::string_view name);
 

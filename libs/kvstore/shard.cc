@@ -847,22 +847,28 @@ absl::Status ShardHandler::CheckAnswerAt(const DataRequest& request, uint64_t pa
   return absl::OkStatus();
 }
 
-// A pull's reply: the items' sizes in the header, the values as the
-// payload (referenced, not copied, until written).
-absl::Status ShardHandler::PulledReply(const std::vector<PulledValue>& values, DataReply* reply) {
+v1::PullResponse PullReplyHeader(const std::vector<PulledValue>& values) {
   v1::PullResponse header;
-  int64_t total = 0;
   for (size_t i = 0; i < values.size(); ++i) {
     v1::PulledItem* item = header.add_items();
     item->set_item(static_cast<int32_t>(i));
     item->set_round(values[i].round);
     item->set_dtype(static_cast<int32_t>(values[i].dtype));
     item->set_bytes(static_cast<int64_t>(values[i].bytes.size));
-    reply->values.push_back(values[i].bytes.view());
-    reply->owners.push_back(values[i].bytes.owner);
-    total += static_cast<int64_t>(values[i].bytes.size);
   }
-  reply->header = header.SerializeAsString();
+  return header;
+}
+
+// A pull's reply: the items' sizes in the header, the values as the
+// payload (referenced, not copied, until written).
+absl::Status ShardHandler::PulledReply(const std::vector<PulledValue>& values, DataReply* reply) {
+  int64_t total = 0;
+  for (const PulledValue& v : values) {
+    reply->values.push_back(v.bytes.view());
+    reply->owners.push_back(v.bytes.owner);
+    total += static_cast<int64_t>(v.bytes.size);
+  }
+  reply->header = PullReplyHeader(values).SerializeAsString();
   pull_bytes_.Increment(static_cast<double>(total));
   return absl::OkStatus();
 }

@@ -78,6 +78,10 @@ struct ShardHandlerOptions {
 
 struct ParkedPull;
 
+// The header of a pull's reply, whatever carries it: each value's index,
+// round, dtype and byte size, in order (the values travel as the payload).
+v1::PullResponse PullReplyHeader(const std::vector<PulledValue>& values);
+
 class ShardHandler : public DataPortHandler {
  public:
   using Clock = std::chrono::steady_clock;

@@ -10,25 +10,12 @@
 #include <sstream>
 
 #include "gtest/gtest.h"
+#include "libs/base/testing.h"
 #include "libs/scheduler/tmpfs_for_test.h"
 
 namespace dtrain {
 namespace scheduler {
 namespace {
-
-std::string TmpPath(const std::string& name) {
-  const char* dir = std::getenv("TEST_TMPDIR");
-  std::string p = std::string(dir ? dir : "/tmp") + "/" + name;
-  std::remove(p.c_str());
-  return p;
-}
-
-std::string ReadAll(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
 
 void WriteAll(const std::string& path, const std::string& data) {
   std::ofstream f(path, std::ios::binary | std::ios::trunc);
@@ -38,7 +25,7 @@ void WriteAll(const std::string& path, const std::string& data) {
 TEST(WalTest, Crc32MatchesZlib) { EXPECT_EQ(Crc32("123456789"), 0xCBF43926u); }
 
 TEST(WalTest, AppendThenReplay) {
-  std::string path = TmpPath("a.wal");
+  std::string path = FreshTestPath("a.wal");
   std::vector<std::string> records;
   {
     auto wal = Wal::Open(path, &records);
@@ -63,7 +50,7 @@ TEST(WalTest, AppendThenReplay) {
 // Every prefix of the last record (a crash mid-append) is cut off, and the
 // log is usable afterwards.
 TEST(WalTest, TruncatedLastRecordIsCutOff) {
-  std::string path = TmpPath("t.wal");
+  std::string path = FreshTestPath("t.wal");
   std::vector<std::string> records;
   {
     auto wal = Wal::Open(path, &records);
@@ -71,7 +58,7 @@ TEST(WalTest, TruncatedLastRecordIsCutOff) {
     ASSERT_TRUE((*wal)->Append("first").ok());
     ASSERT_TRUE((*wal)->Append("second record").ok());
   }
-  const std::string full = ReadAll(path);
+  const std::string full = ReadFileForTest(path);
   const size_t first_end = 8 + 5;
   for (size_t cut = first_end + 1; cut < full.size(); ++cut) {
     SCOPED_TRACE(cut);
@@ -90,14 +77,14 @@ TEST(WalTest, TruncatedLastRecordIsCutOff) {
 }
 
 TEST(WalTest, CorruptLastRecordIsCutOff) {
-  std::string path = TmpPath("c.wal");
+  std::string path = FreshTestPath("c.wal");
   std::vector<std::string> records;
   {
     auto wal = Wal::Open(path, &records);
     ASSERT_TRUE((*wal)->Append("first").ok());
     ASSERT_TRUE((*wal)->Append("second").ok());
   }
-  std::string data = ReadAll(path);
+  std::string data = ReadFileForTest(path);
   data.back() ^= 1;
   WriteAll(path, data);
   ASSERT_TRUE(Wal::Open(path, &records).ok());
@@ -105,14 +92,14 @@ TEST(WalTest, CorruptLastRecordIsCutOff) {
 }
 
 TEST(WalTest, CorruptionBeforeTheEndIsDataLoss) {
-  std::string path = TmpPath("m.wal");
+  std::string path = FreshTestPath("m.wal");
   std::vector<std::string> records;
   {
     auto wal = Wal::Open(path, &records);
     ASSERT_TRUE((*wal)->Append("first").ok());
     ASSERT_TRUE((*wal)->Append("second").ok());
   }
-  std::string data = ReadAll(path);
+  std::string data = ReadFileForTest(path);
   data[9] ^= 1;  // inside "first"
   WriteAll(path, data);
   auto wal = Wal::Open(path, &records);
@@ -122,7 +109,7 @@ TEST(WalTest, CorruptionBeforeTheEndIsDataLoss) {
 // Compaction while the log is open: the file is replaced, appends go to the
 // new one, no temporary file is left behind.
 TEST(WalTest, CompactReplacesTheLogWhileOpen) {
-  std::string path = TmpPath("r.wal");
+  std::string path = FreshTestPath("r.wal");
   std::vector<std::string> records;
   auto wal = Wal::Open(path, &records);
   ASSERT_TRUE(wal.ok()) << wal.status();
@@ -130,10 +117,10 @@ TEST(WalTest, CompactReplacesTheLogWhileOpen) {
   EXPECT_EQ((*wal)->records(), 10);
   ASSERT_TRUE((*wal)->Compact({"a", "b"}).ok());
   EXPECT_EQ((*wal)->records(), 2);
-  EXPECT_EQ((*wal)->size(), static_cast<int64_t>(ReadAll(path).size()));
+  EXPECT_EQ((*wal)->size(), static_cast<int64_t>(ReadFileForTest(path).size()));
   ASSERT_TRUE((*wal)->Append("c").ok());
   EXPECT_EQ((*wal)->records(), 3);
-  EXPECT_TRUE(ReadAll(path + ".compact").empty());
+  EXPECT_TRUE(ReadFileForTest(path + ".compact").empty());
   EXPECT_NE(access((path + ".compact").c_str(), F_OK), 0) << "temporary file left behind";
   wal->reset();
   ASSERT_TRUE(Wal::Open(path, &records).ok());

@@ -337,17 +337,11 @@ class DataService::Calls {
   // `one_message`, all of them in a single message (unary replies).
   absl::Status SendPulled(const std::vector<PulledValue>& values, bool one_message,
                           const std::function<bool(const ByteBuffer&, bool)>& write) {
-    v1::PullResponse header;
+    const v1::PullResponse header = PullReplyHeader(values);
     std::vector<grpc::Slice> wholes;
     int64_t total = 0;
-    for (size_t i = 0; i < values.size(); ++i) {
-      v1::PulledItem* item = header.add_items();
-      item->set_item(static_cast<int32_t>(i));
-      item->set_round(values[i].round);
-      item->set_dtype(static_cast<int32_t>(values[i].dtype));
-      item->set_bytes(static_cast<int64_t>(values[i].bytes.size));
-      wholes.push_back(
-          wire::SharedSlice(values[i].bytes.owner, values[i].bytes.data, values[i].bytes.size));
+    for (const PulledValue& v : values) {
+      wholes.push_back(wire::SharedSlice(v.bytes.owner, v.bytes.data, v.bytes.size));
       total += static_cast<int64_t>(wholes.back().size());
     }
     if (one_message && total > options_.max_message_bytes - (64 << 10)) {
