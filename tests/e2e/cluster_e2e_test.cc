@@ -316,16 +316,8 @@ class HostileInputTest : public ::testing::Test {
   }
 
   static v1::SubmitRequest Small(const std::string& name) {
-    v1::SubmitRequest r;
-    v1::JobSpec* s = r.mutable_spec();
-    s->set_name(name);
-    s->set_model("mlp");
-    s->set_epochs(1);
-    s->set_global_batch_size(64);
-    s->set_lr(0.1);
-    s->set_train_limit(256);
-    s->set_test_limit(100);
-    s->set_threads(1);
+    v1::SubmitRequest r = SmallMlpJob(name, 256);
+    r.mutable_spec()->set_test_limit(100);
     return r;
   }
 

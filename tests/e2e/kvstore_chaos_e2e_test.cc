@@ -41,21 +41,6 @@ v1::SubmitRequest Job(const std::string& name) {
   return r;
 }
 
-// A one-trainer job for the submissions made during the chaos.
-v1::SubmitRequest Small(const std::string& name) {
-  v1::SubmitRequest r;
-  v1::JobSpec* s = r.mutable_spec();
-  s->set_name(name);
-  s->set_model("mlp");
-  s->set_epochs(1);
-  s->set_global_batch_size(64);
-  s->set_lr(0.1);
-  s->set_train_limit(512);
-  s->set_test_limit(64);
-  s->set_threads(1);
-  return r;
-}
-
 TEST(KvstoreChaosE2eTest, RandomKillsEveryFewSecondsLoseNothing) {
   // Trainer and scheduler kills end attempts (the job resumes from its
   // checkpoint); allow enough of them.
@@ -131,7 +116,7 @@ TEST(KvstoreChaosE2eTest, RandomKillsEveryFewSecondsLoseNothing) {
         for (absl::Time end = absl::Now() + absl::Seconds(30); absl::Now() < end;
              absl::SleepFor(absl::Milliseconds(200))) {
           absl::StatusOr<v1::JobStatus> s =
-              cluster.Submit(Small(absl::StrCat("during-chaos-", submitted.size())));
+              cluster.Submit(SmallMlpJob(absl::StrCat("during-chaos-", submitted.size()), 512));
           if (s.ok()) {
             submitted.push_back(s->id());
             break;

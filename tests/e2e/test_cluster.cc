@@ -62,18 +62,25 @@ v1::SubmitRequest MomentumLenetJob(const std::string& name, int epochs, int64_t 
   return r;
 }
 
-v1::SubmitRequest KvstoreMlpJob(const std::string& name, int epochs, int64_t train_limit) {
+v1::SubmitRequest SmallMlpJob(const std::string& name, int64_t train_limit) {
   v1::SubmitRequest r;
   v1::JobSpec* s = r.mutable_spec();
   s->set_name(name);
   s->set_model("mlp");
-  s->set_epochs(epochs);
+  s->set_epochs(1);
   s->set_global_batch_size(64);
   s->set_lr(0.1);
-  s->set_seed(1);
   s->set_train_limit(train_limit);
   s->set_test_limit(64);
   s->set_threads(1);
+  return r;
+}
+
+v1::SubmitRequest KvstoreMlpJob(const std::string& name, int epochs, int64_t train_limit) {
+  v1::SubmitRequest r = SmallMlpJob(name, train_limit);
+  v1::JobSpec* s = r.mutable_spec();
+  s->set_epochs(epochs);
+  s->set_seed(1);
   s->set_num_trainers(2);
   s->mutable_sync()->set_mode(v1::KVSTORE);
   s->mutable_sync()->set_consistency(v1::SYNCHRONOUS);

@@ -86,8 +86,12 @@ T OrFail(absl::StatusOr<T> v, const char* what = "") {
 scheduler::v1::SubmitRequest MomentumLenetJob(const std::string& name, int epochs,
                                               int64_t train_limit);
 
-// An MLP on 2 trainers synchronizing through the kvstore (SYNCHRONOUS),
-// global batch 64, lr 0.1, seed 1, 64 test images, one thread a trainer.
+// The smallest useful job: one trainer, an MLP, one epoch of `train_limit`
+// images, global batch 64, lr 0.1, 64 test images, one thread.
+scheduler::v1::SubmitRequest SmallMlpJob(const std::string& name, int64_t train_limit);
+
+// SmallMlpJob with `epochs` and seed 1 on 2 trainers synchronizing through
+// the kvstore (SYNCHRONOUS).
 scheduler::v1::SubmitRequest KvstoreMlpJob(const std::string& name, int epochs,
                                            int64_t train_limit);
 
