@@ -5,6 +5,7 @@
 
 #include <cstring>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "gmock/gmock.h"
@@ -357,6 +358,25 @@ TEST(TransformsTest, EightBitPathGivesTheDefinitionsValuesBitForBit) {
     }
   }
   EXPECT_GT(compared, 100000);
+}
+
+TEST(TransformsTest, CheckTransformsAgreesWithApplyTransforms) {
+  const Image im = Gradient(10, 20, 3);
+  Transforms t;
+  t.resize = 8;  // 8 x 16
+  t.crop_height = t.crop_width = 8;
+  std::vector<float> out(3 * 16 * 16);
+  EXPECT_TRUE(CheckTransforms(im, t, 3, 8, 8).ok());
+  EXPECT_TRUE(ApplyTransforms(im, t, 0, 3, 8, 8, out.data()).ok());
+  for (auto [channels, side] : {std::pair{1, 8}, std::pair{3, 9}}) {
+    const absl::Status check = CheckTransforms(im, t, channels, side, side);
+    EXPECT_FALSE(check.ok());
+    EXPECT_EQ(check, ApplyTransforms(im, t, 0, channels, side, side, out.data()));
+  }
+  t.crop_height = t.crop_width = 16;  // wider than the padded 8 rows
+  const absl::Status check = CheckTransforms(im, t, 3, 16, 16);
+  EXPECT_THAT(check.message(), HasSubstr("larger than the (padded) image of 8 x 16"));
+  EXPECT_EQ(check, ApplyTransforms(im, t, 0, 3, 16, 16, out.data()));
 }
 
 TEST(TransformsTest, ResizeScalesTheShorterSide) {

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <utility>
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -25,6 +26,19 @@ struct PixelTable {
 const PixelTable& Pixels() {
   static const PixelTable* table = new PixelTable;
   return *table;
+}
+
+// The image's size after t.resize: (h, w) when there is nothing to resize.
+std::pair<int, int> ResizedSize(int h, int w, const Transforms& t) {
+  if (t.resize <= 0) return {h, w};
+  const int shorter = std::min(h, w);
+  int rh = t.resize, rw = t.resize;
+  if (h < w) {
+    rw = static_cast<int>(std::lround(static_cast<double>(w) * t.resize / shorter));
+  } else if (w < h) {
+    rh = static_cast<int>(std::lround(static_cast<double>(h) * t.resize / shorter));
+  }
+  return {rh, rw};
 }
 
 // Float C x H x W into `*out`, bilinear (half-pixel centers, edges
@@ -336,31 +350,13 @@ uint64_t SampleSeed(uint64_t job_seed, int64_t epoch, int64_t index) {
   return SplitMix64Next(&state);
 }
 
-absl::Status ApplyTransforms(const Image& image, const Transforms& t, uint64_t seed, int channels,
-                             int height, int width, float* out) {
+absl::Status CheckTransforms(const Image& image, const Transforms& t, int channels, int height,
+                             int width) {
   if (image.channels != channels) {
     return absl::InvalidArgumentError(
         absl::StrCat("image has ", image.channels, " channels, expected ", channels));
   }
-  // The geometry after resizing.
-  int h = image.height, w = image.width;
-  thread_local std::vector<float> resized_buffer;  // reused: no allocation per image
-  const float* resized = nullptr;
-  if (t.resize > 0) {
-    const int shorter = std::min(h, w);
-    int rh = t.resize, rw = t.resize;
-    if (h < w) {
-      rw = static_cast<int>(std::lround(static_cast<double>(w) * t.resize / shorter));
-    } else if (w < h) {
-      rh = static_cast<int>(std::lround(static_cast<double>(h) * t.resize / shorter));
-    }
-    if (rh != h || rw != w) {
-      Resize(image, rh, rw, &resized_buffer);
-      resized = resized_buffer.data();
-      h = rh;
-      w = rw;
-    }
-  }
+  const auto [h, w] = ResizedSize(image.height, image.width, t);
   const int out_h = t.crop_height > 0 ? t.crop_height : h;
   const int out_w = t.crop_width > 0 ? t.crop_width : w;
   if (out_h != height || out_w != width) {
@@ -369,14 +365,32 @@ absl::Status ApplyTransforms(const Image& image, const Transforms& t, uint64_t s
         " after the transforms, but the dataset's shape is ", height, " x ", width,
         "; set height and width to the images' size, or add resize and crop transforms"));
   }
-  // The crop window in the padded image.
   const int pad = t.crop_padding;
-  const int range_y = h + 2 * pad - out_h, range_x = w + 2 * pad - out_w;
-  if (range_y < 0 || range_x < 0) {
+  if (h + 2 * pad < out_h || w + 2 * pad < out_w) {
     return absl::InvalidArgumentError(absl::StrCat("crop of ", out_h, " x ", out_w,
                                                    " is larger than the (padded) image of ",
                                                    h + 2 * pad, " x ", w + 2 * pad));
   }
+  return absl::OkStatus();
+}
+
+absl::Status ApplyTransforms(const Image& image, const Transforms& t, uint64_t seed, int channels,
+                             int height, int width, float* out) {
+  if (absl::Status s = CheckTransforms(image, t, channels, height, width); !s.ok()) return s;
+  int h = image.height, w = image.width;
+  thread_local std::vector<float> resized_buffer;  // reused: no allocation per image
+  const float* resized = nullptr;
+  const auto [rh, rw] = ResizedSize(h, w, t);
+  if (rh != h || rw != w) {
+    Resize(image, rh, rw, &resized_buffer);
+    resized = resized_buffer.data();
+    h = rh;
+    w = rw;
+  }
+  const int out_h = height, out_w = width;
+  // The crop window in the padded image.
+  const int pad = t.crop_padding;
+  const int range_y = h + 2 * pad - out_h, range_x = w + 2 * pad - out_w;
   uint64_t state = seed;
   int top = range_y / 2, left = range_x / 2;
   if (t.random_crop) {
