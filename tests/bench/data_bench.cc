@@ -59,6 +59,8 @@ ABSL_FLAG(int, jpeg_images, 200, "JPEG images in the decode benchmark");
 ABSL_FLAG(int, jpeg_side, 224, "their width and height");
 ABSL_FLAG(int, tjbench_images, 4, "of them, those tjbench runs on (0.5 s each per round)");
 ABSL_FLAG(int, jpeg_rounds, 5, "interleaved rounds of each measurement (the best counts)");
+ABSL_FLAG(bool, jpeg, true, "run the JPEG part");
+ABSL_FLAG(bool, jobs, true, "run the jobs part");
 ABSL_FLAG(std::string, dir, "", "scratch directory (default: a new one under /tmp)");
 
 namespace dtrain {
@@ -368,8 +370,10 @@ int Main() {
 
   // The JPEG part first: the jobs leave OpenMP threads that spin for a
   // while after each step, on the cores the decoder measures on.
-  if (int rc = Jpeg(dir); rc != 0) return rc;
-  return Jobs(dir);
+  if (absl::GetFlag(FLAGS_jpeg)) {
+    if (int rc = Jpeg(dir); rc != 0) return rc;
+  }
+  return absl::GetFlag(FLAGS_jobs) ? Jobs(dir) : 0;
 }
 
 }  // namespace
