@@ -350,8 +350,8 @@ TEST(TransformsTest, EightBitPathGivesTheDefinitionsValuesBitForBit) {
           const float got = out[(static_cast<size_t>(c) * oh + y) * ow + x];
           ASSERT_EQ(std::memcmp(&got, &v, 4), 0)
               << "case " << i << " channel " << c << " y " << y << " x " << x << ": " << got
-              << " vs " << v << " (" << h << " x " << w << " crop " << oh << " x " << ow
-              << " pad " << t.crop_padding << " flip " << flip << ")";
+              << " vs " << v << " (" << h << " x " << w << " crop " << oh << " x " << ow << " pad "
+              << t.crop_padding << " flip " << flip << ")";
           ++compared;
         }
       }

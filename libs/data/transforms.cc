@@ -115,8 +115,7 @@ int ConvertSse(const Span& s) {
   __m128i mask[C];
   __m128 mean[C], inv_std[C];
   for (int c = 0; c < C; ++c) {
-    mask[c] = _mm_load_si128(
-        reinterpret_cast<const __m128i*>(ShuffleMasks().m[C == 3][flip][c]));
+    mask[c] = _mm_load_si128(reinterpret_cast<const __m128i*>(ShuffleMasks().m[C == 3][flip][c]));
     mean[c] = _mm_set1_ps(kNormalize ? s.mean[c] : 0.0f);
     inv_std[c] = _mm_set1_ps(kNormalize ? s.inv_std[c] : 1.0f);
   }
