@@ -35,6 +35,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <mutex>
 #include <random>
 #include <string>
@@ -404,13 +405,13 @@ int Jobs(const std::string& dir) {
               aa.samples_per_cpu_second / a.samples_per_cpu_second);
   std::printf("idx_data_wait_share=%.4f\n", a.data_wait_share);
   std::printf("png_shards_data_wait_share=%.4f\n", b.data_wait_share);
-
   return 0;
 }
 
 int Main() {
   std::string dir = absl::GetFlag(FLAGS_dir);
-  if (dir.empty()) {
+  const bool scratch = dir.empty();  // ours: removed at the end
+  if (scratch) {
     char tmpl[] = "/tmp/data_bench.XXXXXX";
     if (mkdtemp(tmpl) == nullptr) {
       std::perror("mkdtemp");
@@ -422,10 +423,13 @@ int Main() {
 
   // The JPEG part first: the jobs leave OpenMP threads that spin for a
   // while after each step, on the cores the decoder measures on.
-  if (absl::GetFlag(FLAGS_jpeg)) {
-    if (int rc = Jpeg(dir); rc != 0) return rc;
+  int rc = absl::GetFlag(FLAGS_jpeg) ? Jpeg(dir) : 0;
+  if (rc == 0 && absl::GetFlag(FLAGS_jobs)) rc = Jobs(dir);
+  if (scratch) {
+    std::error_code ignored;
+    std::filesystem::remove_all(dir, ignored);
   }
-  return absl::GetFlag(FLAGS_jobs) ? Jobs(dir) : 0;
+  return rc;
 }
 
 }  // namespace
