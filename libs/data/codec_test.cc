@@ -5,12 +5,14 @@
 
 #include <cstring>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "libs/data/image.h"
 #include "libs/data/npy.h"
+#include "libs/data/sampler.h"
 #include "libs/data/tar.h"
 #include "libs/data/transforms.h"
 
@@ -291,6 +293,90 @@ TEST(TransformsTest, CropFlipNormalizeAreSeededAndCorrect) {
   ASSERT_TRUE(ApplyTransforms(im, center, 0, 1, 6, 6, a.data()).ok());
   EXPECT_EQ(a[0], im.u8[1 * 8 + 1] / 255.0f);
   EXPECT_EQ(a[5], im.u8[1 * 8 + 6] / 255.0f);
+}
+
+// The 8-bit path (SIMD kernels where the CPU has them, tables elsewhere)
+// against the definition, one output value at a time, bit for bit: rows
+// from 1 to 70 pixels (the kernels' 4- and 8-pixel blocks and their
+// tails), gray and RGB, flips, padding (also wider than the crop) and
+// normalization.
+TEST(TransformsTest, EightBitPathGivesTheDefinitionsValuesBitForBit) {
+  uint64_t state = 99;
+  int compared = 0;
+  for (int i = 0; i < 400; ++i) {
+    const int channels = i % 2 == 0 ? 3 : 1;
+    const int h = 1 + static_cast<int>(SplitMix64Next(&state) % 20);
+    const int w = 1 + static_cast<int>(SplitMix64Next(&state) % 70);
+    Image im;
+    im.channels = channels;
+    im.height = h;
+    im.width = w;
+    // Exactly the pixels: a kernel reading past them would trip ASan.
+    for (int k = 0; k < h * w * channels; ++k) {
+      im.u8.push_back(static_cast<uint8_t>(SplitMix64Next(&state)));
+    }
+    Transforms t;
+    t.crop_padding = static_cast<int>(SplitMix64Next(&state) % 6);
+    t.crop_height = 1 + static_cast<int>(SplitMix64Next(&state) % (h + 2 * t.crop_padding));
+    t.crop_width = 1 + static_cast<int>(SplitMix64Next(&state) % (w + 2 * t.crop_padding));
+    t.random_crop = true;
+    t.random_flip = true;
+    if (i % 3 != 0) {
+      for (int c = 0; c < channels; ++c) {
+        t.mean.push_back(0.1f * (c + 1) + 0.013f * (i % 7));
+        t.std.push_back(0.2f + 0.07f * c + 0.011f * (i % 5));
+      }
+    }
+    const int oh = t.crop_height, ow = t.crop_width;
+    std::vector<float> out(static_cast<size_t>(channels) * oh * ow);
+    const uint64_t seed = SampleSeed(7, i, i * 31);
+    ASSERT_TRUE(ApplyTransforms(im, t, seed, channels, oh, ow, out.data()).ok());
+    // The definition (transforms.h): crop origin and flip from the seed.
+    uint64_t s = seed;
+    const int top = static_cast<int>(SplitMix64Next(&s) % (h + 2 * t.crop_padding - oh + 1));
+    const int left = static_cast<int>(SplitMix64Next(&s) % (w + 2 * t.crop_padding - ow + 1));
+    const bool flip = (SplitMix64Next(&s) >> 63) != 0;
+    for (int c = 0; c < channels; ++c) {
+      for (int y = 0; y < oh; ++y) {
+        for (int x = 0; x < ow; ++x) {
+          const int sy = top + y - t.crop_padding;
+          const int sx = left + (flip ? ow - 1 - x : x) - t.crop_padding;
+          float v = 0.0f;
+          if (sy >= 0 && sy < h && sx >= 0 && sx < w) {
+            v = static_cast<float>(im.u8[(static_cast<size_t>(sy) * w + sx) * channels + c]) /
+                255.0f;
+          }
+          if (!t.mean.empty()) v = (v - t.mean[c]) * (1.0f / t.std[c]);
+          const float got = out[(static_cast<size_t>(c) * oh + y) * ow + x];
+          ASSERT_EQ(std::memcmp(&got, &v, 4), 0)
+              << "case " << i << " channel " << c << " y " << y << " x " << x << ": " << got
+              << " vs " << v << " (" << h << " x " << w << " crop " << oh << " x " << ow << " pad "
+              << t.crop_padding << " flip " << flip << ")";
+          ++compared;
+        }
+      }
+    }
+  }
+  EXPECT_GT(compared, 100000);
+}
+
+TEST(TransformsTest, CheckTransformsAgreesWithApplyTransforms) {
+  const Image im = Gradient(10, 20, 3);
+  Transforms t;
+  t.resize = 8;  // 8 x 16
+  t.crop_height = t.crop_width = 8;
+  std::vector<float> out(3 * 16 * 16);
+  EXPECT_TRUE(CheckTransforms(im, t, 3, 8, 8).ok());
+  EXPECT_TRUE(ApplyTransforms(im, t, 0, 3, 8, 8, out.data()).ok());
+  for (auto [channels, side] : {std::pair{1, 8}, std::pair{3, 9}}) {
+    const absl::Status check = CheckTransforms(im, t, channels, side, side);
+    EXPECT_FALSE(check.ok());
+    EXPECT_EQ(check, ApplyTransforms(im, t, 0, channels, side, side, out.data()));
+  }
+  t.crop_height = t.crop_width = 16;  // wider than the padded 8 rows
+  const absl::Status check = CheckTransforms(im, t, 3, 16, 16);
+  EXPECT_THAT(check.message(), HasSubstr("larger than the (padded) image of 8 x 16"));
+  EXPECT_EQ(check, ApplyTransforms(im, t, 0, 3, 16, 16, out.data()));
 }
 
 TEST(TransformsTest, ResizeScalesTheShorterSide) {

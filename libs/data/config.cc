@@ -1,6 +1,7 @@
 #include "libs/data/config.h"
 
 #include <algorithm>
+#include <thread>
 
 #include "absl/status/status.h"
 #include "absl/strings/ascii.h"
@@ -154,9 +155,11 @@ absl::Status CheckDataRoots(const DataConfig& c, const std::vector<std::string>&
   return absl::OkStatus();
 }
 
-int LoaderThreads(const DataConfig& c) {
+int LoaderThreads(const DataConfig& c, int step_threads) {
   if (c.data_threads > 0) return c.data_threads;
-  return c.is_idx() ? 1 : 2;
+  if (c.is_idx()) return 1;
+  const int cores = static_cast<int>(std::thread::hardware_concurrency());
+  return std::max(1, cores - std::max(0, step_threads));
 }
 
 }  // namespace dtrain::data

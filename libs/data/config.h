@@ -56,10 +56,10 @@ absl::Status CheckDataRoots(const DataConfig& c, const std::vector<std::string>&
 // /d/s-02.tar. At most 1,000,000 paths.
 absl::StatusOr<std::vector<std::string>> ExpandLocation(const std::string& location);
 
-// Background threads for a DataLoader over `c`'s data: data_threads, else 1
-// for idx (copying pixels needs no more) and 2 for the decoded formats
-// (the step's kernels use the rest of the cores).
-int LoaderThreads(const DataConfig& c);
+// Background threads for a DataLoader over `c`'s data: data_threads, else
+// 1 for idx (copying pixels needs no more), else what the step leaves free:
+// the cores minus `step_threads` (the step's kernel threads), at least 1.
+int LoaderThreads(const DataConfig& c, int step_threads);
 
 }  // namespace dtrain::data
 

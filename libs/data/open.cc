@@ -561,14 +561,11 @@ absl::StatusOr<Dataset> OpenDataset(const DataConfig& c, Split split, const std:
   std::mutex mu;
   absl::Status first_error;
   int64_t first_bad = n;
-  const int64_t floats = int64_t{channels} * rows * cols;
   ParallelFor(n, DefaultThreads(c.data_threads), [&](int64_t i) {
     thread_local Image image;
-    thread_local std::vector<float> out;
-    out.resize(floats);
     absl::Status s = source->Read(i, &image);
     if (s.ok()) {
-      s = ApplyTransforms(image, data.transforms, 0, channels, rows, cols, out.data());
+      s = CheckTransforms(image, data.transforms, channels, rows, cols);
       if (!s.ok()) s = Annotate(s, source->Describe(i));
     }
     if (s.ok()) return;

@@ -6,10 +6,12 @@
 
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "gmock/gmock.h"
@@ -232,6 +234,17 @@ TEST(OpenTest, ValidationRefusesRelativePathsAndBadShapes) {
   absl::Status denied = CheckDataRoots(c, {"/data"});
   EXPECT_TRUE(absl::IsPermissionDenied(denied)) << denied;
   EXPECT_THAT(denied.message(), HasSubstr("'/other/b.tar' is outside them"));
+}
+
+TEST(OpenTest, LoaderThreadsDefaultToTheCoresTheStepLeaves) {
+  const int cores = static_cast<int>(std::thread::hardware_concurrency());
+  DataConfig c = Shape("webdataset", "/d/a.tar");
+  EXPECT_EQ(LoaderThreads(c, 1), std::max(1, cores - 1));
+  EXPECT_EQ(LoaderThreads(c, cores), 1);  // the step takes every core: still one
+  EXPECT_EQ(LoaderThreads(c, 0), cores);
+  c.data_threads = 5;  // set: taken as it is
+  EXPECT_EQ(LoaderThreads(c, cores), 5);
+  EXPECT_EQ(LoaderThreads(DataConfig{}, 0), 1);  // idx: copying pixels needs one
 }
 
 TEST(OpenTest, BracePatternsExpandInOrder) {

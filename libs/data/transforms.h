@@ -56,6 +56,12 @@ absl::Status ValidateTransforms(const Transforms& t, int channels);
 // in the dataset (SplitMix64 mixing).
 uint64_t SampleSeed(uint64_t job_seed, int64_t epoch, int64_t index);
 
+// OK when ApplyTransforms would succeed on `image` (its channels, its
+// size after resize, crop and padding); its errors, without computing a
+// pixel: for checking a whole dataset.
+absl::Status CheckTransforms(const Image& image, const Transforms& t, int channels, int height,
+                             int width);
+
 // Writes channels x height x width floats to `out`. `image.channels` must
 // equal `channels` (decoders convert; see DecodeOptions::channels).
 absl::Status ApplyTransforms(const Image& image, const Transforms& t, uint64_t seed, int channels,

@@ -483,7 +483,7 @@ class JobRun {
     lo.shuffle = true;
     lo.seed = c_.seed;
     lo.prefetch = 2;
-    lo.threads = data::LoaderThreads(c_.data);
+    lo.threads = data::LoaderThreads(c_.data, c_.threads > 0 ? c_.threads : ops::CpuThreads());
     lo.rank = rank_;
     lo.world_size = world_;
     const int64_t tail = (train_set_.size / world_) % local_batch_;

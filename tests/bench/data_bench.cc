@@ -2,22 +2,41 @@
 //
 //   bazel run -c opt //tests/bench:data_bench -- [--train_samples=8192] [--jpeg_images=200]
 //
-// 1. Jobs: a 2-rank LeNet job (two ranks in this process, in-process
-//    communicators, 1 kernel thread each) on the first --train_samples
-//    Fashion-MNIST images, read from the IDX files and from PNG WebDataset
-//    shards the bench writes (the same pixels, the same order), best of
-//    --repeats runs each: samples/s of the job, its ratio, and data_wait's
-//    share of the step time.
-// 2. JPEG: --jpeg_images RGB images of --jpeg_side pixels (smooth shapes,
-//    quality 90), decoded + random crop (padding 4) + flip + normalize on
-//    one thread (images/s per core), next to libjpeg-turbo's own `tjbench`
-//    decompression figure (fps, RGB output) for the same images, and the
-//    ratio.
+// 1. (printed second) Jobs: a 2-rank LeNet job (two ranks in this process, in-process
+//    communicators, 1 kernel thread each, decode threads by default: what
+//    the step leaves free) on the first --train_samples Fashion-MNIST
+//    images, read from the IDX files and from PNG WebDataset shards the
+//    bench writes (the same pixels, the same order). The runs interleave
+//    IDX, PNG, IDX again (--repeats times; the best of each counts), so the
+//    second IDX arm is an A/A check of the machine's noise: samples/s of
+//    each, the PNG/IDX ratio, the A/A ratio, and data_wait's share of the
+//    step time. The same ratios by samples per CPU-second of the process
+//    (decoding included): on a loaded machine the wall-clock figures swing
+//    with the other processes, the CPU ones barely.
+// 2. (printed first) JPEG: --jpeg_images RGB images of --jpeg_side pixels (smooth shapes,
+//    quality 90, 4:2:0), decoded + random crop (padding 4) + flip +
+//    normalize to float C x H x W on one thread, timed by the thread's CPU
+//    clock (other processes on the machine do not count), next to
+//     - TurboJPEG's tjDecompress2 to RGB in a loop in this process: the
+//       call tjbench times (our reference, written with the TurboJPEG API);
+//     - Debian's tjbench itself (libjpeg-turbo-progs; tools/setup --bench)
+//       on the first --tjbench_images of the same images, one process
+//       each: its frame rate, divided by the share of a core it got (its
+//       CPU time over its wall time, from getrusage), i.e. per core; and
+//       ours on exactly those images for the ratio.
+//    Rounds interleave all of them (--jpeg_rounds); the best round counts.
 //
 // Output: key=value lines.
+#include <sys/resource.h>
+#include <time.h>
+#include <turbojpeg.h>
+
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
+#include <mutex>
 #include <random>
 #include <string>
 #include <thread>
@@ -30,6 +49,7 @@
 #include "absl/time/clock.h"
 #include "libs/collective/communicator.h"
 #include "libs/collective/store.h"
+#include "libs/data/config.h"
 #include "libs/data/fashion_mnist.h"
 #include "libs/data/image.h"
 #include "libs/data/open.h"
@@ -38,32 +58,72 @@
 #include "libs/train/job.h"
 
 ABSL_FLAG(int64_t, train_samples, 8192, "Fashion-MNIST training images per job");
-ABSL_FLAG(int, repeats, 2, "runs of each job (the best counts)");
+ABSL_FLAG(int, repeats, 3, "runs of each job arm, interleaved (the best counts)");
 ABSL_FLAG(int, jpeg_images, 200, "JPEG images in the decode benchmark");
 ABSL_FLAG(int, jpeg_side, 224, "their width and height");
-ABSL_FLAG(int, jpeg_rounds, 5, "passes over them");
+ABSL_FLAG(int, tjbench_images, 4, "of them, those tjbench runs on (0.5 s each per round)");
+ABSL_FLAG(int, jpeg_rounds, 5, "interleaved rounds of each measurement (the best counts)");
+ABSL_FLAG(bool, jpeg, true, "run the JPEG part");
+ABSL_FLAG(bool, jobs, true, "run the jobs part");
 ABSL_FLAG(std::string, dir, "", "scratch directory (default: a new one under /tmp)");
 
 namespace dtrain {
 namespace {
 
+// CPU seconds of this process (every thread) so far.
+double ProcessCpuSeconds() {
+  rusage u;
+  getrusage(RUSAGE_SELF, &u);
+  return u.ru_utime.tv_sec + 1e-6 * u.ru_utime.tv_usec + u.ru_stime.tv_sec +
+         1e-6 * u.ru_stime.tv_usec;
+}
+
+// The process's CPU time per sample trained, from the first step of either
+// rank to the last step of either (so without opening the data, the check
+// at open and the start-up): a figure the other processes on the machine
+// barely move, unlike samples per second.
+struct CpuWindow {
+  std::mutex mu;
+  bool started = false;
+  double start = 0, end = 0;
+  int64_t samples = 0;
+
+  void Step(int64_t step_samples) {
+    std::lock_guard<std::mutex> lock(mu);
+    if (!started) {
+      started = true;
+      start = end = ProcessCpuSeconds();
+      return;
+    }
+    samples += step_samples;
+    end = ProcessCpuSeconds();
+  }
+};
+
 class Timing : public train::JobObserver {
  public:
+  explicit Timing(CpuWindow* window) : window_(window) {}
   void OnStep(const train::JobProgress& p, const train::StepTimes& t) override {
     data_wait += t.data_wait;
     step += t.phases.step.seconds();
+    window_->Step(t.samples);
   }
   double data_wait = 0, step = 0;
+
+ private:
+  CpuWindow* window_;
 };
 
 struct JobResult {
   double samples_per_second = 0;
+  double samples_per_cpu_second = 0;
   double data_wait_share = 0;
 };
 
 JobResult TrainTwoRanks(const data::DataConfig& d) {
   collective::InMemoryStore store;
-  Timing timing[2];
+  CpuWindow window;
+  Timing timing[2] = {Timing(&window), Timing(&window)};
   train::JobProgress progress[2];
   absl::Status st[2];
   std::vector<std::thread> ranks;
@@ -103,19 +163,29 @@ JobResult TrainTwoRanks(const data::DataConfig& d) {
   }
   JobResult r;
   r.samples_per_second = progress[0].samples_per_second;
+  r.samples_per_cpu_second =
+      window.end > window.start ? window.samples / (window.end - window.start) : 0;
   const double wait = timing[0].data_wait + timing[1].data_wait;
   const double step = timing[0].step + timing[1].step;
   r.data_wait_share = step > 0 ? wait / step : 0;
   return r;
 }
 
-JobResult Best(const data::DataConfig& d) {
-  JobResult best;
-  for (int i = 0; i < absl::GetFlag(FLAGS_repeats); ++i) {
-    JobResult r = TrainTwoRanks(d);
-    if (r.samples_per_second > best.samples_per_second) best = r;
+// Seconds of CPU time this thread has used.
+double ThreadCpuSeconds() {
+  timespec t;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+  return t.tv_sec + 1e-9 * t.tv_nsec;
+}
+
+// The machine's 1-minute load average (other helpers build on it).
+double LoadAverage() {
+  double load = 0;
+  if (FILE* f = std::fopen("/proc/loadavg", "r")) {
+    if (std::fscanf(f, "%lf", &load) != 1) load = 0;
+    std::fclose(f);
   }
-  return best;
+  return load;
 }
 
 // An RGB image of smooth shapes (what JPEG is made for).
@@ -145,25 +215,203 @@ data::Image Shapes(int side, std::mt19937* rng) {
   return im;
 }
 
-// tjbench's decompression frame rate (RGB output) for `path`; 0 if it
-// cannot be run.
-double TjbenchFps(const std::string& path) {
-  const std::string cmd = absl::StrCat("tjbench ", path, " -rgb -benchtime 1 -warmup 0 2>&1");
+struct TjbenchResult {
+  double fps = 0;       // tjbench's frame rate (wall clock)
+  double per_core = 0;  // divided by the share of a core it got
+};
+
+// Debian's tjbench on `path`, decompressing to RGB for about 0.5 s;
+// fps 0 if it cannot be run.
+TjbenchResult Tjbench(const std::string& path) {
+  const std::string cmd = absl::StrCat("tjbench ", path, " -rgb -benchtime 0.5 -warmup 0 2>&1");
+  rusage before, after;
+  getrusage(RUSAGE_CHILDREN, &before);
+  const absl::Time start = absl::Now();
   FILE* p = popen(cmd.c_str(), "r");
-  if (p == nullptr) return 0;
+  TjbenchResult r;
+  if (p == nullptr) return r;
   char line[512];
-  double fps = 0;
   while (std::fgets(line, sizeof line, p) != nullptr) {
     const char* at = std::strstr(line, "Frame rate:");
-    if (at != nullptr && fps == 0) fps = std::atof(at + std::strlen("Frame rate:"));
+    if (at != nullptr && r.fps == 0) r.fps = std::atof(at + std::strlen("Frame rate:"));
   }
   pclose(p);
-  return fps;
+  const double wall = absl::ToDoubleSeconds(absl::Now() - start);
+  getrusage(RUSAGE_CHILDREN, &after);
+  auto seconds = [](const timeval& t) { return t.tv_sec + 1e-6 * t.tv_usec; };
+  const double cpu = seconds(after.ru_utime) - seconds(before.ru_utime) + seconds(after.ru_stime) -
+                     seconds(before.ru_stime);
+  r.per_core = r.fps;
+  if (cpu > 0 && wall > cpu) r.per_core = r.fps * wall / cpu;
+  return r;
+}
+
+int Fail(const std::string& what) {
+  std::fprintf(stderr, "data_bench: %s\n", what.c_str());
+  return 1;
+}
+
+// 2. JPEG decode + crop + flip + normalize on one thread vs TurboJPEG's
+// decompression (in this process, and Debian's tjbench).
+int Jpeg(const std::string& dir) {
+  const int count = absl::GetFlag(FLAGS_jpeg_images);
+  const int side = absl::GetFlag(FLAGS_jpeg_side);
+  const int crop = side - 24;
+  std::mt19937 rng(5);
+  std::vector<std::string> jpegs;
+  for (int i = 0; i < count; ++i) {
+    absl::StatusOr<std::string> j = data::EncodeJpeg(Shapes(side, &rng), 90);
+    if (!j.ok()) return Fail(j.status().ToString());
+    jpegs.push_back(*std::move(j));
+  }
+  std::vector<std::string> files;
+  for (int i = 0; i < std::min(count, absl::GetFlag(FLAGS_tjbench_images)); ++i) {
+    const std::string path = absl::StrFormat("%s/img%03d.jpg", dir, i);
+    FILE* f = std::fopen(path.c_str(), "wb");
+    if (f == nullptr) return Fail(absl::StrCat("cannot write ", path));
+    std::fwrite(jpegs[i].data(), 1, jpegs[i].size(), f);
+    std::fclose(f);
+    files.push_back(path);
+  }
+  data::Transforms t;
+  t.crop_height = t.crop_width = crop;
+  t.crop_padding = 4;
+  t.random_crop = t.random_flip = true;
+  t.mean = {0.485f, 0.456f, 0.406f};
+  t.std = {0.229f, 0.224f, 0.225f};
+  std::vector<float> out(size_t{3} * crop * crop);
+  data::Image im;  // reused, as the loader's threads do
+  tjhandle tj = tjInitDecompress();
+  if (tj == nullptr) return Fail("tjInitDecompress failed");
+  std::vector<unsigned char> rgb(size_t{3} * side * side);
+  // Best (smallest) CPU seconds per pass over the images, per measurement.
+  double ours = 1e30, decode_only = 1e30, transforms_only = 1e30, turbojpeg = 1e30;
+  // Per image of the tjbench set: seconds per image, tjbench's (per core)
+  // and ours; and tjbench's best raw frame rate.
+  std::vector<double> tj_seconds(files.size(), 1e30), our_seconds(files.size(), 1e30);
+  double tjbench_fps = 0;
+  auto pipeline = [&](int i, uint64_t seed) {
+    absl::Status s = data::DecodeImageInto(jpegs[i], {.channels = 3}, &im);
+    if (s.ok()) s = data::ApplyTransforms(im, t, seed, 3, crop, crop, out.data());
+    return s;
+  };
+  std::printf("load_average_before_jpeg=%.2f\n", LoadAverage());
+  for (int r = 0; r < absl::GetFlag(FLAGS_jpeg_rounds); ++r) {
+    double t0 = ThreadCpuSeconds();
+    for (int i = 0; i < count; ++i) {
+      absl::Status s = pipeline(i, data::SampleSeed(1, r, i));
+      if (!s.ok()) return Fail(s.ToString());
+    }
+    ours = std::min(ours, ThreadCpuSeconds() - t0);
+    t0 = ThreadCpuSeconds();
+    for (int i = 0; i < count; ++i) (void)data::DecodeImageInto(jpegs[i], {.channels = 3}, &im);
+    decode_only = std::min(decode_only, ThreadCpuSeconds() - t0);
+    t0 = ThreadCpuSeconds();
+    for (int i = 0; i < count; ++i) {
+      (void)data::ApplyTransforms(im, t, data::SampleSeed(1, r, i), 3, crop, crop, out.data());
+    }
+    transforms_only = std::min(transforms_only, ThreadCpuSeconds() - t0);
+    // What tjbench times: tjDecompress2 to RGB, flags 0, header read before.
+    t0 = ThreadCpuSeconds();
+    for (int i = 0; i < count; ++i) {
+      if (tjDecompress2(tj, reinterpret_cast<const unsigned char*>(jpegs[i].data()),
+                        jpegs[i].size(), rgb.data(), side, 0, side, TJPF_RGB, 0) != 0) {
+        return Fail(absl::StrCat("tjDecompress2: ", tjGetErrorStr2(tj)));
+      }
+    }
+    turbojpeg = std::min(turbojpeg, ThreadCpuSeconds() - t0);
+    for (size_t k = 0; k < files.size(); ++k) {
+      const TjbenchResult run = Tjbench(files[k]);
+      if (run.per_core <= 0) continue;
+      tjbench_fps = std::max(tjbench_fps, run.fps);
+      tj_seconds[k] = std::min(tj_seconds[k], 1 / run.per_core);
+      constexpr int kRepeats = 300;
+      t0 = ThreadCpuSeconds();
+      for (int j = 0; j < kRepeats; ++j) (void)pipeline(k, data::SampleSeed(1, r, j));
+      our_seconds[k] = std::min(our_seconds[k], (ThreadCpuSeconds() - t0) / kRepeats);
+    }
+  }
+  tjDestroy(tj);
+  auto rate = [count](double seconds) { return count / seconds; };
+  std::printf("jpeg_side=%d jpeg_quality=90 crop=%d pad=4 flip=1 normalize=1 clock=thread_cpu\n",
+              side, crop);
+  std::printf("jpeg_decode_crop_flip_normalize_images_per_s_per_core=%.1f\n", rate(ours));
+  std::printf("jpeg_decode_only_images_per_s_per_core=%.1f\n", rate(decode_only));
+  std::printf("crop_flip_normalize_only_images_per_s_per_core=%.1f\n", rate(transforms_only));
+  std::printf("turbojpeg_decompress_images_per_s_per_core=%.1f\n", rate(turbojpeg));
+  std::printf("ours_over_turbojpeg_ratio=%.3f\n", rate(ours) / rate(turbojpeg));
+  std::printf("decode_only_over_turbojpeg_ratio=%.3f\n", rate(decode_only) / rate(turbojpeg));
+  double tj_total = 0, our_total = 0;
+  for (size_t k = 0; k < files.size(); ++k) {
+    tj_total += tj_seconds[k];
+    our_total += our_seconds[k];
+  }
+  if (tjbench_fps > 0 && tj_total < 1e29) {
+    const double images = static_cast<double>(files.size());
+    std::printf("tjbench_images=%zu\n", files.size());
+    std::printf("tjbench_best_frame_rate=%.1f\n", tjbench_fps);
+    std::printf("tjbench_images_per_s_per_core=%.1f\n", images / tj_total);
+    std::printf("ours_on_tjbench_images_per_s_per_core=%.1f\n", images / our_total);
+    std::printf("ours_over_tjbench_ratio=%.3f\n", tj_total / our_total);
+  } else {
+    std::printf("tjbench=missing (apt-get install libjpeg-turbo-progs; tools/setup --bench)\n");
+  }
+  std::printf("load_average_after=%.2f\n", LoadAverage());
+  return 0;
+}
+
+// 1. Jobs: IDX vs PNG shards, interleaved, with an A/A arm.
+int Jobs(const std::string& dir) {
+  absl::StatusOr<data::Dataset> train =
+      data::LoadFashionMnist(data::kDefaultFashionMnistDir, data::Split::kTrain);
+  if (!train.ok()) return Fail(train.status().ToString());
+  const int64_t n = absl::GetFlag(FLAGS_train_samples);
+  const data::Dataset part = data::Subset(*train, n);
+  absl::StatusOr<std::vector<std::string>> shards =
+      data::WriteWebDataset(part, dir, "train", {.shard_size = 2048});
+  if (!shards.ok()) return Fail(shards.status().ToString());
+  data::DataConfig idx;
+  data::DataConfig png;
+  png.format = "webdataset";
+  png.train = data::BraceLocation(dir, "train", shards->size());
+  png.channels = 1;
+  png.height = png.width = 28;
+  png.num_classes = 10;
+  std::printf("load_average_before_jobs=%.2f\n", LoadAverage());
+  // Best of each arm, separately for the wall-clock and the CPU figure.
+  JobResult a, b, aa;
+  auto keep_best = [](const JobResult& r, JobResult* best) {
+    if (r.samples_per_second > best->samples_per_second) {
+      best->samples_per_second = r.samples_per_second;
+      best->data_wait_share = r.data_wait_share;
+    }
+    best->samples_per_cpu_second = std::max(best->samples_per_cpu_second, r.samples_per_cpu_second);
+  };
+  for (int i = 0; i < absl::GetFlag(FLAGS_repeats); ++i) {
+    keep_best(TrainTwoRanks(idx), &a);
+    keep_best(TrainTwoRanks(png), &b);
+    keep_best(TrainTwoRanks(idx), &aa);
+  }
+  std::printf("job=lenet_2ranks train_samples=%lld kernel_threads_per_rank=1 png_data_threads=%d\n",
+              static_cast<long long>(n), data::LoaderThreads(png, 1));
+  std::printf("idx_samples_per_s=%.1f\n", a.samples_per_second);
+  std::printf("png_shards_samples_per_s=%.1f\n", b.samples_per_second);
+  std::printf("png_over_idx_ratio=%.3f\n", b.samples_per_second / a.samples_per_second);
+  std::printf("aa_idx_over_idx_ratio=%.3f\n", aa.samples_per_second / a.samples_per_second);
+  std::printf("idx_samples_per_cpu_s=%.1f\n", a.samples_per_cpu_second);
+  std::printf("png_shards_samples_per_cpu_s=%.1f\n", b.samples_per_cpu_second);
+  std::printf("png_over_idx_cpu_ratio=%.3f\n", b.samples_per_cpu_second / a.samples_per_cpu_second);
+  std::printf("aa_idx_over_idx_cpu_ratio=%.3f\n",
+              aa.samples_per_cpu_second / a.samples_per_cpu_second);
+  std::printf("idx_data_wait_share=%.4f\n", a.data_wait_share);
+  std::printf("png_shards_data_wait_share=%.4f\n", b.data_wait_share);
+  return 0;
 }
 
 int Main() {
   std::string dir = absl::GetFlag(FLAGS_dir);
-  if (dir.empty()) {
+  const bool scratch = dir.empty();  // ours: removed at the end
+  if (scratch) {
     char tmpl[] = "/tmp/data_bench.XXXXXX";
     if (mkdtemp(tmpl) == nullptr) {
       std::perror("mkdtemp");
@@ -173,112 +421,15 @@ int Main() {
   }
   std::printf("cores=%u\n", std::thread::hardware_concurrency());
 
-  // 1. Jobs: IDX vs PNG shards.
-  absl::StatusOr<data::Dataset> train =
-      data::LoadFashionMnist(data::kDefaultFashionMnistDir, data::Split::kTrain);
-  if (!train.ok()) {
-    std::fprintf(stderr, "data_bench: %s\n", train.status().ToString().c_str());
-    return 1;
+  // The JPEG part first: the jobs leave OpenMP threads that spin for a
+  // while after each step, on the cores the decoder measures on.
+  int rc = absl::GetFlag(FLAGS_jpeg) ? Jpeg(dir) : 0;
+  if (rc == 0 && absl::GetFlag(FLAGS_jobs)) rc = Jobs(dir);
+  if (scratch) {
+    std::error_code ignored;
+    std::filesystem::remove_all(dir, ignored);
   }
-  const int64_t n = absl::GetFlag(FLAGS_train_samples);
-  const data::Dataset part = data::Subset(*train, n);
-  absl::StatusOr<std::vector<std::string>> shards =
-      data::WriteWebDataset(part, dir, "train", {.shard_size = 2048});
-  if (!shards.ok()) {
-    std::fprintf(stderr, "data_bench: %s\n", shards.status().ToString().c_str());
-    return 1;
-  }
-  data::DataConfig idx;
-  idx.test = "";
-  data::DataConfig png;
-  png.format = "webdataset";
-  png.train = data::BraceLocation(dir, "train", shards->size());
-  png.channels = 1;
-  png.height = png.width = 28;
-  png.num_classes = 10;
-  const JobResult a = Best(idx);
-  const JobResult b = Best(png);
-  std::printf("job=lenet_2ranks train_samples=%lld\n", static_cast<long long>(n));
-  std::printf("idx_samples_per_s=%.1f\n", a.samples_per_second);
-  std::printf("png_shards_samples_per_s=%.1f\n", b.samples_per_second);
-  std::printf("png_over_idx_ratio=%.3f\n", b.samples_per_second / a.samples_per_second);
-  std::printf("idx_data_wait_share=%.4f\n", a.data_wait_share);
-  std::printf("png_shards_data_wait_share=%.4f\n", b.data_wait_share);
-
-  // 2. JPEG decode + crop + flip + normalize on one thread vs tjbench.
-  const int count = absl::GetFlag(FLAGS_jpeg_images);
-  const int side = absl::GetFlag(FLAGS_jpeg_side);
-  std::mt19937 rng(5);
-  std::vector<std::string> jpegs;
-  for (int i = 0; i < count; ++i) {
-    absl::StatusOr<std::string> j = data::EncodeJpeg(Shapes(side, &rng), 90);
-    if (!j.ok()) return 1;
-    jpegs.push_back(*std::move(j));
-  }
-  data::Transforms t;
-  t.crop_height = t.crop_width = side - 24;
-  t.crop_padding = 4;
-  t.random_crop = t.random_flip = true;
-  t.mean = {0.485f, 0.456f, 0.406f};
-  t.std = {0.229f, 0.224f, 0.225f};
-  std::vector<float> out(size_t{3} * (side - 24) * (side - 24));
-  const int rounds = absl::GetFlag(FLAGS_jpeg_rounds);
-  data::Image im;  // reused, as the loader's threads do
-  const absl::Time start = absl::Now();
-  for (int r = 0; r < rounds; ++r) {
-    for (int i = 0; i < count; ++i) {
-      if (!data::DecodeImageInto(jpegs[i], {.channels = 3}, &im).ok() ||
-          !data::ApplyTransforms(im, t, data::SampleSeed(1, r, i), 3, side - 24, side - 24,
-                                 out.data())
-               .ok()) {
-        std::fprintf(stderr, "data_bench: decode failed\n");
-        return 1;
-      }
-    }
-  }
-  const double ours = rounds * count / absl::ToDoubleSeconds(absl::Now() - start);
-  // The two halves alone.
-  absl::Time t0 = absl::Now();
-  for (int r = 0; r < rounds; ++r) {
-    for (int i = 0; i < count; ++i) (void)data::DecodeImageInto(jpegs[i], {.channels = 3}, &im);
-  }
-  const double decode_only = rounds * count / absl::ToDoubleSeconds(absl::Now() - t0);
-  t0 = absl::Now();
-  for (int r = 0; r < rounds; ++r) {
-    for (int i = 0; i < count; ++i) {
-      (void)data::ApplyTransforms(im, t, data::SampleSeed(1, r, i), 3, side - 24, side - 24,
-                                  out.data());
-    }
-  }
-  const double transforms_only = rounds * count / absl::ToDoubleSeconds(absl::Now() - t0);
-  // tjbench on a few of the same images (files), averaged.
-  double tj = 0;
-  int measured = 0;
-  for (int i = 0; i < std::min(count, 3); ++i) {
-    const std::string path = absl::StrFormat("%s/img%03d.jpg", dir, i);
-    FILE* f = std::fopen(path.c_str(), "wb");
-    if (f == nullptr) continue;
-    std::fwrite(jpegs[i].data(), 1, jpegs[i].size(), f);
-    std::fclose(f);
-    const double fps = TjbenchFps(path);
-    if (fps > 0) {
-      tj += fps;
-      ++measured;
-    }
-  }
-  std::printf("jpeg_side=%d jpeg_quality=90 crop=%d pad=4 flip=1 normalize=1\n", side, side - 24);
-  std::printf("jpeg_decode_crop_flip_normalize_images_per_s_per_core=%.1f\n", ours);
-  std::printf("jpeg_decode_only_images_per_s_per_core=%.1f\n", decode_only);
-  std::printf("crop_flip_normalize_only_images_per_s_per_core=%.1f\n", transforms_only);
-  if (measured > 0) {
-    tj /= measured;
-    std::printf("tjbench_decompress_images_per_s=%.1f\n", tj);
-    std::printf("ours_over_tjbench_ratio=%.3f\n", ours / tj);
-    std::printf("decode_only_over_tjbench_ratio=%.3f\n", decode_only / tj);
-  } else {
-    std::printf("tjbench=missing (apt-get install libjpeg-turbo-progs; tools/setup --bench)\n");
-  }
-  return 0;
+  return rc;
 }
 
 }  // namespace
