@@ -85,7 +85,7 @@ std::shared_ptr<const Credentials> DefaultCredentials();
 // $GRPC_CLIENT_CHANNEL_BACKUP_POLL_INTERVAL_MS, set at start-up unless the
 // environment sets it; gRPC's default is 5 s a step of the attempt).
 constexpr int kInitialReconnectBackoffMs = 100;
-constexpr int kMaxReconnectBackoffMs = 1000;
+constexpr int kMaxReconnectBackoffMs = 500;
 constexpr int kBackupPollIntervalMs = 100;
 std::shared_ptr<grpc::Channel> NewChannel(const std::string& target,
                                           const Credentials* credentials = nullptr);
