@@ -155,8 +155,8 @@ TEST_F(SchedulerStoreTest, RejectsStrangersStaleAttemptsBadKeysAndEndedJobs) {
 }
 
 // With the scheduler away (restarting), a poll (Get with no timeout) fails
-// at once instead of retrying for an RPC timeout: the agent's drain poll
-// does not hold up training; a wait is still retried.
+// within 250 ms of retries instead of retrying for an RPC timeout: the
+// agent's drain poll does not hold up training; a wait is still retried.
 TEST_F(SchedulerStoreTest, APollIsNotRetriedWhileTheSchedulerIsAway) {
   SchedulerStore store(stub_.get(), trainers_[0], job_, 1, SchedulerStoreOptions());
   ASSERT_TRUE(store.Set("k", "v").ok());
