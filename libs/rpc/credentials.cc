@@ -150,10 +150,11 @@ std::shared_ptr<grpc::Channel> NewChannel(const std::string& target,
   // 100 ms doubling to 500 ms (+-20% jitter), with the backup poll interval
   // above, reconnects within a second of a server coming back (trainers
   // re-registered 0.5-1.5 s after a restarted scheduler answered with a
-  // 1 s bound) and costs two connection attempts a second while it is away. GRPC_ARG_MIN_RECONNECT_BACKOFF_MS is left at
-  // its default: gRPC uses it as the deadline of each connection attempt
-  // (20 s), and 100 ms there failed TLS handshakes of busy trainers ("tcp
-  // handshaker shutdown"). Callers do not set these.
+  // 1 s bound) and costs two connection attempts a second while it is away.
+  // GRPC_ARG_MIN_RECONNECT_BACKOFF_MS is left at its default: gRPC uses it
+  // as the deadline of each connection attempt (20 s), and 100 ms there
+  // failed TLS handshakes of busy trainers ("tcp handshaker shutdown").
+  // Callers do not set these.
   grpc::ChannelArguments with_backoff = args;
   with_backoff.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, kInitialReconnectBackoffMs);
   with_backoff.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, kMaxReconnectBackoffMs);

@@ -80,20 +80,18 @@ absl::StatusOr<std::string> SchedulerStore::Get(absl::string_view key, absl::Dur
   // reads again later, and a drain poll retried while the scheduler was
   // away held up training for 5 s (rpc_timeout) at a time. A wait retries
   // until its deadline and one RPC timeout more.
-  const absl::Time retry_until = timeout <= absl::ZeroDuration()
-                                     ? absl::Now() + kPollRetryFor
-                                     : deadline + options_.rpc_timeout;
+  const absl::Time retry_until = timeout <= absl::ZeroDuration() ? absl::Now() + kPollRetryFor
+                                                                 : deadline + options_.rpc_timeout;
   while (true) {
     const absl::Duration wait =
         std::clamp(deadline - absl::Now(), absl::ZeroDuration(), kWaitSlice);
     req.set_wait_ms(absl::ToInt64Milliseconds(wait));
     v1::StoreGetReply reply;
-    absl::Status s =
-        WithRetries(absl::StrCat("StoreGet ", key), retry_until, [&] {
-          grpc::ClientContext ctx;
-          ctx.set_deadline(absl::ToChronoTime(absl::Now() + wait + options_.rpc_timeout));
-          return FromGrpcStatus(stub_->StoreGet(&ctx, req, &reply), "ClusterService.StoreGet");
-        });
+    absl::Status s = WithRetries(absl::StrCat("StoreGet ", key), retry_until, [&] {
+      grpc::ClientContext ctx;
+      ctx.set_deadline(absl::ToChronoTime(absl::Now() + wait + options_.rpc_timeout));
+      return FromGrpcStatus(stub_->StoreGet(&ctx, req, &reply), "ClusterService.StoreGet");
+    });
     if (!s.ok()) return s;
     if (reply.found()) return std::move(*reply.mutable_value());
     if (absl::Now() >= deadline) {
