@@ -4,6 +4,9 @@
 #include <grpcpp/security/credentials.h>
 #include <grpcpp/security/server_credentials.h>
 
+#include <cstdlib>
+#include <string>
+
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/match.h"
@@ -27,6 +30,21 @@ absl::StatusOr<std::string> ReadPem(const std::string& path, const char* what, c
   }
   return pem;
 }
+
+// gRPC's backup poll interval, kBackupPollIntervalMs instead of 5 s, set
+// for the process before gRPC initializes (which reads it once): during
+// static initialization, so every program and test that opens channels
+// through this library has it. A value the environment sets wins. Nothing
+// else drives a channel's connection attempt while its calls fail at once
+// (no wait_for_ready), as a trainer's heartbeats do while the scheduler is
+// away: each step of the attempt (TCP connect, TLS handshake, HTTP/2
+// settings) waited for the next backup poll, and a trainer registered again
+// 14-16 s after the new scheduler answered.
+const bool kBackupPollIntervalSet = [] {
+  setenv("GRPC_CLIENT_CHANNEL_BACKUP_POLL_INTERVAL_MS",
+         std::to_string(kBackupPollIntervalMs).c_str(), /*overwrite=*/0);
+  return true;
+}();
 
 absl::Mutex g_mu;
 std::shared_ptr<const Credentials>* g_default ABSL_GUARDED_BY(g_mu) = nullptr;
@@ -126,14 +144,15 @@ std::shared_ptr<grpc::Channel> NewChannel(const std::string& target,
     keep = DefaultCredentials();
     credentials = keep.get();
   }
-  // Reconnect backoff bounded to 1 s: gRPC's default grows to 120 s, so a
-  // trainer whose scheduler was away for ten seconds reconnected only 14-16 s
-  // after the new one answered. 100 ms doubling to 1 s reconnects within a
-  // second of a server coming back and costs at most one connection attempt
-  // a second while it is away. GRPC_ARG_MIN_RECONNECT_BACKOFF_MS is left at
-  // its default: gRPC uses it as the deadline of each connection attempt
-  // (20 s), and 100 ms there failed TLS handshakes of busy trainers ("tcp
-  // handshaker shutdown"). Callers do not set these.
+  // Reconnect backoff bounded to 500 ms: gRPC's default grows to 120 s.
+  // 100 ms doubling to 500 ms (+-20% jitter), with the backup poll interval
+  // above, reconnects within a second of a server coming back (trainers
+  // re-registered 0.5-1.5 s after a restarted scheduler answered with a
+  // 1 s bound) and costs two connection attempts a second while it is away.
+  // GRPC_ARG_MIN_RECONNECT_BACKOFF_MS is left at its default: gRPC uses it
+  // as the deadline of each connection attempt (20 s), and 100 ms there
+  // failed TLS handshakes of busy trainers ("tcp handshaker shutdown").
+  // Callers do not set these.
   grpc::ChannelArguments with_backoff = args;
   with_backoff.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, kInitialReconnectBackoffMs);
   with_backoff.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, kMaxReconnectBackoffMs);

@@ -79,9 +79,14 @@ std::shared_ptr<const Credentials> DefaultCredentials();
 // channel reconnects to a server that went away with a backoff of
 // kInitialReconnectBackoffMs doubling to kMaxReconnectBackoffMs (gRPC's own
 // default grows to two minutes), so clients are back within about a second of
-// a restarted server answering.
+// a restarted server answering, also those whose calls fail at once meanwhile
+// (no wait_for_ready): a process linking this library polls its channels'
+// connection attempts every kBackupPollIntervalMs (gRPC's backup poller,
+// $GRPC_CLIENT_CHANNEL_BACKUP_POLL_INTERVAL_MS, set at start-up unless the
+// environment sets it; gRPC's default is 5 s a step of the attempt).
 constexpr int kInitialReconnectBackoffMs = 100;
-constexpr int kMaxReconnectBackoffMs = 1000;
+constexpr int kMaxReconnectBackoffMs = 500;
+constexpr int kBackupPollIntervalMs = 100;
 std::shared_ptr<grpc::Channel> NewChannel(const std::string& target,
                                           const Credentials* credentials = nullptr);
 std::shared_ptr<grpc::Channel> NewChannel(const std::string& target,

@@ -2072,6 +2072,47 @@ TEST_F(RestartTest, ThreeRestartsInARowLeaveTheJobAtAttemptOne) {
   EXPECT_EQ(s->Get(job_)->attempts(), 1);
 }
 
+// With queues, a restarted scheduler counts the running attempt against its
+// queue from the log while it awaits the claims, and after adopting it:
+// team-a's 2-trainer job (its quota and 1 borrowed) leaves no room for
+// alice's next job though a trainer is free, before and after the claims;
+// once it ends, the next job is admitted.
+TEST_F(RestartTest, QueueUsageIsRebuiltFromTheLogAndTheClaims) {
+  absl::StatusOr<QueueConfig> queues = ParseQueueConfig(queue_test::kTwoTeamsQueues);
+  ASSERT_TRUE(queues.ok()) << queues.status();
+  SchedulerOptions o = Options(TmpPath("queues.wal"));
+  o.queues = *queues;
+  auto s = Open(o);
+  trainers_ = {AddTrainer(s.get()), AddTrainer(s.get())};
+  auto job = s->Submit(Spec("borrower", 2), "", "alice");
+  ASSERT_TRUE(job.ok()) << job.status();
+  job_ = job->id();
+  for (const std::string& t : trainers_) EXPECT_EQ(Beat(s.get(), t).assignments_size(), 1);
+  EXPECT_EQ(s->Get(job_)->state(), v1::RUNNING);
+  s.reset();  // killed
+  s = Open(o);
+
+  const std::string spare = AddTrainer(s.get());
+  Beat(s.get(), spare);
+  auto next = s->Submit(Spec("next"), "", "alice");
+  ASSERT_TRUE(next.ok()) << next.status();
+  const std::string full =
+      "queue team-a: trainers 2 in use + 1 requested > quota 1 + borrowing limit 1";
+  EXPECT_EQ(s->Get(next->id())->state(), v1::QUEUED);  // awaiting the claims: still counted
+  EXPECT_EQ(s->Get(next->id())->pending_reason(), full);
+
+  EXPECT_EQ(Reregister(s.get(), 0), trainers_[0]);
+  EXPECT_EQ(Reregister(s.get(), 1), trainers_[1]);
+  ASSERT_TRUE(HasEvent(*s->Get(job_), "adopted the running attempt 1"));
+  EXPECT_EQ(s->Get(next->id())->state(), v1::QUEUED);  // adopted: counted
+  EXPECT_EQ(s->Get(next->id())->pending_reason(), full);
+
+  ASSERT_TRUE(s->ReportProgress(Final(trainers_[0], job_, 0, v1::SUCCEEDED)).ok());
+  ASSERT_TRUE(s->ReportProgress(Final(trainers_[1], job_, 1, v1::SUCCEEDED)).ok());
+  EXPECT_EQ(s->Get(job_)->attempts(), 1);
+  EXPECT_EQ(s->Get(next->id())->state(), v1::RUNNING);
+}
+
 }  // namespace
 }  // namespace scheduler
 }  // namespace dtrain

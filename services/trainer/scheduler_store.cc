@@ -20,6 +20,10 @@ namespace v1 = scheduler::v1;
 // The scheduler's cap on one StoreGet wait (scheduler::kMaxStoreWait).
 constexpr absl::Duration kWaitSlice = absl::Seconds(5);
 
+// How long a poll (Get with no timeout) is retried: a lost reply or two,
+// not a scheduler restart.
+constexpr absl::Duration kPollRetryFor = absl::Milliseconds(250);
+
 uint64_t RandomBase() {
   std::random_device rd;
   uint64_t v = (static_cast<uint64_t>(rd()) << 32) ^ rd();
@@ -72,17 +76,22 @@ absl::StatusOr<std::string> SchedulerStore::Get(absl::string_view key, absl::Dur
   req.set_job_id(job_id_);
   req.set_attempt(attempt_);
   req.set_key(std::string(key));
+  // A poll (no timeout) is retried for kPollRetryFor only: its caller
+  // reads again later, and a drain poll retried while the scheduler was
+  // away held up training for 5 s (rpc_timeout) at a time. A wait retries
+  // until its deadline and one RPC timeout more.
+  const absl::Time retry_until = timeout <= absl::ZeroDuration() ? absl::Now() + kPollRetryFor
+                                                                 : deadline + options_.rpc_timeout;
   while (true) {
     const absl::Duration wait =
         std::clamp(deadline - absl::Now(), absl::ZeroDuration(), kWaitSlice);
     req.set_wait_ms(absl::ToInt64Milliseconds(wait));
     v1::StoreGetReply reply;
-    absl::Status s =
-        WithRetries(absl::StrCat("StoreGet ", key), deadline + options_.rpc_timeout, [&] {
-          grpc::ClientContext ctx;
-          ctx.set_deadline(absl::ToChronoTime(absl::Now() + wait + options_.rpc_timeout));
-          return FromGrpcStatus(stub_->StoreGet(&ctx, req, &reply), "ClusterService.StoreGet");
-        });
+    absl::Status s = WithRetries(absl::StrCat("StoreGet ", key), retry_until, [&] {
+      grpc::ClientContext ctx;
+      ctx.set_deadline(absl::ToChronoTime(absl::Now() + wait + options_.rpc_timeout));
+      return FromGrpcStatus(stub_->StoreGet(&ctx, req, &reply), "ClusterService.StoreGet");
+    });
     if (!s.ok()) return s;
     if (reply.found()) return std::move(*reply.mutable_value());
     if (absl::Now() >= deadline) {

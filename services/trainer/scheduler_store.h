@@ -15,7 +15,8 @@
 // once. Other errors (the job ended, a bad key, a full table) return at
 // once, prefixed with the RPC name. Get waits in slices of at most
 // kMaxStoreWait inside the scheduler and returns DEADLINE_EXCEEDED naming
-// the key once `timeout` has passed.
+// the key once `timeout` has passed; Get with no timeout (a poll) is
+// retried for 250 ms only (its caller polls again).
 //
 // Thread-safe (the gRPC stub is).
 #ifndef DTRAIN_SERVICES_TRAINER_SCHEDULER_STORE_H_

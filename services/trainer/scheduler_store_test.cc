@@ -154,6 +154,24 @@ TEST_F(SchedulerStoreTest, RejectsStrangersStaleAttemptsBadKeysAndEndedJobs) {
             absl::StatusCode::kFailedPrecondition);
 }
 
+// With the scheduler away (restarting), a poll (Get with no timeout) fails
+// within 250 ms of retries instead of retrying for an RPC timeout: the
+// agent's drain poll does not hold up training; a wait is still retried.
+TEST_F(SchedulerStoreTest, APollIsNotRetriedWhileTheSchedulerIsAway) {
+  SchedulerStore store(stub_.get(), trainers_[0], job_, 1, SchedulerStoreOptions());
+  ASSERT_TRUE(store.Set("k", "v").ok());
+  EXPECT_EQ(*store.Get("k", absl::ZeroDuration()), "v");
+  server_.reset();
+  absl::Time start = absl::Now();
+  absl::StatusOr<std::string> polled = store.Get("k", absl::ZeroDuration());
+  EXPECT_EQ(polled.status().code(), absl::StatusCode::kUnavailable) << polled.status();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(2));  // it was 5 s (rpc_timeout) of retries
+  start = absl::Now();
+  absl::StatusOr<std::string> waited = store.Get("k", absl::Seconds(1));
+  EXPECT_EQ(waited.status().code(), absl::StatusCode::kUnavailable) << waited.status();
+  EXPECT_GE(absl::Now() - start, absl::Seconds(1));
+}
+
 TEST_F(SchedulerStoreTest, TcpCommunicatorMeetsThroughTheScheduler) {
   std::vector<float> data[2] = {{1, 2, 3}, {10, 20, 30}};
   absl::Status results[2];
