@@ -38,7 +38,8 @@ wait_file() { for _ in $(seq 100); do [ -s "$1" ] && return 0; sleep 0.1; done; 
 
 sm=$(free_port); km=$(free_port); tm=$(free_port); pp=$(free_port)
 "$SCHED" --listen=127.0.0.1:0 --port_file="$dir/scheduler.port" --data_dir="$dir/scheduler" \
-  --metrics_listen=127.0.0.1:$sm >"$dir/scheduler.log" 2>&1 & pids+=($!)
+  --metrics_listen=127.0.0.1:$sm --queues="$R/k8s/base/config/queues.yaml" \
+  >"$dir/scheduler.log" 2>&1 & pids+=($!)
 wait_file "$dir/scheduler.port" scheduler_server
 # A replicated shard of one replica: it heartbeats to the scheduler, whose
 # shard map metrics (dtrain_scheduler_kvstore_*) then have series.

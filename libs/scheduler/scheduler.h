@@ -400,7 +400,8 @@ class Scheduler {
   // Registered trainers by id, then recently lost ones.
   std::vector<v1::TrainerStatus> ListTrainers() const;
 
-  // The queues at a glance (trainctl queues); `with_yaml`: also the file.
+  // The queues at a glance (trainctl queues); `with_yaml`: also the file
+  // and each queue's users (for admins).
   v1::ListQueuesReply ListQueues(bool with_yaml) const;
   // Replaces the queues with the file `yaml` (applied by `who`), logged
   // first, and returns ListQueues(true). InvalidArgument naming the line

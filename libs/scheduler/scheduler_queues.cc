@@ -106,7 +106,9 @@ v1::ListQueuesReply Scheduler::ListQueues(bool with_yaml) const {
     out->set_pending(s.pending);
     out->set_admitted(s.admitted);
     out->set_weight(spec.weight);
-    for (const std::string& u : spec.users) out->add_users(u);
+    if (with_yaml) {
+      for (const std::string& u : spec.users) out->add_users(u);
+    }
     out->set_within_queue(PolicyName(spec.within_queue));
     out->set_reclaim_within_cohort(PolicyName(spec.reclaim_within_cohort));
     for (const auto& [rule, n] : metrics[q].preemptions) (*out->mutable_preempted())[rule] = n;
