@@ -890,7 +890,7 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (cmd == "queues") {
-    const bool apply = args.size() == 3 && args[2] == "apply";
+    const bool apply = args.size() == 3 && std::string(args[2]) == "apply";
     if (args.size() != 2 && !apply) return Usage("queues takes no arguments, or apply -f FILE");
     v1::ListQueuesReply reply;
     absl::Status s;
