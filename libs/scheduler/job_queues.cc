@@ -81,7 +81,7 @@ std::optional<QuotaState> JobQueues::Usage(const std::vector<JobRef>& jobs) cons
 
 void JobQueues::SortForPlacement(std::vector<JobRef>* queued, const std::vector<JobRef>& jobs,
                                  const std::optional<QuotaState>& usage) const {
-  std::set<int64_t> within;       // by seq
+  std::set<int64_t> within;         // by seq
   std::map<int64_t, double> share;  // by seq
   if (config_ && usage) {
     std::map<std::pair<int, std::string>, Resources> user_usage;

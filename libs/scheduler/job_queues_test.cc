@@ -97,7 +97,8 @@ TEST(JobQueuesTest, SubmitPicksTheNamedQueueOrTheDefaultAndNamesEachProblem) {
 
   q = queues.ForSubmit(Spec(1, "team-b"), "alice");
   EXPECT_EQ(q.status().code(), absl::StatusCode::kPermissionDenied);
-  EXPECT_EQ(q.status().message(), "user alice may not submit to queue team-b (your queues: team-a)");
+  EXPECT_EQ(q.status().message(),
+            "user alice may not submit to queue team-b (your queues: team-a)");
 
   q = queues.ForSubmit(Spec(1), "mallory");
   EXPECT_EQ(q.status().code(), absl::StatusCode::kFailedPrecondition);

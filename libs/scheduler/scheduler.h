@@ -591,7 +591,8 @@ class Scheduler {
   JobQueues queues_ ABSL_GUARDED_BY(mu_);
   int64_t positions_at_ ABSL_GUARDED_BY(mu_) = -1;
   // The applied queues file in force (kept by compaction).
-  std::optional<v1::QueuesRecord> queues_record_ ABSL_GUARDED_BY(mu_);  // commits_ at the last UpdateQueuePositions
+  std::optional<v1::QueuesRecord> queues_record_
+      ABSL_GUARDED_BY(mu_);                   // commits_ at the last UpdateQueuePositions
   int64_t commits_ ABSL_GUARDED_BY(mu_) = 0;  // job changes made (Commit, Submit)
   std::unique_ptr<Wal> wal_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, Job> jobs_ ABSL_GUARDED_BY(mu_);

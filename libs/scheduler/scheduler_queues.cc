@@ -26,7 +26,8 @@ void SetResources(const Resources& r, v1::QueueResources* out) {
 std::vector<JobRef> Scheduler::JobRefs() const {
   std::vector<JobRef> out;
   out.reserve(jobs_.size());
-  for (const auto& [id, j] : jobs_) out.push_back({&j.status, j.seq, j.preempting, &j.preempted_for});
+  for (const auto& [id, j] : jobs_)
+    out.push_back({&j.status, j.seq, j.preempting, &j.preempted_for});
   return out;
 }
 
@@ -145,8 +146,8 @@ absl::StatusOr<v1::ListQueuesReply> Scheduler::ApplyQueues(const std::string& ya
       MaybeCompact();
       queues_.Replace(std::move(next), yaml);
       ++commits_;  // positions and blocked jobs are looked at afresh
-      DT_LOG(INFO) << "queues file applied by " << who << ": "
-                   << queues_.config().queues.size() << " queues";
+      DT_LOG(INFO) << "queues file applied by " << who << ": " << queues_.config().queues.size()
+                   << " queues";
       Schedule();
     }
   }
@@ -175,8 +176,8 @@ absl::Status Scheduler::UseAppliedQueues() {
   }
   absl::StatusOr<QueueConfig> c = ParseQueueConfig(r.yaml());
   if (!c.ok()) {
-    return absl::DataLossError(absl::StrCat(options_.wal_path, ": the applied queues file: ",
-                                            c.status().message()));
+    return absl::DataLossError(
+        absl::StrCat(options_.wal_path, ": the applied queues file: ", c.status().message()));
   }
   queues_.Replace(*std::move(c), r.yaml());
   DT_LOG(INFO) << "using the queues file " << r.applied_by() << " applied at "

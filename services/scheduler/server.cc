@@ -373,8 +373,9 @@ class ClusterServiceImpl final : public v1::ClusterService::Service {
 // A histogram metric from per-bucket counts (the last one above the last
 // bound), cumulative as Prometheus wants them.
 template <size_t N>
-prometheus::ClientMetric Histogram(const std::map<std::string, std::string>& labels, const double (&bounds)[N],
-                                   const std::vector<int64_t>& counts, double sum) {
+prometheus::ClientMetric Histogram(const std::map<std::string, std::string>& labels,
+                                   const double (&bounds)[N], const std::vector<int64_t>& counts,
+                                   double sum) {
   prometheus::ClientMetric m;
   for (const auto& [name, value] : labels) m.label.push_back({name, value});
   uint64_t cumulative = 0;
@@ -412,15 +413,15 @@ std::vector<prometheus::MetricFamily> Collect(Scheduler* s, KvstoreMembership* k
   recovery.help =
       "Time from a lost rank's failed step to the next completed step, per recovery in place.";
   recovery.type = prometheus::MetricType::Histogram;
-  recovery.metric.push_back(Histogram({}, kRecoverySecondsBounds, st.recovery_seconds_counts,
-                                      st.recovery_seconds_sum));
+  recovery.metric.push_back(
+      Histogram({}, kRecoverySecondsBounds, st.recovery_seconds_counts, st.recovery_seconds_sum));
   // Queues (docs/queues.md).
   prometheus::MetricFamily wait;
   wait.name = "dtrain_scheduler_queue_admission_wait_seconds";
   wait.help = "Time from a job's (re)queueing to its placement, per queue.";
   wait.type = prometheus::MetricType::Histogram;
-  std::vector<metrics::Sample> pending, admitted, pending_within, oldest_within, preemptions,
-      quota, usage, borrowed, lent;
+  std::vector<metrics::Sample> pending, admitted, pending_within, oldest_within, preemptions, quota,
+      usage, borrowed, lent;
   for (const QueueMetrics& q : st.queues) {
     const QueueSummary& s = q.summary;
     const std::map<std::string, std::string> queue = {{"queue", s.name}};
@@ -434,7 +435,8 @@ std::vector<prometheus::MetricFamily> Collect(Scheduler* s, KvstoreMembership* k
     }
     for (int r = 0; r < kNumResources; ++r) {
       if (!s.managed[r]) continue;
-      const std::map<std::string, std::string> labels = {{"queue", s.name}, {"resource", ResourceName(r)}};
+      const std::map<std::string, std::string> labels = {{"queue", s.name},
+                                                         {"resource", ResourceName(r)}};
       quota.push_back({labels, static_cast<double>(s.quota[r])});
       usage.push_back({labels, static_cast<double>(s.usage[r])});
       borrowed.push_back({labels, static_cast<double>(s.borrowed[r])});

@@ -129,8 +129,7 @@ const std::vector<Command>& Commands() {
        "last exit); `down` stops them (SIGTERM, then SIGKILL after --grace_s).",
        {"dir", "trainers", "devices_per_trainer", "kvstore_shards", "kvstore_replicas",
         "kvstore_data_path", "restart", "heartbeat_timeout_s", "max_attempts", "recover_in_place",
-        "queues",
-        "start_timeout_s", "grace_s", "scheduler_bin", "trainer_bin", "kvstore_bin"},
+        "queues", "start_timeout_s", "grace_s", "scheduler_bin", "trainer_bin", "kvstore_bin"},
        "trainctl cluster up --dir=/tmp/c --trainers=2 --kvstore_shards=2\n"
        "  eval \"$(trainctl cluster up --dir=/tmp/c | grep ^export)\"\n"
        "  trainctl cluster down --dir=/tmp/c"},

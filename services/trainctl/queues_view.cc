@@ -36,13 +36,12 @@ std::string QueuesTable(const scheduler::v1::ListQueuesReply& reply) {
            "scheduler_server --queues=FILE, docs/queues.md)\n";
   }
   std::string out;
-  AddRow(&out, absl::StrFormat(kRow, "QUEUE", "COHORT", "RESOURCE", "QUOTA", "USED",
-                                    "BORROWED", "LENT", "AVAILABLE", "PENDING", "ADMITTED",
-                                    "PREEMPTED"));
+  AddRow(&out, absl::StrFormat(kRow, "QUEUE", "COHORT", "RESOURCE", "QUOTA", "USED", "BORROWED",
+                               "LENT", "AVAILABLE", "PENDING", "ADMITTED", "PREEMPTED"));
   for (const scheduler::v1::QueueStatus& q : reply.queues()) {
     std::vector<std::string> preempted;
-    for (const auto& [rule, n] : std::map<std::string, int64_t>(q.preempted().begin(),
-                                                                q.preempted().end())) {
+    for (const auto& [rule, n] :
+         std::map<std::string, int64_t>(q.preempted().begin(), q.preempted().end())) {
       if (n > 0) preempted.push_back(absl::StrCat(n, " ", rule));
     }
     const std::string cohort = q.cohort().empty() ? "-" : q.cohort();
@@ -54,12 +53,13 @@ std::string QueuesTable(const scheduler::v1::ListQueuesReply& reply) {
     }
     bool first = true;
     for (const std::string& r : q.resources()) {
-      AddRow(&out, absl::StrFormat(
-          kRow, first ? q.name() : "", first ? cohort : "", r,
-          absl::StrCat(Amount(q.quota(), r)), absl::StrCat(Amount(q.usage(), r)),
-          absl::StrCat(Amount(q.borrowed(), r)), absl::StrCat(Amount(q.lent(), r)),
-          absl::StrCat(Amount(q.available(), r)), first ? absl::StrCat(q.pending()) : "",
-          first ? absl::StrCat(q.admitted()) : "", first ? counts : ""));
+      AddRow(&out,
+             absl::StrFormat(
+                 kRow, first ? q.name() : "", first ? cohort : "", r,
+                 absl::StrCat(Amount(q.quota(), r)), absl::StrCat(Amount(q.usage(), r)),
+                 absl::StrCat(Amount(q.borrowed(), r)), absl::StrCat(Amount(q.lent(), r)),
+                 absl::StrCat(Amount(q.available(), r)), first ? absl::StrCat(q.pending()) : "",
+                 first ? absl::StrCat(q.admitted()) : "", first ? counts : ""));
       first = false;
     }
   }

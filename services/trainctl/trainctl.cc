@@ -87,8 +87,7 @@ ABSL_FLAG(double, timeout_s, 10, "deadline of each call in seconds");
 ABSL_FLAG(std::string, f, "",
           "submit: a JobSpec file, JSON or YAML (flags below override its fields); queues "
           "apply: a queues file");
-ABSL_FLAG(std::string, queue, "",
-          "submit: the queue (one of yours; default: your default queue)");
+ABSL_FLAG(std::string, queue, "", "submit: the queue (one of yours; default: your default queue)");
 ABSL_FLAG(std::string, queues, "", "cluster up: the scheduler's queues file (docs/queues.md)");
 ABSL_FLAG(bool, wait, false, "submit: watch the job until it ends");
 ABSL_FLAG(std::string, reason, "", "cancel: why (recorded in the job's events)");

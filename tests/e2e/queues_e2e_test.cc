@@ -4,7 +4,8 @@
 // in cohort research, team-a may borrow one; reclaim within the cohort of any
 // job. alice fills both trainers (one job borrows team-b's idle trainer);
 // bob submits: his job is admitted within 10 s by reclaiming, alice's
-// borrowing job drains at a step and later resumes there (no step redone);
+// borrowing job drains at a step and later resumes there (no step redone,
+// the same loss and accuracy as bob's job, its undisturbed twin);
 // the events, `trainctl queues` and the metrics say so. On the way, each
 // refusal names its problem and disturbs nothing: an unknown queue, another
 // team's queue, a malformed queues file, a change that would strand running
@@ -83,6 +84,34 @@ class QueuesE2eTest : public ClusterTest {
   std::string As(const std::string& user, const std::string& args, int* rc) {
     return cluster_->TrainctlAs(user, args, rc);
   }
+
+  // `job` ended after one drain: its second attempt started at the step the
+  // first drained at (the drain event and both attempts' trainer logs
+  // agree), so no step was redone. Sets the epoch (from 1) and step.
+  void ExpectResumedAtItsDrainedStep(const JobStatus& job, int64_t* epoch, int64_t* step) {
+    EXPECT_EQ(job.attempts(), 2) << job.DebugString();
+    EXPECT_EQ(job.drains(), 1) << job.DebugString();
+    std::string requeue;
+    for (const v1::JobEvent& e : job.events()) {
+      EXPECT_NE(e.state(), v1::FAILED) << e.reason();
+      if (e.state() == v1::QUEUED && e.reason().find("drained at") != std::string::npos) {
+        requeue = e.reason();
+      }
+    }
+    ASSERT_NE(requeue, "") << job.DebugString();
+    *epoch = NumberAfter(requeue, "drained at epoch ");
+    *step = NumberAfter(requeue, "drained at epoch " + absl::StrCat(*epoch) + " step ");
+    ASSERT_GE(*epoch, 1) << requeue;
+    ASSERT_GE(*step, 0) << requeue;
+    const int64_t drained_at = (*epoch - 1) * 96 + *step;
+    std::vector<std::string> drained =
+        TrainerLogLines(dir(), {job.id() + " rank", "draining after"});
+    ASSERT_EQ(drained.size(), 1u);
+    EXPECT_EQ(NumberAfter(drained[0], "draining after "), drained_at) << drained[0];
+    std::vector<std::string> resumed = TrainerLogLines(
+        dir(), {job.id() + " rank", absl::StrCat("after epoch ", *epoch - 1, " step ", *step)});
+    EXPECT_EQ(resumed.size(), 1u);
+  }
 };
 
 TEST_F(QueuesE2eTest, ReclaimDrainsTheBorrowerWhichResumesAtItsStep) {
@@ -112,9 +141,10 @@ TEST_F(QueuesE2eTest, ReclaimDrainsTheBorrowerWhichResumesAtItsStep) {
             std::string::npos)
       << out;
 
-  // bob submits: admitted within 10 s by reclaiming team-b's trainer.
+  // bob submits: admitted within 10 s by reclaiming team-b's trainer. His
+  // job is a2's twin (same spec and seed), undisturbed: the reference.
   const absl::Time submitted = absl::Now();
-  JobStatus b1 = OrFail(cluster_->Submit(OneTrainerJob("b1", 2), "bob"), "b1");
+  JobStatus b1 = OrFail(cluster_->Submit(OneTrainerJob("b1", 4), "bob"), "b1");
   ASSERT_EQ(b1.queue(), "team-b");
   b1 = PollJob(
       b1.id(), [](const JobStatus& j) { return j.state() != v1::QUEUED; }, absl::Seconds(10));
@@ -144,9 +174,8 @@ TEST_F(QueuesE2eTest, ReclaimDrainsTheBorrowerWhichResumesAtItsStep) {
   EXPECT_EQ(Get(a1.id()).attempts(), 1);
   if (a2.state() == v1::QUEUED) {
     EXPECT_EQ(a2.queue_position(), 1) << a2.DebugString();
-    EXPECT_EQ(a2.pending_reason().rfind("queue team-a: trainers 1 in use + 1 requested > quota 1",
-                                        0),
-              0u)
+    EXPECT_EQ(
+        a2.pending_reason().rfind("queue team-a: trainers 1 in use + 1 requested > quota 1", 0), 0u)
         << a2.DebugString();
     out = As("alice", "get " + a2.id(), &rc);
     EXPECT_NE(out.find("queue team-a, position 1  waiting: queue team-a: trainers"),
@@ -164,14 +193,17 @@ TEST_F(QueuesE2eTest, ReclaimDrainsTheBorrowerWhichResumesAtItsStep) {
   out = As("alice",
            "submit --name=x --model=mlp --epochs=1 --batch_size=64 --lr=0.1 --queue=team-b", &rc);
   EXPECT_EQ(rc, 1) << out;
-  EXPECT_NE(out.find("PERMISSION_DENIED: JobService.Submit: user alice may not submit to queue team-b (your "
-                     "queues: team-a)"),
-            std::string::npos)
+  EXPECT_NE(
+      out.find(
+          "PERMISSION_DENIED: JobService.Submit: user alice may not submit to queue team-b (your "
+          "queues: team-a)"),
+      std::string::npos)
       << out;
   out = As("alice",
            "submit --name=x --model=mlp --epochs=1 --batch_size=64 --lr=0.1 --queue=team-z", &rc);
   EXPECT_EQ(rc, 1) << out;
-  EXPECT_NE(out.find("INVALID_ARGUMENT: JobService.Submit: queue: unknown queue 'team-z' (queues: team-a, team-b; "
+  EXPECT_NE(out.find("INVALID_ARGUMENT: JobService.Submit: queue: unknown queue 'team-z' (queues: "
+                     "team-a, team-b; "
                      "yours: team-a)"),
             std::string::npos)
       << out;
@@ -179,14 +211,17 @@ TEST_F(QueuesE2eTest, ReclaimDrainsTheBorrowerWhichResumesAtItsStep) {
       WriteTmp("malformed.yaml", "queues:\n  - name: team-a\n    quota: {trainers: 1\n");
   out = As("admin", absl::StrCat("queues apply -f ", malformed), &rc);
   EXPECT_EQ(rc, 1) << out;
-  EXPECT_NE(out.find("INVALID_ARGUMENT: JobService.ApplyQueues: queues file line 3"), std::string::npos) << out;
-  const std::string strand = WriteTmp(
-      "strand.yaml",
-      "queues:\n  - name: team-a\n    quota: {trainers: 0}\n    users: [alice]\n"
-      "  - name: team-b\n    quota: {trainers: 1}\n    users: [bob]\n");
+  EXPECT_NE(out.find("INVALID_ARGUMENT: JobService.ApplyQueues: queues file line 3"),
+            std::string::npos)
+      << out;
+  const std::string strand =
+      WriteTmp("strand.yaml",
+               "queues:\n  - name: team-a\n    quota: {trainers: 0}\n    users: [alice]\n"
+               "  - name: team-b\n    quota: {trainers: 1}\n    users: [bob]\n");
   out = As("admin", absl::StrCat("queues apply -f ", strand), &rc);
   EXPECT_EQ(rc, 1) << out;
-  EXPECT_NE(out.find("FAILED_PRECONDITION: JobService.ApplyQueues: the new queues file would strand running jobs: queue "
+  EXPECT_NE(out.find("FAILED_PRECONDITION: JobService.ApplyQueues: the new queues file would "
+                     "strand running jobs: queue "
                      "team-a uses trainers 1 > new quota 0 + borrowing limit 0"),
             std::string::npos)
       << out;
@@ -210,40 +245,77 @@ TEST_F(QueuesE2eTest, ReclaimDrainsTheBorrowerWhichResumesAtItsStep) {
   EXPECT_EQ(a1.state(), v1::SUCCEEDED) << a1.DebugString();
   a2 = WatchToEnd(a2.id(), absl::Seconds(300));
   ASSERT_EQ(a2.state(), v1::SUCCEEDED) << a2.DebugString();
-  EXPECT_EQ(a2.attempts(), 2) << a2.DebugString();
-  EXPECT_EQ(a2.drains(), 1) << a2.DebugString();
   EXPECT_GT(a2.test_accuracy(), 0.5);
-  std::string requeue;
-  for (const v1::JobEvent& e : a2.events()) {
-    EXPECT_NE(e.state(), v1::FAILED) << e.reason();
-    if (e.state() == v1::QUEUED && e.reason().find("drained at") != std::string::npos) {
-      requeue = e.reason();
-    }
-  }
-  ASSERT_NE(requeue, "") << a2.DebugString();
-  const int64_t epoch = NumberAfter(requeue, "drained at epoch ");
-  const int64_t step = NumberAfter(requeue, "drained at epoch " + absl::StrCat(epoch) + " step ");
-  ASSERT_GE(epoch, 1) << requeue;
-  ASSERT_GE(step, 0) << requeue;
-  const int64_t drained_at = (epoch - 1) * 96 + step;
-  std::vector<std::string> drained = TrainerLogLines(dir(), {a2.id() + " rank", "draining after"});
-  ASSERT_EQ(drained.size(), 1u);
-  EXPECT_EQ(NumberAfter(drained[0], "draining after "), drained_at) << drained[0];
-  // The second attempt started at that step: no step redone.
-  std::vector<std::string> resumed = TrainerLogLines(
-      dir(), {a2.id() + " rank", absl::StrCat("after epoch ", epoch - 1, " step ", step)});
-  EXPECT_EQ(resumed.size(), 1u);
-  std::printf("a2 drained at epoch %lld step %lld and resumed there; test accuracy %.4f\n",
-              static_cast<long long>(epoch), static_cast<long long>(step), a2.test_accuracy());
+  // Drained and resumed at a step, it ends exactly as its undisturbed twin.
+  EXPECT_DOUBLE_EQ(a2.test_accuracy(), b1.test_accuracy());
+  EXPECT_DOUBLE_EQ(a2.loss(), b1.loss());
+  int64_t epoch = 0, step = 0;
+  ASSERT_NO_FATAL_FAILURE(ExpectResumedAtItsDrainedStep(a2, &epoch, &step));
+  std::printf(
+      "a2 drained at epoch %lld step %lld and resumed there; test accuracy %.4f, loss %.6f "
+      "(undisturbed twin: %.4f, %.6f)\n",
+      static_cast<long long>(epoch), static_cast<long long>(step), a2.test_accuracy(), a2.loss(),
+      b1.test_accuracy(), b1.loss());
 
   // Idle again: nothing borrowed; admissions: a1, a2 twice (team-a), b1.
   out = As("alice", "queues -o json", &rc);
   ASSERT_EQ(rc, 0) << out;
   EXPECT_EQ(out.find(R"("borrowed":{"trainers")"), std::string::npos) << out;
-  EXPECT_EQ(SchedulerMetric(R"(dtrain_scheduler_queue_admission_wait_seconds_count{queue="team-a"})"),
-            3);
-  EXPECT_EQ(SchedulerMetric(R"(dtrain_scheduler_queue_admission_wait_seconds_count{queue="team-b"})"),
-            1);
+  EXPECT_EQ(
+      SchedulerMetric(R"(dtrain_scheduler_queue_admission_wait_seconds_count{queue="team-a"})"), 3);
+  EXPECT_EQ(
+      SchedulerMetric(R"(dtrain_scheduler_queue_admission_wait_seconds_count{queue="team-b"})"), 1);
+}
+
+// Within one queue a higher-priority job drains a lower one of the same
+// queue (within_queue: lower_priority) when the queue has no quota left and
+// the cohort lends none; the lower one resumes at its step.
+TEST_F(QueuesE2eTest, HigherPriorityDrainsALowerOneOfItsQueue) {
+  JobStatus a = OrFail(cluster_->Submit(OneTrainerJob("a", 2), "alice"), "a");
+  JobStatus low = OrFail(cluster_->Submit(OneTrainerJob("low", 3), "bob"), "low");
+  low = WaitMidEpoch(low.id(), {.first_epoch = 1,
+                                .last_epoch = 2,
+                                .min_step = 1,
+                                .min_steps_left = 17,
+                                .timeout = absl::Seconds(120)});
+  ASSERT_EQ(low.state(), v1::RUNNING) << low.DebugString();
+  ASSERT_EQ(Get(a.id()).state(), v1::RUNNING);
+
+  const absl::Time submitted = absl::Now();
+  v1::SubmitRequest r = OneTrainerJob("urgent", 1);
+  r.mutable_spec()->set_priority(5);
+  JobStatus urgent = OrFail(cluster_->Submit(r, "bob"), "urgent");
+  urgent = PollJob(
+      urgent.id(), [](const JobStatus& j) { return j.state() != v1::QUEUED; }, absl::Seconds(10));
+  ASSERT_EQ(urgent.state(), v1::RUNNING) << urgent.DebugString();
+  std::printf("the urgent job admitted %.1f s after its submission\n",
+              absl::ToDoubleSeconds(absl::Now() - submitted));
+  bool waited = false;
+  for (const v1::JobEvent& e : urgent.events()) {
+    waited |= e.reason() == "waiting for preemption: draining 1 job of queue team-b (within_queue)";
+  }
+  EXPECT_TRUE(waited) << urgent.DebugString();
+  bool told = false;
+  for (const v1::JobEvent& e : Get(low.id()).events()) {
+    told |= e.reason() ==
+            "preempted (drained at a step, back at the head of its queue) for a job of priority 5 "
+            "in queue team-b (within_queue: lower_priority)";
+  }
+  EXPECT_TRUE(told);
+  EXPECT_EQ(Get(a.id()).attempts(), 1);  // another queue's job, within its quota: untouched
+  EXPECT_EQ(
+      SchedulerMetric(
+          R"(dtrain_scheduler_queue_preemptions_total{queue="team-b",reason="within_queue"})"),
+      1);
+
+  EXPECT_EQ(WatchToEnd(urgent.id(), absl::Seconds(300)).state(), v1::SUCCEEDED);
+  EXPECT_EQ(WatchToEnd(a.id(), absl::Seconds(300)).state(), v1::SUCCEEDED);
+  low = WatchToEnd(low.id(), absl::Seconds(300));
+  ASSERT_EQ(low.state(), v1::SUCCEEDED) << low.DebugString();
+  int64_t epoch = 0, step = 0;
+  ASSERT_NO_FATAL_FAILURE(ExpectResumedAtItsDrainedStep(low, &epoch, &step));
+  std::printf("low drained at epoch %lld step %lld and resumed there\n",
+              static_cast<long long>(epoch), static_cast<long long>(step));
 }
 
 }  // namespace
