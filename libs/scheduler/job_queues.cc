@@ -82,7 +82,8 @@ std::optional<QuotaState> JobQueues::Usage(const std::vector<JobRef>& jobs) cons
 void JobQueues::SortForPlacement(std::vector<JobRef>* queued, const std::vector<JobRef>& jobs,
                                  const std::optional<QuotaState>& usage) const {
   std::set<int64_t> within;         // by seq
-  std::map<int64_t, double> share;  // by seq
+  std::map<int64_t, double> share;        // the owner's share of the queue, by seq
+  std::map<int64_t, double> queue_share;  // a borrowing job's queue's share, by seq
   if (config_ && usage) {
     std::map<std::pair<int, std::string>, Resources> user_usage;
     for (const JobRef& j : jobs) {
@@ -94,15 +95,21 @@ void JobQueues::SortForPlacement(std::vector<JobRef>* queued, const std::vector<
     for (const JobRef& j : *queued) {
       const int q = QueueOf(*j.status);
       if (q < 0) continue;
+      const QueueSpec& spec = config_->queues[q];
       if (usage->WithinNominal(q, Gang(j.status->spec(), j.status->spec().num_trainers()))) {
         within.insert(j.seq);
+      } else {
+        queue_share[j.seq] =
+            QueueShare(spec, usage->usage(q), CohortLendable(*config_, spec.cohort));
       }
-      share[j.seq] = UserShare(config_->queues[q], user_usage[{q, j.status->owner()}]);
+      share[j.seq] = UserShare(spec, user_usage[{q, j.status->owner()}]);
     }
   }
   std::sort(queued->begin(), queued->end(), [&](const JobRef& a, const JobRef& b) {
     const bool wa = within.count(a.seq) > 0, wb = within.count(b.seq) > 0;
     if (wa != wb) return wa;
+    const double qa = queue_share[a.seq], qb = queue_share[b.seq];
+    if (qa != qb) return qa < qb;
     const int pa = a.status->spec().priority(), pb = b.status->spec().priority();
     if (pa != pb) return pa > pb;
     const double sa = share[a.seq], sb = share[b.seq];

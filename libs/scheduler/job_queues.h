@@ -91,9 +91,11 @@ class JobQueues {
 
   // Sorts QUEUED jobs in placement order: jobs within their queue's
   // nominal quota before jobs that would borrow (a queue's quota is its own
-  // before it is lent), then priority, then the owner's share of the queue
-  // (fair_sharing.h, from the RUNNING jobs of `jobs`; smaller first), then
-  // arrival. Without queues: priority, then arrival.
+  // before it is lent); jobs that would borrow by their queue's borrowed
+  // share of the cohort by weight (fair_sharing.h's QueueShare, smaller
+  // first: spare quota is split by weight); then priority, then the owner's
+  // share of the queue (from the RUNNING jobs of `jobs`; smaller first),
+  // then arrival. Without queues: priority, then arrival.
   void SortForPlacement(std::vector<JobRef>* queued, const std::vector<JobRef>& jobs,
                         const std::optional<QuotaState>& usage) const;
 

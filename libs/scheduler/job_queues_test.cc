@@ -147,6 +147,28 @@ TEST(JobQueuesTest, PlacementOrderIsWithinQuotaThenPriorityThenShareThenArrival)
   EXPECT_EQ(order, (std::vector<std::string>{high.id(), b1.id(), a1.id(), big.id()}));
 }
 
+// Jobs that would borrow go by their queue's borrowed share by weight: y
+// (weight 3) borrows as much as x (weight 1) but has the smaller share.
+TEST(JobQueuesTest, BorrowingJobsGoByTheirQueuesWeightedShare) {
+  absl::StatusOr<QueueConfig> c = ParseQueueConfig(
+      "queues:\n"
+      "  - name: x\n    cohort: c\n    quota: {trainers: 2}\n    users: [xavier]\n"
+      "  - name: y\n    cohort: c\n    quota: {trainers: 2}\n    weight: 3\n    users: [yves]\n"
+      "  - name: z\n    cohort: c\n    quota: {trainers: 4}\n    users: [zoe]\n");
+  ASSERT_TRUE(c.ok()) << c.status();
+  JobQueues queues(*c);
+  Jobs jobs;
+  jobs.Add("xavier", "x", v1::RUNNING, 3);
+  jobs.Add("yves", "y", v1::RUNNING, 3);
+  const v1::JobStatus& x = jobs.Add("xavier", "x", v1::QUEUED, 1, /*priority=*/9);
+  const v1::JobStatus& y = jobs.Add("yves", "y", v1::QUEUED, 1);
+  std::vector<JobRef> queued = jobs.Queued();
+  queues.SortForPlacement(&queued, jobs.refs(), queues.Usage(jobs.refs()));
+  ASSERT_EQ(queued.size(), 2u);
+  EXPECT_EQ(queued[0].status->id(), y.id());
+  EXPECT_EQ(queued[1].status->id(), x.id());
+}
+
 TEST(JobQueuesTest, ABorrowersJobIsTheVictimOnceAndTheReclaimerWaitsForIt) {
   JobQueues queues(TwoTeams());
   Jobs jobs;

@@ -296,7 +296,8 @@ TEST_F(QueuesE2eTest, HigherPriorityDrainsALowerOneOfItsQueue) {
   }
   EXPECT_TRUE(waited) << urgent.DebugString();
   bool told = false;
-  for (const v1::JobEvent& e : Get(low.id()).events()) {
+  const JobStatus drained = Get(low.id());
+  for (const v1::JobEvent& e : drained.events()) {
     told |= e.reason() ==
             "preempted (drained at a step, back at the head of its queue) for a job of priority 5 "
             "in queue team-b (within_queue: lower_priority)";
