@@ -274,9 +274,9 @@ struct SchedulerOptions {
   // (checkpoint at a step, requeued, resumed there; counted in drains, not
   // against max_attempts); the preemptor's event names the victims' queues.
   // Jobs within their queue's quota are placed before jobs that would
-  // borrow, then by priority, then the owner's share of the queue
-  // (fair_sharing.h; smaller first), then arrival (the weighted shares
-  // between queues of admission.h are not wired in yet). ApplyQueues
+  // borrow, those by their queue's borrowed share by weight, then by
+  // priority, then the owner's share of the queue (fair_sharing.h; smaller
+  // first), then arrival (JobQueues::SortForPlacement). ApplyQueues
   // replaces them at run time; the applied file is logged and, after a
   // restart, kept over `queues` while `queues_yaml` is the file it was
   // applied over (a changed --queues file wins).

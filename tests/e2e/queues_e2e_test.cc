@@ -10,16 +10,15 @@
 // refusal names its problem and disturbs nothing: an unknown queue, another
 // team's queue, a malformed queues file, a change that would strand running
 // jobs, a user applying a queues file.
-#include <cctype>
 #include <fstream>
 #include <string>
 #include <vector>
 
 #include "absl/strings/match.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
+#include "libs/scheduler/queue_test_util.h"
 #include "protos/scheduler.grpc.pb.h"
 #include "tests/e2e/e2e_util.h"
 #include "tests/e2e/test_cluster.h"
@@ -30,22 +29,7 @@ namespace {
 
 namespace v1 = scheduler::v1;
 
-// The issue's file, verbatim (docs/queues.md).
-constexpr char kTwoTeams[] = R"(queues:
-  - name: team-a
-    cohort: research
-    quota: {trainers: 1}
-    borrowing_limit: {trainers: 1}
-    users: [alice]
-  - name: team-b
-    cohort: research
-    quota: {trainers: 1}
-    users: [bob]
-preemption:
-  within_queue: lower_priority
-  reclaim_within_cohort: any
-)";
-
+// A queues file under $TEST_TMPDIR; its path.
 std::string WriteTmp(const std::string& name, const std::string& text) {
   const std::string path = TmpDir("queues-files") + "/" + name;
   std::ofstream(path) << text;
@@ -61,24 +45,13 @@ v1::SubmitRequest OneTrainerJob(const std::string& name, int epochs) {
   return r;
 }
 
-// The number after `key` in `text` (-1 when absent).
-int64_t NumberAfter(const std::string& text, const std::string& key) {
-  size_t at = text.find(key);
-  if (at == std::string::npos) return -1;
-  at += key.size();
-  size_t end = at;
-  while (end < text.size() && isdigit(static_cast<unsigned char>(text[end]))) ++end;
-  int64_t n = -1;
-  return absl::SimpleAtoi(text.substr(at, end - at), &n) ? n : -1;
-}
-
 class QueuesE2eTest : public ClusterTest {
  protected:
   void SetUp() override {
     Up({.trainers = 2,
         .users = {"alice", "bob"},
         .heartbeat_timeout_s = 5,
-        .flags = "--queues=" + WriteTmp("two-teams.yaml", kTwoTeams)});
+        .flags = "--queues=" + WriteTmp("two-teams.yaml", scheduler::queue_test::kTwoTeamsQueues)});
   }
 
   std::string As(const std::string& user, const std::string& args, int* rc) {
