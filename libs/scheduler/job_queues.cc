@@ -61,11 +61,16 @@ absl::StatusOr<std::string> JobQueues::ForSubmit(const v1::JobSpec& spec,
 
 int JobQueues::QueueOf(const v1::JobStatus& status) const {
   if (!config_) return -1;
-  if (!status.queue().empty()) return config_->Find(status.queue());
+  if (!status.queue().empty()) {
+    const int q = config_->Find(status.queue());
+    if (q >= 0) return q;
+  }
+  // Submitted before the scheduler had queues, or its queue left the file
+  // (ApplyQueues refuses that while it runs): its owner's default.
   auto cached = default_of_owner_.find(status.owner());
   if (cached != default_of_owner_.end()) return cached->second;
   absl::StatusOr<int> q = config_->Resolve(status.owner(), {}, "");
-  // An owner no longer in the file (a job from before it): not limited.
+  // An owner in no queue: not limited.
   return default_of_owner_[status.owner()] = q.ok() ? *q : -1;
 }
 

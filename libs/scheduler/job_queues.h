@@ -14,9 +14,10 @@
 //   std::optional<PreemptionDecision> d = queues.FindVictims(blocked, jobs);
 //   DT_RETURN_IF_ERROR(queues.CheckApply(next, jobs)); queues.Replace(next, yaml);
 //
-// A job's queue is JobStatus.queue (set at Submit), else its owner's
-// default (jobs submitted before the scheduler had queues); a queue the file
-// no longer has limits nothing (-1). Without a queues file every method is
+// A job's queue is JobStatus.queue (set at Submit) while the file has it,
+// else its owner's default (jobs submitted before the scheduler had queues,
+// or waiting in a queue an admin removed); an owner in no queue is not
+// limited (-1). Without a queues file every method is
 // a no-op: one queue, no quota (Usage is unlimited, FindVictims finds none).
 //
 // Not thread-safe (the scheduler holds its lock).

@@ -408,8 +408,8 @@ class Scheduler {
   // for a malformed file, FailedPrecondition naming the queue, resource
   // and numbers when it would strand running jobs (or the scheduler has no
   // queues file: start it with --queues), kUnavailable when the log refuses;
-  // nothing changes then. Jobs keep their queue by name; a job whose queue
-  // is gone is no longer limited.
+  // nothing changes then. Jobs keep their queue by name; a waiting job
+  // whose queue is gone goes by its owner's default.
   absl::StatusOr<v1::ListQueuesReply> ApplyQueues(const std::string& yaml, const std::string& who);
 
  private:
