@@ -1882,6 +1882,35 @@ TEST_F(SchedulerTest, QueuesOrderUsersOfAQueueByTheirShare) {
   EXPECT_EQ(s->Get(a3->id())->state(), v1::QUEUED);
 }
 
+// Fairness between the users of one queue in the running scheduler: alice
+// queues 12 jobs, then bob 12 (arrival order alone would run all of
+// alice's first); while both wait, each freed trainer goes to the user with
+// the smaller share, so they get equal trainer time (one tick per job).
+TEST_F(SchedulerTest, QueuesGiveTwoUsersOfAQueueEqualTrainerTime) {
+  absl::StatusOr<QueueConfig> queues =
+      ParseQueueConfig("queues:\n  - name: q\n    quota: {trainers: 2}\n    users: [alice, bob]\n");
+  ASSERT_TRUE(queues.ok()) << queues.status();
+  SchedulerOptions o = Options();
+  o.queues = *queues;
+  auto s = Open(std::move(o));
+  for (int i = 0; i < 2; ++i) Beat(s.get(), AddTrainer(s.get()));
+  for (int i = 0; i < 12; ++i) ASSERT_TRUE(s->Submit(Spec("a"), "", "alice").ok());
+  for (int i = 0; i < 12; ++i) ASSERT_TRUE(s->Submit(Spec("b"), "", "bob").ok());
+  std::map<std::string, int> ticks;  // trainer-ticks per user while both wait
+  for (int tick = 0; tick < 10; ++tick) {
+    const std::vector<JobStatus> running = s->List(v1::RUNNING);
+    ASSERT_EQ(running.size(), 2u) << "tick " << tick;
+    for (const JobStatus& j : running) ++ticks[j.owner()];
+    for (const JobStatus& j : running) {
+      Beat(s.get(), j.trainers(0), {j.id()});  // delivered
+      ASSERT_TRUE(s->ReportProgress(Final(j.trainers(0), j.id(), 0, v1::SUCCEEDED)).ok());
+    }
+  }
+  EXPECT_EQ(ticks["alice"] + ticks["bob"], 20);
+  EXPECT_LE(std::abs(ticks["alice"] - ticks["bob"]), 20 / 10)
+      << ticks["alice"] << " vs " << ticks["bob"];
+}
+
 // JobSpec.queue picks one of the owner's queues (JobStatus.queue says which);
 // an unknown queue and another team's are refused naming the owner's queues.
 TEST_F(SchedulerTest, QueuesJobSpecQueuePicksOneOfTheOwnersQueues) {
