@@ -19,10 +19,12 @@ while IFS= read -r f; do
   case "$base" in
     scheduler) bin="$R/services/scheduler/scheduler_server"
                over=(--listen=127.0.0.1:0 --metrics_listen=127.0.0.1:0 "--data_dir=$tmp/s$n" --insecure
-                     --health_listen=127.0.0.1:0 --cluster_secret_file=)
+                     --health_listen=127.0.0.1:0 --cluster_secret_file=
+                     "--queues=$R/k8s/base/config/queues.yaml")
                need=(--metrics_listen=0.0.0.0:9400 --health_listen=0.0.0.0:7001
                      --cluster_secret_file=/etc/dtrain-tls/cluster.secret
-                     --ca=/etc/dtrain-tls/ca.pem --cert=/etc/dtrain-tls/scheduler.pem) ;;
+                     --ca=/etc/dtrain-tls/ca.pem --cert=/etc/dtrain-tls/scheduler.pem
+                     --queues=/etc/dtrain-queues/queues.yaml) ;;
     kvstore)   bin="$R/services/kvstore/kvstore_server"
                over=(--listen=127.0.0.1:0 --metrics_listen=127.0.0.1:0 "--data_dir=$tmp/k$n" --insecure
                      --health_listen=127.0.0.1:0 --cluster_secret_file=)

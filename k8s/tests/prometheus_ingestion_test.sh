@@ -37,8 +37,23 @@ free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",
 wait_file() { for _ in $(seq 100); do [ -s "$1" ] && return 0; sleep 0.1; done; fail "$2 did not start"; }
 
 sm=$(free_port); km=$(free_port); tm=$(free_port); pp=$(free_port)
+# Queues whose quotas name trainers, so every per-queue series exists (the
+# shipped k8s/base/config/queues.yaml limits nothing); the job runs in
+# "default" (an --insecure caller is the user "", which only "*" matches).
+cat >"$dir/queues.yaml" <<EOQ
+queues:
+  - name: default
+    cohort: all
+    quota: {trainers: 1}
+    users: ["*"]
+  - name: spare
+    cohort: all
+    quota: {trainers: 1}
+    users: [nobody]
+EOQ
 "$SCHED" --listen=127.0.0.1:0 --port_file="$dir/scheduler.port" --data_dir="$dir/scheduler" \
-  --metrics_listen=127.0.0.1:$sm >"$dir/scheduler.log" 2>&1 & pids+=($!)
+  --metrics_listen=127.0.0.1:$sm --queues="$dir/queues.yaml" \
+  >"$dir/scheduler.log" 2>&1 & pids+=($!)
 wait_file "$dir/scheduler.port" scheduler_server
 # A replicated shard of one replica: it heartbeats to the scheduler, whose
 # shard map metrics (dtrain_scheduler_kvstore_*) then have series.

@@ -336,6 +336,21 @@ std::vector<QueueSummary> QueueManager::Summaries() const {
     s.admitted = static_cast<int>(admitted_[q].size());
     out.push_back(std::move(s));
   }
+  // Each cohort's borrowing, counted against its lenders in file order.
+  std::map<std::string, Resources> to_lend;
+  for (const QueueSummary& s : out) {
+    if (!s.cohort.empty()) to_lend[s.cohort] += s.borrowed;
+  }
+  for (int q = 0; q < static_cast<int>(out.size()); ++q) {
+    QueueSummary& s = out[q];
+    if (s.cohort.empty()) continue;
+    Resources& left = to_lend[s.cohort];
+    for (int r = 0; r < kNumResources; ++r) {
+      const int64_t unused = std::max<int64_t>(0, s.quota[r] - s.usage[r]);
+      s.lent[r] = std::min({left[r], unused, config_.queues[q].lending_limit[r]});
+      left[r] -= s.lent[r];
+    }
+  }
   return out;
 }
 

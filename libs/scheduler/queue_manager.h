@@ -101,6 +101,10 @@ struct QueueSummary {
   Resources quota;
   Resources usage;      // by its admitted jobs (evicting ones too)
   Resources borrowed;   // usage above quota, per resource
+  // Of its unused quota (up to its lending limit), what other queues of its
+  // cohort borrow: the cohort's borrowing is counted against its lenders in
+  // file order.
+  Resources lent;
   Resources available;  // what it could add now (QuotaState::Available)
   int pending = 0;
   int admitted = 0;

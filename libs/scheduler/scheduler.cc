@@ -14,8 +14,6 @@
 #include "absl/strings/str_join.h"
 #include "libs/base/logging.h"
 #include "libs/base/status.h"
-#include "libs/scheduler/fair_sharing.h"
-#include "libs/scheduler/preemptor.h"
 #include "libs/scheduler/spec.h"
 #include "libs/security/job_token.h"
 
@@ -57,6 +55,10 @@ absl::Status Scheduler::Replay(const std::vector<std::string>& records) {
     if (!st.ParseFromString(records[i]) || st.id().empty()) {
       return absl::DataLossError(
           absl::StrCat(options_.wal_path, ": record ", i, " is not a job status"));
+    }
+    if (st.id() == kQueuesRecordId) {
+      DT_RETURN_IF_ERROR(ReplayQueues(records[i], i));
+      continue;
     }
     int64_t n = 0;
     const bool numbered = absl::SimpleAtoi(absl::string_view(st.id()).substr(4), &n);
@@ -106,6 +108,7 @@ absl::Status Scheduler::Replay(const std::vector<std::string>& records) {
                    << options_.heartbeat_timeout;
     }
   }
+  DT_RETURN_IF_ERROR(UseAppliedQueues());
   if (!records.empty()) {
     DT_LOG(INFO) << "replayed " << records.size() << " WAL records: " << jobs_.size() << " jobs";
   }
@@ -152,6 +155,7 @@ std::vector<std::string> Scheduler::Snapshot() const {
     tombstone.set_id(last);
     records.push_back(tombstone.SerializeAsString());
   }
+  if (queues_record_) records.push_back(queues_record_->SerializeAsString());
   for (const auto& [id, job] : jobs_) records.push_back(job.status.SerializeAsString());
   return records;
 }
@@ -192,23 +196,12 @@ absl::StatusOr<JobStatus> Scheduler::Submit(JobSpec spec, const std::string& req
   }
   DT_RETURN_IF_ERROR(ValidateJobSpec(spec));
   ApplyDefaults(&spec);
-  if (options_.queues) {
-    DT_ASSIGN_OR_RETURN(const int q, options_.queues->Resolve(owner, {}, ""));
-    const QuotaState empty(&*options_.queues, Resources{{kUnlimited, kUnlimited, kUnlimited}});
-    std::string why;
-    if (!empty.Fits(q,
-                    GangResources(spec.num_trainers(), spec.devices_per_trainer(),
-                                  spec.device_kind() == "cuda"),
-                    &why)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("the job can never be admitted: ", why, "; ask for less"));
-    }
-  }
   absl::MutexLock lock(&mu_);
   if (!request_id.empty()) {
     auto seen = by_request_id_.find(request_id);
     if (seen != by_request_id_.end()) return jobs_[seen->second].status;  // a retry
   }
+  DT_ASSIGN_OR_RETURN(std::string queue, queues_.ForSubmit(spec, owner));
   if (options_.max_queued_jobs_per_user > 0) {
     int queued = 0;
     for (const auto& [unused, j] : jobs_) {
@@ -228,11 +221,13 @@ absl::StatusOr<JobStatus> Scheduler::Submit(JobSpec spec, const std::string& req
   job.status.set_id(id);
   job.status.set_submit_request_id(request_id);
   job.status.set_owner(owner);
+  job.status.set_queue(std::move(queue));
   *job.status.mutable_spec() = std::move(spec);
   job.status.set_test_accuracy(-1);
   job.status.set_submit_time_unix_ms(absl::ToUnixMillis(options_.now()));
   SetState(&job.status, v1::QUEUED, "submitted");
   DT_RETURN_IF_ERROR(Persist(job.status, "the job was not submitted"));
+  ++commits_;
   ++next_job_;
   if (!request_id.empty()) by_request_id_[request_id] = id;
   jobs_[id] = std::move(job);
@@ -988,45 +983,13 @@ bool Scheduler::Fits(const Trainer& t, const JobSpec& spec) const {
 }
 
 void Scheduler::Schedule() {
-  std::vector<Job*> queue;
-  for (auto& [id, job] : jobs_) {
-    if (job.status.state() == v1::QUEUED) queue.push_back(&job);
+  const std::vector<JobRef> all = JobRefs();
+  std::vector<JobRef> queue;
+  for (const JobRef& j : all) {
+    if (j.status->state() == v1::QUEUED) queue.push_back(j);
   }
-  std::optional<QuotaState> quota = QueueUsage();
-  // With queues, jobs within their queue's quota go before jobs that would
-  // borrow (a queue's quota is its own before it is lent); at equal
-  // priority, the user with the smaller share of the queue (fair_sharing.h,
-  // from the RUNNING jobs) goes first.
-  std::set<const Job*> within;
-  std::map<const Job*, double> user_share;
-  if (quota) {
-    std::map<std::pair<int, std::string>, Resources> user_usage;
-    for (const auto& [id, j] : jobs_) {
-      const int q = j.status.state() == v1::RUNNING ? QueueOf(j.status) : -1;
-      if (q < 0) continue;
-      const JobSpec& spec = j.status.spec();
-      user_usage[{q, j.status.owner()}] += GangResources(
-          j.status.trainers_size(), spec.devices_per_trainer(), spec.device_kind() == "cuda");
-    }
-    for (const Job* job : queue) {
-      const int q = QueueOf(job->status);
-      if (q < 0) continue;
-      const JobSpec& spec = job->status.spec();
-      if (quota->WithinNominal(q, GangResources(spec.num_trainers(), spec.devices_per_trainer(),
-                                                spec.device_kind() == "cuda"))) {
-        within.insert(job);
-      }
-      user_share[job] = UserShare(options_.queues->queues[q], user_usage[{q, job->status.owner()}]);
-    }
-  }
-  std::sort(queue.begin(), queue.end(), [&within, &user_share](const Job* a, const Job* b) {
-    if (within.count(a) != within.count(b)) return within.count(a) > within.count(b);
-    if (a->status.spec().priority() != b->status.spec().priority()) {
-      return a->status.spec().priority() > b->status.spec().priority();
-    }
-    if (user_share[a] != user_share[b]) return user_share[a] < user_share[b];
-    return a->seq < b->seq;
-  });
+  std::optional<QuotaState> quota = queues_.Usage(all);
+  queues_.SortForPlacement(&queue, all, quota);
   std::vector<Trainer*> free;
   for (auto& [id, t] : trainers_) {
     if (t.job_id.empty() && !t.draining && t.last_heartbeat > t.placeable_after) {
@@ -1038,13 +1001,14 @@ void Scheduler::Schedule() {
   // Free trainers held for a higher job, with its id.
   std::map<const Trainer*, std::string> reserved;
   std::set<int> preempt_tried;  // queues whose first blocked job may preempt
-  for (Job* job : queue) {
+  for (const JobRef& ref : queue) {
+    Job* job = &jobs_[ref.status->id()];
     const JobSpec& spec = job->status.spec();
-    const int q = quota ? QueueOf(job->status) : -1;
+    const int q = queues_.QueueOf(job->status);
     const Resources gang = GangResources(spec.num_trainers(), spec.devices_per_trainer(),
                                          spec.device_kind() == "cuda");
     if (std::string why; q >= 0 && !quota->Fits(q, gang, &why)) {
-      if (preempt_tried.insert(q).second) why = Preempt(job, q, why);
+      if (preempt_tried.insert(q).second) why = Preempt(job, why);
       if (why != job->status.pending_reason()) {
         job->status.set_pending_reason(why);
         Touch(&job->status);
@@ -1099,87 +1063,14 @@ void Scheduler::Schedule() {
     Kv& kv = kv_[job->status.id()];
     kv = Kv();
     kv.attempt = job->status.attempts();
-    if (q >= 0) quota->Add(q, gang);
-  }
-  Grow(reserved);
-}
-
-int Scheduler::QueueOf(const JobStatus& status) const {
-  if (!options_.queues) return -1;
-  auto cached = queue_of_owner_.find(status.owner());
-  if (cached != queue_of_owner_.end()) return cached->second;
-  absl::StatusOr<int> q = options_.queues->Resolve(status.owner(), {}, "");
-  // An owner no longer in the file (a job from before it): not limited.
-  return queue_of_owner_[status.owner()] = q.ok() ? *q : -1;
-}
-
-std::string Scheduler::Preempt(Job* job, int q, const std::string& why) {
-  int waiting = 0;
-  for (const auto& [id, j] : jobs_) {
-    if (j.preempting && j.preempted_for == job->status.id()) ++waiting;
-  }
-  if (waiting > 0) {
-    return absl::StrCat(why, "; waiting for ", waiting, " preempted ",
-                        waiting == 1 ? "job" : "jobs", " to drain");
-  }
-  if (job->no_victims_at == commits_) return why;  // nothing changed since
-  // The queues' view of the RUNNING jobs (whole jobs: a running job's
-  // shrink on demand is not built, so none counts as elastic here).
-  QueueManager m(*options_.queues, Resources{{kUnlimited, kUnlimited, kUnlimited}});
-  auto workload = [&](const Job& j, int queue, int trainers) {
-    Workload w;
-    w.id = j.status.id();
-    w.queue = options_.queues->queues[queue].name;
-    w.user = j.status.owner();
-    w.priority = j.status.spec().priority();
-    w.submit_time = static_cast<double>(j.seq);
-    w.trainers = trainers;
-    w.devices_per_trainer = j.status.spec().devices_per_trainer();
-    w.cuda = j.status.spec().device_kind() == "cuda";
-    return w;
-  };
-  for (const auto& [id, j] : jobs_) {
-    const int jq = j.status.state() == v1::RUNNING ? QueueOf(j.status) : -1;
-    if (jq < 0 || !m.AddPending(workload(j, jq, j.status.trainers_size())).ok()) continue;
-    (void)m.Admit(id, static_cast<double>(j.seq));  // newer placements go first
-    if (j.preempting) m.MarkEvicting(id, j.preempted_for);
-  }
-  const Workload w = workload(*job, q, job->status.spec().num_trainers());
-  if (!m.AddPending(w).ok()) return why;
-  const std::optional<PreemptionDecision> d = FindPreemption(m, w);
-  if (!d) {
-    job->no_victims_at = commits_;
-    return why;
-  }
-  for (const Victim& v : d->victims) {
-    Job& victim = jobs_[v.id];
-    JobStatus next = victim.status;
-    SetState(&next, v1::RUNNING, v.message);
-    if (absl::Status s = Commit(&victim, std::move(next)); !s.ok()) {
-      LogRefusal(s);
-      return why;
+    if (q >= 0) {
+      quota->Add(q, gang);
+      queues_.RecordAdmission(job->status.queue(),
+                              QueuedSeconds(job->status, absl::ToUnixMillis(options_.now())));
     }
-    victim.preempting = true;
-    victim.preempted_for = job->status.id();
-    DT_LOG(INFO) << "job " << v.id << ": " << v.message;
   }
-  JobStatus next = job->status;
-  SetState(&next, v1::QUEUED, d->message);
-  if (absl::Status s = Commit(job, std::move(next)); !s.ok()) LogRefusal(s);
-  return absl::StrCat(why, "; ", d->message);
-}
-
-std::optional<QuotaState> Scheduler::QueueUsage() const {
-  if (!options_.queues) return std::nullopt;
-  QuotaState quota(&*options_.queues, Resources{{kUnlimited, kUnlimited, kUnlimited}});
-  for (const auto& [id, job] : jobs_) {
-    const int q = job.status.state() == v1::RUNNING ? QueueOf(job.status) : -1;
-    if (q < 0) continue;
-    const JobSpec& spec = job.status.spec();
-    quota.Add(q, GangResources(job.status.trainers_size(), spec.devices_per_trainer(),
-                               spec.device_kind() == "cuda"));
-  }
-  return quota;
+  UpdateQueuePositions();
+  Grow(reserved);
 }
 
 std::string Scheduler::PendingReason(const Job& job, int free_fit,
@@ -1492,7 +1383,7 @@ bool Scheduler::Shrink(Job* job, const Trainer& lost, const std::string& why) {
 }
 
 void Scheduler::Grow(const std::map<const Trainer*, std::string>& reserved) {
-  std::optional<QuotaState> quota = QueueUsage();
+  std::optional<QuotaState> quota = queues_.Usage(JobRefs());
   for (auto& [id, job] : jobs_) {
     const JobSpec& spec = job.status.spec();
     const int size = job.status.trainers_size();
@@ -1510,7 +1401,7 @@ void Scheduler::Grow(const std::map<const Trainer*, std::string>& reserved) {
     }
     if (!settled) continue;
     std::vector<Trainer*> joining;
-    const int q = quota ? QueueOf(job.status) : -1;
+    const int q = queues_.QueueOf(job.status);
     const Resources one =
         GangResources(1, spec.devices_per_trainer(), spec.device_kind() == "cuda");
     for (auto& [tid, t] : trainers_) {
@@ -1646,6 +1537,7 @@ SchedulerStats Scheduler::Stats() const {
     if (job.status.state() == v1::RUNNING) s.stragglers += job.status.stragglers_size();
   }
   s.stragglers_detected = stragglers_detected_;
+  s.queues = queues_.Metrics(JobRefs(), absl::ToUnixMillis(options_.now()));
   return s;
 }
 

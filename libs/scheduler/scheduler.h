@@ -191,8 +191,8 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "libs/scheduler/job_queues.h"
 #include "libs/scheduler/queue_config.h"
-#include "libs/scheduler/queue_manager.h"
 #include "libs/scheduler/straggler.h"
 #include "libs/scheduler/wal.h"
 #include "protos/scheduler.pb.h"
@@ -224,6 +224,8 @@ inline constexpr absl::Duration kMaxStoreWait = absl::Seconds(5);
 // The start of the event of a job requeued because the scheduler restarted
 // while it ran and no trainer claimed it (not counted against max_attempts).
 inline constexpr char kRestartRequeued[] = "scheduler restarted while the job was running";
+// The id of the job log's record of an applied queues file (v1::QueuesRecord).
+inline constexpr char kQueuesRecordId[] = "#queues";
 // Lost trainers ListTrainers keeps showing (the newest).
 inline constexpr size_t kMaxLostTrainersListed = 32;
 
@@ -258,22 +260,28 @@ struct SchedulerOptions {
   absl::Duration job_token_lifetime = absl::Hours(30 * 24);
   // Straggler detection (see "Stragglers").
   StragglerOptions stragglers;
-  // Queues with quotas (docs/queues.md); nullopt: one queue, no quota. A
-  // job goes to its owner's default queue (Submit refuses an owner in no
-  // queue, or a gang its queue can never admit); it is placed only within
-  // its queue's quota or what its cohort lends (QuotaState, from the RUNNING
-  // jobs' current sizes), else its pending_reason names the queue, resource
-  // and numbers, and it reserves no trainers. Elastic growth stays within
-  // the quota too. The first such job of each queue may preempt
-  // (preemptor.h, whole jobs): each victim gets an event naming the
+  // Queues with quotas (docs/queues.md, job_queues.h); nullopt: one queue,
+  // no quota. A job goes to JobSpec.queue if its owner may use it, else its
+  // owner's default (Submit refuses an unknown queue, another team's, an
+  // owner in no queue, or a gang its queue can never admit; the queue is
+  // JobStatus.queue); it is placed only within its queue's quota or what
+  // its cohort lends (from the RUNNING jobs' current sizes), else its
+  // pending_reason names the queue, resource and numbers, and it reserves
+  // no trainers. QUEUED jobs carry their queue_position. Elastic growth
+  // stays within the quota too. The first such job of each queue may
+  // preempt (preemptor.h, whole jobs): each victim gets an event naming the
   // preemptor's queue and rule and is drained like a draining trainer's job
   // (checkpoint at a step, requeued, resumed there; counted in drains, not
   // against max_attempts); the preemptor's event names the victims' queues.
   // Jobs within their queue's quota are placed before jobs that would
-  // borrow, then by priority, then the owner's share of the queue
-  // (fair_sharing.h; smaller first), then arrival (the weighted shares
-  // between queues of admission.h are not wired in yet).
+  // borrow, those by their queue's borrowed share by weight, then by
+  // priority, then the owner's share of the queue (fair_sharing.h; smaller
+  // first), then arrival (JobQueues::SortForPlacement). ApplyQueues
+  // replaces them at run time; the applied file is logged and, after a
+  // restart, kept over `queues` while `queues_yaml` is the file it was
+  // applied over (a changed --queues file wins).
   std::optional<QueueConfig> queues;
+  std::string queues_yaml;  // the text `queues` was parsed from
   // The clock; tests inject a fake one.
   std::function<absl::Time()> now = [] { return absl::Now(); };
 };
@@ -294,6 +302,8 @@ struct SchedulerStats {
   // stragglers since the scheduler started.
   int64_t stragglers = 0;
   int64_t stragglers_detected = 0;
+  // Per queue (empty without queues).
+  std::vector<QueueMetrics> queues;
 };
 
 // Upper bounds (seconds) of the recovery time histogram.
@@ -390,6 +400,18 @@ class Scheduler {
   // Registered trainers by id, then recently lost ones.
   std::vector<v1::TrainerStatus> ListTrainers() const;
 
+  // The queues at a glance (trainctl queues); `with_yaml`: also the file
+  // and each queue's users (for admins).
+  v1::ListQueuesReply ListQueues(bool with_yaml) const;
+  // Replaces the queues with the file `yaml` (applied by `who`), logged
+  // first, and returns ListQueues(true). InvalidArgument naming the line
+  // for a malformed file, FailedPrecondition naming the queue, resource
+  // and numbers when it would strand running jobs (or the scheduler has no
+  // queues file: start it with --queues), kUnavailable when the log refuses;
+  // nothing changes then. Jobs keep their queue by name; a waiting job
+  // whose queue is gone goes by its owner's default.
+  absl::StatusOr<v1::ListQueuesReply> ApplyQueues(const std::string& yaml, const std::string& who);
+
  private:
   struct Job {
     JobStatus status;
@@ -451,9 +473,16 @@ class Scheduler {
     int generation = 0;     // of its assignment (regroups are for later ones)
   };
 
-  explicit Scheduler(SchedulerOptions options) : options_(std::move(options)) {}
+  explicit Scheduler(SchedulerOptions options)
+      : options_(std::move(options)), queues_(options_.queues, options_.queues_yaml) {}
 
   absl::Status Replay(const std::vector<std::string>& records) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A logged queues file (record `index`): the newest is kept.
+  absl::Status ReplayQueues(const std::string& record, size_t index)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // After replay: the logged queues file replaces options_.queues while the
+  // --queues file is the one it was applied over.
+  absl::Status UseAppliedQueues() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Appends `status` to the log. On failure kUnavailable naming the log's
   // error, followed by `refused` (what did not happen).
   absl::Status Persist(const JobStatus& status, absl::string_view refused)
@@ -504,14 +533,14 @@ class Scheduler {
   // Elastic jobs below max_trainers whose membership is settled take free
   // trainers not `reserved` by queued jobs (a new generation; they join at a
   // step boundary).
-  // The queue of `status`'s owner (options_.queues), or -1.
-  int QueueOf(const JobStatus& status) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Queue usage of the RUNNING jobs; nullopt without queues.
-  std::optional<QuotaState> QueueUsage() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // For `job`, the first job of queue q that its quota blocks (`why`):
-  // starts the drains preemptor.h decides (events on both jobs) or says it
+  // Every job, for the queues (job_queues.h).
+  std::vector<JobRef> JobRefs() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // For `job`, the first job of its queue that the quota blocks (`why`):
+  // starts the drains the queues decide (events on both jobs) or says it
   // waits for earlier ones; returns its pending reason.
-  std::string Preempt(Job* job, int q, const std::string& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::string Preempt(Job* job, const std::string& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Sets the QUEUED jobs' queue_position (after some job changed).
+  void UpdateQueuePositions() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Grow(const std::map<const Trainer*, std::string>& reserved)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Whether `job` may change its membership in place at all.
@@ -558,9 +587,13 @@ class Scheduler {
 
   const SchedulerOptions options_;
   mutable absl::Mutex mu_;
-  // QueueOf's answers (options_.queues never changes).
-  mutable std::map<std::string, int> queue_of_owner_ ABSL_GUARDED_BY(mu_);
-  int64_t commits_ ABSL_GUARDED_BY(mu_) = 0;  // job changes made (Commit)
+  // The queues (options_.queues, or the file an admin applied since).
+  JobQueues queues_ ABSL_GUARDED_BY(mu_);
+  int64_t positions_at_ ABSL_GUARDED_BY(mu_) = -1;
+  // The applied queues file in force (kept by compaction).
+  std::optional<v1::QueuesRecord> queues_record_
+      ABSL_GUARDED_BY(mu_);                   // commits_ at the last UpdateQueuePositions
+  int64_t commits_ ABSL_GUARDED_BY(mu_) = 0;  // job changes made (Commit, Submit)
   std::unique_ptr<Wal> wal_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, Job> jobs_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, std::string> by_request_id_ ABSL_GUARDED_BY(mu_);  // -> job id

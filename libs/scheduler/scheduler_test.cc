@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "libs/scheduler/queue_test_util.h"
 #include "libs/scheduler/tmpfs_for_test.h"
@@ -1879,6 +1880,169 @@ TEST_F(SchedulerTest, QueuesOrderUsersOfAQueueByTheirShare) {
   ASSERT_TRUE(s->ReportProgress(Final(t, a1->id(), 0, v1::SUCCEEDED)).ok());
   EXPECT_EQ(s->Get(b1->id())->state(), v1::RUNNING);
   EXPECT_EQ(s->Get(a3->id())->state(), v1::QUEUED);
+}
+
+// Fairness between the users of one queue in the running scheduler: alice
+// queues 12 jobs, then bob 12 (arrival order alone would run all of
+// alice's first); while both wait, each freed trainer goes to the user with
+// the smaller share, so they get equal trainer time (one tick per job).
+TEST_F(SchedulerTest, QueuesGiveTwoUsersOfAQueueEqualTrainerTime) {
+  absl::StatusOr<QueueConfig> queues =
+      ParseQueueConfig("queues:\n  - name: q\n    quota: {trainers: 2}\n    users: [alice, bob]\n");
+  ASSERT_TRUE(queues.ok()) << queues.status();
+  SchedulerOptions o = Options();
+  o.queues = *queues;
+  auto s = Open(std::move(o));
+  for (int i = 0; i < 2; ++i) Beat(s.get(), AddTrainer(s.get()));
+  for (int i = 0; i < 12; ++i) ASSERT_TRUE(s->Submit(Spec("a"), "", "alice").ok());
+  for (int i = 0; i < 12; ++i) ASSERT_TRUE(s->Submit(Spec("b"), "", "bob").ok());
+  std::map<std::string, int> ticks;  // trainer-ticks per user while both wait
+  for (int tick = 0; tick < 10; ++tick) {
+    const std::vector<JobStatus> running = s->List(v1::RUNNING);
+    ASSERT_EQ(running.size(), 2u) << "tick " << tick;
+    for (const JobStatus& j : running) ++ticks[j.owner()];
+    for (const JobStatus& j : running) {
+      Beat(s.get(), j.trainers(0), {j.id()});  // delivered
+      ASSERT_TRUE(s->ReportProgress(Final(j.trainers(0), j.id(), 0, v1::SUCCEEDED)).ok());
+    }
+  }
+  EXPECT_EQ(ticks["alice"] + ticks["bob"], 20);
+  EXPECT_LE(std::abs(ticks["alice"] - ticks["bob"]), 20 / 10)
+      << ticks["alice"] << " vs " << ticks["bob"];
+}
+
+// JobSpec.queue picks one of the owner's queues (JobStatus.queue says which);
+// an unknown queue and another team's are refused naming the owner's queues.
+TEST_F(SchedulerTest, QueuesJobSpecQueuePicksOneOfTheOwnersQueues) {
+  absl::StatusOr<QueueConfig> queues = ParseQueueConfig(
+      "queues:\n  - name: a\n    quota: {trainers: 1}\n    users: [alice]\n"
+      "  - name: shared\n    quota: {trainers: 1}\n    users: [alice, bob]\n"
+      "default_queues: {alice: a}\n");
+  ASSERT_TRUE(queues.ok()) << queues.status();
+  SchedulerOptions o = Options();
+  o.queues = *queues;
+  auto s = Open(std::move(o));
+  auto by_default = s->Submit(Spec("d"), "", "alice");
+  ASSERT_TRUE(by_default.ok()) << by_default.status();
+  EXPECT_EQ(by_default->queue(), "a");
+  JobSpec spec = Spec("named");
+  spec.set_queue("shared");
+  auto named = s->Submit(spec, "", "alice");
+  ASSERT_TRUE(named.ok()) << named.status();
+  EXPECT_EQ(named->queue(), "shared");
+  spec.set_queue("a");
+  auto other = s->Submit(spec, "", "bob");
+  EXPECT_EQ(other.status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(other.status().message(), "user bob may not submit to queue a (your queues: shared)");
+  spec.set_queue("nope");
+  auto unknown = s->Submit(spec, "", "alice");
+  EXPECT_EQ(unknown.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(unknown.status().message(),
+            "queue: unknown queue 'nope' (queues: a, shared; yours: a, shared)");
+  EXPECT_EQ(s->List().size(), 2u);  // nothing was queued for the refused ones
+}
+
+// ListQueues: quota, usage, borrowed, lent, pending and admitted per queue;
+// QUEUED jobs carry their position in their queue.
+TEST_F(SchedulerTest, QueuesListShowsUsageBorrowedLentAndPositions) {
+  absl::StatusOr<QueueConfig> queues = ParseQueueConfig(queue_test::kTwoTeamsQueues);
+  ASSERT_TRUE(queues.ok()) << queues.status();
+  SchedulerOptions o = Options();
+  o.queues = *queues;
+  auto s = Open(std::move(o));
+  EXPECT_FALSE(Open(Options())->ListQueues(true).configured());
+  for (int i = 0; i < 2; ++i) Beat(s.get(), AddTrainer(s.get()));
+  auto a1 = s->Submit(Spec("a1"), "", "alice");
+  auto a2 = s->Submit(Spec("a2"), "", "alice");  // borrows team-b's trainer
+  auto a3 = s->Submit(Spec("a3"), "", "alice");
+  auto a4 = s->Submit(Spec("a4"), "", "alice");
+  ASSERT_TRUE(a1.ok() && a2.ok() && a3.ok() && a4.ok());
+  EXPECT_EQ(s->Get(a3->id())->queue_position(), 1);
+  EXPECT_EQ(s->Get(a4->id())->queue_position(), 2);
+  EXPECT_EQ(s->Get(a1->id())->queue_position(), 0);  // running
+  const v1::ListQueuesReply r = s->ListQueues(false);
+  ASSERT_TRUE(r.configured());
+  EXPECT_EQ(r.yaml(), "");
+  ASSERT_EQ(r.queues_size(), 2);
+  const v1::QueueStatus& a = r.queues(0);
+  const v1::QueueStatus& b = r.queues(1);
+  EXPECT_EQ(a.name(), "team-a");
+  EXPECT_EQ(a.cohort(), "research");
+  EXPECT_EQ(a.resources(0), "trainers");
+  EXPECT_EQ(a.quota().trainers(), 1);
+  EXPECT_EQ(a.usage().trainers(), 2);
+  EXPECT_EQ(a.borrowed().trainers(), 1);
+  EXPECT_EQ(a.lent().trainers(), 0);
+  EXPECT_EQ(a.pending(), 2);
+  EXPECT_EQ(a.admitted(), 2);
+  EXPECT_EQ(b.usage().trainers(), 0);
+  EXPECT_EQ(b.lent().trainers(), 1);
+  EXPECT_EQ(b.available().trainers(), 0);  // lent: free again once reclaimed
+  EXPECT_EQ(b.reclaim_within_cohort(), "any");
+  EXPECT_EQ(a.preempted().at("reclaim_within_cohort"), 0);
+  // bob reclaims: counted against team-a's queue.
+  ASSERT_TRUE(s->Submit(Spec("b1"), "", "bob").ok());
+  EXPECT_EQ(s->ListQueues(false).queues(0).preempted().at("reclaim_within_cohort"), 1);
+  const SchedulerStats st = s->Stats();
+  ASSERT_EQ(st.queues.size(), 2u);
+  EXPECT_EQ(st.queues[0].preemptions.at("reclaim_within_cohort"), 1);
+  int64_t admissions = 0;
+  for (int64_t n : st.queues[0].wait_counts) admissions += n;
+  EXPECT_EQ(admissions, 2);  // a1 and a2
+}
+
+// ApplyQueues: a malformed file and one that would strand running jobs are
+// refused (naming the problem; nothing changes); an accepted one is logged
+// and survives a restart with the same --queues file, not a changed one.
+TEST_F(SchedulerTest, QueuesApplyRefusesStrandingAndSurvivesARestart) {
+  const std::string wal = TmpPath("queues.wal");
+  absl::StatusOr<QueueConfig> queues = ParseQueueConfig(queue_test::kTwoTeamsQueues);
+  ASSERT_TRUE(queues.ok()) << queues.status();
+  SchedulerOptions o = Options(wal);
+  o.queues = *queues;
+  o.queues_yaml = queue_test::kTwoTeamsQueues;
+  auto s = Open(o);
+  EXPECT_EQ(Open(Options())->ApplyQueues(queue_test::kTwoTeamsQueues, "root").status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  for (int i = 0; i < 2; ++i) Beat(s.get(), AddTrainer(s.get()));
+  auto a1 = s->Submit(Spec("a1"), "", "alice");
+  auto a2 = s->Submit(Spec("a2"), "", "alice");
+  ASSERT_TRUE(a1.ok() && a2.ok());
+  ASSERT_EQ(s->Get(a2->id())->state(), v1::RUNNING);  // team-a uses 2
+
+  auto bad = s->ApplyQueues("queues:\n  - name: x\n    quota: {trainers: -1}\n", "root");
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(bad.status().message(), "queues file line 3: queue x: negative quota trainers (-1)");
+  const std::string shrunk =
+      "queues:\n  - name: team-a\n    quota: {trainers: 1}\n    users: [alice]\n"
+      "  - name: team-b\n    quota: {trainers: 1}\n    users: [bob]\n";
+  auto strand = s->ApplyQueues(shrunk, "root");
+  EXPECT_EQ(strand.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(strand.status().message()),
+              ::testing::HasSubstr("would strand running jobs: queue team-a uses trainers 2"));
+  EXPECT_EQ(s->ListQueues(true).yaml(), queue_test::kTwoTeamsQueues);
+  EXPECT_EQ(s->Get(a2->id())->state(), v1::RUNNING);
+  EXPECT_EQ(s->Get(a2->id())->events_size(), 2);  // submitted, placed: nothing else
+
+  const std::string bigger =
+      "queues:\n  - name: team-a\n    quota: {trainers: 3}\n    users: [alice]\n"
+      "  - name: team-b\n    quota: {trainers: 1}\n    users: [bob]\n";
+  auto applied = s->ApplyQueues(bigger, "root");
+  ASSERT_TRUE(applied.ok()) << applied.status();
+  EXPECT_EQ(applied->yaml(), bigger);
+  EXPECT_EQ(applied->queues(0).quota().trainers(), 3);
+  EXPECT_EQ(applied->queues(0).borrowed().trainers(), 0);
+  s.reset();
+  s = Open(o);  // the same --queues file: the applied one stays
+  EXPECT_EQ(s->ListQueues(true).yaml(), bigger);
+  EXPECT_EQ(s->ListQueues(true).queues(0).usage().trainers(), 2);
+  s.reset();
+  o.queues_yaml = shrunk;  // the ConfigMap changed since: the file wins
+  auto changed = ParseQueueConfig(shrunk);
+  ASSERT_TRUE(changed.ok());
+  o.queues = *changed;
+  s = Open(o);
+  EXPECT_EQ(s->ListQueues(true).yaml(), shrunk);
 }
 
 // A scheduler restart restarts nothing: the trainers of a running attempt

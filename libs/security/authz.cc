@@ -26,6 +26,10 @@ const char* ActionName(Action action) {
       return "list trainers";
     case Action::kDrainTrainer:
       return "drain trainers";
+    case Action::kListQueues:
+      return "list queues";
+    case Action::kApplyQueues:
+      return "change the queues";
     case Action::kTrainerCall:
       return "call the trainers' ClusterService";
     case Action::kKvData:
@@ -49,6 +53,7 @@ absl::Status Authorize(const Identity& who, Action action, absl::string_view own
     case Action::kSubmitJob:
     case Action::kListJobs:
     case Action::kListTrainers:
+    case Action::kListQueues:
       ok = who.role == Role::kUser;
       break;
     case Action::kReadJob:
@@ -61,6 +66,7 @@ absl::Status Authorize(const Identity& who, Action action, absl::string_view own
       }
       break;
     case Action::kDrainTrainer:
+    case Action::kApplyQueues:
       break;  // admins only
     case Action::kTrainerCall:
       ok = who.role == Role::kTrainer;

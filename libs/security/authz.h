@@ -12,6 +12,8 @@
 //   kReadJob, kCancelJob           the job's owner, admins
 //   kListTrainers                  users, admins
 //   kDrainTrainer                  admins
+//   kListQueues                    users, admins (JobService.ListQueues)
+//   kApplyQueues                   admins (JobService.ApplyQueues)
 //   kTrainerCall                   trainers (ClusterService; the server also
 //                                  binds trainer ids to the identity that
 //                                  registered them: TrainerBinding)
@@ -47,6 +49,8 @@ enum class Action {
   kCancelJob,
   kListTrainers,
   kDrainTrainer,
+  kListQueues,
+  kApplyQueues,
   kTrainerCall,
   kKvData,
   kKvAdmin,

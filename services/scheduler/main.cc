@@ -127,6 +127,7 @@ int main(int argc, char** argv) {
       return 2;
     }
     options.queues = *std::move(queues);
+    options.queues_yaml = text.str();
   }
 
   const double kv_timeout_s = absl::GetFlag(FLAGS_kvstore_heartbeat_timeout_s);

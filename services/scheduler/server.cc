@@ -129,6 +129,32 @@ class JobServiceImpl final : public v1::JobService::Service {
       return grpc::Status::OK;
     });
   }
+  grpc::Status ListQueues(grpc::ServerContext* ctx, const v1::ListQueuesRequest*,
+                          v1::ListQueuesReply* reply) override {
+    return m_->Observe("ListQueues", [&] {
+      absl::StatusOr<security::Identity> who =
+          rpc::AuthorizedPeer(*ctx, security::Action::kListQueues);
+      if (!who.ok()) return ToGrpcStatus(who.status());
+      // The file (users' names) only for admins.
+      *reply = s_->ListQueues(security::SeesAllJobs(*who));
+      return grpc::Status::OK;
+    });
+  }
+  grpc::Status ApplyQueues(grpc::ServerContext* ctx, const v1::ApplyQueuesRequest* req,
+                           v1::ListQueuesReply* reply) override {
+    return m_->Observe("ApplyQueues", [&] {
+      absl::StatusOr<security::Identity> who =
+          rpc::AuthorizedPeer(*ctx, security::Action::kApplyQueues);
+      if (!who.ok()) return ToGrpcStatus(who.status());
+      absl::StatusOr<v1::ListQueuesReply> r = s_->ApplyQueues(req->yaml(), who->ToString());
+      if (!r.ok()) {
+        DT_LOG(WARNING) << "queues file from " << who->ToString() << " refused: " << r.status();
+        return ToGrpcStatus(r.status());
+      }
+      *reply = std::move(*r);
+      return grpc::Status::OK;
+    });
+  }
   grpc::Status GetKvstoreMap(grpc::ServerContext* ctx, const kvstore::v1::GetShardMapRequest*,
                              kvstore::v1::ShardMap* reply) override {
     return m_->Observe("GetKvstoreMap", [&] {
@@ -344,6 +370,32 @@ class ClusterServiceImpl final : public v1::ClusterService::Service {
   security::TrainerBinding trainers_;
 };
 
+// A histogram metric from per-bucket counts (the last one above the last
+// bound), cumulative as Prometheus wants them.
+template <size_t N>
+prometheus::ClientMetric Histogram(const std::map<std::string, std::string>& labels,
+                                   const double (&bounds)[N], const std::vector<int64_t>& counts,
+                                   double sum) {
+  prometheus::ClientMetric m;
+  for (const auto& [name, value] : labels) m.label.push_back({name, value});
+  uint64_t cumulative = 0;
+  for (size_t b = 0; b < N; ++b) {
+    cumulative += b < counts.size() ? static_cast<uint64_t>(counts[b]) : 0;
+    prometheus::ClientMetric::Bucket bucket;
+    bucket.upper_bound = bounds[b];
+    bucket.cumulative_count = cumulative;
+    m.histogram.bucket.push_back(bucket);
+  }
+  cumulative += counts.size() > N ? static_cast<uint64_t>(counts[N]) : 0;
+  prometheus::ClientMetric::Bucket inf;
+  inf.upper_bound = std::numeric_limits<double>::infinity();
+  inf.cumulative_count = cumulative;
+  m.histogram.bucket.push_back(inf);
+  m.histogram.sample_count = cumulative;
+  m.histogram.sample_sum = sum;
+  return m;
+}
+
 std::vector<prometheus::MetricFamily> Collect(Scheduler* s, KvstoreMembership* kv) {
   SchedulerStats st = s->Stats();
   KvstoreMembershipStats kst = kv->Stats();
@@ -355,31 +407,41 @@ std::vector<prometheus::MetricFamily> Collect(Scheduler* s, KvstoreMembership* k
     replicas.push_back(
         {{{"shard", label}, {"state", "JOINING"}}, static_cast<double>(counts.second)});
   }
-  // Recovery in place: a histogram the scheduler keeps (cumulative buckets
-  // here, as Prometheus wants them).
+  // Recovery in place: a histogram the scheduler keeps.
   prometheus::MetricFamily recovery;
   recovery.name = "dtrain_scheduler_recovery_seconds";
   recovery.help =
       "Time from a lost rank's failed step to the next completed step, per recovery in place.";
   recovery.type = prometheus::MetricType::Histogram;
-  {
-    prometheus::ClientMetric m;
-    uint64_t cumulative = 0;
-    for (size_t b = 0; b < std::size(scheduler::kRecoverySecondsBounds); ++b) {
-      cumulative += static_cast<uint64_t>(st.recovery_seconds_counts[b]);
-      prometheus::ClientMetric::Bucket bucket;
-      bucket.upper_bound = scheduler::kRecoverySecondsBounds[b];
-      bucket.cumulative_count = cumulative;
-      m.histogram.bucket.push_back(bucket);
+  recovery.metric.push_back(
+      Histogram({}, kRecoverySecondsBounds, st.recovery_seconds_counts, st.recovery_seconds_sum));
+  // Queues (docs/queues.md).
+  prometheus::MetricFamily wait;
+  wait.name = "dtrain_scheduler_queue_admission_wait_seconds";
+  wait.help = "Time from a job's (re)queueing to its placement, per queue.";
+  wait.type = prometheus::MetricType::Histogram;
+  std::vector<metrics::Sample> pending, admitted, pending_within, oldest_within, preemptions, quota,
+      usage, borrowed, lent;
+  for (const QueueMetrics& q : st.queues) {
+    const QueueSummary& s = q.summary;
+    const std::map<std::string, std::string> queue = {{"queue", s.name}};
+    wait.metric.push_back(Histogram(queue, kAdmissionWaitBounds, q.wait_counts, q.wait_sum));
+    pending.push_back({queue, static_cast<double>(s.pending)});
+    admitted.push_back({queue, static_cast<double>(s.admitted)});
+    pending_within.push_back({queue, static_cast<double>(q.pending_within_quota)});
+    oldest_within.push_back({queue, q.oldest_pending_within_quota_seconds});
+    for (const auto& [reason, n] : q.preemptions) {
+      preemptions.push_back({{{"queue", s.name}, {"reason", reason}}, static_cast<double>(n)});
     }
-    cumulative += static_cast<uint64_t>(st.recovery_seconds_counts.back());
-    prometheus::ClientMetric::Bucket inf;
-    inf.upper_bound = std::numeric_limits<double>::infinity();
-    inf.cumulative_count = cumulative;
-    m.histogram.bucket.push_back(inf);
-    m.histogram.sample_count = cumulative;
-    m.histogram.sample_sum = st.recovery_seconds_sum;
-    recovery.metric.push_back(std::move(m));
+    for (int r = 0; r < kNumResources; ++r) {
+      if (!s.managed[r]) continue;
+      const std::map<std::string, std::string> labels = {{"queue", s.name},
+                                                         {"resource", ResourceName(r)}};
+      quota.push_back({labels, static_cast<double>(s.quota[r])});
+      usage.push_back({labels, static_cast<double>(s.usage[r])});
+      borrowed.push_back({labels, static_cast<double>(s.borrowed[r])});
+      lent.push_back({labels, static_cast<double>(s.lent[r])});
+    }
   }
   std::vector<metrics::Sample> by_state;
   for (const auto& [state, n] : st.jobs_by_state) {
@@ -418,6 +480,34 @@ std::vector<prometheus::MetricFamily> Collect(Scheduler* s, KvstoreMembership* k
                           "Ranks named stragglers since the scheduler started.",
                           prometheus::MetricType::Counter,
                           {{{}, static_cast<double>(st.stragglers_detected)}}),
+      metrics::MakeFamily("dtrain_scheduler_queue_pending_jobs", "QUEUED jobs per queue.",
+                          prometheus::MetricType::Gauge, pending),
+      metrics::MakeFamily("dtrain_scheduler_queue_admitted_jobs", "RUNNING jobs per queue.",
+                          prometheus::MetricType::Gauge, admitted),
+      metrics::MakeFamily("dtrain_scheduler_queue_quota",
+                          "Nominal quota per queue and resource (those the queue limits).",
+                          prometheus::MetricType::Gauge, quota),
+      metrics::MakeFamily("dtrain_scheduler_queue_usage",
+                          "What a queue's running jobs use, per resource.",
+                          prometheus::MetricType::Gauge, usage),
+      metrics::MakeFamily("dtrain_scheduler_queue_borrowed",
+                          "What a queue uses above its quota (borrowed from its cohort).",
+                          prometheus::MetricType::Gauge, borrowed),
+      metrics::MakeFamily("dtrain_scheduler_queue_lent",
+                          "Of a queue's quota, what other queues of its cohort use.",
+                          prometheus::MetricType::Gauge, lent),
+      metrics::MakeFamily("dtrain_scheduler_queue_preemptions_total",
+                          "Jobs of a queue preempted (drained) since the scheduler started, by "
+                          "reason (within_queue, reclaim_within_cohort).",
+                          prometheus::MetricType::Counter, preemptions),
+      wait,
+      metrics::MakeFamily("dtrain_scheduler_queue_pending_within_quota_jobs",
+                          "QUEUED jobs whose gang fits their queue's free quota now.",
+                          prometheus::MetricType::Gauge, pending_within),
+      metrics::MakeFamily("dtrain_scheduler_queue_pending_within_quota_oldest_seconds",
+                          "How long the oldest QUEUED job that fits its queue's free quota has "
+                          "waited (long: trainers are missing or the scheduler has a bug).",
+                          prometheus::MetricType::Gauge, oldest_within),
       metrics::MakeFamily("dtrain_scheduler_kvstore_map_changes_total",
                           "Changes of the kvstore shard map since the scheduler started.",
                           prometheus::MetricType::Counter,
@@ -457,6 +547,7 @@ absl::StatusOr<std::unique_ptr<SchedulerServer>> SchedulerServer::Start(
   so.recover_in_place = options.recover_in_place;
   so.finished_job_retention = options.finished_job_retention;
   so.queues = options.queues;
+  so.queues_yaml = options.queues_yaml;
   so.job_token_secret = options.job_token_secret;
   so.heartbeat_interval =
       std::max(absl::Milliseconds(100), std::min(absl::Seconds(5), options.heartbeat_timeout / 4));

@@ -9,7 +9,8 @@
 //
 // Serves on one port:
 //   dtrain.scheduler.v1.JobService      Submit, Get, List, Cancel, Watch, DrainTrainer,
-//                                       ListTrainers, GetKvstoreMap (trainctl)
+//                                       ListTrainers, GetKvstoreMap, ListQueues,
+//                                       ApplyQueues (trainctl)
 //   dtrain.scheduler.v1.ClusterService  RegisterTrainer, Heartbeat, ReportProgress,
 //                                       StoreSet, StoreGet, StoreAdd (rendezvous),
 //                                       KvstoreHeartbeat (kvstore replicas: the
@@ -29,6 +30,11 @@
 //   dtrain_scheduler_kvstore_map_changes_total    map changes since start
 //   dtrain_scheduler_stragglers                   straggler ranks of running jobs now
 //   dtrain_scheduler_stragglers_detected_total    ranks named stragglers since start
+//   dtrain_scheduler_queue_{pending,admitted}_jobs{queue}          (with --queues)
+//   dtrain_scheduler_queue_{quota,usage,borrowed,lent}{queue,resource}
+//   dtrain_scheduler_queue_preemptions_total{queue,reason}
+//   dtrain_scheduler_queue_admission_wait_seconds{queue}           (histogram)
+//   dtrain_scheduler_queue_pending_within_quota_jobs{queue}, ..._oldest_seconds{queue}
 // A thread declares silent trainers lost every heartbeat_timeout / 4, and
 // silent kvstore replicas every kvstore_heartbeat_timeout / 4.
 //
@@ -78,6 +84,7 @@ struct ServerOptions {
   absl::Duration finished_job_retention = absl::Hours(7 * 24);
   // Queues with quotas (SchedulerOptions, docs/queues.md); nullopt: none.
   std::optional<QueueConfig> queues;
+  std::string queues_yaml;  // the file `queues` was parsed from
   // The kvstore shard map (KvstoreMembershipOptions): how often replicas
   // heartbeat, when a silent one leaves its chain, and the startup grace
   // (negative: kvstore_heartbeat_timeout).

@@ -605,6 +605,7 @@ absl::Status StartAll(const ClusterOptions& o, const std::string& dir, std::vect
     }
     if (o.max_attempts > 0) argv.push_back(absl::StrCat("--max_attempts=", o.max_attempts));
     if (!o.recover_in_place) argv.push_back("--recover_in_place=false");
+    if (!o.queues_file.empty()) argv.push_back("--queues=" + o.queues_file);
     s = start(p, argv, true);
     if (s.ok()) scheduler_address = procs->back().address;
   }
@@ -870,6 +871,11 @@ int Up(const ClusterOptions& o) {
   if (o.insecure) argv.push_back("--insecure");
   if (o.max_attempts > 0) argv.push_back(absl::StrCat("--max_attempts=", o.max_attempts));
   if (!o.recover_in_place) argv.push_back("--recover_in_place=false");
+  if (!o.queues_file.empty()) {
+    auto queues = absolute(o.queues_file);
+    if (!queues.ok()) return fail(queues.status());
+    argv.push_back("--queues=" + *queues);
+  }
   if (!o.kvstore_data_path.empty()) {
     argv.push_back("--kvstore_data_path=" + o.kvstore_data_path);
   }

@@ -27,6 +27,7 @@ struct ClusterOptions {
   double heartbeat_timeout_s = 0;  // up: the scheduler's (0: its default)
   int max_attempts = 0;            // up: the scheduler's (0: its default)
   bool recover_in_place = true;    // up: the scheduler's --recover_in_place
+  std::string queues_file;         // up: the scheduler's --queues (docs/queues.md)
   // up: the trainers' --kvstore_data_path (auto, tcp or grpc); "": their default.
   std::string kvstore_data_path;
   std::string restart = "always";  // up: always or never (restart what exits)

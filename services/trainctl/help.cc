@@ -53,6 +53,7 @@ const std::vector<Command>& Commands() {
         "seed",
         "checkpoint_interval_epochs",
         "priority",
+        "queue",
         "train_limit",
         "test_limit",
         "init",
@@ -64,12 +65,14 @@ const std::vector<Command>& Commands() {
        "  trainctl submit -f job.yaml --epochs=10"},
       {"get",
        "get JOB",
-       "A job's status: state, progress, placement, events, why it waits.",
+       "A job's status: state, progress, placement, events, why it waits (with queues:\n"
+       "its queue, its position there and the quota that holds it).",
        {},
        "trainctl get job-000001 -o json"},
       {"list",
        "list [--state=STATE]",
-       "Every job (all pages), one line each.",
+       "Every job (all pages), one line each (with queues: the queue, a waiting job's\n"
+       "position and the quota that holds it).",
        {"state"},
        "trainctl list --state=RUNNING"},
       {"cancel",
@@ -100,6 +103,17 @@ const std::vector<Command>& Commands() {
        "joining ones catching up) and the map's version.",
        {},
        "trainctl kvstore"},
+      {"queues",
+       "queues | queues apply -f FILE",
+       "The queues (docs/queues.md): per queue and resource its quota, what its running\n"
+       "jobs use, what it borrows from and lends to its cohort, what it could start now,\n"
+       "its pending and admitted jobs and the preemptions that took from it. `apply`\n"
+       "(admins) replaces the queues file at run time; kept in the scheduler's job log\n"
+       "across restarts. Refused, changing nothing: a malformed file (the line and the\n"
+       "problem) or one that would strand running jobs (the queue, resource and numbers).",
+       {"f"},
+       "trainctl queues -o json\n"
+       "  trainctl queues apply -f queues.yaml"},
       {"drain",
        "drain TRAINER",
        "No new work on the trainer (id or name); its job drains (a checkpoint at a\n"
@@ -115,7 +129,7 @@ const std::vector<Command>& Commands() {
        "last exit); `down` stops them (SIGTERM, then SIGKILL after --grace_s).",
        {"dir", "trainers", "devices_per_trainer", "kvstore_shards", "kvstore_replicas",
         "kvstore_data_path", "restart", "heartbeat_timeout_s", "max_attempts", "recover_in_place",
-        "start_timeout_s", "grace_s", "scheduler_bin", "trainer_bin", "kvstore_bin"},
+        "queues", "start_timeout_s", "grace_s", "scheduler_bin", "trainer_bin", "kvstore_bin"},
        "trainctl cluster up --dir=/tmp/c --trainers=2 --kvstore_shards=2\n"
        "  eval \"$(trainctl cluster up --dir=/tmp/c | grep ^export)\"\n"
        "  trainctl cluster down --dir=/tmp/c"},

@@ -39,9 +39,11 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <functional>
 #include <iostream>
 #include <random>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -75,6 +77,7 @@
 #include "services/trainctl/help.h"
 #include "services/trainctl/jobfile.h"
 #include "services/trainctl/progress.h"
+#include "services/trainctl/queues_view.h"
 #include "services/trainctl/shard_map_view.h"
 
 ABSL_FLAG(std::string, scheduler, "",
@@ -82,7 +85,10 @@ ABSL_FLAG(std::string, scheduler, "",
 ABSL_FLAG(std::string, o, "text", "output: text or json");
 ABSL_FLAG(double, timeout_s, 10, "deadline of each call in seconds");
 ABSL_FLAG(std::string, f, "",
-          "submit: a JobSpec file, JSON or YAML (flags below override its fields)");
+          "submit: a JobSpec file, JSON or YAML (flags below override its fields); queues "
+          "apply: a queues file");
+ABSL_FLAG(std::string, queue, "", "submit: the queue (one of yours; default: your default queue)");
+ABSL_FLAG(std::string, queues, "", "cluster up: the scheduler's queues file (docs/queues.md)");
 ABSL_FLAG(bool, wait, false, "submit: watch the job until it ends");
 ABSL_FLAG(std::string, reason, "", "cancel: why (recorded in the job's events)");
 ABSL_FLAG(std::string, state, "", "list: only jobs in this state (QUEUED, RUNNING, ...)");
@@ -295,7 +301,10 @@ std::string Line(const v1::JobStatus& j) {
       "%-11s %-20s %-9s epoch %d/%d  loss %.4f  train_acc %.4f  test_acc %s  %.0f samples/s%s",
       j.id(), j.spec().name(), v1::JobState_Name(j.state()), j.epoch(), j.spec().epochs(), j.loss(),
       j.train_accuracy(), acc, j.samples_per_second(), per_epoch);
-  // Why it waits; which ranks are slow.
+  // Where it stands in its queue, why it waits; which ranks are slow.
+  if (const std::string place = dtrain::trainctl::QueuePlace(j); !place.empty()) {
+    absl::StrAppend(&line, "  ", place);
+  }
   if (j.state() == v1::QUEUED && !j.pending_reason().empty()) {
     absl::StrAppend(&line, "  waiting: ", j.pending_reason());
   }
@@ -609,6 +618,7 @@ absl::Status BuildSpec(v1::JobSpec* spec) {
     spec->set_checkpoint_interval_epochs(absl::GetFlag(FLAGS_checkpoint_interval_epochs));
   }
   if (absl::GetFlag(FLAGS_priority)) spec->set_priority(absl::GetFlag(FLAGS_priority));
+  if (!absl::GetFlag(FLAGS_queue).empty()) spec->set_queue(absl::GetFlag(FLAGS_queue));
   if (absl::GetFlag(FLAGS_train_limit)) spec->set_train_limit(absl::GetFlag(FLAGS_train_limit));
   if (absl::GetFlag(FLAGS_test_limit)) spec->set_test_limit(absl::GetFlag(FLAGS_test_limit));
   if (!absl::GetFlag(FLAGS_init).empty()) spec->set_init(absl::GetFlag(FLAGS_init));
@@ -705,6 +715,7 @@ int main(int argc, char** argv) {
     o.max_attempts = absl::GetFlag(FLAGS_max_attempts);
     if (o.max_attempts < 0) return Usage("--max_attempts must be >= 0");
     o.recover_in_place = absl::GetFlag(FLAGS_recover_in_place);
+    o.queues_file = absl::GetFlag(FLAGS_queues);
     o.kvstore_data_path = absl::GetFlag(FLAGS_kvstore_data_path);
     if (!o.kvstore_data_path.empty() && o.kvstore_data_path != "auto" &&
         o.kvstore_data_path != "tcp" && o.kvstore_data_path != "grpc") {
@@ -873,6 +884,39 @@ int main(int argc, char** argv) {
                 ? "-"
                 : absl::StrCat(absl::StrJoin(t.job_ids(), ","), " rank ", t.rank()).c_str());
       }
+    }
+    std::fflush(stdout);
+    return 0;
+  }
+  if (cmd == "queues") {
+    const bool apply = args.size() == 3 && std::string(args[2]) == "apply";
+    if (args.size() != 2 && !apply) return Usage("queues takes no arguments, or apply -f FILE");
+    v1::ListQueuesReply reply;
+    absl::Status s;
+    if (apply) {
+      const std::string file = absl::GetFlag(FLAGS_f);
+      if (file.empty()) return Usage("queues apply needs -f FILE (a queues file, docs/queues.md)");
+      v1::ApplyQueuesRequest req;
+      std::ifstream in(file);
+      std::stringstream text;
+      text << in.rdbuf();
+      if (!in) return Fail(absl::NotFoundError(absl::StrCat("cannot read ", file)));
+      req.set_yaml(text.str());
+      // Idempotent: applying the same file twice changes nothing more.
+      s = WithRetries("JobService.ApplyQueues", [&](grpc::ClientContext* ctx) {
+        return stub->ApplyQueues(ctx, req, &reply);
+      });
+    } else {
+      s = WithRetries("JobService.ListQueues", [&](grpc::ClientContext* ctx) {
+        return stub->ListQueues(ctx, v1::ListQueuesRequest(), &reply);
+      });
+    }
+    if (!s.ok()) return Fail(s);
+    if (Json()) {
+      std::printf("%s\n", ToJson(reply, false).c_str());
+    } else {
+      if (apply) std::printf("applied %s\n", absl::GetFlag(FLAGS_f).c_str());
+      std::printf("%s", dtrain::trainctl::QueuesTable(reply).c_str());
     }
     std::fflush(stdout);
     return 0;

@@ -65,9 +65,24 @@ TEST(TrainctlCliTest, EachCommandHasItsOwnHelp) {
   EXPECT_EQ(rc, 0);
   EXPECT_THAT(out, HasSubstr("--valid_days=365"));
   EXPECT_THAT(out, Not(HasSubstr("--batch_size")));
+  out = Trainctl("queues --help", &rc);
+  EXPECT_EQ(rc, 0);
+  EXPECT_THAT(out, HasSubstr("usage: trainctl queues | queues apply -f FILE"));
+  EXPECT_THAT(out, HasSubstr("  -f "));
+  EXPECT_THAT(out, Not(HasSubstr("--batch_size")));
+  out = Trainctl("submit --help", &rc);
+  EXPECT_THAT(out, HasSubstr("--queue "));
+  // Usage errors before any call (exit 2; no scheduler runs here).
+  out = Trainctl("--insecure queues apply", &rc);
+  EXPECT_EQ(rc, 2);
+  EXPECT_THAT(out, HasSubstr("queues apply needs -f FILE"));
+  out = Trainctl("--insecure queues list", &rc);
+  EXPECT_EQ(rc, 2);
+  EXPECT_THAT(out, HasSubstr("queues takes no arguments, or apply -f FILE"));
   out = Trainctl("--help", &rc);
   EXPECT_EQ(rc, 0);
   EXPECT_THAT(out, HasSubstr("Commands:\n  submit"));
+  EXPECT_THAT(out, HasSubstr("  queues"));
   EXPECT_THAT(out, HasSubstr("  timeline"));
   EXPECT_THAT(out, HasSubstr("--scheduler"));
   EXPECT_THAT(out, Not(HasSubstr("--batch_size")));

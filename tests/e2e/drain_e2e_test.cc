@@ -20,7 +20,6 @@
 #include <vector>
 
 #include "absl/strings/match.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
@@ -57,17 +56,6 @@ class DrainE2eTest : public ClusterTest {
                                           .min_step = 1,
                                           .min_steps_left = 17,
                                           .timeout = absl::Seconds(180)});
-  }
-
-  // The number after `key` in `text` (-1 when absent).
-  static int64_t NumberAfter(const std::string& text, const std::string& key) {
-    size_t at = text.find(key);
-    if (at == std::string::npos) return -1;
-    at += key.size();
-    size_t end = at;
-    while (end < text.size() && isdigit(static_cast<unsigned char>(text[end]))) ++end;
-    int64_t n = -1;
-    return absl::SimpleAtoi(text.substr(at, end - at), &n) ? n : -1;
   }
 };
 

@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -205,6 +206,16 @@ std::map<std::string, int> TrainerPids(const std::string& dir) {
   std::map<std::string, int> out;
   for (const auto& [id, t] : Trainers(dir)) out[id] = t.pid;
   return out;
+}
+
+int64_t NumberAfter(const std::string& text, const std::string& key) {
+  size_t at = text.find(key);
+  if (at == std::string::npos) return -1;
+  at += key.size();
+  size_t end = at;
+  while (end < text.size() && isdigit(static_cast<unsigned char>(text[end]))) ++end;
+  int64_t n = -1;
+  return absl::SimpleAtoi(text.substr(at, end - at), &n) ? n : -1;
 }
 
 std::vector<std::string> TrainerLogLines(const std::string& dir,

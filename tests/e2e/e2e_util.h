@@ -85,6 +85,10 @@ std::map<std::string, int> TrainerPids(const std::string& dir);
 std::vector<std::string> TrainerLogLines(const std::string& dir,
                                          const std::vector<std::string>& parts);
 
+// The number right after `key` in `text` (-1 when absent), e.g.
+// NumberAfter(line, "draining after ").
+int64_t NumberAfter(const std::string& text, const std::string& key);
+
 // The pids of the running processes (not this one) whose command line
 // mentions `text` (e.g. a cluster's directory: its supervisor and processes).
 std::vector<int> PidsMentioning(const std::string& text);
