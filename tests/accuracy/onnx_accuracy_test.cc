@@ -152,12 +152,26 @@ std::vector<double> EpochValues(const std::string& out, const std::string& key) 
 
 // PyTorch trains `name` from dtrain's initial weights of `seed`.
 absl::StatusOr<std::string> TrainPyTorch(const std::string& name, uint64_t seed) {
-  return Python({Runfile("tests/reference/torch_train_reference.py"), name, "--init_from",
-                 TmpPath(absl::StrCat(name, "_", seed, "_init.ckpt")), "--seed",
-                 absl::StrCat(seed), "--epochs", absl::StrCat(kEpochs), "--batch_size",
-                 absl::StrCat(kBatch), "--lr", absl::StrCat(kLr), "--momentum",
-                 absl::StrCat(kMomentum), "--train_limit", absl::StrCat(kTrainLimit),
-                 "--test_limit", absl::StrCat(kTestLimit), "--threads", absl::StrCat(kThreads)},
+  return Python({Runfile("tests/reference/torch_train_reference.py"),
+                 name,
+                 "--init_from",
+                 TmpPath(absl::StrCat(name, "_", seed, "_init.ckpt")),
+                 "--seed",
+                 absl::StrCat(seed),
+                 "--epochs",
+                 absl::StrCat(kEpochs),
+                 "--batch_size",
+                 absl::StrCat(kBatch),
+                 "--lr",
+                 absl::StrCat(kLr),
+                 "--momentum",
+                 absl::StrCat(kMomentum),
+                 "--train_limit",
+                 absl::StrCat(kTrainLimit),
+                 "--test_limit",
+                 absl::StrCat(kTestLimit),
+                 "--threads",
+                 absl::StrCat(kThreads)},
                 absl::StrCat(name, "_", seed, "_torch.txt"));
 }
 
@@ -205,10 +219,11 @@ TEST(OnnxAccuracyTest, VggReachesPyTorchsAccuracyAndRoundTrips) {
     ASSERT_TRUE(round_trip.ok()) << round_trip.status();
     std::vector<double> torch_loss = EpochValues(*torch_out, "loss");
     for (int e = 0; e < kEpochs; ++e) {
-      std::printf("vgg_bn seed=%d epoch=%d dtrain_loss=%.4f torch_loss=%.4f dtrain_test_acc=%.4f "
-                  "torch_test_acc=%.4f\n",
-                  static_cast<int>(seed), e + 1, ours->epochs[e].loss, torch_loss[e],
-                  ours->epochs[e].test_accuracy, torch_acc[e]);
+      std::printf(
+          "vgg_bn seed=%d epoch=%d dtrain_loss=%.4f torch_loss=%.4f dtrain_test_acc=%.4f "
+          "torch_test_acc=%.4f\n",
+          static_cast<int>(seed), e + 1, ours->epochs[e].loss, torch_loss[e],
+          ours->epochs[e].test_accuracy, torch_acc[e]);
     }
     std::printf("vgg_bn seed=%d roundtrip_torch_test_acc=%.4f\n", static_cast<int>(seed),
                 *round_trip);
@@ -242,10 +257,10 @@ TEST(OnnxAccuracyTest, ImportedLeNetTrainsLikeTheBuiltinLeNet) {
   for (int e = 0; e < kEpochs; ++e) {
     const train::EpochStats& b = builtin->epochs[e];
     const train::EpochStats& i = imported->epochs[e];
-    std::printf("lenet epoch=%d builtin_loss=%.6f imported_loss=%.6f torch_loss=%.6f "
-                "builtin_test_acc=%.4f imported_test_acc=%.4f torch_test_acc=%.4f\n",
-                e + 1, b.loss, i.loss, torch_loss[e], b.test_accuracy, i.test_accuracy,
-                torch_acc[e]);
+    std::printf(
+        "lenet epoch=%d builtin_loss=%.6f imported_loss=%.6f torch_loss=%.6f "
+        "builtin_test_acc=%.4f imported_test_acc=%.4f torch_test_acc=%.4f\n",
+        e + 1, b.loss, i.loss, torch_loss[e], b.test_accuracy, i.test_accuracy, torch_acc[e]);
     EXPECT_NEAR(i.loss, b.loss, 1e-4 * b.loss) << "epoch " << e + 1;
     EXPECT_NEAR(i.test_accuracy, b.test_accuracy, 0.005) << "epoch " << e + 1;
   }
