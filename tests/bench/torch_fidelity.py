@@ -41,7 +41,6 @@ import argparse
 import datetime
 import os
 import sys
-import time
 
 sys.dont_write_bytecode = True
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)),
@@ -49,12 +48,11 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)),
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
-from torch import nn  # noqa: E402
 
 import fashion_mnist  # noqa: E402
 import models  # noqa: E402
 import torch_env  # noqa: E402
-from torch_util import evaluate, load_dtrain_state  # noqa: E402
+from torch_util import evaluate, load_dtrain_state, train_epoch  # noqa: E402
 from epoch_order_ref import load_epoch_order  # noqa: E402
 
 
@@ -93,7 +91,6 @@ def main():
             meta.get("epochs_done", "?"))
     model.train()
     opt = torch.optim.SGD(model.parameters(), lr=args.lr)
-    loss_fn = nn.CrossEntropyLoss()
 
     print("# torch_fidelity.py: chapter LeNet on Fashion-MNIST")
     print("# date=%s" % datetime.datetime.now().astimezone().strftime(
@@ -109,26 +106,13 @@ def main():
     sys.stdout.flush()
 
     for e in range(1, args.epochs + 1):
-        order = torch.tensor(epoch_order(n, args.seed, e - 1),
-                             dtype=torch.int64)
-        t0 = time.perf_counter()
-        loss_sum, correct = 0.0, 0
-        for s in range(0, n, args.batch_size):
-            idx = order[s:s + args.batch_size]
-            x, y = xtr[idx], ytr[idx]
-            opt.zero_grad(set_to_none=True)
-            out = model(x)
-            loss = loss_fn(out, y)
-            loss.backward()
-            opt.step()
-            loss_sum += float(loss) * idx.numel()
-            correct += int((out.argmax(dim=1) == y).sum())
-        secs = time.perf_counter() - t0
+        loss, train_acc, secs = train_epoch(model, opt, xtr, ytr,
+                                            epoch_order(n, args.seed, e - 1),
+                                            args.batch_size)
         test_acc = evaluate(model, xte, yte)
         print("epoch=%d loss=%.6f train_acc=%.4f test_acc=%.4f seconds=%.2f"
-              % (e, loss_sum / n, correct / n, test_acc, secs))
+              % (e, loss, train_acc, test_acc, secs))
         sys.stdout.flush()
-
 
 if __name__ == "__main__":
     main()

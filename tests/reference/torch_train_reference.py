@@ -27,19 +27,17 @@ the run.
 import argparse
 import os
 import sys
-import time
 
 sys.dont_write_bytecode = True
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import torch  # noqa: E402
-from torch import nn  # noqa: E402
 
 import export_onnx  # noqa: E402
 import fashion_mnist  # noqa: E402
 import torch_env  # noqa: E402
 from epoch_order_ref import epoch_order  # noqa: E402
-from torch_util import evaluate, load_dtrain_state  # noqa: E402
+from torch_util import evaluate, load_dtrain_state, train_epoch  # noqa: E402
 
 
 def load_split(split, limit, data_dir):
@@ -76,7 +74,6 @@ def main():
         sys.exit(1)
     model.train()
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
-    loss_fn = nn.CrossEntropyLoss()
     n = xtr.shape[0]
     print("# %s" % torch_env.describe())
     print("# model=%s init_from=%s (seed=%s) seed=%d batch_size=%d lr=%g momentum=%g "
@@ -85,24 +82,11 @@ def main():
                                           args.epochs, n, xte.shape[0]))
     sys.stdout.flush()
     for e in range(1, args.epochs + 1):
-        order = torch.tensor(epoch_order(n, args.seed, e - 1), dtype=torch.int64)
-        t0 = time.perf_counter()
-        loss_sum, correct = 0.0, 0
-        for s in range(0, n, args.batch_size):
-            idx = order[s:s + args.batch_size]
-            x, y = xtr[idx], ytr[idx]
-            opt.zero_grad(set_to_none=True)
-            out = model(x)
-            loss = loss_fn(out, y)
-            loss.backward()
-            opt.step()
-            loss_sum += float(loss) * idx.numel()
-            correct += int((out.argmax(dim=1) == y).sum())
-        secs = time.perf_counter() - t0
+        loss, train_acc, secs = train_epoch(model, opt, xtr, ytr,
+                                            epoch_order(n, args.seed, e - 1), args.batch_size)
         print("epoch=%d loss=%.6f train_acc=%.4f test_acc=%.4f seconds=%.2f"
-              % (e, loss_sum / n, correct / n, evaluate(model, xte, yte), secs))
+              % (e, loss, train_acc, evaluate(model, xte, yte), secs))
         sys.stdout.flush()
-
 
 if __name__ == "__main__":
     main()
