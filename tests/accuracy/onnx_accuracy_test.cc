@@ -152,27 +152,14 @@ std::vector<double> EpochValues(const std::string& out, const std::string& key) 
 
 // PyTorch trains `name` from dtrain's initial weights of `seed`.
 absl::StatusOr<std::string> TrainPyTorch(const std::string& name, uint64_t seed) {
-  return Python({Runfile("tests/reference/torch_train_reference.py"),
-                 name,
-                 "--init_from",
-                 TmpPath(absl::StrCat(name, "_", seed, "_init.ckpt")),
-                 "--seed",
-                 absl::StrCat(seed),
-                 "--epochs",
-                 absl::StrCat(kEpochs),
-                 "--batch_size",
-                 absl::StrCat(kBatch),
-                 "--lr",
-                 absl::StrCat(kLr),
-                 "--momentum",
-                 absl::StrCat(kMomentum),
-                 "--train_limit",
-                 absl::StrCat(kTrainLimit),
-                 "--test_limit",
-                 absl::StrCat(kTestLimit),
-                 "--threads",
-                 absl::StrCat(kThreads)},
-                absl::StrCat(name, "_", seed, "_torch.txt"));
+  return Python(
+      {Runfile("tests/reference/torch_train_reference.py"), name,
+       absl::StrCat("--init_from=", TmpPath(absl::StrCat(name, "_", seed, "_init.ckpt"))),
+       absl::StrCat("--seed=", seed), absl::StrCat("--epochs=", kEpochs),
+       absl::StrCat("--batch_size=", kBatch), absl::StrCat("--lr=", kLr),
+       absl::StrCat("--momentum=", kMomentum), absl::StrCat("--train_limit=", kTrainLimit),
+       absl::StrCat("--test_limit=", kTestLimit), absl::StrCat("--threads=", kThreads)},
+      absl::StrCat(name, "_", seed, "_torch.txt"));
 }
 
 // The final checkpoint of the imported `name` of `seed`, exported into its
