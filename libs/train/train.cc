@@ -78,8 +78,8 @@ absl::StatusOr<double> TestAccuracy(const data::Dataset& test, const Shape& samp
 }
 
 absl::Status ValidateOptions(const TrainOptions& o) {
-  DT_RETURN_IF_ERROR(nn::ModelInputShape(o.model).status());
-  if (o.model == "mlp_chapter") {
+  if (!o.model_factory) DT_RETURN_IF_ERROR(nn::ModelInputShape(o.model).status());
+  if (!o.model_factory && o.model == "mlp_chapter") {
     return absl::InvalidArgumentError(
         "model mlp_chapter has 512 inputs and 2 classes: it is for the hybridize benchmark, not "
         "for Fashion-MNIST training; use mlp, lenet or resnet18");
@@ -134,8 +134,14 @@ absl::StatusOr<TrainResult> Train(const TrainOptions& o, const ProgressFn& on_pr
     test_set = data::Subset(test_set, o.test_limit);
   }
 
-  DT_ASSIGN_OR_RETURN(std::shared_ptr<nn::Module> model, nn::MakeModel(o.model));
-  DT_ASSIGN_OR_RETURN(Shape sample_shape, nn::ModelInputShape(o.model));
+  std::shared_ptr<nn::Module> model;
+  Shape sample_shape = {1, 28, 28};  // a Fashion-MNIST image
+  if (o.model_factory) {
+    DT_ASSIGN_OR_RETURN(model, o.model_factory());
+  } else {
+    DT_ASSIGN_OR_RETURN(model, nn::MakeModel(o.model));
+    DT_ASSIGN_OR_RETURN(sample_shape, nn::ModelInputShape(o.model));
+  }
   DT_ASSIGN_OR_RETURN(nn::Init init, nn::ParseInit(o.init));
   DT_ASSIGN_OR_RETURN(Device device, Device::Parse(o.device));
   nn::InitParameters(model.get(), init, o.seed, o.init_std);

@@ -13,11 +13,13 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "libs/data/loader.h"
+#include "libs/nn/module.h"
 #include "libs/tensor/tensor.h"
 
 namespace dtrain {
@@ -25,6 +27,11 @@ namespace train {
 
 struct TrainOptions {
   std::string model = "lenet";  // mlp, lenet, resnet18
+  // Builds the model instead of nn::MakeModel(model) (a model imported from a
+  // file, libs/onnx); its input is one Fashion-MNIST image [1, 28, 28] and its
+  // output 10 logits. `model` then only names it in checkpoints. Its
+  // parameters are initialized with init/seed like a built-in model's.
+  std::function<absl::StatusOr<std::shared_ptr<nn::Module>>()> model_factory;
   int64_t batch_size = 256;
   float lr = 0.2f;  // the chapter's LeNet setting
   float momentum = 0.0f;

@@ -81,6 +81,34 @@ TEST(TrainTest, ResumeFromCheckpointGivesTheSameModelAsOneRun) {
   EXPECT_EQ(a->metadata.at("epochs_done"), "2");
 }
 
+// A model_factory's model is trained instead of a built-in one; `model` only
+// names it (in checkpoints), and the factory's error is Train's.
+TEST(TrainTest, ModelFactoryBuildsTheModel) {
+  TrainOptions o = Small("my_mlp");  // not a built-in name
+  o.epochs = 1;
+  o.init = "kaiming";
+  o.lr = 0.1f;
+  o.checkpoint_path = TmpPath("factory.ckpt");
+  int calls = 0;
+  o.model_factory = [&]() -> absl::StatusOr<std::shared_ptr<nn::Module>> {
+    ++calls;
+    return nn::MakeModel("mlp");
+  };
+  absl::StatusOr<TrainResult> r = Train(o);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(calls, 1);
+  EXPECT_EQ(r->parameters, 784 * 256 + 256 + 256 * 10 + 10);
+  EXPECT_GT(r->epochs[0].test_accuracy, 0.6);
+  auto ckpt = checkpoint::ReadCheckpoint(o.checkpoint_path);
+  ASSERT_TRUE(ckpt.ok()) << ckpt.status();
+  EXPECT_EQ(ckpt->metadata.at("model"), "my_mlp");
+
+  o.model_factory = []() -> absl::StatusOr<std::shared_ptr<nn::Module>> {
+    return absl::InvalidArgumentError("model_file: not a valid ONNX model");
+  };
+  EXPECT_EQ(Train(o).status().message(), "model_file: not a valid ONNX model");
+}
+
 TEST(TrainTest, BadOptionsNameTheOption) {
   struct Case {
     void (*mutate)(TrainOptions*);

@@ -41,7 +41,6 @@ import argparse
 import datetime
 import os
 import sys
-import time
 
 sys.dont_write_bytecode = True
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)),
@@ -49,60 +48,12 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)),
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
-from torch import nn  # noqa: E402
 
 import fashion_mnist  # noqa: E402
 import models  # noqa: E402
 import torch_env  # noqa: E402
+from torch_util import evaluate, load_dtrain_state, train_epoch  # noqa: E402
 from epoch_order_ref import load_epoch_order  # noqa: E402
-
-
-def load_dtrain_init(model, path, model_name="lenet"):
-    """Copies the tensors of dtrain checkpoint `path` into `model` by
-    state_dict name. Returns the checkpoint's metadata. Raises ValueError
-    (a dtrain_checkpoint.CheckpointError for a bad file) when the file is
-    not a valid checkpoint or does not match the model exactly."""
-    import dtrain_checkpoint  # tests/reference; imported only when used
-    metadata, tensors = dtrain_checkpoint.read_checkpoint(path)
-    state = model.state_dict()
-    problems = []
-    if metadata.get("model", model_name) != model_name:
-        problems.append("it holds model %r, not %r"
-                        % (metadata["model"], model_name))
-    for name, dst in state.items():
-        src = tensors.get(name)
-        if src is None:
-            problems.append("missing tensor %r (model needs %s %s)"
-                            % (name, list(dst.shape), dst.dtype))
-        elif tuple(src.shape) != tuple(dst.shape):
-            problems.append("tensor %r has shape %s, the model needs %s"
-                            % (name, list(src.shape), list(dst.shape)))
-        elif src.dtype != np.float32 or dst.dtype != torch.float32:
-            problems.append("tensor %r is %s, the model needs %s"
-                            % (name, src.dtype, dst.dtype))
-    for name in tensors:
-        if name not in state and not name.endswith(".momentum_buffer"):
-            problems.append("unexpected tensor %r (not in the model's "
-                            "state_dict)" % name)
-    if problems:
-        raise ValueError("%s (model %s) does not match the PyTorch model: %s"
-                         % (path, metadata.get("model", "?"),
-                            "; ".join(problems)))
-    with torch.no_grad():
-        for name, dst in state.items():
-            dst.copy_(torch.from_numpy(tensors[name]))
-    return metadata
-
-
-def evaluate(model, x, y, batch_size=256):
-    model.eval()
-    correct = 0
-    with torch.no_grad():
-        for s in range(0, x.shape[0], batch_size):
-            out = model(x[s:s + batch_size])
-            correct += int((out.argmax(dim=1) == y[s:s + batch_size]).sum())
-    model.train()
-    return correct / x.shape[0]
 
 
 def main():
@@ -131,7 +82,7 @@ def main():
     init_desc = "normal(0,0.01)+zero_bias"
     if args.init_from:
         try:
-            meta = load_dtrain_init(model, args.init_from)
+            meta = load_dtrain_state(model, args.init_from)
         except (ValueError, OSError) as e:
             print("torch_fidelity.py: --init_from: %s" % e, file=sys.stderr)
             sys.exit(1)
@@ -140,7 +91,6 @@ def main():
             meta.get("epochs_done", "?"))
     model.train()
     opt = torch.optim.SGD(model.parameters(), lr=args.lr)
-    loss_fn = nn.CrossEntropyLoss()
 
     print("# torch_fidelity.py: chapter LeNet on Fashion-MNIST")
     print("# date=%s" % datetime.datetime.now().astimezone().strftime(
@@ -156,26 +106,13 @@ def main():
     sys.stdout.flush()
 
     for e in range(1, args.epochs + 1):
-        order = torch.tensor(epoch_order(n, args.seed, e - 1),
-                             dtype=torch.int64)
-        t0 = time.perf_counter()
-        loss_sum, correct = 0.0, 0
-        for s in range(0, n, args.batch_size):
-            idx = order[s:s + args.batch_size]
-            x, y = xtr[idx], ytr[idx]
-            opt.zero_grad(set_to_none=True)
-            out = model(x)
-            loss = loss_fn(out, y)
-            loss.backward()
-            opt.step()
-            loss_sum += float(loss) * idx.numel()
-            correct += int((out.argmax(dim=1) == y).sum())
-        secs = time.perf_counter() - t0
+        loss, train_acc, secs = train_epoch(model, opt, xtr, ytr,
+                                            epoch_order(n, args.seed, e - 1),
+                                            args.batch_size)
         test_acc = evaluate(model, xte, yte)
         print("epoch=%d loss=%.6f train_acc=%.4f test_acc=%.4f seconds=%.2f"
-              % (e, loss_sum / n, correct / n, test_acc, secs))
+              % (e, loss, train_acc, test_acc, secs))
         sys.stdout.flush()
-
 
 if __name__ == "__main__":
     main()
