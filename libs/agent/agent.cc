@@ -1,4 +1,5 @@
 #include "libs/agent/agent.h"
+#include "libs/agent/model_cache.h"
 
 #include <algorithm>
 #include <atomic>
@@ -1062,6 +1063,17 @@ absl::Status Agent::RunAssignment(Job* job, train::JobProgress* progress,
   }
   if (!planned.ok()) return planned.status();
   JobPlan& plan = *planned;
+  // The user's model file (PlanJob named its cache path): fetched or
+  // reused, verified against the digest before the job imports it.
+  if (!plan.config.model_file.empty()) {
+    std::string trainer_id;
+    {
+      absl::MutexLock lock(&mu_);
+      trainer_id = trainer_id_;
+    }
+    DT_RETURN_IF_ERROR(
+        FetchModel(cluster_, trainer_id, a.job_id(), a.spec().model_digest(), plan.config.model_file));
+  }
   const train::SyncStrategy& strategy = *plan.strategy;
   const int rank = plan.config.rank;
   const int world = plan.config.world_size;

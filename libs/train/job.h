@@ -163,6 +163,11 @@ struct JobConfig {
 
   // What to train (a JobSpec's fields).
   std::string model = "lenet";
+  // Your own model (docs/models.md): an ONNX file on this machine, already
+  // verified against its digest; non-empty: the job trains the imported
+  // file (job_model.h) and `model` only names it (checkpoints record the
+  // name: the file's digest). init may then be "from_model".
+  std::string model_file;
   std::string data_dir;   // Fashion-MNIST; empty: the Debian package's
   data::DataConfig data;  // its format empty: Fashion-MNIST from data_dir
   int epochs = 1;
