@@ -162,6 +162,8 @@ ABSL_FLAG(double, start_timeout_s, 30, "cluster up: seconds each server gets to 
 ABSL_FLAG(double, heartbeat_timeout_s, 0,
           "cluster up: seconds without a heartbeat before the scheduler declares a trainer lost "
           "(0: the scheduler's default, 10)");
+ABSL_FLAG(int64_t, max_model_bytes, 0,
+          "cluster up: the largest model file the scheduler accepts (0: its default, 512 MiB)");
 ABSL_FLAG(int, max_attempts, 0,
           "cluster up: placements of a job before it fails for good (0: the scheduler's "
           "default, 5)");
@@ -715,6 +717,8 @@ int main(int argc, char** argv) {
     if (o.heartbeat_timeout_s < 0) return Usage("--heartbeat_timeout_s must be >= 0");
     o.max_attempts = absl::GetFlag(FLAGS_max_attempts);
     if (o.max_attempts < 0) return Usage("--max_attempts must be >= 0");
+    o.max_model_bytes = absl::GetFlag(FLAGS_max_model_bytes);
+    if (o.max_model_bytes < 0) return Usage("--max_model_bytes must be >= 0");
     o.recover_in_place = absl::GetFlag(FLAGS_recover_in_place);
     o.kvstore_data_path = absl::GetFlag(FLAGS_kvstore_data_path);
     if (!o.kvstore_data_path.empty() && o.kvstore_data_path != "auto" &&
