@@ -5,6 +5,8 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <filesystem>
+#include <system_error>
 #include <random>
 
 #include "absl/strings/str_cat.h"
@@ -29,8 +31,10 @@ absl::Status Verify(const std::string& path, const std::string& digest, const ch
 
 absl::Status MakeParentDir(const std::string& path) {
   const std::string dir = path.substr(0, path.rfind('/'));
-  if (dir.empty() || mkdir(dir.c_str(), 0755) == 0 || errno == EEXIST) return absl::OkStatus();
-  return ErrnoToStatus(errno, absl::StrCat("creating ", dir));
+  std::error_code error;
+  std::filesystem::create_directories(dir, error);
+  if (!error) return absl::OkStatus();
+  return ErrnoToStatus(error.value(), absl::StrCat("creating ", dir));
 }
 
 }  // namespace
