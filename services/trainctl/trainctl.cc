@@ -138,7 +138,8 @@ ABSL_FLAG(int, checkpoint_interval_epochs, 0, "submit: checkpoint every N epochs
 ABSL_FLAG(int, priority, 0, "submit: priority (higher runs first)");
 ABSL_FLAG(int64_t, train_limit, 0, "submit: only the first N training images");
 ABSL_FLAG(int64_t, test_limit, 0, "submit: only the first N test images");
-ABSL_FLAG(std::string, init, "", "submit: normal or kaiming");
+ABSL_FLAG(std::string, init, "",
+          "submit: normal or kaiming; from_model: the weights of the --model_file");
 ABSL_FLAG(int, threads, 0, "submit: CPU threads per trainer");
 ABSL_FLAG(int64_t, bucket_bytes, 0,
           "submit: gradient bucket size in bytes (0: 1 MiB); smaller buckets start "
