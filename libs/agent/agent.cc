@@ -869,7 +869,8 @@ void Agent::StartLocked(const v1::Assignment& a) {
   current_->drain = draining_;
   Job* job = current_.get();
   DT_LOG(INFO) << "starting job " << a.job_id() << " (" << a.spec().name() << ", "
-               << a.spec().model() << ", " << a.spec().epochs() << " epochs) as rank " << a.rank()
+               << (a.spec().model_digest().empty() ? a.spec().model() : a.spec().model_digest())
+               << ", " << a.spec().epochs() << " epochs) as rank " << a.rank()
                << " of " << a.world_size() << ", attempt " << a.attempt();
   job->thread = std::thread([this, job] { Work(job); });
 }

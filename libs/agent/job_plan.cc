@@ -150,6 +150,7 @@ absl::StatusOr<JobPlan> PlanJob(const v1::Assignment& a, const TrainerResources&
   c.hybridize = spec.hybridize();
   c.sync_batch_norm = spec.sync_batch_norm();
   c.checkpoint_interval_epochs = spec.checkpoint_interval_epochs();
+  c.keep_epoch_checkpoints = spec.keep_epoch_checkpoints();
   c.rank = a.rank();
   c.world_size = a.world_size();
   c.checkpoint_path = absl::StrCat(r.checkpoint_dir, "/", a.job_id(), ".ckpt");

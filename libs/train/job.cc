@@ -1,6 +1,9 @@
 #include "libs/train/job.h"
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -822,6 +825,14 @@ class JobRun {
     trace::ScopedSpan span(c_.trace, "checkpoint", trace::kTrackStep, steps_run_);
     DT_RETURN_IF_ERROR(SaveTrainingState(c_.checkpoint_path, c_.model, trainer_->replica(0),
                                          trainer_->optimizer(0), meta));
+    if (c_.keep_epoch_checkpoints) {
+      const std::string kept = EpochCheckpointPath(c_.checkpoint_path, epoch + 1);
+      unlink(kept.c_str());  // a resumed job writes the epoch again
+      if (link(c_.checkpoint_path.c_str(), kept.c_str()) != 0) {
+        return ErrnoToStatus(errno, absl::StrCat("keeping the checkpoint of epoch ", epoch + 1,
+                                                 " as ", kept));
+      }
+    }
     progress_->checkpoint_path = c_.checkpoint_path;
     progress_->checkpoint_epoch = epoch + 1;
     progress_->checkpoint_step = 0;

@@ -208,6 +208,9 @@ struct JobConfig {
   // Rank 0 writes a checkpoint here (atomically replaced) every
   // checkpoint_interval_epochs, with these extra metadata entries.
   std::string checkpoint_path;
+  // Also keep each epoch's checkpoint as <checkpoint_path>.epoch<E> (a hard
+  // link to the file written; state_io.h EpochCheckpointPath).
+  bool keep_epoch_checkpoints = false;
   std::map<std::string, std::string> checkpoint_metadata;
   // Non-empty: every rank starts from this checkpoint instead of the
   // initial weights, with the epoch after the one it holds.

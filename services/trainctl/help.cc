@@ -54,6 +54,7 @@ const std::vector<Command>& Commands() {
         "collective_tls",
         "seed",
         "checkpoint_interval_epochs",
+        "keep_epoch_checkpoints",
         "priority",
         "train_limit",
         "test_limit",

@@ -1,6 +1,7 @@
 #include "services/trainctl/model_cmd.h"
 
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
@@ -117,17 +118,20 @@ absl::StatusOr<ExportResult> ExportJob(v1::JobService::Stub* stub, const std::st
     return absl::FailedPreconditionError(absl::StrCat(
         job_id, " has no checkpoint to export (submit it with --checkpoint_interval_epochs=N)"));
   }
-  if (epoch != 0 && (epoch != job.checkpoint_epoch() || job.checkpoint_step() != 0)) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        job_id, "'s checkpoint holds epoch ", job.checkpoint_epoch(),
-        job.checkpoint_step() > 0 ? absl::StrCat(" + ", job.checkpoint_step(), " steps") : "",
-        ", not epoch ", epoch, " (only the newest checkpoint is kept)"));
-  }
   ExportResult r;
   r.job_id = job_id;
   r.out = out;
   r.checkpoint = job.checkpoint_path();
   r.epoch = job.checkpoint_epoch();
+  if (epoch != 0 && (epoch != job.checkpoint_epoch() || job.checkpoint_step() != 0)) {
+    r.checkpoint = train::EpochCheckpointPath(job.checkpoint_path(), epoch);
+    r.epoch = epoch;
+    if (!job.spec().keep_epoch_checkpoints() || access(r.checkpoint.c_str(), R_OK) != 0) {
+      return absl::NotFoundError(absl::StrCat(
+          job_id, " has no checkpoint of epoch ", epoch, " (the newest holds epoch ",
+          job.checkpoint_epoch(), "; submit with --keep_epoch_checkpoints to keep every epoch's)"));
+    }
+  }
   const v1::JobSpec& spec = job.spec();
   std::string bytes;
   if (!spec.model_digest().empty()) {

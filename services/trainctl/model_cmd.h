@@ -14,8 +14,9 @@
 // file is the file fetched back from the scheduler (JobService.GetJobModel:
 // the job's owner and admins, verified against the digest) and written with
 // the trained weights in its graph (OnnxModel::Export); a built-in model is
-// written with onnx::ExportModule. --epoch=E: the checkpoint must hold epoch
-// E (checkpoints are replaced as a job goes on: only the newest is kept).
+// written with onnx::ExportModule. --epoch=E: the newest checkpoint if it
+// holds epoch E, else <checkpoint>.epoch<E> of a job submitted with
+// keep_epoch_checkpoints (NOT_FOUND otherwise).
 #ifndef DTRAIN_SERVICES_TRAINCTL_MODEL_CMD_H_
 #define DTRAIN_SERVICES_TRAINCTL_MODEL_CMD_H_
 

@@ -135,6 +135,8 @@ ABSL_FLAG(bool, collective_tls, false,
           "submit: encrypt the trainers' allreduce traffic (TLS; costs bandwidth)");
 ABSL_FLAG(uint64_t, seed, 0, "submit: seed");
 ABSL_FLAG(int, checkpoint_interval_epochs, 0, "submit: checkpoint every N epochs");
+ABSL_FLAG(bool, keep_epoch_checkpoints, false,
+          "submit: keep every epoch's checkpoint (for export --epoch), not only the newest");
 ABSL_FLAG(int, priority, 0, "submit: priority (higher runs first)");
 ABSL_FLAG(int64_t, train_limit, 0, "submit: only the first N training images");
 ABSL_FLAG(int64_t, test_limit, 0, "submit: only the first N test images");
@@ -622,6 +624,7 @@ absl::Status BuildSpec(v1::JobSpec* spec, std::string* model_file) {
   if (absl::GetFlag(FLAGS_checkpoint_interval_epochs)) {
     spec->set_checkpoint_interval_epochs(absl::GetFlag(FLAGS_checkpoint_interval_epochs));
   }
+  if (absl::GetFlag(FLAGS_keep_epoch_checkpoints)) spec->set_keep_epoch_checkpoints(true);
   if (absl::GetFlag(FLAGS_priority)) spec->set_priority(absl::GetFlag(FLAGS_priority));
   if (absl::GetFlag(FLAGS_train_limit)) spec->set_train_limit(absl::GetFlag(FLAGS_train_limit));
   if (absl::GetFlag(FLAGS_test_limit)) spec->set_test_limit(absl::GetFlag(FLAGS_test_limit));

@@ -50,10 +50,12 @@ std::string ReadAll(const std::string& path) {
 
 std::string Digest(const std::string& bytes) { return absl::StrCat("sha256:", Sha256Hex(bytes)); }
 
-// The jobs compared: LeNet on 2 trainers, 16 steps of 64, kaiming init from
-// seed 3, momentum, a checkpoint at the end (for export).
+// The jobs compared: LeNet on 2 trainers, 2 epochs of 16 steps of 64,
+// kaiming init from seed 3, momentum, each epoch's checkpoint kept (for
+// export).
 v1::SubmitRequest LenetJob(const std::string& name, v1::SyncMode mode) {
-  v1::SubmitRequest r = MomentumLenetJob(name, 1, 1024);
+  v1::SubmitRequest r = MomentumLenetJob(name, 2, 1024);
+  r.mutable_spec()->set_keep_epoch_checkpoints(true);
   r.mutable_spec()->set_global_batch_size(64);
   r.mutable_spec()->set_test_limit(256);
   r.mutable_spec()->mutable_sync()->set_mode(mode);
@@ -68,6 +70,7 @@ std::string TrainctlFlags(const v1::JobSpec& s) {
       " --train_limit=", s.train_limit(), " --test_limit=", s.test_limit(),
       " --threads=", s.threads(), " --num_trainers=", s.num_trainers(),
       " --checkpoint_interval_epochs=", s.checkpoint_interval_epochs(),
+      s.keep_epoch_checkpoints() ? " --keep_epoch_checkpoints" : "",
       " --sync=", v1::SyncMode_Name(s.sync().mode()));
 }
 
@@ -169,7 +172,7 @@ class ModelFileE2eTest : public ClusterTest {
     const std::string exported = cluster_->TrainctlAs(
         "admin", absl::StrCat("export ", id, " --out=", trained), &rc);
     ASSERT_EQ(rc, 0) << exported;
-    EXPECT_NE(exported.find("the checkpoint of epoch 1"), std::string::npos) << exported;
+    EXPECT_NE(exported.find("the checkpoint of epoch 2"), std::string::npos) << exported;
     std::string check = CheckOnnx(trained, TestModel("lenet.onnx"), &rc);
     std::printf("%s", check.c_str());
     EXPECT_EQ(rc, 0) << check;
@@ -178,6 +181,16 @@ class ModelFileE2eTest : public ClusterTest {
     ASSERT_NE(at, std::string::npos) << check;
     EXPECT_EQ(std::atoi(check.c_str() + at + 8), 8)
         << "every weight and bias of LeNet's 4 layers (2 conv, 2 linear) was trained: " << check;
+    // The first epoch's, kept: other weights than the last epoch's.
+    const std::string first = TmpDir("export") + "/epoch1.onnx";
+    const std::string e1 = cluster_->TrainctlAs(
+        "admin", absl::StrCat("export ", id, " --epoch=1 --out=", first), &rc);
+    ASSERT_EQ(rc, 0) << e1;
+    EXPECT_NE(e1.find("the checkpoint of epoch 1"), std::string::npos) << e1;
+    check = CheckOnnx(first, trained, &rc);
+    std::printf("epoch 1 against epoch 2: %s", check.c_str());
+    EXPECT_EQ(rc, 0) << check;
+    EXPECT_NE(check.find("changed=8"), std::string::npos) << check;
     const std::string builtin_out = TmpDir("export") + "/builtin.onnx";
     const std::string b = cluster_->TrainctlAs(
         "admin", absl::StrCat("-o json export ", ref.id(), " --out=", builtin_out), &rc);
