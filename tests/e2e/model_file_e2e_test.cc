@@ -9,7 +9,8 @@
 // unsupported op, a truncated file, a file over the scheduler's
 // --max_model_bytes and an unknown digest are refused at submit with their
 // errors (through trainctl, and straight through the API past trainctl's
-// own check), while the scheduler stays up and a running job is untouched.
+// own check), while the scheduler stays up and a running job is untouched;
+// another user can neither read nor export a user's model.
 // A scheduler SIGKILLed between submit and placement loses no model: the
 // queued job runs after the restart.
 #include <grpcpp/grpcpp.h>
@@ -122,6 +123,20 @@ absl::Status SubmitDigest(v1::JobService::Stub* stub, const std::string& digest)
   return FromGrpcStatus(stub->Submit(ctx.get(), r, &job), "Submit");
 }
 
+// JobService.GetJobModel: the whole file.
+absl::StatusOr<std::string> ReadJobModel(v1::JobService::Stub* stub, const std::string& id) {
+  auto ctx = Ctx(absl::Seconds(30));
+  v1::GetJobModelRequest req;
+  req.set_id(id);
+  auto reader = stub->GetJobModel(ctx.get(), req);
+  std::string bytes;
+  v1::ModelChunk chunk;
+  while (reader->Read(&chunk)) bytes += chunk.data();
+  absl::Status s = FromGrpcStatus(reader->Finish(), "GetJobModel");
+  if (!s.ok()) return s;
+  return bytes;
+}
+
 class ModelFileE2eTest : public ClusterTest {
  protected:
   int SchedulerPid() const {
@@ -221,7 +236,8 @@ TEST_F(ModelFileKvstoreTest, TorchLenetFileTrainsLikeTheBuiltinThroughTheKvstore
 // The cap: 1 MiB (LeNet's file is about 250 KB, ResNet-18's about 45 MB).
 class ModelFileRefusalTest : public ModelFileE2eTest {
   void SetUp() override {
-    ASSERT_NO_FATAL_FAILURE(Up({.trainers = 2, .flags = "--max_model_bytes=1048576"}));
+    ASSERT_NO_FATAL_FAILURE(
+        Up({.trainers = 2, .users = {"alice", "bob"}, .flags = "--max_model_bytes=1048576"}));
   }
 };
 
@@ -229,7 +245,10 @@ TEST_F(ModelFileRefusalTest, BadModelsAreRefusedAtSubmitAndOtherJobsAreUntouched
   const int pid = SchedulerPid();
   ASSERT_GT(pid, 0);
   // A job that runs meanwhile.
-  JobStatus other = Submit(LenetJob("other", v1::ALLREDUCE));
+  JobStatus other = Submit(MomentumLenetJob("other", 3, 12288));
+  other = PollJob(other.id(), [](const JobStatus& j) { return j.state() == v1::RUNNING; },
+                  absl::Seconds(60));
+  ASSERT_EQ(other.state(), v1::RUNNING) << other.DebugString();
   int rc = -1;
 
   // trainctl's own check refuses the unsupported op before any upload.
@@ -274,6 +293,26 @@ TEST_F(ModelFileRefusalTest, BadModelsAreRefusedAtSubmitAndOtherJobsAreUntouched
   s = SubmitDigest(stub, Digest(big));
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
   EXPECT_NE(s.message().find("upload the model first"), std::string::npos) << s;
+
+  // Ownership: alice's model is read through her job, by her (and admins)
+  // only.
+  out = cluster_->TrainctlAs(
+      "alice", absl::StrCat("submit ", TrainctlFlags(LenetJob("alices", v1::ALLREDUCE).spec()),
+                            " --model_file=", TestModel("lenet.onnx")),
+      &rc);
+  ASSERT_EQ(rc, 0) << out;
+  const std::string alices = SubmittedId(out);
+  EXPECT_EQ(ReadJobModel(cluster_->JobsAs("bob").get(), alices).status().code(),
+            absl::StatusCode::kPermissionDenied);
+  absl::StatusOr<std::string> hers = ReadJobModel(cluster_->JobsAs("alice").get(), alices);
+  ASSERT_TRUE(hers.ok()) << hers.status();
+  EXPECT_EQ(*hers, lenet);
+  out = cluster_->TrainctlAs("bob", absl::StrCat("export ", alices, " --out=",
+                                                 TmpDir("bob"), "/stolen.onnx"),
+                             &rc);
+  EXPECT_EQ(rc, 1) << out;
+  EXPECT_NE(out.find("PERMISSION_DENIED"), std::string::npos) << out;
+  Cancel(alices);
 
   // The scheduler stayed up, and the other job trains on to the end.
   EXPECT_EQ(SchedulerPid(), pid);
