@@ -6,8 +6,8 @@
 
 #include <cerrno>
 #include <filesystem>
-#include <system_error>
 #include <random>
+#include <system_error>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"

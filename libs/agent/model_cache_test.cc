@@ -65,10 +65,8 @@ class ModelCacheTest : public ::testing::Test {
     server_.bytes = std::string(5000, 'x');
     for (size_t i = 0; i < server_.bytes.size(); ++i) server_.bytes[i] = static_cast<char>(i * 13);
     digest_ = "sha256:" + Sha256Hex(server_.bytes);
-    dir_ = absl::StrCat(std::getenv("TEST_TMPDIR"), "/", ::testing::UnitTest::GetInstance()
-                                                             ->current_test_info()
-                                                             ->name(),
-                        "/models");
+    dir_ = absl::StrCat(std::getenv("TEST_TMPDIR"), "/",
+                        ::testing::UnitTest::GetInstance()->current_test_info()->name(), "/models");
     path_ = dir_ + "/" + digest_.substr(7);
   }
   ModelServer server_;

@@ -10,10 +10,10 @@
 #include <vector>
 
 #include "absl/strings/escaping.h"
-#include "absl/strings/strip.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/strip.h"
 #include "libs/base/logging.h"
 #include "libs/base/status.h"
 
@@ -132,8 +132,8 @@ ModelStore::Upload::~Upload() {
 absl::Status ModelStore::Upload::Append(absl::string_view data) {
   const int64_t cap = store_->options_.max_model_bytes;
   if (received_ + static_cast<int64_t>(data.size()) > cap) {
-    return absl::ResourceExhaustedError(CapMessage(received_ + static_cast<int64_t>(data.size()),
-                                                   cap, "received at least"));
+    return absl::ResourceExhaustedError(
+        CapMessage(received_ + static_cast<int64_t>(data.size()), cap, "received at least"));
   }
   if (received_ + static_cast<int64_t>(data.size()) > total_) {
     return absl::InvalidArgumentError(
@@ -153,17 +153,17 @@ absl::Status ModelStore::Upload::Append(absl::string_view data) {
 
 absl::StatusOr<ModelStore::Stored> ModelStore::Upload::Commit() {
   if (received_ != total_) {
-    return absl::InvalidArgumentError(absl::StrCat("model_file: the upload ended after ",
-                                                   received_, " of the header's ", total_,
+    return absl::InvalidArgumentError(absl::StrCat("model_file: the upload ended after ", received_,
+                                                   " of the header's ", total_,
                                                    " bytes (truncated?)"));
   }
   Stored s{digest_, total_, existed_};
   if (existed_) return s;
   const std::string got = absl::StrCat(kModelDigestPrefix, sha_.HexDigest());
   if (got != digest_) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "model_file: the bytes' digest is ", got, ", not the header's ", digest_,
-        " (the file changed or was damaged on the way; upload it again)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("model_file: the bytes' digest is ", got, ", not the header's ", digest_,
+                     " (the file changed or was damaged on the way; upload it again)"));
   }
   if (fsync(fd_) != 0) return ErrnoToStatus(errno, absl::StrCat("fsync of ", tmp_path_));
   close(fd_);

@@ -80,8 +80,7 @@ TEST(ModelStore, StoresByDigestAndSurvivesReopening) {
   EXPECT_EQ(ReadAll(*path), bytes);
   EXPECT_EQ(*path, absl::StrCat(dir, "/sha256/", ModelDigestOf(bytes).substr(7)));
   EXPECT_EQ(FilesIn(dir), 1) << "no temporary file left";
-  EXPECT_EQ((*reopened)->Find(ModelDigestOf("other")).status().code(),
-            absl::StatusCode::kNotFound);
+  EXPECT_EQ((*reopened)->Find(ModelDigestOf("other")).status().code(), absl::StatusCode::kNotFound);
 }
 
 TEST(ModelStore, RefusesOverTheCapAsSoonAsExceeded) {
@@ -117,8 +116,7 @@ TEST(ModelStore, RefusesTruncatedOversizedAndDamagedUploads) {
     ASSERT_TRUE((*up)->Append(absl::string_view(bytes).substr(0, 2000)).ok());
     auto c = (*up)->Commit();
     EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
-    EXPECT_NE(c.status().message().find("after 2000 of the header's 3000 bytes"),
-              std::string::npos)
+    EXPECT_NE(c.status().message().find("after 2000 of the header's 3000 bytes"), std::string::npos)
         << c.status();
   }
   {

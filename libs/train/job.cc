@@ -829,8 +829,8 @@ class JobRun {
       const std::string kept = EpochCheckpointPath(c_.checkpoint_path, epoch + 1);
       unlink(kept.c_str());  // a resumed job writes the epoch again
       if (link(c_.checkpoint_path.c_str(), kept.c_str()) != 0) {
-        return ErrnoToStatus(errno, absl::StrCat("keeping the checkpoint of epoch ", epoch + 1,
-                                                 " as ", kept));
+        return ErrnoToStatus(
+            errno, absl::StrCat("keeping the checkpoint of epoch ", epoch + 1, " as ", kept));
       }
     }
     progress_->checkpoint_path = c_.checkpoint_path;

@@ -498,8 +498,8 @@ TEST_F(ModelServerTest, UploadSubmitFetchAndRestart) {
 TEST_F(ModelServerTest, WithoutADataDirThereIsNoModelStore) {
   auto s = SchedulerServer::Start(ServerOptions());
   ASSERT_TRUE(s.ok()) << s.status();
-  auto jobs = v1::JobService::NewStub(
-      dtrain::rpc::NewChannel(absl::StrCat("127.0.0.1:", (*s)->port())));
+  auto jobs =
+      v1::JobService::NewStub(dtrain::rpc::NewChannel(absl::StrCat("127.0.0.1:", (*s)->port())));
   v1::PutModelReply put;
   grpc::Status st = Put(jobs.get(), "bytes", 1, &put);
   EXPECT_EQ(st.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << st.error_message();

@@ -323,7 +323,8 @@ absl::Status ParseJobFile(absl::string_view name, absl::string_view text,
         absl::StrCat(name, ": not valid JSON: ", std::string(st.message())));
   }
   Parser parser(name, std::move(key_lines));
-  if (auto it = top.fields().find("model_file"); model_file != nullptr && it != top.fields().end()) {
+  if (auto it = top.fields().find("model_file");
+      model_file != nullptr && it != top.fields().end()) {
     if (it->second.kind_case() != Value::kStringValue || it->second.string_value().empty()) {
       return parser.Error("model_file", "\"model_file\" expects the path of an ONNX file");
     }

@@ -39,8 +39,8 @@ TEST(JobFileTest, FlagNamesAndFieldNamesGiveTheSameSpec) {
 TEST(JobFileTest, ModelFileIsTrainctlsNotTheSpecs) {
   v1::JobSpec spec;
   std::string model_file;
-  absl::Status s = ParseJobFile("job.yaml", "name: mine\nmodel_file: net.onnx\nepochs: 2\n", &spec,
-                                &model_file);
+  absl::Status s =
+      ParseJobFile("job.yaml", "name: mine\nmodel_file: net.onnx\nepochs: 2\n", &spec, &model_file);
   ASSERT_TRUE(s.ok()) << s;
   EXPECT_EQ(model_file, "net.onnx");
   EXPECT_EQ(spec.name(), "mine");

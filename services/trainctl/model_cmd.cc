@@ -37,8 +37,8 @@ absl::Duration StreamTimeout(absl::Duration timeout) {
 
 }  // namespace
 
-absl::Status UploadModelFile(v1::JobService::Stub* stub, const std::string& path,
-                             v1::JobSpec* spec, absl::Duration timeout) {
+absl::Status UploadModelFile(v1::JobService::Stub* stub, const std::string& path, v1::JobSpec* spec,
+                             absl::Duration timeout) {
   if (!spec->model().empty()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "give either --model (a built-in model) or --model_file (your own), not both; got "
@@ -104,8 +104,7 @@ absl::StatusOr<std::string> FetchJobModel(v1::JobService::Stub* stub, const std:
 }  // namespace
 
 absl::StatusOr<ExportResult> ExportJob(v1::JobService::Stub* stub, const std::string& job_id,
-                                       const std::string& out, int epoch,
-                                       absl::Duration timeout) {
+                                       const std::string& out, int epoch, absl::Duration timeout) {
   v1::JobStatus job;
   {
     grpc::ClientContext ctx;

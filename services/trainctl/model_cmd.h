@@ -46,8 +46,8 @@ struct ExportResult {
 
 // `epoch` 0: the newest checkpoint. Writes `out` atomically.
 absl::StatusOr<ExportResult> ExportJob(scheduler::v1::JobService::Stub* stub,
-                                       const std::string& job_id, const std::string& out,
-                                       int epoch, absl::Duration timeout);
+                                       const std::string& job_id, const std::string& out, int epoch,
+                                       absl::Duration timeout);
 
 }  // namespace trainctl
 }  // namespace dtrain

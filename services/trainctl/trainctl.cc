@@ -335,6 +335,10 @@ void Print(const v1::JobStatus& j, bool detail) {
                   j.trainers().empty() ? "-" : absl::StrJoin(j.trainers(), ", ").c_str(),
                   j.attempts(),
                   j.drains() > 0 ? absl::StrCat(", ", j.drains(), " drained").c_str() : "");
+      if (!j.spec().model_digest().empty()) {
+        std::printf("  model: file %s (trainctl export %s --out=FILE.onnx)\n",
+                    j.spec().model_digest().c_str(), j.id().c_str());
+      }
       if (j.data_train_samples() > 0) {
         const v1::DataSpec& d = j.spec().data();
         std::printf(
@@ -774,11 +778,12 @@ int main(int argc, char** argv) {
     }
     // Your own model: checked here, uploaded, then named by its digest.
     if (!model_file.empty()) {
-      absl::Status up = dtrain::trainctl::UploadModelFile(
-          stub.get(), model_file, req.mutable_spec(), absl::Seconds(absl::GetFlag(FLAGS_timeout_s)));
+      absl::Status up =
+          dtrain::trainctl::UploadModelFile(stub.get(), model_file, req.mutable_spec(),
+                                            absl::Seconds(absl::GetFlag(FLAGS_timeout_s)));
       if (!up.ok()) return Fail(up);
-      if (!Json()) std::printf("uploaded %s as %s\n", model_file.c_str(),
-                               req.spec().model_digest().c_str());
+      if (!Json())
+        std::printf("uploaded %s as %s\n", model_file.c_str(), req.spec().model_digest().c_str());
     }
     req.set_request_id(RandomId());
     v1::JobStatus job;
@@ -823,10 +828,9 @@ int main(int argc, char** argv) {
     if (id.empty()) return Usage("export needs one job id");
     if (absl::GetFlag(FLAGS_out).empty()) return Usage("export needs --out=FILE.onnx");
     if (absl::GetFlag(FLAGS_epoch) < 0) return Usage("--epoch must be >= 0");
-    absl::StatusOr<dtrain::trainctl::ExportResult> r =
-        dtrain::trainctl::ExportJob(stub.get(), id, absl::GetFlag(FLAGS_out),
-                                    absl::GetFlag(FLAGS_epoch),
-                                    absl::Seconds(absl::GetFlag(FLAGS_timeout_s)));
+    absl::StatusOr<dtrain::trainctl::ExportResult> r = dtrain::trainctl::ExportJob(
+        stub.get(), id, absl::GetFlag(FLAGS_out), absl::GetFlag(FLAGS_epoch),
+        absl::Seconds(absl::GetFlag(FLAGS_timeout_s)));
     if (!r.ok()) return Fail(r.status());
     if (Json()) {
       google::protobuf::Struct summary;

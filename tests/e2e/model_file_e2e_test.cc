@@ -17,8 +17,8 @@
 #include <signal.h>
 
 #include <cmath>
-#include <cstdlib>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -65,14 +65,14 @@ v1::SubmitRequest LenetJob(const std::string& name, v1::SyncMode mode) {
 
 // The same job as trainctl flags, with --model_file instead of --model.
 std::string TrainctlFlags(const v1::JobSpec& s) {
-  return absl::StrCat(
-      "--name=", s.name(), " --epochs=", s.epochs(), " --batch_size=", s.global_batch_size(),
-      " --lr=", s.lr(), " --momentum=", s.momentum(), " --init=", s.init(), " --seed=", s.seed(),
-      " --train_limit=", s.train_limit(), " --test_limit=", s.test_limit(),
-      " --threads=", s.threads(), " --num_trainers=", s.num_trainers(),
-      " --checkpoint_interval_epochs=", s.checkpoint_interval_epochs(),
-      s.keep_epoch_checkpoints() ? " --keep_epoch_checkpoints" : "",
-      " --sync=", v1::SyncMode_Name(s.sync().mode()));
+  return absl::StrCat("--name=", s.name(), " --epochs=", s.epochs(),
+                      " --batch_size=", s.global_batch_size(), " --lr=", s.lr(),
+                      " --momentum=", s.momentum(), " --init=", s.init(), " --seed=", s.seed(),
+                      " --train_limit=", s.train_limit(), " --test_limit=", s.test_limit(),
+                      " --threads=", s.threads(), " --num_trainers=", s.num_trainers(),
+                      " --checkpoint_interval_epochs=", s.checkpoint_interval_epochs(),
+                      s.keep_epoch_checkpoints() ? " --keep_epoch_checkpoints" : "",
+                      " --sync=", v1::SyncMode_Name(s.sync().mode()));
 }
 
 void ExpectRelNear(double got, double want, const char* what) {
@@ -89,7 +89,8 @@ std::string CheckOnnx(const std::string& path, const std::string& original, int*
       "onnx.checker.check_model(m, full_check=True)\n"
       "print('checker=ok initializers=%d' % len(m.graph.initializer))\n"
       "if len(sys.argv) > 2:\n"
-      "    o = {i.name: numpy_helper.to_array(i) for i in onnx.load(sys.argv[2]).graph.initializer}\n"
+      "    o = {i.name: numpy_helper.to_array(i) for i in "
+      "onnx.load(sys.argv[2]).graph.initializer}\n"
       "    same = sum(1 for i in m.graph.initializer if i.name in o and\n"
       "               (numpy_helper.to_array(i) == o[i.name]).all())\n"
       "    changed = sum(1 for i in m.graph.initializer if i.name in o) - same\n"
@@ -156,11 +157,10 @@ class ModelFileE2eTest : public ClusterTest {
     v1::JobSpec spec = builtin.spec();
     spec.set_name("from-file");
     int rc = -1;
-    const std::string out =
-        cluster_->TrainctlAs("admin",
-                             absl::StrCat("submit ", TrainctlFlags(spec),
-                                          " --model_file=", TestModel("lenet.onnx")),
-                             &rc);
+    const std::string out = cluster_->TrainctlAs(
+        "admin",
+        absl::StrCat("submit ", TrainctlFlags(spec), " --model_file=", TestModel("lenet.onnx")),
+        &rc);
     ASSERT_EQ(rc, 0) << out;
     const std::string lenet = ReadAll(TestModel("lenet.onnx"));
     EXPECT_NE(out.find("uploaded"), std::string::npos) << out;
@@ -171,9 +171,10 @@ class ModelFileE2eTest : public ClusterTest {
     ASSERT_EQ(mine.state(), v1::SUCCEEDED) << mine.DebugString();
     EXPECT_EQ(mine.spec().model_digest(), Digest(lenet));
     EXPECT_TRUE(mine.spec().model().empty());
-    std::printf("sync=%s builtin_loss=%.7f file_loss=%.7f builtin_test_acc=%.4f file_test_acc=%.4f\n",
-                v1::SyncMode_Name(mode).c_str(), ref.loss(), mine.loss(), ref.test_accuracy(),
-                mine.test_accuracy());
+    std::printf(
+        "sync=%s builtin_loss=%.7f file_loss=%.7f builtin_test_acc=%.4f file_test_acc=%.4f\n",
+        v1::SyncMode_Name(mode).c_str(), ref.loss(), mine.loss(), ref.test_accuracy(),
+        mine.test_accuracy());
     ExpectRelNear(mine.loss(), ref.loss(), "epoch loss");
     ExpectRelNear(mine.train_accuracy(), ref.train_accuracy(), "train accuracy");
     ExpectRelNear(mine.test_accuracy(), ref.test_accuracy(), "test accuracy");
@@ -184,8 +185,8 @@ class ModelFileE2eTest : public ClusterTest {
     // Export both: the file's graph with the trained weights, and the
     // built-in model's own export.
     const std::string trained = TmpDir("export") + "/trained.onnx";
-    const std::string exported = cluster_->TrainctlAs(
-        "admin", absl::StrCat("export ", id, " --out=", trained), &rc);
+    const std::string exported =
+        cluster_->TrainctlAs("admin", absl::StrCat("export ", id, " --out=", trained), &rc);
     ASSERT_EQ(rc, 0) << exported;
     EXPECT_NE(exported.find("the checkpoint of epoch 2"), std::string::npos) << exported;
     std::string check = CheckOnnx(trained, TestModel("lenet.onnx"), &rc);
@@ -198,8 +199,8 @@ class ModelFileE2eTest : public ClusterTest {
         << "every weight and bias of LeNet's 4 layers (2 conv, 2 linear) was trained: " << check;
     // The first epoch's, kept: other weights than the last epoch's.
     const std::string first = TmpDir("export") + "/epoch1.onnx";
-    const std::string e1 = cluster_->TrainctlAs(
-        "admin", absl::StrCat("export ", id, " --epoch=1 --out=", first), &rc);
+    const std::string e1 =
+        cluster_->TrainctlAs("admin", absl::StrCat("export ", id, " --epoch=1 --out=", first), &rc);
     ASSERT_EQ(rc, 0) << e1;
     EXPECT_NE(e1.find("the checkpoint of epoch 1"), std::string::npos) << e1;
     check = CheckOnnx(first, trained, &rc);
@@ -246,15 +247,16 @@ TEST_F(ModelFileRefusalTest, BadModelsAreRefusedAtSubmitAndOtherJobsAreUntouched
   ASSERT_GT(pid, 0);
   // A job that runs meanwhile.
   JobStatus other = Submit(MomentumLenetJob("other", 3, 12288));
-  other = PollJob(other.id(), [](const JobStatus& j) { return j.state() == v1::RUNNING; },
-                  absl::Seconds(60));
+  other = PollJob(
+      other.id(), [](const JobStatus& j) { return j.state() == v1::RUNNING; }, absl::Seconds(60));
   ASSERT_EQ(other.state(), v1::RUNNING) << other.DebugString();
   int rc = -1;
 
   // trainctl's own check refuses the unsupported op before any upload.
   std::string out = cluster_->TrainctlAs(
-      "admin", absl::StrCat("submit ", TrainctlFlags(LenetJob("lstm", v1::ALLREDUCE).spec()),
-                            " --model_file=", TestModel("lstm.onnx")),
+      "admin",
+      absl::StrCat("submit ", TrainctlFlags(LenetJob("lstm", v1::ALLREDUCE).spec()),
+                   " --model_file=", TestModel("lstm.onnx")),
       &rc);
   EXPECT_EQ(rc, 1) << out;
   EXPECT_NE(out.find("INVALID_ARGUMENT"), std::string::npos) << out;
@@ -263,8 +265,9 @@ TEST_F(ModelFileRefusalTest, BadModelsAreRefusedAtSubmitAndOtherJobsAreUntouched
 
   // Over the cap: the scheduler refuses the upload naming it.
   out = cluster_->TrainctlAs(
-      "admin", absl::StrCat("submit ", TrainctlFlags(LenetJob("big", v1::ALLREDUCE).spec()),
-                            " --model_file=", TestModel("resnet18.onnx")),
+      "admin",
+      absl::StrCat("submit ", TrainctlFlags(LenetJob("big", v1::ALLREDUCE).spec()),
+                   " --model_file=", TestModel("resnet18.onnx")),
       &rc);
   EXPECT_EQ(rc, 1) << out;
   EXPECT_NE(out.find("RESOURCE_EXHAUSTED"), std::string::npos) << out;
@@ -297,8 +300,9 @@ TEST_F(ModelFileRefusalTest, BadModelsAreRefusedAtSubmitAndOtherJobsAreUntouched
   // Ownership: alice's model is read through her job, by her (and admins)
   // only.
   out = cluster_->TrainctlAs(
-      "alice", absl::StrCat("submit ", TrainctlFlags(LenetJob("alices", v1::ALLREDUCE).spec()),
-                            " --model_file=", TestModel("lenet.onnx")),
+      "alice",
+      absl::StrCat("submit ", TrainctlFlags(LenetJob("alices", v1::ALLREDUCE).spec()),
+                   " --model_file=", TestModel("lenet.onnx")),
       &rc);
   ASSERT_EQ(rc, 0) << out;
   const std::string alices = SubmittedId(out);
@@ -307,9 +311,8 @@ TEST_F(ModelFileRefusalTest, BadModelsAreRefusedAtSubmitAndOtherJobsAreUntouched
   absl::StatusOr<std::string> hers = ReadJobModel(cluster_->JobsAs("alice").get(), alices);
   ASSERT_TRUE(hers.ok()) << hers.status();
   EXPECT_EQ(*hers, lenet);
-  out = cluster_->TrainctlAs("bob", absl::StrCat("export ", alices, " --out=",
-                                                 TmpDir("bob"), "/stolen.onnx"),
-                             &rc);
+  out = cluster_->TrainctlAs(
+      "bob", absl::StrCat("export ", alices, " --out=", TmpDir("bob"), "/stolen.onnx"), &rc);
   EXPECT_EQ(rc, 1) << out;
   EXPECT_NE(out.find("PERMISSION_DENIED"), std::string::npos) << out;
   Cancel(alices);
@@ -329,15 +332,14 @@ class ModelFileRestartTest : public ModelFileE2eTest {
 TEST_F(ModelFileRestartTest, ASchedulerRestartBetweenSubmitAndPlacementLosesNoModel) {
   // Both trainers busy, so the model's job waits in the queue.
   JobStatus blocker = Submit(MomentumLenetJob("blocker", 100, 12288));
-  blocker = PollJob(blocker.id(), [](const JobStatus& j) { return j.state() == v1::RUNNING; },
-                    absl::Seconds(60));
+  blocker = PollJob(
+      blocker.id(), [](const JobStatus& j) { return j.state() == v1::RUNNING; }, absl::Seconds(60));
   ASSERT_EQ(blocker.state(), v1::RUNNING);
   v1::JobSpec spec = LenetJob("queued-model", v1::ALLREDUCE).spec();
   int rc = -1;
   const std::string out = cluster_->TrainctlAs(
-      "admin", absl::StrCat("submit ", TrainctlFlags(spec), " --model_file=",
-                            TestModel("lenet.onnx")),
-      &rc);
+      "admin",
+      absl::StrCat("submit ", TrainctlFlags(spec), " --model_file=", TestModel("lenet.onnx")), &rc);
   ASSERT_EQ(rc, 0) << out;
   const std::string id = SubmittedId(out);
   ASSERT_EQ(Get(id).state(), v1::QUEUED);
