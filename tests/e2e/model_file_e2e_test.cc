@@ -5,7 +5,9 @@
 // like the built-in LeNet from the same seed (our initializers: epoch loss,
 // training and test accuracy equal within 1e-5 relative), and `trainctl
 // export` of both jobs gives files python3-onnx's full checker accepts, the
-// model file's with trained weights in place of the file's. A model with an
+// model file's with trained weights in place of the file's; that file,
+// submitted again with `init: from_model` and a learning rate too small to
+// move a weight, has the trained job's test accuracy. A model with an
 // unsupported op, a truncated file, a file over the scheduler's
 // --max_model_bytes and an unknown digest are refused at submit with their
 // errors (through trainctl, and straight through the API past trainctl's
@@ -215,6 +217,28 @@ class ModelFileE2eTest : public ClusterTest {
     check = CheckOnnx(builtin_out, "", &rc);
     EXPECT_EQ(rc, 0) << check;
     EXPECT_NE(check.find("checker=ok"), std::string::npos) << check;
+    if (mode != v1::ALLREDUCE) return;
+
+    // The exported file back in, `init: from_model`, with a learning rate too
+    // small to move a weight: the job starts from the trained weights, so its
+    // test accuracy is the trained job's.
+    spec.set_name("from-model");
+    spec.set_epochs(1);
+    spec.set_lr(1e-30);
+    spec.set_momentum(0);
+    spec.set_checkpoint_interval_epochs(0);
+    spec.set_keep_epoch_checkpoints(false);
+    const std::string again = cluster_->TrainctlAs(
+        "admin",
+        absl::StrCat("submit ", TrainctlFlags(spec), " --init=from_model --model_file=", trained),
+        &rc);
+    ASSERT_EQ(rc, 0) << again;
+    JobStatus resumed = WatchToEnd(SubmittedId(again), absl::Seconds(300));
+    ASSERT_EQ(resumed.state(), v1::SUCCEEDED) << resumed.DebugString();
+    EXPECT_EQ(resumed.spec().init(), "from_model");
+    std::printf("from_model_test_acc=%.4f trained_test_acc=%.4f\n", resumed.test_accuracy(),
+                mine.test_accuracy());
+    EXPECT_DOUBLE_EQ(resumed.test_accuracy(), mine.test_accuracy());
   }
 };
 
