@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "libs/agent/device_comm_slot.h"
+#include "libs/agent/model_cache.h"
 #include "libs/agent/step_window.h"
 #include "libs/base/logging.h"
 #include "libs/base/retry.h"
@@ -868,8 +869,9 @@ void Agent::StartLocked(const v1::Assignment& a) {
   current_->drain = draining_;
   Job* job = current_.get();
   DT_LOG(INFO) << "starting job " << a.job_id() << " (" << a.spec().name() << ", "
-               << a.spec().model() << ", " << a.spec().epochs() << " epochs) as rank " << a.rank()
-               << " of " << a.world_size() << ", attempt " << a.attempt();
+               << (a.spec().model_digest().empty() ? a.spec().model() : a.spec().model_digest())
+               << ", " << a.spec().epochs() << " epochs) as rank " << a.rank() << " of "
+               << a.world_size() << ", attempt " << a.attempt();
   job->thread = std::thread([this, job] { Work(job); });
 }
 
@@ -1062,6 +1064,17 @@ absl::Status Agent::RunAssignment(Job* job, train::JobProgress* progress,
   }
   if (!planned.ok()) return planned.status();
   JobPlan& plan = *planned;
+  // The user's model file (PlanJob named its cache path): fetched or
+  // reused, verified against the digest before the job imports it.
+  if (!plan.config.model_file.empty()) {
+    std::string trainer_id;
+    {
+      absl::MutexLock lock(&mu_);
+      trainer_id = trainer_id_;
+    }
+    DT_RETURN_IF_ERROR(FetchModel(cluster_, trainer_id, a.job_id(), a.spec().model_digest(),
+                                  plan.config.model_file));
+  }
   const train::SyncStrategy& strategy = *plan.strategy;
   const int rank = plan.config.rank;
   const int world = plan.config.world_size;

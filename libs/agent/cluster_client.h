@@ -18,10 +18,12 @@
 #ifndef DTRAIN_LIBS_AGENT_CLUSTER_CLIENT_H_
 #define DTRAIN_LIBS_AGENT_CLUSTER_CLIENT_H_
 
+#include <functional>
 #include <memory>
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "libs/collective/store.h"
 #include "protos/scheduler.pb.h"
 
@@ -47,6 +49,14 @@ class ClusterClient {
   virtual std::unique_ptr<collective::Store> RendezvousStore(const std::string& trainer_id,
                                                              const std::string& job_id,
                                                              int attempt) = 0;
+
+  // The model file of a job this trainer holds a rank of
+  // (ClusterService.GetModel): `sink` gets the file's bytes in order, in
+  // pieces. The default: UNIMPLEMENTED (a client without model files).
+  virtual absl::Status GetModel(const scheduler::v1::GetModelRequest& request,
+                                const std::function<absl::Status(absl::string_view)>& sink) {
+    return absl::UnimplementedError("this cluster client cannot fetch model files");
+  }
 };
 
 }  // namespace agent

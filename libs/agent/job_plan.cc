@@ -120,6 +120,15 @@ absl::StatusOr<JobPlan> PlanJob(const v1::Assignment& a, const TrainerResources&
   train::JobConfig& c = plan.config;
   c.name = a.job_id();
   c.model = spec.model();
+  if (!spec.model_digest().empty()) {  // its form checked by ValidateJobSpec above
+    if (r.model_cache_dir.empty()) {
+      return absl::FailedPreconditionError(
+          "spec.model_digest: this trainer has no model cache directory for model files");
+    }
+    c.model = spec.model_digest();
+    c.model_file = absl::StrCat(r.model_cache_dir, "/",
+                                spec.model_digest().substr(spec.model_digest().find(':') + 1));
+  }
   if (!spec.data_dir().empty()) DT_RETURN_IF_ERROR(CheckDataDir(spec.data_dir(), r.data_roots));
   c.data_dir = spec.data_dir();
   if (spec.has_data()) {  // checked by ValidateJobSpec above
@@ -141,6 +150,7 @@ absl::StatusOr<JobPlan> PlanJob(const v1::Assignment& a, const TrainerResources&
   c.hybridize = spec.hybridize();
   c.sync_batch_norm = spec.sync_batch_norm();
   c.checkpoint_interval_epochs = spec.checkpoint_interval_epochs();
+  c.keep_epoch_checkpoints = spec.keep_epoch_checkpoints();
   c.rank = a.rank();
   c.world_size = a.world_size();
   c.checkpoint_path = absl::StrCat(r.checkpoint_dir, "/", a.job_id(), ".ckpt");

@@ -63,6 +63,10 @@ struct TrainerResources {
   std::vector<std::string> devices;
   // Where checkpoints go: <checkpoint_dir>/<job id>.ckpt.
   std::string checkpoint_dir;
+  // The cache of users' model files (model_cache.h): a job with a
+  // spec.model_digest "sha256:<hex>" trains <model_cache_dir>/<hex>
+  // (config.model_file). Empty: such jobs are FAILED_PRECONDITION.
+  std::string model_cache_dir;
   CudaCollective cuda_collective = CudaCollective::kAuto;
   // The address peers reach this trainer at for TCP allreduce (empty: the
   // host name).

@@ -146,6 +146,28 @@ TEST(JobPlanTest, HybridizeIsMapped) {
   EXPECT_TRUE(plan->config.hybridize);
 }
 
+// A model file: the job trains <model_cache_dir>/<hex>, named by its digest.
+TEST(JobPlanTest, ModelDigestIsTheCachedFile) {
+  v1::Assignment a = FullAssignment();
+  const std::string hex(64, 'a');
+  a.mutable_spec()->clear_model();
+  a.mutable_spec()->set_model_digest("sha256:" + hex);
+  a.mutable_spec()->set_init("from_model");
+  TrainerResources r = Cpu();
+  r.model_cache_dir = "/work/models";
+  absl::StatusOr<JobPlan> plan = PlanJob(a, r);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->config.model, "sha256:" + hex);
+  EXPECT_EQ(plan->config.model_file, "/work/models/" + hex);
+  EXPECT_EQ(plan->config.init, "from_model");
+  // A built-in model has none.
+  absl::StatusOr<JobPlan> builtin = PlanJob(FullAssignment(), r);
+  ASSERT_TRUE(builtin.ok()) << builtin.status();
+  EXPECT_EQ(builtin->config.model_file, "");
+  // Without a cache directory the trainer cannot take it.
+  EXPECT_EQ(PlanJob(a, Cpu()).status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
 // Zero values mean the documented defaults: one trainer, one cpu device,
 // normal init, allreduce (nothing to connect for one trainer).
 TEST(JobPlanTest, ZeroValuesMeanDefaults) {

@@ -80,11 +80,15 @@ TrainingFlops CountMatrixFlops(const Graph& g) {
 absl::StatusOr<TrainingFlops> TrainingFlopsPerSample(const std::string& model) {
   DT_ASSIGN_OR_RETURN(std::shared_ptr<nn::Module> m, nn::MakeModel(model));
   DT_ASSIGN_OR_RETURN(Shape sample, nn::ModelInputShape(model));
+  return TrainingFlopsPerSample(m.get(), sample);
+}
+
+absl::StatusOr<TrainingFlops> TrainingFlopsPerSample(nn::Module* m, const Shape& sample) {
   // Two samples: batch norm in training mode wants more than one.
   constexpr int64_t kBatch = 2;
   Shape input = {kBatch};
   input.insert(input.end(), sample.begin(), sample.end());
-  DT_ASSIGN_OR_RETURN(Graph g, TraceModule(m.get(), input, /*training=*/true));
+  DT_ASSIGN_OR_RETURN(Graph g, TraceModule(m, input, /*training=*/true));
   DT_RETURN_IF_ERROR(BuildTrainingStep(&g, {.lr = 0.1f}));
   TrainingFlops f = CountMatrixFlops(g);
   f.forward /= kBatch;

@@ -20,6 +20,7 @@
 
 #include "absl/status/statusor.h"
 #include "libs/graph/ir.h"
+#include "libs/nn/module.h"
 
 namespace dtrain {
 namespace graph {
@@ -38,6 +39,10 @@ TrainingFlops CountMatrixFlops(const Graph& g);
 // inputs of nn::ModelInputShape(model). Errors: the model's (unknown name),
 // the trace's (kUnimplemented for ops the IR cannot express).
 absl::StatusOr<TrainingFlops> TrainingFlopsPerSample(const std::string& model);
+
+// The same for any module (an imported ONNX model) on samples of `sample`
+// (batch excluded).
+absl::StatusOr<TrainingFlops> TrainingFlopsPerSample(nn::Module* module, const Shape& sample);
 
 }  // namespace graph
 }  // namespace dtrain

@@ -7,6 +7,7 @@
 #include "libs/base/status.h"
 #include "libs/data/data_spec.h"
 #include "libs/kvstore/types.h"
+#include "libs/scheduler/model_store.h"
 
 namespace dtrain {
 namespace scheduler {
@@ -49,8 +50,17 @@ absl::Status ValidateJobSpec(const JobSpec& s) {
                  absl::StrCat("only letters, digits, '.', '_' and '-', got ", Quote(s.name())));
     }
   }
-  if (s.model() != "mlp" && s.model() != "lenet" && s.model() != "resnet18") {
-    return Bad("model", absl::StrCat("must be mlp, lenet or resnet18, got ", Quote(s.model())));
+  if (!s.model_digest().empty()) {
+    if (!s.model().empty()) {
+      return Bad("model", absl::StrCat("give either model (a built-in: mlp, lenet or resnet18) or "
+                                       "model_digest (your own model file), not both; got ",
+                                       Quote(s.model()), " and a model_digest"));
+    }
+    DT_RETURN_IF_ERROR(ValidateModelDigest(s.model_digest(), "model_digest"));
+  } else if (s.model() != "mlp" && s.model() != "lenet" && s.model() != "resnet18") {
+    return Bad("model", absl::StrCat("must be mlp, lenet or resnet18 (or give model_digest: your "
+                                     "own model file), got ",
+                                     Quote(s.model())));
   }
   if (s.epochs() < 1 || s.epochs() > 10000) {
     return Bad("epochs", absl::StrCat("must be in 1..10000, got ", s.epochs()));
@@ -151,8 +161,13 @@ absl::Status ValidateJobSpec(const JobSpec& s) {
   if (s.test_limit() < 0) {
     return Bad("test_limit", absl::StrCat("must be >= 0 (0 = all), got ", s.test_limit()));
   }
-  if (!s.init().empty() && s.init() != "normal" && s.init() != "kaiming") {
-    return Bad("init", absl::StrCat("must be normal or kaiming, got ", Quote(s.init())));
+  if (s.init() == "from_model" && s.model_digest().empty()) {
+    return Bad("init", "from_model (the model file's weights) needs model_digest (a model file)");
+  }
+  if (!s.init().empty() && s.init() != "normal" && s.init() != "kaiming" &&
+      s.init() != "from_model") {
+    return Bad("init",
+               absl::StrCat("must be normal, kaiming or from_model, got ", Quote(s.init())));
   }
   if (s.bucket_bytes() != 0 && (s.bucket_bytes() < 1024 || s.bucket_bytes() > (int64_t{1} << 30))) {
     return Bad("bucket_bytes",

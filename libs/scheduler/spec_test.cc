@@ -59,6 +59,16 @@ TEST(SpecTest, EveryBadFieldIsNamed) {
       {[](JobSpec* s) { s->set_name("has space"); }, "name:"},
       {[](JobSpec* s) { s->set_name(std::string(64, 'a')); }, "name:"},
       {[](JobSpec* s) { s->set_model("vgg"); }, "model:"},
+      {[](JobSpec* s) { s->set_model(""); }, "model:"},
+      // Both a built-in model and a model file.
+      {[](JobSpec* s) { s->set_model_digest("sha256:" + std::string(64, 'a')); },
+       "model: give either model"},
+      {[](JobSpec* s) {
+         s->clear_model();
+         s->set_model_digest("sha256:ABC");
+       },
+       "model_digest: must be \"sha256:\" and 64 lowercase hex digits"},
+      {[](JobSpec* s) { s->set_init("from_model"); }, "init: from_model"},
       {[](JobSpec* s) { s->set_epochs(0); }, "epochs:"},
       {[](JobSpec* s) { s->set_global_batch_size(0); }, "global_batch_size:"},
       {[](JobSpec* s) {
@@ -172,6 +182,14 @@ TEST(SpecTest, EveryBadFieldIsNamed) {
     EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
     EXPECT_EQ(st.message().rfind(c.field, 0), 0u) << st.message();
   }
+}
+
+TEST(SpecTest, AModelFileJobNamesItsDigest) {
+  JobSpec s = Good();
+  s.clear_model();
+  s.set_model_digest("sha256:" + std::string(64, '0'));
+  s.set_init("from_model");
+  EXPECT_TRUE(ValidateJobSpec(s).ok()) << ValidateJobSpec(s);
 }
 
 TEST(SpecTest, KvstoreBoundedDelayIsFine) {

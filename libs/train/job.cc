@@ -1,6 +1,9 @@
 #include "libs/train/job.h"
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -22,6 +25,7 @@
 #include "libs/nn/models.h"
 #include "libs/train/data_parallel.h"
 #include "libs/train/gradient_sync.h"
+#include "libs/train/job_model.h"
 #include "libs/train/state_io.h"
 #include "libs/train/step_trace.h"
 #include "libs/train/train.h"
@@ -459,7 +463,8 @@ class JobRun {
     progress_->data_train_samples = train_set_.size;
     progress_->data_test_samples = test_set_.size;
     progress_->data_corrupt_skipped = train_set_.corrupt_skipped + test_set_.corrupt_skipped;
-    DT_ASSIGN_OR_RETURN(sample_shape_, nn::ModelInputShape(c_.model));
+    DT_ASSIGN_OR_RETURN(model_, OpenJobModel(c_));
+    sample_shape_ = model_.sample_shape;
     DT_RETURN_IF_ERROR(
         data::CheckInputShape(train_set_, {sample_shape_.begin(), sample_shape_.end()}, c_.model));
     return MakeLoader();
@@ -501,9 +506,11 @@ class JobRun {
   // weights or the checkpoint resumed.
   absl::Status MakeTrainer() {
     const int threads = c_.threads > 0 ? c_.threads : ops::CpuThreads();
-    DT_ASSIGN_OR_RETURN(nn::Init init, nn::ParseInit(c_.init.empty() ? "normal" : c_.init));
+    DT_ASSIGN_OR_RETURN(nn::Init init, nn::ParseInit(model_.init));
     DataParallelOptions o;
     o.model = c_.model;
+    o.model_factory = model_.factory;
+    if (c_.resume_from.empty() && !c_.join) o.restore = model_.init_from_model;
     o.devices = c_.devices;
     o.threads_per_device = std::max(1, threads / k_);
     o.sgd = c_.sgd;
@@ -551,7 +558,7 @@ class JobRun {
     // MFU's numerator: the model's FLOPs per sample of a training step.
     rank_peak_ =
         c_.devices[0].is_cpu() ? c_.cpu_peak_flops_per_thread * o.threads_per_device * k_ : 0;
-    if (absl::StatusOr<graph::TrainingFlops> f = graph::TrainingFlopsPerSample(c_.model); f.ok()) {
+    if (absl::StatusOr<graph::TrainingFlops> f = model_.flops(); f.ok()) {
       flops_per_sample_ = f->total();
     } else {
       DT_LOG(WARNING) << "job " << c_.name << ": no FLOP count for " << c_.model << " ("
@@ -818,6 +825,14 @@ class JobRun {
     trace::ScopedSpan span(c_.trace, "checkpoint", trace::kTrackStep, steps_run_);
     DT_RETURN_IF_ERROR(SaveTrainingState(c_.checkpoint_path, c_.model, trainer_->replica(0),
                                          trainer_->optimizer(0), meta));
+    if (c_.keep_epoch_checkpoints) {
+      const std::string kept = EpochCheckpointPath(c_.checkpoint_path, epoch + 1);
+      unlink(kept.c_str());  // a resumed job writes the epoch again
+      if (link(c_.checkpoint_path.c_str(), kept.c_str()) != 0) {
+        return ErrnoToStatus(
+            errno, absl::StrCat("keeping the checkpoint of epoch ", epoch + 1, " as ", kept));
+      }
+    }
     progress_->checkpoint_path = c_.checkpoint_path;
     progress_->checkpoint_epoch = epoch + 1;
     progress_->checkpoint_step = 0;
@@ -859,6 +874,7 @@ class JobRun {
   data::Dataset train_set_;
   data::Dataset test_set_;
   bool test_loaded_ = false;
+  JobModel model_;
   Shape sample_shape_;
   std::unique_ptr<data::DataLoader> loader_;
   int64_t steps_per_epoch_ = 0;

@@ -163,6 +163,11 @@ struct JobConfig {
 
   // What to train (a JobSpec's fields).
   std::string model = "lenet";
+  // Your own model (docs/models.md): an ONNX file on this machine, already
+  // verified against its digest; non-empty: the job trains the imported
+  // file (job_model.h) and `model` only names it (checkpoints record the
+  // name: the file's digest). init may then be "from_model".
+  std::string model_file;
   std::string data_dir;   // Fashion-MNIST; empty: the Debian package's
   data::DataConfig data;  // its format empty: Fashion-MNIST from data_dir
   int epochs = 1;
@@ -203,6 +208,9 @@ struct JobConfig {
   // Rank 0 writes a checkpoint here (atomically replaced) every
   // checkpoint_interval_epochs, with these extra metadata entries.
   std::string checkpoint_path;
+  // Also keep each epoch's checkpoint as <checkpoint_path>.epoch<E> (a hard
+  // link to the file written; state_io.h EpochCheckpointPath).
+  bool keep_epoch_checkpoints = false;
   std::map<std::string, std::string> checkpoint_metadata;
   // Non-empty: every rank starts from this checkpoint instead of the
   // initial weights, with the epoch after the one it holds.

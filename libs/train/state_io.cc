@@ -107,5 +107,9 @@ absl::StatusOr<std::map<std::string, std::string>> LoadTrainingState(const std::
   return ckpt.metadata;
 }
 
+std::string EpochCheckpointPath(const std::string& checkpoint_path, int epoch) {
+  return absl::StrCat(checkpoint_path, ".epoch", epoch);
+}
+
 }  // namespace train
 }  // namespace dtrain

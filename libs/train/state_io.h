@@ -30,6 +30,11 @@ absl::StatusOr<std::map<std::string, std::string>> LoadTrainingState(const std::
                                                                      nn::Module* model,
                                                                      nn::Sgd* optimizer);
 
+// Where a job that keeps every epoch's checkpoint (JobSpec
+// keep_epoch_checkpoints) keeps epoch `epoch`'s, next to the newest one at
+// `checkpoint_path`.
+std::string EpochCheckpointPath(const std::string& checkpoint_path, int epoch);
+
 }  // namespace train
 }  // namespace dtrain
 

@@ -88,7 +88,7 @@ TEST(TrainTest, ModelFactoryBuildsTheModel) {
   o.epochs = 1;
   o.init = "kaiming";
   o.lr = 0.1f;
-  o.checkpoint_path = TmpPath("factory.ckpt");
+  o.checkpoint_path = TestTmpPath("factory.ckpt");
   int calls = 0;
   o.model_factory = [&]() -> absl::StatusOr<std::shared_ptr<nn::Module>> {
     ++calls;

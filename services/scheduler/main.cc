@@ -62,6 +62,9 @@ ABSL_FLAG(std::string, health_listen, "",
           "probes that cannot speak mutual TLS (the kubelet's); empty: none");
 ABSL_FLAG(std::string, queues, "",
           "a queues file (docs/queues.md): quotas per queue; empty: one queue, no quota");
+ABSL_FLAG(int64_t, max_model_bytes, int64_t{512} << 20,
+          "the largest model file (ONNX) trainctl submit --model_file may upload; larger ones "
+          "are RESOURCE_EXHAUSTED (stored under <data_dir>/models)");
 ABSL_FLAG(std::string, port_file, "",
           "write the bound gRPC port here once serving (for scripts and tests)");
 
@@ -102,6 +105,12 @@ int main(int argc, char** argv) {
     return 2;
   }
   options.max_queued_jobs_per_user = absl::GetFlag(FLAGS_max_queued_jobs_per_user);
+  options.max_model_bytes = absl::GetFlag(FLAGS_max_model_bytes);
+  if (options.max_model_bytes < 1) {
+    std::fprintf(stderr, "scheduler_server: --max_model_bytes must be >= 1, got %lld\n",
+                 static_cast<long long>(options.max_model_bytes));
+    return 2;
+  }
   options.recover_in_place = absl::GetFlag(FLAGS_recover_in_place);
   options.finished_job_retention = absl::GetFlag(FLAGS_finished_job_retention);
   if (options.finished_job_retention <= absl::ZeroDuration()) {

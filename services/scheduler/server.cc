@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <iterator>
 #include <limits>
+#include <set>
 
 #include "absl/strings/str_cat.h"
 #include "libs/base/grpc_status.h"
@@ -14,15 +15,18 @@
 #include "libs/rpc/authorize.h"
 #include "libs/rpc/credentials.h"
 #include "libs/rpc/server.h"
+#include "libs/scheduler/model_check.h"
 #include "libs/scheduler/timeline_store.h"
 #include "libs/security/authz.h"
 #include "protos/scheduler.grpc.pb.h"
+#include "services/scheduler/model_rpc.h"
 
 namespace dtrain {
 namespace scheduler {
 namespace {
 
 constexpr absl::Duration kWatchPoll = absl::Milliseconds(200);
+constexpr absl::Duration kModelGcPeriod = absl::Minutes(1);
 
 // Per-RPC counters and latencies.
 class RpcMetrics {
@@ -59,9 +63,9 @@ class RpcMetrics {
 
 class JobServiceImpl final : public v1::JobService::Service {
  public:
-  JobServiceImpl(Scheduler* s, KvstoreMembership* kv, TimelineStore* timelines,
+  JobServiceImpl(Scheduler* s, KvstoreMembership* kv, TimelineStore* timelines, ModelStore* models,
                  const absl::Notification* stopping, RpcMetrics* m)
-      : s_(s), kv_(kv), timelines_(timelines), stopping_(stopping), m_(m) {}
+      : s_(s), kv_(kv), timelines_(timelines), models_(models), stopping_(stopping), m_(m) {}
 
   grpc::Status Submit(grpc::ServerContext* ctx, const v1::SubmitRequest* req,
                       v1::JobStatus* reply) override {
@@ -155,6 +159,40 @@ class JobServiceImpl final : public v1::JobService::Service {
       return grpc::Status::OK;
     });
   }
+  grpc::Status PutModel(grpc::ServerContext* ctx, grpc::ServerReader<v1::ModelChunk>* in,
+                        v1::PutModelReply* reply) override {
+    return m_->Observe("PutModel", [&] {
+      absl::StatusOr<security::Identity> who =
+          rpc::AuthorizedPeer(*ctx, security::Action::kSubmitJob);
+      if (!who.ok()) return ToGrpcStatus(who.status());
+      absl::StatusOr<v1::PutModelReply> r = ReceiveModel(models_, in);
+      if (!r.ok()) return ToGrpcStatus(r.status());
+      if (!r->existed()) {
+        DT_LOG(INFO) << "model " << r->digest() << " (" << r->total_bytes()
+                     << " bytes) uploaded by " << who->ToString();
+      }
+      *reply = std::move(*r);
+      return grpc::Status::OK;
+    });
+  }
+  grpc::Status GetJobModel(grpc::ServerContext* ctx, const v1::GetJobModelRequest* req,
+                           grpc::ServerWriter<v1::ModelChunk>* out) override {
+    return m_->Observe("GetJobModel", [&] {
+      absl::StatusOr<JobStatus> job = JobFor(*ctx, req->id(), security::Action::kReadJob);
+      if (!job.ok()) return ToGrpcStatus(job.status());
+      const std::string& digest = job->spec().model_digest();
+      if (digest.empty()) {
+        return ToGrpcStatus(absl::NotFoundError(absl::StrCat(
+            req->id(), " trains the built-in model ", job->spec().model(), ": no model file")));
+      }
+      if (models_ == nullptr) {
+        return ToGrpcStatus(absl::NotFoundError("this scheduler has no model store"));
+      }
+      absl::StatusOr<std::string> path = models_->Find(digest);
+      if (!path.ok()) return ToGrpcStatus(path.status());
+      return ToGrpcStatus(SendModel(*path, digest, out));
+    });
+  }
   grpc::Status GetKvstoreMap(grpc::ServerContext* ctx, const kvstore::v1::GetShardMapRequest*,
                              kvstore::v1::ShardMap* reply) override {
     return m_->Observe("GetKvstoreMap", [&] {
@@ -171,6 +209,7 @@ class JobServiceImpl final : public v1::JobService::Service {
                         v1::JobStatus* reply) {
     DT_ASSIGN_OR_RETURN(security::Identity who,
                         rpc::AuthorizedPeer(ctx, security::Action::kSubmitJob));
+    DT_RETURN_IF_ERROR(CheckJobModel(req->spec(), models_));
     DT_ASSIGN_OR_RETURN(JobStatus r,
                         s_->Submit(req->spec(), req->request_id(), security::OwnerOf(who)));
     // A request id another user's submission used answers with that job:
@@ -237,14 +276,16 @@ class JobServiceImpl final : public v1::JobService::Service {
   Scheduler* s_;
   KvstoreMembership* kv_;
   TimelineStore* timelines_;
+  ModelStore* models_;
   const absl::Notification* stopping_;
   RpcMetrics* m_;
 };
 
 class ClusterServiceImpl final : public v1::ClusterService::Service {
  public:
-  ClusterServiceImpl(Scheduler* s, KvstoreMembership* kv, TimelineStore* timelines, RpcMetrics* m)
-      : s_(s), kv_(kv), timelines_(timelines), m_(m) {}
+  ClusterServiceImpl(Scheduler* s, KvstoreMembership* kv, TimelineStore* timelines,
+                     ModelStore* models, RpcMetrics* m)
+      : s_(s), kv_(kv), timelines_(timelines), models_(models), m_(m) {}
 
   grpc::Status RegisterTrainer(grpc::ServerContext* ctx, const v1::RegisterTrainerRequest* req,
                                v1::RegisterTrainerReply* reply) override {
@@ -318,7 +359,32 @@ class ClusterServiceImpl final : public v1::ClusterService::Service {
     });
   }
 
+  grpc::Status GetModel(grpc::ServerContext* ctx, const v1::GetModelRequest* req,
+                        grpc::ServerWriter<v1::ModelChunk>* out) override {
+    return m_->Observe("GetModel", [&] {
+      if (absl::Status a = AsTrainer(*ctx, req->trainer_id()); !a.ok()) return ToGrpcStatus(a);
+      return ToGrpcStatus(DoGetModel(*req, out));
+    });
+  }
+
  private:
+  // Only the model of a job the trainer holds a rank of.
+  absl::Status DoGetModel(const v1::GetModelRequest& req, grpc::ServerWriter<v1::ModelChunk>* out) {
+    DT_ASSIGN_OR_RETURN(JobStatus job, s_->Get(req.job_id()));
+    if (job.spec().model_digest().empty() || job.spec().model_digest() != req.digest()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(req.job_id(), " does not train the model ", req.digest()));
+    }
+    if (std::find(job.trainers().begin(), job.trainers().end(), req.trainer_id()) ==
+        job.trainers().end()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(req.job_id(), " is not trainer ", req.trainer_id(), "'s job"));
+    }
+    if (models_ == nullptr) return absl::NotFoundError("this scheduler has no model store");
+    DT_ASSIGN_OR_RETURN(std::string path, models_->Find(req.digest()));
+    return SendModel(path, req.digest(), out);
+  }
+
   // A trainer's call about `trainer_id`: the caller must be a trainer, and
   // the one that registered that id (a trainer cannot report or meet for
   // another's assignment; the scheduler checks the id holds the job).
@@ -366,6 +432,7 @@ class ClusterServiceImpl final : public v1::ClusterService::Service {
   Scheduler* s_;
   KvstoreMembership* kv_;
   TimelineStore* timelines_;
+  ModelStore* models_;
   RpcMetrics* m_;
   security::TrainerBinding trainers_;
 };
@@ -519,8 +586,10 @@ std::vector<prometheus::MetricFamily> Collect(Scheduler* s, KvstoreMembership* k
 
 class SchedulerServer::Services {
  public:
-  Services(Scheduler* s, KvstoreMembership* kv, const absl::Notification* stopping)
-      : jobs(s, kv, &timelines, stopping, &rpc_metrics), cluster(s, kv, &timelines, &rpc_metrics) {}
+  Services(Scheduler* s, KvstoreMembership* kv, ModelStore* models,
+           const absl::Notification* stopping)
+      : jobs(s, kv, &timelines, models, stopping, &rpc_metrics),
+        cluster(s, kv, &timelines, models, &rpc_metrics) {}
   RpcMetrics rpc_metrics;  // before the services, which use it
   TimelineStore timelines;
   JobServiceImpl jobs;
@@ -560,7 +629,14 @@ absl::StatusOr<std::unique_ptr<SchedulerServer>> SchedulerServer::Start(
   server->kvstore_map_ = std::make_unique<KvstoreMembership>(ko);
   KvstoreMembership* kv = server->kvstore_map_.get();
 
-  server->services_ = std::make_unique<Services>(sched, kv, &server->stopping_);
+  if (!options.data_dir.empty()) {
+    ModelStoreOptions mo;
+    mo.dir = options.data_dir + "/models";
+    mo.max_model_bytes = options.max_model_bytes;
+    DT_ASSIGN_OR_RETURN(server->models_, ModelStore::Open(mo));
+  }
+  ModelStore* models = server->models_.get();
+  server->services_ = std::make_unique<Services>(sched, kv, models, &server->stopping_);
   rpc::ServerOptions rpc_options;
   rpc_options.service = "scheduler";
   rpc_options.listen = options.listen;
@@ -580,14 +656,24 @@ absl::StatusOr<std::unique_ptr<SchedulerServer>> SchedulerServer::Start(
   const absl::Duration period = options.heartbeat_timeout / 4;
   const absl::Duration kv_period = options.kvstore_heartbeat_timeout / 4;
   SchedulerServer* raw = server.get();
-  server->liveness_ = std::thread([raw, sched, kv, period, kv_period] {
+  server->liveness_ = std::thread([raw, sched, kv, models, period, kv_period] {
     absl::Time next_trainers = absl::Now() + period;
+    absl::Time next_models = absl::Now();
     while (!raw->stopping_.WaitForNotificationWithTimeout(std::min(period, kv_period))) {
       const absl::Time now = absl::Now();
       kv->Expire(now);
       if (now >= next_trainers) {
         sched->CheckLiveness();
         next_trainers = now + period;
+      }
+      // Models no retained job refers to (after the retention sweep above).
+      if (models != nullptr && now >= next_models) {
+        std::set<std::string> referenced;
+        for (const JobStatus& j : sched->List()) {
+          if (!j.spec().model_digest().empty()) referenced.insert(j.spec().model_digest());
+        }
+        models->CollectGarbage(referenced);
+        next_models = now + kModelGcPeriod;
       }
     }
   });

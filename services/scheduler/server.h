@@ -10,9 +10,10 @@
 // Serves on one port:
 //   dtrain.scheduler.v1.JobService      Submit, Get, List, Cancel, Watch, DrainTrainer,
 //                                       ListTrainers, GetKvstoreMap, ListQueues,
-//                                       ApplyQueues (trainctl)
+//                                       ApplyQueues, PutModel, GetJobModel (trainctl)
 //   dtrain.scheduler.v1.ClusterService  RegisterTrainer, Heartbeat, ReportProgress,
 //                                       StoreSet, StoreGet, StoreAdd (rendezvous),
+//                                       GetModel (a job's model file),
 //                                       KvstoreHeartbeat (kvstore replicas: the
 //                                       shard map, libs/scheduler/kvstore_map.h)
 // and, through the server scaffold (libs/rpc/server.h), dtrain.admin.Admin
@@ -36,7 +37,10 @@
 //   dtrain_scheduler_queue_admission_wait_seconds{queue}           (histogram)
 //   dtrain_scheduler_queue_pending_within_quota_jobs{queue}, ..._oldest_seconds{queue}
 // A thread declares silent trainers lost every heartbeat_timeout / 4, and
-// silent kvstore replicas every kvstore_heartbeat_timeout / 4.
+// silent kvstore replicas every kvstore_heartbeat_timeout / 4; once a minute
+// (after the retention sweep) it deletes model files no retained job refers
+// to (ModelStore::CollectGarbage). Submit checks a job's model file
+// (libs/scheduler/model_check.h) before the scheduler takes the job.
 //
 // Thread-safety: Start, Shutdown and the destructor belong to the owner;
 // the accessors are thread-safe.
@@ -52,6 +56,7 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "libs/scheduler/kvstore_map.h"
+#include "libs/scheduler/model_store.h"
 #include "libs/scheduler/scheduler.h"
 
 namespace dtrain {
@@ -67,8 +72,12 @@ struct ServerOptions {
   std::string job_token_secret;
   // gRPC address; port 0 picks a free one.
   std::string listen = "127.0.0.1:0";
-  // The write-ahead log goes to <data_dir>/jobs.wal; empty: no persistence.
+  // The write-ahead log goes to <data_dir>/jobs.wal and the model store
+  // (libs/scheduler/model_store.h) to <data_dir>/models; empty: no
+  // persistence and no model store (PutModel is FAILED_PRECONDITION).
   std::string data_dir;
+  // The largest model file PutModel accepts.
+  int64_t max_model_bytes = kDefaultMaxModelBytes;
   // Where Start writes the bound gRPC port once serving; empty: nowhere.
   std::string port_file;
   // Prometheus endpoint ("127.0.0.1:0", ":9101"); empty: none.
@@ -118,6 +127,7 @@ class SchedulerServer {
 
   std::unique_ptr<Scheduler> scheduler_;
   std::unique_ptr<KvstoreMembership> kvstore_map_;
+  std::unique_ptr<ModelStore> models_;  // null without a data_dir
   std::unique_ptr<Services> services_;
   std::unique_ptr<rpc::Server> rpc_;
   absl::Notification stopping_;

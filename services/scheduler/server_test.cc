@@ -2,11 +2,16 @@
 
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
+#include <sys/stat.h>
 
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "gtest/gtest.h"
 #include "libs/metrics/scrape.h"
@@ -336,6 +341,169 @@ TEST(KvstoreMapServerTest, HeartbeatsBuildTheMapAndSilentReplicasLeave) {
   m = get_map();
   EXPECT_EQ(m.chains(0).members_size(), 0) << m.DebugString();
   EXPECT_EQ(m.version(), 5u);
+}
+
+}  // namespace
+}  // namespace scheduler
+}  // namespace dtrain
+
+namespace dtrain {
+namespace scheduler {
+namespace {
+
+std::string ReadTestModel(const std::string& name) {
+  std::ifstream f(absl::StrCat(std::getenv("TEST_SRCDIR"), "/", std::getenv("TEST_WORKSPACE"),
+                               "/libs/onnx/testdata/", name),
+                  std::ios::binary);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+std::unique_ptr<grpc::ClientContext> ModelCtx() {
+  auto ctx = std::make_unique<grpc::ClientContext>();
+  ctx->set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+  return ctx;
+}
+
+// PutModel of `bytes` in `pieces` data chunks after a header without data.
+grpc::Status Put(v1::JobService::Stub* jobs, const std::string& bytes, int pieces,
+                 v1::PutModelReply* reply) {
+  auto ctx = ModelCtx();
+  auto w = jobs->PutModel(ctx.get(), reply);
+  v1::ModelChunk header;
+  header.set_digest(ModelDigestOf(bytes));
+  header.set_total_bytes(static_cast<int64_t>(bytes.size()));
+  w->Write(header);
+  const size_t piece = bytes.size() / pieces + 1;
+  for (size_t off = 0; off < bytes.size(); off += piece) {
+    v1::ModelChunk c;
+    c.set_data(bytes.substr(off, piece));
+    w->Write(c);
+  }
+  w->WritesDone();
+  return w->Finish();
+}
+
+template <typename Reader>
+grpc::Status ReadAllChunks(Reader reader, std::string* bytes, v1::ModelChunk* header) {
+  v1::ModelChunk c;
+  bool first = true;
+  while (reader->Read(&c)) {
+    if (first) *header = c;
+    first = false;
+    *bytes += c.data();
+  }
+  return reader->Finish();
+}
+
+class ModelServerTest : public ::testing::Test {
+ protected:
+  void Start() {
+    mkdir(dir_.c_str(), 0755);  // scheduler_server's main makes it
+    ServerOptions o;
+    o.data_dir = dir_;
+    auto s = SchedulerServer::Start(o);
+    ASSERT_TRUE(s.ok()) << s.status();
+    server_ = std::move(*s);
+    auto channel = dtrain::rpc::NewChannel(absl::StrCat("127.0.0.1:", server_->port()));
+    jobs_ = v1::JobService::NewStub(channel);
+    cluster_ = v1::ClusterService::NewStub(channel);
+  }
+  const std::string dir_ = absl::StrCat(std::getenv("TEST_TMPDIR"), "/sched");
+  std::unique_ptr<SchedulerServer> server_;
+  std::unique_ptr<v1::JobService::Stub> jobs_;
+  std::unique_ptr<v1::ClusterService::Stub> cluster_;
+};
+
+// Upload in pieces, submit by digest, the assigned trainer (only) fetches
+// it, the owner reads it back, and all of it after a restart.
+TEST_F(ModelServerTest, UploadSubmitFetchAndRestart) {
+  ASSERT_NO_FATAL_FAILURE(Start());
+  const std::string lenet = ReadTestModel("lenet.onnx");
+  ASSERT_GT(lenet.size(), 10000u);
+  v1::PutModelReply put;
+  grpc::Status s = Put(jobs_.get(), lenet, 3, &put);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(put.digest(), ModelDigestOf(lenet));
+  EXPECT_EQ(put.total_bytes(), static_cast<int64_t>(lenet.size()));
+  EXPECT_FALSE(put.existed());
+  ASSERT_TRUE(Put(jobs_.get(), lenet, 1, &put).ok());
+  EXPECT_TRUE(put.existed());
+
+  v1::SubmitRequest r;
+  r.mutable_spec()->set_name("file");
+  r.mutable_spec()->set_model_digest(ModelDigestOf(lenet));
+  r.mutable_spec()->set_epochs(1);
+  r.mutable_spec()->set_global_batch_size(64);
+  r.mutable_spec()->set_lr(0.1);
+  v1::JobStatus job;
+  s = jobs_->Submit(ModelCtx().get(), r, &job);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+
+  // Trainer a gets the job; trainer b does not.
+  auto reg = [&](const std::string& name) {
+    v1::RegisterTrainerRequest req;
+    req.set_name(name);
+    req.add_devices("cpu");
+    v1::RegisterTrainerReply reply;
+    EXPECT_TRUE(cluster_->RegisterTrainer(ModelCtx().get(), req, &reply).ok());
+    return reply.trainer_id();
+  };
+  const std::string a = reg("a");
+  v1::HeartbeatRequest hb;
+  hb.set_trainer_id(a);
+  v1::HeartbeatReply assigned;
+  ASSERT_TRUE(cluster_->Heartbeat(ModelCtx().get(), hb, &assigned).ok());
+  ASSERT_EQ(assigned.assignments_size(), 1);
+  EXPECT_EQ(assigned.assignments(0).spec().model_digest(), ModelDigestOf(lenet));
+  const std::string b = reg("b");
+
+  v1::GetModelRequest get;
+  get.set_trainer_id(a);
+  get.set_job_id(job.id());
+  get.set_digest(ModelDigestOf(lenet));
+  std::string bytes;
+  v1::ModelChunk header;
+  auto ctx = ModelCtx();
+  s = ReadAllChunks(cluster_->GetModel(ctx.get(), get), &bytes, &header);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(bytes, lenet);
+  EXPECT_EQ(header.digest(), ModelDigestOf(lenet));
+  EXPECT_EQ(header.total_bytes(), static_cast<int64_t>(lenet.size()));
+  for (const auto& [trainer, digest] :
+       {std::pair<std::string, std::string>{b, ModelDigestOf(lenet)}, {a, ModelDigestOf("x")}}) {
+    get.set_trainer_id(trainer);
+    get.set_digest(digest);
+    std::string none;
+    auto c = ModelCtx();
+    s = ReadAllChunks(cluster_->GetModel(c.get(), get), &none, &header);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << s.error_message();
+    EXPECT_TRUE(none.empty());
+  }
+
+  // A restart keeps the model and the job that names it.
+  server_->Shutdown(absl::Seconds(1));
+  server_.reset();
+  ASSERT_NO_FATAL_FAILURE(Start());
+  v1::GetJobModelRequest mine;
+  mine.set_id(job.id());
+  bytes.clear();
+  auto c = ModelCtx();
+  s = ReadAllChunks(jobs_->GetJobModel(c.get(), mine), &bytes, &header);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(bytes, lenet);
+}
+
+TEST_F(ModelServerTest, WithoutADataDirThereIsNoModelStore) {
+  auto s = SchedulerServer::Start(ServerOptions());
+  ASSERT_TRUE(s.ok()) << s.status();
+  auto jobs =
+      v1::JobService::NewStub(dtrain::rpc::NewChannel(absl::StrCat("127.0.0.1:", (*s)->port())));
+  v1::PutModelReply put;
+  grpc::Status st = Put(jobs.get(), "bytes", 1, &put);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << st.error_message();
+  EXPECT_NE(st.error_message().find("--data_dir"), std::string::npos) << st.error_message();
 }
 
 }  // namespace

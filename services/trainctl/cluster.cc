@@ -604,6 +604,9 @@ absl::Status StartAll(const ClusterOptions& o, const std::string& dir, std::vect
       argv.push_back(absl::StrCat("--heartbeat_timeout_s=", o.heartbeat_timeout_s));
     }
     if (o.max_attempts > 0) argv.push_back(absl::StrCat("--max_attempts=", o.max_attempts));
+    if (o.max_model_bytes > 0) {
+      argv.push_back(absl::StrCat("--max_model_bytes=", o.max_model_bytes));
+    }
     if (!o.recover_in_place) argv.push_back("--recover_in_place=false");
     if (!o.queues_file.empty()) argv.push_back("--queues=" + o.queues_file);
     s = start(p, argv, true);
@@ -870,6 +873,7 @@ int Up(const ClusterOptions& o) {
   };
   if (o.insecure) argv.push_back("--insecure");
   if (o.max_attempts > 0) argv.push_back(absl::StrCat("--max_attempts=", o.max_attempts));
+  if (o.max_model_bytes > 0) argv.push_back(absl::StrCat("--max_model_bytes=", o.max_model_bytes));
   if (!o.recover_in_place) argv.push_back("--recover_in_place=false");
   if (!o.queues_file.empty()) {
     auto queues = absolute(o.queues_file);

@@ -5,6 +5,7 @@
 #ifndef DTRAIN_SERVICES_TRAINCTL_CLUSTER_H_
 #define DTRAIN_SERVICES_TRAINCTL_CLUSTER_H_
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -26,6 +27,7 @@ struct ClusterOptions {
   double start_timeout_s = 30;     // up: per process
   double heartbeat_timeout_s = 0;  // up: the scheduler's (0: its default)
   int max_attempts = 0;            // up: the scheduler's (0: its default)
+  int64_t max_model_bytes = 0;     // up: the scheduler's (0: its default, 512 MiB)
   bool recover_in_place = true;    // up: the scheduler's --recover_in_place
   std::string queues_file;         // up: the scheduler's --queues (docs/queues.md)
   // up: the trainers' --kvstore_data_path (auto, tcp or grpc); "": their default.

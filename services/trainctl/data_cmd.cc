@@ -46,7 +46,8 @@ std::string GuessFormat(const std::string& path) {
 absl::StatusOr<data::DataConfig> FromJobFile(const std::string& file, std::string* idx_dir) {
   // The same reading as trainctl submit -f (jobfile.h).
   scheduler::v1::JobSpec spec;
-  DT_RETURN_IF_ERROR(ReadJobFile(file, &spec));
+  std::string model_file;  // a job file of a model file reads the same; unused here
+  DT_RETURN_IF_ERROR(ReadJobFile(file, &spec, &model_file));
   *idx_dir = spec.data_dir();
   return data::DataConfigFromSpec(spec.data());
 }

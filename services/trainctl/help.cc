@@ -27,11 +27,13 @@ const std::vector<Command>& Commands() {
        "Queues a training job. The job is a JobSpec: from a job file (-f, YAML or JSON,\n"
        "with the JobSpec's field names or these flags' names) and the flags below, which\n"
        "override the file's fields. With --wait, shows a progress bar until the job ends\n"
-       "(exit 0 only if it SUCCEEDED).",
+       "(exit 0 only if it SUCCEEDED). --model_file trains your own model, an ONNX file\n"
+       "(docs/models.md): checked here, uploaded to the scheduler, named by its digest.",
        {"f",
         "wait",
         "name",
         "model",
+        "model_file",
         "data_dir",
         "epochs",
         "batch_size",
@@ -52,6 +54,7 @@ const std::vector<Command>& Commands() {
         "collective_tls",
         "seed",
         "checkpoint_interval_epochs",
+        "keep_epoch_checkpoints",
         "priority",
         "queue",
         "train_limit",
@@ -62,7 +65,15 @@ const std::vector<Command>& Commands() {
         "watch_timeout_s"},
        "trainctl submit --name=lenet1 --model=lenet --epochs=5 --batch_size=256 --lr=0.2 \\\n"
        "      --num_trainers=2 --sync=KVSTORE --wait\n"
-       "  trainctl submit -f job.yaml --epochs=10"},
+       "  trainctl submit -f job.yaml --epochs=10\n"
+       "  trainctl submit --name=mine --model_file=net.onnx --epochs=5 --batch_size=256 --lr=0.1"},
+      {"export",
+       "export JOB --out=trained.onnx [--epoch=E]",
+       "Writes a job's trained weights as an ONNX file: its model file's graph with the\n"
+       "weights of the job's newest checkpoint (a built-in model: its ONNX export). The\n"
+       "checkpoint directory must be readable here (the trainers' shared one).",
+       {"out", "epoch"},
+       "trainctl export job-000001 --out=trained.onnx"},
       {"get",
        "get JOB",
        "A job's status: state, progress, placement, events, why it waits (with queues:\n"
@@ -128,8 +139,9 @@ const std::vector<Command>& Commands() {
        "environment to use them; `status` shows each process (alive, answering, restarts,\n"
        "last exit); `down` stops them (SIGTERM, then SIGKILL after --grace_s).",
        {"dir", "trainers", "devices_per_trainer", "kvstore_shards", "kvstore_replicas",
-        "kvstore_data_path", "restart", "heartbeat_timeout_s", "max_attempts", "recover_in_place",
-        "queues", "start_timeout_s", "grace_s", "scheduler_bin", "trainer_bin", "kvstore_bin"},
+        "kvstore_data_path", "restart", "heartbeat_timeout_s", "max_attempts", "max_model_bytes",
+        "recover_in_place", "queues", "start_timeout_s", "grace_s", "scheduler_bin",
+        "trainer_bin", "kvstore_bin"},
        "trainctl cluster up --dir=/tmp/c --trainers=2 --kvstore_shards=2\n"
        "  eval \"$(trainctl cluster up --dir=/tmp/c | grep ^export)\"\n"
        "  trainctl cluster down --dir=/tmp/c"},

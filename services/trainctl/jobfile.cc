@@ -296,8 +296,9 @@ class Parser {
 }  // namespace
 
 absl::Status ParseJobFile(absl::string_view name, absl::string_view text,
-                          scheduler::v1::JobSpec* spec) {
+                          scheduler::v1::JobSpec* spec, std::string* model_file) {
   spec->Clear();
+  if (model_file != nullptr) model_file->clear();
   std::string json;
   std::map<std::string, int> key_lines;
   const size_t first = text.find_first_not_of(" \t\r\n");
@@ -322,6 +323,14 @@ absl::Status ParseJobFile(absl::string_view name, absl::string_view text,
         absl::StrCat(name, ": not valid JSON: ", std::string(st.message())));
   }
   Parser parser(name, std::move(key_lines));
+  if (auto it = top.fields().find("model_file");
+      model_file != nullptr && it != top.fields().end()) {
+    if (it->second.kind_case() != Value::kStringValue || it->second.string_value().empty()) {
+      return parser.Error("model_file", "\"model_file\" expects the path of an ONNX file");
+    }
+    *model_file = it->second.string_value();
+    top.mutable_fields()->erase("model_file");
+  }
   absl::Status st = parser.ApplyAliases(&top);
   if (st.ok()) st = parser.Check(top, spec->GetDescriptor(), "");
   if (!st.ok()) return st;
@@ -334,12 +343,19 @@ absl::Status ParseJobFile(absl::string_view name, absl::string_view text,
   return absl::OkStatus();
 }
 
-absl::Status ReadJobFile(const std::string& path, scheduler::v1::JobSpec* spec) {
+absl::Status ReadJobFile(const std::string& path, scheduler::v1::JobSpec* spec,
+                         std::string* model_file) {
   std::ifstream in(path);
   if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", path));
   std::stringstream ss;
   ss << in.rdbuf();
-  return ParseJobFile(path, ss.str(), spec);
+  absl::Status s = ParseJobFile(path, ss.str(), spec, model_file);
+  const size_t slash = path.rfind('/');
+  if (s.ok() && model_file != nullptr && !model_file->empty() && (*model_file)[0] != '/' &&
+      slash != std::string::npos) {
+    *model_file = absl::StrCat(path.substr(0, slash + 1), *model_file);
+  }
+  return s;
 }
 
 }  // namespace trainctl

@@ -10,6 +10,7 @@
 //   sync: KVSTORE              # the flag's form: sync.mode
 //   consistency: BOUNDED_DELAY # sync.consistency (so max_staleness and
 //   max_staleness: 2           # gradient_compression: sync.<name>)
+//   model_file: net.onnx       # your own model instead of `model` (uploaded)
 //
 //   v1::JobSpec spec;
 //   absl::Status s = ParseJobFile("job.yaml", text, &spec);
@@ -37,13 +38,18 @@ namespace dtrain {
 namespace trainctl {
 
 // Parses `text` (the contents of the file called `name`, used in errors)
-// into `*spec` (cleared first).
+// into `*spec` (cleared first). `model_file` non-null: the file may also
+// say `model_file: net.onnx` (trainctl submit's --model_file, not a JobSpec
+// field: the file is uploaded and the spec names its digest), which goes
+// there ("" when absent).
 absl::Status ParseJobFile(absl::string_view name, absl::string_view text,
-                          scheduler::v1::JobSpec* spec);
+                          scheduler::v1::JobSpec* spec, std::string* model_file = nullptr);
 
 // ParseJobFile of the file at `path`; NotFound "cannot read <path>" when it
-// cannot be read.
-absl::Status ReadJobFile(const std::string& path, scheduler::v1::JobSpec* spec);
+// cannot be read. A relative model_file is taken from the job file's
+// directory.
+absl::Status ReadJobFile(const std::string& path, scheduler::v1::JobSpec* spec,
+                         std::string* model_file = nullptr);
 
 }  // namespace trainctl
 }  // namespace dtrain

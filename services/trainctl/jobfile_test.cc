@@ -36,6 +36,26 @@ TEST(JobFileTest, FlagNamesAndFieldNamesGiveTheSameSpec) {
   EXPECT_EQ(by_flag.SerializeAsString(), by_field.SerializeAsString());
 }
 
+TEST(JobFileTest, ModelFileIsTrainctlsNotTheSpecs) {
+  v1::JobSpec spec;
+  std::string model_file;
+  absl::Status s =
+      ParseJobFile("job.yaml", "name: mine\nmodel_file: net.onnx\nepochs: 2\n", &spec, &model_file);
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_EQ(model_file, "net.onnx");
+  EXPECT_EQ(spec.name(), "mine");
+  EXPECT_EQ(spec.epochs(), 2);
+  EXPECT_TRUE(spec.model().empty());
+  // Not a string: named with its line.
+  s = ParseJobFile("job.yaml", "name: mine\nmodel_file: 3\n", &spec, &model_file);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("job.yaml:2: \"model_file\" expects the path"));
+  // Where no model file is taken (data check), it is an unknown field.
+  EXPECT_FALSE(Parse("name: mine\nmodel_file: net.onnx\n", &spec).ok());
+  // A file without one clears it.
+  ASSERT_TRUE(ParseJobFile("job.yaml", "name: b\n", &spec, &model_file).ok());
+  EXPECT_EQ(model_file, "");
+}
+
 TEST(JobFileTest, JsonTakesTheFlagNamesToo) {
   v1::JobSpec spec;
   absl::Status s = ParseJobFile("job.json", R"({"name": "a", "batch_size": 64, "sync": "ALLREDUCE",

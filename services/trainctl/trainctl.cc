@@ -2,6 +2,8 @@
 //
 //   trainctl submit --name=mlp1 --model=mlp --epochs=5 --batch_size=256 --lr=0.1 [--wait]
 //   trainctl submit -f job.yaml [--wait]      # a JobSpec: YAML (yaml.h) or protobuf JSON
+//   trainctl submit --model_file=net.onnx ...  # your own model (docs/models.md)
+//   trainctl export ID --out=trained.onnx     # the trained weights as ONNX
 //   trainctl get ID | list | cancel ID | watch ID
 //   trainctl -o json list                     # JSON instead of text
 //   trainctl trainers                         # trainers: state (IDLE, BUSY, DRAINING,
@@ -76,6 +78,7 @@
 #include "services/trainctl/doctor.h"
 #include "services/trainctl/help.h"
 #include "services/trainctl/jobfile.h"
+#include "services/trainctl/model_cmd.h"
 #include "services/trainctl/progress.h"
 #include "services/trainctl/queues_view.h"
 #include "services/trainctl/shard_map_view.h"
@@ -95,6 +98,10 @@ ABSL_FLAG(std::string, state, "", "list: only jobs in this state (QUEUED, RUNNIN
 // JobSpec fields for submit. Unset flags leave the spec (or -f's) alone.
 ABSL_FLAG(std::string, name, "", "submit: job name");
 ABSL_FLAG(std::string, model, "", "submit: mlp, lenet or resnet18");
+ABSL_FLAG(std::string, model_file, "",
+          "submit: your own model, an ONNX file (docs/models.md): checked here, uploaded to the "
+          "scheduler, trained instead of --model");
+ABSL_FLAG(int, epoch, 0, "export: the epoch whose checkpoint to export (0: the newest)");
 ABSL_FLAG(std::string, data_dir, "", "submit: Fashion-MNIST directory on the trainers");
 ABSL_FLAG(std::string, data_format, "",
           "submit: idx, image_folder, webdataset or npy (docs/data.md); data check/pack: the "
@@ -134,10 +141,13 @@ ABSL_FLAG(bool, collective_tls, false,
           "submit: encrypt the trainers' allreduce traffic (TLS; costs bandwidth)");
 ABSL_FLAG(uint64_t, seed, 0, "submit: seed");
 ABSL_FLAG(int, checkpoint_interval_epochs, 0, "submit: checkpoint every N epochs");
+ABSL_FLAG(bool, keep_epoch_checkpoints, false,
+          "submit: keep every epoch's checkpoint (for export --epoch), not only the newest");
 ABSL_FLAG(int, priority, 0, "submit: priority (higher runs first)");
 ABSL_FLAG(int64_t, train_limit, 0, "submit: only the first N training images");
 ABSL_FLAG(int64_t, test_limit, 0, "submit: only the first N test images");
-ABSL_FLAG(std::string, init, "", "submit: normal or kaiming");
+ABSL_FLAG(std::string, init, "",
+          "submit: normal or kaiming; from_model: the weights of the --model_file");
 ABSL_FLAG(int, threads, 0, "submit: CPU threads per trainer");
 ABSL_FLAG(int64_t, bucket_bytes, 0,
           "submit: gradient bucket size in bytes (0: 1 MiB); smaller buckets start "
@@ -145,7 +155,8 @@ ABSL_FLAG(int64_t, bucket_bytes, 0,
 // cluster up|down|status (--devices_per_trainer above also sets the devices
 // each trainer offers; 0: 1).
 ABSL_FLAG(std::string, out, "",
-          "timeline: write the Chrome trace (JSON) to this file; empty: to stdout");
+          "timeline: write the Chrome trace (JSON) to this file; empty: to stdout. export: the "
+          "ONNX file to write");
 ABSL_FLAG(std::string, dir, "", "cluster: the cluster's directory (data, logs, cluster.json)");
 ABSL_FLAG(int, trainers, 1, "cluster up: trainer daemons");
 ABSL_FLAG(int, kvstore_shards, 0, "cluster up: kvstore shards");
@@ -160,6 +171,8 @@ ABSL_FLAG(double, start_timeout_s, 30, "cluster up: seconds each server gets to 
 ABSL_FLAG(double, heartbeat_timeout_s, 0,
           "cluster up: seconds without a heartbeat before the scheduler declares a trainer lost "
           "(0: the scheduler's default, 10)");
+ABSL_FLAG(int64_t, max_model_bytes, 0,
+          "cluster up: the largest model file the scheduler accepts (0: its default, 512 MiB)");
 ABSL_FLAG(int, max_attempts, 0,
           "cluster up: placements of a job before it fails for good (0: the scheduler's "
           "default, 5)");
@@ -331,6 +344,10 @@ void Print(const v1::JobStatus& j, bool detail) {
                   j.trainers().empty() ? "-" : absl::StrJoin(j.trainers(), ", ").c_str(),
                   j.attempts(),
                   j.drains() > 0 ? absl::StrCat(", ", j.drains(), " drained").c_str() : "");
+      if (!j.spec().model_digest().empty()) {
+        std::printf("  model: file %s (trainctl export %s --out=FILE.onnx)\n",
+                    j.spec().model_digest().c_str(), j.id().c_str());
+      }
       if (j.data_train_samples() > 0) {
         const v1::DataSpec& d = j.spec().data();
         std::printf(
@@ -538,10 +555,13 @@ int Watch(v1::JobService::Stub* stub, const std::string& id, const std::string& 
   return last == v1::SUCCEEDED ? 0 : 1;
 }
 
-absl::Status BuildSpec(v1::JobSpec* spec) {
+// `model_file`: the model file to upload (--model_file, else the job
+// file's model_file), or "".
+absl::Status BuildSpec(v1::JobSpec* spec, std::string* model_file) {
   const std::string file = absl::GetFlag(FLAGS_f);
   // YAML or JSON, with JobSpec's field names or the flags' (jobfile.h).
-  if (!file.empty()) DT_RETURN_IF_ERROR(dtrain::trainctl::ReadJobFile(file, spec));
+  if (!file.empty()) DT_RETURN_IF_ERROR(dtrain::trainctl::ReadJobFile(file, spec, model_file));
+  if (!absl::GetFlag(FLAGS_model_file).empty()) *model_file = absl::GetFlag(FLAGS_model_file);
   if (!absl::GetFlag(FLAGS_name).empty()) spec->set_name(absl::GetFlag(FLAGS_name));
   if (!absl::GetFlag(FLAGS_model).empty()) spec->set_model(absl::GetFlag(FLAGS_model));
   if (!absl::GetFlag(FLAGS_data_dir).empty()) spec->set_data_dir(absl::GetFlag(FLAGS_data_dir));
@@ -617,6 +637,7 @@ absl::Status BuildSpec(v1::JobSpec* spec) {
   if (absl::GetFlag(FLAGS_checkpoint_interval_epochs)) {
     spec->set_checkpoint_interval_epochs(absl::GetFlag(FLAGS_checkpoint_interval_epochs));
   }
+  if (absl::GetFlag(FLAGS_keep_epoch_checkpoints)) spec->set_keep_epoch_checkpoints(true);
   if (absl::GetFlag(FLAGS_priority)) spec->set_priority(absl::GetFlag(FLAGS_priority));
   if (!absl::GetFlag(FLAGS_queue).empty()) spec->set_queue(absl::GetFlag(FLAGS_queue));
   if (absl::GetFlag(FLAGS_train_limit)) spec->set_train_limit(absl::GetFlag(FLAGS_train_limit));
@@ -714,6 +735,8 @@ int main(int argc, char** argv) {
     if (o.heartbeat_timeout_s < 0) return Usage("--heartbeat_timeout_s must be >= 0");
     o.max_attempts = absl::GetFlag(FLAGS_max_attempts);
     if (o.max_attempts < 0) return Usage("--max_attempts must be >= 0");
+    o.max_model_bytes = absl::GetFlag(FLAGS_max_model_bytes);
+    if (o.max_model_bytes < 0) return Usage("--max_model_bytes must be >= 0");
     o.recover_in_place = absl::GetFlag(FLAGS_recover_in_place);
     o.queues_file = absl::GetFlag(FLAGS_queues);
     o.kvstore_data_path = absl::GetFlag(FLAGS_kvstore_data_path);
@@ -758,10 +781,20 @@ int main(int argc, char** argv) {
   if (cmd == "submit") {
     if (args.size() != 2) return Usage("submit takes no arguments (use flags or -f)");
     v1::SubmitRequest req;
-    absl::Status built = BuildSpec(req.mutable_spec());
+    std::string model_file;
+    absl::Status built = BuildSpec(req.mutable_spec(), &model_file);
     if (!built.ok()) {
       std::fprintf(stderr, "trainctl: %s\n", std::string(built.message()).c_str());
       return 2;
+    }
+    // Your own model: checked here, uploaded, then named by its digest.
+    if (!model_file.empty()) {
+      absl::Status up =
+          dtrain::trainctl::UploadModelFile(stub.get(), model_file, req.mutable_spec(),
+                                            absl::Seconds(absl::GetFlag(FLAGS_timeout_s)));
+      if (!up.ok()) return Fail(up);
+      if (!Json())
+        std::printf("uploaded %s as %s\n", model_file.c_str(), req.spec().model_digest().c_str());
     }
     req.set_request_id(RandomId());
     v1::JobStatus job;
@@ -799,6 +832,31 @@ int main(int argc, char** argv) {
     }
     if (!s.ok()) return Fail(s);
     Print(job, cmd == "get");
+    return 0;
+  }
+  if (cmd == "export") {
+    std::string id = need_id();
+    if (id.empty()) return Usage("export needs one job id");
+    if (absl::GetFlag(FLAGS_out).empty()) return Usage("export needs --out=FILE.onnx");
+    if (absl::GetFlag(FLAGS_epoch) < 0) return Usage("--epoch must be >= 0");
+    absl::StatusOr<dtrain::trainctl::ExportResult> r = dtrain::trainctl::ExportJob(
+        stub.get(), id, absl::GetFlag(FLAGS_out), absl::GetFlag(FLAGS_epoch),
+        absl::Seconds(absl::GetFlag(FLAGS_timeout_s)));
+    if (!r.ok()) return Fail(r.status());
+    if (Json()) {
+      google::protobuf::Struct summary;
+      auto& f = *summary.mutable_fields();
+      f["job_id"].set_string_value(r->job_id);
+      f["out"].set_string_value(r->out);
+      f["model"].set_string_value(r->model);
+      f["checkpoint"].set_string_value(r->checkpoint);
+      f["epoch"].set_number_value(r->epoch);
+      f["bytes"].set_number_value(static_cast<double>(r->bytes));
+      std::printf("%s\n", ToJson(summary, false).c_str());
+    } else {
+      std::printf("%s: wrote %s (%lld bytes; %s, the checkpoint of epoch %d)\n", id.c_str(),
+                  r->out.c_str(), static_cast<long long>(r->bytes), r->model.c_str(), r->epoch);
+    }
     return 0;
   }
   if (cmd == "timeline") {

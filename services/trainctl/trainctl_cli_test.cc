@@ -45,6 +45,7 @@ TEST(TrainctlCliTest, SubmitHelpShowsSubmitsFlagsOnlyWithAnExample) {
   EXPECT_THAT(out, HasSubstr("usage: trainctl submit"));
   EXPECT_THAT(out, HasSubstr("--batch_size"));
   EXPECT_THAT(out, HasSubstr("--gradient_compression"));
+  EXPECT_THAT(out, HasSubstr("--model_file"));  // your own model (docs/models.md)
   EXPECT_THAT(out, HasSubstr("Example:\n  trainctl submit --name="));
   // Other commands' flags are not listed.
   EXPECT_THAT(out, Not(HasSubstr("--kvstore_shards")));
@@ -60,6 +61,11 @@ TEST(TrainctlCliTest, EachCommandHasItsOwnHelp) {
   EXPECT_EQ(rc, 0);
   EXPECT_THAT(out, HasSubstr("usage: trainctl cluster up|status|down"));
   EXPECT_THAT(out, HasSubstr("--kvstore_shards"));
+  EXPECT_THAT(out, Not(HasSubstr("--batch_size")));
+  out = Trainctl("export --help", &rc);
+  EXPECT_EQ(rc, 0);
+  EXPECT_THAT(out, HasSubstr("usage: trainctl export JOB --out=trained.onnx"));
+  EXPECT_THAT(out, HasSubstr("--epoch"));
   EXPECT_THAT(out, Not(HasSubstr("--batch_size")));
   out = Trainctl("help certs", &rc);
   EXPECT_EQ(rc, 0);

@@ -58,5 +58,24 @@ std::unique_ptr<collective::Store> GrpcClusterClient::RendezvousStore(const std:
   return std::make_unique<SchedulerStore>(stub_.get(), trainer_id, job_id, attempt, o);
 }
 
+absl::Status GrpcClusterClient::GetModel(
+    const v1::GetModelRequest& request,
+    const std::function<absl::Status(absl::string_view)>& sink) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + kModelFetchTimeout));
+  std::unique_ptr<grpc::ClientReader<v1::ModelChunk>> reader = stub_->GetModel(&ctx, request);
+  v1::ModelChunk chunk;
+  absl::Status status;
+  while (status.ok() && reader->Read(&chunk)) {
+    if (!chunk.data().empty()) status = sink(chunk.data());
+  }
+  if (!status.ok()) {
+    ctx.TryCancel();
+    reader->Finish();
+    return status;
+  }
+  return FromGrpcStatus(reader->Finish(), "ClusterService.GetModel");
+}
+
 }  // namespace trainer
 }  // namespace dtrain

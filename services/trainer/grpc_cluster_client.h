@@ -38,6 +38,10 @@ class GrpcClusterClient : public agent::ClusterClient {
   std::unique_ptr<collective::Store> RendezvousStore(const std::string& trainer_id,
                                                      const std::string& job_id,
                                                      int attempt) override;
+  // A stream with a deadline of kModelFetchTimeout (model files are large).
+  absl::Status GetModel(const scheduler::v1::GetModelRequest& request,
+                        const std::function<absl::Status(absl::string_view)>& sink) override;
+  static constexpr absl::Duration kModelFetchTimeout = absl::Minutes(10);
 
  private:
   std::unique_ptr<grpc::ClientContext> Context() const;

@@ -40,7 +40,10 @@
 // never completes, are cancelled by the scheduler at their next heartbeat,
 // which also cancels their kvstore calls. When a rank's attempt ends its
 // kvstore job is left (SUCCEEDED) or deleted. Every call to the scheduler
-// has the deadline --rpc_timeout_s.
+// has the deadline --rpc_timeout_s. A job of a user's model file
+// (JobSpec.model_digest) trains <work_dir>/models/<hex>: fetched from the
+// scheduler (ClusterService.GetModel) when missing, verified against the
+// digest before every use (libs/agent/model_cache.h).
 //
 // Resume. When the scheduler places a job again after a lost trainer, the
 // assignment names the newest checkpoint: every rank loads it (so
@@ -355,6 +358,8 @@ int main(int argc, char** argv) {
     return 2;
   }
   options.resources.checkpoint_dir = checkpoint_dir;
+  // Users' model files, by digest (libs/agent/model_cache.h).
+  options.resources.model_cache_dir = work_dir + "/models";
   const std::string cuda_collective = absl::GetFlag(FLAGS_cuda_collective);
   absl::StatusOr<dtrain::agent::CudaCollective> parsed =
       dtrain::agent::ParseCudaCollective(cuda_collective);
