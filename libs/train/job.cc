@@ -459,7 +459,13 @@ class JobRun {
     progress_->data_train_samples = train_set_.size;
     progress_->data_test_samples = test_set_.size;
     progress_->data_corrupt_skipped = train_set_.corrupt_skipped + test_set_.corrupt_skipped;
-    DT_ASSIGN_OR_RETURN(sample_shape_, nn::ModelInputShape(c_.model));
+    // The model's channels and classes follow the data (Fashion-MNIST: 1
+    // and 10); resnet18 takes the data's height and width too.
+    model_options_.in_channels = train_set_.channels;
+    model_options_.height = train_set_.rows;
+    model_options_.width = train_set_.cols;
+    if (train_set_.num_classes > 0) model_options_.num_classes = train_set_.num_classes;
+    DT_ASSIGN_OR_RETURN(sample_shape_, nn::ModelInputShape(c_.model, model_options_));
     DT_RETURN_IF_ERROR(
         data::CheckInputShape(train_set_, {sample_shape_.begin(), sample_shape_.end()}, c_.model));
     return MakeLoader();
@@ -504,6 +510,7 @@ class JobRun {
     DT_ASSIGN_OR_RETURN(nn::Init init, nn::ParseInit(c_.init.empty() ? "normal" : c_.init));
     DataParallelOptions o;
     o.model = c_.model;
+    o.model_options = model_options_;
     o.devices = c_.devices;
     o.threads_per_device = std::max(1, threads / k_);
     o.sgd = c_.sgd;
@@ -543,7 +550,8 @@ class JobRun {
       Shape input = sample_shape_;
       input.insert(input.begin(), local_batch_);
       DT_ASSIGN_OR_RETURN(hybrid_,
-                          graph::HybridizeTrainingStep(trainer_->replica(0), input, 10, c_.sgd));
+                          graph::HybridizeTrainingStep(trainer_->replica(0), input,
+                                                        model_options_.num_classes, c_.sgd));
       DT_LOG(INFO) << "job " << c_.name << ": hybridized training step ("
                    << hybrid_->module().graph().nodes().size() << " graph nodes, planned peak "
                    << hybrid_->planned_peak_bytes() << " bytes)";
@@ -859,6 +867,7 @@ class JobRun {
   data::Dataset train_set_;
   data::Dataset test_set_;
   bool test_loaded_ = false;
+  nn::ModelOptions model_options_;
   Shape sample_shape_;
   std::unique_ptr<data::DataLoader> loader_;
   int64_t steps_per_epoch_ = 0;
