@@ -9,12 +9,15 @@
 //   (padded) + flip + normalize to >= 0.95 test accuracy on the CPU, and a
 //   second run with the same seed gives the same per-epoch losses bit for
 //   bit (seeded transforms on decode threads, deterministic kernels).
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <random>
 #include <string>
 #include <vector>
@@ -22,6 +25,7 @@
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
 #include "libs/data/fashion_mnist.h"
+#include "libs/data/loader.h"
 #include "libs/data/open.h"
 #include "libs/data/pack.h"
 #include "libs/train/job.h"
@@ -66,9 +70,12 @@ TEST(DataAccuracyTest, PngImageFolderReachesTheIdxTestAccuracy) {
       data::LoadFashionMnist(data::kDefaultFashionMnistDir, data::Split::kTest);
   ASSERT_TRUE(train.ok() && test.ok()) << train.status() << test.status();
   const std::string root = TmpDir("folder");
+  mkdir(root.c_str(), 0755);
   // Class directories 00000..00009: name order is label order.
-  ASSERT_TRUE(data::WriteImageFolder(data::Subset(*train, kTrain), root + "/train", {}).ok());
-  ASSERT_TRUE(data::WriteImageFolder(*test, root + "/test", {}).ok());
+  absl::Status written = data::WriteImageFolder(data::Subset(*train, kTrain), root + "/train", {});
+  ASSERT_TRUE(written.ok()) << written;
+  written = data::WriteImageFolder(*test, root + "/test", {});
+  ASSERT_TRUE(written.ok()) << written;
 
   JobConfig c;
   c.name = "folder-accuracy";
@@ -191,9 +198,21 @@ TEST(DataAccuracyTest, ResNet18LearnsColouredShapesFromJpegShardsWithCropFlipNor
   JobConfig c;
   c.name = "shapes";
   c.model = std::getenv("SHAPES_MODEL") ? std::getenv("SHAPES_MODEL") : "resnet18";
+  if (std::getenv("SHAPES_FMNIST")) {
+    c.data = data::DataConfig{};
+    c.train_limit = train_n;
+    c.test_limit = 1000;
+    c.global_batch_size = std::atoi(std::getenv("SHAPES_BATCH"));
+    c.sgd = {.lr = static_cast<float>(std::atof(std::getenv("SHAPES_LR"))), .momentum = 0.9f};
+    c.init = "normal";
+    c.threads = 2;
+    c.epochs = epochs;
+    Train(c, "fmnist");
+    return;
+  }
   if (std::getenv("SHAPES_BATCH")) c.global_batch_size = std::atoi(std::getenv("SHAPES_BATCH"));
   c.epochs = epochs;
-  c.sgd = {.lr = std::getenv("SHAPES_LR") ? static_cast<float>(std::atof(std::getenv("SHAPES_LR"))) : 0.01f, .momentum = 0.9f};
+  c.sgd = {.lr = std::getenv("SHAPES_LR") ? static_cast<float>(std::atof(std::getenv("SHAPES_LR"))) : 0.01f, .momentum = std::getenv("SHAPES_MOM") ? static_cast<float>(std::atof(std::getenv("SHAPES_MOM"))) : 0.9f};
   c.seed = 11;
   if (c.global_batch_size == 0 || !std::getenv("SHAPES_BATCH")) c.global_batch_size = std::getenv("SHAPES_BATCH") ? c.global_batch_size : 32;
   c.init = std::getenv("SHAPES_INIT") ? std::getenv("SHAPES_INIT") : "kaiming";
@@ -212,6 +231,33 @@ TEST(DataAccuracyTest, ResNet18LearnsColouredShapesFromJpegShardsWithCropFlipNor
   c.data.transforms.random_flip = true;
   c.data.transforms.mean = {0.5f, 0.5f, 0.5f};
   c.data.transforms.std = {0.3f, 0.3f, 0.3f};
+  if (std::getenv("SHAPES_DUMP")) {
+    absl::StatusOr<data::Dataset> d = data::OpenDataset(c.data, data::Split::kTrain);
+    ASSERT_TRUE(d.ok()) << d.status();
+    data::LoaderOptions lo;
+    lo.batch_size = 16;
+    lo.seed = 1;
+    auto loader = *data::DataLoader::Create(&*d, lo);
+    loader->StartEpoch(0);
+    data::Batch b;
+    ASSERT_TRUE(loader->Next(&b));
+    data::Image out;
+    out.channels = 3;
+    out.height = side;
+    out.width = side * 16;
+    out.u8.resize(side * side * 16 * 3);
+    for (int i = 0; i < 16; ++i)
+      for (int ch = 0; ch < 3; ++ch)
+        for (int y = 0; y < side; ++y)
+          for (int x = 0; x < side; ++x) {
+            float v = b.images[((i * 3 + ch) * side + y) * side + x] * 0.3f + 0.5f;
+            out.u8[(y * side * 16 + i * side + x) * 3 + ch] = static_cast<uint8_t>(std::clamp(v * 255.f, 0.f, 255.f));
+          }
+    std::ofstream(std::string(std::getenv("SHAPES_DUMP")), std::ios::binary) << *data::EncodePng(out);
+    for (int i = 0; i < 16; ++i) std::fprintf(stderr, "%d ", b.labels[i]);
+    std::fprintf(stderr, "\n");
+    return;
+  }
   const std::vector<JobProgress> first = Train(c, "resnet18");
   ASSERT_EQ(first.size(), static_cast<size_t>(epochs));
   EXPECT_GE(first.back().test_accuracy, 0.95);

@@ -21,8 +21,9 @@
 // decompression bomb or a tar with a '../' member each FAIL on their first
 // attempt within seconds, the reason naming the problem; the same trainer
 // process then trains a job on the corrupt folder with skip_corrupt: the
-// job's status, `trainctl get` and `-o json get` show the dataset's sizes
-// and the image left out.
+// job's status, `trainctl get`, `-o json get` and the trainer's
+// dtrain_trainer_data_corrupt_skipped show the dataset's sizes and the
+// images left out.
 #include <signal.h>
 #include <sys/stat.h>
 
@@ -353,6 +354,10 @@ TEST_F(DataE2eTest, BadDataFailsTheJobFastNamingTheProblemAndTheTrainerServesOn)
   EXPECT_EQ(done.data_train_samples(), 19);
   EXPECT_EQ(done.data_test_samples(), 19);
   EXPECT_EQ(done.data_corrupt_skipped(), 2);  // the training and the test set's
+  // And the trainer's metric (its job's series stay until the next job).
+  EXPECT_EQ(cluster_->Metric("trainer-0", "dtrain_trainer_data_corrupt_skipped{job_id=\"" +
+                                              done.id() + "\",rank=\"0\"}"),
+            2);
   int rc = -1;
   const std::string get = cluster_->TrainctlAs("admin", "get " + done.id(), &rc);
   EXPECT_EQ(rc, 0) << get;
