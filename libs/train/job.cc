@@ -551,7 +551,7 @@ class JobRun {
       input.insert(input.begin(), local_batch_);
       DT_ASSIGN_OR_RETURN(hybrid_,
                           graph::HybridizeTrainingStep(trainer_->replica(0), input,
-                                                        model_options_.num_classes, c_.sgd));
+                                                       model_options_.num_classes, c_.sgd));
       DT_LOG(INFO) << "job " << c_.name << ": hybridized training step ("
                    << hybrid_->module().graph().nodes().size() << " graph nodes, planned peak "
                    << hybrid_->planned_peak_bytes() << " bytes)";

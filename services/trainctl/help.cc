@@ -115,7 +115,8 @@ const std::vector<Command>& Commands() {
        "last exit); `down` stops them (SIGTERM, then SIGKILL after --grace_s).",
        {"dir", "trainers", "devices_per_trainer", "kvstore_shards", "kvstore_replicas",
         "kvstore_data_path", "data_roots", "restart", "heartbeat_timeout_s", "max_attempts",
-        "recover_in_place", "start_timeout_s", "grace_s", "scheduler_bin", "trainer_bin", "kvstore_bin"},
+        "recover_in_place", "start_timeout_s", "grace_s", "scheduler_bin", "trainer_bin",
+        "kvstore_bin"},
        "trainctl cluster up --dir=/tmp/c --trainers=2 --kvstore_shards=2\n"
        "  eval \"$(trainctl cluster up --dir=/tmp/c | grep ^export)\"\n"
        "  trainctl cluster down --dir=/tmp/c"},

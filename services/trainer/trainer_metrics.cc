@@ -49,9 +49,9 @@ TrainerMetrics::TrainerMetrics()
       data_decode_rate_(metrics::AddGauge(
           *registry_, "dtrain_trainer_data_decode_rate",
           "Samples the data loader read, decoded and transformed per thread-second.")),
-      data_corrupt_skipped_(metrics::AddGauge(
-          *registry_, "dtrain_trainer_data_corrupt_skipped",
-          "Corrupt images the job's data sets left out (skip_corrupt: true).")),
+      data_corrupt_skipped_(
+          metrics::AddGauge(*registry_, "dtrain_trainer_data_corrupt_skipped",
+                            "Corrupt images the job's data sets left out (skip_corrupt: true).")),
       device_memory_(metrics::AddGauge(
           *registry_, "dtrain_trainer_device_memory_bytes",
           "Tensor memory of each device's allocator: state in_use, peak (since the job "

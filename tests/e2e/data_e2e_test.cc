@@ -115,8 +115,7 @@ void ExpectSameEpochs(const std::map<int, Epoch>& got, const std::map<int, Epoch
   }
 }
 
-v1::DataSpec Fmnist(const std::string& format, const std::string& train,
-                    const std::string& test) {
+v1::DataSpec Fmnist(const std::string& format, const std::string& train, const std::string& test) {
   v1::DataSpec d;
   d.set_format(format);
   d.set_train(train);
@@ -171,10 +170,10 @@ TEST_F(DataE2eTest, WebDatasetAndNpyTrainBitForBitAsIdxAlsoAfterARecoveryInPlace
   WriteFile(job_file, absl::StrCat("name: npy\ndata:\n  format: npy\n  train: ", npy_train,
                                    "\n  test: ", npy_test, "\n"));
   int rc = -1;
-  const std::string packed = Trainctl(
-      absl::StrCat("data pack --format=webdataset --shard_size=2048 ", job_file, " ", Root(),
-                   "/wds"),
-      &rc);
+  const std::string packed =
+      Trainctl(absl::StrCat("data pack --format=webdataset --shard_size=2048 ", job_file, " ",
+                            Root(), "/wds"),
+               &rc);
   ASSERT_EQ(rc, 0) << packed;
   const std::string wds_train = Root() + "/wds/train-{000000..000003}.tar";
   const std::string wds_test = Root() + "/wds/test-{000000..000000}.tar";
@@ -204,8 +203,8 @@ TEST_F(DataE2eTest, WebDatasetAndNpyTrainBitForBitAsIdxAlsoAfterARecoveryInPlace
     EXPECT_EQ(done.data_test_samples(), kTest);
     runs[name] = LoggedEpochs(dir(), done.id());
     std::fprintf(stderr, "%s: %s in %s, loss %.17g, test accuracy %.4f\n", name.c_str(),
-                 done.id().c_str(), absl::FormatDuration(absl::Now() - start).c_str(),
-                 done.loss(), done.test_accuracy());
+                 done.id().c_str(), absl::FormatDuration(absl::Now() - start).c_str(), done.loss(),
+                 done.test_accuracy());
     // The final status carries the last epoch's figures.
     ASSERT_EQ(runs[name].count(kEpochs), 1u);
     EXPECT_TRUE(SameBits(done.loss(), runs[name][kEpochs].loss));
@@ -230,9 +229,8 @@ TEST_F(DataE2eTest, WebDatasetAndNpyTrainBitForBitAsIdxAlsoAfterARecoveryInPlace
   const std::map<std::string, int> pids = TrainerPids();
   auto victim = pids.find(running.trainers(0));
   ASSERT_NE(victim, pids.end()) << running.trainers(0);
-  std::fprintf(stderr, "killing rank 0 (%s, pid %d) at epoch %d step %lld\n",
-               victim->first.c_str(), victim->second, running.epoch() + 1,
-               static_cast<long long>(running.step()));
+  std::fprintf(stderr, "killing rank 0 (%s, pid %d) at epoch %d step %lld\n", victim->first.c_str(),
+               victim->second, running.epoch() + 1, static_cast<long long>(running.step()));
   ASSERT_EQ(kill(victim->second, SIGKILL), 0);
   const JobStatus done = WatchToEnd(running.id(), absl::Seconds(300));
   std::fprintf(stderr,
@@ -256,8 +254,7 @@ TEST_F(DataE2eTest, WebDatasetAndNpyTrainBitForBitAsIdxAlsoAfterARecoveryInPlace
 TEST_F(DataE2eTest, BadDataFailsTheJobFastNamingTheProblemAndTheTrainerServesOn) {
   // A PNG image folder of 20 Fashion-MNIST images with one of them truncated.
   const std::string folder = Root() + "/folder";
-  ASSERT_TRUE(
-      data::WriteImageFolder(FashionMnist(data::Split::kTrain, 20), folder, {}).ok());
+  ASSERT_TRUE(data::WriteImageFolder(FashionMnist(data::Split::kTrain, 20), folder, {}).ok());
   std::string victim;
   for (int c = 0; c < 10 && victim.empty(); ++c) {
     const std::string p = absl::StrCat(folder, "/0000", c, "/000003.png");
@@ -337,8 +334,8 @@ TEST_F(DataE2eTest, BadDataFailsTheJobFastNamingTheProblemAndTheTrainerServesOn)
     EXPECT_EQ(done.state(), v1::FAILED) << c.name << ": " << done.DebugString();
     EXPECT_EQ(done.attempts(), 1) << c.name << ": not retried";
     for (const std::string& part : c.message) {
-      EXPECT_NE(reason.find(part), std::string::npos) << c.name << ": '" << part << "' in "
-                                                      << reason;
+      EXPECT_NE(reason.find(part), std::string::npos)
+          << c.name << ": '" << part << "' in " << reason;
     }
     // Fast: the trainer's checks, not a timeout (a loaded 2-core machine
     // takes about a second).
