@@ -559,7 +559,9 @@ class JobRun {
     // MFU's numerator: the model's FLOPs per sample of a training step.
     rank_peak_ =
         c_.devices[0].is_cpu() ? c_.cpu_peak_flops_per_thread * o.threads_per_device * k_ : 0;
-    if (absl::StatusOr<graph::TrainingFlops> f = graph::TrainingFlopsPerSample(c_.model, model_options_); f.ok()) {
+    if (absl::StatusOr<graph::TrainingFlops> f =
+            graph::TrainingFlopsPerSample(c_.model, model_options_);
+        f.ok()) {
       flops_per_sample_ = f->total();
     } else {
       DT_LOG(WARNING) << "job " << c_.name << ": no FLOP count for " << c_.model << " ("
