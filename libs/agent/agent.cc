@@ -11,6 +11,7 @@
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "libs/agent/device_comm_slot.h"
 #include "libs/agent/model_cache.h"
@@ -394,6 +395,14 @@ class Agent::Progress : public train::JobObserver,
 
   void OnEpoch(const train::JobProgress& p) override {
     agent_->observer_->OnEpoch(p);
+    if (job_->assignment.rank() == 0) {
+      // The loss curve in the trainer's log, exactly (%.17g: the double's
+      // every bit), for people and for tests that compare two runs.
+      DT_LOG(INFO) << absl::StrFormat(
+          "job %s rank 0: epoch %d/%d loss %.17g train_accuracy %.17g test_accuracy %.17g",
+          job_->assignment.job_id(), p.epoch, job_->assignment.spec().epochs(), p.loss,
+          p.train_accuracy, p.test_accuracy);
+    }
     {
       absl::MutexLock lock(&agent_->mu_);
       job_->epoch = p.epoch;

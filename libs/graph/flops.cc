@@ -77,9 +77,10 @@ TrainingFlops CountMatrixFlops(const Graph& g) {
   return f;
 }
 
-absl::StatusOr<TrainingFlops> TrainingFlopsPerSample(const std::string& model) {
-  DT_ASSIGN_OR_RETURN(std::shared_ptr<nn::Module> m, nn::MakeModel(model));
-  DT_ASSIGN_OR_RETURN(Shape sample, nn::ModelInputShape(model));
+absl::StatusOr<TrainingFlops> TrainingFlopsPerSample(const std::string& model,
+                                                     const nn::ModelOptions& options) {
+  DT_ASSIGN_OR_RETURN(std::shared_ptr<nn::Module> m, nn::MakeModel(model, options));
+  DT_ASSIGN_OR_RETURN(Shape sample, nn::ModelInputShape(model, options));
   return TrainingFlopsPerSample(m.get(), sample);
 }
 

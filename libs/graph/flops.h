@@ -20,6 +20,7 @@
 
 #include "absl/status/statusor.h"
 #include "libs/graph/ir.h"
+#include "libs/nn/models.h"
 #include "libs/nn/module.h"
 
 namespace dtrain {
@@ -35,10 +36,12 @@ struct TrainingFlops {
 // over its whole batch, split into forward and backward ops.
 TrainingFlops CountMatrixFlops(const Graph& g);
 
-// The per-sample FLOPs of one training step of nn::MakeModel(model) on
-// inputs of nn::ModelInputShape(model). Errors: the model's (unknown name),
-// the trace's (kUnimplemented for ops the IR cannot express).
-absl::StatusOr<TrainingFlops> TrainingFlopsPerSample(const std::string& model);
+// The per-sample FLOPs of one training step of nn::MakeModel(model,
+// options) on inputs of nn::ModelInputShape(model, options) (a job's: its
+// data's channels, classes and, for resnet18, size). Errors: the model's
+// (unknown name), the trace's (kUnimplemented for ops the IR cannot express).
+absl::StatusOr<TrainingFlops> TrainingFlopsPerSample(const std::string& model,
+                                                     const nn::ModelOptions& options = {});
 
 // The same for any module (an imported ONNX model) on samples of `sample`
 // (batch excluded).

@@ -29,6 +29,15 @@ TEST(FlopsTest, LenetByHand) {
   EXPECT_DOUBLE_EQ(f->backward, 2 * (conv1 + conv2 + fc) - conv1);
 }
 
+TEST(FlopsTest, MlpOfAnotherDataSetByHand) {
+  // RGB, 5 classes: Linear(3*784, 256), Linear(256, 5).
+  absl::StatusOr<TrainingFlops> f =
+      TrainingFlopsPerSample("mlp", {.num_classes = 5, .in_channels = 3});
+  ASSERT_TRUE(f.ok()) << f.status();
+  EXPECT_DOUBLE_EQ(f->forward, 2.0 * (3 * 784 * 256 + 256 * 5));
+  EXPECT_DOUBLE_EQ(f->backward, 2.0 * (3 * 784 * 256 + 2 * 256 * 5));
+}
+
 TEST(FlopsTest, Resnet18IsAboutThreeForwardPasses) {
   absl::StatusOr<TrainingFlops> f = TrainingFlopsPerSample("resnet18");
   ASSERT_TRUE(f.ok()) << f.status();

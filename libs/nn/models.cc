@@ -92,9 +92,10 @@ absl::StatusOr<std::shared_ptr<Module>> MakeModel(const std::string& name,
       "unknown model '", name, "'; known models: ", absl::StrJoin(ModelNames(), ", ")));
 }
 
-absl::StatusOr<Shape> ModelInputShape(const std::string& name) {
+absl::StatusOr<Shape> ModelInputShape(const std::string& name, const ModelOptions& options) {
   if (name == "mlp_chapter") return Shape{512};
-  if (name == "mlp" || name == "lenet" || name == "resnet18") return Shape{1, 28, 28};
+  if (name == "mlp" || name == "lenet") return Shape{options.in_channels, 28, 28};
+  if (name == "resnet18") return Shape{options.in_channels, options.height, options.width};
   return absl::InvalidArgumentError(absl::StrCat(
       "unknown model '", name, "'; known models: ", absl::StrJoin(ModelNames(), ", ")));
 }

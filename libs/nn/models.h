@@ -10,7 +10,8 @@
 //                norm and no max-pool, four stages of two Residual blocks
 //                (64, 128, 256, 512 channels), global average pooling, Linear
 //
-// Inputs are [N, 1, 28, 28] (Fashion-MNIST) except mlp_chapter.
+// Inputs are [N, 1, 28, 28] (Fashion-MNIST) by default, except mlp_chapter;
+// ModelOptions give other channels and classes (and resnet18 other sizes).
 #ifndef DTRAIN_LIBS_NN_MODELS_H_
 #define DTRAIN_LIBS_NN_MODELS_H_
 
@@ -27,6 +28,10 @@ namespace nn {
 struct ModelOptions {
   int64_t num_classes = 10;
   int64_t in_channels = 1;
+  // The input's height and width: resnet18 (global average pooling) takes
+  // any; mlp and lenet take 28 x 28 only.
+  int64_t height = 28;
+  int64_t width = 28;
 };
 
 // "mlp", "mlp_chapter", "lenet" or "resnet18"; any other name is
@@ -35,8 +40,10 @@ absl::StatusOr<std::shared_ptr<Module>> MakeModel(const std::string& name,
                                                   const ModelOptions& options = {});
 std::vector<std::string> ModelNames();
 
-// Shape of one input sample of the model (without the batch dimension).
-absl::StatusOr<Shape> ModelInputShape(const std::string& name);
+// Shape of one input sample of the model (without the batch dimension):
+// [in_channels, 28, 28] ([512] for mlp_chapter); resnet18's takes the
+// options' height and width.
+absl::StatusOr<Shape> ModelInputShape(const std::string& name, const ModelOptions& options = {});
 
 // Initialization, seeded and independent of thread count (Philox).
 enum class Init {

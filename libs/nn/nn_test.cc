@@ -50,6 +50,21 @@ TEST(ModelsTest, ResNet18Structure) {
             (Shape{2, 10}));
 }
 
+TEST(ModelsTest, InputChannelsClassesAndResNetSizeFollowTheOptions) {
+  const ModelOptions rgb = {.num_classes = 5, .in_channels = 3, .height = 16, .width = 12};
+  EXPECT_EQ(*ModelInputShape("resnet18", rgb), (Shape{3, 16, 12}));
+  EXPECT_EQ(*ModelInputShape("lenet", rgb), (Shape{3, 28, 28}));  // its Linear needs 28 x 28
+  EXPECT_EQ(*ModelInputShape("mlp"), (Shape{1, 28, 28}));
+  autograd::NoGradGuard g;
+  auto resnet = *MakeModel("resnet18", rgb);
+  resnet->Eval();
+  EXPECT_EQ(resnet->Forward(autograd::Variable(Tensor::Zeros({2, 3, 16, 12}))).shape(),
+            (Shape{2, 5}));
+  auto lenet = *MakeModel("lenet", rgb);
+  EXPECT_EQ(lenet->Forward(autograd::Variable(Tensor::Zeros({2, 3, 28, 28}))).shape(),
+            (Shape{2, 5}));
+}
+
 TEST(ModelsTest, UnknownModelAndInitAreClearErrors) {
   auto m = MakeModel("vgg");
   ASSERT_FALSE(m.ok());

@@ -17,24 +17,18 @@
 #include "libs/data/open.h"
 #include "libs/data/pack.h"
 #include "libs/train/job.h"
+#include "libs/train/job_test_util.h"
 
 namespace dtrain {
 namespace train {
 namespace {
 
+using testing::EpochRecorder;
+using testing::SameBits;
+using testing::TmpDir;
+
 constexpr int64_t kTrain = 2048;
 constexpr int64_t kTest = 500;
-
-std::string TmpDir(const std::string& name) {
-  const char* dir = std::getenv("TEST_TMPDIR");
-  return std::string(dir ? dir : "/tmp") + "/" + name;
-}
-
-class EpochRecorder : public JobObserver {
- public:
-  void OnEpoch(const JobProgress& p) override { epochs.push_back(p); }
-  std::vector<JobProgress> epochs;
-};
 
 // Rank `r` of the 2-rank LeNet job both tests run on `d` (2 epochs of
 // kTrain images).
@@ -82,8 +76,6 @@ std::vector<std::vector<JobProgress>> TrainTwoRanks(const data::DataConfig& d) {
   EXPECT_TRUE(st[1].ok()) << st[1];
   return {rec[0].epochs, rec[1].epochs};
 }
-
-bool SameBits(double a, double b) { return std::memcmp(&a, &b, sizeof a) == 0; }
 
 // Rank 0's observer when rank 1 goes away: regroups into a new in-process
 // communicator that a replacement rank 1 (JobConfig::join) meets.

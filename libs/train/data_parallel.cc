@@ -320,7 +320,7 @@ absl::StatusOr<std::unique_ptr<DataParallelTrainer>> DataParallelTrainer::Create
 
   for (int r = 0; r < impl->k; ++r) {
     absl::StatusOr<std::shared_ptr<nn::Module>> made =
-        o.model_factory ? o.model_factory() : nn::MakeModel(o.model);
+        o.model_factory ? o.model_factory() : nn::MakeModel(o.model, o.model_options);
     DT_RETURN_IF_ERROR(made.status());
     std::shared_ptr<nn::Module> m = *std::move(made);
     if (r == 0) nn::InitParameters(m.get(), o.init, o.seed, o.init_std);

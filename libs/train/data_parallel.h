@@ -95,6 +95,8 @@ namespace train {
 
 struct DataParallelOptions {
   std::string model = "lenet";
+  // Its input channels and classes (nn::MakeModel's options).
+  nn::ModelOptions model_options;
   // For tests: builds the model instead of nn::MakeModel(model) (called once
   // per replica; every call must build the same architecture).
   std::function<absl::StatusOr<std::shared_ptr<nn::Module>>()> model_factory;

@@ -463,7 +463,14 @@ class JobRun {
     progress_->data_train_samples = train_set_.size;
     progress_->data_test_samples = test_set_.size;
     progress_->data_corrupt_skipped = train_set_.corrupt_skipped + test_set_.corrupt_skipped;
-    DT_ASSIGN_OR_RETURN(model_, OpenJobModel(c_));
+    // The model's channels and classes follow the data (Fashion-MNIST: 1
+    // and 10); resnet18 takes the data's height and width too.
+    nn::ModelOptions options;
+    options.in_channels = train_set_.channels;
+    options.height = train_set_.rows;
+    options.width = train_set_.cols;
+    if (train_set_.num_classes > 0) options.num_classes = train_set_.num_classes;
+    DT_ASSIGN_OR_RETURN(model_, OpenJobModel(c_, options));
     sample_shape_ = model_.sample_shape;
     DT_RETURN_IF_ERROR(
         data::CheckInputShape(train_set_, {sample_shape_.begin(), sample_shape_.end()}, c_.model));
@@ -509,6 +516,7 @@ class JobRun {
     DT_ASSIGN_OR_RETURN(nn::Init init, nn::ParseInit(model_.init));
     DataParallelOptions o;
     o.model = c_.model;
+    o.model_options = model_.options;
     o.model_factory = model_.factory;
     if (c_.resume_from.empty() && !c_.join) o.restore = model_.init_from_model;
     o.devices = c_.devices;
@@ -550,7 +558,8 @@ class JobRun {
       Shape input = sample_shape_;
       input.insert(input.begin(), local_batch_);
       DT_ASSIGN_OR_RETURN(hybrid_,
-                          graph::HybridizeTrainingStep(trainer_->replica(0), input, 10, c_.sgd));
+                          graph::HybridizeTrainingStep(trainer_->replica(0), input,
+                                                       model_.options.num_classes, c_.sgd));
       DT_LOG(INFO) << "job " << c_.name << ": hybridized training step ("
                    << hybrid_->module().graph().nodes().size() << " graph nodes, planned peak "
                    << hybrid_->planned_peak_bytes() << " bytes)";

@@ -1,10 +1,9 @@
 #include "libs/train/job_model.h"
 
-#include <fstream>
 #include <map>
-#include <sstream>
 
 #include "absl/strings/str_cat.h"
+#include "libs/base/files.h"
 #include "libs/base/status.h"
 #include "libs/nn/models.h"
 #include "libs/onnx/model.h"
@@ -12,20 +11,19 @@
 namespace dtrain {
 namespace train {
 
-absl::StatusOr<JobModel> OpenJobModel(const JobConfig& c) {
+absl::StatusOr<JobModel> OpenJobModel(const JobConfig& c, const nn::ModelOptions& options) {
   JobModel m;
   m.init = c.init.empty() ? "normal" : c.init;
+  m.options = options;
   if (c.model_file.empty()) {
-    DT_ASSIGN_OR_RETURN(m.sample_shape, nn::ModelInputShape(c.model));
+    DT_ASSIGN_OR_RETURN(m.sample_shape, nn::ModelInputShape(c.model, options));
     const std::string name = c.model;
-    m.flops = [name] { return graph::TrainingFlopsPerSample(name); };
+    m.flops = [name, options] { return graph::TrainingFlopsPerSample(name, options); };
     return m;
   }
-  std::ifstream f(c.model_file, std::ios::binary);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  if (!f) return absl::NotFoundError(absl::StrCat("model_file: cannot read ", c.model_file));
-  auto bytes = std::make_shared<const std::string>(ss.str());
+  absl::StatusOr<std::string> read = ReadFile(c.model_file);
+  if (!read.ok()) return Annotate(read.status(), "model_file");
+  auto bytes = std::make_shared<const std::string>(*std::move(read));
   // The model's own input: the data is checked against it.
   onnx::ImportOptions o;
   o.from_model = m.init == "from_model";

@@ -23,6 +23,7 @@
 
 #include "absl/status/statusor.h"
 #include "libs/graph/flops.h"
+#include "libs/nn/models.h"
 #include "libs/nn/module.h"
 #include "libs/nn/optim.h"
 #include "libs/tensor/tensor.h"
@@ -33,6 +34,10 @@ namespace train {
 
 struct JobModel {
   Shape sample_shape;  // one sample, batch excluded
+  // The job's data's channels, classes and size: a built-in model's
+  // options (DataParallelOptions::model_options); the classes of a
+  // hybridized step.
+  nn::ModelOptions options;
   // Null: the built-in model config.model.
   std::function<absl::StatusOr<std::shared_ptr<nn::Module>>()> factory;
   // init "from_model": copies the file's parameters and buffers into a
@@ -45,7 +50,10 @@ struct JobModel {
   std::string init;
 };
 
-absl::StatusOr<JobModel> OpenJobModel(const JobConfig& config);
+// `options`: a built-in model's input channels, classes and size (the
+// job's data's); an ONNX file brings its own.
+absl::StatusOr<JobModel> OpenJobModel(const JobConfig& config,
+                                      const nn::ModelOptions& options = {});
 
 }  // namespace train
 }  // namespace dtrain

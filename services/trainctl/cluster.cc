@@ -656,6 +656,7 @@ absl::Status StartAll(const ClusterOptions& o, const std::string& dir, std::vect
     if (!o.kvstore_data_path.empty()) {
       argv.push_back("--kvstore_data_path=" + o.kvstore_data_path);
     }
+    if (!o.data_roots.empty()) argv.push_back("--data_roots=" + o.data_roots);
     s = start(p, argv, false);
   }
   if (s.ok() && o.trainers > 0) {
@@ -883,6 +884,7 @@ int Up(const ClusterOptions& o) {
   if (!o.kvstore_data_path.empty()) {
     argv.push_back("--kvstore_data_path=" + o.kvstore_data_path);
   }
+  if (!o.data_roots.empty()) argv.push_back("--data_roots=" + o.data_roots);
   if (o.trainers > 0) argv.push_back("--trainer_bin=" + *trainer_bin);
   if (o.kvstore_shards > 0) argv.push_back("--kvstore_bin=" + *kvstore_bin);
   const std::string log = dir + "/supervisor.log";

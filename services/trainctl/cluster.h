@@ -32,6 +32,9 @@ struct ClusterOptions {
   std::string queues_file;         // up: the scheduler's --queues (docs/queues.md)
   // up: the trainers' --kvstore_data_path (auto, tcp or grpc); "": their default.
   std::string kvstore_data_path;
+  // up: the trainers' --data_roots (comma-separated directories a job's data
+  // may lie under); "": their default (/usr/share/datasets).
+  std::string data_roots;
   std::string restart = "always";  // up: always or never (restart what exits)
   double grace_s = 15;             // down: SIGTERM, then SIGKILL after this
   bool json = false;               // -o json

@@ -139,9 +139,9 @@ const std::vector<Command>& Commands() {
        "environment to use them; `status` shows each process (alive, answering, restarts,\n"
        "last exit); `down` stops them (SIGTERM, then SIGKILL after --grace_s).",
        {"dir", "trainers", "devices_per_trainer", "kvstore_shards", "kvstore_replicas",
-        "kvstore_data_path", "restart", "heartbeat_timeout_s", "max_attempts", "max_model_bytes",
-        "recover_in_place", "queues", "start_timeout_s", "grace_s", "scheduler_bin",
-        "trainer_bin", "kvstore_bin"},
+        "kvstore_data_path", "data_roots", "restart", "heartbeat_timeout_s", "max_attempts",
+        "max_model_bytes", "recover_in_place", "queues", "start_timeout_s", "grace_s",
+        "scheduler_bin", "trainer_bin", "kvstore_bin"},
        "trainctl cluster up --dir=/tmp/c --trainers=2 --kvstore_shards=2\n"
        "  eval \"$(trainctl cluster up --dir=/tmp/c | grep ^export)\"\n"
        "  trainctl cluster down --dir=/tmp/c"},

@@ -183,6 +183,9 @@ ABSL_FLAG(std::string, kvstore_data_path, "",
           "cluster up: how the trainers reach the kvstore shards: auto (the data port: shared "
           "memory on this host, else TCP with TLS), tcp (the data port over TCP) or grpc (gRPC "
           "only); empty: the trainers' default (auto)");
+ABSL_FLAG(std::string, data_roots, "",
+          "cluster up: the trainers' --data_roots, comma-separated absolute directories a "
+          "job's data may lie under (empty: the trainers' default, /usr/share/datasets)");
 ABSL_FLAG(double, grace_s, 15, "cluster down: seconds after SIGTERM before SIGKILL");
 ABSL_FLAG(std::string, restart, "always",
           "cluster up: always (a process that exits is started again, on the same ports, after "
@@ -745,6 +748,7 @@ int main(int argc, char** argv) {
       return Usage("--kvstore_data_path must be auto, tcp or grpc, got '" + o.kvstore_data_path +
                    "'");
     }
+    o.data_roots = absl::GetFlag(FLAGS_data_roots);
     o.grace_s = absl::GetFlag(FLAGS_grace_s);
     o.restart = absl::GetFlag(FLAGS_restart);
     o.json = Json();

@@ -49,6 +49,9 @@ TrainerMetrics::TrainerMetrics()
       data_decode_rate_(metrics::AddGauge(
           *registry_, "dtrain_trainer_data_decode_rate",
           "Samples the data loader read, decoded and transformed per thread-second.")),
+      data_corrupt_skipped_(
+          metrics::AddGauge(*registry_, "dtrain_trainer_data_corrupt_skipped",
+                            "Corrupt images the job's data sets left out (skip_corrupt: true).")),
       device_memory_(metrics::AddGauge(
           *registry_, "dtrain_trainer_device_memory_bytes",
           "Tensor memory of each device's allocator: state in_use, peak (since the job "
@@ -88,6 +91,7 @@ void TrainerMetrics::OnJobStart(const std::string& job_id, int rank,
   job_->epoch = &epoch_.Add(l);
   job_->data_queue_depth = &data_queue_depth_.Add(l);
   job_->data_decode_rate = &data_decode_rate_.Add(l);
+  job_->data_corrupt_skipped = &data_corrupt_skipped_.Add(l);
   devices_ = devices;
   last_memory_ = absl::InfinitePast();
   busy_.Set(1);
@@ -121,6 +125,7 @@ void TrainerMetrics::OnStep(const train::JobProgress& p, const train::StepTimes&
   job_->mfu->Set(p.mfu);
   job_->data_queue_depth->Set(static_cast<double>(t.data_queue_depth));
   job_->data_decode_rate->Set(t.data_decode_rate);
+  job_->data_corrupt_skipped->Set(static_cast<double>(p.data_corrupt_skipped));
   const absl::Time now = absl::Now();
   if (now - last_memory_ >= absl::Seconds(1)) {
     last_memory_ = now;
@@ -169,6 +174,7 @@ void TrainerMetrics::RemoveCurrent() {
   epoch_.Remove(job_->epoch);
   data_queue_depth_.Remove(job_->data_queue_depth);
   data_decode_rate_.Remove(job_->data_decode_rate);
+  data_corrupt_skipped_.Remove(job_->data_corrupt_skipped);
   job_.reset();
 }
 

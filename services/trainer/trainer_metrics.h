@@ -27,6 +27,10 @@
 //   dtrain_trainer_data_decode_rate      gauge {job_id, rank}: samples the
 //                                        loader read, decoded and
 //                                        transformed per thread-second
+//   dtrain_trainer_data_corrupt_skipped  gauge {job_id, rank}: corrupt
+//                                        images the job's data sets left out
+//                                        (skip_corrupt; the test set's on
+//                                        rank 0 only)
 //   dtrain_trainer_device_memory_bytes   gauge {device, state}: the job's
 //     devices' allocators, state in_use / peak / cached; updated at most
 //     once a second while a job runs
@@ -94,6 +98,7 @@ class TrainerMetrics : public agent::AgentObserver {
     prometheus::Gauge* epoch = nullptr;
     prometheus::Gauge* data_queue_depth = nullptr;
     prometheus::Gauge* data_decode_rate = nullptr;
+    prometheus::Gauge* data_corrupt_skipped = nullptr;
   };
 
   void RemoveCurrent() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -114,6 +119,7 @@ class TrainerMetrics : public agent::AgentObserver {
   prometheus::Family<prometheus::Gauge>& epoch_;
   prometheus::Family<prometheus::Gauge>& data_queue_depth_;
   prometheus::Family<prometheus::Gauge>& data_decode_rate_;
+  prometheus::Family<prometheus::Gauge>& data_corrupt_skipped_;
   prometheus::Family<prometheus::Gauge>& device_memory_;
   prometheus::Gauge& busy_;
 

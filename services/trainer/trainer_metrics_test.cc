@@ -48,6 +48,7 @@ TEST(TrainerMetricsTest, OneJobsSeriesWithTheirLabels) {
   p.samples_per_second = 640;
   p.achieved_flops = 2.5e9;
   p.mfu = 0.375;
+  p.data_corrupt_skipped = 7;
   train::StepTimes t;
   t.compute = 0.25;
   t.communication = 0.125;
@@ -93,6 +94,7 @@ TEST(TrainerMetricsTest, OneJobsSeriesWithTheirLabels) {
   EXPECT_THAT(text, HasSubstr("dtrain_job_mfu{job_id=\"job-1\",rank=\"0\"} 0.375\n"));
   EXPECT_EQ(Value(text, "dtrain_trainer_data_queue_depth{job_id=\"job-1\",rank=\"0\"}"), 3);
   EXPECT_EQ(Value(text, "dtrain_trainer_data_decode_rate{job_id=\"job-1\",rank=\"0\"}"), 1250.5);
+  EXPECT_EQ(Value(text, "dtrain_trainer_data_corrupt_skipped{job_id=\"job-1\",rank=\"0\"}"), 7);
   // The first step samples the job's devices' allocators.
   EXPECT_THAT(text,
               HasSubstr("dtrain_trainer_device_memory_bytes{device=\"cpu\",state=\"in_use\"}"));
