@@ -110,7 +110,7 @@ const Masks& ShuffleMasks() {
 
 // Returns the first column not written: the rest go through the tables.
 template <int C, bool kNormalize>
-int ConvertSse(const Span& s) {
+__attribute__((target("sse4.1"))) int ConvertSse(const Span& s) {
   const bool flip = s.step < 0;
   __m128i mask[C];
   __m128 mean[C], inv_std[C];

@@ -379,6 +379,21 @@ Scheduler::Job* Scheduler::Claim(const RegisterTrainerRequest& request, Trainer*
   if (request.previous_trainer_id().empty() || !request.has_running()) return nullptr;
   const RegisterTrainerRequest::RunningWork& w = request.running();
   auto jt = jobs_.find(w.job_id());
+  if (auto rt = trainers_.find(request.previous_trainer_id());
+      jt != jobs_.end() && rt != trainers_.end() && rt->second.job_id == w.job_id() &&
+      rt->second.rank == w.rank() && rt->second.delivered) {
+    // The same claim again: a registration retried after its reply was lost
+    // (a deadline while the restarted scheduler was busy). The trainer keeps
+    // its id and rank; registering it anew would make it a stranger whose
+    // heartbeats cancel the job it runs.
+    t->id = rt->second.id;
+    t->job_id = rt->second.job_id;
+    t->rank = rt->second.rank;
+    t->delivered = true;
+    t->join = false;
+    t->generation = rt->second.generation;
+    return &jt->second;
+  }
   std::string why;
   if (jt == jobs_.end()) {
     why = "no such job";

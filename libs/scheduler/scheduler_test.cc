@@ -2164,6 +2164,31 @@ TEST_F(RestartTest, AdoptsTheRunningAttemptOnceEveryRankIsClaimed) {
   EXPECT_EQ(s->ListTrainers().size(), 4u);
 }
 
+// A claim retried (its reply lost while the restarted scheduler was busy)
+// gets the same id back, before and after the adoption, and the job keeps
+// running: were the trainer registered anew, its heartbeats, which list the
+// job, would cancel it.
+TEST_F(RestartTest, ARetriedClaimKeepsTheTrainerAndTheJob) {
+  const std::string wal = TmpPath("retried-claim.wal");
+  auto s = StartJob(Options(wal));
+  s.reset();  // killed
+  s = Open(Options(wal));
+  EXPECT_EQ(Reregister(s.get(), 1), trainers_[1]);
+  EXPECT_EQ(Reregister(s.get(), 1), trainers_[1]);  // before the adoption
+  EXPECT_EQ(Reregister(s.get(), 0), trainers_[0]);
+  ASSERT_TRUE(HasEvent(*s->Get(job_), "adopted the running attempt 1"));
+  EXPECT_EQ(Reregister(s.get(), 1), trainers_[1]);  // after it
+  for (const std::string& t : trainers_) {
+    HeartbeatReply r = Beat(s.get(), t, {job_});
+    EXPECT_EQ(r.cancel_job_ids_size(), 0) << t;
+    EXPECT_EQ(r.assignments_size(), 0) << t;
+  }
+  JobStatus st = *s->Get(job_);
+  EXPECT_EQ(st.state(), v1::RUNNING);
+  EXPECT_EQ(st.attempts(), 1);
+  EXPECT_EQ(s->ListTrainers().size(), 2u);
+}
+
 TEST_F(RestartTest, PartlyClaimedAttemptIsRequeuedAfterTheTimeoutWithoutCounting) {
   const std::string wal = TmpPath("partial.wal");
   SchedulerOptions o = Options(wal);
