@@ -1,5 +1,4 @@
 #include "libs/base/files.h"
-#include "libs/base/testing.h"
 
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -13,6 +12,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "libs/base/testing.h"
 
 namespace dtrain {
 namespace {
@@ -27,7 +27,8 @@ TEST(ReadFileTest, ReadsWholeFilesAndNamesWhatIsMissing) {
   got = ReadFile(dir + "/missing");
   EXPECT_EQ(got.status().code(), absl::StatusCode::kNotFound);
   EXPECT_NE(got.status().message().find(dir + "/missing"), std::string::npos) << got.status();
-  EXPECT_EQ(ReadFile(dir).status().code(), absl::StatusCode::kFailedPrecondition) << ReadFile(dir).status();
+  EXPECT_EQ(ReadFile(dir).status().code(), absl::StatusCode::kFailedPrecondition)
+      << ReadFile(dir).status();
 }
 
 TEST(WriteFileAtomicallyTest, WritesAndReplacesContents) {

@@ -1,5 +1,4 @@
 #include "libs/base/subprocess.h"
-#include "libs/base/testing.h"
 
 #include <signal.h>
 #include <sys/stat.h>
@@ -15,6 +14,7 @@
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
+#include "libs/base/testing.h"
 
 namespace dtrain {
 namespace {

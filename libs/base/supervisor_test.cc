@@ -1,5 +1,4 @@
 #include "libs/base/supervisor.h"
-#include "libs/base/testing.h"
 
 #include <signal.h>
 #include <sys/wait.h>
@@ -15,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
+#include "libs/base/testing.h"
 
 namespace dtrain {
 namespace {
@@ -101,7 +101,8 @@ TEST(SupervisorTest, RestartsWithDoublingBackoffUpToTheMaximum) {
   }
   // Every run, restarts included, appended to the same output file.
   PollUntilChange(&s, now + absl::Milliseconds(10));
-  EXPECT_EQ(Count(ReadFileForTest(log), "started\n"), static_cast<int>(backoffs.size()) + 1) << ReadFileForTest(log);
+  EXPECT_EQ(Count(ReadFileForTest(log), "started\n"), static_cast<int>(backoffs.size()) + 1)
+      << ReadFileForTest(log);
 }
 
 TEST(SupervisorTest, BackoffStartsOverAfterALongRun) {

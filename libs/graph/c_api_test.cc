@@ -1,6 +1,5 @@
 // The C ABI: in process (C++), and from a plain C program linked against
 // libdtrain_c.so (c_api_check.c) run as a child process.
-#include "libs/base/testing.h"
 #include "libs/graph/c_api.h"
 
 #include <cstdio>
@@ -13,6 +12,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "libs/base/testing.h"
 #include "libs/graph/hybridize.h"
 #include "libs/graph/serialize.h"
 #include "libs/nn/models.h"

@@ -1,4 +1,3 @@
-#include "libs/base/testing.h"
 #include "libs/graph/serialize.h"
 
 #include <cmath>
@@ -15,6 +14,7 @@
 #include "absl/strings/strip.h"
 #include "gtest/gtest.h"
 #include "libs/autograd/variable.h"
+#include "libs/base/testing.h"
 #include "libs/checkpoint/checkpoint.h"
 #include "libs/graph/hybridize.h"
 #include "libs/nn/models.h"

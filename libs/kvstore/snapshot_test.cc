@@ -1,4 +1,3 @@
-#include "libs/base/testing.h"
 #include "libs/kvstore/snapshot.h"
 
 #include <cstdio>
@@ -8,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "libs/base/testing.h"
 #include "libs/checkpoint/checkpoint.h"
 #include "libs/kvstore/placement.h"
 

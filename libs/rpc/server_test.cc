@@ -1,6 +1,5 @@
 // The scaffold on loopback: health, reflection, admin, the RPC metrics,
 // port files, graceful shutdown, and the signal tail of mains.
-#include "libs/base/testing.h"
 #include "libs/rpc/server.h"
 
 #include <grpcpp/client_context.h>
@@ -28,6 +27,7 @@
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "libs/base/testing.h"
 #include "libs/metrics/metrics.h"
 #include "libs/metrics/scrape.h"
 #include "libs/rpc/credentials.h"
@@ -141,7 +141,8 @@ TEST(RpcServerTest, HealthReflectionAdminAndAddedServices) {
     absl::StatusOr<std::vector<std::string>> services =
         rpc::ListServices(channel.get(), absl::Seconds(10));
     ASSERT_TRUE(services.ok()) << services.status();
-    for (const char* service : {"dtrain.scheduler.v1.JobService", "dtrain.admin.Admin", "grpc.health.v1.Health"}) {
+    for (const char* service :
+         {"dtrain.scheduler.v1.JobService", "dtrain.admin.Admin", "grpc.health.v1.Health"}) {
       EXPECT_THAT(*services, ::testing::Contains(service));
     }
   }

@@ -86,7 +86,7 @@ std::optional<QuotaState> JobQueues::Usage(const std::vector<JobRef>& jobs) cons
 
 void JobQueues::SortForPlacement(std::vector<JobRef>* queued, const std::vector<JobRef>& jobs,
                                  const std::optional<QuotaState>& usage) const {
-  std::set<int64_t> within;         // by seq
+  std::set<int64_t> within;               // by seq
   std::map<int64_t, double> share;        // the owner's share of the queue, by seq
   std::map<int64_t, double> queue_share;  // a borrowing job's queue's share, by seq
   if (config_ && usage) {

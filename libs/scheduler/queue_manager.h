@@ -99,8 +99,8 @@ struct QueueSummary {
   std::string cohort;
   std::array<bool, kNumResources> managed{};  // which resources quota limits
   Resources quota;
-  Resources usage;      // by its admitted jobs (evicting ones too)
-  Resources borrowed;   // usage above quota, per resource
+  Resources usage;     // by its admitted jobs (evicting ones too)
+  Resources borrowed;  // usage above quota, per resource
   // Of its unused quota (up to its lending limit), what other queues of its
   // cohort borrow: the cohort's borrowing is counted against its lenders in
   // file order.

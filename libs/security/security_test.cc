@@ -32,7 +32,8 @@ TEST(CertsTest, InitIssuesServiceCertificatesWithTheirIdentities) {
   for (auto [name, role] :
        {std::pair{"scheduler", Role::kScheduler}, std::pair{"kvstore", Role::kKvstore},
         std::pair{"admin", Role::kAdmin}}) {
-    absl::StatusOr<Identity> id = IdentityFromCertPem(ReadFileForTest(absl::StrCat(dir, "/", name, ".pem")));
+    absl::StatusOr<Identity> id =
+        IdentityFromCertPem(ReadFileForTest(absl::StrCat(dir, "/", name, ".pem")));
     ASSERT_TRUE(id.ok()) << name << ": " << id.status();
     EXPECT_EQ(id->name, name);
     EXPECT_EQ(id->role, role);

@@ -1,4 +1,3 @@
-#include "libs/base/testing.h"
 #include "libs/train/train.h"
 
 #include <fstream>
@@ -6,6 +5,7 @@
 #include <string>
 
 #include "gtest/gtest.h"
+#include "libs/base/testing.h"
 #include "libs/checkpoint/checkpoint.h"
 #include "libs/nn/models.h"
 #include "libs/train/state_io.h"

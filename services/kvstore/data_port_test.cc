@@ -2,7 +2,6 @@
 // security on (mutual TLS, a cluster secret): who is refused, what hostile
 // frames get, and that the shard keeps serving the next good client; the
 // shared accounting (metrics) of data port requests.
-#include "libs/base/testing.h"
 #include "libs/kvstore/data_port.h"
 
 #include <fcntl.h>
@@ -26,6 +25,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "gtest/gtest.h"
+#include "libs/base/testing.h"
 #include "libs/kvstore/client.h"
 #include "libs/kvstore/data_port_frame.h"
 #include "libs/kvstore/job_limiter.h"
