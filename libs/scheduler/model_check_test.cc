@@ -1,24 +1,19 @@
 #include "libs/scheduler/model_check.h"
 
 #include <cstdlib>
-#include <fstream>
-#include <sstream>
 #include <string>
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "libs/base/testing.h"
 
 namespace dtrain {
 namespace scheduler {
 namespace {
 
 std::string ReadTestModel(const std::string& name) {
-  std::ifstream f(absl::StrCat(std::getenv("TEST_SRCDIR"), "/", std::getenv("TEST_WORKSPACE"),
-                               "/libs/onnx/testdata/", name),
-                  std::ios::binary);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
+  return ReadFileForTest(absl::StrCat(std::getenv("TEST_SRCDIR"), "/",
+                                      std::getenv("TEST_WORKSPACE"), "/libs/onnx/testdata/", name));
 }
 
 class ModelCheckTest : public ::testing::Test {

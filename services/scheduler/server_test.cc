@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "gtest/gtest.h"
+#include "libs/base/testing.h"
 #include "libs/metrics/scrape.h"
 #include "libs/rpc/credentials.h"
 #include "protos/admin.grpc.pb.h"
@@ -352,12 +353,8 @@ namespace scheduler {
 namespace {
 
 std::string ReadTestModel(const std::string& name) {
-  std::ifstream f(absl::StrCat(std::getenv("TEST_SRCDIR"), "/", std::getenv("TEST_WORKSPACE"),
-                               "/libs/onnx/testdata/", name),
-                  std::ios::binary);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
+  return ReadFileForTest(absl::StrCat(std::getenv("TEST_SRCDIR"), "/",
+                                      std::getenv("TEST_WORKSPACE"), "/libs/onnx/testdata/", name));
 }
 
 std::unique_ptr<grpc::ClientContext> ModelCtx() {
