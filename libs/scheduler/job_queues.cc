@@ -134,7 +134,11 @@ Workload JobQueues::ToWorkload(const JobRef& job, int q, int trainers) const {
   w.trainers = trainers;
   w.devices_per_trainer = spec.devices_per_trainer();
   w.cuda = spec.device_kind() == "cuda";
-  // A running job's shrink on demand is not built: whole jobs only.
+  // A RUNNING elastic job the scheduler may shrink now (preemptor.h shrinks
+  // before it preempts).
+  if (job.status->state() == v1::RUNNING && job.shrink_to > 0 && job.shrink_to < trainers) {
+    w.min_trainers = job.shrink_to;
+  }
   return w;
 }
 
@@ -230,8 +234,8 @@ void JobQueues::RecordAdmission(const std::string& queue, double wait_seconds) {
   c.wait_sum += wait_seconds;
 }
 
-void JobQueues::RecordPreemption(const std::string& queue, PreemptRule rule) {
-  ++counters_[queue].preemptions[RuleName(rule)];
+void JobQueues::RecordPreemption(const std::string& queue, const Victim& victim) {
+  ++counters_[queue].preemptions[victim.trainers_after > 0 ? kShrinkReason : RuleName(victim.rule)];
 }
 
 std::vector<QueueMetrics> JobQueues::Metrics(const std::vector<JobRef>& jobs,
@@ -244,9 +248,11 @@ std::vector<QueueMetrics> JobQueues::Metrics(const std::vector<JobRef>& jobs,
     m.summary = std::move(s);
     auto c = counters_.find(m.summary.name);
     const Counters counters = c == counters_.end() ? Counters() : c->second;
-    for (PreemptRule r : {PreemptRule::kWithinQueue, PreemptRule::kReclaimWithinCohort}) {
-      auto n = counters.preemptions.find(RuleName(r));
-      m.preemptions[RuleName(r)] = n == counters.preemptions.end() ? 0 : n->second;
+    for (const char* reason :
+         {RuleName(PreemptRule::kWithinQueue), RuleName(PreemptRule::kReclaimWithinCohort),
+          static_cast<const char*>(kShrinkReason)}) {
+      auto n = counters.preemptions.find(reason);
+      m.preemptions[reason] = n == counters.preemptions.end() ? 0 : n->second;
     }
     m.wait_counts = counters.wait_counts;
     m.wait_sum = counters.wait_sum;

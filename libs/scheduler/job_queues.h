@@ -47,7 +47,13 @@ struct JobRef {
   // Chosen as a victim and draining; `preempted_for` waits for it.
   bool preempting = false;
   const std::string* preempted_for = nullptr;
+  // A RUNNING elastic job that may give up trainers now (its membership is
+  // settled): the fewest it may shrink to; 0: it may not (preempted whole).
+  int shrink_to = 0;
 };
+
+// The preemption metric's reason for a victim shrunk instead of drained.
+inline constexpr char kShrinkReason[] = "shrink";
 
 // Upper bounds (seconds) of the admission wait histogram: from a job's
 // (re)queueing to its placement.
@@ -56,8 +62,9 @@ inline constexpr double kAdmissionWaitBounds[] = {1, 5, 10, 30, 60, 300, 900, 36
 // Per queue, for metrics (a snapshot; counters since the scheduler started).
 struct QueueMetrics {
   QueueSummary summary;
-  std::map<std::string, int64_t> preemptions;  // by reason (RuleName)
-  std::vector<int64_t> wait_counts;            // per kAdmissionWaitBounds, then above
+  // By reason: RuleName (drained whole) or kShrinkReason (shrunk).
+  std::map<std::string, int64_t> preemptions;
+  std::vector<int64_t> wait_counts;  // per kAdmissionWaitBounds, then above
   double wait_sum = 0;
   // QUEUED jobs of this queue whose gang fits its quota now (so only
   // trainers or a reservation hold them back), and the longest such wait in
@@ -101,8 +108,9 @@ class JobQueues {
                         const std::optional<QuotaState>& usage) const;
 
   // For QUEUED `job`, the first job of its queue that the quota blocks: the
-  // victims preemptor.h chooses among the RUNNING jobs (whole jobs; those
-  // already preempting are not chosen again), or nullopt.
+  // victims preemptor.h chooses among the RUNNING jobs (elastic ones with
+  // shrink_to set shrink first; those already preempting are not chosen
+  // again), or nullopt.
   std::optional<PreemptionDecision> FindVictims(const JobRef& job,
                                                 const std::vector<JobRef>& jobs) const;
   // Victims `job` still waits for (preempting jobs preempted for it).
@@ -122,9 +130,9 @@ class JobQueues {
   void Replace(QueueConfig next, std::string yaml);
 
   // Counters: a job of queue `queue` admitted after waiting `wait_seconds`;
-  // a job of queue `queue` preempted or shrunk by `rule`.
+  // a job of queue `queue` preempted by `rule`, or shrunk (reason "shrink").
   void RecordAdmission(const std::string& queue, double wait_seconds);
-  void RecordPreemption(const std::string& queue, PreemptRule rule);
+  void RecordPreemption(const std::string& queue, const Victim& victim);
 
   // Per queue (file order); empty without queues. `now_unix_ms` ages the
   // pending jobs.

@@ -270,7 +270,13 @@ TEST(JobQueuesTest, MetricsCountWaitsPreemptionsAndJobsPendingWithinQuota) {
   queues.RecordAdmission("team-a", 0.5);
   queues.RecordAdmission("team-a", 7);
   queues.RecordAdmission("team-a", 99999);
-  queues.RecordPreemption("team-a", PreemptRule::kReclaimWithinCohort);
+  Victim drained;
+  drained.rule = PreemptRule::kReclaimWithinCohort;
+  queues.RecordPreemption("team-a", drained);
+  Victim shrunk = drained;
+  shrunk.trainers_before = 2;
+  shrunk.trainers_after = 1;
+  queues.RecordPreemption("team-a", shrunk);
   Jobs jobs;
   jobs.Add("alice", "team-a", v1::RUNNING, 1);
   v1::JobStatus& waiting = jobs.Add("bob", "team-b", v1::QUEUED, 1);  // fits team-b's quota
@@ -284,7 +290,9 @@ TEST(JobQueuesTest, MetricsCountWaitsPreemptionsAndJobsPendingWithinQuota) {
   EXPECT_DOUBLE_EQ(m[0].wait_sum, 0.5 + 7 + 99999);
   EXPECT_EQ(m[0].preemptions.at("reclaim_within_cohort"), 1);
   EXPECT_EQ(m[0].preemptions.at("within_queue"), 0);
+  EXPECT_EQ(m[0].preemptions.at("shrink"), 1);  // counted by its own reason, not its rule
   EXPECT_EQ(m[1].preemptions.at("reclaim_within_cohort"), 0);
+  EXPECT_EQ(m[1].preemptions.at("shrink"), 0);
   EXPECT_EQ(m[0].pending_within_quota, 0);
   EXPECT_EQ(m[1].pending_within_quota, 1);
   EXPECT_DOUBLE_EQ(m[1].oldest_pending_within_quota_seconds, 60);

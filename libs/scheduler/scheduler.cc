@@ -604,7 +604,8 @@ absl::StatusOr<HeartbeatReply> Scheduler::Heartbeat(const HeartbeatRequest& requ
     // own.
     auto jt = jobs_.find(t.job_id);
     if (jt != jobs_.end() && jt->second.status.state() == v1::RUNNING &&
-        jt->second.status.generation() > t.generation && InPlacement(jt->second, t)) {
+        jt->second.status.generation() > t.generation &&
+        (InPlacement(jt->second, t) || t.leaving_generation == jt->second.status.generation())) {
       v1::Regroup* g = reply.add_regroups();
       g->set_job_id(t.job_id);
       g->set_attempt(jt->second.status.attempts());
@@ -721,7 +722,7 @@ absl::StatusOr<bool> Scheduler::ReportProgress(const ProgressReport& report) {
     const std::string lost =
         absl::StrFormat("(generation %d, %d step%s lost)", r.generation(), r.recovery_steps_lost(),
                         r.recovery_steps_lost() == 1 ? "" : "s");
-    if (job.change == Job::Change::kGrow) {
+    if (job.change == Job::Change::kGrow || job.change == Job::Change::kYield) {
       SetState(&next, v1::RUNNING,
                absl::StrFormat("%s in %.1f s (generation %d)", job.recovery_note,
                                r.recovery_seconds(), r.generation()));
@@ -1074,6 +1075,7 @@ void Scheduler::Schedule() {
       fit[rank]->delivered = false;
       fit[rank]->join = false;
       fit[rank]->generation = 0;
+      fit[rank]->leaving_generation = -1;
     }
     Kv& kv = kv_[job->status.id()];
     kv = Kv();
@@ -1360,6 +1362,7 @@ bool Scheduler::RecoverInPlace(Job* job, const Trainer& lost, const std::string&
   spare->delivered = false;
   spare->join = true;
   spare->generation = job->status.generation();
+  spare->leaving_generation = -1;
   DT_LOG(WARNING) << "job " << job->status.id() << ": " << job->status.events().rbegin()->reason();
   return true;
 }
@@ -1463,6 +1466,7 @@ void Scheduler::Grow(const std::map<const Trainer*, std::string>& reserved) {
       joining[i]->delivered = false;
       joining[i]->join = true;
       joining[i]->generation = job.status.generation();
+      joining[i]->leaving_generation = -1;
       job.rank_done.push_back(false);
     }
     DT_LOG(INFO) << "job " << id << ": " << job.status.events().rbegin()->reason();

@@ -430,7 +430,8 @@ class Scheduler {
     std::unique_ptr<StragglerDetector> stragglers;
     // What the current generation changed: a spare replaced a lost rank, the
     // job shrank onto its survivors (elastic, no spare), or it grew.
-    enum class Change { kReplace, kShrink, kGrow };
+    // kYield: it gave up trainers to a preemptor (queues).
+    enum class Change { kReplace, kShrink, kGrow, kYield };
     Change change = Change::kReplace;
     // A KVSTORE job with kvstore-held weights: the lost trainer's last
     // heartbeat, where its recovery's seconds count from.
@@ -471,6 +472,10 @@ class Scheduler {
     bool draining = false;  // no new work (DrainTrainer, or SIGTERM)
     bool join = false;      // replaces a lost rank (Assignment.join)
     int generation = 0;     // of its assignment (regroups are for later ones)
+    // Dropped from its elastic job's membership in this generation (the
+    // job yielded trainers to a preemptor): it gets that generation's
+    // regroup too, so it stops at the step the others regroup at.
+    int leaving_generation = -1;
   };
 
   explicit Scheduler(SchedulerOptions options)
@@ -539,6 +544,15 @@ class Scheduler {
   // starts the drains the queues decide (events on both jobs) or says it
   // waits for earlier ones; returns its pending reason.
   std::string Preempt(Job* job, const std::string& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The fewest trainers RUNNING `job` may shrink to now for a preemptor:
+  // an elastic job above min_trainers whose membership is settled (as for
+  // Grow); 0 otherwise.
+  int ShrinkTo(const Job& job) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Carries out victim `v` (trainers_after > 0) of a preemption: the job
+  // keeps its first v.trainers_after ranks in a new generation, the others
+  // get the regroup too and leave at its step. False (nothing changed) when
+  // the log refuses.
+  bool YieldTrainers(Job* job, const Victim& v) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Sets the QUEUED jobs' queue_position (after some job changed).
   void UpdateQueuePositions() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Grow(const std::map<const Trainer*, std::string>& reserved)

@@ -1,12 +1,14 @@
 // The Scheduler's queue methods (scheduler.h; the logic is job_queues.h's):
 // preemption carried out as drains, queue positions, trainctl queues, and
 // the queues file applied at run time and kept in the job log.
+#include <algorithm>
 #include <map>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "libs/base/logging.h"
 #include "libs/base/status.h"
 #include "libs/scheduler/scheduler.h"
@@ -26,9 +28,62 @@ void SetResources(const Resources& r, v1::QueueResources* out) {
 std::vector<JobRef> Scheduler::JobRefs() const {
   std::vector<JobRef> out;
   out.reserve(jobs_.size());
-  for (const auto& [id, j] : jobs_)
-    out.push_back({&j.status, j.seq, j.preempting, &j.preempted_for});
+  for (const auto& [id, j] : jobs_) {
+    out.push_back({&j.status, j.seq, j.preempting, &j.preempted_for, ShrinkTo(j)});
+  }
   return out;
+}
+
+int Scheduler::ShrinkTo(const Job& job) const {
+  const JobSpec& spec = job.status.spec();
+  const int size = job.status.trainers_size();
+  const int min = std::max(1, spec.min_trainers());
+  if (!queues_.enabled() || job.status.state() != v1::RUNNING || min >= size ||
+      job.awaiting_adoption || job.preempting || !RecoversInPlace(job) || job.peer_lost ||
+      job.recovered_generation != job.status.generation()) {
+    return 0;
+  }
+  // Every rank runs the current membership (none draining, every
+  // assignment delivered), as for Grow.
+  for (const std::string& tid : job.status.trainers()) {
+    auto it = trainers_.find(tid);
+    if (it == trainers_.end() || !it->second.delivered || it->second.draining) return 0;
+  }
+  return min;
+}
+
+bool Scheduler::YieldTrainers(Job* job, const Victim& v) {
+  const int keep = v.trainers_after;
+  JobStatus next = job->status;
+  const std::vector<std::string> leaving(next.trainers().begin() + keep, next.trainers().end());
+  next.mutable_trainers()->DeleteSubrange(keep, next.trainers_size() - keep);
+  next.set_generation(next.generation() + 1);
+  // Fewer ranks to compare: the straggler comparison starts again.
+  next.clear_stragglers();
+  next.clear_rank_step_times();
+  SetState(&next, v1::RUNNING,
+           absl::StrCat(v.message, "; ", absl::StrJoin(leaving, ", "),
+                        leaving.size() == 1 ? " leaves" : " leave",
+                        " at a step boundary (generation ", next.generation(), ")"));
+  if (absl::Status s = Commit(job, std::move(next)); !s.ok()) {
+    LogRefusal(s);
+    return false;
+  }
+  job->recovery_note =
+      absl::StrCat("shrank to ", keep, keep == 1 ? " trainer" : " trainers", " (",
+                   absl::StrJoin(leaving, ", "), leaving.size() == 1 ? " left)" : " left)");
+  job->recovery_trainer.clear();
+  job->change = Job::Change::kYield;
+  job->stragglers.reset();  // made again for the new world size by StepTimes
+  job->rank_done.resize(keep);
+  for (const std::string& tid : leaving) {
+    auto it = trainers_.find(tid);
+    // It stays busy until its final report (or a heartbeat without the
+    // job) says it left.
+    if (it != trainers_.end()) it->second.leaving_generation = job->status.generation();
+  }
+  DT_LOG(INFO) << "job " << v.id << ": " << job->status.events().rbegin()->reason();
+  return true;
 }
 
 std::string Scheduler::Preempt(Job* job, const std::string& why) {
@@ -46,6 +101,13 @@ std::string Scheduler::Preempt(Job* job, const std::string& why) {
   }
   for (const Victim& v : d->victims) {
     Job& victim = jobs_[v.id];
+    if (v.trainers_after > 0) {
+      // Elastic: it gives up trainers instead (the preemptor waits for them
+      // as for any busy trainer).
+      if (!YieldTrainers(&victim, v)) return why;
+      queues_.RecordPreemption(v.queue, v);
+      continue;
+    }
     JobStatus next = victim.status;
     SetState(&next, v1::RUNNING, v.message);
     if (absl::Status s = Commit(&victim, std::move(next)); !s.ok()) {
@@ -54,7 +116,7 @@ std::string Scheduler::Preempt(Job* job, const std::string& why) {
     }
     victim.preempting = true;
     victim.preempted_for = job->status.id();
-    queues_.RecordPreemption(v.queue, v.rule);
+    queues_.RecordPreemption(v.queue, v);
     DT_LOG(INFO) << "job " << v.id << ": " << v.message;
   }
   JobStatus next = job->status;

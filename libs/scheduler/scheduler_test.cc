@@ -1857,6 +1857,94 @@ TEST_F(SchedulerTest, QueuesHigherPriorityDrainsALowerOneOfItsQueue) {
   EXPECT_EQ(s->Get(low->id())->drains(), 1);
 }
 
+// Reclaim from an elastic job above min_trainers shrinks it instead of
+// draining it: it keeps rank 0 in a new generation, the trainer it gives up
+// gets the regroup too (it leaves at that step) and then takes bob's job;
+// events on both jobs name the other's queue and the rule, never the other
+// job; the metric counts a "shrink". Once bob's job ends the elastic job
+// grows back.
+TEST_F(SchedulerTest, QueuesShrinkAnElasticJobInsteadOfPreemptingItAndGrowItBack) {
+  absl::StatusOr<QueueConfig> queues = ParseQueueConfig(queue_test::kTwoTeamsQueues);
+  ASSERT_TRUE(queues.ok()) << queues.status();
+  SchedulerOptions o = Options();
+  o.queues = *queues;
+  auto s = Open(std::move(o));
+  JobSpec spec = Spec("elastic", 2);
+  spec.set_min_trainers(1);
+  auto a = s->Submit(spec, "", "alice");
+  ASSERT_TRUE(a.ok()) << a.status();
+  std::string t1, t2;
+  ASSERT_NO_FATAL_FAILURE(PlaceOnTwoTrainers(s.get(), &t1, &t2));
+  auto st = s->Get(a->id());
+  ASSERT_EQ(st->state(), v1::RUNNING);  // one trainer borrowed from team-b
+  const std::string root = st->trainers(0), other = st->trainers(1);
+  Beat(s.get(), root, {a->id()});
+  Beat(s.get(), other, {a->id()});
+  Progressed(s.get(), a->id(), root, other);
+
+  auto b = s->Submit(Spec("b"), "", "bob");
+  ASSERT_TRUE(b.ok());
+  st = s->Get(a->id());
+  EXPECT_EQ(st->state(), v1::RUNNING);
+  EXPECT_EQ(st->attempts(), 1);
+  EXPECT_EQ(st->generation(), 1);
+  ASSERT_EQ(st->trainers_size(), 1);
+  EXPECT_EQ(st->trainers(0), root);
+  const std::string shrink_event = st->events().rbegin()->reason();
+  EXPECT_EQ(shrink_event,
+            "shrinking from 2 to 1 trainers to reclaim quota for queue team-b "
+            "(reclaim_within_cohort: any; queue team-a borrows above its quota); " +
+                other + " leaves at a step boundary (generation 1)");
+  EXPECT_EQ(shrink_event.find(b->id()), std::string::npos);
+  const std::string waiting = s->Get(b->id())->events().rbegin()->reason();
+  EXPECT_EQ(waiting,
+            "waiting for preemption: shrinking 1 job of queue team-a (reclaim_within_cohort)");
+  EXPECT_EQ(waiting.find(a->id()), std::string::npos);
+  // Nobody drains; both ranks get the new membership (without `other`).
+  for (const std::string& t : {root, other}) {
+    HeartbeatReply hb = Beat(s.get(), t, {a->id()});
+    EXPECT_EQ(hb.drain_job_ids_size(), 0) << t;
+    EXPECT_EQ(hb.cancel_job_ids_size(), 0) << t;
+    ASSERT_EQ(hb.regroups_size(), 1) << t;
+    EXPECT_EQ(hb.regroups(0).generation(), 1);
+    ASSERT_EQ(hb.regroups(0).trainer_ids_size(), 1);
+    EXPECT_EQ(hb.regroups(0).trainer_ids(0), root);
+  }
+  // Until `other` has left, bob's job waits for it.
+  EXPECT_EQ(s->Get(b->id())->state(), v1::QUEUED);
+  const std::vector<QueueMetrics> m = s->Stats().queues;
+  EXPECT_EQ(m[0].preemptions.at("shrink"), 1);
+  EXPECT_EQ(m[0].preemptions.at("reclaim_within_cohort"), 0);
+
+  // The root regrouped: an event, not a recovery. `other` finds itself out
+  // of the membership and ends; bob's job takes its trainer.
+  ASSERT_TRUE(s->ReportProgress(Recovered(root, a->id(), 0, 1, 0.4, 0)).ok());
+  st = s->Get(a->id());
+  EXPECT_EQ(st->recoveries(), 0);
+  EXPECT_EQ(st->events().rbegin()->reason(),
+            "shrank to 1 trainer (" + other + " left) in 0.4 s (generation 1)");
+  ProgressReport left = Final(other, a->id(), 1, v1::FAILED);
+  left.set_attempt(1);
+  left.set_reason("this trainer is not in generation 1 of the job");
+  ASSERT_TRUE(s->ReportProgress(left).ok());
+  EXPECT_EQ(s->Get(a->id())->state(), v1::RUNNING);
+  auto bs = s->Get(b->id());
+  ASSERT_EQ(bs->state(), v1::RUNNING);
+  EXPECT_EQ(bs->trainers(0), other);
+
+  // bob's job ends: alice's grows back onto the trainer, borrowing again.
+  Beat(s.get(), other, {b->id()});
+  ASSERT_TRUE(s->ReportProgress(Final(other, b->id(), 0, v1::SUCCEEDED)).ok());
+  Beat(s.get(), other);
+  st = s->Get(a->id());
+  EXPECT_EQ(st->state(), v1::RUNNING);
+  EXPECT_EQ(st->attempts(), 1);
+  EXPECT_EQ(st->drains(), 0);
+  ASSERT_EQ(st->trainers_size(), 2) << st->DebugString();
+  EXPECT_EQ(st->trainers(1), other);
+  EXPECT_EQ(st->generation(), 2);
+}
+
 // Inside a queue, at equal priority, the user with the smaller share of it
 // goes first, whoever submitted first.
 TEST_F(SchedulerTest, QueuesOrderUsersOfAQueueByTheirShare) {
