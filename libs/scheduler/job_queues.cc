@@ -238,6 +238,17 @@ void JobQueues::RecordPreemption(const std::string& queue, const Victim& victim)
   ++counters_[queue].preemptions[victim.trainers_after > 0 ? kShrinkReason : RuleName(victim.rule)];
 }
 
+void JobQueues::RecordDeviceSeconds(const std::string& queue, const std::string& user,
+                                    double seconds) {
+  if (!config_ || seconds <= 0) return;
+  counters_[queue].device_seconds[user] += seconds;
+}
+
+std::map<std::string, double> JobQueues::DeviceSeconds(const std::string& queue) const {
+  auto c = counters_.find(queue);
+  return c == counters_.end() ? std::map<std::string, double>() : c->second.device_seconds;
+}
+
 std::vector<QueueMetrics> JobQueues::Metrics(const std::vector<JobRef>& jobs,
                                              int64_t now_unix_ms) const {
   std::vector<QueueMetrics> out;

@@ -134,6 +134,12 @@ class JobQueues {
   void RecordAdmission(const std::string& queue, double wait_seconds);
   void RecordPreemption(const std::string& queue, const Victim& victim);
 
+  // Device-seconds used by `user`'s jobs in queue `queue` (fair sharing's
+  // measure, trainctl queues); `seconds` may be fractional.
+  void RecordDeviceSeconds(const std::string& queue, const std::string& user, double seconds);
+  // Device-seconds recorded per user of queue `queue` (by user).
+  std::map<std::string, double> DeviceSeconds(const std::string& queue) const;
+
   // Per queue (file order); empty without queues. `now_unix_ms` ages the
   // pending jobs.
   std::vector<QueueMetrics> Metrics(const std::vector<JobRef>& jobs, int64_t now_unix_ms) const;
@@ -152,6 +158,7 @@ class JobQueues {
     std::map<std::string, int64_t> preemptions;
     std::vector<int64_t> wait_counts = std::vector<int64_t>(std::size(kAdmissionWaitBounds) + 1);
     double wait_sum = 0;
+    std::map<std::string, double> device_seconds;  // by user
   };
   std::map<std::string, Counters> counters_;  // by queue name
 };

@@ -127,6 +127,7 @@ absl::Status Scheduler::Commit(Job* job, JobStatus next) {
   DT_RETURN_IF_ERROR(
       Persist(next, absl::StrCat(next.id(), " is unchanged (the change to ",
                                  v1::JobState_Name(next.state()), " was not made)")));
+  AccrueDeviceSeconds(job, next.state() == v1::RUNNING);
   job->status = std::move(next);
   ++commits_;
   if (job->status.state() != v1::RUNNING) {

@@ -448,6 +448,9 @@ class Scheduler {
     // (see "A restart restarts nothing"): requeued at adopt_by.
     bool awaiting_adoption = false;
     absl::Time adopt_by = absl::InfiniteFuture();
+    // While RUNNING: since when its device-seconds are not yet recorded
+    // (queues; InfinitePast: not counted, e.g. replayed RUNNING).
+    absl::Time accrued_at = absl::InfinitePast();
   };
   // One job attempt's rendezvous table.
   struct Kv {
@@ -553,6 +556,12 @@ class Scheduler {
   // get the regroup too and leave at its step. False (nothing changed) when
   // the log refuses.
   bool YieldTrainers(Job* job, const Victim& v) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The device-seconds RUNNING `job` used since they were last recorded
+  // (0 when not RUNNING or not counted).
+  double UnrecordedDeviceSeconds(const Job& job) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Before `job`'s status changes (Commit): records what it used so far in
+  // its queue, by its owner; `running_next`: it is RUNNING after the change.
+  void AccrueDeviceSeconds(Job* job, bool running_next) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Sets the QUEUED jobs' queue_position (after some job changed).
   void UpdateQueuePositions() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Grow(const std::map<const Trainer*, std::string>& reserved)

@@ -86,6 +86,24 @@ bool Scheduler::YieldTrainers(Job* job, const Victim& v) {
   return true;
 }
 
+double Scheduler::UnrecordedDeviceSeconds(const Job& job) const {
+  if (job.status.state() != v1::RUNNING || job.accrued_at == absl::InfinitePast()) return 0;
+  const double seconds = std::max(0.0, absl::ToDoubleSeconds(options_.now() - job.accrued_at));
+  return seconds * job.status.trainers_size() *
+         std::max(1, job.status.spec().devices_per_trainer());
+}
+
+void Scheduler::AccrueDeviceSeconds(Job* job, bool running_next) {
+  if (queues_.enabled()) {
+    const int q = queues_.QueueOf(job->status);
+    if (q >= 0) {
+      queues_.RecordDeviceSeconds(queues_.config().queues[q].name, job->status.owner(),
+                                  UnrecordedDeviceSeconds(*job));
+    }
+  }
+  job->accrued_at = running_next ? options_.now() : absl::InfinitePast();
+}
+
 std::string Scheduler::Preempt(Job* job, const std::string& why) {
   const std::vector<JobRef> all = JobRefs();
   const JobRef self{&job->status, job->seq};
@@ -175,6 +193,38 @@ v1::ListQueuesReply Scheduler::ListQueues(bool with_yaml) const {
     out->set_within_queue(PolicyName(spec.within_queue));
     out->set_reclaim_within_cohort(PolicyName(spec.reclaim_within_cohort));
     for (const auto& [rule, n] : metrics[q].preemptions) (*out->mutable_preempted())[rule] = n;
+    if (with_yaml) {
+      // Per user: recorded, plus what running jobs used since.
+      struct PerUser {
+        double device_seconds = 0;
+        int running = 0, pending = 0;
+      };
+      std::map<std::string, PerUser> users;
+      for (const auto& [user, ds] : queues_.DeviceSeconds(spec.name)) {
+        users[user].device_seconds = ds;
+      }
+      for (const auto& [id, job] : jobs_) {
+        const v1::JobState state = job.status.state();
+        if ((state != v1::RUNNING && state != v1::QUEUED) ||
+            queues_.QueueOf(job.status) != static_cast<int>(q)) {
+          continue;
+        }
+        PerUser& u = users[job.status.owner()];
+        if (state == v1::QUEUED) {
+          ++u.pending;
+          continue;
+        }
+        ++u.running;
+        u.device_seconds += UnrecordedDeviceSeconds(job);
+      }
+      for (const auto& [user, u] : users) {
+        v1::QueueUserUsage* usage = out->add_user_usage();
+        usage->set_user(user);
+        usage->set_device_seconds(u.device_seconds);
+        usage->set_running(u.running);
+        usage->set_pending(u.pending);
+      }
+    }
   }
   return reply;
 }

@@ -1989,6 +1989,7 @@ TEST_F(SchedulerTest, QueuesGiveTwoUsersOfAQueueEqualTrainerTime) {
     const std::vector<JobStatus> running = s->List(v1::RUNNING);
     ASSERT_EQ(running.size(), 2u) << "tick " << tick;
     for (const JobStatus& j : running) ++ticks[j.owner()];
+    now_ += absl::Seconds(10);  // a tick: 10 s on one device
     for (const JobStatus& j : running) {
       Beat(s.get(), j.trainers(0), {j.id()});  // delivered
       ASSERT_TRUE(s->ReportProgress(Final(j.trainers(0), j.id(), 0, v1::SUCCEEDED)).ok());
@@ -1997,6 +1998,22 @@ TEST_F(SchedulerTest, QueuesGiveTwoUsersOfAQueueEqualTrainerTime) {
   EXPECT_EQ(ticks["alice"] + ticks["bob"], 20);
   EXPECT_LE(std::abs(ticks["alice"] - ticks["bob"]), 20 / 10)
       << ticks["alice"] << " vs " << ticks["bob"];
+  // What trainctl queues shows admins: each user's device-seconds, the
+  // running jobs' so far included (4 s into the next tick).
+  now_ += absl::Seconds(4);
+  std::map<std::string, int> running;
+  for (const JobStatus& j : s->List(v1::RUNNING)) ++running[j.owner()];
+  const v1::ListQueuesReply reply = s->ListQueues(/*with_yaml=*/true);
+  ASSERT_EQ(reply.queues_size(), 1);
+  ASSERT_EQ(reply.queues(0).user_usage_size(), 2);
+  for (const v1::QueueUserUsage& u : reply.queues(0).user_usage()) {
+    EXPECT_DOUBLE_EQ(u.device_seconds(), 10.0 * ticks[u.user()] + 4.0 * running[u.user()])
+        << u.user();
+    EXPECT_EQ(u.running(), running[u.user()]) << u.user();
+    EXPECT_EQ(u.pending(), 12 - ticks[u.user()] - running[u.user()]) << u.user();
+  }
+  // Others' names and usage are for admins only.
+  EXPECT_EQ(s->ListQueues(/*with_yaml=*/false).queues(0).user_usage_size(), 0);
 }
 
 // JobSpec.queue picks one of the owner's queues (JobStatus.queue says which);

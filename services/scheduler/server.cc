@@ -564,8 +564,9 @@ std::vector<prometheus::MetricFamily> Collect(Scheduler* s, KvstoreMembership* k
                           "Of a queue's quota, what other queues of its cohort use.",
                           prometheus::MetricType::Gauge, lent),
       metrics::MakeFamily("dtrain_scheduler_queue_preemptions_total",
-                          "Jobs of a queue preempted (drained) since the scheduler started, by "
-                          "reason (within_queue, reclaim_within_cohort).",
+                          "Jobs of a queue preempted since the scheduler started, by reason: "
+                          "drained whole by a rule (within_queue, reclaim_within_cohort), or "
+                          "shrink (an elastic job gave up trainers).",
                           prometheus::MetricType::Counter, preemptions),
       wait,
       metrics::MakeFamily("dtrain_scheduler_queue_pending_within_quota_jobs",

@@ -292,6 +292,97 @@ TEST_F(QueuesE2eTest, HigherPriorityDrainsALowerOneOfItsQueue) {
               static_cast<long long>(epoch), static_cast<long long>(step));
 }
 
+// An elastic job above min_trainers gives up trainers instead of being
+// drained: alice's 2-trainer job (min_trainers 1) borrows team-b's trainer;
+// bob submits; the job shrinks to 1 trainer (same attempt, no drain, it
+// keeps training) and bob's job takes the trainer it gave up within 10 s;
+// once bob's job ends the elastic job grows back to 2 and finishes. The
+// events name the other queue and the rule, the metric counts a "shrink".
+TEST_F(QueuesE2eTest, ReclaimShrinksAnElasticBorrowerWhichKeepsTrainingAndGrowsBack) {
+  v1::SubmitRequest r = MomentumLenetJob("elastic", 6, 6144);
+  r.mutable_spec()->set_min_trainers(1);
+  JobStatus a = OrFail(cluster_->Submit(r, "alice"), "elastic");
+  ASSERT_EQ(a.queue(), "team-a");
+  a = WaitMidEpoch(a.id(), {.first_epoch = 1,
+                            .last_epoch = 2,
+                            .min_step = 1,
+                            .min_steps_left = 17,
+                            .timeout = absl::Seconds(120)});
+  ASSERT_EQ(a.state(), v1::RUNNING) << a.DebugString();
+  ASSERT_EQ(a.trainers_size(), 2);  // one borrowed from team-b
+  const std::string kept = a.trainers(0), given = a.trainers(1);
+
+  const absl::Time submitted = absl::Now();
+  JobStatus b = OrFail(cluster_->Submit(OneTrainerJob("b", 1), "bob"), "b");
+  b = PollJob(
+      b.id(), [](const JobStatus& j) { return j.state() != v1::QUEUED; }, absl::Seconds(10));
+  const absl::Duration admitted_after = absl::Now() - submitted;
+  ASSERT_EQ(b.state(), v1::RUNNING) << b.DebugString();
+  EXPECT_LT(admitted_after, absl::Seconds(10));
+  ASSERT_EQ(b.trainers_size(), 1);
+  EXPECT_EQ(b.trainers(0), given);
+  bool waited = false;
+  for (const v1::JobEvent& e : b.events()) {
+    waited |= e.reason() ==
+              "waiting for preemption: shrinking 1 job of queue team-a (reclaim_within_cohort)";
+    EXPECT_EQ(e.reason().find(a.id()), std::string::npos) << e.reason();
+  }
+  EXPECT_TRUE(waited) << b.DebugString();
+
+  a = Get(a.id());
+  ASSERT_EQ(a.state(), v1::RUNNING) << a.DebugString();
+  ASSERT_EQ(a.trainers_size(), 1) << a.DebugString();
+  EXPECT_EQ(a.trainers(0), kept);
+  EXPECT_EQ(a.attempts(), 1);
+  EXPECT_EQ(a.drains(), 0);
+  bool told = false;
+  for (const v1::JobEvent& e : a.events()) {
+    told |= e.reason() ==
+            "shrinking from 2 to 1 trainers to reclaim quota for queue team-b "
+            "(reclaim_within_cohort: any; queue team-a borrows above its quota); " +
+                given + " leaves at a step boundary (generation 1)";
+    EXPECT_EQ(e.reason().find(b.id()), std::string::npos) << e.reason();
+  }
+  EXPECT_TRUE(told) << a.DebugString();
+  EXPECT_EQ(SchedulerMetric(
+                R"(dtrain_scheduler_queue_preemptions_total{queue="team-a",reason="shrink"})"),
+            1);
+  EXPECT_EQ(SchedulerMetric(R"(dtrain_scheduler_queue_preemptions_total{queue="team-a",)"
+                            R"(reason="reclaim_within_cohort"})"),
+            0);
+  std::printf("bob's job admitted %.1f s after its submission; the elastic job shrank to 1\n",
+              absl::ToDoubleSeconds(admitted_after));
+
+  // It keeps training on one trainer while bob's job runs.
+  const int64_t steps_before = a.epoch() * 1000000 + a.step();
+  JobStatus later = PollJob(
+      a.id(), [&](const JobStatus& j) { return j.epoch() * 1000000 + j.step() > steps_before; },
+      absl::Seconds(30));
+  EXPECT_GT(later.epoch() * 1000000 + later.step(), steps_before) << later.DebugString();
+  EXPECT_EQ(later.trainers_size(), 1);
+
+  b = WatchToEnd(b.id(), absl::Seconds(300));
+  EXPECT_EQ(b.state(), v1::SUCCEEDED) << b.DebugString();
+  a = WatchToEnd(a.id(), absl::Seconds(300));
+  ASSERT_EQ(a.state(), v1::SUCCEEDED) << a.DebugString();
+  EXPECT_EQ(a.attempts(), 1);
+  EXPECT_EQ(a.drains(), 0);
+  EXPECT_EQ(a.recoveries(), 0);  // giving up and growing back are not recoveries
+  EXPECT_EQ(a.trainers_size(), 2) << a.DebugString();  // grew back
+  EXPECT_GT(a.test_accuracy(), 0.5);
+  bool shrank = false, grew = false;
+  for (const v1::JobEvent& e : a.events()) {
+    shrank |= e.reason().rfind("shrank to 1 trainer (" + given + " left) in ", 0) == 0;
+    grew |= e.reason().rfind("grew to 2 trainers (", 0) == 0;
+  }
+  EXPECT_TRUE(shrank) << a.DebugString();
+  EXPECT_TRUE(grew) << a.DebugString();
+  std::printf(
+      "the elastic job shrank, grew back to 2 and finished: generation %d, test accuracy "
+      "%.4f\n",
+      a.generation(), a.test_accuracy());
+}
+
 }  // namespace
 }  // namespace e2e
 }  // namespace dtrain
