@@ -71,23 +71,22 @@ absl::Status ParseResources(const YamlNode& node, absl::string_view what, absl::
 }
 
 absl::StatusOr<std::vector<std::string>> ParseNames(const YamlNode& node, absl::string_view what,
-                                                    absl::string_view queue) {
+                                                    absl::string_view where) {
   std::vector<std::string> names;
   if (node.is_scalar() && !node.scalar.empty()) {
     names.push_back(node.scalar);  // `users: alice`
     return names;
   }
   if (!node.is_seq()) {
-    return LineError(
-        node.line, absl::StrCat("queue ", queue, ": ", what, " must be a list like [alice, bob]"));
+    return LineError(node.line,
+                     absl::StrCat(where, ": ", what, " must be a list like [alice, bob]"));
   }
   for (const YamlNode& e : node.elements) {
     if (!e.is_scalar() || e.scalar.empty()) {
-      return LineError(e.line, absl::StrCat("queue ", queue, ": ", what, " must be names"));
+      return LineError(e.line, absl::StrCat(where, ": ", what, " must be names"));
     }
     if (std::find(names.begin(), names.end(), e.scalar) != names.end()) {
-      return LineError(e.line,
-                       absl::StrCat("queue ", queue, ": '", e.scalar, "' listed twice in ", what));
+      return LineError(e.line, absl::StrCat(where, ": '", e.scalar, "' listed twice in ", what));
     }
     names.push_back(e.scalar);
   }
@@ -174,10 +173,21 @@ absl::Status Validate(QueueConfig& c) {
       }
     }
   }
-  // Users: one default each.
+  // Users (listed, or members of a listed group): one default each.
   std::map<std::string, std::vector<std::string>> queues_of_user;
   for (const QueueSpec& q : c.queues) {
-    for (const std::string& u : q.users) queues_of_user[u].push_back(q.name);
+    std::vector<std::string> users = q.users;
+    for (const std::string& g : q.groups) {
+      auto members = c.group_members.find(g);
+      if (members == c.group_members.end()) {
+        return LineError(q.line, absl::StrCat("queue ", q.name, ": group '", g,
+                                              "' is not defined under 'groups:'"));
+      }
+      users.insert(users.end(), members->second.begin(), members->second.end());
+    }
+    std::sort(users.begin(), users.end());
+    users.erase(std::unique(users.begin(), users.end()), users.end());
+    for (const std::string& u : users) queues_of_user[u].push_back(q.name);
   }
   for (const auto& [user, queue] : c.default_queue) {
     const int i = c.Find(queue);
@@ -286,6 +296,10 @@ std::vector<int> QueueConfig::QueuesOf(absl::string_view user,
     for (const std::string& u : q.users) in = in || u == user || u == "*";
     for (const std::string& g : q.groups) {
       in = in || std::find(groups.begin(), groups.end(), g) != groups.end();
+      auto members = group_members.find(g);
+      in = in || (members != group_members.end() &&
+                  std::find(members->second.begin(), members->second.end(), user) !=
+                      members->second.end());
     }
     if (in) out.push_back(i);
   }
@@ -330,7 +344,8 @@ absl::StatusOr<QueueConfig> ParseQueueConfig(absl::string_view yaml) {
     return absl::InvalidArgumentError(absl::StrCat("queues file ", root.status().message()));
   }
   if (!root->is_map()) return LineError(root->line, "expected a mapping with 'queues:'");
-  if (absl::Status s = CheckKeys(*root, {"queues", "preemption", "default_queues"}, "the file");
+  if (absl::Status s =
+          CheckKeys(*root, {"queues", "preemption", "default_queues", "groups"}, "the file");
       !s.ok()) {
     return s;
   }
@@ -411,7 +426,7 @@ absl::StatusOr<QueueConfig> ParseQueueConfig(absl::string_view yaml) {
     for (const char* key : {"users", "groups"}) {
       const YamlNode* n = qn.Find(key);
       if (n == nullptr) continue;
-      absl::StatusOr<std::vector<std::string>> names = ParseNames(*n, key, q.name);
+      absl::StatusOr<std::vector<std::string>> names = ParseNames(*n, key, where);
       if (!names.ok()) return names.status();
       (std::string(key) == "users" ? q.users : q.groups) = *std::move(names);
     }
@@ -422,6 +437,17 @@ absl::StatusOr<QueueConfig> ParseQueueConfig(absl::string_view yaml) {
     q.within_queue = p.within_queue;
     q.reclaim_within_cohort = p.reclaim;
     c.queues.push_back(std::move(q));
+  }
+  if (const YamlNode* g = root->Find("groups")) {
+    if (!g->is_map()) {
+      return LineError(g->line, "groups must be a mapping like {ml-research: [alice, carol]}");
+    }
+    for (const auto& [group, members] : g->items) {
+      absl::StatusOr<std::vector<std::string>> names =
+          ParseNames(members, "its users", absl::StrCat("groups: ", group));
+      if (!names.ok()) return names.status();
+      c.group_members[group] = *std::move(names);
+    }
   }
   if (const YamlNode* d = root->Find("default_queues")) {
     if (!d->is_map()) {

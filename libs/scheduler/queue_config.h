@@ -87,9 +87,11 @@ struct QueueSpec {
   // How much of its unused quota others in the cohort may borrow: its quota
   // where not set; quota - lending_limit is kept for the queue alone.
   Resources lending_limit;
-  double weight = 1.0;              // fair-share weight among the cohort's queues (> 0)
-  std::vector<std::string> users;   // "*": everyone
-  std::vector<std::string> groups;  // from the certificate's identity
+  double weight = 1.0;             // fair-share weight among the cohort's queues (> 0)
+  std::vector<std::string> users;  // "*": everyone
+  // Groups whose members may submit: the file's `groups:` (below), or
+  // groups the caller's identity carries (Resolve's `groups`).
+  std::vector<std::string> groups;
   WithinQueuePolicy within_queue = WithinQueuePolicy::kNever;
   ReclaimPolicy reclaim_within_cohort = ReclaimPolicy::kNever;
   int line = 0;  // where the queue starts in the file
@@ -98,12 +100,18 @@ struct QueueSpec {
 struct QueueConfig {
   std::vector<QueueSpec> queues;
   // user -> default queue: `default_queues` in the file, else the only
-  // queue that names the user.
+  // queue that names the user (or a group of theirs).
   std::map<std::string, std::string> default_queue;
+  // group -> its users: the file's top-level `groups:` mapping, e.g.
+  //   groups:
+  //     ml-research: [alice, carol]
+  // A queue's `groups: [ml-research]` lets alice and carol submit to it.
+  std::map<std::string, std::vector<std::string>> group_members;
 
   // Index of the queue called `name`, or -1.
   int Find(absl::string_view name) const;
-  // The queues `user` (with `groups`) may submit to, in file order.
+  // The queues `user` (with `groups`, beyond those the file puts the user
+  // in) may submit to, in file order.
   std::vector<int> QueuesOf(absl::string_view user, const std::vector<std::string>& groups) const;
   // The queue a job of `user` goes to: `requested` (JobSpec.queue) if set
   // and allowed, else the user's default. NotFound for an unknown queue,
@@ -118,7 +126,8 @@ struct QueueConfig {
 // quota, a borrowing limit beyond what the cohort can lend, a lending limit
 // above the quota, a user listed twice in a queue or in several queues
 // without a default, a default naming an unknown queue or one the user is
-// not in, queues of a cohort that limit different resources.
+// not in, queues of a cohort that limit different resources, a queue naming
+// a group that `groups:` does not define.
 absl::StatusOr<QueueConfig> ParseQueueConfig(absl::string_view yaml);
 
 // The cluster without a queues file: one queue "default" that everyone

@@ -67,6 +67,8 @@ queues:
     quota: {trainers: 10}
     users: ["*"]
 default_queues: {alice: nlp}
+groups:
+  vision-team: [carol]
 )");
   ASSERT_TRUE(c.ok()) << c.status();
   const QueueSpec& v = c->queues[0];
@@ -80,10 +82,68 @@ default_queues: {alice: nlp}
   EXPECT_EQ(*c->Resolve("alice", {}, ""), 1);
   EXPECT_EQ(*c->Resolve("alice", {}, "vision"), 0);
   EXPECT_EQ(*c->Resolve("dave", {"vision-team"}, "vision"), 0);
-  EXPECT_EQ(*c->Resolve("dave", {}, "batch"), 2);  // "*"
+  EXPECT_EQ(*c->Resolve("carol", {}, "vision"), 0);  // a member by the file
+  EXPECT_EQ(*c->Resolve("dave", {}, "batch"), 2);    // "*"
   // dave may use vision (group) and batch ("*") and has no default.
   EXPECT_EQ(c->Resolve("dave", {"vision-team"}, "").status().message(),
             "user dave may use queues vision, batch and has no default; set the job's queue");
+}
+
+// Groups: the file's `groups:` maps each group to its users; a queue's
+// `groups:` admits their members as if listed (defaults, several queues and
+// refusals alike). A user listed and in a listed group is one user.
+TEST(QueueConfigTest, GroupsInTheFileAdmitTheirMembers) {
+  absl::StatusOr<QueueConfig> c = ParseQueueConfig(R"(
+groups:
+  ml-research: [alice, carol]
+  infra: [bob]
+queues:
+  - name: research
+    quota: {trainers: 2}
+    groups: [ml-research]
+    users: [alice]
+  - name: ops
+    quota: {trainers: 1}
+    groups: [infra]
+    users: [dave]
+)");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->group_members.at("ml-research"), (std::vector<std::string>{"alice", "carol"}));
+  EXPECT_EQ(*c->Resolve("alice", {}, ""), 0);
+  EXPECT_EQ(*c->Resolve("carol", {}, ""), 0);
+  EXPECT_EQ(*c->Resolve("bob", {}, ""), 1);
+  EXPECT_EQ(*c->Resolve("dave", {}, ""), 1);
+  EXPECT_EQ(c->default_queue.at("carol"), "research");
+  absl::StatusOr<int> other = c->Resolve("carol", {}, "ops");
+  EXPECT_EQ(other.status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(other.status().message(),
+            "user carol may not submit to queue ops (your queues: research)");
+  absl::StatusOr<int> none = c->Resolve("erin", {}, "");
+  EXPECT_EQ(none.status().code(), absl::StatusCode::kFailedPrecondition);
+  // A group the caller's identity carries counts too.
+  EXPECT_EQ(*c->Resolve("erin", {"infra"}, ""), 1);
+
+  struct Case {
+    const char* text;
+    const char* want;
+  } cases[] = {
+      {"queues:\n  - name: a\n    quota: {trainers: 1}\n    groups: [ml]\n",
+       "line 2: queue a: group 'ml' is not defined under 'groups:'"},
+      {"groups: {ml: [u]}\nqueues:\n  - name: a\n    quota: {trainers: 1}\n    groups: [ml]\n"
+       "  - name: b\n    quota: {trainers: 1}\n    users: [u]\n",
+       "user u is mapped to several queues (a, b)"},
+      {"groups: [ml]\nqueues:\n  - name: a\n    quota: {trainers: 1}\n",
+       "line 1: groups must be a mapping like {ml-research: [alice, carol]}"},
+      {"groups: {ml: [u, u]}\nqueues:\n  - name: a\n    quota: {trainers: 1}\n",
+       "line 1: groups: ml: 'u' listed twice in its users"},
+  };
+  for (const Case& k : cases) {
+    SCOPED_TRACE(k.text);
+    absl::StatusOr<QueueConfig> q = ParseQueueConfig(k.text);
+    ASSERT_FALSE(q.ok());
+    EXPECT_EQ(q.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(q.status().message().find(k.want), absl::string_view::npos) << q.status();
+  }
 }
 
 TEST(QueueConfigTest, InvalidFilesNameTheProblem) {

@@ -10,7 +10,10 @@
 // refusal names its problem and disturbs nothing: an unknown queue, another
 // team's queue, a malformed queues file, a change that would strand running
 // jobs, a user applying a queues file.
+#include <algorithm>
+#include <cmath>
 #include <fstream>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -381,6 +384,136 @@ TEST_F(QueuesE2eTest, ReclaimShrinksAnElasticBorrowerWhichKeepsTrainingAndGrowsB
       "the elastic job shrank, grew back to 2 and finished: generation %d, test accuracy "
       "%.4f\n",
       a.generation(), a.test_accuracy());
+}
+
+// Fairness between two users of equal weight in one queue (quota 2 trainers,
+// 2 trainers): each submits a stream of short one-trainer jobs, alice
+// keeping 6 submitted and unfinished, bob 2, so arrival order alone would
+// give alice about 3/4 of the trainers. Over a minute in which both always
+// have jobs waiting, the device-seconds the scheduler reports for them
+// (`trainctl queues -o json`, admins) grow within 10% of each other. The
+// scheduler's numbers agree with the jobs' own RUNNING intervals (events).
+class FairShareE2eTest : public ClusterTest {
+ protected:
+  void SetUp() override {
+    Up({.trainers = 2,
+        .users = {"alice", "bob"},
+        .heartbeat_timeout_s = 5,
+        .flags = "--queues=" + WriteTmp("one-queue.yaml",
+                                        "queues:\n  - name: shared\n    quota: {trainers: 2}\n"
+                                        "    users: [alice, bob]\n")});
+  }
+
+  // Per user of queue "shared": device-seconds and pending jobs, from the
+  // scheduler (as the admin).
+  struct Usage {
+    double device_seconds = 0;
+    int pending = 0;
+  };
+  std::map<std::string, Usage> QueueUsage() {
+    v1::ListQueuesReply reply;
+    auto ctx = Ctx();
+    const grpc::Status s = cluster_->jobs()->ListQueues(ctx.get(), v1::ListQueuesRequest(), &reply);
+    EXPECT_TRUE(s.ok()) << s.error_message();
+    std::map<std::string, Usage> out;
+    for (const v1::QueueStatus& q : reply.queues()) {
+      EXPECT_EQ(q.name(), "shared");
+      for (const v1::QueueUserUsage& u : q.user_usage()) {
+        out[u.user()] = {u.device_seconds(), u.pending()};
+      }
+    }
+    return out;
+  }
+};
+
+TEST_F(FairShareE2eTest, TwoUsersOfEqualWeightGetDeviceSecondsWithinTenPercent) {
+  const std::map<std::string, int> outstanding = {{"alice", 6}, {"bob", 2}};
+  std::map<std::string, std::vector<std::string>> submitted;  // job ids per user
+  std::map<std::string, JobStatus> last;                      // by job id
+  auto top_up = [&](const std::string& user) {
+    int open = 0;
+    for (const std::string& id : submitted[user]) {
+      if (!IsFinal(last[id].state())) {
+        last[id] = Get(id);
+        if (!IsFinal(last[id].state())) ++open;
+      }
+    }
+    for (; open < outstanding.at(user); ++open) {
+      v1::SubmitRequest r = MomentumLenetJob(absl::StrCat(user, "-", submitted[user].size()), 1,
+                                             3072);  // 48 steps of 64 images
+      r.mutable_spec()->set_num_trainers(1);
+      r.mutable_spec()->set_global_batch_size(64);
+      r.mutable_spec()->set_test_limit(256);
+      JobStatus j = OrFail(cluster_->Submit(r, user), "submit");
+      ASSERT_EQ(j.queue(), "shared");
+      submitted[user].push_back(j.id());
+      last[j.id()] = j;
+    }
+  };
+  // alice's first jobs take both idle trainers; the window starts once a
+  // job of bob's runs (from then on both always have jobs waiting).
+  ASSERT_NO_FATAL_FAILURE(top_up("alice"));
+  ASSERT_NO_FATAL_FAILURE(top_up("bob"));
+  ASSERT_TRUE(PollUntil(absl::Seconds(120), [&] {
+    for (const std::string& id : submitted["bob"]) {
+      if (Get(id).state() != v1::QUEUED) return true;
+    }
+    return false;
+  }));
+  const std::map<std::string, Usage> start = QueueUsage();
+  const absl::Time window_start = absl::Now();
+  while (absl::Now() - window_start < absl::Seconds(60)) {
+    ASSERT_NO_FATAL_FAILURE(top_up("alice"));
+    ASSERT_NO_FATAL_FAILURE(top_up("bob"));
+    absl::SleepFor(absl::Milliseconds(200));
+  }
+  const std::map<std::string, Usage> end = QueueUsage();
+  ASSERT_EQ(end.count("alice"), 1u);
+  ASSERT_EQ(end.count("bob"), 1u);
+  // Both had demand all along: jobs still waiting at the end.
+  EXPECT_GT(end.at("alice").pending, 0);
+  EXPECT_GT(end.at("bob").pending, 0);
+  const double alice = end.at("alice").device_seconds - start.at("alice").device_seconds;
+  const double bob = end.at("bob").device_seconds - start.at("bob").device_seconds;
+  std::printf(
+      "fair share over 60 s: alice %.1f device-seconds (%zu jobs submitted), bob %.1f "
+      "(%zu); difference %.1f%% of the larger\n",
+      alice, submitted["alice"].size(), bob, submitted["bob"].size(),
+      100 * std::abs(alice - bob) / std::max(alice, bob));
+  EXPECT_GT(alice, 40);  // about one trainer each for the minute
+  EXPECT_GT(bob, 40);
+  EXPECT_LE(std::abs(alice - bob), 0.10 * std::max(alice, bob));
+  // The same numbers, as an admin's `trainctl queues -o json` shows them.
+  int rc = 0;
+  const std::string json = cluster_->TrainctlAs("admin", "queues -o json", &rc);
+  EXPECT_EQ(rc, 0) << json;
+  EXPECT_NE(json.find(R"("user_usage":[{"user":"alice","device_seconds":)"), std::string::npos)
+      << json;
+
+  // The streams stop; every job left is cancelled. The scheduler's totals
+  // equal the jobs' RUNNING intervals from their events (1 device each).
+  for (const auto& [id, j] : last) {
+    if (!IsFinal(Get(id).state())) (void)cluster_->Cancel(id);
+  }
+  std::map<std::string, double> from_events;
+  int jobs_run = 0;
+  for (const auto& [id, j] : last) {
+    const JobStatus done = WatchToEnd(id, absl::Seconds(60));
+    ASSERT_TRUE(IsFinal(done.state())) << done.DebugString();
+    int64_t since = -1;
+    for (const v1::JobEvent& e : done.events()) {
+      if (e.state() == v1::RUNNING && since < 0) since = e.time_unix_ms();
+      if (e.state() != v1::RUNNING && since >= 0) {
+        from_events[done.owner()] += (e.time_unix_ms() - since) / 1000.0;
+        since = -1;
+        ++jobs_run;
+      }
+    }
+  }
+  const std::map<std::string, Usage> total = QueueUsage();
+  for (const std::string user : {"alice", "bob"}) {
+    EXPECT_NEAR(total.at(user).device_seconds, from_events[user], 0.05 * jobs_run + 0.05) << user;
+  }
 }
 
 }  // namespace
