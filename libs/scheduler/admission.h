@@ -16,15 +16,16 @@
 //      priority, user share, age) that fits its quota, or may borrow from its
 //      cohort (QuotaState::Fits). A job that does not fit is skipped
 //      (best-effort FIFO: smaller jobs behind it may start), at most
-//      max_scan_per_queue per queue and pass, until the first blocked job
+//      max_scan_per_queue per queue and offer, until the first blocked job
 //      has waited reserve_after_seconds or waits for victims it preempted:
 //      then its queue admits nothing behind it (it reserves), so a big gang
 //      is not starved by small ones nor robbed of what its preemption frees.
-//   2. The offered jobs are taken in order: those within their queue's
-//      nominal quota first, then those that borrow by their queue's share
-//      after admission (fair_sharing.h, lowest first), then priority, then
-//      age; each is admitted if it still fits, and after the first that
-//      borrows the pass starts over (the shares changed).
+//   2. The offered jobs are sorted once and taken in order: those within
+//      their queue's nominal quota first, then those that borrow by their
+//      queue's share after admission (fair_sharing.h, lowest first), then
+//      priority, then age; each is admitted if it still fits. After each
+//      one taken only its queue offers again (step 1), into the sorted
+//      offers: a queue's offer and share depend on its own usage alone.
 // Then every queue's first blocked job that waits for no victims yet may
 // preempt (preemptor.h); its victims are marked evicting in the manager.
 //

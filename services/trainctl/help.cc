@@ -118,7 +118,9 @@ const std::vector<Command>& Commands() {
        "queues | queues apply -f FILE",
        "The queues (docs/queues.md): per queue and resource its quota, what its running\n"
        "jobs use, what it borrows from and lends to its cohort, what it could start now,\n"
-       "its pending and admitted jobs and the preemptions that took from it. `apply`\n"
+       "its pending and admitted jobs and the preemptions that took from it (by reason:\n"
+       "within_queue, reclaim_within_cohort, shrink); for admins, -o json also has each\n"
+       "user's device-seconds per queue since the scheduler started. `apply`\n"
        "(admins) replaces the queues file at run time; kept in the scheduler's job log\n"
        "across restarts. Refused, changing nothing: a malformed file (the line and the\n"
        "problem) or one that would strand running jobs (the queue, resource and numbers).",
