@@ -1945,6 +1945,55 @@ TEST_F(SchedulerTest, QueuesShrinkAnElasticJobInsteadOfPreemptingItAndGrowItBack
   EXPECT_EQ(st->generation(), 2);
 }
 
+// Within one queue a higher-priority job shrinks a lower elastic one that
+// has made progress (within_queue: lower_priority); one that has not (its
+// membership may still be meeting) is drained whole instead.
+TEST_F(SchedulerTest, QueuesShrinkOnlyASettledElasticJobForAHigherPriorityOne) {
+  absl::StatusOr<QueueConfig> queues = ParseQueueConfig(
+      "queues:\n  - name: q\n    quota: {trainers: 2}\n    users: [alice, bob]\n"
+      "preemption: {within_queue: lower_priority}\n");
+  ASSERT_TRUE(queues.ok()) << queues.status();
+  for (const bool progressed : {true, false}) {
+    SCOPED_TRACE(progressed ? "progressed" : "no progress");
+    SchedulerOptions o = Options();
+    o.queues = *queues;
+    auto s = Open(std::move(o));
+    JobSpec spec = Spec("elastic", 2);
+    spec.set_min_trainers(1);
+    auto low = s->Submit(spec, "", "alice");
+    ASSERT_TRUE(low.ok()) << low.status();
+    std::string t1, t2;
+    ASSERT_NO_FATAL_FAILURE(PlaceOnTwoTrainers(s.get(), &t1, &t2));
+    auto st = s->Get(low->id());
+    const std::string root = st->trainers(0), other = st->trainers(1);
+    Beat(s.get(), root, {low->id()});
+    Beat(s.get(), other, {low->id()});
+    if (progressed) Progressed(s.get(), low->id(), root, other);
+    auto urgent = s->Submit(Spec("urgent", 1, 5), "", "bob");
+    ASSERT_TRUE(urgent.ok());
+    st = s->Get(low->id());
+    if (progressed) {
+      EXPECT_EQ(st->events().rbegin()->reason(),
+                "shrinking from 2 to 1 trainers for a job of priority 5 in queue q "
+                "(within_queue: lower_priority); " +
+                    other + " leaves at a step boundary (generation 1)");
+      EXPECT_EQ(s->Get(urgent->id())->events().rbegin()->reason(),
+                "waiting for preemption: shrinking 1 job of queue q (within_queue)");
+      EXPECT_EQ(Beat(s.get(), root, {low->id()}).drain_job_ids_size(), 0);
+      EXPECT_EQ(s->Stats().queues[0].preemptions.at("shrink"), 1);
+      EXPECT_EQ(s->Stats().queues[0].preemptions.at("within_queue"), 0);
+    } else {
+      EXPECT_EQ(st->trainers_size(), 2);
+      EXPECT_EQ(st->events().rbegin()->reason(),
+                "preempted (drained at a step, back at the head of its queue) for a job of "
+                "priority 5 in queue q (within_queue: lower_priority)");
+      EXPECT_EQ(Beat(s.get(), root, {low->id()}).drain_job_ids_size(), 1);
+      EXPECT_EQ(s->Stats().queues[0].preemptions.at("shrink"), 0);
+      EXPECT_EQ(s->Stats().queues[0].preemptions.at("within_queue"), 1);
+    }
+  }
+}
+
 // Inside a queue, at equal priority, the user with the smaller share of it
 // goes first, whoever submitted first.
 TEST_F(SchedulerTest, QueuesOrderUsersOfAQueueByTheirShare) {
