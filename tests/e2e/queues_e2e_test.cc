@@ -388,7 +388,7 @@ TEST_F(QueuesE2eTest, ReclaimShrinksAnElasticBorrowerWhichKeepsTrainingAndGrowsB
 
 // Fairness between two users of equal weight in one queue (quota 2 trainers,
 // 2 trainers): each submits a stream of short one-trainer jobs, alice
-// keeping 6 submitted and unfinished, bob 2, so arrival order alone would
+// keeping 8 submitted and unfinished, bob 3, so arrival order alone would
 // give alice about 3/4 of the trainers. Over a minute in which both always
 // have jobs waiting, the device-seconds the scheduler reports for them
 // (`trainctl queues -o json`, admins) grow within 10% of each other. The
@@ -427,7 +427,7 @@ class FairShareE2eTest : public ClusterTest {
 };
 
 TEST_F(FairShareE2eTest, TwoUsersOfEqualWeightGetDeviceSecondsWithinTenPercent) {
-  const std::map<std::string, int> outstanding = {{"alice", 6}, {"bob", 2}};
+  const std::map<std::string, int> outstanding = {{"alice", 8}, {"bob", 3}};
   std::map<std::string, std::vector<std::string>> submitted;  // job ids per user
   std::map<std::string, JobStatus> last;                      // by job id
   auto top_up = [&](const std::string& user) {
@@ -467,6 +467,8 @@ TEST_F(FairShareE2eTest, TwoUsersOfEqualWeightGetDeviceSecondsWithinTenPercent) 
     ASSERT_NO_FATAL_FAILURE(top_up("bob"));
     absl::SleepFor(absl::Milliseconds(200));
   }
+  ASSERT_NO_FATAL_FAILURE(top_up("alice"));
+  ASSERT_NO_FATAL_FAILURE(top_up("bob"));
   const std::map<std::string, Usage> end = QueueUsage();
   ASSERT_EQ(end.count("alice"), 1u);
   ASSERT_EQ(end.count("bob"), 1u);
