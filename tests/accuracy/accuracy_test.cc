@@ -2,8 +2,8 @@
 // accuracy the compute core promises:
 //   mlp     >= 0.82 test accuracy within 5 epochs at batch 256
 //   lenet   >= 0.85 test accuracy within 10 epochs at batch 256
-//   resnet18  loss falls steadily on a 2,048-image subset (a full run is for
-//             GPUs)
+//   resnet18  loss falls steadily on a 1,024-image subset (a full run is for
+//             GPUs; shapes_resnet18_test trains one to 0.95 on the CPU)
 // The mlp and lenet runs stop after the first epoch that meets the promise
 // (TrainOptions::stop_at_test_accuracy): "within N epochs" is proven then,
 // and a run that never gets there still runs all N and fails.
@@ -62,14 +62,14 @@ TEST(AccuracyTest, LeNetReaches085Within10Epochs) {
   EXPECT_LE(r->epochs.size(), 10u);
 }
 
-TEST(AccuracyTest, ResNet18LossFallsOnA2048ImageSubset) {
+TEST(AccuracyTest, ResNet18LossFallsOnA1024ImageSubset) {
   TrainOptions o;
   o.model = "resnet18";
   o.epochs = 3;
   o.batch_size = 128;
   o.lr = 0.05f;
   o.init = "kaiming";
-  o.train_limit = 2048;
+  o.train_limit = 1024;
   o.evaluate = false;
   o.threads = 2;
   absl::StatusOr<TrainResult> r = Train(o);
