@@ -114,6 +114,13 @@ absl::Status ValidateOptions(const TrainOptions& o) {
   if (o.resume && o.checkpoint_path.empty()) {
     return absl::InvalidArgumentError("resume needs checkpoint_path");
   }
+  if (!(o.stop_at_test_accuracy >= 0 && o.stop_at_test_accuracy <= 1)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "stop_at_test_accuracy must be in [0, 1] (0: off), got ", o.stop_at_test_accuracy));
+  }
+  if (o.stop_at_test_accuracy > 0 && !o.evaluate) {
+    return absl::InvalidArgumentError("stop_at_test_accuracy needs evaluate (the test accuracy)");
+  }
   DT_RETURN_IF_ERROR(nn::ParseInit(o.init).status());
   return Device::Parse(o.device).status();
 }
@@ -222,6 +229,7 @@ absl::StatusOr<TrainResult> Train(const TrainOptions& o, const ProgressFn& on_pr
           o.checkpoint_path, o.model, model.get(), &optimizer,
           {{"epochs_done", absl::StrCat(epoch + 1)}, {"seed", absl::StrCat(o.seed)}}));
     }
+    if (o.stop_at_test_accuracy > 0 && stats.test_accuracy >= o.stop_at_test_accuracy) break;
   }
   result.peak_bytes = alloc->stats().peak_bytes_in_use;
   return result;

@@ -41,14 +41,18 @@ struct TrainOptions {
   uint64_t seed = 0;            // data order and initialization
   std::string init = "normal";  // "normal" (std init_std) or "kaiming"
   float init_std = 0.01f;
-  std::string device = "cpu";     // "cpu", "cuda:0", ... (the caller chooses; libs/cuda/devices.h
-                                  // turns "auto" into a device)
-  std::string data_dir;           // empty: the Debian package's directory
-  int64_t train_limit = 0;        // use only the first N training images (0 = all)
-  int64_t test_limit = 0;         // ... test images
-  std::string checkpoint_path;    // written atomically after every epoch when set
-  bool resume = false;            // continue from checkpoint_path if it exists
-  bool evaluate = true;           // test accuracy after every epoch
+  std::string device = "cpu";   // "cpu", "cuda:0", ... (the caller chooses; libs/cuda/devices.h
+                                // turns "auto" into a device)
+  std::string data_dir;         // empty: the Debian package's directory
+  int64_t train_limit = 0;      // use only the first N training images (0 = all)
+  int64_t test_limit = 0;       // ... test images
+  std::string checkpoint_path;  // written atomically after every epoch when set
+  bool resume = false;          // continue from checkpoint_path if it exists
+  bool evaluate = true;         // test accuracy after every epoch
+  // Stop after the first epoch whose test accuracy reaches this (0: run all
+  // `epochs`): a test that promises an accuracy "within N epochs" ends as
+  // soon as the promise is met. Needs evaluate.
+  double stop_at_test_accuracy = 0;
   std::string save_initial_path;  // when set, the initialized model is saved
                                   // there before the first step (to start a
                                   // reference framework from the same weights)

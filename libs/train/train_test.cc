@@ -1,5 +1,6 @@
 #include "libs/train/train.h"
 
+#include <algorithm>
 #include <fstream>
 #include <iterator>
 #include <string>
@@ -45,6 +46,33 @@ TEST(TrainTest, MlpLearnsOnASubset) {
   EXPECT_GT(r->epochs[1].samples_per_second, 0);
   EXPECT_GT(r->peak_bytes, 0);
   EXPECT_EQ(r->parameters, 784 * 256 + 256 + 256 * 10 + 10);
+}
+
+// stop_at_test_accuracy ends the run after the first epoch that reaches it;
+// a level no epoch reaches runs every epoch.
+TEST(TrainTest, StopAtTestAccuracyEndsAfterTheEpochThatReachesIt) {
+  TrainOptions o = Small("mlp");
+  o.init = "kaiming";
+  o.lr = 0.1f;
+  o.epochs = 3;
+  absl::StatusOr<TrainResult> all = Train(o);
+  ASSERT_TRUE(all.ok()) << all.status();
+  ASSERT_EQ(all->epochs.size(), 3u);
+  // The first epoch's accuracy as the target: the same seeded run stops there.
+  o.stop_at_test_accuracy = all->epochs[0].test_accuracy;
+  absl::StatusOr<TrainResult> stopped = Train(o);
+  ASSERT_TRUE(stopped.ok()) << stopped.status();
+  ASSERT_EQ(stopped->epochs.size(), 1u);
+  EXPECT_EQ(stopped->epochs[0].test_accuracy, all->epochs[0].test_accuracy);
+  EXPECT_EQ(stopped->steps, all->steps / 3);
+  // Above every epoch's accuracy: all 3 epochs run.
+  double best = 0;
+  for (const EpochStats& e : all->epochs) best = std::max(best, e.test_accuracy);
+  ASSERT_LT(best, 1.0);
+  o.stop_at_test_accuracy = (best + 1.0) / 2;
+  absl::StatusOr<TrainResult> unreached = Train(o);
+  ASSERT_TRUE(unreached.ok()) << unreached.status();
+  EXPECT_EQ(unreached->epochs.size(), 3u);
 }
 
 TEST(TrainTest, ResumeFromCheckpointGivesTheSameModelAsOneRun) {
@@ -122,6 +150,12 @@ TEST(TrainTest, BadOptionsNameTheOption) {
       {[](TrainOptions* o) { o->init = "xavier"; }, "init"},
       {[](TrainOptions* o) { o->resume = true; }, "checkpoint_path"},
       {[](TrainOptions* o) { o->model = "mlp_chapter"; }, "hybridize"},
+      {[](TrainOptions* o) { o->stop_at_test_accuracy = 1.5; }, "stop_at_test_accuracy"},
+      {[](TrainOptions* o) {
+         o->stop_at_test_accuracy = 0.5;
+         o->evaluate = false;
+       },
+       "needs evaluate"},
   };
   for (const Case& c : cases) {
     TrainOptions o;

@@ -2,9 +2,11 @@
 // accuracy the compute core promises:
 //   mlp     >= 0.82 test accuracy within 5 epochs at batch 256
 //   lenet   >= 0.85 test accuracy within 10 epochs at batch 256
-//   resnet18  loss falls steadily on a 2,048-image subset (a full run is for
-//             GPUs)
-// Runs alone (tag "exclusive"): it uses both cores for a few minutes.
+//   resnet18  loss falls steadily on a 1,024-image subset (a full run is for
+//             GPUs; shapes_resnet18_test trains one to 0.95 on the CPU)
+// The mlp and lenet runs stop after the first epoch that meets the promise
+// (TrainOptions::stop_at_test_accuracy): "within N epochs" is proven then,
+// and a run that never gets there still runs all N and fails.
 #include <string>
 
 #include "gtest/gtest.h"
@@ -24,6 +26,7 @@ TEST(AccuracyTest, MlpReaches082Within5Epochs) {
   TrainOptions o;
   o.model = "mlp";
   o.epochs = 5;
+  o.stop_at_test_accuracy = 0.82;
   o.batch_size = 256;
   o.lr = 0.1f;
   o.momentum = 0.9f;
@@ -36,12 +39,14 @@ TEST(AccuracyTest, MlpReaches082Within5Epochs) {
                 e.test_accuracy, e.samples_per_second);
   }
   EXPECT_GE(BestTestAccuracy(*r), 0.82);
+  EXPECT_LE(r->epochs.size(), 5u);
 }
 
 TEST(AccuracyTest, LeNetReaches085Within10Epochs) {
   TrainOptions o;
   o.model = "lenet";
   o.epochs = 10;
+  o.stop_at_test_accuracy = 0.85;
   o.batch_size = 256;
   o.lr = 0.1f;
   o.momentum = 0.9f;
@@ -54,16 +59,17 @@ TEST(AccuracyTest, LeNetReaches085Within10Epochs) {
                 e.test_accuracy, e.samples_per_second);
   }
   EXPECT_GE(BestTestAccuracy(*r), 0.85);
+  EXPECT_LE(r->epochs.size(), 10u);
 }
 
-TEST(AccuracyTest, ResNet18LossFallsOnA2048ImageSubset) {
+TEST(AccuracyTest, ResNet18LossFallsOnA1024ImageSubset) {
   TrainOptions o;
   o.model = "resnet18";
   o.epochs = 3;
   o.batch_size = 128;
   o.lr = 0.05f;
   o.init = "kaiming";
-  o.train_limit = 2048;
+  o.train_limit = 1024;
   o.evaluate = false;
   o.threads = 2;
   absl::StatusOr<TrainResult> r = Train(o);
