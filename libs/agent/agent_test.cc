@@ -767,6 +767,25 @@ TEST(AgentTest, TwoAgentsTrainOneJobTogether) {
   EXPECT_EQ(finals[1].final_state(), v1::SUCCEEDED) << finals[1].reason();
   EXPECT_EQ(finals[0].steps_per_epoch(), 8);  // 64 samples per rank and step
   EXPECT_DOUBLE_EQ(finals[0].loss(), finals[1].loss());
+  // The loss curve: rank 0's reports carry every step's loss once, in
+  // order (the epoch's report flushes the last ones); rank 1's none.
+  std::vector<int64_t> steps;
+  double sum = 0;
+  for (const v1::ProgressReport& r : cluster.reports()) {
+    if (r.rank() != 0) {
+      EXPECT_EQ(r.step_losses_size(), 0);
+      continue;
+    }
+    for (const v1::StepLoss& l : r.step_losses()) {
+      steps.push_back(l.step());
+      sum += l.loss();
+    }
+  }
+  ASSERT_EQ(steps.size(), 8u);
+  for (int i = 0; i < 8; ++i) EXPECT_EQ(steps[i], i);
+  // Rank 0's steps' mean is its share of the epoch's loss: not the epoch's
+  // (that averages both ranks), but near it.
+  EXPECT_NEAR(sum / 8, finals[0].loss(), 0.25 * finals[0].loss());
 }
 
 // Two agents run a synchronous KVSTORE job through an in-process kvstore
