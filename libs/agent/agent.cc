@@ -382,7 +382,7 @@ class Agent::Progress : public train::JobObserver,
     window_.Add(t.phases, t.samples);
     if (job_->assignment.rank() == 0 && p.job_step >= 0) {
       // The loss curve (JobStatus.step_losses): every step's, sent with the
-      // next report.
+      // next report that arrives.
       if (step_losses_.size() >= kMaxPendingStepLosses) step_losses_.pop_front();
       step_losses_.push_back({p.job_step, p.step_loss});
     }
@@ -536,11 +536,13 @@ class Agent::Progress : public train::JobObserver,
       l->set_step(step);
       l->set_loss(loss);
     }
-    step_losses_.clear();
     if (with_timeline) agent_->AttachTimeline(*job_, &r);
-    if (agent_->Report(job_->assignment, v1::JOB_STATE_UNSPECIFIED, "", &r)) {
+    bool delivered = false;
+    if (agent_->Report(job_->assignment, v1::JOB_STATE_UNSPECIFIED, "", &r, &delivered)) {
       agent_->Stop(job_, "cancelled");
     }
+    // Step losses of a report that did not arrive go with the next one.
+    if (delivered) step_losses_.clear();
   }
 
   Agent* const agent_;
@@ -945,7 +947,7 @@ void Agent::Refuse(const v1::Assignment& a, v1::JobState state, const std::strin
 }
 
 bool Agent::Report(const v1::Assignment& a, v1::JobState final_state, const std::string& reason,
-                   const v1::ProgressReport* stats) {
+                   const v1::ProgressReport* stats, bool* delivered) {
   v1::ProgressReport r;
   if (stats != nullptr) r = *stats;
   r.set_trainer_id(trainer_id());
@@ -974,6 +976,7 @@ bool Agent::Report(const v1::Assignment& a, v1::JobState final_state, const std:
         return reply.status();
       },
       hooks);
+  if (delivered != nullptr) *delivered = s.ok();
   if (s.ok()) return stop;
   DT_LOG(WARNING) << s;
   // The job is no longer ours (the scheduler restarted or requeued it).

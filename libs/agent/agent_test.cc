@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
@@ -388,6 +389,34 @@ TEST(AgentTest, RunsAnAssignmentAndReportsIt) {
   for (const v1::HeartbeatRequest& h : hb) listed = listed || Lists(h, "job-run");
   EXPECT_TRUE(listed);
   EXPECT_FALSE(Lists(hb.back(), "job-run"));
+}
+
+// The loss curve: rank 0's progress reports carry every step's loss once,
+// in order; those of a report that did not arrive go with the next one.
+TEST(AgentTest, StepLossesOfALostReportGoWithTheNext) {
+  FakeCluster cluster;
+  AgentOptions o = Options();
+  o.report_interval = absl::Hours(1);  // the first step's report, then epochs'
+  RunningAgent agent(&cluster, o);
+  cluster.FailNextReports(1);  // the first step's
+  cluster.Assign(SmallJob("job-curve", 2));
+  ASSERT_TRUE(cluster.WaitUntil([&]() { return cluster.HasFinal("job-curve"); }));
+  agent.Stop();
+  EXPECT_EQ(cluster.Final("job-curve")->final_state(), v1::SUCCEEDED);
+  const std::vector<v1::ProgressReport> progress = cluster.Progress("job-curve");
+  ASSERT_EQ(progress.size(), 2u) << "the first step's report was lost";
+  ASSERT_EQ(progress[0].step_losses_size(), 8) << "steps 1-8: the lost step 1 too";
+  ASSERT_EQ(progress[1].step_losses_size(), 8);
+  for (int i = 0; i < 16; ++i) {
+    const v1::StepLoss& l = progress[i / 8].step_losses(i % 8);
+    EXPECT_EQ(l.step(), i);
+    EXPECT_TRUE(std::isfinite(l.loss()) && l.loss() > 0) << l.loss();
+  }
+  // Rank 0's batch means, averaged over epoch 2, against the epoch's loss
+  // (one rank: the same batches).
+  double sum = 0;
+  for (const v1::StepLoss& l : progress[1].step_losses()) sum += l.loss();
+  EXPECT_NEAR(sum / 8, progress[1].loss(), 1e-5 * progress[1].loss());
 }
 
 // A cancel in a heartbeat reply stops the job at its next step; it is
