@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <deque>
 #include <memory>
 #include <string>
 #include <thread>
@@ -107,6 +108,8 @@ AgentObserver* NoObserver() {
 
 // Steps a rank's step-time summary covers (ProgressReport.step_times).
 constexpr int kStepWindow = 32;
+// Step losses rank 0 holds for its next report (the newest).
+constexpr size_t kMaxPendingStepLosses = 1000;
 
 // The rendezvous store keys of a drain (see agent.h).
 constexpr char kDrainClaim[] = "dtrain/drain/claim";
@@ -377,6 +380,12 @@ class Agent::Progress : public train::JobObserver,
   void OnStep(const train::JobProgress& p, const train::StepTimes& t) override {
     agent_->observer_->OnStep(p, t);
     window_.Add(t.phases, t.samples);
+    if (job_->assignment.rank() == 0 && p.job_step >= 0) {
+      // The loss curve (JobStatus.step_losses): every step's, sent with the
+      // next report that arrives.
+      if (step_losses_.size() >= kMaxPendingStepLosses) step_losses_.pop_front();
+      step_losses_.push_back({p.job_step, p.step_loss});
+    }
     const absl::Time now = absl::Now();
     {
       absl::MutexLock lock(&agent_->mu_);
@@ -522,10 +531,18 @@ class Agent::Progress : public train::JobObserver,
   void Send(const train::JobProgress& p, bool with_timeline = false) {
     v1::ProgressReport r = ToReport(p);
     if (window_.size() > 0) *r.mutable_step_times() = window_.Summary();
+    for (const auto& [step, loss] : step_losses_) {
+      v1::StepLoss* l = r.add_step_losses();
+      l->set_step(step);
+      l->set_loss(loss);
+    }
     if (with_timeline) agent_->AttachTimeline(*job_, &r);
-    if (agent_->Report(job_->assignment, v1::JOB_STATE_UNSPECIFIED, "", &r)) {
+    bool delivered = false;
+    if (agent_->Report(job_->assignment, v1::JOB_STATE_UNSPECIFIED, "", &r, &delivered)) {
       agent_->Stop(job_, "cancelled");
     }
+    // Step losses of a report that did not arrive go with the next one.
+    if (delivered) step_losses_.clear();
   }
 
   Agent* const agent_;
@@ -554,6 +571,8 @@ class Agent::Progress : public train::JobObserver,
   std::vector<std::unique_ptr<collective::Communicator>> device_comms_;
   absl::Time last_report_ = absl::InfinitePast();
   StepWindow window_{kStepWindow};
+  // Rank 0: (job step, loss) of the steps since the last report.
+  std::deque<std::pair<int64_t, float>> step_losses_;
   bool claimed_ = false;
   int64_t drain_at_ = -1;  // steps of this attempt after which it drains
   absl::Time next_poll_ = absl::InfinitePast();
@@ -928,7 +947,7 @@ void Agent::Refuse(const v1::Assignment& a, v1::JobState state, const std::strin
 }
 
 bool Agent::Report(const v1::Assignment& a, v1::JobState final_state, const std::string& reason,
-                   const v1::ProgressReport* stats) {
+                   const v1::ProgressReport* stats, bool* delivered) {
   v1::ProgressReport r;
   if (stats != nullptr) r = *stats;
   r.set_trainer_id(trainer_id());
@@ -957,6 +976,7 @@ bool Agent::Report(const v1::Assignment& a, v1::JobState final_state, const std:
         return reply.status();
       },
       hooks);
+  if (delivered != nullptr) *delivered = s.ok();
   if (s.ok()) return stop;
   DT_LOG(WARNING) << s;
   // The job is no longer ours (the scheduler restarted or requeued it).

@@ -305,8 +305,11 @@ class Agent {
   void StopLocked(Job* job, const std::string& reason) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Refuse(const scheduler::v1::Assignment& a, scheduler::v1::JobState state,
               const std::string& reason);
+  // True: the job is no longer this trainer's (stop it). `delivered` (if
+  // set): whether the scheduler received the report.
   bool Report(const scheduler::v1::Assignment& a, scheduler::v1::JobState final_state,
-              const std::string& reason, const scheduler::v1::ProgressReport* stats = nullptr);
+              const std::string& reason, const scheduler::v1::ProgressReport* stats = nullptr,
+              bool* delivered = nullptr);
   void Work(Job* job);
   // Puts the job's timeline spans (if it records them) in `report`.
   void AttachTimeline(const Job& job, scheduler::v1::ProgressReport* report);

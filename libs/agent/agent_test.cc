@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
@@ -390,6 +391,34 @@ TEST(AgentTest, RunsAnAssignmentAndReportsIt) {
   EXPECT_FALSE(Lists(hb.back(), "job-run"));
 }
 
+// The loss curve: rank 0's progress reports carry every step's loss once,
+// in order; those of a report that did not arrive go with the next one.
+TEST(AgentTest, StepLossesOfALostReportGoWithTheNext) {
+  FakeCluster cluster;
+  AgentOptions o = Options();
+  o.report_interval = absl::Hours(1);  // the first step's report, then epochs'
+  RunningAgent agent(&cluster, o);
+  cluster.FailNextReports(1);  // the first step's
+  cluster.Assign(SmallJob("job-curve", 2));
+  ASSERT_TRUE(cluster.WaitUntil([&]() { return cluster.HasFinal("job-curve"); }));
+  agent.Stop();
+  EXPECT_EQ(cluster.Final("job-curve")->final_state(), v1::SUCCEEDED);
+  const std::vector<v1::ProgressReport> progress = cluster.Progress("job-curve");
+  ASSERT_EQ(progress.size(), 2u) << "the first step's report was lost";
+  ASSERT_EQ(progress[0].step_losses_size(), 8) << "steps 1-8: the lost step 1 too";
+  ASSERT_EQ(progress[1].step_losses_size(), 8);
+  for (int i = 0; i < 16; ++i) {
+    const v1::StepLoss& l = progress[i / 8].step_losses(i % 8);
+    EXPECT_EQ(l.step(), i);
+    EXPECT_TRUE(std::isfinite(l.loss()) && l.loss() > 0) << l.loss();
+  }
+  // Rank 0's batch means, averaged over epoch 2, against the epoch's loss
+  // (one rank: the same batches).
+  double sum = 0;
+  for (const v1::StepLoss& l : progress[1].step_losses()) sum += l.loss();
+  EXPECT_NEAR(sum / 8, progress[1].loss(), 1e-5 * progress[1].loss());
+}
+
 // A cancel in a heartbeat reply stops the job at its next step; it is
 // reported CANCELLED, and the agent goes on to run the next assignment.
 TEST(AgentTest, CancelStopsTheJobAndReportsCancelled) {
@@ -767,6 +796,25 @@ TEST(AgentTest, TwoAgentsTrainOneJobTogether) {
   EXPECT_EQ(finals[1].final_state(), v1::SUCCEEDED) << finals[1].reason();
   EXPECT_EQ(finals[0].steps_per_epoch(), 8);  // 64 samples per rank and step
   EXPECT_DOUBLE_EQ(finals[0].loss(), finals[1].loss());
+  // The loss curve: rank 0's reports carry every step's loss once, in
+  // order (the epoch's report flushes the last ones); rank 1's none.
+  std::vector<int64_t> steps;
+  double sum = 0;
+  for (const v1::ProgressReport& r : cluster.reports()) {
+    if (r.rank() != 0) {
+      EXPECT_EQ(r.step_losses_size(), 0);
+      continue;
+    }
+    for (const v1::StepLoss& l : r.step_losses()) {
+      steps.push_back(l.step());
+      sum += l.loss();
+    }
+  }
+  ASSERT_EQ(steps.size(), 8u);
+  for (int i = 0; i < 8; ++i) EXPECT_EQ(steps[i], i);
+  // Rank 0's steps' mean is its share of the epoch's loss: not the epoch's
+  // (that averages both ranks), but near it.
+  EXPECT_NEAR(sum / 8, finals[0].loss(), 0.25 * finals[0].loss());
 }
 
 // Two agents run a synchronous KVSTORE job through an in-process kvstore

@@ -122,6 +122,7 @@ struct OnnxModel::Impl {
   // Initializer name -> parameter or buffer, for Export.
   std::map<std::string, Variable> params;
   std::map<std::string, Tensor*> buffers;
+  uint64_t dropout_seed = 0;  // ImportOptions::seed
   uint64_t dropout_calls = 0;
 };
 
@@ -212,7 +213,7 @@ autograd::Variable OnnxModel::Forward(const autograd::Variable& x) {
         break;
       }
       case StepKind::kDropout:
-        out = training() ? Dropout(in(s, 0), s.ratio, 0x0ddba11, (m.dropout_calls++) << 32)
+        out = training() ? Dropout(in(s, 0), s.ratio, m.dropout_seed, (m.dropout_calls++) << 32)
                          : in(s, 0);
         break;
     }
@@ -1316,6 +1317,7 @@ absl::StatusOr<std::shared_ptr<OnnxModel>> ImportModel(absl::string_view bytes,
                                                        const ImportOptions& options) {
   std::shared_ptr<OnnxModel> model(new OnnxModel());
   OnnxModel* raw = model.get();
+  raw->impl_->dropout_seed = options.seed;
   Importer imp(options, raw->impl_.get());
   imp.register_param = [raw](const std::string& name, Tensor t) -> Variable& {
     return raw->RegisterParameter(name, std::move(t));

@@ -77,6 +77,10 @@ struct ImportOptions {
   // values. false: parameters are zero (initialize with nn::InitParameters),
   // batch-norm statistics mean 0, variance 1.
   bool from_model = true;
+  // Dropout's masks in training mode: the n-th Dropout call of a model draws
+  // from Philox(seed, n << 32), so a job's masks follow its seed (JobSpec.seed)
+  // and two models imported with the same seed drop the same units.
+  uint64_t seed = 0;
   ImportLimits limits;
 };
 

@@ -196,6 +196,19 @@ TEST(OnnxImport, VggWithBatchNormAndDropoutTrains) {
   m->Train();
   std::vector<float> losses = Losses(m.get(), 16, 30);
   EXPECT_LT(losses.back(), losses.front() * 0.8f) << "loss goes down";
+  // The masks follow ImportOptions::seed (the job's seed): the same seed
+  // drops the same units, another seed others.
+  auto masked = [&](uint64_t seed) {
+    ImportOptions o = Fmnist(true);
+    o.seed = seed;
+    auto net = ImportModelFile(TestData("vgg_bn.onnx"), o);
+    EXPECT_TRUE(net.ok()) << net.status();
+    (*net)->Train();
+    return (*net)->Forward(Variable(x)).value();
+  };
+  Tensor s1 = masked(1), s1_again = masked(1), s2 = masked(2);
+  EXPECT_TRUE(TensorsNear(s1, s1_again, 0, 0, "same seed"));
+  EXPECT_FALSE(TensorsNear(s2, s1, 1e-3, 1e-3, "other seed"));
   // Hybridize refuses the eager Dropout by name instead of tracing it wrong.
   auto h = graph::HybridizeTrainingStep(m.get(), {4, 1, 28, 28}, 10, {});
   ASSERT_FALSE(h.ok());

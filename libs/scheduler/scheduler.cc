@@ -14,6 +14,7 @@
 #include "absl/strings/str_join.h"
 #include "libs/base/logging.h"
 #include "libs/base/status.h"
+#include "libs/scheduler/loss_curve.h"
 #include "libs/scheduler/spec.h"
 #include "libs/security/job_token.h"
 
@@ -690,6 +691,7 @@ absl::StatusOr<bool> Scheduler::ReportProgress(const ProgressReport& report) {
     next.set_achieved_gflops(r.achieved_gflops());
     next.set_mfu(r.mfu());
     if (r.steps_per_epoch() > 0) next.set_steps_per_epoch(r.steps_per_epoch());
+    MergeStepLosses(r.step_losses(), &next);
     if (r.epoch_seconds() > 0) next.set_epoch_seconds(r.epoch_seconds());
     if (r.data_train_samples() > 0) {
       next.set_data_train_samples(r.data_train_samples());

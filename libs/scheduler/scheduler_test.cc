@@ -204,8 +204,26 @@ TEST_F(SchedulerTest, SingleTrainerJobRunsAndSucceeds) {
   p.set_data_train_samples(60000);
   p.set_data_test_samples(10000);
   p.set_data_corrupt_skipped(3);
+  // The loss curve: each report brings the steps since the previous one.
+  for (int step = 0; step < 3; ++step) {
+    v1::StepLoss* l = p.add_step_losses();
+    l->set_step(step);
+    l->set_loss(2.5f - 0.25f * static_cast<float>(step));
+  }
   ASSERT_TRUE(s->ReportProgress(p).ok());
   EXPECT_EQ(s->Get(job->id())->epoch(), 1);
+  p.clear_step_losses();
+  v1::StepLoss* l3 = p.add_step_losses();
+  l3->set_step(3);
+  l3->set_loss(1.0f);
+  ASSERT_TRUE(s->ReportProgress(p).ok());
+  {
+    const JobStatus got = *s->Get(job->id());
+    ASSERT_EQ(got.step_losses_size(), 4) << got.DebugString();
+    for (int i = 0; i < 4; ++i) EXPECT_EQ(got.step_losses(i).step(), i);
+    EXPECT_EQ(got.step_losses(2).loss(), 2.0f);
+    EXPECT_EQ(got.step_losses(3).loss(), 1.0f);
+  }
   // The dataset's sizes (trainctl get shows them).
   EXPECT_EQ(s->Get(job->id())->data_train_samples(), 60000);
   EXPECT_EQ(s->Get(job->id())->data_test_samples(), 10000);

@@ -766,6 +766,8 @@ class JobRun {
     progress_->epoch = at->epoch;
     progress_->step = at->step;
     progress_->loss = at->loss_sum / at->seen;
+    progress_->step_loss = l;
+    progress_->job_step = static_cast<int64_t>(at->epoch) * steps_per_epoch_ + at->step - 1;
     progress_->train_accuracy = static_cast<double>(at->correct) / at->seen;
     const double secs = absl::ToDoubleSeconds(absl::Now() - epoch_start);
     // Samples of the whole job (every rank does the same work).

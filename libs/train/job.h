@@ -241,7 +241,12 @@ struct JobProgress {
   int epoch = 0;     // epochs completed
   int64_t step = 0;  // within the current epoch
   int64_t steps_per_epoch = 0;
-  double loss = 0;                // running mean over the epoch; at its end, over all ranks
+  double loss = 0;  // running mean over the epoch; at its end, over all ranks
+  // The last step's loss (this rank's batch mean, as float32 computed it)
+  // and its index over the job (0-based: epoch * steps_per_epoch + step);
+  // job_step -1 before the first step. The loss curve (JobStatus.step_losses).
+  float step_loss = 0;
+  int64_t job_step = -1;
   double train_accuracy = 0;      // likewise (predictions before each update)
   double test_accuracy = -1;      // rank 0, after each epoch; -1: not yet
   double samples_per_second = 0;  // of the whole job

@@ -27,6 +27,7 @@ absl::StatusOr<JobModel> OpenJobModel(const JobConfig& c, const nn::ModelOptions
   // The model's own input: the data is checked against it.
   onnx::ImportOptions o;
   o.from_model = m.init == "from_model";
+  o.seed = c.seed;  // Dropout's masks
   DT_ASSIGN_OR_RETURN(std::shared_ptr<onnx::OnnxModel> file_model, onnx::ImportModel(*bytes, o));
   m.sample_shape = file_model->input_shape();
   o.from_model = false;

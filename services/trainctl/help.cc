@@ -77,7 +77,8 @@ const std::vector<Command>& Commands() {
       {"get",
        "get JOB",
        "A job's status: state, progress, placement, events, why it waits (with queues:\n"
-       "its queue, its position there and the quota that holds it).",
+       "its queue, its position there and the quota that holds it), and its loss curve\n"
+       "(rank 0's loss of each step: the first 100 steps and the newest 100).",
        {},
        "trainctl get job-000001 -o json"},
       {"list",

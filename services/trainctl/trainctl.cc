@@ -70,6 +70,7 @@
 #include "libs/base/status.h"
 #include "libs/rpc/credential_flags.h"
 #include "libs/rpc/credentials.h"
+#include "libs/scheduler/loss_curve.h"
 #include "libs/security/certs.h"
 #include "libs/trace/trace.h"
 #include "protos/scheduler.grpc.pb.h"
@@ -395,6 +396,27 @@ void Print(const v1::JobStatus& j, bool detail) {
         std::printf(
             "  model FLOPs: %.2f GFLOP/s achieved, MFU %.1f%% of the trainers' measured peak\n",
             j.achieved_gflops(), 100 * j.mfu());
+      }
+      if (j.step_losses_size() > 0) {
+        // The loss curve, 10 steps a line (1-based step numbers, as the
+        // progress shows them); a gap where steps were not kept.
+        std::printf("  step losses (rank 0's batch; the first %d steps and the newest %d):",
+                    static_cast<int>(dtrain::scheduler::kFirstSteps),
+                    dtrain::scheduler::kRecentSteps);
+        int64_t prev = -1;
+        int on_line = 0;
+        for (const v1::StepLoss& l : j.step_losses()) {
+          if (prev >= 0 && l.step() != prev + 1) {
+            std::printf("\n    ...");
+            on_line = 0;
+          }
+          if (on_line == 10) on_line = 0;
+          if (on_line == 0) std::printf("\n   ");
+          std::printf(" %lld:%.6g", static_cast<long long>(l.step() + 1), l.loss());
+          prev = l.step();
+          ++on_line;
+        }
+        std::printf("\n");
       }
       if (!j.checkpoint_path().empty()) {
         std::printf(

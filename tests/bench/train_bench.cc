@@ -17,8 +17,11 @@
 // by tests/reference/export_onnx.py) with the same settings and weights
 // initialized the same way, in --rounds rounds that each build both models
 // afresh in alternating order and time a block of steps of each (ABBA), so
-// neither the order of construction nor machine load favors one, and prints imported_* figures and
-// imported_vs_builtin_ratio= (imported samples/s over built-in samples/s).
+// neither the order of construction nor machine load favors one (within a
+// round the two models' steps alternate one by one, ABBA), and prints
+// imported_* figures, imported_vs_builtin_ratio= (imported samples/s over
+// built-in samples/s, all rounds together), and each round's ratio with
+// their median, minimum and maximum (round_ratios=, round_ratio_median=).
 #include <sys/resource.h>
 
 #include <algorithm>
@@ -30,6 +33,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "libs/autograd/functions.h"
 #include "libs/graph/autodiff.h"
@@ -214,6 +218,7 @@ int main(int argc, char** argv) {
   };
   absl::StatusOr<Contender> builtin, imported;
   double warm_s = 0, builtin_secs = 0, imported_secs = 0;
+  std::vector<double> round_ratios;  // imported over built-in samples/s, each round
   if (model_file.empty()) {
     builtin = MakeContender(make_builtin, shape, classes, devices, seed, lr);
     if (!builtin.ok()) return fail(builtin.status());
@@ -247,12 +252,18 @@ int main(int argc, char** argv) {
       warm_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       for (int i = 0; i < warmup; ++i) imported->Step(i, xs, ys);
       const int begin = steps * r / rounds, end = steps * (r + 1) / rounds;
-      Contender& first = builtin_first ? *builtin : *imported;
-      Contender& second = builtin_first ? *imported : *builtin;
-      first.Time(begin, end, xs, ys);
-      second.Time(begin, end, xs, ys);
+      // Step by step, ABBA (the model that goes first alternates), so that
+      // a change of the machine's load within the round hits both alike.
+      for (int i = begin; i < end; ++i) {
+        const bool b_first = ((i - begin) % 2 == 0) == builtin_first;
+        Contender& first = b_first ? *builtin : *imported;
+        Contender& second = b_first ? *imported : *builtin;
+        first.Time(i, i + 1, xs, ys);
+        second.Time(i, i + 1, xs, ys);
+      }
       builtin_secs += builtin->secs;
       imported_secs += imported->secs;
+      if (end > begin && imported->secs > 0) round_ratios.push_back(builtin->secs / imported->secs);
     }
   }
   const double secs = builtin_secs;
@@ -301,6 +312,19 @@ int main(int argc, char** argv) {
     }
     std::printf("imported_samples_per_second=%.1f\n", isps);
     std::printf("imported_vs_builtin_ratio=%.3f\n", isps / sps);
+    // Each round's ratio: the spread says how much the machine's load moved
+    // the figures; the median is robust to a round that a burst of load hit.
+    if (!round_ratios.empty()) {
+      std::vector<double> sorted = round_ratios;
+      std::sort(sorted.begin(), sorted.end());
+      const size_t n = sorted.size();
+      const double median = n % 2 == 1 ? sorted[n / 2] : 0.5 * (sorted[n / 2 - 1] + sorted[n / 2]);
+      std::string each;
+      for (double v : round_ratios) each += absl::StrFormat("%s%.3f", each.empty() ? "" : ",", v);
+      std::printf("round_ratios=%s\n", each.c_str());
+      std::printf("round_ratio_median=%.3f round_ratio_min=%.3f round_ratio_max=%.3f\n", median,
+                  sorted.front(), sorted.back());
+    }
   }
   return 0;
 }
