@@ -149,7 +149,7 @@ int RunJpegRows(JpegDecoder* d, const unsigned char* src, size_t size, const Dec
     return -1;
   }
   jpeg_start_decompress(cinfo);
-  JSAMPROW row = JpegRowBuffer(static_cast<size_t>(cinfo->output_width) * channels);
+  JSAMPROW row = JpegRowBuffer(static_cast<size_t>(cinfo->output_width) * channels + kJpegRowSlack);
   while (static_cast<int>(cinfo->output_scanline) < rows) {
     const int y = static_cast<int>(cinfo->output_scanline);
     if (jpeg_read_scanlines(cinfo, &row, 1) != 1) {

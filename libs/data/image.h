@@ -18,6 +18,7 @@
 #ifndef DTRAIN_LIBS_DATA_IMAGE_H_
 #define DTRAIN_LIBS_DATA_IMAGE_H_
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -74,9 +75,11 @@ class JpegRowSink {
   // sink needs (0..height), or an error that ends the decoding with it.
   virtual absl::StatusOr<int> Begin(int width, int height, int channels) = 0;
   // Row y (0, 1, ... up to the rows Begin asked for): width x channels
-  // bytes, valid during the call.
+  // bytes, valid during the call, and kJpegRowSlack more that may be read
+  // (for SIMD loads past the last pixel; their values are unspecified).
   virtual void Row(int y, const uint8_t* pixels) = 0;
 };
+inline constexpr size_t kJpegRowSlack = 32;
 // Decodes a JPEG for `sink` with libjpeg's own API (one decompressor per
 // thread): its rows are DecodeJpeg's, bit for bit (the same colour space,
 // DCT and upsampling; a warning is an error, as DecodeJpeg's

@@ -451,7 +451,7 @@ class TransformRows : public JpegRowSink {
   void Row(int sy, const uint8_t* pixels) override {
     const int y = sy - y_off_;
     if (y < 0 || y >= out_h_) return;
-    row_->Convert(pixels, static_cast<size_t>(w_) * channels_,
+    row_->Convert(pixels, static_cast<size_t>(w_) * channels_ + kJpegRowSlack,
                   out_ + static_cast<size_t>(y) * out_w_, static_cast<size_t>(out_h_) * out_w_,
                   out_w_);
   }
