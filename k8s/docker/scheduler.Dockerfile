@@ -15,7 +15,7 @@ FROM ${BUILD_BASE} AS build
 RUN apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
       bazel-bootstrap g++ pkg-config libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev \
       protobuf-compiler libabsl-dev prometheus-cpp-dev zlib1g-dev libpng-dev libturbojpeg0-dev \
-      libdnnl-dev python3 \
+      libjpeg62-turbo-dev libdnnl-dev python3 \
  && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY . .
@@ -31,7 +31,7 @@ FROM ${BINARIES} AS binaries
 FROM ${RUNTIME_BASE}
 RUN apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
       libgrpc++1.51 libprotobuf32 libabsl20220623 libprometheus-cpp-pull1.0 \
-      libprometheus-cpp-core1.0 libcivetweb1 zlib1g libpng16-16 libturbojpeg0 \
+      libprometheus-cpp-core1.0 libcivetweb1 zlib1g libpng16-16 libturbojpeg0 libjpeg62-turbo \
       libdnnl2 \
  && rm -rf /var/lib/apt/lists/* \
  && mkdir -p /var/lib/dtrain/scheduler && chown 65532:65532 /var/lib/dtrain/scheduler

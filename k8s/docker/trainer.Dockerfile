@@ -30,7 +30,7 @@ FROM ${BUILD_BASE} AS build
 RUN apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
       bazel-bootstrap g++ pkg-config libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev \
       protobuf-compiler libabsl-dev prometheus-cpp-dev libdnnl-dev zlib1g-dev libpng-dev \
-      libturbojpeg0-dev \
+      libturbojpeg0-dev libjpeg62-turbo-dev \
       dataset-fashion-mnist python3 \
  && rm -rf /var/lib/apt/lists/*
 COPY --from=cuda /usr/local/cuda /usr/local/cuda

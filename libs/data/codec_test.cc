@@ -1,9 +1,12 @@
 // The decoders, the tar parser, the .npy header parser and the transforms,
 // on bytes the test makes (including a PNG assembled by hand with zlib, as
 // Python's standard library would write it).
+#include <turbojpeg.h>
 #include <zlib.h>
 
+#include <algorithm>
 #include <cstring>
+#include <random>
 #include <string>
 #include <utility>
 #include <vector>
@@ -360,6 +363,33 @@ TEST(TransformsTest, EightBitPathGivesTheDefinitionsValuesBitForBit) {
   EXPECT_GT(compared, 100000);
 }
 
+// Every byte value through the SIMD kernels (and the scalar tail): the
+// divide's bits.
+TEST(TransformsTest, EveryPixelValueIsItsQuotientBy255) {
+  for (int channels : {1, 3}) {
+    Image im;
+    im.channels = channels;
+    im.height = 2;
+    im.width = 300;
+    for (int k = 0; k < im.height * im.width * channels; ++k) {
+      im.u8.push_back(static_cast<uint8_t>(k / channels));
+    }
+    std::vector<float> out(static_cast<size_t>(channels) * 2 * 300);
+    ASSERT_TRUE(ApplyTransforms(im, Transforms{}, 1, channels, 2, 300, out.data()).ok());
+    std::vector<bool> seen(256, false);
+    for (int c = 0; c < channels; ++c) {
+      for (int i = 0; i < 600; ++i) {
+        const uint8_t p = im.u8[static_cast<size_t>(i) * channels + c];
+        const float want = static_cast<float>(p) / 255.0f;
+        const float got = out[static_cast<size_t>(c) * 600 + i];
+        ASSERT_EQ(std::memcmp(&got, &want, 4), 0) << "p " << int{p} << ": " << got;
+        seen[p] = true;
+      }
+    }
+    EXPECT_EQ(std::count(seen.begin(), seen.end(), true), 256);
+  }
+}
+
 TEST(TransformsTest, CheckTransformsAgreesWithApplyTransforms) {
   const Image im = Gradient(10, 20, 3);
   Transforms t;
@@ -377,6 +407,142 @@ TEST(TransformsTest, CheckTransformsAgreesWithApplyTransforms) {
   const absl::Status check = CheckTransforms(im, t, 3, 16, 16);
   EXPECT_THAT(check.message(), HasSubstr("larger than the (padded) image of 8 x 16"));
   EXPECT_EQ(check, ApplyTransforms(im, t, 0, 3, 16, 16, out.data()));
+}
+
+// A JPEG with TurboJPEG's own flags (progressive, 4:4:4, ...).
+std::string Jpeg(const Image& im, int subsamp, int flags) {
+  tjhandle tj = tjInitCompress();
+  unsigned char* buffer = nullptr;
+  unsigned long size = 0;  // NOLINT(runtime/int): the API's type
+  const int rc =
+      tjCompress2(tj, im.u8.data(), im.width, 0, im.height, im.channels == 1 ? TJPF_GRAY : TJPF_RGB,
+                  &buffer, &size, subsamp, 85, flags);
+  EXPECT_EQ(rc, 0) << tjGetErrorStr2(tj);
+  std::string out(reinterpret_cast<const char*>(buffer), rc == 0 ? size : 0);
+  tjFree(buffer);
+  tjDestroy(tj);
+  return out;
+}
+
+// Noise on a gradient: JPEG has detail to get wrong.
+Image Textured(int h, int w, int c, uint32_t seed) {
+  Image im = Gradient(h, w, c);
+  std::mt19937 rng(seed);
+  for (uint8_t& v : im.u8) v = static_cast<uint8_t>(v + rng() % 40);
+  return im;
+}
+
+// What DecodeAndTransform must give: the two steps.
+absl::Status TwoSteps(const std::string& bytes, const DecodeOptions& o, const Transforms& t,
+                      uint64_t seed, int c, int h, int w, float* out) {
+  Image im;
+  if (absl::Status s = DecodeImageInto(bytes, o, &im); !s.ok()) return s;
+  return ApplyTransforms(im, t, seed, c, h, w, out);
+}
+
+TEST(TransformsTest, DecodeAndTransformIsDecodeThenApplyBitForBit) {
+  struct Input {
+    std::string name, bytes;
+    int channels;  // what the test asks for (the decoder converts)
+    int h, w;
+  };
+  const Image rgb = Textured(45, 61, 3, 1), gray = Textured(40, 33, 1, 2);
+  const std::vector<Input> inputs = {
+      {"rgb 4:2:0", Jpeg(rgb, TJSAMP_420, 0), 3, 45, 61},
+      {"rgb 4:4:4", Jpeg(rgb, TJSAMP_444, 0), 3, 45, 61},
+      {"rgb 4:2:2 progressive", Jpeg(rgb, TJSAMP_422, TJFLAG_PROGRESSIVE), 3, 45, 61},
+      {"rgb as gray", Jpeg(rgb, TJSAMP_420, 0), 1, 45, 61},
+      {"gray", Jpeg(gray, TJSAMP_GRAY, 0), 1, 40, 33},
+      {"gray as rgb", Jpeg(gray, TJSAMP_GRAY, TJFLAG_PROGRESSIVE), 3, 40, 33},
+      {"png (two steps)", *EncodePng(rgb), 3, 45, 61},
+  };
+  for (const Input& in : inputs) {
+    ASSERT_FALSE(in.bytes.empty()) << in.name;
+    struct Case {
+      const char* name;
+      Transforms t;
+      int out_h, out_w;
+    };
+    Transforms none, center, random, wide;
+    center.crop_height = in.h - 6;
+    center.crop_width = in.w - 10;
+    random = center;
+    random.crop_padding = 4;
+    random.random_crop = random.random_flip = true;
+    random.mean.assign(in.channels, 0.4f);
+    random.std.assign(in.channels, 0.27f);
+    wide = random;  // windows reaching far into the padding on every side
+    wide.crop_padding = 12;
+    wide.crop_height = in.h + 6;
+    wide.crop_width = in.w + 2;
+    for (const Case& c : {Case{"none", none, in.h, in.w},
+                          Case{"center", center, center.crop_height, center.crop_width},
+                          Case{"random", random, random.crop_height, random.crop_width},
+                          Case{"wide", wide, wide.crop_height, wide.crop_width}}) {
+      const size_t n = static_cast<size_t>(in.channels) * c.out_h * c.out_w;
+      for (uint64_t seed = 0; seed < 24; ++seed) {
+        std::vector<float> want(n, -7.0f), got(n, 7.0f);
+        ASSERT_TRUE(TwoSteps(in.bytes, {.channels = in.channels}, c.t, seed, in.channels, c.out_h,
+                             c.out_w, want.data())
+                        .ok())
+            << in.name << " " << c.name;
+        Image scratch;
+        const absl::Status s =
+            DecodeAndTransform(in.bytes, {.channels = in.channels}, c.t, seed, in.channels, c.out_h,
+                               c.out_w, &scratch, got.data());
+        ASSERT_TRUE(s.ok()) << in.name << " " << c.name << ": " << s;
+        ASSERT_EQ(std::memcmp(got.data(), want.data(), n * sizeof(float)), 0)
+            << in.name << ", " << c.name << ", seed " << seed;
+      }
+    }
+  }
+}
+
+TEST(TransformsTest, DecodeAndTransformFailsAsTheTwoSteps) {
+  const std::string jpg = Jpeg(Textured(48, 48, 3, 3), TJSAMP_420, 0);
+  const std::string progressive = Jpeg(Textured(48, 48, 3, 4), TJSAMP_420, TJFLAG_PROGRESSIVE);
+  Transforms top;  // a window in the top rows: the rest is skipped, still read
+  top.crop_height = 8;
+  top.crop_width = 48;
+  top.crop_padding = 0;
+  std::vector<float> a(3 * 48 * 48), b(3 * 48 * 48);
+  int failures = 0;
+  for (const std::string* full : {&jpg, &progressive}) {
+    std::vector<std::string> bad;
+    for (size_t cut :
+         {full->size() / 3, full->size() / 2, full->size() * 9 / 10, full->size() - 2}) {
+      bad.push_back(full->substr(0, cut));
+    }
+    std::string flipped = *full;
+    flipped[full->size() * 2 / 3] ^= 0x5a;
+    bad.push_back(flipped);
+    for (const std::string& bytes : bad) {
+      for (const Transforms& t : {Transforms{}, top}) {
+        const int h = t.crop_height > 0 ? t.crop_height : 48;
+        const absl::Status want = TwoSteps(bytes, {.channels = 3}, t, 1, 3, h, 48, a.data());
+        Image scratch;
+        const absl::Status got =
+            DecodeAndTransform(bytes, {.channels = 3}, t, 1, 3, h, 48, &scratch, b.data());
+        EXPECT_EQ(got.code(), want.code()) << got << " vs " << want;
+        EXPECT_EQ(got.message(), want.message());
+        if (!want.ok()) {
+          ++failures;
+          EXPECT_THAT(got.message(), HasSubstr("corrupt JPEG"));
+        }
+      }
+    }
+  }
+  EXPECT_GE(failures, 8);  // the truncations at least
+  // The shape check and the pixel cap, before any pixel.
+  Image scratch;
+  absl::Status s =
+      DecodeAndTransform(jpg, {.channels = 3}, Transforms{}, 1, 3, 40, 48, &scratch, b.data());
+  EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
+  EXPECT_EQ(s.message(),
+            TwoSteps(jpg, {.channels = 3}, Transforms{}, 1, 3, 40, 48, a.data()).message());
+  s = DecodeAndTransform(jpg, {.channels = 3, .max_pixels = 100}, Transforms{}, 1, 3, 48, 48,
+                         &scratch, b.data());
+  EXPECT_THAT(s.message(), HasSubstr("decompression bomb"));
 }
 
 TEST(TransformsTest, ResizeScalesTheShorterSide) {

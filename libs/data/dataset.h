@@ -39,6 +39,15 @@ class Source {
   virtual int32_t label(int64_t index) const = 0;
   // Reads and decodes sample `index`. Errors name the file (Describe).
   virtual absl::Status Read(int64_t index, Image* image) const = 0;
+  // Sources of encoded images (files, tar members): the options Read
+  // decodes with, for a loader that decodes and transforms in one pass
+  // (DecodeAndTransform) from ReadEncoded's bytes; null for the others.
+  virtual const DecodeOptions* decode_options() const { return nullptr; }
+  // Sample `index`'s encoded bytes into *bytes (its I/O errors name the
+  // file); Unimplemented where decode_options() is null.
+  virtual absl::Status ReadEncoded(int64_t index, std::string* bytes) const {
+    return absl::UnimplementedError("this source holds no encoded images");
+  }
   // Where sample `index` comes from, for messages: "/data/cats/001.png",
   // "/data/train-000003.tar member 000123.png", "/data/x.npy row 17".
   virtual std::string Describe(int64_t index) const = 0;

@@ -3,8 +3,15 @@
 #include <png.h>
 #include <turbojpeg.h>
 
+#include <algorithm>
+#include <csetjmp>
+#include <cstdio>
 #include <cstring>
 #include <memory>
+#include <vector>
+
+// (jpeglib.h needs <cstdio> first.)
+#include <jpeglib.h>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -55,7 +62,133 @@ struct TjHandle {
 
 std::string TjError(tjhandle handle) { return tjGetErrorStr2(handle); }
 
+// libjpeg's error manager: errors, and warnings (TurboJPEG's
+// TJFLAG_STOPONWARNING), jump back to RunJpegRows with the message.
+struct JpegError {
+  jpeg_error_mgr mgr;  // first: libjpeg sees a jpeg_error_mgr*
+  std::jmp_buf jump;
+  char message[JMSG_LENGTH_MAX];
+};
+
+[[noreturn]] void JpegErrorExit(j_common_ptr cinfo) {
+  auto* e = reinterpret_cast<JpegError*>(cinfo->err);
+  (*cinfo->err->format_message)(cinfo, e->message);
+  std::longjmp(e->jump, 1);
+}
+
+void JpegEmitMessage(j_common_ptr cinfo, int level) {
+  if (level >= 0) return;  // trace messages
+  JpegErrorExit(cinfo);    // a warning: corrupt data
+}
+
+// One decompressor per thread, reused image after image.
+struct JpegDecoder {
+  jpeg_decompress_struct cinfo;
+  JpegError err;
+  bool ok = false;
+  JpegDecoder() {
+    std::memset(&cinfo, 0, sizeof(cinfo));
+    cinfo.err = jpeg_std_error(&err.mgr);
+    err.mgr.error_exit = JpegErrorExit;
+    err.mgr.emit_message = JpegEmitMessage;
+    if (setjmp(err.jump) != 0) return;
+    jpeg_create_decompress(&cinfo);
+    ok = true;
+  }
+  ~JpegDecoder() {
+    if (ok) jpeg_destroy_decompress(&cinfo);
+  }
+};
+
+// The C++ calls of RunJpegRows, each in a frame of its own: no object with
+// a destructor is alive in RunJpegRows's frame when libjpeg jumps back to
+// it. Each returns the rows needed (Begin) or 0, and -1 with *error set.
+int JpegBegin(JpegRowSink* sink, const DecodeOptions& options, int width, int height, int channels,
+              absl::Status* error) {
+  if (absl::Status s = CheckSize("JPEG", width, height, options); !s.ok()) {
+    *error = s;
+    return -1;
+  }
+  absl::StatusOr<int> rows = sink->Begin(width, height, channels);
+  if (!rows.ok()) {
+    *error = rows.status();
+    return -1;
+  }
+  return std::max(0, std::min(*rows, height));
+}
+
+uint8_t* JpegRowBuffer(size_t bytes) {
+  thread_local std::vector<uint8_t> row;
+  if (row.size() < bytes) row.resize(bytes);
+  return row.data();
+}
+
+// 0: decoded; 1: libjpeg's error (d->err.message); -1: *error.
+int RunJpegRows(JpegDecoder* d, const unsigned char* src, size_t size, const DecodeOptions& options,
+                JpegRowSink* sink, absl::Status* error) {
+  jpeg_decompress_struct* cinfo = &d->cinfo;
+  if (setjmp(d->err.jump) != 0) {
+    jpeg_abort_decompress(cinfo);
+    return 1;
+  }
+  jpeg_mem_src(cinfo, src, static_cast<unsigned long>(size));  // NOLINT(runtime/int)
+  if (jpeg_read_header(cinfo, TRUE) != JPEG_HEADER_OK) {
+    std::snprintf(d->err.message, sizeof(d->err.message), "no image in the JPEG stream");
+    jpeg_abort_decompress(cinfo);
+    return 1;
+  }
+  int channels = options.channels;
+  if (channels == 0) channels = cinfo->jpeg_color_space == JCS_GRAYSCALE ? 1 : 3;
+  // TurboJPEG's TJPF_GRAY and TJPF_RGB; its defaults otherwise (no scaling,
+  // JDCT_ISLOW, fancy upsampling).
+  cinfo->out_color_space = channels == 1 ? JCS_GRAYSCALE : JCS_EXT_RGB;
+  const int rows = JpegBegin(sink, options, static_cast<int>(cinfo->image_width),
+                             static_cast<int>(cinfo->image_height), channels, error);
+  if (rows < 0) {
+    jpeg_abort_decompress(cinfo);
+    return -1;
+  }
+  jpeg_start_decompress(cinfo);
+  JSAMPROW row = JpegRowBuffer(static_cast<size_t>(cinfo->output_width) * channels + kJpegRowSlack);
+  while (static_cast<int>(cinfo->output_scanline) < rows) {
+    const int y = static_cast<int>(cinfo->output_scanline);
+    if (jpeg_read_scanlines(cinfo, &row, 1) != 1) {
+      std::snprintf(d->err.message, sizeof(d->err.message), "no scanline %d", y);
+      jpeg_abort_decompress(cinfo);
+      return 1;
+    }
+    sink->Row(y, row);
+  }
+  // The rest: skipped but for the last row (a skip to the end would read
+  // no more data, and a stream damaged further down would pass), which is
+  // decoded to bring libjpeg to the end of the data.
+  if (cinfo->output_scanline < cinfo->output_height) {
+    const JDIMENSION left = cinfo->output_height - cinfo->output_scanline;
+    if (left > 1) jpeg_skip_scanlines(cinfo, left - 1);
+    if (jpeg_read_scanlines(cinfo, &row, 1) != 1) {
+      std::snprintf(d->err.message, sizeof(d->err.message), "no last scanline");
+      jpeg_abort_decompress(cinfo);
+      return 1;
+    }
+  }
+  jpeg_finish_decompress(cinfo);
+  return 0;
+}
+
 }  // namespace
+
+absl::Status DecodeJpegRows(absl::string_view bytes, const DecodeOptions& options,
+                            JpegRowSink* sink) {
+  if (absl::Status s = CheckChannels(options.channels); !s.ok()) return s;
+  thread_local JpegDecoder decoder;
+  if (!decoder.ok) return absl::InternalError("jpeg_create_decompress failed");
+  absl::Status error;
+  const int rc = RunJpegRows(&decoder, reinterpret_cast<const unsigned char*>(bytes.data()),
+                             bytes.size(), options, sink, &error);
+  if (rc < 0) return error;
+  if (rc > 0) return absl::DataLossError(absl::StrCat("corrupt JPEG: ", decoder.err.message));
+  return absl::OkStatus();
+}
 
 ImageFormat SniffImageFormat(absl::string_view bytes) {
   static constexpr unsigned char kPng[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n'};

@@ -18,6 +18,7 @@
 #ifndef DTRAIN_LIBS_DATA_IMAGE_H_
 #define DTRAIN_LIBS_DATA_IMAGE_H_
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -63,6 +64,31 @@ absl::StatusOr<Image> DecodeImage(absl::string_view bytes, const DecodeOptions& 
 // after sample allocates nothing after the first). On error *out is
 // unspecified.
 absl::Status DecodeImageInto(absl::string_view bytes, const DecodeOptions& options, Image* out);
+
+// JPEG row by row, for a consumer that takes each row once, in order
+// (DecodeAndTransform, transforms.h): the image is never held whole.
+class JpegRowSink {
+ public:
+  virtual ~JpegRowSink() = default;
+  // After the header (size checked against the cap): the image's size and
+  // the channels its rows will have. Returns how many rows from the top the
+  // sink needs (0..height), or an error that ends the decoding with it.
+  virtual absl::StatusOr<int> Begin(int width, int height, int channels) = 0;
+  // Row y (0, 1, ... up to the rows Begin asked for): width x channels
+  // bytes, valid during the call, and kJpegRowSlack more that may be read
+  // (for SIMD loads past the last pixel; their values are unspecified).
+  virtual void Row(int y, const uint8_t* pixels) = 0;
+};
+inline constexpr size_t kJpegRowSlack = 32;
+// Decodes a JPEG for `sink` with libjpeg's own API (one decompressor per
+// thread): its rows are DecodeJpeg's, bit for bit (the same colour space,
+// DCT and upsampling; a warning is an error, as DecodeJpeg's
+// TJFLAG_STOPONWARNING makes it). The rows below those the sink needs, but
+// the last, are skipped (jpeg_skip_scanlines: entropy-decoded, so a corrupt
+// or truncated stream is still an error, but not transformed to pixels).
+// Errors as DecodeJpeg's.
+absl::Status DecodeJpegRows(absl::string_view bytes, const DecodeOptions& options,
+                            JpegRowSink* sink);
 
 // Encoders for tests, benchmarks and `trainctl data pack`: `image` must hold
 // u8 pixels with 1 or 3 channels.

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <string>
 #include <utility>
 
 #include "absl/status/status.h"
@@ -207,14 +208,28 @@ absl::Status DataLoader::Fill(const std::vector<int64_t>& order, int64_t epoch, 
   out->labels.resize(count);
   if (data_->source != nullptr) {
     Image image;
+    // Encoded images: read, then decoded and transformed in one pass.
+    const DecodeOptions* decode = data_->source->decode_options();
+    thread_local std::string bytes;
     for (int64_t k = 0; k < count; ++k) {
       const int64_t sample = order[begin + k];
-      absl::Status s = data_->source->Read(sample, &image);
-      if (s.ok()) {
-        s = ApplyTransforms(image, data_->transforms, SampleSeed(options_.seed, epoch, sample),
-                            data_->channels, data_->rows, data_->cols,
-                            out->images.data() + k * pixels);
-        if (!s.ok()) s = Annotate(s, data_->source->Describe(sample));
+      const uint64_t seed = SampleSeed(options_.seed, epoch, sample);
+      float* dst = out->images.data() + k * pixels;
+      absl::Status s;
+      if (decode != nullptr) {
+        s = data_->source->ReadEncoded(sample, &bytes);
+        if (s.ok()) {
+          s = DecodeAndTransform(bytes, *decode, data_->transforms, seed, data_->channels,
+                                 data_->rows, data_->cols, &image, dst);
+          if (!s.ok()) s = Annotate(s, data_->source->Describe(sample));
+        }
+      } else {
+        s = data_->source->Read(sample, &image);
+        if (s.ok()) {
+          s = ApplyTransforms(image, data_->transforms, seed, data_->channels, data_->rows,
+                              data_->cols, dst);
+          if (!s.ok()) s = Annotate(s, data_->source->Describe(sample));
+        }
       }
       if (!s.ok()) return s;
       out->labels[k] = data_->source->label(sample);

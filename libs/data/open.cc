@@ -170,6 +170,13 @@ class ImageFolderSource : public Source {
     if (!decoded.ok()) return Annotate(decoded, Describe(i));
     return absl::OkStatus();
   }
+  const DecodeOptions* decode_options() const override { return &options_; }
+  absl::Status ReadEncoded(int64_t i, std::string* bytes) const override {
+    absl::StatusOr<std::string> read = ReadWholeFile(files_[i], int64_t{1} << 30);
+    if (!read.ok()) return read.status();
+    *bytes = *std::move(read);
+    return absl::OkStatus();
+  }
   std::string Describe(int64_t i) const override {
     return absl::StrCat(files_[i], " (sample ", i, ")");
   }
@@ -206,6 +213,13 @@ class WebDatasetSource : public Source {
     absl::Status decoded = DecodeImageInto(bytes, options_, image);
     if (!decoded.ok()) return Annotate(decoded, Describe(i));
     return absl::OkStatus();
+  }
+  const DecodeOptions* decode_options() const override { return &options_; }
+  absl::Status ReadEncoded(int64_t i, std::string* bytes) const override {
+    const Sample& s = samples_[i];
+    const Shard& shard = shards_[s.shard];
+    bytes->resize(s.size);
+    return PreadFully(shard.fd.get(), shard.path, s.offset, s.size, bytes->data());
   }
   std::string Describe(int64_t i) const override {
     return absl::StrCat(shards_[samples_[i].shard].path, " member ", samples_[i].name, " (sample ",

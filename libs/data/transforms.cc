@@ -373,6 +373,100 @@ absl::Status CheckTransforms(const Image& image, const Transforms& t, int channe
   return absl::OkStatus();
 }
 
+namespace {
+
+PixelRow& ThreadPixelRow() {
+  thread_local PixelRow row;  // reused: no allocation per image
+  return row;
+}
+
+// Where the output comes from in an h x w image (after any resize): output
+// row y reads source row y + y_off, output column x source column
+// x0 + step * x (step -1 when flipped); columns [lo, hi) lie inside the
+// image, the rest is padding.
+struct CropWindow {
+  int y_off, x0, step, lo, hi;
+};
+
+CropWindow Window(int h, int w, const Transforms& t, uint64_t seed, int out_h, int out_w) {
+  // The crop window in the padded image.
+  const int pad = t.crop_padding;
+  const int range_y = h + 2 * pad - out_h, range_x = w + 2 * pad - out_w;
+  uint64_t state = seed;
+  int top = range_y / 2, left = range_x / 2;
+  if (t.random_crop) {
+    top = static_cast<int>(SplitMix64Next(&state) % static_cast<uint64_t>(range_y + 1));
+    left = static_cast<int>(SplitMix64Next(&state) % static_cast<uint64_t>(range_x + 1));
+  }
+  const bool flip = t.random_flip && (SplitMix64Next(&state) >> 63) != 0;
+  const int y_off = top - pad, x_off = left - pad;
+  // The columns inside the image are one contiguous range.
+  const int x0 = flip ? out_w - 1 + x_off : x_off;
+  const int step = flip ? -1 : 1;
+  int lo = 0, hi = out_w;  // x in [lo, hi) reads inside the image
+  if (!flip) {
+    lo = std::max(0, -x_off);
+    hi = std::min(out_w, w - x_off);
+  } else {
+    lo = std::max(0, x0 - (w - 1));
+    hi = std::min(out_w, x0 + 1);
+  }
+  lo = std::min(lo, out_w);  // a crop window entirely in the padding
+  if (hi < lo) hi = lo;
+  return {y_off, x0, step, lo, hi};
+}
+
+// DecodeAndTransform's JPEG path: ApplyTransforms's 8-bit loop, a decoded
+// row at a time.
+class TransformRows : public JpegRowSink {
+ public:
+  TransformRows(const Transforms& t, uint64_t seed, int channels, int height, int width, float* out)
+      : t_(t), seed_(seed), channels_(channels), out_h_(height), out_w_(width), out_(out) {}
+
+  absl::StatusOr<int> Begin(int width, int height, int channels) override {
+    Image shape;
+    shape.channels = channels;
+    shape.height = height;
+    shape.width = width;
+    if (absl::Status s = CheckTransforms(shape, t_, channels_, out_h_, out_w_); !s.ok()) return s;
+    w_ = width;
+    const CropWindow win = Window(height, width, t_, seed_, out_h_, out_w_);
+    y_off_ = win.y_off;
+    row_ = &ThreadPixelRow();
+    row_->Set(t_, channels_, win.x0, win.step, win.lo, win.hi);
+    // Output rows in the padding above and below the image.
+    const size_t plane = static_cast<size_t>(out_h_) * out_w_;
+    for (int y = 0; y < out_h_; ++y) {
+      const int sy = y + y_off_;
+      if (sy >= 0 && sy < height) continue;
+      float* dst = out_ + static_cast<size_t>(y) * out_w_;
+      for (int c = 0; c < channels_; ++c) {
+        std::fill(dst + c * plane, dst + c * plane + out_w_, row_->pad(c));
+      }
+    }
+    // The source rows down to the window's last.
+    return std::max(0, std::min(height, out_h_ + y_off_));
+  }
+
+  void Row(int sy, const uint8_t* pixels) override {
+    const int y = sy - y_off_;
+    if (y < 0 || y >= out_h_) return;
+    row_->Convert(pixels, static_cast<size_t>(w_) * channels_ + kJpegRowSlack,
+                  out_ + static_cast<size_t>(y) * out_w_, static_cast<size_t>(out_h_) * out_w_,
+                  out_w_);
+  }
+
+ private:
+  const Transforms& t_;
+  const uint64_t seed_;
+  const int channels_, out_h_, out_w_;
+  float* const out_;
+  int w_ = 0, y_off_ = 0;
+  PixelRow* row_ = nullptr;
+};
+
+}  // namespace
+
 absl::Status ApplyTransforms(const Image& image, const Transforms& t, uint64_t seed, int channels,
                              int height, int width, float* out) {
   if (absl::Status s = CheckTransforms(image, t, channels, height, width); !s.ok()) return s;
@@ -387,39 +481,16 @@ absl::Status ApplyTransforms(const Image& image, const Transforms& t, uint64_t s
     w = rw;
   }
   const int out_h = height, out_w = width;
-  // The crop window in the padded image.
-  const int pad = t.crop_padding;
-  const int range_y = h + 2 * pad - out_h, range_x = w + 2 * pad - out_w;
-  uint64_t state = seed;
-  int top = range_y / 2, left = range_x / 2;
-  if (t.random_crop) {
-    top = static_cast<int>(SplitMix64Next(&state) % static_cast<uint64_t>(range_y + 1));
-    left = static_cast<int>(SplitMix64Next(&state) % static_cast<uint64_t>(range_x + 1));
-  }
-  const bool flip = t.random_flip && (SplitMix64Next(&state) >> 63) != 0;
-  const int y_off = top - pad, x_off = left - pad;
+  const CropWindow win = Window(h, w, t, seed, out_h, out_w);
+  const int y_off = win.y_off, x0 = win.x0, step = win.step, lo = win.lo, hi = win.hi;
 
   const float* planar =
       resized == nullptr ? (image.f32.empty() ? nullptr : image.f32.data()) : resized;
-  // Output column x reads source column sx = x0 + step * x (step -1 when
-  // flipped); the columns inside the image are one contiguous range.
-  const int x0 = flip ? out_w - 1 + x_off : x_off;
-  const int step = flip ? -1 : 1;
-  int lo = 0, hi = out_w;  // x in [lo, hi) reads inside the image
-  if (!flip) {
-    lo = std::max(0, -x_off);
-    hi = std::min(out_w, w - x_off);
-  } else {
-    lo = std::max(0, x0 - (w - 1));
-    hi = std::min(out_w, x0 + 1);
-  }
-  lo = std::min(lo, out_w);  // a crop window entirely in the padding
-  if (hi < lo) hi = lo;
   const bool normalize = !t.mean.empty();
   const size_t plane = static_cast<size_t>(out_h) * out_w;
   if (planar == nullptr) {
     // 8-bit pixels: each source row is read once for all channels.
-    thread_local PixelRow row;
+    PixelRow& row = ThreadPixelRow();
     row.Set(t, channels, x0, step, lo, hi);
     const size_t image_bytes = image.u8.size();
     for (int y = 0; y < out_h; ++y) {
@@ -458,6 +529,18 @@ absl::Status ApplyTransforms(const Image& image, const Transforms& t, uint64_t s
     }
   }
   return absl::OkStatus();
+}
+
+absl::Status DecodeAndTransform(absl::string_view bytes, const DecodeOptions& options,
+                                const Transforms& t, uint64_t seed, int channels, int height,
+                                int width, Image* scratch, float* out) {
+  if (SniffImageFormat(bytes) == ImageFormat::kJpeg && t.resize == 0 &&
+      (channels == 1 || channels == 3)) {
+    TransformRows rows(t, seed, channels, height, width, out);
+    return DecodeJpegRows(bytes, options, &rows);
+  }
+  if (absl::Status s = DecodeImageInto(bytes, options, scratch); !s.ok()) return s;
+  return ApplyTransforms(*scratch, t, seed, channels, height, width, out);
 }
 
 }  // namespace dtrain::data

@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 #include "libs/data/image.h"
 
 namespace dtrain::data {
@@ -66,6 +67,17 @@ absl::Status CheckTransforms(const Image& image, const Transforms& t, int channe
 // equal `channels` (decoders convert; see DecodeOptions::channels).
 absl::Status ApplyTransforms(const Image& image, const Transforms& t, uint64_t seed, int channels,
                              int height, int width, float* out);
+
+// DecodeImageInto(bytes, options, scratch) then ApplyTransforms(*scratch,
+// ...), the same floats bit for bit, in one pass where it can: a JPEG with
+// no resize goes through crop, flip and normalize row by row as libjpeg
+// decodes it (DecodeJpegRows: each row converted while it is in the cache,
+// the decoded image never stored, the rows below the crop window not
+// converted to pixels). Other images take the two steps (*scratch holds
+// the decoded image). Errors are theirs.
+absl::Status DecodeAndTransform(absl::string_view bytes, const DecodeOptions& options,
+                                const Transforms& t, uint64_t seed, int channels, int height,
+                                int width, Image* scratch, float* out);
 
 }  // namespace dtrain::data
 

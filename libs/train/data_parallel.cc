@@ -90,6 +90,10 @@ struct DataParallelTrainer::Impl {
   std::vector<double> weights;  // slice size / trainer's batch, per replica
   std::vector<float> losses;
   std::vector<int64_t> corrects;  // per replica, of the last step
+  // The step's statistics over every trainer (when the strategy sums them).
+  engine::VarHandle stats_var;
+  double step_stats[3] = {0, 0, 0};
+  bool step_stats_valid = false;
   double comm_wait = 0, comm_work = 0;
   // Phases of the last step (step_phases.h): when each replica's backward
   // ended and each bucket's reduction ran (written by the engine's workers,
@@ -138,6 +142,22 @@ struct DataParallelTrainer::Impl {
     comm_wait += std::chrono::duration<double>(t1 - t0).count();
     comm_work += std::chrono::duration<double>(t2 - t1).count();
     return absl::OkStatus();
+  }
+
+  // On the communication queue after the buckets and every replica's
+  // backward, before any update: {loss sum, samples, correct} over the
+  // step's trainers.
+  absl::Status ReduceStepStatistics(int64_t n) {
+    double loss = 0;
+    int64_t correct = 0;
+    for (int r = 0; r < k; ++r) {
+      loss += weights[r] * losses[r];
+      correct += corrects[r];
+    }
+    step_stats[0] = static_cast<double>(static_cast<float>(loss)) * static_cast<double>(n);
+    step_stats[1] = static_cast<double>(n);
+    step_stats[2] = static_cast<double>(correct);
+    return sync->ReduceStepStatistics(step_stats, 3);
   }
 
   // On replica r's queue after every bucket of the step.
@@ -364,6 +384,7 @@ absl::StatusOr<std::unique_ptr<DataParallelTrainer>> DataParallelTrainer::Create
   for (size_t b = 0; b < impl->reducer->buckets().size(); ++b) {
     impl->bucket_vars.push_back(impl->engine->NewVar(absl::StrCat("bucket", b)));
   }
+  impl->stats_var = impl->engine->NewVar("step_statistics");
   // Same initial weights everywhere: the strategy makes replica 0 hold the
   // job's (broadcast from rank 0, or what the kvstore holds), then every
   // other replica copies them.
@@ -426,11 +447,21 @@ absl::StatusOr<float> DataParallelTrainer::Step(const Tensor& x, const Tensor& l
     s.engine->Push([raw, bi]() { return raw->ReduceBucket(bi); }, {}, {s.bucket_vars[b]},
                    s.comm_queue, absl::StrCat("reduce/bucket", b));
   }
+  // The step's statistics: after every replica's backward, before any
+  // update (a failed reduction fails the step, which then updates nothing).
+  s.step_stats_valid = false;
+  std::vector<engine::VarHandle> before_update = s.bucket_vars;
+  if (s.sync->reduces_step_statistics()) {
+    s.engine->Push([raw, n]() { return raw->ReduceStepStatistics(n); }, s.replica_vars,
+                   {s.stats_var}, s.comm_queue, "reduce/step_statistics");
+    before_update.push_back(s.stats_var);
+  }
   for (int r = 0; r < s.k; ++r) {
-    s.engine->Push([raw, r]() { return raw->FinishStep(r); }, s.bucket_vars, {s.replica_vars[r]},
+    s.engine->Push([raw, r]() { return raw->FinishStep(r); }, before_update, {s.replica_vars[r]},
                    s.device_queues[r], absl::StrCat("sgd/replica", r));
   }
   DT_RETURN_IF_ERROR(s.engine->WaitAll());
+  s.step_stats_valid = s.sync->reduces_step_statistics();
   // The step's phases: contiguous spans (step_phases.h).
   const int64_t end_ns = absl::GetCurrentTimeNanos();
   int64_t backward_end = start_ns;
@@ -480,6 +511,8 @@ absl::Status DataParallelTrainer::Regroup(collective::Communicator* comm, int ro
   for (size_t b = 0; b < s.bucket_vars.size(); ++b) {
     s.bucket_vars[b] = s.engine->NewVar(absl::StrCat("bucket", b));
   }
+  s.stats_var = s.engine->NewVar("step_statistics");
+  s.step_stats_valid = false;
   // The strategy's hook for the new membership (gradient_sync.h).
   DataParallelOptions next = s.options;
   next.communicator = gradients;
@@ -588,6 +621,12 @@ int64_t DataParallelTrainer::last_correct() const {
   int64_t n = 0;
   for (int64_t c : impl_->corrects) n += c;
   return n;
+}
+const double* DataParallelTrainer::last_step_statistics() const {
+  return impl_->step_stats_valid ? impl_->step_stats : nullptr;
+}
+bool DataParallelTrainer::sums_step_statistics() const {
+  return impl_->sync->reduces_step_statistics();
 }
 int DataParallelTrainer::num_devices() const { return impl_->k; }
 int DataParallelTrainer::num_buckets() const {

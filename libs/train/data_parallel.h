@@ -221,6 +221,15 @@ class DataParallelTrainer {
   // Correct predictions (training mode, before the update) of the last Step
   // over its N samples: the training accuracy, at the cost of an argmax.
   int64_t last_correct() const;
+  // With a strategy that sums each step's statistics over the trainers
+  // (GradientSync::reduces_step_statistics, "allreduce"): the last Step's
+  // {loss sum, samples, correct} over every trainer of the step (the same
+  // bits on each), else null. A trainer's loss sum is its mean loss (Step's
+  // result, as a float) times its samples.
+  const double* last_step_statistics() const;
+  // Whether this trainer's steps sum their statistics over the trainers
+  // (its current strategy's GradientSync::reduces_step_statistics).
+  bool sums_step_statistics() const;
 
   // Counts correct predictions of replica 0's model in evaluation mode (on
   // its device; `x` and `labels` on the host).

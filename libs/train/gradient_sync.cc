@@ -47,6 +47,11 @@ absl::StatusOr<std::unique_ptr<GradientSync>> GradientSync::Regroup(
   return sync;
 }
 
+absl::Status GradientSync::ReduceStepStatistics(double* sums, int n) {
+  return absl::UnimplementedError(
+      absl::StrCat("gradient sync \"", name(), "\" does not sum statistics in each step"));
+}
+
 absl::StatusOr<int64_t> GradientSync::ResumeRounds() {
   return absl::FailedPreconditionError(
       absl::StrCat("resuming a kvstore worker needs kvstore-held weights (kAsync or "

@@ -108,6 +108,18 @@ class GradientSync {
   // synchronous kvstore round); strategies with no common round (one
   // trainer, kvstore-held weights) leave this trainer's.
   virtual absl::Status AverageStatistics(float* sums, int n) { return absl::OkStatus(); }
+  // Whether every step also sums its statistics over the step's trainers
+  // (ReduceStepStatistics): then every trainer holds the whole job's running
+  // statistics of the epoch, and a recovery in place carries them exactly
+  // (a lost trainer's share is in the survivors' sums).
+  virtual bool reduces_step_statistics() const { return false; }
+  // In each step, on the communication worker after the step's buckets and
+  // every replica's backward, before any replica's update (a failure fails
+  // the step, which then updates nothing): `sums` (n host doubles, this
+  // trainer's) become their sums over the step's trainers, added in rank
+  // order (every trainer gets the same bits). Unimplemented unless
+  // reduces_step_statistics().
+  virtual absl::Status ReduceStepStatistics(double* sums, int n);
   // Recovery in place (DataParallelTrainer::Regroup), after the replicas'
   // engine was reset: the hook of the new membership, attached to the same
   // reducer, for `next` (this trainer's options with the membership's

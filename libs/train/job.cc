@@ -310,12 +310,15 @@ absl::StatusOr<RegroupResult> ExchangeState(const JobConfig& c, DataParallelTrai
   // down, nothing is skipped.
   out.at.step = root_world == n ? root_step : root_step * root_world / n;
   out.steps_run = static_cast<int64_t>(pos[5]);
+  // (Statistics summed in every step are the whole job's: the root's are
+  // every rank's, a lost rank's share included.)
+  const bool job_stats = trainer->sums_step_statistics();
   if (survivor && root_epoch == here.epoch && root_step == here.step) {
     out.at.loss_sum = here.loss_sum;
     out.at.seen = here.seen;
     out.at.correct = here.correct;
-  } else if (survivor || n == root_world) {
-    // The lost rank's statistics are gone: the root's stand in for them.
+  } else if (job_stats || survivor || n == root_world) {
+    // Else the lost rank's statistics are gone: the root's stand in for them.
     out.at.loss_sum = pos[2];
     out.at.seen = static_cast<int64_t>(pos[3]);
     out.at.correct = static_cast<int64_t>(pos[4]);
@@ -758,9 +761,19 @@ class JobRun {
     if (loader_->prepare_seconds() > 0) {
       times.data_decode_rate = loader_->samples_prepared() / loader_->prepare_seconds();
     }
-    at->loss_sum += static_cast<double>(l) * b.size;
-    at->correct += hybrid_ ? ops::CountCorrect(hybrid_->logits(), y) : trainer_->last_correct();
-    at->seen += b.size;
+    // The epoch's running statistics: the whole job's where the step sums
+    // them over the trainers (every rank then holds the same bits, and a
+    // recovery in place carries them exactly), else this rank's.
+    const double* job_stats = hybrid_ ? nullptr : trainer_->last_step_statistics();
+    if (job_stats != nullptr) {
+      at->loss_sum += job_stats[0];
+      at->seen += static_cast<int64_t>(job_stats[1]);
+      at->correct += static_cast<int64_t>(job_stats[2]);
+    } else {
+      at->loss_sum += static_cast<double>(l) * b.size;
+      at->correct += hybrid_ ? ops::CountCorrect(hybrid_->logits(), y) : trainer_->last_correct();
+      at->seen += b.size;
+    }
     ++at->step;
     ++steps_run_;
     progress_->epoch = at->epoch;
@@ -771,7 +784,8 @@ class JobRun {
     progress_->train_accuracy = static_cast<double>(at->correct) / at->seen;
     const double secs = absl::ToDoubleSeconds(absl::Now() - epoch_start);
     // Samples of the whole job (every rank does the same work).
-    progress_->samples_per_second = secs > 0 ? at->seen * world_ / secs : 0;
+    const double job_seen = job_stats != nullptr ? at->seen : at->seen * world_;
+    progress_->samples_per_second = secs > 0 ? job_seen / secs : 0;
     progress_->achieved_flops = flops_per_sample_ * progress_->samples_per_second;
     progress_->mfu = rank_peak_ > 0 ? progress_->achieved_flops / (rank_peak_ * world_) : 0;
     RecoveryDone();
@@ -787,7 +801,10 @@ class JobRun {
   // job regrouped (as after a failed step, with no step lost: every
   // survivor finished the epoch's steps); the new membership then meets for
   // this epoch's statistics (the root's position is the epoch's end).
+  // Where every step summed the statistics over the trainers (`at` holds
+  // the job's), the round is only the meeting.
   absl::StatusOr<bool> EpochStatistics(const Partial& at, int* epoch) {
+    const bool job_stats = !hybrid_ && trainer_->sums_step_statistics();
     float sums[3] = {static_cast<float>(at.loss_sum), static_cast<float>(at.seen),
                      static_cast<float>(at.correct)};
     absl::Status averaged;
@@ -804,7 +821,12 @@ class JobRun {
       return false;
     }
     RecoveryDone();  // the statistics round of a regroup at the epoch's end
-    if (sums[1] > 0) {
+    if (job_stats) {
+      if (at.seen > 0) {
+        progress_->loss = at.loss_sum / static_cast<double>(at.seen);
+        progress_->train_accuracy = static_cast<double>(at.correct) / static_cast<double>(at.seen);
+      }
+    } else if (sums[1] > 0) {
       progress_->loss = sums[0] / sums[1];
       progress_->train_accuracy = sums[2] / sums[1];
     }

@@ -61,23 +61,26 @@
 // survivor flag, epoch, step, steps attempted), the lowest surviving rank
 // (the root) broadcasts its parameters, buffers, momentum and data position
 // (epoch, step, its partial epoch statistics, which a joiner adopts for
-// its own: the lost rank's are gone, and its count of steps, which every
+// its own, and its count of steps, which every
 // rank adopts so that DrainRequested sees the same counts on every rank
 // after a recovery too) and every rank continues from the
 // root's last completed step: its data loader restarts that epoch at that
-// step. A rank started with JobConfig::join (the replacement) takes part
-// in the same exchange before its first step and receives all of it. Once
-// the first step after a regroup completed, the root calls
-// JobObserver::OnRecovered with the seconds since its failed step and the
-// steps lost (the furthest any rank had got, counting the failed step,
-// minus where the root resumed: 1 when every survivor failed the same
-// step). A regroup that fails transiently (another rank lost meanwhile) asks
-// for the next membership, up to 3 times; otherwise, or when Regroup answers
-// an error, RunJob returns the step's error as before. A peer lost in the
-// epoch's statistics round (after the epoch's last step) is recovered the
-// same way with no step lost: the survivors' position is the epoch's end,
-// and the new membership meets again for that epoch's statistics (a
-// joiner adopts the root's; OnRecovered follows that round). Evaluation
+// step. Over "allreduce" every step sums its loss, samples and correct
+// predictions over the ranks before any update
+// (DataParallelTrainer::last_step_statistics), so every rank's partial
+// statistics are the whole job's: the root's hold the lost rank's share and
+// the recovered epoch's loss and accuracy are the undisturbed run's bit for
+// bit. Other strategies sum them once, at the epoch's end: there the lost
+// rank's share of the epoch is gone and the root's stands in. A rank started with JobConfig::join
+// (the replacement) takes part in the same exchange before its first step and receives all of it.
+// Once the first step after a regroup completed, the root calls JobObserver::OnRecovered with the
+// seconds since its failed step and the steps lost (the furthest any rank had got, counting the
+// failed step, minus where the root resumed: 1 when every survivor failed the same step). A regroup
+// that fails transiently (another rank lost meanwhile) asks for the next membership, up to 3 times;
+// otherwise, or when Regroup answers an error, RunJob returns the step's error as before. A peer
+// lost in the epoch's statistics round (after the epoch's last step) is recovered the same way with
+// no step lost: the survivors' position is the epoch's end, and the new membership meets again for
+// that epoch's statistics (a joiner adopts the root's; OnRecovered follows that round). Evaluation
 // and checkpoints are rank 0's alone: a peer lost meanwhile shows in the
 // next collective (a step's) and is recovered there; if rank 0 is lost,
 // its replacement evaluates at the next epoch's end. Not recovered: this
@@ -129,8 +132,9 @@
 // samples may be seen twice but none skipped when the world shrinks), and
 // later epochs are sharded over the new world. A rank that becomes rank 0
 // loads the test set then. A joiner of a larger membership starts the
-// epoch's statistics at zero (nothing was lost); one that replaces a lost
-// rank adopts the root's.
+// epoch's statistics at zero (nothing was lost) unless they are the whole
+// job's (summed in every step; then it adopts the root's); one that
+// replaces a lost rank adopts the root's.
 //
 // Thread-safety: RunJob runs on the calling thread; the hooks are called on
 // it.

@@ -332,8 +332,10 @@ class StopAfter : public JobObserver, public JobControl {
 
 TEST(JobTest, LostRankIsReplacedInPlaceAndTheJobEndsLikeTheUndisturbedOne) {
   DrainPolls joiner_polls;
-  auto run_two = [&joiner_polls](bool disturbed, JobProgress* p, Regrouper** observer_out,
-                                 JobProgress* joiner_progress) {
+  JobProgress first_epochs[2];  // epoch 1, undisturbed and disturbed
+  auto run_two = [&joiner_polls, &first_epochs](bool disturbed, JobProgress* p,
+                                                Regrouper** observer_out,
+                                                JobProgress* joiner_progress) {
     collective::InMemoryStore store;
     absl::Status st[3];
     Regrouper regrouper(&store);
@@ -377,6 +379,7 @@ TEST(JobTest, LostRankIsReplacedInPlaceAndTheJobEndsLikeTheUndisturbedOne) {
       EXPECT_EQ(regrouper.regroups, 0);
     }
     EXPECT_EQ(regrouper.epochs.size(), 2u);
+    if (!regrouper.epochs.empty()) first_epochs[disturbed] = regrouper.epochs[0];
     return regrouper.epochs.size() == 2u ? regrouper.epochs[1] : JobProgress();
   };
   JobProgress ref[2], got[2], joiner;
@@ -391,9 +394,16 @@ TEST(JobTest, LostRankIsReplacedInPlaceAndTheJobEndsLikeTheUndisturbedOne) {
   EXPECT_EQ(joiner_polls.polls.back(), 31);  // the last step of epoch 2 is the 32nd
   // The replacement averaged the same epoch-2 statistics as rank 0.
   EXPECT_EQ(joiner.loss, got[0].loss);
+  // Epoch 1's statistics are the undisturbed run's bit for bit: every step
+  // summed them over both ranks, so rank 0's running sums hold the lost
+  // rank's share of its 11 steps, and the replacement received them.
+  EXPECT_EQ(first_epochs[1].epoch, 1);
+  EXPECT_EQ(first_epochs[1].loss, first_epochs[0].loss);
+  EXPECT_EQ(first_epochs[1].train_accuracy, first_epochs[0].train_accuracy);
+  EXPECT_EQ(first_epochs[1].test_accuracy, first_epochs[0].test_accuracy);
   // Epoch 2 after the recovery is the undisturbed epoch 2: same state, same
-  // data; only the summation order of the allreduce may differ.
-  EXPECT_NEAR(got_last.loss, ref_last.loss, 1e-5 * ref_last.loss);
+  // data (two ranks: the allreduce's sums do not depend on the order).
+  EXPECT_EQ(got_last.loss, ref_last.loss);
   EXPECT_NEAR(got_last.test_accuracy, ref_last.test_accuracy, 0.002);
   EXPECT_GT(ref_last.test_accuracy, 0.5);
 }
@@ -614,7 +624,12 @@ TEST(JobTest, PeerLostInTheStatisticsRoundIsReplacedInPlaceWithNoStepLost) {
   EXPECT_EQ(joiner.epoch, 2);
   ASSERT_EQ(ref.epochs.size(), 2u);
   ASSERT_EQ(got.epochs.size(), 2u);
-  EXPECT_NEAR(got.epochs[1].loss, ref.epochs[1].loss, 1e-5 * ref.epochs[1].loss);
+  // Every step's statistics were summed over the ranks: both epochs' are
+  // the undisturbed run's bit for bit.
+  for (int e = 0; e < 2; ++e) {
+    EXPECT_EQ(got.epochs[e].loss, ref.epochs[e].loss) << "epoch " << e + 1;
+    EXPECT_EQ(got.epochs[e].train_accuracy, ref.epochs[e].train_accuracy) << "epoch " << e + 1;
+  }
   EXPECT_NEAR(got.epochs[1].test_accuracy, ref.epochs[1].test_accuracy, 0.002);
 }
 

@@ -15,8 +15,10 @@
 //    with the other processes, the CPU ones barely.
 // 2. (printed first) JPEG: --jpeg_images RGB images of --jpeg_side pixels (smooth shapes,
 //    quality 90, 4:2:0), decoded + random crop (padding 4) + flip +
-//    normalize to float C x H x W on one thread, timed by the thread's CPU
+//    normalize to float C x H x W on one thread as the loader does it
+//    (DecodeAndTransform: one pass, row by row), timed by the thread's CPU
 //    clock (other processes on the machine do not count), next to
+//     - the same as two steps (DecodeImageInto, then ApplyTransforms);
 //     - TurboJPEG's tjDecompress2 to RGB in a loop in this process: the
 //       call tjbench times (our reference, written with the TurboJPEG API);
 //     - Debian's tjbench itself (libjpeg-turbo-progs; tools/setup --bench)
@@ -288,13 +290,21 @@ int Jpeg(const std::string& dir) {
   double ours = 1e30, decode_only = 1e30, transforms_only = 1e30, turbojpeg = 1e30;
   // Per image of the tjbench set: seconds per image, tjbench's (per core)
   // and ours; and tjbench's best raw frame rate.
-  std::vector<double> tj_seconds(files.size(), 1e30), our_seconds(files.size(), 1e30);
+  std::vector<double> tj_seconds(files.size(), 1e30), our_seconds(files.size(), 1e30),
+      two_step_seconds(files.size(), 1e30);
   double tjbench_fps = 0;
+  // Ours: what the loader runs (decode and transforms in one pass).
   auto pipeline = [&](int i, uint64_t seed) {
+    return data::DecodeAndTransform(jpegs[i], {.channels = 3}, t, seed, 3, crop, crop, &im,
+                                    out.data());
+  };
+  // The same as two steps (the whole image decoded, then transformed).
+  auto two_steps = [&](int i, uint64_t seed) {
     absl::Status s = data::DecodeImageInto(jpegs[i], {.channels = 3}, &im);
     if (s.ok()) s = data::ApplyTransforms(im, t, seed, 3, crop, crop, out.data());
     return s;
   };
+  double separate = 1e30;
   std::printf("load_average_before_jpeg=%.2f\n", LoadAverage());
   for (int r = 0; r < absl::GetFlag(FLAGS_jpeg_rounds); ++r) {
     double t0 = ThreadCpuSeconds();
@@ -303,6 +313,9 @@ int Jpeg(const std::string& dir) {
       if (!s.ok()) return Fail(s.ToString());
     }
     ours = std::min(ours, ThreadCpuSeconds() - t0);
+    t0 = ThreadCpuSeconds();
+    for (int i = 0; i < count; ++i) (void)two_steps(i, data::SampleSeed(1, r, i));
+    separate = std::min(separate, ThreadCpuSeconds() - t0);
     t0 = ThreadCpuSeconds();
     for (int i = 0; i < count; ++i) (void)data::DecodeImageInto(jpegs[i], {.channels = 3}, &im);
     decode_only = std::min(decode_only, ThreadCpuSeconds() - t0);
@@ -329,6 +342,9 @@ int Jpeg(const std::string& dir) {
       t0 = ThreadCpuSeconds();
       for (int j = 0; j < kRepeats; ++j) (void)pipeline(k, data::SampleSeed(1, r, j));
       our_seconds[k] = std::min(our_seconds[k], (ThreadCpuSeconds() - t0) / kRepeats);
+      t0 = ThreadCpuSeconds();
+      for (int j = 0; j < kRepeats; ++j) (void)two_steps(k, data::SampleSeed(1, r, j));
+      two_step_seconds[k] = std::min(two_step_seconds[k], (ThreadCpuSeconds() - t0) / kRepeats);
     }
   }
   tjDestroy(tj);
@@ -336,15 +352,18 @@ int Jpeg(const std::string& dir) {
   std::printf("jpeg_side=%d jpeg_quality=90 crop=%d pad=4 flip=1 normalize=1 clock=thread_cpu\n",
               side, crop);
   std::printf("jpeg_decode_crop_flip_normalize_images_per_s_per_core=%.1f\n", rate(ours));
+  std::printf("jpeg_two_steps_images_per_s_per_core=%.1f\n", rate(separate));
+  std::printf("one_pass_over_two_steps_ratio=%.3f\n", rate(ours) / rate(separate));
   std::printf("jpeg_decode_only_images_per_s_per_core=%.1f\n", rate(decode_only));
   std::printf("crop_flip_normalize_only_images_per_s_per_core=%.1f\n", rate(transforms_only));
   std::printf("turbojpeg_decompress_images_per_s_per_core=%.1f\n", rate(turbojpeg));
   std::printf("ours_over_turbojpeg_ratio=%.3f\n", rate(ours) / rate(turbojpeg));
   std::printf("decode_only_over_turbojpeg_ratio=%.3f\n", rate(decode_only) / rate(turbojpeg));
-  double tj_total = 0, our_total = 0;
+  double tj_total = 0, our_total = 0, two_step_total = 0;
   for (size_t k = 0; k < files.size(); ++k) {
     tj_total += tj_seconds[k];
     our_total += our_seconds[k];
+    two_step_total += two_step_seconds[k];
   }
   if (tjbench_fps > 0 && tj_total < 1e29) {
     const double images = static_cast<double>(files.size());
@@ -353,6 +372,7 @@ int Jpeg(const std::string& dir) {
     std::printf("tjbench_images_per_s_per_core=%.1f\n", images / tj_total);
     std::printf("ours_on_tjbench_images_per_s_per_core=%.1f\n", images / our_total);
     std::printf("ours_over_tjbench_ratio=%.3f\n", tj_total / our_total);
+    std::printf("two_steps_over_tjbench_ratio=%.3f\n", tj_total / two_step_total);
   } else {
     std::printf("tjbench=missing (apt-get install libjpeg-turbo-progs; tools/setup --bench)\n");
   }

@@ -4,10 +4,14 @@
 //
 // Checks beyond "no crash": a decoded image has the requested channels, its
 // size within the cap and exactly height x width x channels bytes; errors
-// say which codec refused.
+// say which codec refused; DecodeJpegRows (a share of the rows asked for,
+// from the first byte) gives DecodeJpeg's rows and, asked for all of them,
+// its verdict.
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "libs/data/image.h"
@@ -20,6 +24,30 @@ void Check(bool ok, const char* what) {
     std::abort();
   }
 }
+
+// DecodeJpegRows's sink: keeps the rows it asked for.
+class Rows : public dtrain::data::JpegRowSink {
+ public:
+  explicit Rows(int fraction) : fraction_(fraction) {}
+  absl::StatusOr<int> Begin(int width, int height, int channels) override {
+    width_ = width;
+    channels_ = channels;
+    wanted_ = height * fraction_ / 4;  // 0, 1/4, ..., all of them
+    pixels.clear();
+    return wanted_;
+  }
+  void Row(int y, const uint8_t* p) override {
+    Check(y == next_++, "rows in order");
+    Check(y < wanted_, "only the rows asked for");
+    pixels.insert(pixels.end(), p, p + static_cast<size_t>(width_) * channels_);
+  }
+  std::vector<uint8_t> pixels;
+  int next_ = 0, wanted_ = 0;
+
+ private:
+  const int fraction_;
+  int width_ = 0, channels_ = 0;
+};
 
 }  // namespace
 
@@ -45,5 +73,19 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     Check(im->u8.size() == static_cast<size_t>(im->height) * im->width * im->channels,
           "pixel count");
   }
+  // Row by row: the same verdict, and the same pixels as far as asked.
+  absl::StatusOr<dtrain::data::Image> whole = dtrain::data::DecodeJpeg(bytes, o);
+  Rows rows(data[0] / 3 % 5);
+  const absl::Status by_rows = dtrain::data::DecodeJpegRows(bytes, o, &rows);
+  if (whole.ok() && by_rows.ok()) {
+    Check(rows.next_ == rows.wanted_, "every row asked for");
+    Check(rows.pixels.empty() ||
+              std::memcmp(rows.pixels.data(), whole->u8.data(), rows.pixels.size()) == 0,
+          "the rows are DecodeJpeg's");
+  }
+  // (Rows the sink did not ask for are skipped, not decoded to pixels: a
+  // stream that fails only there may fail differently, never silently.)
+  if (!by_rows.ok()) Check(!by_rows.message().empty(), "errors say something");
+  if (whole.ok() && rows.wanted_ == whole->height) Check(by_rows.ok(), "all rows: same verdict");
   return 0;
 }

@@ -43,6 +43,21 @@ class AllreduceSync : public GradientSync {
     return comm_->Allreduce(sums, n, DType::kF32, collective::ReduceOp::kSum);
   }
 
+  // Raw bytes, gathered and summed in rank order (as BatchNormGather).
+  bool reduces_step_statistics() const override { return true; }
+  absl::Status ReduceStepStatistics(double* sums, int n) override {
+    std::vector<double> all(static_cast<size_t>(n) * comm_->size());
+    DT_RETURN_IF_ERROR(Annotate(
+        comm_->Allgather(sums, all.data(), static_cast<size_t>(n) * sizeof(double), DType::kU8),
+        "allgather of the step's statistics"));
+    for (int i = 0; i < n; ++i) {
+      double total = 0;
+      for (int r = 0; r < comm_->size(); ++r) total += all[static_cast<size_t>(r) * n + i];
+      sums[i] = total;
+    }
+    return absl::OkStatus();
+  }
+
  protected:
   // Rank 0's replica 0 is the source.
   absl::Status ShareInitialWeights() override {
