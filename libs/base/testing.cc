@@ -30,6 +30,13 @@ std::string FreshTestDir(absl::string_view name) {
   return dir;
 }
 
+std::string RunfilePath(absl::string_view workspace_relative) {
+  const char* srcdir = std::getenv("TEST_SRCDIR");
+  const char* workspace = std::getenv("TEST_WORKSPACE");
+  return absl::StrCat(srcdir != nullptr ? srcdir : ".", "/",
+                      workspace != nullptr ? workspace : "dtrain", "/", workspace_relative);
+}
+
 std::string ReadFileForTest(const std::string& path) {
   absl::StatusOr<std::string> bytes = ReadFile(path);
   return bytes.ok() ? *std::move(bytes) : std::string();

@@ -48,12 +48,7 @@ std::string SaveModel(const std::string& name, const Shape& shape) {
   return path;
 }
 
-std::string Runfile(const std::string& name) {
-  const char* srcdir = std::getenv("TEST_SRCDIR");
-  const char* ws = std::getenv("TEST_WORKSPACE");
-  return std::string(srcdir != nullptr ? srcdir : ".") + "/" + (ws != nullptr ? ws : "dtrain") +
-         "/libs/graph/" + name;
-}
+std::string Runfile(const std::string& name) { return RunfilePath("libs/graph/" + name); }
 
 TEST(CApiTest, PlainCProgramLoadsAndRunsSavedModels) {
   struct Case {

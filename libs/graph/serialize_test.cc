@@ -123,12 +123,7 @@ INSTANTIATE_TEST_SUITE_P(Models, SavedModelTest,
                          });
 
 // The runfiles path of a binary of this package.
-std::string Runfile(const std::string& name) {
-  const char* srcdir = std::getenv("TEST_SRCDIR");
-  const char* ws = std::getenv("TEST_WORKSPACE");
-  return std::string(srcdir != nullptr ? srcdir : ".") + "/" + (ws != nullptr ? ws : "dtrain") +
-         "/libs/graph/" + name;
-}
+std::string Runfile(const std::string& name) { return RunfilePath("libs/graph/" + name); }
 
 // Runs `command`, returning its stdout and exit status.
 std::string RunCommand(const std::string& command, int* status) {

@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "libs/base/status.h"
+#include "libs/base/testing.h"
 #include "libs/collective/communicator.h"
 #include "libs/collective/store.h"
 #include "libs/kvstore/in_process.h"
@@ -28,10 +29,7 @@ using train::DataParallelTrainer;
 constexpr int kSteps = 20;
 constexpr int64_t kGlobalBatch = 32;
 
-std::string LenetFile() {
-  return absl::StrCat(std::getenv("TEST_SRCDIR"), "/", std::getenv("TEST_WORKSPACE"),
-                      "/libs/onnx/testdata/lenet.onnx");
-}
+std::string LenetFile() { return RunfilePath("libs/onnx/testdata/lenet.onnx"); }
 
 absl::StatusOr<std::shared_ptr<nn::Module>> ImportLenet(bool from_model) {
   ImportOptions o;

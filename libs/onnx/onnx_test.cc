@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "libs/autograd/functions.h"
+#include "libs/base/testing.h"
 #include "libs/graph/hybridize.h"
 #include "libs/nn/models.h"
 #include "libs/nn/optim.h"
@@ -30,15 +31,7 @@ using autograd::Variable;
 using ops::testing::RandomTensor;
 using ops::testing::TensorsNear;
 
-std::string TestData(const std::string& name) {
-  return absl::StrCat(std::getenv("TEST_SRCDIR"), "/", std::getenv("TEST_WORKSPACE"),
-                      "/libs/onnx/testdata/", name);
-}
-
-std::string ReadAll(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  return std::string((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-}
+std::string TestData(const std::string& name) { return RunfilePath("libs/onnx/testdata/" + name); }
 
 ImportOptions Fmnist(bool from_model) {
   ImportOptions o;
@@ -124,7 +117,7 @@ TEST(OnnxImport, ParametersAreNamedAfterInitializersAndKeepTheirValues) {
   std::shared_ptr<OnnxModel> m = Import("resnet18.onnx");
   ASSERT_NE(m, nullptr);
   ::onnx::ModelProto proto;
-  ASSERT_TRUE(proto.ParseFromString(ReadAll(TestData("resnet18.onnx"))));
+  ASSERT_TRUE(proto.ParseFromString(ReadFileForTest(TestData("resnet18.onnx"))));
   std::map<std::string, const ::onnx::TensorProto*> inits;
   for (const auto& t : proto.graph().initializer()) inits[t.name()] = &t;
   auto params = m->NamedParameters();
@@ -267,7 +260,7 @@ TEST(OnnxImport, SmallModelsOfEverySupportedOpImportAndTrain) {
   std::set<std::string> ops_seen;
   for (const Case& c : cases) {
     SCOPED_TRACE(c.file);
-    std::string bytes = ReadAll(TestData(c.file));
+    std::string bytes = ReadFileForTest(TestData(c.file));
     ::onnx::ModelProto proto;
     ASSERT_TRUE(proto.ParseFromString(bytes));
     for (const auto& n : proto.graph().node()) ops_seen.insert(n.op_type());
@@ -363,7 +356,7 @@ absl::Status ImportStatus(const std::string& bytes, ImportOptions o = Fmnist(tru
 }
 
 TEST(OnnxErrors, UnsupportedOpNamesNodeOpOpsetAndTheSupportedOps) {
-  absl::Status s = ImportStatus(ReadAll(TestData("lstm.onnx")));
+  absl::Status s = ImportStatus(ReadFileForTest(TestData("lstm.onnx")));
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE(absl::StartsWith(s.message(), "model_file: node \"")) << s;
   EXPECT_TRUE(absl::StrContains(s.message(),
@@ -374,7 +367,7 @@ TEST(OnnxErrors, UnsupportedOpNamesNodeOpOpsetAndTheSupportedOps) {
 }
 
 TEST(OnnxErrors, TruncatedFileIsRefused) {
-  std::string bytes = ReadAll(TestData("lenet.onnx"));
+  std::string bytes = ReadFileForTest(TestData("lenet.onnx"));
   for (size_t len : {bytes.size() / 2, bytes.size() - 1, size_t{10}}) {
     absl::Status s = ImportStatus(bytes.substr(0, len));
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << len;
@@ -385,7 +378,7 @@ TEST(OnnxErrors, TruncatedFileIsRefused) {
 }
 
 TEST(OnnxErrors, CapsAreEnforced) {
-  std::string bytes = ReadAll(TestData("lenet.onnx"));
+  std::string bytes = ReadFileForTest(TestData("lenet.onnx"));
   ImportOptions o = Fmnist(true);
   o.limits.max_file_bytes = 100000;
   absl::Status s = ImportStatus(bytes, o);
@@ -412,7 +405,7 @@ TEST(OnnxErrors, CapsAreEnforced) {
 
 TEST(OnnxErrors, ExternalDataShapesAndClassesAreChecked) {
   ::onnx::ModelProto proto;
-  ASSERT_TRUE(proto.ParseFromString(ReadAll(TestData("lenet.onnx"))));
+  ASSERT_TRUE(proto.ParseFromString(ReadFileForTest(TestData("lenet.onnx"))));
   ::onnx::ModelProto ext = proto;
   auto* t = ext.mutable_graph()->mutable_initializer(0);
   t->clear_raw_data();
@@ -500,7 +493,7 @@ void RoundTrip(const std::string& name) {
   const std::string cmd = absl::StrCat("/usr/bin/python3 ", script, " ", name, " ", model, " ", dir,
                                        "/x.f32 ", dir, "/y.f32 > ", dir, "/rt.txt 2>&1");
   int rc = std::system(cmd.c_str());
-  std::string out = ReadAll(dir + "/rt.txt");
+  std::string out = ReadFileForTest(dir + "/rt.txt");
   EXPECT_EQ(rc, 0) << out;
   EXPECT_TRUE(absl::StrContains(out, "checker=ok")) << out;
   EXPECT_TRUE(absl::StrContains(out, "match=1")) << out;

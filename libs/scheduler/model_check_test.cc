@@ -12,8 +12,7 @@ namespace scheduler {
 namespace {
 
 std::string ReadTestModel(const std::string& name) {
-  return ReadFileForTest(absl::StrCat(std::getenv("TEST_SRCDIR"), "/",
-                                      std::getenv("TEST_WORKSPACE"), "/libs/onnx/testdata/", name));
+  return ReadFileForTest(RunfilePath("libs/onnx/testdata/" + name));
 }
 
 class ModelCheckTest : public ::testing::Test {

@@ -5,16 +5,14 @@
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "libs/base/testing.h"
 #include "libs/onnx/model.h"
 
 namespace dtrain {
 namespace train {
 namespace {
 
-std::string TestModel(const std::string& name) {
-  return absl::StrCat(std::getenv("TEST_SRCDIR"), "/", std::getenv("TEST_WORKSPACE"),
-                      "/libs/onnx/testdata/", name);
-}
+std::string TestModel(const std::string& name) { return RunfilePath("libs/onnx/testdata/" + name); }
 
 // Every value of `t` as floats.
 std::vector<float> Values(const Tensor& t) { return t.ToVector<float>(); }

@@ -353,8 +353,7 @@ namespace scheduler {
 namespace {
 
 std::string ReadTestModel(const std::string& name) {
-  return ReadFileForTest(absl::StrCat(std::getenv("TEST_SRCDIR"), "/",
-                                      std::getenv("TEST_WORKSPACE"), "/libs/onnx/testdata/", name));
+  return ReadFileForTest(RunfilePath("libs/onnx/testdata/" + name));
 }
 
 std::unique_ptr<grpc::ClientContext> ModelCtx() {
