@@ -45,6 +45,7 @@
 #include "absl/strings/strip.h"
 #include "gtest/gtest.h"
 #include "libs/base/subprocess.h"
+#include "libs/base/testing.h"
 #include "libs/onnx/model.h"
 #include "libs/train/state_io.h"
 #include "libs/train/train.h"
@@ -59,10 +60,6 @@ constexpr int64_t kBatch = 128;
 constexpr float kLr = 0.02f;
 constexpr float kMomentum = 0.9f;
 constexpr int kThreads = 2;
-
-std::string Runfile(const std::string& path) {
-  return absl::StrCat(std::getenv("TEST_SRCDIR"), "/", std::getenv("TEST_WORKSPACE"), "/", path);
-}
 
 std::string TmpPath(const std::string& name) {
   return absl::StrCat(std::getenv("TEST_TMPDIR"), "/", name);
@@ -80,7 +77,7 @@ absl::StatusOr<std::shared_ptr<onnx::OnnxModel>> Import(const std::string& name)
   o.input_shape = {1, 28, 28};
   o.num_classes = 10;
   o.from_model = false;  // initialized by Train with init/seed
-  return onnx::ImportModelFile(Runfile(absl::StrCat("libs/onnx/testdata/", name, ".onnx")), o);
+  return onnx::ImportModelFile(RunfilePath(absl::StrCat("libs/onnx/testdata/", name, ".onnx")), o);
 }
 
 train::TrainOptions Options(const std::string& name, uint64_t seed) {
@@ -154,7 +151,7 @@ std::vector<double> EpochValues(const std::string& out, const std::string& key) 
 // PyTorch trains `name` from dtrain's initial weights of `seed`.
 absl::StatusOr<std::string> TrainPyTorch(const std::string& name, uint64_t seed) {
   return Python(
-      {Runfile("tests/reference/torch_train_reference.py"), name,
+      {RunfilePath("tests/reference/torch_train_reference.py"), name,
        absl::StrCat("--init_from=", TmpPath(absl::StrCat(name, "_", seed, "_init.ckpt"))),
        absl::StrCat("--seed=", seed), absl::StrCat("--epochs=", kEpochs),
        absl::StrCat("--batch_size=", kBatch), absl::StrCat("--lr=", kLr),
@@ -176,8 +173,8 @@ absl::StatusOr<double> RoundTripAccuracy(const std::string& name, uint64_t seed)
   if (!bytes.ok()) return bytes.status();
   const std::string path = TmpPath(absl::StrCat(name, "_", seed, "_trained.onnx"));
   std::ofstream(path, std::ios::binary) << *bytes;
-  auto out = Python({Runfile("tests/reference/onnx_roundtrip.py"), name, path, "--test_accuracy",
-                     "--test_limit", absl::StrCat(kTestLimit)},
+  auto out = Python({RunfilePath("tests/reference/onnx_roundtrip.py"), name, path,
+                     "--test_accuracy", "--test_limit", absl::StrCat(kTestLimit)},
                     absl::StrCat(name, "_", seed, "_roundtrip.txt"));
   if (!out.ok()) return out.status();
   if (!absl::StrContains(*out, "checker=ok\n")) {

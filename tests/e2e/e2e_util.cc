@@ -23,6 +23,7 @@
 #include "google/protobuf/util/json_util.h"
 #include "libs/base/grpc_status.h"
 #include "libs/base/logging.h"
+#include "libs/base/testing.h"
 #include "libs/metrics/scrape.h"
 #include "libs/rpc/credentials.h"
 #include "libs/security/certs.h"
@@ -64,10 +65,7 @@ double ScrapeSample(int port, const std::string& series) {
   return v.ok() ? *v : -1;
 }
 
-std::string Runfile(const std::string& path) {
-  const char* dir = std::getenv("TEST_SRCDIR");
-  return absl::StrCat(dir ? dir : ".", "/dtrain/", path);
-}
+std::string Runfile(const std::string& path) { return RunfilePath(path); }
 
 absl::StatusOr<scheduler::v1::JobStatus> WatchToEnd(scheduler::v1::JobService::Stub* stub,
                                                     const std::string& id, absl::Duration timeout) {
