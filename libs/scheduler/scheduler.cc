@@ -1403,24 +1403,24 @@ bool Scheduler::Shrink(Job* job, const Trainer& lost, const std::string& why) {
   return true;
 }
 
+bool Scheduler::MembershipSettled(const Job& job) const {
+  if (job.status.state() != v1::RUNNING || job.awaiting_adoption || !RecoversInPlace(job) ||
+      job.peer_lost || job.recovered_generation != job.status.generation()) {
+    return false;
+  }
+  for (const std::string& tid : job.status.trainers()) {
+    auto it = trainers_.find(tid);
+    if (it == trainers_.end() || !it->second.delivered || it->second.draining) return false;
+  }
+  return true;
+}
+
 void Scheduler::Grow(const std::map<const Trainer*, std::string>& reserved) {
   std::optional<QuotaState> quota = queues_.Usage(JobRefs());
   for (auto& [id, job] : jobs_) {
     const JobSpec& spec = job.status.spec();
     const int size = job.status.trainers_size();
-    if (job.status.state() != v1::RUNNING || job.awaiting_adoption || spec.max_trainers() <= size ||
-        !RecoversInPlace(job) || job.peer_lost ||
-        job.recovered_generation != job.status.generation()) {
-      continue;
-    }
-    // Every rank runs the current membership (a drain or an undelivered
-    // assignment waits).
-    bool settled = true;
-    for (const std::string& tid : job.status.trainers()) {
-      auto it = trainers_.find(tid);
-      settled = settled && it != trainers_.end() && it->second.delivered && !it->second.draining;
-    }
-    if (!settled) continue;
+    if (spec.max_trainers() <= size || !MembershipSettled(job)) continue;
     std::vector<Trainer*> joining;
     const int q = queues_.QueueOf(job.status);
     const Resources one =

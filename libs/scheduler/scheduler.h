@@ -568,6 +568,11 @@ class Scheduler {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Whether `job` may change its membership in place at all.
   bool RecoversInPlace(const Job& job) const;
+  // Whether RUNNING `job` may change its membership in place now (Grow,
+  // ShrinkTo): it recovers in place, no recovery or adoption is pending, and
+  // every rank runs the current membership (none draining, every assignment
+  // delivered).
+  bool MembershipSettled(const Job& job) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The silence after which a trainer of a job with a lost peer is lost.
   absl::Duration PeerLostTimeout() const;
   // Whether `t` holds rank t.rank of job's current placement (not a stale

@@ -38,17 +38,7 @@ int Scheduler::ShrinkTo(const Job& job) const {
   const JobSpec& spec = job.status.spec();
   const int size = job.status.trainers_size();
   const int min = std::max(1, spec.min_trainers());
-  if (!queues_.enabled() || job.status.state() != v1::RUNNING || min >= size ||
-      job.awaiting_adoption || job.preempting || !RecoversInPlace(job) || job.peer_lost ||
-      job.recovered_generation != job.status.generation()) {
-    return 0;
-  }
-  // Every rank runs the current membership (none draining, every
-  // assignment delivered), as for Grow.
-  for (const std::string& tid : job.status.trainers()) {
-    auto it = trainers_.find(tid);
-    if (it == trainers_.end() || !it->second.delivered || it->second.draining) return 0;
-  }
+  if (!queues_.enabled() || min >= size || job.preempting || !MembershipSettled(job)) return 0;
   return min;
 }
 
