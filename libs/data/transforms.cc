@@ -252,7 +252,13 @@ class PixelRow {
     }
   }
 
-  float pad(int c) const { return pad_[c]; }
+  // Writes an output row that lies wholly in the padding (above or below
+  // the image): every channel's out_w floats at dst + c * plane.
+  void FillPadding(float* dst, size_t plane, int out_w) const {
+    for (int c = 0; c < channels_; ++c) {
+      std::fill(dst + c * plane, dst + c * plane + out_w, pad_[c]);
+    }
+  }
 
   // Writes channel c of the row to dst + c * plane, out_w floats, from the
   // source row `src`, of which `avail` bytes may be read (to the image's
@@ -438,11 +444,8 @@ class TransformRows : public JpegRowSink {
     const size_t plane = static_cast<size_t>(out_h_) * out_w_;
     for (int y = 0; y < out_h_; ++y) {
       const int sy = y + y_off_;
-      if (sy >= 0 && sy < height) continue;
-      float* dst = out_ + static_cast<size_t>(y) * out_w_;
-      for (int c = 0; c < channels_; ++c) {
-        std::fill(dst + c * plane, dst + c * plane + out_w_, row_->pad(c));
-      }
+      if (sy < 0 || sy >= height)
+        row_->FillPadding(out_ + static_cast<size_t>(y) * out_w_, plane, out_w_);
     }
     // The source rows down to the window's last.
     return std::max(0, std::min(height, out_h_ + y_off_));
@@ -497,9 +500,7 @@ absl::Status ApplyTransforms(const Image& image, const Transforms& t, uint64_t s
       const int sy = y + y_off;
       float* dst = out + static_cast<size_t>(y) * out_w;
       if (sy < 0 || sy >= h) {
-        for (int c = 0; c < channels; ++c) {
-          std::fill(dst + c * plane, dst + c * plane + out_w, row.pad(c));
-        }
+        row.FillPadding(dst, plane, out_w);
         continue;
       }
       const size_t offset = static_cast<size_t>(sy) * w * channels;
