@@ -14,7 +14,7 @@
 //    name, tests/reference/onnx_roundtrip.py), where its test accuracy equals
 //    the one dtrain reported within 0.001.
 //  - ImportedLeNetTrainsLikeTheBuiltinLeNet: the exported LeNet against the
-//    built-in "lenet" from the same weights and seed: every epoch's loss
+//    built-in "lenet" from the same weights and seed, 2 epochs: every epoch's loss
 //    agrees within 1e-4 relative and its test accuracy within 0.005.
 //    PyTorch, started from the same weights with the same data order (LeNet
 //    has no Dropout), has the same first-epoch loss within 0.2%: the check
@@ -80,10 +80,10 @@ absl::StatusOr<std::shared_ptr<onnx::OnnxModel>> Import(const std::string& name)
   return onnx::ImportModelFile(RunfilePath(absl::StrCat("libs/onnx/testdata/", name, ".onnx")), o);
 }
 
-train::TrainOptions Options(const std::string& name, uint64_t seed) {
+train::TrainOptions Options(const std::string& name, uint64_t seed, int epochs) {
   train::TrainOptions o;
   o.model = name;
-  o.epochs = kEpochs;
+  o.epochs = epochs;
   o.batch_size = kBatch;
   o.lr = kLr;
   o.momentum = kMomentum;
@@ -99,8 +99,8 @@ train::TrainOptions Options(const std::string& name, uint64_t seed) {
 // the initial weights to <name>_<seed>_init.ckpt and the final state to
 // <name>_<seed>.ckpt.
 absl::StatusOr<train::TrainResult> TrainDtrain(const std::string& name, uint64_t seed,
-                                               bool imported) {
-  train::TrainOptions o = Options(name, seed);
+                                               bool imported, int epochs = kEpochs) {
+  train::TrainOptions o = Options(name, seed, epochs);
   const std::string prefix = TmpPath(absl::StrCat(name, imported ? "" : "_builtin", "_", seed));
   o.save_initial_path = prefix + "_init.ckpt";
   o.checkpoint_path = prefix + ".ckpt";
@@ -149,11 +149,12 @@ std::vector<double> EpochValues(const std::string& out, const std::string& key) 
 }
 
 // PyTorch trains `name` from dtrain's initial weights of `seed`.
-absl::StatusOr<std::string> TrainPyTorch(const std::string& name, uint64_t seed) {
+absl::StatusOr<std::string> TrainPyTorch(const std::string& name, uint64_t seed,
+                                         int epochs = kEpochs) {
   return Python(
       {RunfilePath("tests/reference/torch_train_reference.py"), name,
        absl::StrCat("--init_from=", TmpPath(absl::StrCat(name, "_", seed, "_init.ckpt"))),
-       absl::StrCat("--seed=", seed), absl::StrCat("--epochs=", kEpochs),
+       absl::StrCat("--seed=", seed), absl::StrCat("--epochs=", epochs),
        absl::StrCat("--batch_size=", kBatch), absl::StrCat("--lr=", kLr),
        absl::StrCat("--momentum=", kMomentum), absl::StrCat("--train_limit=", kTrainLimit),
        absl::StrCat("--test_limit=", kTestLimit), absl::StrCat("--threads=", kThreads)},
@@ -226,26 +227,30 @@ TEST(OnnxAccuracyTest, VggReachesPyTorchsAccuracyAndRoundTrips) {
   EXPECT_NEAR(dtrain_mean, torch_mean, 0.02);
 }
 
+// Two epochs (the second checks that the momentum buffers carry over alike),
+// and PyTorch's first, which is all the reference check below compares.
 TEST(OnnxAccuracyTest, ImportedLeNetTrainsLikeTheBuiltinLeNet) {
   const uint64_t seed = 7;
-  auto builtin = TrainDtrain("lenet", seed, /*imported=*/false);
+  constexpr int kLenetEpochs = 2;
+  auto builtin = TrainDtrain("lenet", seed, /*imported=*/false, kLenetEpochs);
   ASSERT_TRUE(builtin.ok()) << builtin.status();
-  auto imported = TrainDtrain("lenet", seed, /*imported=*/true);
+  auto imported = TrainDtrain("lenet", seed, /*imported=*/true, kLenetEpochs);
   ASSERT_TRUE(imported.ok()) << imported.status();
-  auto torch_out = TrainPyTorch("lenet", seed);
+  auto torch_out = TrainPyTorch("lenet", seed, /*epochs=*/1);
   ASSERT_TRUE(torch_out.ok()) << torch_out.status();
   std::vector<double> torch_loss = EpochValues(*torch_out, "loss");
   std::vector<double> torch_acc = EpochValues(*torch_out, "test_acc");
-  ASSERT_EQ(torch_loss.size(), static_cast<size_t>(kEpochs)) << *torch_out;
-  ASSERT_EQ(builtin->epochs.size(), static_cast<size_t>(kEpochs));
-  ASSERT_EQ(imported->epochs.size(), static_cast<size_t>(kEpochs));
-  for (int e = 0; e < kEpochs; ++e) {
+  ASSERT_EQ(torch_loss.size(), 1u) << *torch_out;
+  ASSERT_EQ(builtin->epochs.size(), static_cast<size_t>(kLenetEpochs));
+  ASSERT_EQ(imported->epochs.size(), static_cast<size_t>(kLenetEpochs));
+  std::printf("lenet epoch=1 torch_loss=%.6f torch_test_acc=%.4f\n", torch_loss[0], torch_acc[0]);
+  for (int e = 0; e < kLenetEpochs; ++e) {
     const train::EpochStats& b = builtin->epochs[e];
     const train::EpochStats& i = imported->epochs[e];
     std::printf(
-        "lenet epoch=%d builtin_loss=%.6f imported_loss=%.6f torch_loss=%.6f "
-        "builtin_test_acc=%.4f imported_test_acc=%.4f torch_test_acc=%.4f\n",
-        e + 1, b.loss, i.loss, torch_loss[e], b.test_accuracy, i.test_accuracy, torch_acc[e]);
+        "lenet epoch=%d builtin_loss=%.6f imported_loss=%.6f "
+        "builtin_test_acc=%.4f imported_test_acc=%.4f\n",
+        e + 1, b.loss, i.loss, b.test_accuracy, i.test_accuracy);
     EXPECT_NEAR(i.loss, b.loss, 1e-4 * b.loss) << "epoch " << e + 1;
     EXPECT_NEAR(i.test_accuracy, b.test_accuracy, 0.005) << "epoch " << e + 1;
   }
@@ -253,7 +258,7 @@ TEST(OnnxAccuracyTest, ImportedLeNetTrainsLikeTheBuiltinLeNet) {
   // weights: without Dropout its first epoch's mean loss is dtrain's up to
   // rounding (another order or lr would move it by far more).
   EXPECT_NEAR(torch_loss[0], builtin->epochs[0].loss, 2e-3 * builtin->epochs[0].loss);
-  EXPECT_GT(builtin->epochs.back().test_accuracy, 0.75);
+  EXPECT_GT(builtin->epochs.back().test_accuracy, 0.7);  // 0.7549 (chance: 0.1)
 }
 
 }  // namespace
