@@ -482,8 +482,8 @@ TEST_F(FairShareE2eTest, TwoUsersOfEqualWeightGetDeviceSecondsWithinTenPercent) 
   std::printf(
       "fair share over %.0f s: alice %.1f device-seconds (%zu jobs submitted), bob %.1f "
       "(%zu); difference %.1f%% of the larger\n",
-      absl::ToDoubleSeconds(kWindow), alice, submitted["alice"].size(), bob, submitted["bob"].size(),
-      100 * std::abs(alice - bob) / std::max(alice, bob));
+      absl::ToDoubleSeconds(kWindow), alice, submitted["alice"].size(), bob,
+      submitted["bob"].size(), 100 * std::abs(alice - bob) / std::max(alice, bob));
   // About one trainer each for the window.
   EXPECT_GT(alice, 0.66 * absl::ToDoubleSeconds(kWindow));
   EXPECT_GT(bob, 0.66 * absl::ToDoubleSeconds(kWindow));
