@@ -856,8 +856,6 @@ TEST_F(ParkedPullTest, AFrameBeforeTheReplyOrAPeerThatLeavesEndsOnlyItsConnectio
     for (const DataPortAddress& where : {unix_, tcp_}) {
       const std::string kind = where.unix_socket.empty() ? "tls" : "unix";
       SCOPED_TRACE(kind);
-      auto conn = DialAs(where, "p");
-      ASSERT_TRUE(conn.ok()) << conn.status();
       auto open = [&] {
         auto m = metrics::Scrape(server_->metrics_port());
         EXPECT_TRUE(m.ok());
@@ -866,7 +864,27 @@ TEST_F(ParkedPullTest, AFrameBeforeTheReplyOrAPeerThatLeavesEndsOnlyItsConnectio
                             .value_or(-1)
                       : -1;
       };
-      const double before = open();
+      // The shard counts a connection when its handshake ends and uncounts
+      // it when its thread sees it close, both a little after the client
+      // side: wait until the count of the earlier iterations' closed
+      // connections (ExpectServes below) has settled, then dial and wait
+      // until the new one is counted.
+      double idle = open();
+      for (absl::Time end = absl::Now() + absl::Seconds(5), still = absl::Now();
+           absl::Now() < end && absl::Now() - still < absl::Milliseconds(200);) {
+        absl::SleepFor(absl::Milliseconds(10));
+        const double v = open();
+        if (v != idle) idle = v, still = absl::Now();
+      }
+      auto conn = DialAs(where, "p");
+      ASSERT_TRUE(conn.ok()) << conn.status();
+      double before = -1;
+      for (absl::Time end = absl::Now() + absl::Seconds(5); absl::Now() < end;) {
+        before = open();
+        if (before >= idle + 1) break;
+        absl::SleepFor(absl::Milliseconds(10));
+      }
+      ASSERT_GE(before, idle + 1);
       const std::string push = PushHeader("p", worker++, 1);
       ASSERT_TRUE(
           (*conn)
