@@ -874,7 +874,10 @@ TEST_F(ParkedPullTest, AFrameBeforeTheReplyOrAPeerThatLeavesEndsOnlyItsConnectio
            absl::Now() < end && absl::Now() - still < absl::Milliseconds(200);) {
         absl::SleepFor(absl::Milliseconds(10));
         const double v = open();
-        if (v != idle) idle = v, still = absl::Now();
+        if (v != idle) {
+          idle = v;
+          still = absl::Now();
+        }
       }
       auto conn = DialAs(where, "p");
       ASSERT_TRUE(conn.ok()) << conn.status();
