@@ -54,9 +54,10 @@ absl::StatusOr<std::string> FindFile(const std::string& dir, const std::string& 
                                           " not found (nor ", plain, "); ", kHint));
 }
 
-absl::StatusOr<IdxArray> ReadPart(const std::string& dir, const std::string& name, Split split) {
+absl::StatusOr<IdxArray> ReadPart(const std::string& dir, const std::string& name, Split split,
+                                  int64_t max_samples) {
   DT_ASSIGN_OR_RETURN(std::string path, FindFile(dir, name, split));
-  absl::StatusOr<IdxArray> array = ReadIdxFile(path);
+  absl::StatusOr<IdxArray> array = ReadIdxFile(path, max_samples);
   if (!array.ok()) {
     return Annotate(absl::Status(array.status().code(),
                                  absl::StrCat(array.status().message(), " (", kDamagedHint, ")")),
@@ -67,12 +68,13 @@ absl::StatusOr<IdxArray> ReadPart(const std::string& dir, const std::string& nam
 
 }  // namespace
 
-absl::StatusOr<Dataset> LoadFashionMnist(const std::string& dir, Split split) {
+absl::StatusOr<Dataset> LoadFashionMnist(const std::string& dir, Split split,
+                                         int64_t max_samples) {
   const std::string prefix = split == Split::kTrain ? "train" : "t10k";
   const std::string images_name = prefix + "-images-idx3-ubyte";
   const std::string labels_name = prefix + "-labels-idx1-ubyte";
-  DT_ASSIGN_OR_RETURN(IdxArray images, ReadPart(dir, images_name, split));
-  DT_ASSIGN_OR_RETURN(IdxArray labels, ReadPart(dir, labels_name, split));
+  DT_ASSIGN_OR_RETURN(IdxArray images, ReadPart(dir, images_name, split, max_samples));
+  DT_ASSIGN_OR_RETURN(IdxArray labels, ReadPart(dir, labels_name, split, max_samples));
 
   const std::string where =
       absl::StrCat("Fashion-MNIST ", SplitName(split), " split in '", dir, "': ");

@@ -36,8 +36,11 @@ inline constexpr int kFashionMnistCols = 28;
 // Checks that the images are 28x28, that there are as many labels as images
 // and that every label is below 10. Errors name the file and the defect; when
 // a file is missing the message says to install dataset-fashion-mnist or to
-// pass --data_dir.
-absl::StatusOr<Dataset> LoadFashionMnist(const std::string& dir, Split split);
+// pass --data_dir. `max_samples` > 0 loads only the first `max_samples`
+// images and labels (a job's train_limit or test_limit), decompressing no
+// more of the files than that (idx.h: what is then left unchecked).
+absl::StatusOr<Dataset> LoadFashionMnist(const std::string& dir, Split split,
+                                         int64_t max_samples = 0);
 
 // Returns the name of class `label`: "t-shirt", "trouser", "pullover",
 // "dress", "coat", "sandal", "shirt", "sneaker", "bag", "ankle boot" for

@@ -2,6 +2,7 @@
 
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <array>
 #include <cstdlib>
 #include <fstream>
@@ -73,6 +74,23 @@ TEST(FashionMnistTest, LoadsTestSplit) {
             (std::vector<uint8_t>{9, 2, 1, 1, 6}));
   EXPECT_EQ(PixelSum(test, 0), 33456);
   EXPECT_EQ(std::accumulate(test.images.begin(), test.images.end(), int64_t{0}), 573469082);
+}
+
+TEST(FashionMnistTest, MaxSamplesLoadsTheFirstSamplesOnly) {
+  // The limit of a job's train_limit: the same first samples as the whole
+  // split, and no more.
+  absl::StatusOr<Dataset> head = LoadFashionMnist(kDefaultFashionMnistDir, Split::kTrain, 1000);
+  ASSERT_TRUE(head.ok()) << head.status();
+  EXPECT_EQ(head->size, 1000);
+  ASSERT_EQ(head->images.size(), 1000u * 28 * 28);
+  ASSERT_EQ(head->labels.size(), 1000u);
+  const Dataset all = LoadOrDie(Split::kTrain);
+  EXPECT_TRUE(std::equal(head->images.begin(), head->images.end(), all.images.begin()));
+  EXPECT_TRUE(std::equal(head->labels.begin(), head->labels.end(), all.labels.begin()));
+  EXPECT_EQ(PixelSum(*head, 0), 76247);
+  absl::StatusOr<Dataset> more = LoadFashionMnist(kDefaultFashionMnistDir, Split::kTest, 20000);
+  ASSERT_TRUE(more.ok()) << more.status();
+  EXPECT_EQ(more->size, 10000);
 }
 
 TEST(FashionMnistTest, ClassNames) {

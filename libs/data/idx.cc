@@ -133,7 +133,7 @@ absl::Status CheckMagic(const std::string& path, uint32_t magic) {
 
 }  // namespace
 
-absl::StatusOr<IdxArray> ReadIdxFile(const std::string& path) {
+absl::StatusOr<IdxArray> ReadIdxFile(const std::string& path, int64_t max_items) {
   struct stat st;
   if (stat(path.c_str(), &st) != 0) {
     return ErrnoToStatus(errno, absl::StrCat("cannot open IDX file ", path));
@@ -188,6 +188,12 @@ absl::StatusOr<IdxArray> ReadIdxFile(const std::string& path) {
     expected *= dim;
   }
   const std::string what = absl::StrCat("data for dimensions ", absl::StrJoin(array.dims, " x "));
+  // Only the first max_items along the first dimension (see idx.h).
+  const bool partial = max_items > 0 && max_items < array.dims[0];
+  if (partial) {
+    expected = expected / array.dims[0] * max_items;
+    array.dims[0] = max_items;
+  }
 
   // Payload, read in chunks so that memory grows only with the data present.
   while (static_cast<int64_t>(array.data.size()) < expected) {
@@ -201,6 +207,8 @@ absl::StatusOr<IdxArray> ReadIdxFile(const std::string& path) {
     }
     if (IsCorrupt(r)) return CorruptError(path, what, r);
   }
+
+  if (partial) return array;
 
   // The stream must end here. Reading on also makes zlib check the gzip
   // trailer (CRC-32 and length) of the last member.

@@ -48,7 +48,15 @@ struct IdxArray {
 };
 
 // Reads and validates the IDX file at `path` (gzip-compressed or plain).
-absl::StatusOr<IdxArray> ReadIdxFile(const std::string& path);
+//
+// `max_items` > 0 reads only the first `max_items` items along the first
+// dimension (images or labels), and dims[0] says how many were read: a job
+// with a train_limit decompresses only what it uses (the 60,000 Fashion-MNIST
+// training images take about 0.23 s of zlib, on every job start). The rest
+// of the file is then left unread, so a defect past those items, a wrong
+// length or a bad gzip trailer, goes unnoticed; with 0 (all items), or a
+// limit at or above the count, the whole file is checked as above.
+absl::StatusOr<IdxArray> ReadIdxFile(const std::string& path, int64_t max_items = 0);
 
 }  // namespace dtrain::data
 

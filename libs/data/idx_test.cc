@@ -111,6 +111,52 @@ TEST(IdxTest, RoundTripsLargerThanOneBufferAndEmptyArrays) {
   EXPECT_TRUE(a->data.empty());
 }
 
+TEST(IdxTest, MaxItemsReadsOnlyTheFirstItemsOfTheFirstDimension) {
+  // 300 images of 1000 bytes, gzip and plain: the first 7 and their bytes.
+  const Bytes file = MakeIdx(kIdxMagicU8Images, {300, 1000, 1}, Pattern(300000));
+  const std::string gz = TempPath("limit.gz"), raw = TempPath("limit.raw");
+  WriteGz(gz, file);
+  WriteRaw(raw, file);
+  const Bytes all = Pattern(300000);
+  const Bytes first7(all.begin(), all.begin() + 7000);
+  for (const std::string& path : {gz, raw}) {
+    absl::StatusOr<IdxArray> a = ReadIdxFile(path, 7);
+    ASSERT_TRUE(a.ok()) << path << ": " << a.status();
+    EXPECT_EQ(a->dims, (std::vector<int64_t>{7, 1000, 1})) << path;
+    EXPECT_EQ(a->data, first7) << path;
+    // At or above the count: everything, as without a limit.
+    for (int64_t limit : {300, 301}) {
+      a = ReadIdxFile(path, limit);
+      ASSERT_TRUE(a.ok()) << path << ": " << a.status();
+      EXPECT_EQ(a->dims, (std::vector<int64_t>{300, 1000, 1})) << path;
+      EXPECT_EQ(a->data, Pattern(300000)) << path;
+    }
+  }
+  // Labels too.
+  WriteGz(gz, MakeIdx(kIdxMagicU8Vector, {7}, Bytes{9, 0, 0, 3, 0, 2, 7}));
+  absl::StatusOr<IdxArray> labels = ReadIdxFile(gz, 3);
+  ASSERT_TRUE(labels.ok()) << labels.status();
+  EXPECT_EQ(labels->dims, (std::vector<int64_t>{3}));
+  EXPECT_EQ(labels->data, (Bytes{9, 0, 0}));
+}
+
+TEST(IdxTest, MaxItemsStillChecksWhatItReads) {
+  // Truncated inside the first items: still an error naming the shortfall;
+  // truncated after them: the limit never reads that far (idx.h), while a
+  // full read fails.
+  Bytes file = MakeIdx(kIdxMagicU8Images, {10, 2, 2}, Pattern(40));
+  file.resize(file.size() - 8);  // the last two images are missing
+  const std::string path = TempPath("limit_truncated.raw");
+  WriteRaw(path, file);
+  absl::StatusOr<IdxArray> a = ReadIdxFile(path, 9);
+  ASSERT_FALSE(a.ok());
+  EXPECT_THAT(a.status().message(), HasSubstr("expected 36 bytes"));
+  a = ReadIdxFile(path, 8);
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ(a->dims, (std::vector<int64_t>{8, 2, 2}));
+  EXPECT_FALSE(ReadIdxFile(path).ok());
+}
+
 TEST(IdxTest, MissingFileIsNotFound) {
   const std::string path = TempPath("no-such-file.gz");
   absl::StatusOr<IdxArray> a = ReadIdxFile(path);

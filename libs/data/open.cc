@@ -496,13 +496,14 @@ absl::StatusOr<std::shared_ptr<const Source>> OpenNpy(const DataConfig& c, const
 
 }  // namespace
 
-absl::StatusOr<Dataset> OpenDataset(const DataConfig& c, Split split, const std::string& idx_dir) {
+absl::StatusOr<Dataset> OpenDataset(const DataConfig& c, Split split, const std::string& idx_dir,
+                                    int64_t max_samples) {
   DT_RETURN_IF_ERROR(ValidateDataConfig(c));
   const std::string& location = split == Split::kTrain ? c.train : c.test;
   if (c.is_idx()) {
     std::string dir = !location.empty() ? location : !c.train.empty() ? c.train : idx_dir;
     if (dir.empty()) dir = kDefaultFashionMnistDir;
-    return LoadFashionMnist(dir, split);
+    return LoadFashionMnist(dir, split, max_samples);
   }
   Dataset data;
   data.location = location;
@@ -623,6 +624,7 @@ absl::StatusOr<Dataset> OpenDataset(const DataConfig& c, Split split, const std:
   data.cols = cols;
   data.num_classes = num_classes;
   data.source = std::move(source);
+  if (max_samples > 0 && max_samples < data.size) return Subset(data, max_samples);
   return data;
 }
 

@@ -51,9 +51,11 @@ namespace dtrain::data {
 
 // Opens one split (Split::kTest: the test location, with the transforms'
 // deterministic version). `idx_dir` is JobSpec.data_dir for the idx format.
-// An empty test location gives an empty Dataset (size 0).
+// An empty test location gives an empty Dataset (size 0). `max_samples` >
+// 0 keeps only the first `max_samples` samples (a job's train_limit or
+// test_limit; Subset), and the idx format then reads no more of its files.
 absl::StatusOr<Dataset> OpenDataset(const DataConfig& c, Split split,
-                                    const std::string& idx_dir = "");
+                                    const std::string& idx_dir = "", int64_t max_samples = 0);
 
 // OK when `data`'s samples are `shape` = {channels, rows, cols} (a model's
 // input), or a 1-D shape of as many values; InvalidArgument saying both

@@ -120,6 +120,33 @@ TEST(OpenTest, WebDatasetAndNpyGiveTheIdxBatchesBitForBit) {
   }
 }
 
+TEST(OpenTest, MaxSamplesKeepsTheFirstSamplesOfEveryFormat) {
+  // A job's train_limit: the idx format reads only that much of its files,
+  // the others open everything and keep the first samples; either way the
+  // same batches as the first samples of the whole set.
+  const Dataset& idx = Fmnist();  // the first 1000
+  DataConfig c;
+  absl::StatusOr<Dataset> head = OpenDataset(c, Split::kTrain, kDefaultFashionMnistDir, 1000);
+  ASSERT_TRUE(head.ok()) << head.status();
+  EXPECT_EQ(head->size, 1000);
+  EXPECT_EQ(head->images, idx.images);
+  EXPECT_EQ(head->labels, idx.labels);
+  const std::string npy_dir = TmpDir("fmnist-npy-limit");
+  ASSERT_TRUE(WriteNpyDataset(idx, npy_dir).ok());
+  absl::StatusOr<Dataset> npy = OpenDataset(Shape("npy", npy_dir), Split::kTrain, "", 300);
+  ASSERT_TRUE(npy.ok()) << npy.status();
+  EXPECT_EQ(npy->size, 300);
+  LoaderOptions o;
+  o.batch_size = 64;
+  o.seed = 5;
+  const Dataset first300 = Subset(idx, 300);
+  ExpectSameBatches(AllBatches(*npy, o, 1), AllBatches(first300, o, 1));
+  // A limit above the size keeps everything.
+  npy = OpenDataset(Shape("npy", npy_dir), Split::kTrain, "", 5000);
+  ASSERT_TRUE(npy.ok()) << npy.status();
+  EXPECT_EQ(npy->size, 1000);
+}
+
 TEST(OpenTest, ImageFolderSortsClassesByName) {
   const std::string root = TmpDir("folder");
   const Dataset small = Subset(Fmnist(), 40);

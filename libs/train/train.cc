@@ -132,14 +132,10 @@ absl::StatusOr<TrainResult> Train(const TrainOptions& o, const ProgressFn& on_pr
   ops::CpuThreads();
 
   std::string dir = o.data_dir.empty() ? data::kDefaultFashionMnistDir : o.data_dir;
-  DT_ASSIGN_OR_RETURN(data::Dataset train_set, data::LoadFashionMnist(dir, data::Split::kTrain));
-  DT_ASSIGN_OR_RETURN(data::Dataset test_set, data::LoadFashionMnist(dir, data::Split::kTest));
-  if (o.train_limit > 0 && o.train_limit < train_set.size) {
-    train_set = data::Subset(train_set, o.train_limit);
-  }
-  if (o.test_limit > 0 && o.test_limit < test_set.size) {
-    test_set = data::Subset(test_set, o.test_limit);
-  }
+  DT_ASSIGN_OR_RETURN(data::Dataset train_set,
+                      data::LoadFashionMnist(dir, data::Split::kTrain, o.train_limit));
+  DT_ASSIGN_OR_RETURN(data::Dataset test_set,
+                      data::LoadFashionMnist(dir, data::Split::kTest, o.test_limit));
 
   std::shared_ptr<nn::Module> model;
   Shape sample_shape = {1, 28, 28};  // a Fashion-MNIST image
