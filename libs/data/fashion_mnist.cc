@@ -68,8 +68,7 @@ absl::StatusOr<IdxArray> ReadPart(const std::string& dir, const std::string& nam
 
 }  // namespace
 
-absl::StatusOr<Dataset> LoadFashionMnist(const std::string& dir, Split split,
-                                         int64_t max_samples) {
+absl::StatusOr<Dataset> LoadFashionMnist(const std::string& dir, Split split, int64_t max_samples) {
   const std::string prefix = split == Split::kTrain ? "train" : "t10k";
   const std::string images_name = prefix + "-images-idx3-ubyte";
   const std::string labels_name = prefix + "-labels-idx1-ubyte";

@@ -458,8 +458,8 @@ class JobRun {
   absl::Status LoadData() {
     if (c_.threads > 0) ops::SetCpuThreads(c_.threads);
     data_dir_ = c_.data_dir.empty() ? data::kDefaultFashionMnistDir : c_.data_dir;
-    DT_ASSIGN_OR_RETURN(train_set_, data::OpenDataset(c_.data, data::Split::kTrain, data_dir_,
-                                                      c_.train_limit));
+    DT_ASSIGN_OR_RETURN(train_set_,
+                        data::OpenDataset(c_.data, data::Split::kTrain, data_dir_, c_.train_limit));
     DT_RETURN_IF_ERROR(LoadTestSet());
     progress_->data_train_samples = train_set_.size;
     progress_->data_test_samples = test_set_.size;
@@ -481,8 +481,8 @@ class JobRun {
   // Rank 0's (and a rank that becomes rank 0 in a regroup).
   absl::Status LoadTestSet() {
     if (rank_ != 0 || test_loaded_) return absl::OkStatus();
-    DT_ASSIGN_OR_RETURN(test_set_, data::OpenDataset(c_.data, data::Split::kTest, data_dir_,
-                                                     c_.test_limit));
+    DT_ASSIGN_OR_RETURN(test_set_,
+                        data::OpenDataset(c_.data, data::Split::kTest, data_dir_, c_.test_limit));
     test_loaded_ = true;
     return absl::OkStatus();
   }
