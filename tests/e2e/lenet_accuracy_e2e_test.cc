@@ -1,9 +1,10 @@
 // End to end, the main job: LeNet on Fashion-MNIST through a local cluster
 // (`trainctl cluster up` with one trainer daemon) and `trainctl submit
-// --wait` reaches >= 0.85 test accuracy within 10 epochs on CPU. It runs 4
+// --wait` reaches >= 0.85 test accuracy within 10 epochs on CPU. It runs 3
 // (kaiming init, lr 0.1, momentum 0.9, batch 256, seed 1: test accuracy
 // 0.806, 0.841, 0.858, 0.869 after epochs 1-4, and 0.881 after 6; 8 s an
-// epoch alone on 2 cores).
+// epoch alone on 2 cores). accuracy_test proves the same promise in process
+// with early stopping (0.857 after epoch 2 from seed 0).
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -28,7 +29,7 @@ TEST(LenetAccuracyE2eTest, ReachesAccuracyThroughTrainctl) {
 
   const absl::Time start = absl::Now();
   std::string out = Trainctl(ctl +
-                                 "submit --name=lenet-e2e --model=lenet --epochs=4 --batch_size=256"
+                                 "submit --name=lenet-e2e --model=lenet --epochs=3 --batch_size=256"
                                  " --lr=0.1 --momentum=0.9 --init=kaiming --seed=1 --wait",
                              &rc);
   const absl::Duration took = absl::Now() - start;
