@@ -4,7 +4,8 @@
 usage: count_tests.py BEP_JSON TESTLOGS_DIR TARGET...
 
 Every expected test target gets counted: a target whose tests ran counts its
-GoogleTest cases from test.xml (passed, failed, skipped, disabled); a target
+GoogleTest cases from test.xml (passed, failed, skipped, disabled; every
+shard's test.xml for a sharded target); a target
 that did not run (failed to build, cancelled) counts as one failure. Skipped
 cases (GTEST_SKIP, which says why) and disabled ones (a DISABLED_ prefix:
 never run, never looked at) are reported apart: disabled cases are listed by
@@ -14,6 +15,7 @@ the build events' test results; "cached" when Bazel reused an earlier run),
 and then one line: "N passed, N failed[, N skipped]". Exits 1 if anything
 failed.
 """
+import glob
 import json
 import os
 import sys
@@ -24,6 +26,20 @@ def label_dir(label):
     # //libs/base:status_test -> libs/base/status_test
     pkg, _, name = label.lstrip("/").partition(":")
     return os.path.join(pkg, name)
+
+
+def xml_files(testlogs, label, from_events=None):
+    """The test.xml files of one target: those its build events name (one
+    per shard and run), else its own, else one per shard
+    (shard_<i>_of_<n>/test.xml; a sharded target has no top-level one, but
+    a test log directory may keep one from before the target was sharded)."""
+    named = [p for p in (from_events or {}).get(label, []) if os.path.exists(p)]
+    if named:
+        return sorted(set(named))
+    top = os.path.join(testlogs, label_dir(label), "test.xml")
+    if os.path.exists(top):
+        return [top]
+    return sorted(glob.glob(os.path.join(testlogs, label_dir(label), "shard_*_of_*", "test.xml")))
 
 
 def count_xml(path):
@@ -71,6 +87,7 @@ def main():
     # each as Bazel timed it; label -> whether every action came from a cache.
     durations = {}
     cached = {}
+    xmls = {}  # label -> the test.xml paths its test results name
     if os.path.exists(bep):
         with open(bep) as f:
             for line in f:
@@ -90,25 +107,32 @@ def main():
                     hit = bool(r.get("cachedLocally") or
                                r.get("executionInfo", {}).get("cachedRemotely"))
                     cached[label] = cached.get(label, True) and hit
+                    for out in r.get("testActionOutput", []):
+                        uri = out.get("uri", "")
+                        if out.get("name") == "test.xml" and uri.startswith("file://"):
+                            xmls.setdefault(label, []).append(uri[len("file://"):])
     passed = failed = skipped = 0
     bad = []
     disabled = []
     for t in targets:
         st = status.get(t)
-        xml = os.path.join(testlogs, label_dir(t), "test.xml")
+        files = xml_files(testlogs, t, xmls)
         if st is None:
             failed += 1
             bad.append("%s (did not run: failed to build or was cancelled)" % t)
             continue
-        if not os.path.exists(xml):
+        if not files:
             if st in ("PASSED", "FLAKY"):
                 passed += 1
             else:
                 failed += 1
                 bad.append("%s (%s)" % (t, st))
             continue
-        p, f, s, d = count_xml(xml)
-        disabled += ["%s %s" % (t, name) for name in d]
+        p = f = s = 0
+        for xml in files:
+            xp, xf, xs, d = count_xml(xml)
+            p, f, s = p + xp, f + xf, s + xs
+            disabled += ["%s %s" % (t, name) for name in d if "%s %s" % (t, name) not in disabled]
         if st not in ("PASSED", "FLAKY") and f == 0:
             # Crashed or timed out after the last case it recorded.
             f = 1
@@ -123,9 +147,10 @@ def main():
             print("  DISABLED: " + d)
     for t in targets:
         if t not in durations and t in status:
-            secs = xml_seconds(os.path.join(testlogs, label_dir(t), "test.xml"))
-            if secs is not None:
-                durations[t] = secs
+            secs = [xml_seconds(path) for path in xml_files(testlogs, t, xmls)]
+            secs = [x for x in secs if x is not None]
+            if secs:
+                durations[t] = sum(secs)
     for line in slowest(durations, cached):
         print(line)
     line = "%d passed, %d failed" % (passed, failed)
