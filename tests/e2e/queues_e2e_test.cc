@@ -316,7 +316,10 @@ TEST_F(QueuesE2eTest, ReclaimShrinksAnElasticBorrowerWhichKeepsTrainingAndGrowsB
   const std::string kept = a.trainers(0), given = a.trainers(1);
 
   const absl::Time submitted = absl::Now();
-  JobStatus b = OrFail(cluster_->Submit(OneTrainerJob("b", 1), "bob"), "b");
+  // 3 epochs (288 steps): with 1, bob's job once ended before the elastic
+  // job's next progress report (rank 0 reports once a second), so it had
+  // grown back to 2 trainers when the test looked for a step on one.
+  JobStatus b = OrFail(cluster_->Submit(OneTrainerJob("b", 3), "bob"), "b");
   b = PollJob(
       b.id(), [](const JobStatus& j) { return j.state() != v1::QUEUED; }, absl::Seconds(10));
   const absl::Duration admitted_after = absl::Now() - submitted;
