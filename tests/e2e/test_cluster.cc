@@ -199,7 +199,7 @@ absl::StatusOr<v1::JobStatus> TestCluster::PollJob(
   DT_ASSIGN_OR_RETURN(v1::JobStatus job, Get(id));
   for (const absl::Time deadline = absl::Now() + timeout;
        !until(job) && !IsFinal(job.state()) && absl::Now() < deadline;) {
-    absl::SleepFor(absl::Milliseconds(20));
+    absl::SleepFor(absl::Milliseconds(100));
     DT_ASSIGN_OR_RETURN(job, Get(id));
   }
   return job;

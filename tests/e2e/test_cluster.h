@@ -151,8 +151,10 @@ class TestCluster {
   absl::Status Cancel(const std::string& id);
   // Watches job `id` until it ends; its last status.
   absl::StatusOr<JobStatus> WatchToEnd(const std::string& id, absl::Duration timeout);
-  // Polls job `id` every 20 ms until `until(status)` holds, the job ends or
-  // `timeout` passes; the last status (an error only when Get fails).
+  // Polls job `id` every 100 ms until `until(status)` holds, the job ends or
+  // `timeout` passes; the last status (an error only when Get fails). Rank 0
+  // reports progress once a second, so faster polls would see nothing new
+  // and cost the scheduler an RPC each.
   absl::StatusOr<JobStatus> PollJob(const std::string& id,
                                     const std::function<bool(const JobStatus&)>& until,
                                     absl::Duration timeout);
