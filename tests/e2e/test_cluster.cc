@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 
 #include "absl/strings/match.h"
@@ -158,6 +159,15 @@ TestCluster::~TestCluster() {
   // a flag under <dir>.
   for (const std::string& arg : {"=" + dir_ + std::string(1, '\0'), "=" + dir_ + "/"}) {
     for (int pid : PidsMentioning(arg)) kill(pid, SIGKILL);
+  }
+  // A failed test keeps the cluster's logs: Bazel deletes TEST_TMPDIR, but
+  // zips TEST_UNDECLARED_OUTPUTS_DIR into the test's outputs.zip.
+  const char* outputs = std::getenv("TEST_UNDECLARED_OUTPUTS_DIR");
+  if (outputs != nullptr && ::testing::Test::HasFailure()) {
+    const std::string keep = absl::StrCat(outputs, "/", dir_.substr(dir_.rfind('/') + 1));
+    Run(absl::StrCat("mkdir -p '", keep, "' && cp '", dir_, "'/*.log '", dir_, "'/cluster.json '",
+                     keep, "'/ 2>/dev/null"),
+        &rc);
   }
 }
 

@@ -25,8 +25,10 @@
 // stopped), `trainctl cluster down --grace_s=<down_grace_s>`,
 // then SIGKILL to every process of cluster.json (as listed at start-up and at
 // teardown) and every process whose command line names the cluster's
-// directory (the supervisor, anything restarted). A TestCluster is used by
-// one test thread.
+// directory (the supervisor, anything restarted). When the test has failed,
+// the processes' logs and cluster.json are then copied to
+// $TEST_UNDECLARED_OUTPUTS_DIR/<name>/ (Bazel's outputs.zip of the test). A
+// TestCluster is used by one test thread.
 #ifndef DTRAIN_TESTS_E2E_TEST_CLUSTER_H_
 #define DTRAIN_TESTS_E2E_TEST_CLUSTER_H_
 
