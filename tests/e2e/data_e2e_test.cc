@@ -45,7 +45,7 @@
 #include "libs/data/image.h"
 #include "libs/data/pack.h"
 #include "libs/data/tar.h"
-#include "protos/scheduler.grpc.pb.h"
+#include "protos/scheduler.pb.h"
 #include "tests/e2e/e2e_util.h"
 #include "tests/e2e/test_cluster.h"
 

@@ -8,7 +8,6 @@
 // resume it at that very step on the survivor and the spare trainer; the
 // job must end exactly like the undisturbed run. A second test drains a
 // trainer with `trainctl drain` and watches `trainctl trainers`.
-#include <grpcpp/grpcpp.h>
 #include <signal.h>
 
 #include <cstdio>
@@ -25,9 +24,7 @@
 #include "absl/time/clock.h"
 #include "google/protobuf/util/json_util.h"
 #include "gtest/gtest.h"
-#include "libs/base/grpc_status.h"
-#include "libs/rpc/credentials.h"
-#include "protos/scheduler.grpc.pb.h"
+#include "protos/scheduler.pb.h"
 #include "tests/e2e/e2e_util.h"
 #include "tests/e2e/test_cluster.h"
 

@@ -67,20 +67,6 @@ double ScrapeSample(int port, const std::string& series) {
 
 std::string Runfile(const std::string& path) { return RunfilePath(path); }
 
-absl::StatusOr<scheduler::v1::JobStatus> WatchToEnd(scheduler::v1::JobService::Stub* stub,
-                                                    const std::string& id, absl::Duration timeout) {
-  grpc::ClientContext ctx;
-  ctx.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
-  scheduler::v1::WatchRequest w;
-  w.set_id(id);
-  auto reader = stub->Watch(&ctx, w);
-  scheduler::v1::JobStatus st, last;
-  while (reader->Read(&st)) last = st;
-  absl::Status s = FromGrpcStatus(reader->Finish(), "JobService.Watch");
-  if (!s.ok()) return s;
-  return last;
-}
-
 std::string SubmittedId(const std::string& submit_output) {
   std::string id;
   for (absl::string_view line : absl::StrSplit(submit_output, '\n')) {

@@ -12,7 +12,6 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "protos/scheduler.grpc.pb.h"
 
 namespace dtrain {
 namespace e2e {
@@ -50,12 +49,6 @@ std::string SubmittedId(const std::string& submit_output);
 // `trainctl -o json get` of the job `submit_output` submitted, through the
 // scheduler at `scheduler` (one line of JSON; empty when it fails).
 std::string JobJson(const std::string& scheduler, const std::string& submit_output);
-
-// Watches job `id` until its stream ends (the job finished) and returns the
-// last status; the stream's error, if it fails, or DEADLINE_EXCEEDED after
-// `timeout`.
-absl::StatusOr<scheduler::v1::JobStatus> WatchToEnd(scheduler::v1::JobService::Stub* stub,
-                                                    const std::string& id, absl::Duration timeout);
 
 // One process of a cluster.json.
 struct ClusterProcess {

@@ -40,6 +40,7 @@
 #include "protos/scheduler.grpc.pb.h"
 #include "tests/e2e/e2e_util.h"
 #include "tests/e2e/test_cluster.h"
+#include "tests/e2e/test_cluster_rpc.h"
 
 namespace dtrain {
 namespace e2e {
@@ -422,7 +423,7 @@ TEST_F(ModelFileRefusalTest, BadModelsAreRefusedAtSubmitAndOtherJobsAreUntouched
   EXPECT_NE(out.find("--max_model_bytes"), std::string::npos) << out;
 
   // Past trainctl, straight to the API: the scheduler's own checks.
-  v1::JobService::Stub* stub = cluster_->jobs();
+  v1::JobService::Stub* stub = cluster_->stubs().jobs.get();
   const std::string lstm = ReadAll(TestModel("lstm.onnx"));
   ASSERT_TRUE(PutModel(stub, lstm).ok());
   absl::Status s = SubmitDigest(stub, Digest(lstm));
@@ -453,9 +454,9 @@ TEST_F(ModelFileRefusalTest, BadModelsAreRefusedAtSubmitAndOtherJobsAreUntouched
       &rc);
   ASSERT_EQ(rc, 0) << out;
   const std::string alices = SubmittedId(out);
-  EXPECT_EQ(ReadJobModel(cluster_->JobsAs("bob").get(), alices).status().code(),
+  EXPECT_EQ(ReadJobModel(JobsAs(*cluster_, "bob").get(), alices).status().code(),
             absl::StatusCode::kPermissionDenied);
-  absl::StatusOr<std::string> hers = ReadJobModel(cluster_->JobsAs("alice").get(), alices);
+  absl::StatusOr<std::string> hers = ReadJobModel(JobsAs(*cluster_, "alice").get(), alices);
   ASSERT_TRUE(hers.ok()) << hers.status();
   EXPECT_EQ(*hers, lenet);
   out = cluster_->TrainctlAs(

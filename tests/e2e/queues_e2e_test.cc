@@ -25,6 +25,7 @@
 #include "protos/scheduler.grpc.pb.h"
 #include "tests/e2e/e2e_util.h"
 #include "tests/e2e/test_cluster.h"
+#include "tests/e2e/test_cluster_rpc.h"
 
 namespace dtrain {
 namespace e2e {
@@ -416,7 +417,7 @@ class FairShareE2eTest : public ClusterTest {
   std::map<std::string, Usage> QueueUsage() {
     v1::ListQueuesReply reply;
     auto ctx = Ctx();
-    const grpc::Status s = cluster_->jobs()->ListQueues(ctx.get(), v1::ListQueuesRequest(), &reply);
+    const grpc::Status s = cluster_->stubs().jobs->ListQueues(ctx.get(), v1::ListQueuesRequest(), &reply);
     EXPECT_TRUE(s.ok()) << s.error_message();
     std::map<std::string, Usage> out;
     for (const v1::QueueStatus& q : reply.queues()) {

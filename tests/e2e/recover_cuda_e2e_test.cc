@@ -13,7 +13,6 @@
 // on attempt 1 with at least one recovery. The job trains on 12,800 images
 // (100 steps an epoch); DTRAIN_E2E_DATA_DIR, when set, names the
 // Fashion-MNIST directory (tools/gpu-check's bundle carries a slice of it).
-#include <grpcpp/grpcpp.h>
 #include <signal.h>
 
 #include <cstdio>
@@ -28,11 +27,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
-#include "libs/base/grpc_status.h"
 #include "libs/base/subprocess.h"
 #include "libs/cuda/cuda_status.h"
-#include "libs/rpc/credentials.h"
-#include "protos/scheduler.grpc.pb.h"
+#include "protos/scheduler.pb.h"
 #include "tests/e2e/e2e_util.h"
 #include "tests/e2e/test_cluster.h"
 

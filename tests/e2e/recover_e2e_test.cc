@@ -28,7 +28,6 @@
 // killed trainers: the job must still SUCCEED, in place again or, when no
 // trainer is free at that moment, through today's requeue from the
 // checkpoint (both are accepted; the test prints which happened).
-#include <grpcpp/grpcpp.h>
 #include <signal.h>
 
 #include <cmath>
@@ -44,11 +43,9 @@
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
-#include "libs/base/grpc_status.h"
 #include "libs/base/subprocess.h"
 #include "libs/metrics/scrape.h"
-#include "libs/rpc/credentials.h"
-#include "protos/scheduler.grpc.pb.h"
+#include "protos/scheduler.pb.h"
 #include "tests/e2e/e2e_util.h"
 #include "tests/e2e/test_cluster.h"
 

@@ -17,7 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
-#include "protos/scheduler.grpc.pb.h"
+#include "protos/scheduler.pb.h"
 #include "tests/e2e/e2e_util.h"
 #include "tests/e2e/test_cluster.h"
 

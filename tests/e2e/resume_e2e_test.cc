@@ -11,7 +11,6 @@
 // momentum) and must end within 0.01 test accuracy of the
 // undisturbed run. The scheduler must also notice the dead trainer within
 // its heartbeat timeout (its trainers_alive gauge drops).
-#include <grpcpp/grpcpp.h>
 #include <signal.h>
 
 #include <cmath>
@@ -27,10 +26,8 @@
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
-#include "libs/base/grpc_status.h"
 #include "libs/metrics/scrape.h"
-#include "libs/rpc/credentials.h"
-#include "protos/scheduler.grpc.pb.h"
+#include "protos/scheduler.pb.h"
 #include "tests/e2e/e2e_util.h"
 #include "tests/e2e/test_cluster.h"
 

@@ -22,6 +22,7 @@
 #include "services/kvstore/testing/server_process.h"
 #include "tests/e2e/e2e_util.h"
 #include "tests/e2e/test_cluster.h"
+#include "tests/e2e/test_cluster_rpc.h"
 
 namespace dtrain {
 namespace {

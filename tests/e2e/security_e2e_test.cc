@@ -33,6 +33,7 @@
 #include "protos/scheduler.grpc.pb.h"
 #include "tests/e2e/e2e_util.h"
 #include "tests/e2e/test_cluster.h"
+#include "tests/e2e/test_cluster_rpc.h"
 
 namespace dtrain {
 namespace e2e {

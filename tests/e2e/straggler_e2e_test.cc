@@ -16,7 +16,6 @@
 //
 // The test runs alone (tags exclusive): its calm half needs the cores to
 // itself. Skipped on a machine with fewer than two CPUs for this process.
-#include <grpcpp/grpcpp.h>
 #include <sched.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -36,10 +35,8 @@
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
-#include "libs/base/grpc_status.h"
 #include "libs/metrics/scrape.h"
-#include "libs/rpc/credentials.h"
-#include "protos/scheduler.grpc.pb.h"
+#include "protos/scheduler.pb.h"
 #include "tests/e2e/e2e_util.h"
 #include "tests/e2e/test_cluster.h"
 

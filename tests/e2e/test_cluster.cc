@@ -17,6 +17,7 @@
 #include "libs/base/status.h"
 #include "libs/kvstore/client.h"
 #include "libs/metrics/scrape.h"
+#include "tests/e2e/test_cluster_rpc.h"
 
 namespace dtrain {
 namespace e2e {
@@ -31,6 +32,25 @@ std::unique_ptr<grpc::ClientContext> Ctx(absl::Duration timeout) {
 
 void SetDeadline(grpc::ClientContext* ctx, absl::Duration timeout) {
   ctx->set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+}
+
+absl::StatusOr<v1::JobStatus> WatchToEnd(v1::JobService::Stub* stub, const std::string& id,
+                                         absl::Duration timeout) {
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx, timeout);
+  v1::WatchRequest w;
+  w.set_id(id);
+  auto reader = stub->Watch(&ctx, w);
+  v1::JobStatus st, last;
+  while (reader->Read(&st)) last = st;
+  absl::Status s = FromGrpcStatus(reader->Finish(), "JobService.Watch");
+  if (!s.ok()) return s;
+  return last;
+}
+
+std::unique_ptr<v1::JobService::Stub> JobsAs(const TestCluster& cluster, const std::string& user) {
+  return v1::JobService::NewStub(
+      rpc::NewChannel(cluster.scheduler().address, cluster.Credentials(user).get()));
 }
 
 bool PollUntil(absl::Duration timeout, const std::function<bool()>& done, absl::Duration interval) {
@@ -122,7 +142,7 @@ absl::StatusOr<std::unique_ptr<TestCluster>> TestCluster::Start(const ClusterOpt
   for (const std::string& user : o.users) {
     DT_RETURN_IF_ERROR(c->IssueCertificate(user, "user"));
   }
-  c->stub_ = v1::JobService::NewStub(rpc::NewChannel(c->scheduler_.address));
+  c->stubs_->jobs = v1::JobService::NewStub(rpc::NewChannel(c->scheduler_.address));
   return c;
 }
 
@@ -140,6 +160,8 @@ void TestCluster::ReadProcesses() {
     if (p.role == "kvstore") kvstore_.push_back(p);
   }
 }
+
+TestCluster::TestCluster() : stubs_(std::make_unique<Stubs>()) {}
 
 TestCluster::~TestCluster() {
   if (dir_.empty()) return;
@@ -175,10 +197,10 @@ absl::StatusOr<v1::JobStatus> TestCluster::Submit(const v1::SubmitRequest& r,
                                                   const std::string& user) {
   v1::JobStatus st;
   if (user.empty()) {
-    DT_RETURN_IF_ERROR(FromGrpcStatus(stub_->Submit(Ctx().get(), r, &st), "Submit"));
+    DT_RETURN_IF_ERROR(FromGrpcStatus(stubs_->jobs->Submit(Ctx().get(), r, &st), "Submit"));
   } else {
     DT_RETURN_IF_ERROR(
-        FromGrpcStatus(JobsAs(user)->Submit(Ctx().get(), r, &st), "Submit as " + user));
+        FromGrpcStatus(JobsAs(*this, user)->Submit(Ctx().get(), r, &st), "Submit as " + user));
   }
   return st;
 }
@@ -187,7 +209,7 @@ absl::StatusOr<v1::JobStatus> TestCluster::Get(const std::string& id) {
   v1::GetRequest get;
   get.set_id(id);
   v1::JobStatus st;
-  DT_RETURN_IF_ERROR(FromGrpcStatus(stub_->Get(Ctx().get(), get, &st), "Get"));
+  DT_RETURN_IF_ERROR(FromGrpcStatus(stubs_->jobs->Get(Ctx().get(), get, &st), "Get"));
   return st;
 }
 
@@ -195,12 +217,12 @@ absl::Status TestCluster::Cancel(const std::string& id) {
   v1::CancelRequest c;
   c.set_id(id);
   v1::JobStatus st;
-  return FromGrpcStatus(stub_->Cancel(Ctx().get(), c, &st), "Cancel");
+  return FromGrpcStatus(stubs_->jobs->Cancel(Ctx().get(), c, &st), "Cancel");
 }
 
 absl::StatusOr<v1::JobStatus> TestCluster::WatchToEnd(const std::string& id,
                                                       absl::Duration timeout) {
-  return e2e::WatchToEnd(stub_.get(), id, timeout);
+  return e2e::WatchToEnd(stubs_->jobs.get(), id, timeout);
 }
 
 absl::StatusOr<v1::JobStatus> TestCluster::PollJob(
@@ -260,10 +282,6 @@ absl::Status TestCluster::IssueCertificate(const std::string& name, const std::s
       absl::StrCat("certs issue --dir=", dir_, "/certs --name=", name, " --role=", role), &rc);
   if (rc != 0) return absl::InternalError(absl::StrCat("certs issue ", name, ": ", out));
   return absl::OkStatus();
-}
-
-std::unique_ptr<v1::JobService::Stub> TestCluster::JobsAs(const std::string& user) const {
-  return v1::JobService::NewStub(rpc::NewChannel(scheduler_.address, Credentials(user).get()));
 }
 
 std::string TestCluster::TrainctlAs(const std::string& user, const std::string& args,
@@ -337,7 +355,7 @@ double TestCluster::SchedulerMetric(const std::string& series) const {
 absl::StatusOr<kvstore::v1::ShardMap> TestCluster::KvstoreMap() {
   kvstore::v1::ShardMap map;
   DT_RETURN_IF_ERROR(FromGrpcStatus(
-      stub_->GetKvstoreMap(Ctx().get(), kvstore::v1::GetShardMapRequest(), &map), "GetKvstoreMap"));
+      stubs_->jobs->GetKvstoreMap(Ctx().get(), kvstore::v1::GetShardMapRequest(), &map), "GetKvstoreMap"));
   return map;
 }
 

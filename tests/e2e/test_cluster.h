@@ -15,11 +15,15 @@
 //   absl::StatusOr<JobStatus> done = (*c)->WatchToEnd(job->id(), absl::Seconds(300));
 //
 // ClusterTest is the GoogleTest fixture around one (cluster_, Up, and calls
-// that fail the test instead of returning a status). The deadline and poll
-// helpers below (Ctx, SetDeadline, PollUntil) are the ones every e2e test
-// uses, also those that start their processes themselves (the scheduler
-// alone, network namespaces) or test `cluster up` itself (TestCluster::Adopt
-// tears down a cluster such a test started).
+// that fail the test instead of returning a status). PollUntil below is the
+// poll every e2e test uses, also those that start their processes
+// themselves (the scheduler alone, network namespaces) or test `cluster up`
+// itself (TestCluster::Adopt tears down a cluster such a test started).
+//
+// This header needs the scheduler's messages only. A test that calls the
+// scheduler's gRPC service itself (deadlines, stubs as a user, Watch)
+// includes tests/e2e/test_cluster_rpc.h as well: the gRPC headers are most
+// of an e2e test's compile time, and most tests do not need them.
 //
 // Teardown (the destructor): SIGCONT to the cluster's processes (one a test
 // stopped), `trainctl cluster down --grace_s=<down_grace_s>`,
@@ -32,7 +36,6 @@
 #ifndef DTRAIN_TESTS_E2E_TEST_CLUSTER_H_
 #define DTRAIN_TESTS_E2E_TEST_CLUSTER_H_
 
-#include <grpcpp/grpcpp.h>
 #include <signal.h>
 
 #include <cstdint>
@@ -47,19 +50,14 @@
 #include "absl/time/time.h"
 #include "gtest/gtest.h"
 #include "libs/rpc/credentials.h"
-#include "protos/scheduler.grpc.pb.h"
+#include "protos/kvstore.pb.h"
+#include "protos/scheduler.pb.h"
 #include "tests/e2e/e2e_util.h"
 
 namespace dtrain {
 namespace e2e {
 
-// ---- Deadlines and polling (every e2e test) ----
-
-// A client context whose deadline is `timeout` from now.
-std::unique_ptr<grpc::ClientContext> Ctx(absl::Duration timeout = absl::Seconds(10));
-
-// Sets `ctx`'s deadline `timeout` from now.
-void SetDeadline(grpc::ClientContext* ctx, absl::Duration timeout);
+// ---- Polling (every e2e test) ----
 
 // Calls `done` until it returns true (then true) or `timeout` passes (then
 // false, after one last call), sleeping `interval` between calls.
@@ -144,7 +142,9 @@ class TestCluster {
   const std::string& dir() const { return dir_; }
   const std::string& up_output() const { return up_output_; }  // `cluster up`'s output
   const ClusterProcess& scheduler() const { return scheduler_; }
-  scheduler::v1::JobService::Stub* jobs() { return stub_.get(); }
+  // The scheduler's stubs as the admin (defined in test_cluster_rpc.h).
+  struct Stubs;
+  Stubs& stubs() { return *stubs_; }
 
   // ---- Jobs (through the scheduler, as the admin or as a user) ----
   absl::StatusOr<JobStatus> Submit(const scheduler::v1::SubmitRequest& r,
@@ -173,7 +173,6 @@ class TestCluster {
 
   // ---- Users (ClusterOptions::users; "admin" is always there) ----
   std::shared_ptr<const rpc::Credentials> Credentials(const std::string& user) const;
-  std::unique_ptr<scheduler::v1::JobService::Stub> JobsAs(const std::string& user) const;
   // Issues one more certificate in <dir>/certs (`trainctl certs issue`):
   // role user, admin, trainer, kvstore or scheduler.
   absl::Status IssueCertificate(const std::string& name, const std::string& role) const;
@@ -220,7 +219,7 @@ class TestCluster {
   absl::StatusOr<std::vector<std::string>> ShardJobs(int i) const { return JobsOn(shard(i)); }
 
  private:
-  TestCluster() = default;
+  TestCluster();
   void ReadProcesses();
 
   std::string dir_, up_output_;
@@ -229,7 +228,7 @@ class TestCluster {
   ClusterProcess scheduler_;
   std::vector<ClusterProcess> kvstore_;
   std::vector<ClusterProcess> started_;  // cluster.json at start-up
-  std::unique_ptr<scheduler::v1::JobService::Stub> stub_;
+  std::unique_ptr<Stubs> stubs_;
 };
 
 // The GoogleTest fixture around one TestCluster (cluster_, made by Up):
