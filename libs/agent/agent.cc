@@ -950,7 +950,6 @@ bool Agent::Report(const v1::Assignment& a, v1::JobState final_state, const std:
                    const v1::ProgressReport* stats, bool* delivered) {
   v1::ProgressReport r;
   if (stats != nullptr) r = *stats;
-  r.set_trainer_id(trainer_id());
   r.set_job_id(a.job_id());
   r.set_rank(a.rank());
   r.set_attempt(a.attempt());
@@ -971,6 +970,16 @@ bool Agent::Report(const v1::Assignment& a, v1::JobState final_state, const std:
   const absl::Status s = Retry(
       policy,
       [&] {
+        // Between a heartbeat's "unknown trainer" (a restarted scheduler)
+        // and the registration that claims the running job again, the agent
+        // has no id. A report sent then would name no trainer, and the
+        // scheduler's NOT_FOUND would read as "the job is not yours" and
+        // cancel the job it is about to adopt: wait for the id instead.
+        r.set_trainer_id(trainer_id());
+        if (r.trainer_id().empty()) {
+          return absl::UnavailableError(
+              "registering with the scheduler again; the report waits for the trainer id");
+        }
         absl::StatusOr<v1::ReportProgressReply> reply = cluster_->ReportProgress(r);
         if (reply.ok()) stop = reply->stop();
         return reply.status();

@@ -48,7 +48,7 @@ class FakeCluster : public ClusterClient {
       const v1::RegisterTrainerRequest& request) override {
     absl::MutexLock lock(&mu_);
     register_calls_.push_back(request);
-    if (unavailable_) return absl::UnavailableError("scheduler unreachable");
+    if (unavailable_ || hold_registrations_) return absl::UnavailableError("scheduler unreachable");
     v1::RegisterTrainerReply reply;
     reply.set_trainer_id(absl::StrCat("trainer-", ++registered_));
     if (adopt_ && request.has_running() && !request.previous_trainer_id().empty()) {
@@ -56,6 +56,7 @@ class FakeCluster : public ClusterClient {
     }
     reply.set_heartbeat_interval_ms(20);
     known_.insert(reply.trainer_id());
+    awaiting_.erase(reply.trainer_id());
     return reply;
   }
 
@@ -88,6 +89,15 @@ class FakeCluster : public ClusterClient {
     if (unavailable_ || fail_reports_ > 0) {
       if (fail_reports_ > 0) --fail_reports_;
       return absl::UnavailableError("scheduler unreachable");
+    }
+    if (strict_reports_ && known_.count(r.trainer_id()) == 0) {
+      // As Scheduler::ReportProgress answers: a trainer of a job awaiting
+      // adoption is asked to try again, any other is unknown.
+      if (awaiting_.count(r.trainer_id()) > 0) {
+        return absl::UnavailableError("the scheduler restarted and waits for the trainer");
+      }
+      unknown_reports_.push_back(r);
+      return absl::NotFoundError(absl::StrCat("unknown trainer '", r.trainer_id(), "'"));
     }
     reports_.push_back(r);
     v1::ReportProgressReply reply;
@@ -131,10 +141,30 @@ class FakeCluster : public ClusterClient {
     absl::MutexLock lock(&mu_);
     fail_reports_ = n;
   }
-  // Forgets every trainer, like a restarted scheduler.
+  // Forgets every trainer, like a restarted scheduler (which then awaits
+  // the trainers of the jobs that were running).
   void Forget() {
     absl::MutexLock lock(&mu_);
+    awaiting_.insert(known_.begin(), known_.end());
     known_.clear();
+  }
+  // ReportProgress answers as the scheduler does for trainers it does not
+  // know (NOT_FOUND, or UNAVAILABLE for one a restart awaits) instead of
+  // recording every report.
+  void StrictReports() {
+    absl::MutexLock lock(&mu_);
+    strict_reports_ = true;
+  }
+  // Registrations fail (UNAVAILABLE) while held, as they may when a
+  // restarted scheduler is busy; heartbeats and reports are answered.
+  void HoldRegistrations(bool hold) {
+    absl::MutexLock lock(&mu_);
+    hold_registrations_ = hold;
+  }
+  // Reports ReportProgress answered NOT_FOUND (StrictReports).
+  std::vector<v1::ProgressReport> unknown_reports() const {
+    absl::MutexLock lock(&mu_);
+    return unknown_reports_;
   }
   // A registration that claims a running job gets its previous id back.
   void AdoptClaims() {
@@ -214,6 +244,10 @@ class FakeCluster : public ClusterClient {
   std::set<std::string> stop_jobs_ ABSL_GUARDED_BY(mu_);
   bool unavailable_ ABSL_GUARDED_BY(mu_) = false;
   bool adopt_ ABSL_GUARDED_BY(mu_) = false;
+  bool strict_reports_ ABSL_GUARDED_BY(mu_) = false;
+  bool hold_registrations_ ABSL_GUARDED_BY(mu_) = false;
+  std::set<std::string> awaiting_ ABSL_GUARDED_BY(mu_);  // Forget()'s trainers
+  std::vector<v1::ProgressReport> unknown_reports_ ABSL_GUARDED_BY(mu_);
   int fail_reports_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<std::string> rendezvous_ ABSL_GUARDED_BY(mu_);
   collective::InMemoryStore store_;
@@ -745,6 +779,48 @@ TEST(AgentTest, RegistrationAfterASchedulerRestartClaimsTheRunningJob) {
   for (const std::string& e : observer.Events()) starts += absl::StartsWith(e, "start ");
   EXPECT_EQ(starts, 1);
   EXPECT_EQ(agent.agent().trainer_id(), "trainer-1");
+}
+
+// Between a restarted scheduler's "unknown trainer" heartbeat reply and the
+// registration that claims the running job (held back here, as a busy
+// scheduler may), the agent has no id. Progress reports fall due all the
+// while (every 10 ms); none goes out without an id, whose NOT_FOUND would
+// stop the job as cancelled. The job trains on, is adopted and reports again
+// as trainer-1. (A fresh clone's scheduler_restart_e2e_test once saw its job
+// CANCELLED right after the scheduler restarted.)
+TEST(AgentTest, ReportsWaitForTheIdWhileTheAgentRegistersAgain) {
+  FakeCluster cluster;
+  cluster.AdoptClaims();
+  cluster.StrictReports();
+  RecordingObserver observer;
+  RunningAgent agent(&cluster, Options(), &observer);
+  ASSERT_TRUE(cluster.WaitUntil([&]() { return agent.agent().trainer_id() == "trainer-1"; }));
+  cluster.Assign(SmallJob("job-adopted", 400));
+  ASSERT_TRUE(cluster.WaitUntil([&]() { return observer.Steps() >= 20; }));
+  ASSERT_FALSE(cluster.Progress("job-adopted").empty());
+
+  cluster.HoldRegistrations(true);
+  cluster.Forget();  // restarted: heartbeats are answered "unknown trainer"
+  ASSERT_TRUE(cluster.WaitUntil([&]() { return agent.agent().trainer_id().empty(); }));
+  const int steps = observer.Steps();
+  ASSERT_TRUE(cluster.WaitUntil([&]() { return observer.Steps() >= steps + 16; }))
+      << "the job stopped while the agent registered again";
+  EXPECT_GE(cluster.register_calls().size(), 2u);
+  cluster.HoldRegistrations(false);
+  ASSERT_TRUE(cluster.WaitUntil([&]() { return agent.agent().trainer_id() == "trainer-1"; }));
+  const size_t reported = cluster.Progress("job-adopted").size();
+  ASSERT_TRUE(cluster.WaitUntil([&]() { return cluster.Progress("job-adopted").size() > reported; }));
+  EXPECT_EQ(cluster.Progress("job-adopted").back().trainer_id(), "trainer-1");
+  for (const v1::ProgressReport& r : cluster.unknown_reports()) {
+    ADD_FAILURE() << "a report went out as trainer '" << r.trainer_id() << "': " << r.DebugString();
+  }
+  EXPECT_FALSE(cluster.HasFinal("job-adopted"));
+
+  cluster.Cancel("job-adopted");
+  ASSERT_TRUE(cluster.WaitUntil([&]() { return cluster.HasFinal("job-adopted"); }));
+  EXPECT_EQ(cluster.Final("job-adopted")->trainer_id(), "trainer-1");
+  EXPECT_EQ(cluster.Final("job-adopted")->final_state(), v1::CANCELLED);
+  EXPECT_TRUE(cluster.unknown_reports().empty());
 }
 
 // Two agents run a two-trainer job together: they meet through the
