@@ -809,7 +809,8 @@ TEST(AgentTest, ReportsWaitForTheIdWhileTheAgentRegistersAgain) {
   cluster.HoldRegistrations(false);
   ASSERT_TRUE(cluster.WaitUntil([&]() { return agent.agent().trainer_id() == "trainer-1"; }));
   const size_t reported = cluster.Progress("job-adopted").size();
-  ASSERT_TRUE(cluster.WaitUntil([&]() { return cluster.Progress("job-adopted").size() > reported; }));
+  ASSERT_TRUE(
+      cluster.WaitUntil([&]() { return cluster.Progress("job-adopted").size() > reported; }));
   EXPECT_EQ(cluster.Progress("job-adopted").back().trainer_id(), "trainer-1");
   for (const v1::ProgressReport& r : cluster.unknown_reports()) {
     ADD_FAILURE() << "a report went out as trainer '" << r.trainer_id() << "': " << r.DebugString();

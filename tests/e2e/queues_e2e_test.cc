@@ -417,7 +417,8 @@ class FairShareE2eTest : public ClusterTest {
   std::map<std::string, Usage> QueueUsage() {
     v1::ListQueuesReply reply;
     auto ctx = Ctx();
-    const grpc::Status s = cluster_->stubs().jobs->ListQueues(ctx.get(), v1::ListQueuesRequest(), &reply);
+    const grpc::Status s =
+        cluster_->stubs().jobs->ListQueues(ctx.get(), v1::ListQueuesRequest(), &reply);
     EXPECT_TRUE(s.ok()) << s.error_message();
     std::map<std::string, Usage> out;
     for (const v1::QueueStatus& q : reply.queues()) {

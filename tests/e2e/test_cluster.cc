@@ -355,7 +355,8 @@ double TestCluster::SchedulerMetric(const std::string& series) const {
 absl::StatusOr<kvstore::v1::ShardMap> TestCluster::KvstoreMap() {
   kvstore::v1::ShardMap map;
   DT_RETURN_IF_ERROR(FromGrpcStatus(
-      stubs_->jobs->GetKvstoreMap(Ctx().get(), kvstore::v1::GetShardMapRequest(), &map), "GetKvstoreMap"));
+      stubs_->jobs->GetKvstoreMap(Ctx().get(), kvstore::v1::GetShardMapRequest(), &map),
+      "GetKvstoreMap"));
   return map;
 }
 
