@@ -153,12 +153,12 @@ std::string NewTempDir(const std::string& name) {
   return dir;
 }
 
-std::vector<std::string> ShmEntries() {
+std::vector<std::string> ShmEntries(const std::string& prefix) {
   std::vector<std::string> out;
   DIR* dir = ::opendir("/dev/shm");
   if (dir == nullptr) return out;
   while (dirent* e = ::readdir(dir)) {
-    if (absl::StartsWith(e->d_name, "dtrain-")) out.push_back(e->d_name);
+    if (absl::StartsWith(e->d_name, prefix)) out.push_back(e->d_name);
   }
   ::closedir(dir);
   return out;

@@ -54,8 +54,10 @@ std::vector<ProcessResult> RunProcesses(
 // A fresh directory under TEST_TMPDIR (or /tmp).
 std::string NewTempDir(const std::string& name);
 
-// Names of entries in /dev/shm starting with "dtrain-".
-std::vector<std::string> ShmEntries();
+// Names of entries in /dev/shm starting with `prefix`. Other tests running
+// beside this one make and remove their own "dtrain-" segments: to check
+// what a job left, ask for "dtrain-<its job id>" (ShmTransport's names).
+std::vector<std::string> ShmEntries(const std::string& prefix = "dtrain-");
 
 }  // namespace testing
 }  // namespace collective
