@@ -451,6 +451,14 @@ void PrintError(const absl::Status& s) {
 // (ports.h: a restarted server finds its port free again.)
 std::string LoopbackListen() { return absl::StrCat("127.0.0.1:", PickRestartablePort()); }
 
+// A line of the supervisor's log (its stdout: <dir>/supervisor.log).
+void SupervisorLog(const std::string& line) {
+  std::printf("%s supervisor: %s\n",
+              absl::FormatTime("%Y-%m-%d %H:%M:%S", absl::Now(), absl::LocalTimeZone()).c_str(),
+              line.c_str());
+  std::fflush(stdout);
+}
+
 // `argv` with the flag --<name>=... replaced by --<name>=<value>.
 void SetFlag(std::vector<std::string>* argv, const std::string& name, const std::string& value) {
   const std::string prefix = absl::StrCat("--", name, "=");
@@ -553,15 +561,33 @@ absl::Status StartAll(const ClusterOptions& o, const std::string& dir, std::vect
       argv.push_back("--port_file=" + port_file);
       argv.push_back("--metrics_listen=" + LoopbackListen());
     }
-    auto child = Subprocess::Start(ProcessOptions(argv, p.log));
-    if (!child.ok()) return child.status();
     Child c;
-    c.process = *std::move(child);
-    c.started = absl::Now();
-    p.pid = c.process->pid();
-    Subprocess* sp = c.process.get();
-    absl::Status s = server ? WaitServing(&p, port_file, timeout, [sp] { return sp->Running(); })
-                            : absl::OkStatus();
+    absl::Status s;
+    for (int attempt = 1;; ++attempt) {
+      const size_t log_start = ReadFile(p.log).size();
+      auto child = Subprocess::Start(ProcessOptions(argv, p.log));
+      if (!child.ok()) return child.status();
+      c.process = *std::move(child);
+      c.started = absl::Now();
+      p.pid = c.process->pid();
+      Subprocess* sp = c.process.get();
+      s = server ? WaitServing(&p, port_file, timeout, [sp] { return sp->Running(); })
+                 : absl::OkStatus();
+      // A port checked free can be taken before the server binds it: by
+      // another cluster's server restarting on the port it had (ports.h),
+      // or another `cluster up` that picked the same one. Nobody has this
+      // server's address yet, so a first start takes other ports and tries
+      // again.
+      if (s.ok() || !server || !absl::IsUnavailable(s) || attempt == 3 ||
+          ReadFile(p.log).find("Address already in use", log_start) == std::string::npos) {
+        break;
+      }
+      SupervisorLog(absl::StrCat(
+          p.name, ": a port it was given was taken before it listened; trying other ports"));
+      c.process->Wait(absl::Seconds(5)).status().IgnoreError();
+      SetFlag(&argv, "listen", LoopbackListen());
+      SetFlag(&argv, "metrics_listen", LoopbackListen());
+    }
     if (s.ok() && server) {
       // Started again, it listens where it listened the first time.
       SetFlag(&argv, "listen", p.address);
@@ -711,12 +737,7 @@ int Supervise(const ClusterOptions& o) {
   signal(SIGTERM, OnStopSignal);
   signal(SIGINT, OnStopSignal);
   signal(SIGHUP, SIG_IGN);
-  auto log = [](const std::string& line) {
-    std::printf("%s supervisor: %s\n",
-                absl::FormatTime("%Y-%m-%d %H:%M:%S", absl::Now(), absl::LocalTimeZone()).c_str(),
-                line.c_str());
-    std::fflush(stdout);
-  };
+  auto log = SupervisorLog;
   log(absl::StrCat("starting the cluster in ", dir, " (restart=", o.restart, ")"));
   absl::Status s = StartAll(o, dir, &cluster.procs, &children);
   const std::string json_path = dir + "/cluster.json";

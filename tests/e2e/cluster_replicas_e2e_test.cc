@@ -182,6 +182,34 @@ TEST_F(ClusterReplicasTest, UpStartsEveryReplicaWaitsForTheMapAndHeals) {
   EXPECT_TRUE(PidsMentioning(cluster_dir).empty());
 }
 
+// A port `up` checked free can be taken before its server binds it (by
+// another cluster's server restarting on its port, or another `up`): the
+// first start of a server gets other ports and tries again, since nobody
+// has its address yet. The fake's first replica finds its --listen port
+// held by a socket: its bind is refused for real.
+TEST_F(ClusterReplicasTest, UpGivesAServerWhosePortWasTakenOtherPorts) {
+  const std::string marker = TmpDir("port-taken") + "/taken";
+  ASSERT_NO_FATAL_FAILURE(Up({.name = "taken",
+                              .trainers = 0,
+                              .kvstore_shards = 1,
+                              .kvstore_replicas = 2,
+                              .env = "FAKE_PORT_TAKEN_ONCE=" + marker,
+                              .flags = Fakes(false)}));
+  EXPECT_EQ(cluster_->CountInLog(
+                "supervisor",
+                "supervisor: kvstore-0-0: a port it was given was taken before it listened; "
+                "trying other ports"),
+            1)
+      << cluster_->Log("supervisor");
+  EXPECT_EQ(access(marker.c_str(), F_OK), 0);
+  EXPECT_NE(cluster_->Log("kvstore-0-0").find("Address already in use"), std::string::npos);
+  int rc;
+  const std::string status = Trainctl("cluster status --dir=" + dir(), &rc);
+  EXPECT_EQ(rc, 0) << status;
+  EXPECT_NE(status.find("shard 0 replica 0: ACTIVE"), std::string::npos) << status;
+  EXPECT_NE(status.find("shard 0 replica 1: ACTIVE"), std::string::npos) << status;
+}
+
 TEST_F(ClusterReplicasTest, UpFailsClearlyWhenAReplicaNeverCatchesUp) {
   // `up` fails here: only the teardown (of whatever a failure left).
   cluster_ = TestCluster::Adopt(TmpDir("stuck"));

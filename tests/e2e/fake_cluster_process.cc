@@ -14,7 +14,15 @@
 //     a JOINING successor, the report that the successor caught up (a state
 //     transfer of nothing), unless $FAKE_REPLICA_NEVER_CATCH_UP is set.
 //   trainer mode: metrics only, the port written to --metrics_port_file.
+// With $FAKE_PORT_TAKEN_ONCE=<file>, the first kvstore process to create
+// <file> holds its own --listen port with a socket before its server starts:
+// the server's bind is refused ("Address already in use"), as when another
+// process takes a port between `cluster up`'s check and the server's bind.
+#include <fcntl.h>
 #include <grpcpp/grpcpp.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <cstdio>
@@ -141,6 +149,23 @@ int main(int argc, char** argv) {
   }
   if (flags.count("metrics_listen")) o.metrics_listen = flags.at("metrics_listen");
   if (flags.count("metrics_port_file")) o.metrics_port_file = flags.at("metrics_port_file");
+  if (const char* marker = std::getenv("FAKE_PORT_TAKEN_ONCE"); kvstore && marker != nullptr) {
+    const int fd = open(marker, O_WRONLY | O_CREAT | O_EXCL, 0644);
+    int port = 0;
+    if (fd >= 0 && absl::SimpleAtoi(o.listen.substr(o.listen.rfind(':') + 1), &port) && port > 0) {
+      close(fd);
+      const int holder = socket(AF_INET, SOCK_STREAM, 0);
+      sockaddr_in addr = {};
+      addr.sin_family = AF_INET;
+      addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+      addr.sin_port = htons(static_cast<uint16_t>(port));
+      if (holder < 0 || bind(holder, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
+          listen(holder, 1) != 0) {
+        std::fprintf(stderr, "fake_cluster_process: cannot hold port %d\n", port);
+        return 2;
+      }
+    }
+  }
   dtrain::rpc::Server server(o);
   absl::Status started = server.Start();
   if (!started.ok()) {
