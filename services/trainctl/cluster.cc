@@ -737,8 +737,7 @@ int Supervise(const ClusterOptions& o) {
   signal(SIGTERM, OnStopSignal);
   signal(SIGINT, OnStopSignal);
   signal(SIGHUP, SIG_IGN);
-  auto log = SupervisorLog;
-  log(absl::StrCat("starting the cluster in ", dir, " (restart=", o.restart, ")"));
+  SupervisorLog(absl::StrCat("starting the cluster in ", dir, " (restart=", o.restart, ")"));
   absl::Status s = StartAll(o, dir, &cluster.procs, &children);
   const std::string json_path = dir + "/cluster.json";
   if (s.ok()) s = WriteFileAtomically(json_path, JsonOf(ToStruct(dir, cluster), true) + "\n");
@@ -750,7 +749,7 @@ int Supervise(const ClusterOptions& o) {
     PrintError(s);
     return 1;
   }
-  log("all processes started");
+  SupervisorLog("all processes started");
   SupervisorOptions so;  // 1 s doubling to 30 s, reset after a minute up
   so.restart = always ? RestartPolicy::kAlways : RestartPolicy::kNever;
   Supervisor supervisor(so);
@@ -762,7 +761,7 @@ int Supervise(const ClusterOptions& o) {
   while (!g_stop_supervisor) {
     std::vector<std::string> events = supervisor.Poll(absl::Now());
     if (!events.empty()) {
-      for (const std::string& e : events) log(e);
+      for (const std::string& e : events) SupervisorLog(e);
       for (size_t i = 0; i < cluster.procs.size(); ++i) {
         const SupervisedProcess& sp = supervisor.processes()[i];
         Proc& p = cluster.procs[i];
@@ -775,17 +774,17 @@ int Supervise(const ClusterOptions& o) {
                                                                       : "exited";
       }
       absl::Status w = WriteFileAtomically(json_path, JsonOf(ToStruct(dir, cluster), true) + "\n");
-      if (!w.ok()) log(absl::StrCat("cannot update cluster.json: ", w.message()));
+      if (!w.ok()) SupervisorLog(absl::StrCat("cannot update cluster.json: ", w.message()));
     }
     if (!supervisor.AnyLeft()) {
-      log("every process exited; nothing left to supervise");
+      SupervisorLog("every process exited; nothing left to supervise");
       return 0;
     }
     absl::SleepFor(absl::Milliseconds(100));
   }
   // `cluster down` stops the processes (by the pids in cluster.json).
   supervisor.ReleaseAll();
-  log("stopped supervising (signal); the processes are left to `cluster down`");
+  SupervisorLog("stopped supervising (signal); the processes are left to `cluster down`");
   return 0;
 }
 

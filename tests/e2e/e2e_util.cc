@@ -21,7 +21,6 @@
 #include "absl/time/clock.h"
 #include "google/protobuf/struct.pb.h"
 #include "google/protobuf/util/json_util.h"
-#include "libs/base/grpc_status.h"
 #include "libs/base/logging.h"
 #include "libs/base/testing.h"
 #include "libs/metrics/scrape.h"

@@ -151,9 +151,9 @@ int main(int argc, char** argv) {
   if (flags.count("metrics_port_file")) o.metrics_port_file = flags.at("metrics_port_file");
   if (const char* marker = std::getenv("FAKE_PORT_TAKEN_ONCE"); kvstore && marker != nullptr) {
     const int fd = open(marker, O_WRONLY | O_CREAT | O_EXCL, 0644);
+    if (fd >= 0) close(fd);
     int port = 0;
     if (fd >= 0 && absl::SimpleAtoi(o.listen.substr(o.listen.rfind(':') + 1), &port) && port > 0) {
-      close(fd);
       const int holder = socket(AF_INET, SOCK_STREAM, 0);
       sockaddr_in addr = {};
       addr.sin_family = AF_INET;
